@@ -1,0 +1,51 @@
+"""Engine configuration: one dataclass per concern, no globals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
+    # Bytes for the KV pool; None = a default derived from available memory.
+    kv_cache_memory: int | None = None
+    # Explicit block count (tests use it to force preemption); overrides kv_cache_memory.
+    num_blocks: int | None = None
+    enable_prefix_caching: bool = True
+    # "auto" = the model dtype.
+    kv_cache_dtype: str = "auto"
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+
+
+@dataclass
+class DeviceConfig:
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16
+    threads: int | None = None  # torch intra-op threads on CPU; None = all cores
+
+
+@dataclass
+class EngineConfig:
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+    device: DeviceConfig
+    # None = the model's context length (max_position_embeddings).
+    max_model_len: int | None = None
+
+    @classmethod
+    def default(cls, **overrides) -> "EngineConfig":
+        cfg = cls(CacheConfig(), SchedulerConfig(), DeviceConfig())
+        for key, value in overrides.items():
+            for part in (cfg, cfg.cache, cfg.scheduler, cfg.device):
+                if hasattr(part, key):
+                    setattr(part, key, value)
+                    break
+            else:
+                raise TypeError(f"unknown engine option {key!r}")
+        return cfg
