@@ -1,0 +1,78 @@
+"""Engine output -> OpenAI chat.completion, and the batch output / error file lines around it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from batchrun.engine.outputs import RequestOutput
+from batchrun.openai.protocol import (BatchLineError, BatchOutputLine, BatchResponse,
+                                      ChatCompletion, ChatCompletionChoice, ChatCompletionMessage,
+                                      CompletionUsage, ErrorBody, LineError, PromptTokensDetails,
+                                      RequestError)
+
+
+def new_request_id() -> str:
+    return f"req_{uuid.uuid4().hex}"
+
+
+def engine_error(output: RequestOutput) -> RequestError | None:
+    """The error to report for an output the engine failed or aborted, else None."""
+    if output.error:
+        return RequestError(output.error, code="engine_error", type="server_error",
+                            status_code=500)
+    if any(c.finish_reason == "abort" for c in output.outputs):
+        return RequestError("the request was aborted before it finished", code="aborted",
+                            type="server_error", status_code=500)
+    return None
+
+
+def chat_completion(output: RequestOutput, model_name: str, created: int | None = None) -> dict:
+    prompt_tokens = len(output.prompt_token_ids)
+    completion_tokens = sum(len(c.token_ids) for c in output.outputs)
+    body = ChatCompletion(
+        id=f"chatcmpl-{uuid.uuid4().hex}",
+        created=int(time.time()) if created is None else created,
+        model=model_name,
+        choices=[ChatCompletionChoice(index=c.index,
+                                      message=ChatCompletionMessage(content=c.text),
+                                      finish_reason=c.finish_reason or "stop")
+                 for c in output.outputs],
+        usage=CompletionUsage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=output.num_cached_tokens)),
+    )
+    return body.model_dump()
+
+
+def batch_output_line(custom_id: str, request_id: str, body: dict) -> dict:
+    return BatchOutputLine(
+        id=f"batch_req_{uuid.uuid4().hex}", custom_id=custom_id,
+        response=BatchResponse(status_code=200, request_id=request_id, body=body),
+        error=None).model_dump()
+
+
+def error_body(error: RequestError) -> dict:
+    return {"error": ErrorBody(message=error.message, type=error.type, param=error.param,
+                               code=error.code).model_dump()}
+
+
+def batch_error_line(error: RequestError, custom_id: str | None = None,
+                     request_id: str | None = None) -> dict:
+    """An error file line. `response` carries the HTTP answer an API would have given; it is null
+    when the line could not be read far enough to have a custom_id (OpenAI rejects such lines
+    before running anything).
+    """
+    line = error.line_number if isinstance(error, LineError) else None
+    if isinstance(error, LineError) and custom_id is None:
+        custom_id = error.custom_id
+    response = None
+    if custom_id is not None:
+        response = BatchResponse(status_code=error.status_code,
+                                 request_id=request_id or new_request_id(),
+                                 body=error_body(error))
+    return BatchOutputLine(
+        id=f"batch_req_{uuid.uuid4().hex}", custom_id=custom_id, response=response,
+        error=BatchLineError(code=error.code, message=str(error), param=error.param, line=line),
+    ).model_dump()

@@ -1,0 +1,72 @@
+from openai.types.chat import ChatCompletion
+
+from batchrun.engine.outputs import CompletionOutput, RequestOutput
+from batchrun.openai.protocol import LineError, RequestError
+from batchrun.openai.response import (batch_error_line, batch_output_line, chat_completion,
+                                      engine_error, new_request_id)
+
+BATCH_KEYS = {"id", "custom_id", "response", "error"}
+
+
+def output(text="Paris.", tokens=(5, 6, 7), finish="stop", cached=4, error=None):
+    return RequestOutput(request_id="req_1", prompt_token_ids=list(range(12)),
+                         outputs=[CompletionOutput(0, text, list(tokens), finish)],
+                         finished=True, num_cached_tokens=cached, error=error)
+
+
+def test_chat_completion_is_openai_shaped():
+    body = chat_completion(output(), "smollm2-135m", created=1700000000)
+    parsed = ChatCompletion.model_validate(body)
+    assert body["id"].startswith("chatcmpl-") and len(body["id"]) > 20
+    assert body["object"] == "chat.completion" and body["created"] == 1700000000
+    assert body["model"] == "smollm2-135m"
+    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Paris."},
+                                "finish_reason": "stop", "logprobs": None}]
+    assert body["usage"] == {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15,
+                             "prompt_tokens_details": {"cached_tokens": 4}}
+    assert parsed.usage.prompt_tokens_details.cached_tokens == 4
+
+
+def test_length_finish_and_fresh_ids():
+    a = chat_completion(output(finish="length"), "m")
+    b = chat_completion(output(), "m")
+    assert a["choices"][0]["finish_reason"] == "length"
+    assert a["id"] != b["id"] and isinstance(a["created"], int)
+
+
+def test_batch_output_line():
+    rid = new_request_id()
+    line = batch_output_line("task-3", rid, {"x": 1})
+    assert set(line) == BATCH_KEYS
+    assert line["id"].startswith("batch_req_") and line["custom_id"] == "task-3"
+    assert line["response"] == {"status_code": 200, "request_id": rid, "body": {"x": 1}}
+    assert line["error"] is None
+
+
+def test_error_line_with_custom_id_carries_the_api_answer():
+    err = LineError(7, RequestError("body.messages: field required",
+                                    code="missing_required_parameter", param="messages"), "t-7")
+    line = batch_error_line(err)
+    assert set(line) == BATCH_KEYS and line["custom_id"] == "t-7"
+    assert line["response"]["status_code"] == 400
+    assert line["response"]["request_id"].startswith("req_")
+    assert line["response"]["body"] == {"error": {
+        "message": "body.messages: field required", "type": "invalid_request_error",
+        "param": "messages", "code": "missing_required_parameter"}}
+    assert line["error"] == {"code": "missing_required_parameter",
+                             "message": "line 7: body.messages: field required",
+                             "param": "messages", "line": 7}
+
+
+def test_unparseable_line_has_null_custom_id_and_response():
+    line = batch_error_line(LineError(3, RequestError("invalid JSON: x", code="invalid_json")))
+    assert line["custom_id"] is None and line["response"] is None
+    assert line["error"]["code"] == "invalid_json"
+    assert line["error"]["message"].startswith("line 3: ")
+
+
+def test_engine_failure_and_abort_become_server_errors():
+    err = engine_error(output(error="does not fit in the KV cache"))
+    assert (err.status_code, err.type, err.code) == (500, "server_error", "engine_error")
+    assert engine_error(output(finish="abort")).code == "aborted"
+    assert engine_error(output()) is None
