@@ -1,0 +1,99 @@
+"""Counters of a batch run and the metrics summary written at its end."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from batchrun.engine.outputs import RequestOutput
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _plain(stats: Any) -> Any:
+    """Engine stats as JSON-friendly data, whatever shape the engine gives them in."""
+    if stats is None:
+        return None
+    if callable(stats):
+        stats = stats()
+    if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
+        return dataclasses.asdict(stats)
+    if isinstance(stats, dict):
+        return dict(stats)
+    return {k: v for k, v in vars(stats).items() if not k.startswith("_")}
+
+
+class RunMetrics:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.ok = 0
+        self.failed = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.ttfts: list[float] = []
+
+    @property
+    def done(self) -> int:
+        return self.ok + self.failed
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def record_ok(self, output: RequestOutput) -> None:
+        self.ok += 1
+        self.prompt_tokens += len(output.prompt_token_ids)
+        self.completion_tokens += sum(len(c.token_ids) for c in output.outputs)
+        self.cached_tokens += output.num_cached_tokens
+        m = output.metrics
+        if m is not None and m.first_token_time is not None:
+            self.ttfts.append(m.first_token_time - m.arrival_time)
+
+    def record_failed(self) -> None:
+        self.failed += 1
+
+    def summary(self, engine: Any = None, **extra: Any) -> dict[str, Any]:
+        wall = self.elapsed()
+        per_s = (lambda n: n / wall) if wall > 0 else (lambda n: 0.0)
+        result: dict[str, Any] = {
+            **extra,
+            "requests": {"total": self.done, "ok": self.ok, "failed": self.failed},
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "cache_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
+            "wall_time_s": wall,
+            "requests_per_s": per_s(self.done),
+            "output_tokens_per_s": per_s(self.completion_tokens),
+            "total_tokens_per_s": per_s(self.prompt_tokens + self.completion_tokens),
+            "ttft_s": {"p50": percentile(self.ttfts, 50), "p90": percentile(self.ttfts, 90)},
+        }
+        stats = _plain(getattr(engine, "stats", None))
+        if stats is not None:
+            result["engine"] = stats
+        return result
+
+
+def summary_text(m: dict[str, Any]) -> str:
+    """One paragraph for stderr."""
+    r = m["requests"]
+    ttft = m["ttft_s"]
+    text = (f"{r['total']} requests ({r['ok']} ok, {r['failed']} failed) in "
+            f"{m['wall_time_s']:.1f} s: {m['requests_per_s']:.2f} req/s, "
+            f"{m['output_tokens_per_s']:.1f} output tok/s, "
+            f"{m['total_tokens_per_s']:.1f} total tok/s; {m['prompt_tokens']} prompt tokens "
+            f"({m['cache_hit_rate']:.0%} from the prefix cache), "
+            f"{m['completion_tokens']} completion tokens")
+    if ttft["p50"] is not None:
+        text += f"; time to first token p50 {ttft['p50']:.2f} s, p90 {ttft['p90']:.2f} s"
+    return text + "."

@@ -1,0 +1,211 @@
+"""The batch job against a fake engine: same API, deterministic, finishes requests out of order."""
+
+import gzip
+import json
+
+import pytest
+
+from batchrun.batch.runner import RunConfig, run_batch
+from batchrun.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from batchrun.llm import LoadedModel
+from batchrun.openai.params import RequestDefaults
+
+
+class FakeTokenizer:
+    chat_template = "{{ messages }}"
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False,
+                            return_dict=False):
+        text = "".join(f"{m['role']}:{m['content']}\n" for m in messages) + "assistant:"
+        return {"input_ids": [ord(c) % 256 for c in text]} if tokenize else text
+
+
+class FakeEngine:
+    """A request finishes after max_tokens steps, so short requests overtake long ones."""
+
+    max_model_len = 400
+
+    def __init__(self, fail_on_step=None):
+        self.running = {}
+        self.added = []
+        self.aborted = []
+        self.peak_in_flight = 0
+        self.steps = 0
+        self.added_when_finished = {}  # request_id -> how many requests had been added by then
+        self.fail_on_step = fail_on_step
+        self.stats = {"preemptions": 0, "steps": 0}
+
+    def add_request(self, request_id, prompt_token_ids, params, arrival_time=None):
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError("prompt too long")
+        self.added.append((request_id, list(prompt_token_ids), params))
+        self.running[request_id] = [list(prompt_token_ids), params, 0, float(self.steps)]
+        self.peak_in_flight = max(self.peak_in_flight, len(self.running))
+
+    def step(self):
+        self.steps += 1
+        self.stats["steps"] = self.steps
+        if self.fail_on_step == self.steps:
+            raise RuntimeError("engine blew up")
+        done = []
+        for rid, state in list(self.running.items()):
+            state[2] += 1
+            prompt, params, generated, arrival = state
+            if generated >= params.max_tokens:
+                del self.running[rid]
+                self.added_when_finished[rid] = len(self.added)
+                error = "too big for the KV cache" if "KVFAIL" in bytes(prompt).decode() else None
+                done.append(RequestOutput(
+                    rid, prompt, [CompletionOutput(0, f"echo {len(prompt)}", [7] * generated,
+                                                   "length")],
+                    finished=True, num_cached_tokens=2, error=error,
+                    metrics=RequestMetrics(arrival, first_token_time=arrival + 1.0)))
+        return done
+
+    def has_unfinished_requests(self):
+        return bool(self.running)
+
+    def num_unfinished_requests(self):
+        return len(self.running)
+
+    def abort_request(self, request_id):
+        self.aborted.append(request_id)
+        self.running.pop(request_id, None)
+
+
+def model(engine=None):
+    return LoadedModel(engine=engine or FakeEngine(), tokenizer=FakeTokenizer(), name="fake-model",
+                       aliases=("fm",))
+
+
+def request(custom_id, content="Hello", **body):
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"messages": [{"role": "user", "content": content}], **body}})
+
+
+def read(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def run(tmp_path, lines, **options):
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    engine = options.pop("engine", None) or FakeEngine()
+    options.setdefault("progress", False)
+    config = RunConfig(input=str(src), output=str(tmp_path / "out.jsonl"), **options)
+    metrics = run_batch(model(engine), config)
+    return engine, metrics, read(tmp_path / "out.jsonl"), read(tmp_path / "out.errors.jsonl")
+
+
+def test_output_is_in_input_order_although_completion_is_not(tmp_path):
+    lines = [request(f"r{i}", max_tokens=20 - i) for i in range(20)]
+    engine, _, out, errors = run(tmp_path, lines, max_in_flight=8)
+    assert [o["custom_id"] for o in out] == [f"r{i}" for i in range(20)]
+    assert errors == []
+    finish_order = list(engine.added_when_finished)
+    assert finish_order != sorted(finish_order, key=[a[0] for a in engine.added].index)
+    for i, o in enumerate(out):
+        assert set(o) == {"id", "custom_id", "response", "error"}
+        assert o["response"]["status_code"] == 200
+        assert o["response"]["body"]["usage"]["completion_tokens"] == 20 - i
+        assert o["response"]["body"]["model"] == "fake-model"
+
+
+def test_bad_lines_go_to_the_error_file_in_order_and_the_job_goes_on(tmp_path):
+    lines = [
+        request("ok-1", max_tokens=5),
+        "{not json",
+        "",  # blank lines are skipped but still counted
+        json.dumps({"custom_id": "no-messages", "method": "POST", "url": "/v1/chat/completions",
+                    "body": {"max_tokens": 3}}),
+        request("hot", temperature=5),
+        request("ok-2", max_tokens=1),
+        request("streams", stream=True),
+        request("other-model", model="gpt-4o"),
+        request("n2", n=2),
+        request("long", content="x" * 500),
+        request("kv", content="KVFAIL", max_tokens=1),
+        request("ok-3", max_tokens=2),
+    ]
+    _, metrics, out, errors = run(tmp_path, lines, max_in_flight=4)
+    assert [o["custom_id"] for o in out] == ["ok-1", "ok-2", "ok-3"]
+    by_line = {e["error"]["line"]: e for e in errors}
+    assert list(by_line) == [2, 4, 5, 7, 8, 9, 10, 11]
+    assert by_line[2]["custom_id"] is None and by_line[2]["response"] is None
+    assert by_line[2]["error"]["code"] == "invalid_json"
+    assert by_line[4]["error"]["message"] == "line 4: body.messages: field required"
+    assert by_line[4]["response"]["status_code"] == 400
+    assert by_line[5]["error"]["param"] == "temperature"
+    assert by_line[7]["error"]["param"] == "stream"
+    assert by_line[8]["error"]["code"] == "model_not_found"
+    assert by_line[9]["error"]["param"] == "n"
+    assert by_line[10]["error"]["code"] == "context_length_exceeded"
+    assert by_line[11]["response"]["status_code"] == 500
+    assert all(set(e) == {"id", "custom_id", "response", "error"} for e in errors)
+    assert metrics["requests"] == {"total": 11, "ok": 3, "failed": 8}
+
+
+def test_model_field_can_be_ignored_and_aliases_pass(tmp_path):
+    lines = [request("a", model="gpt-4o", max_tokens=1), request("b", model="fm", max_tokens=1)]
+    _, _, out, errors = run(tmp_path, lines, ignore_model_field=True)
+    assert [o["custom_id"] for o in out] == ["a", "b"] and errors == []
+
+
+def test_in_flight_and_reorder_window_are_bounded(tmp_path):
+    # The first request runs long; the short ones behind it must not pile up without bound.
+    lines = [request("slow", max_tokens=60)] + [request(f"f{i}", max_tokens=1) for i in range(40)]
+    engine, _, out, _ = run(tmp_path, lines, max_in_flight=3, reorder_window=6)
+    assert engine.peak_in_flight == 3
+    slow_id = engine.added[0][0]
+    assert engine.added_when_finished[slow_id] <= 6
+    assert [o["custom_id"] for o in out] == ["slow"] + [f"f{i}" for i in range(40)]
+
+
+def test_defaults_apply_to_requests_that_leave_fields_out(tmp_path):
+    lines = [request("a"), request("b", max_tokens=2, temperature=0.5)]
+    engine, _, out, _ = run(tmp_path, lines,
+                            defaults=RequestDefaults(temperature=0.0, max_tokens=3))
+    params = [p for _, _, p in engine.added]
+    assert [(p.temperature, p.max_tokens) for p in params] == [(0.0, 3), (0.5, 2)]
+
+
+def test_metrics_file(tmp_path):
+    lines = [request(f"r{i}", max_tokens=i + 1) for i in range(4)] + ["oops"]
+    _, metrics, _, _ = run(tmp_path, lines)
+    written = json.loads((tmp_path / "out.metrics.json").read_text())
+    assert written == json.loads(json.dumps(metrics))
+    assert metrics["requests"] == {"total": 5, "ok": 4, "failed": 1}
+    assert metrics["completion_tokens"] == 1 + 2 + 3 + 4
+    assert metrics["prompt_tokens"] > 0 and metrics["cached_tokens"] == 8
+    assert metrics["ttft_s"] == {"p50": 1.0, "p90": 1.0}
+    assert metrics["engine"]["steps"] > 0
+    for key in ("wall_time_s", "requests_per_s", "output_tokens_per_s", "total_tokens_per_s"):
+        assert metrics[key] >= 0
+    assert metrics["model"] == "fake-model"
+
+
+def test_gzip_input_and_explicit_paths(tmp_path):
+    src = tmp_path / "in.jsonl.gz"
+    with gzip.open(src, "wt") as f:
+        f.write(request("a", max_tokens=1) + "\n" + "bad\n")
+    config = RunConfig(input=str(src), output=str(tmp_path / "o" / "res.jsonl"),
+                       errors=str(tmp_path / "e.jsonl"), metrics=str(tmp_path / "m.json"),
+                       progress=False)
+    run_batch(model(), config)
+    assert [o["custom_id"] for o in read(tmp_path / "o" / "res.jsonl")] == ["a"]
+    assert read(tmp_path / "e.jsonl")[0]["error"]["line"] == 2
+    assert (tmp_path / "m.json").exists()
+
+
+def test_progress_bar_runs(tmp_path, capsys):
+    lines = [request(f"r{i}", max_tokens=1) for i in range(3)]
+    run(tmp_path, lines, progress=True)
+    assert "3/3" in capsys.readouterr().err
+
+
+def test_engine_crash_aborts_in_flight_requests_and_propagates(tmp_path):
+    engine = FakeEngine(fail_on_step=2)
+    with pytest.raises(RuntimeError, match="blew up"):
+        run(tmp_path, [request(f"r{i}", max_tokens=5) for i in range(3)], engine=engine)
+    assert len(engine.aborted) == 3
