@@ -1,12 +1,23 @@
-"""Load a model by name or path and build an engine around it (API skeleton; lands with the engine)."""
+"""Load a model by name or path and build an engine around it."""
 
 from __future__ import annotations
 
+import glob
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from batchrun.config import EngineConfig
 from batchrun.engine.engine import Engine
+
+# Sampling fields a model's generation_config.json may set, mapped to SamplingParams names.
+GENERATION_DEFAULT_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                             "min_p": "min_p", "repetition_penalty": "repetition_penalty",
+                             "max_new_tokens": "max_tokens"}
+CPU_DEFAULT_KV_BYTES = 4 << 30
 
 
 @dataclass
@@ -15,15 +26,122 @@ class LoadedModel:
     tokenizer: Any  # transformers PreTrainedTokenizerBase
     name: str  # served model name, e.g. "smollm2-135m"
     aliases: tuple[str, ...]
-    # Sampling defaults from the model's generation_config.json, only the fields it sets:
-    # temperature, top_p, top_k, min_p, repetition_penalty, max_tokens.
+    # Sampling defaults from the model's generation_config.json, only the fields it sets,
+    # under SamplingParams names: temperature, top_p, top_k, min_p, repetition_penalty, max_tokens.
     generation_defaults: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
 
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
 
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
 def load(model: str | None, config: EngineConfig | None = None) -> LoadedModel:
     """Resolve `model` (registry name, HF folder, .gguf, hub id; None = default) and start an engine."""
-    raise NotImplementedError
+    from batchrun.models.loader import resolve_model
+
+    files = resolve_model(model)
+    return load_from_path(files.path, config, name=files.name, aliases=files.aliases)
+
+
+def load_from_path(path: str | Path, config: EngineConfig | None = None, name: str | None = None,
+                   aliases: tuple[str, ...] = ()) -> LoadedModel:
+    from transformers import AutoConfig, AutoTokenizer
+
+    from batchrun.models.llama import LlamaModel, ModelConfig
+
+    config = config or EngineConfig.default()
+    path = Path(path)
+    device = pick_device(config.device.device)
+    dtype = pick_dtype(config.device.dtype, device)
+    if device.type == "cpu":
+        torch.set_num_threads(config.device.threads or os.cpu_count() or 1)
+
+    model_cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(path))
+    model = build_model(LlamaModel, model_cfg, path, device, dtype)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    gen_defaults, gen_eos = read_generation_config(path)
+
+    eos = set(gen_eos)
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    engine = build_engine(model, tokenizer, config, sorted(eos), device, dtype)
+    return LoadedModel(engine, tokenizer, name or path.name, tuple(aliases), gen_defaults, path)
+
+
+def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: torch.device,
+                 dtype: torch.dtype) -> Engine:
+    model_cfg = model.config
+    max_model_len = min(config.max_model_len or model_cfg.max_position_embeddings,
+                        model_cfg.max_position_embeddings)
+    num_blocks = kv_blocks_for(config, model_cfg, device, dtype, max_model_len)
+    return Engine(model, tokenizer, config, eos_token_ids, device, dtype, num_blocks, max_model_len)
+
+
+def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.dtype):
+    from safetensors import safe_open
+
+    files = sorted(glob.glob(str(path / "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {path}")
+    with torch.device("meta"):
+        model = cls(model_cfg)
+    model = model.to_empty(device=device).to(dtype)
+    model.rope = type(model.rope)(model_cfg).to(device)  # buffers are computed, not loaded
+
+    def tensors():
+        for f in files:
+            with safe_open(f, framework="pt") as sf:
+                for key in sf.keys():
+                    yield key, sf.get_tensor(key)
+
+    model.load_weights(tensors())
+    return model.eval()
+
+
+def read_generation_config(path: Path) -> tuple[dict[str, Any], list[int]]:
+    """(sampling defaults the model sets, its extra EOS ids) from generation_config.json."""
+    import json
+
+    f = path / "generation_config.json"
+    if not f.exists():
+        return {}, []
+    raw = json.loads(f.read_text())
+    defaults = {ours: raw[theirs] for theirs, ours in GENERATION_DEFAULT_FIELDS.items()
+                if raw.get(theirs) is not None}
+    eos = raw.get("eos_token_id")
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    return defaults, eos_ids
+
+
+def kv_blocks_for(config: EngineConfig, model_cfg, device: torch.device, dtype: torch.dtype,
+                  max_model_len: int) -> int:
+    cache = config.cache
+    if cache.num_blocks:
+        return cache.num_blocks
+    elem = torch.tensor([], dtype=dtype).element_size()
+    block_bytes = model_cfg.kv_bytes_per_token * elem * cache.block_size
+    budget = cache.kv_cache_memory
+    if budget is None:
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            budget = int(free * 0.8)
+        else:
+            import psutil
+
+            budget = min(CPU_DEFAULT_KV_BYTES, int(psutil.virtual_memory().available * 0.3))
+    # More than every sequence at full length can never be used.
+    most = config.scheduler.max_num_seqs * -(-max_model_len // cache.block_size)
+    return max(1, min(budget // block_bytes, most))

@@ -1,0 +1,69 @@
+"""Attention over the paged KV cache, in plain PyTorch.
+
+The KV cache of a layer is a flat tensor of slots [num_blocks * block_size, kv_heads, head_dim];
+slot = block_id * block_size + offset. A step's tokens are laid out decode tokens first (one per
+sequence), then the prefill chunks. Decode attention is batched over sequences; each prefill
+chunk is one SDPA call with a causal mask offset by its cached context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillChunk:
+    q_start: int  # offset of the chunk's first token in the step's flat row
+    q_len: int
+    ctx_len: int  # tokens of context after this chunk (cached prefix + chunk)
+    slots: torch.Tensor | None  # [ctx_len] KV slots to read; None when the chunk is its whole context
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] slot each token's K/V is written to
+    num_decode: int = 0
+    decode_slots: torch.Tensor | None = None  # [B, L] slots to read per decode sequence (padded)
+    decode_bias: torch.Tensor | None = None  # [B, 1, 1, L] 0 where valid, -inf on padding
+    prefills: list[PrefillChunk] = field(default_factory=list)
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q [T, H, D], k/v [T, Hkv, D] for this step's tokens; returns [T, H, D]."""
+    k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+
+    if meta.num_decode:
+        b = meta.num_decode
+        # The query heads of one KV group act as `group` query rows against that group's keys.
+        qd = q[:b].view(b, num_kv_heads, group, head_dim)
+        kd = k_cache[meta.decode_slots].to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
+        vd = v_cache[meta.decode_slots].to(q.dtype).transpose(1, 2)
+        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_bias, scale=scale)
+        out[:b] = od.reshape(b, num_heads, head_dim)
+
+    for chunk in meta.prefills:
+        s, n = chunk.q_start, chunk.q_len
+        qp = q[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+        if chunk.slots is None:
+            kp, vp = k[s:s + n], v[s:s + n]
+            mask, causal = None, True
+        else:
+            kp = k_cache[chunk.slots].to(q.dtype)
+            vp = v_cache[chunk.slots].to(q.dtype)
+            q_pos = torch.arange(chunk.ctx_len - n, chunk.ctx_len, device=q.device)
+            mask = torch.arange(chunk.ctx_len, device=q.device)[None, :] <= q_pos[:, None]
+            causal = False
+        kp = kp.transpose(0, 1).unsqueeze(0)
+        vp = vp.transpose(0, 1).unsqueeze(0)
+        op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, is_causal=causal,
+                                            scale=scale, enable_gqa=group > 1)
+        out[s:s + n] = op[0].transpose(0, 1)
+    return out

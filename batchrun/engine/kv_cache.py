@@ -1,0 +1,118 @@
+"""Paged KV block pool with automatic prefix caching.
+
+Full blocks are keyed by a hash chained over (parent block hash, the block's token ids). A freed
+block keeps its hash and sits in an LRU free list, so a later request with the same prefix can
+take it back; allocating a new block evicts the least recently freed one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+
+from batchrun.engine.request import Request
+
+
+def block_hash(parent: bytes | None, tokens: list[int]) -> bytes:
+    h = hashlib.blake2b(parent or b"", digest_size=16)
+    h.update(array("q", tokens).tobytes())
+    return h.digest()
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_cnt = [0] * num_blocks
+        self.hash_of: list[bytes | None] = [None] * num_blocks
+        self.cached: dict[bytes, int] = {}  # hash -> block id
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.peak_used = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def match_prefix(self, req: Request) -> int:
+        """Attach cached blocks for the longest cached prefix of req; returns tokens matched.
+
+        The last token is never matched: a step must compute something to sample from.
+        """
+        if not self.enable_prefix_caching:
+            return 0
+        tokens, bs = req.all_token_ids, self.block_size
+        parent = None
+        matched: list[int] = []
+        hashes: list[bytes] = []
+        for i in range((len(tokens) - 1) // bs):
+            h = block_hash(parent, tokens[i * bs:(i + 1) * bs])
+            block = self.cached.get(h)
+            if block is None:
+                break
+            matched.append(block)
+            hashes.append(h)
+            parent = h
+        for block in matched:
+            if self.ref_cnt[block] == 0:
+                del self.free[block]
+            self.ref_cnt[block] += 1
+        req.block_ids = matched
+        req.block_hashes = hashes
+        self._note_usage()
+        return len(matched) * bs
+
+    def allocate(self, req: Request, num_tokens: int) -> bool:
+        """Make req's block table cover num_tokens tokens; False (nothing taken) if the pool is short."""
+        need = self.blocks_needed(num_tokens) - len(req.block_ids)
+        if need <= 0:
+            return True
+        if need > len(self.free):
+            return False
+        for _ in range(need):
+            block, _ = self.free.popitem(last=False)
+            old = self.hash_of[block]
+            if old is not None:
+                if self.cached.get(old) == block:
+                    del self.cached[old]
+                self.hash_of[block] = None
+            self.ref_cnt[block] = 1
+            req.block_ids.append(block)
+        self._note_usage()
+        return True
+
+    def cache_full_blocks(self, req: Request) -> None:
+        """Register the hashes of req's blocks that became full of computed tokens."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        full = min(req.num_computed_tokens, req.num_tokens) // bs
+        tokens = req.all_token_ids
+        for i in range(len(req.block_hashes), full):
+            parent = req.block_hashes[-1] if req.block_hashes else None
+            h = block_hash(parent, tokens[i * bs:(i + 1) * bs])
+            req.block_hashes.append(h)
+            block = req.block_ids[i]
+            if h not in self.cached:
+                self.cached[h] = block
+                self.hash_of[block] = h
+
+    def free_request(self, req: Request) -> None:
+        # Tail blocks first, so they are evicted before the shared prefix blocks.
+        for block in reversed(req.block_ids):
+            self.ref_cnt[block] -= 1
+            if self.ref_cnt[block] == 0:
+                self.free[block] = None
+        req.block_ids = []
+        req.block_hashes = []
+
+    def _note_usage(self) -> None:
+        self.peak_used = max(self.peak_used, self.num_used_blocks)

@@ -1,0 +1,54 @@
+"""A request inside the engine: its tokens, its KV blocks and where it stands."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from batchrun.engine.outputs import RequestMetrics
+from batchrun.engine.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+class Request:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 max_tokens: int, arrival_time: float | None = None):
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.max_tokens = max_tokens
+        # Prompt plus generated tokens: a preempted request recomputes all of them.
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # prefix-cache hits at first admission; -1 = not yet admitted
+        self.block_ids: list[int] = []
+        self.block_hashes: list[bytes] = []  # chained hashes of this request's full blocks
+        self.status = Status.WAITING
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.logprobs: list | None = [] if params.logprobs is not None else None
+        self.metrics = RequestMetrics(arrival_time=arrival_time or time.time())
+        self.num_preemptions = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED

@@ -1,0 +1,84 @@
+"""Model runner: turns a scheduled step into one flat forward pass over the paged KV cache."""
+
+from __future__ import annotations
+
+import torch
+
+from batchrun.engine.attention import AttentionMetadata, PrefillChunk
+from batchrun.engine.request import Request
+
+
+class ModelRunner:
+    def __init__(self, model, num_blocks: int, block_size: int, device: torch.device,
+                 dtype: torch.dtype, kv_dtype: torch.dtype | None = None):
+        cfg = model.config
+        self.model = model
+        self.device = device
+        self.block_size = block_size
+        self.dtype = dtype
+        shape = (num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
+        kv_dtype = kv_dtype or dtype
+        # torch.empty: pages are only touched (and counted in RSS) as blocks get used.
+        self.kv_caches = [(torch.empty(shape, dtype=kv_dtype, device=device),
+                           torch.empty(shape, dtype=kv_dtype, device=device))
+                          for _ in range(cfg.num_layers)]
+
+    @torch.inference_mode()
+    def execute(self, work: list[tuple[Request, int]]) -> tuple[torch.Tensor, list[Request]]:
+        """Compute the scheduled tokens; returns logits [N, V] for the N requests that sample."""
+        # Decodes (one new token on top of computed context) first, then prefill chunks.
+        decodes = [(r, n) for r, n in work if n == 1 and r.num_computed_tokens == r.num_tokens - 1]
+        prefills = [(r, n) for r, n in work if not (n == 1 and r.num_computed_tokens == r.num_tokens - 1)]
+        ordered = decodes + prefills
+        dev, bs = self.device, self.block_size
+
+        tokens: list[int] = []
+        starts: list[int] = []
+        counts: list[int] = []
+        tables: list[list[int]] = []
+        sample_rows: list[int] = []
+        samplers: list[Request] = []
+        for req, n in ordered:
+            c = req.num_computed_tokens
+            tokens.extend(req.all_token_ids[c:c + n])
+            starts.append(c)
+            counts.append(n)
+            tables.append(req.block_ids)
+            if c + n == req.num_tokens:
+                sample_rows.append(len(tokens) - 1)
+                samplers.append(req)
+
+        width = max(len(t) for t in tables)
+        table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=dev)
+        count_t = torch.tensor(counts, device=dev)
+        req_idx = torch.repeat_interleave(torch.arange(len(ordered), device=dev), count_t)
+        first_row = torch.cumsum(count_t, 0) - count_t
+        positions = (torch.arange(len(tokens), device=dev) - first_row[req_idx]
+                     + torch.tensor(starts, device=dev)[req_idx])
+        slot_mapping = table[req_idx, positions // bs] * bs + positions % bs
+
+        meta = AttentionMetadata(slot_mapping=slot_mapping, num_decode=len(decodes))
+        if decodes:
+            ctx = torch.tensor([starts[i] + 1 for i in range(len(decodes))], device=dev)
+            grid = torch.arange(int(ctx.max()), device=dev)[None, :]
+            valid = grid < ctx[:, None]
+            slots = table[:len(decodes)].gather(1, (grid // bs).expand(len(decodes), -1)) * bs + grid % bs
+            meta.decode_slots = slots.masked_fill(~valid, 0)
+            meta.decode_bias = torch.zeros(valid.shape, device=dev, dtype=self.dtype).masked_fill(
+                ~valid, float("-inf"))[:, None, None, :]
+        row = len(decodes)
+        for i in range(len(decodes), len(ordered)):
+            c, n = starts[i], counts[i]
+            slots = None
+            if c > 0:
+                pos = torch.arange(c + n, device=dev)
+                slots = table[i, pos // bs] * bs + pos % bs
+            meta.prefills.append(PrefillChunk(q_start=row, q_len=n, ctx_len=c + n, slots=slots))
+            row += n
+
+        input_ids = torch.tensor(tokens, dtype=torch.long, device=dev)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        if not sample_rows:
+            return hidden.new_empty((0, 0)), []
+        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
+        return logits, samplers

@@ -1,0 +1,137 @@
+"""Engine behaviour on a tiny random model: scheduling, paging, caching, stopping, sampling."""
+
+import pytest
+import torch
+
+from batchrun.engine import SamplingParams
+from batchrun.engine.engine import PromptTooLongError
+from tests.parity import assert_greedy_match
+from tests.unit.test_native_model import tiny_engine
+
+GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+
+def prompts(seed=3, lengths=(5, 17, 40, 3, 64, 9, 30, 12)):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 512, (n,), generator=gen).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    _, engine = tiny_engine("llama", tmp_path_factory.mktemp("ref"), max_num_batched_tokens=4096,
+                            enable_prefix_caching=False)
+    return [o.outputs[0].token_ids for o in engine.generate(prompts(), GREEDY)]
+
+
+def run(tmp_path, **overrides):
+    _, engine = tiny_engine("llama", tmp_path, **overrides)
+    outs = engine.generate(prompts(), GREEDY)
+    return engine, [o.outputs[0].token_ids for o in outs]
+
+
+def assert_same(ours, ref):
+    for i, (a, b) in enumerate(zip(ours, ref)):
+        assert_greedy_match(a, b, None, f"prompt {i}")
+
+
+def test_chunked_prefill_equals_unchunked(tmp_path, reference):
+    engine, outs = run(tmp_path, max_num_batched_tokens=8)
+    assert_same(outs, reference)
+    assert engine.stats.steps > 20
+
+
+def test_small_kv_pool_preempts_and_still_matches(tmp_path, reference):
+    # 40 blocks of 4 tokens: far less than the 8 requests need together.
+    engine, outs = run(tmp_path, num_blocks=40, max_num_batched_tokens=64)
+    assert engine.stats.num_preemptions > 0
+    assert_same(outs, reference)
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_request_that_can_never_fit_fails_cleanly(tmp_path):
+    _, engine = tiny_engine("llama", tmp_path, num_blocks=4)
+    engine.add_request("big", list(range(3, 40)), GREEDY)
+    engine.add_request("small", [5, 6, 7], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    outs = {}
+    for _ in range(50):
+        for o in engine.step():
+            outs[o.request_id] = o
+        if not engine.has_unfinished_requests():
+            break
+    assert outs["big"].error and "KV blocks" in outs["big"].error
+    assert outs["small"].error is None and len(outs["small"].outputs[0].token_ids) == 4
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_prefix_cache_hits_and_matches(tmp_path, reference):
+    _, engine = tiny_engine("llama", tmp_path)
+    shared = prompts()[4]  # 64 tokens = 16 full blocks
+    first = engine.generate([shared + [7, 8]], GREEDY)[0]
+    second = engine.generate([shared + [9, 10, 11]], GREEDY)[0]
+    assert first.num_cached_tokens == 0
+    assert second.num_cached_tokens == 64
+    _, cold = tiny_engine("llama", tmp_path / "cold", enable_prefix_caching=False)
+    ref = cold.generate([shared + [9, 10, 11]], GREEDY)[0]
+    assert ref.num_cached_tokens == 0
+    assert_greedy_match(second.outputs[0].token_ids, ref.outputs[0].token_ids, None, "cached")
+
+
+def test_last_prompt_token_is_never_cached(tmp_path):
+    _, engine = tiny_engine("llama", tmp_path)
+    p = prompts()[2][:40]  # exactly 10 blocks
+    engine.generate([p], GREEDY)
+    again = engine.generate([p], GREEDY)[0]
+    assert again.num_cached_tokens == 36
+
+
+def test_stop_conditions(tmp_path):
+    _, engine = tiny_engine("llama", tmp_path)
+    p = prompts()[1]
+    free = engine.generate([p], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    toks = free.outputs[0].token_ids
+    assert free.outputs[0].finish_reason == "length" and len(toks) == 12
+
+    by_id = engine.generate([p], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[toks[5]]))[0]
+    first = toks.index(toks[5])
+    assert by_id.outputs[0].token_ids == toks[:first + 1]
+    assert by_id.outputs[0].finish_reason == "stop" and by_id.outputs[0].stop_reason == toks[5]
+
+    stop = f"<{toks[3]}><{toks[4]}>"  # spans two tokens
+    by_str = engine.generate([p], SamplingParams(temperature=0, max_tokens=12, stop=[stop]))[0]
+    full_text = "".join(f"<{t}>" for t in toks)
+    assert by_str.outputs[0].text == full_text[:full_text.index(stop)]
+    assert by_str.outputs[0].finish_reason == "stop" and by_str.outputs[0].stop_reason == stop
+
+
+def test_context_length_limits(tmp_path):
+    _, engine = tiny_engine("llama", tmp_path, max_model_len=64)
+    with pytest.raises(PromptTooLongError):
+        engine.add_request("a", list(range(3, 67)), GREEDY)
+    with pytest.raises(PromptTooLongError):
+        engine.add_request("b", list(range(3, 50)), SamplingParams(max_tokens=30))
+    out = engine.generate([list(range(3, 50))], SamplingParams(temperature=0, ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 64 - 47
+    assert out.outputs[0].finish_reason == "length"
+
+
+def test_seeded_sampling_is_independent_of_batch(tmp_path):
+    _, engine = tiny_engine("llama", tmp_path)
+    p = prompts()
+    seeded = SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=1234, max_tokens=16, ignore_eos=True)
+    alone = engine.generate([p[0]], seeded)[0].outputs[0].token_ids
+    other = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    mixed = engine.generate(p[1:4] + [p[0]] + p[4:], [other] * 3 + [seeded] + [other] * 4)
+    assert mixed[3].outputs[0].token_ids == alone
+    unseeded = [engine.generate([p[0]], other)[0].outputs[0].token_ids for _ in range(3)]
+    assert len({tuple(u) for u in unseeded}) > 1
+
+
+def test_abort_frees_blocks(tmp_path):
+    _, engine = tiny_engine("llama", tmp_path)
+    engine.add_request("x", prompts()[4], GREEDY)
+    engine.step()
+    assert engine.kv.num_free_blocks < engine.kv.num_blocks
+    out = engine.abort_request("x")
+    assert out.outputs[0].finish_reason == "abort"
+    assert not engine.has_unfinished_requests()
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
