@@ -152,6 +152,9 @@ class _Job:
                     if self.exhausted:
                         return
                     continue
+                if not self.engine.has_unfinished_requests():
+                    raise RuntimeError(f"the engine dropped {len(self.in_flight)} requests "
+                                       "without returning their outputs")
                 self.collect(self.engine.step())
                 self.sink.drain()
         except BaseException:

@@ -209,3 +209,11 @@ def test_engine_crash_aborts_in_flight_requests_and_propagates(tmp_path):
     with pytest.raises(RuntimeError, match="blew up"):
         run(tmp_path, [request(f"r{i}", max_tokens=5) for i in range(3)], engine=engine)
     assert len(engine.aborted) == 3
+
+
+def test_an_engine_that_loses_requests_is_a_crash_not_a_hang(tmp_path):
+    class Losing(FakeEngine):
+        def add_request(self, request_id, prompt_token_ids, params, arrival_time=None):
+            pass
+    with pytest.raises(RuntimeError, match="dropped 1 requests"):
+        run(tmp_path, [request("a", max_tokens=1)], engine=Losing())
