@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,9 +19,6 @@ from batchrun.openai.protocol import LineError, RequestError, parse_batch_line
 from batchrun.openai.render import render_prompt
 from batchrun.openai.response import (batch_error_line, batch_output_line, chat_completion,
                                       engine_error, new_request_id)
-
-log = logging.getLogger(__name__)
-
 
 @dataclass
 class RunConfig:
