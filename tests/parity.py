@@ -29,13 +29,15 @@ def top2_margin(logits: torch.Tensor) -> float:
 
 def assert_greedy_match(ours: list[int], ref: list[int], ref_logits, label: str = "",
                         report: ParityReport | None = None) -> None:
-    """ref_logits[i] are the reference logits that produced ref[i] (None: no tie rule available)."""
+    """ref_logits[i]: the reference logits that produced ref[i], or their top-2 margin as a float
+    (top-2 logprobs give the same margin); None when no tie rule is available."""
     if report is not None:
         report.compared += 1
     n = min(len(ours), len(ref))
     for i in range(n):
         if ours[i] != ref[i]:
-            margin = top2_margin(ref_logits[i]) if ref_logits is not None else float("inf")
+            margin = float("inf") if ref_logits is None else (
+                ref_logits[i] if isinstance(ref_logits[i], float) else top2_margin(ref_logits[i]))
             assert margin < TIE_MARGIN, (
                 f"{label}: greedy tokens differ at position {i} ({ours[i]} vs reference {ref[i]}) "
                 f"where the reference's top-2 margin is {margin:.2e} (not a tie)\n"

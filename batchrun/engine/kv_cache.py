@@ -114,5 +114,11 @@ class KVCacheManager:
         req.block_ids = []
         req.block_hashes = []
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block hash (all blocks must be free)."""
+        assert len(self.free) == self.num_blocks, "reset_prefix_cache with blocks in use"
+        self.cached.clear()
+        self.hash_of = [None] * self.num_blocks
+
     def _note_usage(self) -> None:
         self.peak_used = max(self.peak_used, self.num_used_blocks)

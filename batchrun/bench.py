@@ -1,0 +1,190 @@
+"""Throughput benchmark: batchrun's engine against transformers on the same requests, one run.
+
+    python -m batchrun.bench ../shared/workloads/humaneval_chat.jsonl --limit 64
+
+Every system gets the same rendered prompts, greedy decoding and each request's max_tokens.
+Figures are output tokens/s (generated tokens over wall time) and total tokens/s (prompt +
+generated), with the ratio against Hugging Face `generate` on left-padded static batches of 32.
+Ratios measured side by side are what mean something on a noisy shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Workload:
+    name: str
+    prompts: list[list[int]]
+    max_tokens: list[int]
+
+
+@dataclass
+class Result:
+    system: str
+    seconds: float
+    prompt_tokens: int
+    output_tokens: int
+    outputs: list[list[int]]
+    cache_hit_rate: float | None = None
+
+    @property
+    def output_tps(self) -> float:
+        return self.output_tokens / self.seconds
+
+    @property
+    def total_tps(self) -> float:
+        return (self.prompt_tokens + self.output_tokens) / self.seconds
+
+
+def load_workload(path: str, tokenizer, limit: int | None) -> Workload:
+    prompts, max_tokens = [], []
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            body = json.loads(line)["body"]
+            ids = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True,
+                                                tokenize=True)
+            prompts.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
+            max_tokens.append(body.get("max_tokens") or body.get("max_completion_tokens") or 128)
+            if limit and len(prompts) >= limit:
+                break
+    return Workload(path, prompts, max_tokens)
+
+
+def run_batchrun(loaded, work: Workload, label: str = "batchrun") -> Result:
+    from batchrun.engine import SamplingParams
+
+    engine = loaded.engine
+    engine.kv.reset_prefix_cache()  # every system starts cold
+    params = [SamplingParams(temperature=0, max_tokens=m) for m in work.max_tokens]
+    before = engine.stats.cached_tokens, engine.stats.prompt_tokens
+    start = time.perf_counter()
+    outs = engine.generate(work.prompts, params)
+    seconds = time.perf_counter() - start
+    cached = engine.stats.cached_tokens - before[0]
+    prompt = engine.stats.prompt_tokens - before[1]
+    tokens = [o.outputs[0].token_ids for o in outs]
+    return Result(label, seconds, sum(map(len, work.prompts)), sum(map(len, tokens)), tokens,
+                  cached / prompt if prompt else 0.0)
+
+
+def run_hf_static(hf_model, work: Workload, eos_id: int, batch_size: int = 32) -> Result:
+    """transformers generate on left-padded static batches, in input order."""
+    outputs: list[list[int]] = []
+    start = time.perf_counter()
+    for i in range(0, len(work.prompts), batch_size):
+        batch = work.prompts[i:i + batch_size]
+        width = max(map(len, batch))
+        ids = torch.tensor([[eos_id] * (width - len(p)) + p for p in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        with torch.inference_mode():
+            out = hf_model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                                    max_new_tokens=max(work.max_tokens[i:i + batch_size]),
+                                    pad_token_id=eos_id, eos_token_id=eos_id)
+        for row, limit in zip(out[:, width:].tolist(), work.max_tokens[i:i + batch_size]):
+            row = row[:limit]
+            outputs.append(row[:row.index(eos_id) + 1] if eos_id in row else row)
+    seconds = time.perf_counter() - start
+    return Result("hf-static-32", seconds, sum(map(len, work.prompts)),
+                  sum(map(len, outputs)), outputs)
+
+
+def run_hf_paged(hf_model, work: Workload, eos_id: int) -> Result:
+    """transformers' own continuous batching (generate_batch, paged|sdpa attention)."""
+    from transformers import GenerationConfig
+
+    hf_model.set_attn_implementation("paged|sdpa")
+    cfg = GenerationConfig(max_new_tokens=max(work.max_tokens), do_sample=False,
+                           eos_token_id=eos_id, pad_token_id=eos_id)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        res = hf_model.generate_batch(inputs=work.prompts, generation_config=cfg, progress_bar=False)
+    seconds = time.perf_counter() - start
+    hf_model.set_attn_implementation("sdpa")
+    outputs = []
+    for i, limit in enumerate(work.max_tokens):
+        got = res[f"req_{i}"].generated_tokens[:limit]
+        outputs.append(got[:got.index(eos_id) + 1] if eos_id in got else got)
+    return Result("hf-paged-cb", seconds, sum(map(len, work.prompts)), sum(map(len, outputs)), outputs)
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    return sum(x == y for x, y in zip(a, b)) / max(1, len(a))
+
+
+def report(results: list[Result], baseline: str = "hf-static-32") -> str:
+    base = next((r for r in results if r.system == baseline), None)
+    lines = [f"{'system':<22}{'seconds':>9}{'out tok/s':>11}{'total tok/s':>13}"
+             f"{'x ' + baseline:>18}{'cache hit':>11}{'same as first':>15}"]
+    for r in results:
+        ratio = f"{r.output_tps / base.output_tps:.2f}" if base else "-"
+        hit = f"{r.cache_hit_rate:.1%}" if r.cache_hit_rate is not None else "-"
+        lines.append(f"{r.system:<22}{r.seconds:>9.1f}{r.output_tps:>11.1f}{r.total_tps:>13.1f}"
+                     f"{ratio:>18}{hit:>11}{agreement(r.outputs, results[0].outputs):>15.0%}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("workload", help="OpenAI batch JSONL (chat)")
+    ap.add_argument("--limit", type=int, help="first N requests only")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--systems", default="batchrun,hf-static", help="comma list of "
+                    "batchrun, batchrun-no-prefix-cache, hf-static, hf-paged")
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-batched-tokens", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+
+    from batchrun import llm
+    from batchrun.config import EngineConfig
+
+    systems = args.systems.split(",")
+    config = EngineConfig.default(max_num_seqs=args.max_num_seqs,
+                                  max_num_batched_tokens=args.max_batched_tokens,
+                                  threads=args.threads)
+    t0 = time.perf_counter()
+    loaded = llm.load(args.model, config)
+    print(f"model loaded in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    work = load_workload(args.workload, loaded.tokenizer, args.limit)
+    print(f"workload: {args.workload}: {len(work.prompts)} requests, "
+          f"{sum(map(len, work.prompts))} prompt tokens", file=sys.stderr)
+    eos = loaded.tokenizer.eos_token_id
+    results: list[Result] = []
+    hf_model = None
+    for system in systems:
+        print(f"running {system} ...", file=sys.stderr)
+        if system == "batchrun":
+            results.append(run_batchrun(loaded, work))
+        elif system == "batchrun-no-prefix-cache":
+            loaded.engine.kv.enable_prefix_caching = False
+            results.append(run_batchrun(loaded, work, system))
+            loaded.engine.kv.enable_prefix_caching = config.cache.enable_prefix_caching
+        elif system in ("hf-static", "hf-paged"):
+            if hf_model is None:
+                from transformers import AutoModelForCausalLM
+
+                hf_model = AutoModelForCausalLM.from_pretrained(
+                    loaded.path, dtype=torch.float32, attn_implementation="sdpa").eval()
+            runner = run_hf_static if system == "hf-static" else run_hf_paged
+            results.append(runner(hf_model, work, eos))
+        else:
+            ap.error(f"unknown system {system}")
+        print(f"  {results[-1].system}: {results[-1].output_tps:.1f} output tok/s", file=sys.stderr)
+    print(report(results))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS {peak:.0f} MiB; torch threads {torch.get_num_threads()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+import pytest
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """The bundled SmolLM2-135M-Instruct behind a batchrun engine (loaded once per session)."""
+    from batchrun import llm
+
+    return llm.load(None)
+
+
+@pytest.fixture(scope="session")
+def hf_real_model(real_model):
+    """The same weights through transformers, the reference for greedy parity."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(real_model.path, dtype=torch.float32).eval()
