@@ -67,7 +67,8 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
     device = pick_device(config.device.device)
     dtype = pick_dtype(config.device.dtype, device)
     if device.type == "cpu":
-        torch.set_num_threads(config.device.threads or os.cpu_count() or 1)
+        threads = config.device.threads or int(os.environ.get("BATCHRUN_THREADS", 0)) or os.cpu_count()
+        torch.set_num_threads(threads or 1)
 
     model_cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(path))
     model = build_model(LlamaModel, model_cfg, path, device, dtype)

@@ -67,10 +67,15 @@ class Engine:
         self.sampler = Sampler(device)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self.streaming: set[str] = set()
         self.stats = EngineStats(num_kv_blocks=num_blocks)
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
-                    params: SamplingParams, arrival_time: float | None = None) -> None:
+                    params: SamplingParams, arrival_time: float | None = None,
+                    stream: bool = False) -> None:
+        """Queue a request. With stream=True, step() also returns an unfinished, cumulative
+        RequestOutput for it after every step that gave it a token (text holds back a tail that
+        could still become a stop string)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         if params.n != 1:
@@ -90,7 +95,9 @@ class Engine:
                 f"context length of {self.max_model_len} tokens")
         req = Request(request_id, list(prompt_token_ids), params, max_tokens, arrival_time)
         self.requests[request_id] = req
-        if params.stop:
+        if stream:
+            self.streaming.add(request_id)
+        if params.stop or stream:
             self.detokenizers[request_id] = IncrementalDetokenizer(
                 self.tokenizer, req.prompt_token_ids, params.stop, params.skip_special_tokens)
         self.scheduler.add(req)
@@ -139,6 +146,8 @@ class Engine:
                 reason = self._check_stop(req, token)
                 if reason is not None:
                     finished.append(self._finish(req, reason))
+                elif req.request_id in self.streaming:
+                    finished.append(self._snapshot(req))
         self.stats.peak_kv_usage = self.kv.peak_used / self.kv.num_blocks
         return finished
 
@@ -158,14 +167,23 @@ class Engine:
                     return "stop"
         elif detok is not None:
             detok.add(token)
+
         if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len:
             return "length"
         return None
+
+    def _snapshot(self, req: Request) -> RequestOutput:
+        detok = self.detokenizers[req.request_id]
+        completion = CompletionOutput(index=0, text=detok.stable_text(), token_ids=req.output_token_ids,
+                                      logprobs=req.logprobs)
+        return RequestOutput(req.request_id, req.prompt_token_ids, [completion], finished=False,
+                             num_cached_tokens=max(req.num_cached_tokens, 0), metrics=req.metrics)
 
     def _finish(self, req: Request, reason: str, error: str | None = None) -> RequestOutput:
         self.scheduler.finish(req)
         self.sampler.forget(req.request_id)
         self.requests.pop(req.request_id, None)
+        self.streaming.discard(req.request_id)
         req.status = Status.FINISHED
         req.finish_reason = reason
         req.metrics.finished_time = time.time()
@@ -197,5 +215,6 @@ class Engine:
         done: dict[str, RequestOutput] = {}
         while len(done) < len(ids):
             for out in self.step():
-                done[out.request_id] = out
+                if out.finished:
+                    done[out.request_id] = out
         return [done[rid] for rid in ids]

@@ -135,3 +135,21 @@ def test_abort_frees_blocks(tmp_path):
     assert out.outputs[0].finish_reason == "abort"
     assert not engine.has_unfinished_requests()
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_streaming_outputs_are_cumulative_and_hold_back_stop_prefixes(tmp_path):
+    _, engine = tiny_engine("llama", tmp_path)
+    p = prompts()[1]
+    toks = engine.generate([p], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0] \
+        .outputs[0].token_ids
+    stop = f"<{toks[6]}><{toks[7]}>"
+    engine.add_request("s", p, SamplingParams(temperature=0, max_tokens=12, stop=[stop]), stream=True)
+    seen = []
+    while engine.has_unfinished_requests():
+        seen.extend(engine.step())
+    texts = [o.outputs[0].text for o in seen]
+    assert [o.finished for o in seen] == [False] * (len(seen) - 1) + [True]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    assert all(stop not in t and not t.endswith(f"<{toks[6]}>") for t in texts)
+    assert texts[-1] == "".join(f"<{t}>" for t in toks[:6])
+    assert seen[-1].outputs[0].finish_reason == "stop"
