@@ -72,10 +72,10 @@ class Engine:
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
                     params: SamplingParams, arrival_time: float | None = None,
-                    stream: bool = False) -> None:
+                    stream: bool = False, priority: int = 0) -> None:
         """Queue a request. With stream=True, step() also returns an unfinished, cumulative
         RequestOutput for it after every step that gave it a token (text holds back a tail that
-        could still become a stop string)."""
+        could still become a stop string). Lower priority values are scheduled first."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         if params.n != 1:
@@ -93,7 +93,7 @@ class Engine:
             raise PromptTooLongError(
                 f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the model's "
                 f"context length of {self.max_model_len} tokens")
-        req = Request(request_id, list(prompt_token_ids), params, max_tokens, arrival_time)
+        req = Request(request_id, list(prompt_token_ids), params, max_tokens, arrival_time, priority)
         self.requests[request_id] = req
         if stream:
             self.streaming.add(request_id)

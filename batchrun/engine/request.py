@@ -18,11 +18,12 @@ class Status(enum.Enum):
 
 class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 max_tokens: int, arrival_time: float | None = None):
+                 max_tokens: int, arrival_time: float | None = None, priority: int = 0):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
         self.max_tokens = max_tokens
+        self.priority = priority
         # Prompt plus generated tokens: a preempted request recomputes all of them.
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)

@@ -4,6 +4,10 @@ Running requests are served first (a decode is one token; a request still prefil
 the budget leaves), then waiting requests are admitted while the budget, max_num_seqs and the KV
 pool allow. Under KV pressure the newest running request is preempted: its blocks go back to the
 pool (keeping their prefix-cache hashes) and it is recomputed later.
+
+Requests carry a priority (lower = sooner; interactive traffic ahead of Batches-API work): running
+requests are served and waiting ones admitted in priority order, and preemption takes the newest
+request of the lowest priority first.
 """
 
 from __future__ import annotations
@@ -29,11 +33,46 @@ class ScheduledStep:
         return sum(n for _, n in self.work)
 
 
+class WaitingQueue:
+    """FIFO per priority level; the lowest priority value is served first."""
+
+    def __init__(self):
+        self.levels: dict[int, deque[Request]] = {}
+
+    def _level(self, priority: int) -> deque[Request]:
+        if priority not in self.levels:
+            self.levels[priority] = deque()
+            self.levels = dict(sorted(self.levels.items()))
+        return self.levels[priority]
+
+    def append(self, req: Request) -> None:
+        self._level(req.priority).append(req)
+
+    def appendleft(self, req: Request) -> None:
+        self._level(req.priority).appendleft(req)
+
+    def peek(self) -> Request:
+        return next(q for q in self.levels.values() if q)[0]
+
+    def popleft(self) -> Request:
+        return next(q for q in self.levels.values() if q).popleft()
+
+    def remove(self, req: Request) -> None:
+        self.levels[req.priority].remove(req)
+
+    def __contains__(self, req: Request) -> bool:
+        level = self.levels.get(req.priority)
+        return level is not None and req in level
+
+    def __len__(self) -> int:
+        return sum(map(len, self.levels.values()))
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
         self.config = config
         self.kv = kv
-        self.waiting: deque[Request] = deque()
+        self.waiting = WaitingQueue()
         self.running: list[Request] = []
         self.num_preemptions = 0
 
@@ -41,19 +80,20 @@ class Scheduler:
         self.waiting.append(req)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.running) or len(self.waiting) > 0
 
     def schedule(self) -> ScheduledStep:
         step = ScheduledStep()
         budget = self.config.max_num_batched_tokens
         scheduled: list[Request] = []
+        self.running.sort(key=lambda r: r.priority)  # stable: keeps arrival order within a level
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             while not self.kv.allocate(req, req.num_computed_tokens + n):
-                victim = self.running.pop()  # the newest
+                victim = self.running.pop(self._victim_index(i))
                 self._preempt(victim)
                 step.preempted.append(victim)
                 if victim is req:
@@ -66,8 +106,8 @@ class Scheduler:
                 continue
             break  # req itself was preempted
 
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting[0]
+        while len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting.peek()
             if self.kv.blocks_needed(req.num_tokens) > self.kv.num_blocks:
                 self.waiting.popleft()
                 step.rejected.append(req)
@@ -98,6 +138,11 @@ class Scheduler:
             step.work.append((req, n))
             budget -= n
         return step
+
+    def _victim_index(self, first: int) -> int:
+        """Among running requests not yet scheduled this step (index >= first): the newest of
+        the lowest priority."""
+        return max(range(first, len(self.running)), key=lambda j: (self.running[j].priority, j))
 
     def _preempt(self, req: Request) -> None:
         self.kv.free_request(req)

@@ -153,3 +153,33 @@ def test_streaming_outputs_are_cumulative_and_hold_back_stop_prefixes(tmp_path):
     assert all(stop not in t and not t.endswith(f"<{toks[6]}>") for t in texts)
     assert texts[-1] == "".join(f"<{t}>" for t in toks[:6])
     assert seen[-1].outputs[0].finish_reason == "stop"
+
+
+def test_priority_admits_interactive_work_first(tmp_path):
+    _, engine = tiny_engine("llama", tmp_path, max_num_seqs=1)
+    p = prompts()
+    for i in range(3):
+        engine.add_request(f"batch{i}", p[i], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+                           priority=1)
+    engine.step()  # batch0 is running now
+    engine.add_request("live", p[3], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    order = []
+    while engine.has_unfinished_requests():
+        order += [o.request_id for o in engine.step()]
+    assert order == ["batch0", "live", "batch1", "batch2"]
+
+
+def test_preemption_takes_lowest_priority_first(tmp_path):
+    _, engine = tiny_engine("llama", tmp_path, num_blocks=24, max_num_batched_tokens=256)
+    p = prompts()
+    engine.add_request("live", p[2], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    engine.add_request("batch", p[5][:20], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
+                       priority=1)
+    preempted = []
+    while engine.has_unfinished_requests():
+        plan_before = engine.scheduler.num_preemptions
+        engine.step()
+        if engine.scheduler.num_preemptions > plan_before:
+            preempted.append(engine.scheduler.waiting.peek().request_id)
+    assert preempted and set(preempted) == {"batch"}
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
