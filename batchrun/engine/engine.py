@@ -1,4 +1,4 @@
-"""Engine: requests in, one scheduled forward pass per step, finished outputs out."""
+"""Engine: requests in, one scheduled forward pass per step, outputs out."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from batchrun.config import EngineConfig
 from batchrun.engine.detokenizer import IncrementalDetokenizer
+from batchrun.engine.group import Group, choice_params
 from batchrun.engine.kv_cache import KVCacheManager
 from batchrun.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from batchrun.engine.request import Request, Status
@@ -29,7 +30,8 @@ class EngineStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     generation_tokens: int = 0
-    computed_tokens: int = 0  # tokens run through the model (prefill + decode + recompute)
+    prefill_tokens: int = 0  # prompt tokens run through the model (recomputation included)
+    computed_tokens: int = 0  # all tokens run through the model
     steps: int = 0
     num_preemptions: int = 0
     peak_kv_usage: float = 0.0  # fraction of the KV pool in use at its fullest
@@ -50,8 +52,8 @@ class Engine:
 
         engine.add_request("r1", prompt_ids, SamplingParams(temperature=0, max_tokens=64))
         while engine.has_unfinished_requests():
-            for out in engine.step():      # outputs of requests that finished in this step
-                ...
+            for out in engine.step():
+                if out.finished: ...
     """
 
     def __init__(self, model, tokenizer, config: EngineConfig, eos_token_ids: Sequence[int],
@@ -65,21 +67,22 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(model, num_blocks, bs, device, dtype)
         self.sampler = Sampler(device)
-        self.requests: dict[str, Request] = {}
-        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self.streaming: set[str] = set()
+        self.groups: dict[str, Group] = {}
         self.stats = EngineStats(num_kv_blocks=num_blocks)
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
                     params: SamplingParams, arrival_time: float | None = None,
                     stream: bool = False, priority: int = 0) -> None:
-        """Queue a request. With stream=True, step() also returns an unfinished, cumulative
-        RequestOutput for it after every step that gave it a token (text holds back a tail that
-        could still become a stop string). Lower priority values are scheduled first."""
-        if request_id in self.requests:
+        """Queue a request for params.n choices. The finished RequestOutput holds all n.
+
+        With stream=True, step() also returns unfinished RequestOutputs carrying one choice
+        each, cumulative, after every step that gave that choice a token (text holds back a tail
+        that could still become a stop string). Lower priority values are scheduled first.
+        """
+        if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in the engine")
-        if params.n != 1:
-            raise ValueError("n > 1 is not supported by the engine yet")
+        if params.n < 1:
+            raise ValueError("n must be at least 1")
         prompt_len = len(prompt_token_ids)
         if prompt_len == 0:
             raise ValueError("the prompt is empty")
@@ -93,36 +96,46 @@ class Engine:
             raise PromptTooLongError(
                 f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the model's "
                 f"context length of {self.max_model_len} tokens")
-        req = Request(request_id, list(prompt_token_ids), params, max_tokens, arrival_time, priority)
-        self.requests[request_id] = req
-        if stream:
-            self.streaming.add(request_id)
-        if params.stop or stream:
-            self.detokenizers[request_id] = IncrementalDetokenizer(
-                self.tokenizer, req.prompt_token_ids, params.stop, params.skip_special_tokens)
-        self.scheduler.add(req)
+        group = Group(request_id, params.n, stream)
+        leader = self._new_sequence(group, 0, list(prompt_token_ids), params, max_tokens,
+                                    arrival_time, priority)
+        self.groups[request_id] = group
+        self.scheduler.add(leader)
+
+    def _new_sequence(self, group: Group, index: int, tokens: list[int], params: SamplingParams,
+                      max_tokens: int, arrival_time, priority: int) -> Request:
+        rid = group.request_id if index == 0 else f"{group.request_id}#{index}"
+        req = Request(rid, tokens, choice_params(params, index), max_tokens, arrival_time,
+                      priority, index)
+        req.group = group
+        if params.stop or group.stream:
+            req.detokenizer = IncrementalDetokenizer(self.tokenizer, tokens, params.stop,
+                                                     params.skip_special_tokens)
+        group.members.append(req)
+        return req
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        return bool(self.groups)
 
     def num_unfinished_requests(self) -> int:
-        return len(self.requests)
+        return len(self.groups)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        req = self.requests.get(request_id)
-        if req is None:
+        """Stop a request now and free its KV blocks; returns its final output."""
+        group = self.groups.get(request_id)
+        if group is None:
             return None
-        return self._finish(req, "abort")
+        return self._finish_group(group, "abort")[0]
 
     def step(self) -> list[RequestOutput]:
-        finished: list[RequestOutput] = []
+        outputs: list[RequestOutput] = []
         plan = self.scheduler.schedule()
         for req in plan.rejected:
-            finished.append(self._finish(req, "abort", error=(
-                f"the request needs {self.kv.blocks_needed(req.num_tokens)} KV blocks but the "
-                f"pool holds {self.kv.num_blocks}; raise --kv-cache-memory")))
+            req.group.error = (f"the request needs {self.kv.blocks_needed(req.num_tokens)} KV "
+                               f"blocks but the pool holds {self.kv.num_blocks}; raise --kv-cache-memory")
+            outputs += self._finish_group(req.group, "abort")
         if not plan.work:
-            return finished
+            return outputs
         now = time.time()
         for req, _ in plan.work:
             if req.metrics.first_scheduled_time is None:
@@ -131,29 +144,64 @@ class Engine:
         self.stats.steps += 1
         self.stats.num_preemptions = self.scheduler.num_preemptions
         for req, n in plan.work:
+            self.stats.prefill_tokens += max(0, min(n, req.num_prompt_tokens - req.num_computed_tokens))
             req.num_computed_tokens += n
             self.stats.computed_tokens += n
             self.kv.cache_full_blocks(req)
         if samplers:
+            samplers, rows = self._fork_groups(samplers)
+            if len(rows) != logits.shape[0]:
+                logits = logits[torch.tensor(rows, device=logits.device)]
             out = self.sampler(logits, [r.params for r in samplers], [r.request_id for r in samplers])
             now = time.time()
             for req, token, lp in zip(samplers, out.token_ids, out.logprobs):
-                if req.metrics.first_token_time is None:
-                    req.metrics.first_token_time = now
-                req.all_token_ids.append(token)
-                if lp is not None:
-                    req.logprobs.append(TokenLogprob(token, lp[0], lp[1]))
-                reason = self._check_stop(req, token)
-                if reason is not None:
-                    finished.append(self._finish(req, reason))
-                elif req.request_id in self.streaming:
-                    finished.append(self._snapshot(req))
+                outputs += self._append_token(req, token, lp, now)
         self.stats.peak_kv_usage = self.kv.peak_used / self.kv.num_blocks
-        return finished
+        return outputs
+
+    def _fork_groups(self, samplers: list[Request]) -> tuple[list[Request], list[int]]:
+        """Leaders whose prompt just finished spawn their n-1 siblings, which sample their first
+        token from the leader's logits row; returns the sampling sequences and their rows."""
+        seqs, rows = [], []
+        for row, req in enumerate(samplers):
+            seqs.append(req)
+            rows.append(row)
+            group = req.group
+            if req.index != 0 or not group.needs_fork:
+                continue
+            for index in range(1, group.n):
+                sib = self._new_sequence(group, index, list(req.all_token_ids), req.params,
+                                         req.max_tokens, req.metrics.arrival_time, req.priority)
+                sib.num_cached_tokens = req.num_cached_tokens
+                copy = self.kv.fork(req, sib)
+                # With no block free for the copy, the sibling waits and recomputes its prompt
+                # later (mostly from the prefix cache); its first token is sampled now either way.
+                forked = copy is not False
+                if forked:
+                    if copy is not None:
+                        self.runner.copy_block(*copy)
+                    sib.num_computed_tokens = req.num_computed_tokens
+                self.scheduler.add_forked(sib, running=forked)
+                seqs.append(sib)
+                rows.append(row)
+        return seqs, rows
+
+    def _append_token(self, req: Request, token: int, lp, now: float) -> list[RequestOutput]:
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = now
+        req.all_token_ids.append(token)
+        if lp is not None:
+            req.logprobs.append(TokenLogprob(token, lp[0], lp[1]))
+        reason = self._check_stop(req, token)
+        if reason is not None:
+            return self._finish(req, reason)
+        if req.group.stream:
+            return [req.group.output([self._completion(req, partial=True)], finished=False)]
+        return []
 
     def _check_stop(self, req: Request, token: int) -> str | None:
         p = req.params
-        detok = self.detokenizers.get(req.request_id)
+        detok = req.detokenizer
         if req.num_output_tokens > p.min_tokens:
             if token in p.stop_token_ids:
                 req.stop_reason = token
@@ -167,42 +215,61 @@ class Engine:
                     return "stop"
         elif detok is not None:
             detok.add(token)
-
         if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len:
             return "length"
         return None
 
-    def _snapshot(self, req: Request) -> RequestOutput:
-        detok = self.detokenizers[req.request_id]
-        completion = CompletionOutput(index=0, text=detok.stable_text(), token_ids=req.output_token_ids,
-                                      logprobs=req.logprobs)
-        return RequestOutput(req.request_id, req.prompt_token_ids, [completion], finished=False,
-                             num_cached_tokens=max(req.num_cached_tokens, 0), metrics=req.metrics)
+    def _completion(self, req: Request, partial: bool = False) -> CompletionOutput:
+        detok = req.detokenizer
+        if partial:
+            text = detok.stable_text()
+        elif detok is not None:
+            text = detok.text if isinstance(req.stop_reason, str) else detok.flush()
+        else:
+            text = self.tokenizer.decode(req.output_token_ids,
+                                         skip_special_tokens=req.params.skip_special_tokens)
+        return CompletionOutput(index=req.index, text=text, token_ids=req.output_token_ids,
+                                finish_reason=None if partial else req.finish_reason,
+                                stop_reason=None if partial else req.stop_reason,
+                                logprobs=req.logprobs)
 
-    def _finish(self, req: Request, reason: str, error: str | None = None) -> RequestOutput:
+    def _finish(self, req: Request, reason: str) -> list[RequestOutput]:
+        """Finish one sequence; returns what to report (the group's output once all n are done)."""
         self.scheduler.finish(req)
         self.sampler.forget(req.request_id)
-        self.requests.pop(req.request_id, None)
-        self.streaming.discard(req.request_id)
         req.status = Status.FINISHED
         req.finish_reason = reason
         req.metrics.finished_time = time.time()
-        output_ids = req.output_token_ids
-        detok = self.detokenizers.pop(req.request_id, None)
-        if detok is not None:
-            text = detok.text if req.stop_reason is not None and isinstance(req.stop_reason, str) \
-                else detok.flush()
-        else:
-            text = self.tokenizer.decode(output_ids, skip_special_tokens=req.params.skip_special_tokens)
-        cached = max(req.num_cached_tokens, 0)
+        group = req.group
+        group.done[req.index] = self._completion(req)
+        self.stats.generation_tokens += req.num_output_tokens
+        if reason == "abort" and group.needs_fork:
+            return self._finish_group(group, "abort")
+        if group.finished:
+            return [self._close(group)]
+        if group.stream:
+            return [group.output([group.done[req.index]], finished=False)]
+        return []
+
+    def _finish_group(self, group: Group, reason: str) -> list[RequestOutput]:
+        for req in group.live():
+            self.scheduler.finish(req)
+            self.sampler.forget(req.request_id)
+            req.status = Status.FINISHED
+            req.finish_reason = reason
+            group.done[req.index] = self._completion(req)
+            self.stats.generation_tokens += req.num_output_tokens
+        for index in range(len(group.members), group.n):  # never forked
+            group.done[index] = CompletionOutput(index=index, text="", token_ids=[], finish_reason=reason)
+        return [self._close(group)]
+
+    def _close(self, group: Group) -> RequestOutput:
+        self.groups.pop(group.request_id, None)
+        leader = group.leader
         self.stats.requests_finished += 1
-        self.stats.prompt_tokens += req.num_prompt_tokens
-        self.stats.cached_tokens += cached
-        self.stats.generation_tokens += len(output_ids)
-        completion = CompletionOutput(index=0, text=text, token_ids=output_ids, finish_reason=reason,
-                                      stop_reason=req.stop_reason, logprobs=req.logprobs)
-        return RequestOutput(req.request_id, req.prompt_token_ids, [completion], finished=True,
-                             num_cached_tokens=cached, metrics=req.metrics, error=error)
+        self.stats.prompt_tokens += leader.num_prompt_tokens
+        self.stats.cached_tokens += max(leader.num_cached_tokens, 0)
+        return group.final_output()
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams]) -> list[RequestOutput]:

@@ -79,15 +79,42 @@ class KVCacheManager:
             return False
         for _ in range(need):
             block, _ = self.free.popitem(last=False)
-            old = self.hash_of[block]
-            if old is not None:
-                if self.cached.get(old) == block:
-                    del self.cached[old]
-                self.hash_of[block] = None
+            self._forget_hash(block)
             self.ref_cnt[block] = 1
             req.block_ids.append(block)
         self._note_usage()
         return True
+
+    def fork(self, src: Request, dst: Request) -> tuple[int, int] | None | bool:
+        """Give dst src's computed KV: full blocks shared, the partial tail block copied.
+
+        Returns (src block, dst block) to copy, None when nothing needs copying, False when the
+        pool has no block for the copy (dst then gets nothing and recomputes later).
+        """
+        full = src.num_computed_tokens // self.block_size
+        partial = src.num_computed_tokens % self.block_size
+        copy = None
+        if partial:
+            if not self.free:
+                return False
+            block, _ = self.free.popitem(last=False)
+            self._forget_hash(block)
+            self.ref_cnt[block] = 1
+            copy = (src.block_ids[full], block)
+        shared = src.block_ids[:full]
+        for block in shared:
+            self.ref_cnt[block] += 1
+        dst.block_ids = shared + ([copy[1]] if copy else [])
+        dst.block_hashes = list(src.block_hashes[:full])
+        self._note_usage()
+        return copy
+
+    def _forget_hash(self, block: int) -> None:
+        old = self.hash_of[block]
+        if old is not None:
+            if self.cached.get(old) == block:
+                del self.cached[old]
+            self.hash_of[block] = None
 
     def cache_full_blocks(self, req: Request) -> None:
         """Register the hashes of req's blocks that became full of computed tokens."""

@@ -18,8 +18,12 @@ class Status(enum.Enum):
 
 class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 max_tokens: int, arrival_time: float | None = None, priority: int = 0):
-        self.request_id = request_id
+                 max_tokens: int, arrival_time: float | None = None, priority: int = 0,
+                 index: int = 0):
+        self.request_id = request_id  # unique per sequence: "<user id>" or "<user id>#<choice>"
+        self.index = index  # which of the user request's n choices this sequence is
+        self.group = None  # the engine's Group for the user request
+        self.detokenizer = None  # IncrementalDetokenizer when text is needed step by step
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
         self.max_tokens = max_tokens

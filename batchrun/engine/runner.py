@@ -24,6 +24,13 @@ class ModelRunner:
                           for _ in range(cfg.num_layers)]
 
     @torch.inference_mode()
+    def copy_block(self, src: int, dst: int) -> None:
+        bs = self.block_size
+        for k, v in self.kv_caches:
+            k[dst * bs:(dst + 1) * bs] = k[src * bs:(src + 1) * bs]
+            v[dst * bs:(dst + 1) * bs] = v[src * bs:(src + 1) * bs]
+
+    @torch.inference_mode()
     def execute(self, work: list[tuple[Request, int]]) -> tuple[torch.Tensor, list[Request]]:
         """Compute the scheduled tokens; returns logits [N, V] for the N requests that sample."""
         # Decodes (one new token on top of computed context) first, then prefill chunks.

@@ -79,6 +79,15 @@ class Scheduler:
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
+    def add_forked(self, req: Request, running: bool) -> None:
+        """A sibling forked from a running request: runs next step, or waits to recompute."""
+        if running:
+            req.status = Status.RUNNING
+            self.running.append(req)
+        else:
+            req.status = Status.WAITING
+            self.waiting.appendleft(req)
+
     def has_work(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
 

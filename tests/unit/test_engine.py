@@ -183,3 +183,47 @@ def test_preemption_takes_lowest_priority_first(tmp_path):
             preempted.append(engine.scheduler.waiting.peek().request_id)
     assert preempted and set(preempted) == {"batch"}
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_n_choices_share_one_prefill(tmp_path):
+    _, engine = tiny_engine("llama", tmp_path)
+    p = prompts()[4][:42]  # 10 full blocks + a partial one, copied on fork
+    seeded = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=10, ignore_eos=True)
+    out = engine.generate([p], seeded)[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    assert engine.stats.prefill_tokens == len(p)  # the prompt was computed once, not three times
+    choices = [tuple(c.token_ids) for c in out.outputs]
+    assert len(set(choices)) == 3 and all(len(c) == 10 for c in choices)
+    again = engine.generate([p], seeded)[0]
+    assert [tuple(c.token_ids) for c in again.outputs] == choices
+    single = engine.generate([p], SamplingParams(temperature=1.0, seed=7, max_tokens=10, ignore_eos=True))[0]
+    assert tuple(single.outputs[0].token_ids) == choices[0]
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_n_greedy_choices_match_and_streams_carry_indices(tmp_path):
+    _, engine = tiny_engine("llama", tmp_path)
+    p = prompts()[1]
+    single = engine.generate([p], GREEDY)[0].outputs[0].token_ids
+    engine.add_request("g", p, SamplingParams(n=2, temperature=0, max_tokens=20, ignore_eos=True), stream=True)
+    seen = []
+    while engine.has_unfinished_requests():
+        seen += engine.step()
+    final = seen[-1]
+    assert final.finished and [c.token_ids for c in final.outputs] == [single, single]
+    assert {o.outputs[0].index for o in seen[:-1]} == {0, 1}
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_n_choices_under_kv_pressure(tmp_path):
+    _, engine = tiny_engine("llama", tmp_path, num_blocks=30, max_num_batched_tokens=64)
+    p = prompts()
+    params = SamplingParams(n=4, temperature=0, max_tokens=20, ignore_eos=True)
+    outs = engine.generate([p[2], p[6]], params)
+    _, roomy = tiny_engine("llama", tmp_path / "roomy")
+    ref = roomy.generate([p[2], p[6]], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    assert engine.stats.num_preemptions > 0
+    for out, r in zip(outs, ref):
+        for choice in out.outputs:
+            assert_greedy_match(choice.token_ids, r.outputs[0].token_ids, None, f"choice {choice.index}")
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
