@@ -16,3 +16,13 @@ def hf_real_model(real_model):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(real_model.path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer():
+    """The bundled model's real tokenizer, without loading its weights."""
+    from transformers import AutoTokenizer
+
+    from batchrun.models.loader import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model(None).path)

@@ -66,7 +66,7 @@ class Engine:
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(model, num_blocks, bs, device, dtype)
-        self.sampler = Sampler(device)
+        self.sampler = Sampler(device, tokenizer, self.eos_token_ids)
         self.groups: dict[str, Group] = {}
         self.stats = EngineStats(num_kv_blocks=num_blocks)
 
@@ -152,7 +152,7 @@ class Engine:
             samplers, rows = self._fork_groups(samplers)
             if len(rows) != logits.shape[0]:
                 logits = logits[torch.tensor(rows, device=logits.device)]
-            out = self.sampler(logits, [r.params for r in samplers], [r.request_id for r in samplers])
+            out = self.sampler(logits, samplers)
             now = time.time()
             for req, token, lp in zip(samplers, out.token_ids, out.logprobs):
                 outputs += self._append_token(req, token, lp, now)

@@ -1,18 +1,37 @@
 """Vectorised sampling over a step's batch of logits.
 
-Greedy rows take the argmax. Sampled rows are scaled by temperature, filtered by top-k / top-p /
-min-p, and drawn with the exponential-race trick (argmax of p / E, E ~ Exp(1)), which turns
-sampling into one vectorised argmax. A request with a seed draws its noise from its own
-generator, so its tokens do not depend on what else shares the batch.
+Before sampling, logits go through logit_bias, penalties, the min_tokens mask and the
+structured-output bitmask (see penalties.py and structured.py), each applied only to the rows
+that use it. Greedy rows then take the argmax. Sampled rows are scaled by temperature, filtered
+by top-k / top-p / min-p, and drawn with the exponential-race trick (argmax of p / E, E ~ Exp(1)),
+which turns sampling into one vectorised argmax. A request with a seed draws its noise from its
+own generator, so its tokens do not depend on what else shares the batch.
+
+Logprobs are the model's own (log-softmax of the raw logits), as vLLM and OpenAI report them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Iterable, Protocol, Sequence
 
 import torch
 
+from batchrun.engine.penalties import apply_logit_bias, apply_min_tokens, apply_penalties
 from batchrun.engine.sampling_params import SamplingParams
+from batchrun.engine.structured import GrammarMatchers
+
+
+class SamplingRow(Protocol):
+    """What the sampler reads of a sequence (the engine's Request has all of it)."""
+
+    request_id: str
+    params: SamplingParams
+    all_token_ids: list[int]
+    num_prompt_tokens: int
+
+    @property
+    def num_output_tokens(self) -> int: ...
 
 
 @dataclass
@@ -23,39 +42,69 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, tokenizer: Any = None,
+                 eos_token_ids: Iterable[int] = ()):
         self.device = device
+        self.eos_token_ids = sorted(eos_token_ids)
         self._generators: dict[str, torch.Generator] = {}
+        self.grammars = GrammarMatchers(tokenizer, self.eos_token_ids)
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+        self.grammars.forget(request_id)
 
-    def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
-                 request_ids: list[str]) -> SamplerOutput:
-        """logits: [N, V] float32, one row per sequence that samples this step."""
-        n = logits.shape[0]
+    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
+        """logits: [N, V], one row per sequence that samples this step."""
+        logits = logits.float()
+        params = [r.params for r in rows]
+        raw = logits
+        logits = apply_logit_bias(logits, rows)
+        logits = apply_penalties(logits, rows)
+        logits = apply_min_tokens(logits, rows, self.eos_token_ids)
+        logits = self._apply_grammar(logits, raw, rows)
+
         greedy = [p.temperature == 0.0 for p in params]
-        want_logprobs = any(p.logprobs is not None for p in params)
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
-
         if all(greedy):
             chosen = logits.argmax(dim=-1)
         else:
-            chosen = self._sample(logits, params, request_ids, greedy)
+            chosen = self._sample(logits, params, [r.request_id for r in rows], greedy)
+        token_ids = chosen.tolist()
+        self.grammars.accept(rows, token_ids)
+        return SamplerOutput(token_ids, self._logprobs(raw, chosen, params))
 
-        logprobs: list = [None] * n
-        if want_logprobs:
-            chosen_lp = raw_logprobs.gather(1, chosen[:, None])[:, 0].tolist()
-            k = max(p.logprobs or 0 for p in params)
-            top_lp, top_ids = raw_logprobs.topk(k, dim=-1) if k else (None, None)
-            for i, p in enumerate(params):
-                if p.logprobs is None:
-                    continue
-                top = []
-                if p.logprobs:
-                    top = list(zip(top_ids[i, :p.logprobs].tolist(), top_lp[i, :p.logprobs].tolist()))
-                logprobs[i] = (chosen_lp[i], top)
-        return SamplerOutput(chosen.tolist(), logprobs)
+    def _apply_grammar(self, logits: torch.Tensor, raw: torch.Tensor,
+                       rows: Sequence[SamplingRow]) -> torch.Tensor:
+        found = self.grammars.allowed(rows, logits.shape[1], logits.device)
+        if found is None:
+            return logits
+        idx, allowed = found
+        idx_t = torch.tensor(idx, device=logits.device)
+        sub = logits[idx_t].masked_fill(~allowed, float("-inf"))
+        # When the grammar allows only what min_tokens masks (EOS once the grammar is complete),
+        # the grammar wins: the alternative is a row with nothing to sample.
+        empty = torch.isinf(sub).all(dim=1, keepdim=True)
+        sub = torch.where(empty, raw[idx_t].masked_fill(~allowed, float("-inf")), sub)
+        logits = logits.clone()
+        logits[idx_t] = sub
+        return logits
+
+    @staticmethod
+    def _logprobs(raw: torch.Tensor, chosen: torch.Tensor, params: list[SamplingParams]) -> list:
+        logprobs: list = [None] * len(params)
+        if all(p.logprobs is None for p in params):
+            return logprobs
+        raw_logprobs = torch.log_softmax(raw, dim=-1)
+        chosen_lp = raw_logprobs.gather(1, chosen[:, None])[:, 0].tolist()
+        k = max(p.logprobs or 0 for p in params)
+        top_lp, top_ids = raw_logprobs.topk(k, dim=-1) if k else (None, None)
+        for i, p in enumerate(params):
+            if p.logprobs is None:
+                continue
+            top = []
+            if p.logprobs:
+                top = list(zip(top_ids[i, :p.logprobs].tolist(), top_lp[i, :p.logprobs].tolist()))
+            logprobs[i] = (chosen_lp[i], top)
+        return logprobs
 
     def _sample(self, logits, params, request_ids, greedy) -> torch.Tensor:
         dev = logits.device
@@ -64,7 +113,8 @@ class Sampler:
         scaled = logits / temps[:, None]
         if any(p.top_k > 0 for p in params):
             vocab = logits.shape[1]
-            ks = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=dev)
+            ks = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params],
+                              device=dev)
             kth = scaled.sort(dim=-1, descending=True).values.gather(1, (ks - 1)[:, None])
             scaled = scaled.masked_fill(scaled < kth, float("-inf"))
         probs = torch.softmax(scaled, dim=-1)
