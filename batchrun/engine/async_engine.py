@@ -1,0 +1,423 @@
+"""An async client in front of the synchronous Engine, for a server that shares one engine.
+
+One background thread owns the Engine: it applies queued add/abort commands, calls step() while
+there is work, and hands each output to the request's sink. The event loop never touches the
+engine, so HTTP handlers never block on model work. Async callers get an async iterator per
+request (`generate`); threads that drive their own loop (the batch runner inside the server) get
+a blocking engine-shaped client (`sync_client`). If step() raises, the engine is dead: every
+open request gets EngineDeadError and new ones are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from batchrun.engine.engine import Engine
+from batchrun.engine.outputs import CompletionOutput, RequestOutput
+from batchrun.engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+INTERACTIVE_PRIORITY = 0
+BATCH_PRIORITY = 10
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class QueueFullError(RuntimeError):
+    pass
+
+
+@dataclass
+class EngineSnapshot:
+    """Gauges read by /metrics, refreshed by the engine thread after every step."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_used_blocks: int = 0
+    kv_blocks: int = 0
+    steps: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used_blocks / self.kv_blocks if self.kv_blocks else 0.0
+
+
+class _AsyncSink:
+    """Outputs of one request waiting for a coroutine on `loop`.
+
+    Streamed outputs are cumulative per choice, so when the reader falls behind only the newest
+    one of each choice is kept.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.pending: dict[tuple[int, ...], RequestOutput] = {}
+        self.final: RequestOutput | None = None
+        self.error: BaseException | None = None
+        self.event = asyncio.Event()
+
+    def push(self, item: RequestOutput | BaseException) -> None:  # on the loop
+        if isinstance(item, BaseException):
+            self.error = item
+        elif item.finished:
+            self.final = item
+        else:
+            self.pending[tuple(c.index for c in item.outputs)] = item
+        self.event.set()
+
+    async def get(self) -> list[RequestOutput]:
+        await self.event.wait()
+        self.event.clear()
+        if self.error is not None:
+            raise self.error
+        outs = list(self.pending.values())
+        self.pending.clear()
+        if self.final is not None:
+            outs.append(self.final)
+        return outs
+
+
+class RequestStream:
+    """The outputs of one async request; see AsyncEngine.generate."""
+
+    def __init__(self, owner: "AsyncEngine", request_id: str, sink: _AsyncSink):
+        self.owner = owner
+        self.request_id = request_id
+        self._sink = sink
+        self._ready: deque[RequestOutput] = deque()
+        self.finished = False
+        self._closed = False
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        while not self._ready:
+            if self.finished or self._closed:
+                raise StopAsyncIteration
+            try:
+                self._ready.extend(await self._sink.get())
+            except BaseException:
+                self.close()
+                raise
+        out = self._ready.popleft()
+        if out.finished:
+            self.finished = True
+            self.close()
+        return out
+
+    async def result(self) -> RequestOutput:
+        """The finished output."""
+        try:
+            async for out in self:
+                if out.finished:
+                    return out
+        finally:
+            self.close()
+        raise EngineDeadError("the request ended without an output")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.owner._num_async -= 1
+        if not self.finished:
+            self.owner.abort(self.request_id)
+
+    def __enter__(self) -> "RequestStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _SyncSink:
+    def __init__(self, q: "queue.Queue"):
+        self.queue = q
+
+    def push(self, item: RequestOutput | BaseException) -> None:  # on the engine thread
+        self.queue.put(item)
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine, max_queued: int | None = None,
+                 on_finished: Callable[[RequestOutput, str], None] | None = None):
+        """max_queued bounds the async requests in the engine at once (QueueFullError past it);
+        on_finished(output, source) is called on the engine thread with every finished output,
+        source "api" for async requests and "batch" for those of sync clients."""
+        self.engine = engine
+        self.max_queued = max_queued
+        self.on_finished = on_finished
+        self.snapshot = EngineSnapshot(kv_blocks=engine.kv.num_blocks)
+        self.dead: BaseException | None = None
+        self._inbox: deque[tuple] = deque()
+        self._cv = threading.Condition()
+        self._sinks: dict[str, _AsyncSink | _SyncSink] = {}  # engine thread only
+        self._num_async = 0  # async requests not yet finished; event loop side
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> "AsyncEngine":
+        if self.engine.has_unfinished_requests():
+            raise RuntimeError("the engine already has requests of another caller")
+        self._thread = threading.Thread(target=self._run, name="batchrun-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Abort everything still running and stop the thread; the engine is left empty."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def is_alive(self) -> bool:
+        return self.dead is None and self._thread is not None and self._thread.is_alive()
+
+    def check_alive(self) -> None:
+        if self.dead is not None:
+            raise EngineDeadError(f"the engine died: {self.dead!r}")
+        if not self.is_alive:
+            raise EngineDeadError("the engine is not running")
+
+    # --- the async side -------------------------------------------------------------------------
+
+    def generate(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
+                 *, stream: bool = False, priority: int = INTERACTIVE_PRIORITY) -> "RequestStream":
+        """Queue a request; iterate the result for its outputs (cumulative per choice, the last
+        one finished). Refusals that need no engine work (dead engine, full queue) raise here, so
+        a handler can still answer with an HTTP error. close() the stream when done with it:
+        closing an unfinished stream aborts the request."""
+        self.check_alive()
+        if self.max_queued is not None and self._num_async >= self.max_queued:
+            raise QueueFullError(f"the server is at its limit of {self.max_queued} requests in "
+                                 "flight; retry later")
+        sink = _AsyncSink(asyncio.get_running_loop())
+        self._num_async += 1
+        self._submit(("add", request_id, list(prompt_token_ids), params, stream, priority, sink))
+        return RequestStream(self, request_id, sink)
+
+    def abort(self, request_id: str) -> None:
+        self._submit(("abort", request_id))
+
+    def _submit(self, command: tuple) -> None:
+        with self._cv:
+            self._inbox.append(command)
+            self._cv.notify()
+
+    # --- the engine-shaped blocking client --------------------------------------------------------
+
+    def sync_client(self, priority: int = BATCH_PRIORITY) -> "SyncEngineClient":
+        return SyncEngineClient(self, priority)
+
+    # --- the engine thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while True:
+                with self._cv:
+                    while not self._inbox and not engine.has_unfinished_requests() \
+                            and not self._stopping:
+                        self._cv.wait()
+                    commands = list(self._inbox)
+                    self._inbox.clear()
+                    stopping = self._stopping
+                for command in commands:
+                    self._apply(command)
+                if stopping:
+                    break
+                if engine.has_unfinished_requests():
+                    self._deliver(engine.step())
+                self._refresh_snapshot()
+        except BaseException as exc:  # noqa: BLE001 - any failure of a step kills the engine
+            log.exception("the engine died")
+            self.dead = exc
+            self._fail_all(EngineDeadError(f"the engine died: {exc!r}"))
+            return
+        for request_id in list(self._sinks):  # every request in the engine came through here
+            engine.abort_request(request_id)
+        self._fail_all(EngineDeadError("the server is shutting down"))
+        self._refresh_snapshot()
+
+    def _apply(self, command: tuple) -> None:
+        if command[0] == "abort":
+            sink = self._sinks.pop(command[1], None)
+            out = self.engine.abort_request(command[1])
+            if out is not None and sink is not None:
+                self._report(out, sink)
+            return
+        _, request_id, prompt, params, stream, priority, sink = command
+        try:
+            self.engine.add_request(request_id, prompt, params, arrival_time=time.time(),
+                                    stream=stream, priority=priority)
+        except ValueError as exc:
+            # An async caller gets the exception; a sync client (the batch runner) expects
+            # refusals as failed outputs from step(), so it gets one.
+            refusal = exc if isinstance(sink, _AsyncSink) else _refused(request_id, prompt, exc)
+            self._push(sink, refusal)
+            return
+        self._sinks[request_id] = sink
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for out in outputs:
+            sink = self._sinks.get(out.request_id)
+            if out.finished:
+                self._sinks.pop(out.request_id, None)
+                if sink is not None:
+                    self._report(out, sink)
+            if sink is None:
+                continue
+            if isinstance(sink, _AsyncSink):
+                by_loop.setdefault(sink.loop, []).append((sink, out))
+            else:
+                sink.push(out)
+        for loop, items in by_loop.items():
+            _call_soon(loop, _push_all, items)
+
+    def _report(self, out: RequestOutput, sink) -> None:
+        if self.on_finished is not None:
+            try:
+                self.on_finished(out, "api" if isinstance(sink, _AsyncSink) else "batch")
+            except Exception:  # metrics must never take the engine down
+                log.exception("on_finished failed")
+
+    def _push(self, sink, item) -> None:
+        if isinstance(sink, _AsyncSink):
+            _call_soon(sink.loop, sink.push, item)
+        else:
+            sink.push(item)
+
+    def _fail_all(self, error: BaseException) -> None:
+        sinks, self._sinks = self._sinks, {}
+        for sink in sinks.values():
+            self._push(sink, error)
+        with self._cv:  # commands that raced in after the thread stopped
+            commands = list(self._inbox)
+            self._inbox.clear()
+        for command in commands:
+            if command[0] == "add":
+                self._push(command[-1], error)
+
+    def _refresh_snapshot(self) -> None:
+        sched = self.engine.scheduler
+        kv = self.engine.kv
+        self.snapshot = EngineSnapshot(running=len(sched.running), waiting=len(sched.waiting),
+                                       kv_used_blocks=kv.num_used_blocks, kv_blocks=kv.num_blocks,
+                                       steps=self.engine.stats.steps)
+
+
+def _refused(request_id: str, prompt: list[int], exc: Exception) -> RequestOutput:
+    return RequestOutput(request_id, prompt, [CompletionOutput(0, "", [], finish_reason="abort")],
+                         finished=True, error=str(exc))
+
+
+def _push_all(items) -> None:
+    for sink, out in items:
+        sink.push(out)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop is closed: its readers are gone
+        pass
+
+
+class SyncEngineClient:
+    """The part of Engine's interface the batch runner uses, for a thread of its own while the
+    AsyncEngine's thread drives the real engine. step() blocks until one of this client's
+    requests has output. `cancel()` makes the next step() raise Cancelled, so a runner loop
+    unwinds and aborts its in-flight requests."""
+
+    class Cancelled(Exception):
+        pass
+
+    def __init__(self, owner: AsyncEngine, priority: int):
+        self.owner = owner
+        self.priority = priority
+        self.tokenizer = owner.engine.tokenizer
+        self.max_model_len = owner.engine.max_model_len
+        self._queue: queue.Queue = queue.Queue()
+        self._sink = _SyncSink(self._queue)
+        self._open: set[str] = set()
+        self._cancelled = threading.Event()
+        self.num_ok = 0
+        self.num_failed = 0
+
+    @property
+    def stats(self):
+        return self.owner.engine.stats
+
+    @property
+    def kv(self):
+        return self.owner.engine.kv
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        self._queue.put(None)  # wake a blocked step()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
+                    params: SamplingParams, arrival_time: float | None = None,
+                    stream: bool = False, priority: int | None = None) -> None:
+        self.owner.check_alive()
+        self._open.add(request_id)
+        self.owner._submit(("add", request_id, list(prompt_token_ids), params, stream,
+                            self.priority if priority is None else priority, self._sink))
+
+    def abort_request(self, request_id: str) -> None:
+        if request_id in self._open:
+            self._open.discard(request_id)
+            self.owner.abort(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._open)
+
+    def num_unfinished_requests(self) -> int:
+        return len(self._open)
+
+    def step(self, timeout: float | None = None) -> list[RequestOutput]:
+        """Outputs of this client's requests: blocks for the first, then takes what is queued."""
+        if self._cancelled.is_set():
+            raise self.Cancelled()
+        items = [self._queue.get(timeout=timeout)]
+        while True:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        outputs = []
+        for item in items:
+            if self._cancelled.is_set():
+                raise self.Cancelled()
+            if item is None:
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            if item.finished:
+                self._open.discard(item.request_id)
+                if item.error or any(c.finish_reason == "abort" for c in item.outputs):
+                    self.num_failed += 1
+                else:
+                    self.num_ok += 1
+            outputs.append(item)
+        return outputs
