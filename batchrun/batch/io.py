@@ -1,81 +1,202 @@
-"""Streaming JSONL readers and writers, local or any fsspec URL; `.gz` handled by extension."""
+"""Where data lives: local paths, any fsspec URL (s3://, gs://, http(s)://) and `-` for stdin/stdout.
+
+Storage options (`--storage-options` JSON) are either one flat dict, used for every object store
+URL (s3://, gs://, ...; not local paths and not http(s)), or a dict keyed by protocol
+(`{"s3": {...}, "http": {...}}`) when a job mixes stores.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import IO, Iterator
+import os
+import sys
+from typing import IO, Any, Iterator
 
 import fsspec
-from fsspec.core import url_to_fs
+from fsspec.core import split_protocol, url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-_EXTENSIONS = (".gz", ".jsonl", ".json")
+STDIO = "-"
+_LOCAL = {None, "file", "local"}
+_HTTP = {"http", "https"}
+_KNOWN_PROTOCOLS = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "http", "https",
+                    "file", "local", "memory", "hf", "ftp", "sftp", "oci", "r2"}
+# Extensions a folder or glob input picks up.
+INPUT_EXTENSIONS = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.bz2", ".jsonl.xz", ".ndjson",
+                    ".json", ".parquet", ".pq")
+_STEM_SUFFIXES = (".gz", ".zst", ".bz2", ".xz", ".jsonl", ".json", ".ndjson", ".parquet", ".pq")
+
+
+def protocol(url: str) -> str | None:
+    return split_protocol(url)[0]
+
+
+def options_for(url: str, storage_options: dict | None) -> dict:
+    """The fsspec keyword arguments for `url` out of the user's storage options."""
+    if not storage_options or url == STDIO:
+        return {}
+    proto = protocol(url)
+    if all(key in _KNOWN_PROTOCOLS for key in storage_options):
+        return dict(storage_options.get(proto or "file", {}))
+    if proto in _LOCAL or proto in _HTTP:
+        return {}
+    return dict(storage_options)
+
+
+def filesystem(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    return url_to_fs(url, **options_for(url, storage_options))
 
 
 def is_local(path: str) -> bool:
-    return isinstance(url_to_fs(path)[0], LocalFileSystem)
+    return path != STDIO and protocol(path) in _LOCAL
 
 
-def _write_options(path: str) -> dict:
-    return {"auto_mkdir": True} if is_local(path) else {}
+def local_path(path: str) -> str:
+    """A plain filesystem path for a local URL (`file:///x` -> `/x`)."""
+    return split_protocol(path)[1] if protocol(path) else path
 
 
-def exists(path: str) -> bool:
-    fs, p = url_to_fs(path)
+def exists(path: str, storage_options: dict | None = None) -> bool:
+    if path == STDIO:
+        return True
+    fs, p = filesystem(path, storage_options)
     return fs.exists(p)
 
 
-def iter_lines(path: str) -> Iterator[tuple[int, str]]:
-    """(1-based line number, line) for each non-blank line, read as a stream."""
-    with fsspec.open(path, "rt", compression="infer", encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if line.strip():
-                yield number, line
-
-
-def count_lines(path: str) -> int | None:
-    """Number of non-blank lines of a local uncompressed file (for a progress total), else None."""
-    if not is_local(path) or path.endswith(".gz"):
+def size(path: str, storage_options: dict | None = None) -> int | None:
+    """Size in bytes where the store tells it (not for stdin, not always for http)."""
+    if path == STDIO:
         return None
-    with fsspec.open(path, "rb") as f:
-        return sum(1 for line in f if line.strip())
+    try:
+        fs, p = filesystem(path, storage_options)
+        value = fs.size(p)
+    except (OSError, NotImplementedError, ValueError):
+        return None
+    return int(value) if value is not None else None
+
+
+def _has_glob(path: str) -> bool:
+    return any(ch in path for ch in "*?[")
+
+
+def _unstrip(fs: fsspec.AbstractFileSystem, original: str, path: str) -> str:
+    """fsspec lists paths without their protocol; put it back so later opens hit the same store."""
+    if isinstance(fs, LocalFileSystem) and not protocol(original):
+        return path
+    return fs.unstrip_protocol(path)
+
+
+def expand_inputs(args: list[str], storage_options: dict | None = None) -> list[str]:
+    """Input arguments -> the files of one job: a folder means the batch files inside it (sorted),
+    a glob its matches (sorted); `-` is stdin. Raises FileNotFoundError for what matches nothing."""
+    out: list[str] = []
+    for arg in args:
+        if arg == STDIO:
+            out.append(arg)
+            continue
+        fs, p = filesystem(arg, storage_options)
+        if protocol(arg) in _HTTP:
+            out.append(arg)  # http has no listing worth trusting; the URL is the file
+            continue
+        if _has_glob(p):
+            matches = sorted(m for m in fs.glob(p) if not fs.isdir(m))
+        elif fs.isdir(p):
+            matches = sorted(m for m in fs.find(p) if m.lower().endswith(INPUT_EXTENSIONS)
+                             and not os.path.basename(m).startswith("."))
+        elif fs.exists(p):
+            matches = [p]
+        else:
+            raise FileNotFoundError(f"{arg} does not exist")
+        if not matches:
+            raise FileNotFoundError(f"{arg} matches no input files")
+        out.extend(_unstrip(fs, arg, m) for m in matches)
+    return out
+
+
+def open_read(path: str, storage_options: dict | None = None) -> IO[bytes]:
+    """A binary, uncompressed-as-stored stream; `-` is stdin."""
+    if path == STDIO:
+        return _NoClose(sys.stdin.buffer)
+    if is_local(path):
+        return open(local_path(path), "rb")
+    fs, p = filesystem(path, storage_options)
+    return fs.open(p, "rb")
+
+
+class _NoClose:
+    """stdin/stdout wrapper whose close() leaves the stream open."""
+
+    def __init__(self, stream: IO[bytes]):
+        self._stream = stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._stream)
+
+    def close(self) -> None:
+        self._stream.flush()
+
+    def __enter__(self) -> "_NoClose":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def stdout() -> IO[bytes]:
+    return _NoClose(sys.stdout.buffer)  # type: ignore[return-value]
 
 
 def sibling_path(path: str, suffix: str) -> str:
     """`out.jsonl` + `.errors.jsonl` -> `out.errors.jsonl` (also for `out.jsonl.gz`, URLs)."""
     stem = path
-    for ext in _EXTENSIONS:
-        stem = stem.removesuffix(ext)
+    changed = True
+    while changed:
+        changed = False
+        for ext in _STEM_SUFFIXES:
+            if stem.endswith(ext):
+                stem, changed = stem[: -len(ext)], True
     return stem + suffix
 
 
-class JsonlWriter:
-    """Writes one JSON object per line; flush() pushes what was written so far."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self._file: IO[str] = fsspec.open(path, "wt", compression="infer", encoding="utf-8",
-                                          **_write_options(path)).open()
-        self.count = 0
-
-    def write(self, record: dict) -> None:
-        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self.count += 1
-
-    def flush(self) -> None:
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
-
-    def __enter__(self) -> "JsonlWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
-def write_json(path: str, obj: dict) -> None:
-    with fsspec.open(path, "wt", encoding="utf-8", **_write_options(path)) as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
+def write_bytes_atomic(path: str, data: bytes, storage_options: dict | None = None) -> None:
+    """Write a whole file so a reader sees all of it or nothing: fsync + rename locally, one PUT on
+    an object store (objects appear only when complete)."""
+    if is_local(path):
+        target = local_path(path)
+        folder = os.path.dirname(os.path.abspath(target))
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f".{os.path.basename(target)}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        fsync_dir(folder)
+        return
+    fs, p = filesystem(path, storage_options)
+    fs.pipe_file(p, data)
+
+
+def write_json(path: str, obj: dict, storage_options: dict | None = None) -> None:
+    data = (json.dumps(obj, indent=2) + "\n").encode()
+    if path == STDIO:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    write_bytes_atomic(path, data, storage_options)
+
+
+def read_json(path: str, storage_options: dict | None = None) -> Any:
+    with open_read(path, storage_options) as f:
+        return json.loads(f.read())

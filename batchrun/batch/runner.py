@@ -1,47 +1,94 @@
-"""The batch job: stream an OpenAI batch file through the engine, write results in input order."""
+"""The batch job: stream OpenAI batch lines through the engine, commit results as they complete,
+merge them into input order at the end.
+
+Public entry point: `run_batch(loaded_model, RunConfig(...), stop=..., on_progress=...)`. It
+works on an already loaded model (the CLI loads one per run; the server shares its own), can be
+stopped from another thread with any object that has `is_set()` (a threading.Event, or
+job.StopRequest for a graceful-then-immediate stop), and reports request counts through
+`on_progress(Counts)` after every commit.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import time
+import logging
+import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Iterator
-
-from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
+from typing import Any, Callable
 
 from batchrun.batch import io
+from batchrun.batch.formats import detect
+from batchrun.batch.job import Job
 from batchrun.batch.metrics import RunMetrics
+from batchrun.batch.progress import Counts, Reporter, resolve_mode
+from batchrun.batch.readers import Source, check_sources, count_records, open_sources, read_all
+from batchrun.batch.sinks import RecordSink
+from batchrun.batch.staging import Committed, Staging, StagingError
 from batchrun.engine.sampling_params import SamplingParams
 from batchrun.openai.params import RequestDefaults, check_model_field, to_sampling_params
 from batchrun.openai.protocol import LineError, RequestError, parse_batch_line
 from batchrun.openai.render import render_prompt
-from batchrun.openai.response import (batch_error_line, batch_output_line, chat_completion,
-                                      engine_error, new_request_id)
+from batchrun.openai.response import new_request_id
+
+log = logging.getLogger("batchrun.batch")
+STAGING_SUFFIX = ".batchrun-staging"
+
+
+class BatchConfigError(ValueError):
+    """Something the user must fix before the job can run (a usage error, exit code 2)."""
+
 
 @dataclass
 class RunConfig:
-    input: str
-    output: str
-    errors: str | None = None  # None = <output stem>.errors.jsonl
-    metrics: str | None = None  # None = <output stem>.metrics.json
+    input: str | list[str]  # files, folders, globs, fsspec URLs or "-" (stdin), as one job
+    output: str  # path, fsspec URL or "-" (stdout)
+    errors: str | None = None  # None = <output stem>.errors.<ext>; for "-" output: stdout too
+    metrics: str | None = None  # None = <output stem>.metrics.json; none for "-" output
     defaults: RequestDefaults = field(default_factory=RequestDefaults)
     ignore_model_field: bool = False
     # Requests handed to the engine and not yet finished; the engine's scheduler picks among them.
     max_in_flight: int = 256
-    # Most records between the oldest unwritten one and the newest read (None = 4 * max_in_flight):
-    # bounds memory when an early request runs long while later ones finish.
-    reorder_window: int | None = None
-    progress: bool = True
+    progress: str | bool = "auto"  # auto | bar | log | none (True = auto, False = none)
+    log_interval: float = 30.0  # seconds between progress lines in log mode
+    storage_options: dict | None = None
+    input_format: str | None = None  # override the extension: jsonl, jsonl.gz, parquet, ...
+    output_format: str | None = None
+    columns: dict[str, str] = field(default_factory=dict)  # Parquet: request field -> column
+    staging: str | None = None  # None = <output>.batchrun-staging (a temp folder for "-")
+    resume: bool = False  # continue from what an interrupted run committed
+    restart: bool = False  # discard what an interrupted run committed
+    retry_failed: bool = False  # with resume: run again lines whose error was retryable
+    commit_every: int = 1000  # records per committed part at most
+    commit_interval: float = 2.0  # seconds a finished record may wait for its commit
+    grace_period: float = 10.0  # seconds in-flight requests get to finish after a stop
+    merge_on_stop: bool = False  # after a stop, still write what is done (the server's cancel)
+
+    @property
+    def inputs(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)
+
+    @property
+    def output_fmt(self):
+        return detect(self.output, self.output_format)
 
     @property
     def errors_path(self) -> str:
-        return self.errors or io.sibling_path(self.output, ".errors.jsonl")
+        if self.errors:
+            return self.errors
+        if self.output == io.STDIO:
+            return io.STDIO
+        return io.sibling_path(self.output, f".errors.{self.output_fmt}")
 
     @property
-    def metrics_path(self) -> str:
-        return self.metrics or io.sibling_path(self.output, ".metrics.json")
+    def metrics_path(self) -> str | None:
+        if self.metrics or self.output == io.STDIO:
+            return self.metrics
+        return io.sibling_path(self.output, ".metrics.json")
+
+    @property
+    def staging_path(self) -> str | None:
+        if self.staging or self.output == io.STDIO:
+            return self.staging
+        return self.output + STAGING_SUFFIX
 
 
 @dataclass
@@ -52,14 +99,25 @@ class Prepared:
     params: SamplingParams
 
 
-def prepare_line(raw: str, line_number: int, model: Any, config: RunConfig) -> Prepared:
-    """Validate, render and parameterise one input line; raise LineError for a bad one."""
+def check_line(raw: str, line_number: int, model: Any, config: RunConfig):
+    """The checks of prepare_line that need no tokenizer (`batchrun validate` without one).
+    `model` needs only `name` and `aliases`."""
     line, request = parse_batch_line(raw, line_number)
     try:
         if request.stream:
             raise RequestError("stream: streaming is not available in a batch file",
                                code="unsupported_value", param="stream")
         check_model_field(request.model, model.name, model.aliases, config.ignore_model_field)
+    except RequestError as exc:
+        raise LineError(line_number, exc, line.custom_id) from None
+    return line, request
+
+
+def prepare_line(raw: str, line_number: int, model: Any, config: RunConfig) -> Prepared:
+    """Validate, render and parameterise one input line; raise LineError for a bad one.
+    `model` needs tokenizer, name, aliases, max_model_len and generation_defaults (no engine)."""
+    line, request = check_line(raw, line_number, model, config)
+    try:
         prompt = render_prompt(model.tokenizer, request.messages)
         params = to_sampling_params(request, len(prompt), model.max_model_len,
                                     model.generation_defaults, config.defaults)
@@ -68,160 +126,128 @@ def prepare_line(raw: str, line_number: int, model: Any, config: RunConfig) -> P
     return Prepared(line.custom_id, new_request_id(), prompt, params)
 
 
-class OrderedWriter:
-    """Holds finished records until every earlier one is done, then writes each to its file."""
-
-    def __init__(self, output: io.JsonlWriter, errors: io.JsonlWriter):
-        self._files = {"ok": output, "error": errors}
-        self._done: dict[int, tuple[str, dict]] = {}
-        self.next_to_write = 0
-
-    @property
-    def held(self) -> int:
-        return len(self._done)
-
-    def put(self, seq: int, kind: str, record: dict) -> None:
-        self._done[seq] = (kind, record)
-
-    def drain(self) -> None:
-        wrote = False
-        while self.next_to_write in self._done:
-            kind, record = self._done.pop(self.next_to_write)
-            self._files[kind].write(record)
-            self.next_to_write += 1
-            wrote = True
-        if wrote:
-            for f in self._files.values():
-                f.flush()
+def _setup(config: RunConfig) -> tuple[list[Source], list[list]]:
+    """The job's sources and their fingerprint; raises BatchConfigError for usage problems."""
+    so = config.storage_options
+    try:
+        config.output_fmt  # noqa: B018 - an unknown --output-format fails before any work
+        detect(config.errors_path)
+        sources = open_sources(config.inputs, so, config.input_format)
+        check_sources(sources, so, config.columns)
+    except (FileNotFoundError, ValueError) as exc:
+        raise BatchConfigError(str(exc)) from exc
+    return sources, [[s.path, io.size(s.path, so)] for s in sources]
 
 
-@dataclass
-class _InFlight:
-    seq: int
-    line_number: int
-    custom_id: str
+def _staging_conflict(staging: Staging, config: RunConfig, inputs: list[list]) -> bool:
+    """Whether to resume from `staging`; raises StagingError where the user must decide."""
+    if staging.has_files() and not (config.resume or config.restart):
+        raise StagingError(
+            f"{staging.url} holds the committed results of an interrupted run of this job. Pass "
+            "--resume to continue it (only lines without a result run), or --restart to discard "
+            "them.")
+    resume = staging.exists() and config.resume and not config.restart
+    if resume:
+        staging.check_inputs(inputs)
+    return resume
 
 
-class _Progress:
-    def __init__(self, config: RunConfig, metrics: RunMetrics):
-        total = io.count_lines(config.input) if config.progress else None
-        self.bar = tqdm(total=total, unit="req", file=sys.stderr, disable=not config.progress,
-                        dynamic_ncols=True, smoothing=0.05)
-        self.metrics = metrics
-        self._last_postfix = 0.0
-
-    def advance(self) -> None:
-        self.bar.update(1)
-        now = time.perf_counter()
-        if now - self._last_postfix > 0.5:
-            self._last_postfix = now
-            elapsed = self.metrics.elapsed()
-            rate = self.metrics.completion_tokens / elapsed if elapsed > 0 else 0.0
-            self.bar.set_postfix_str(f"{rate:.1f} out tok/s, {self.metrics.failed} failed",
-                                     refresh=False)
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-class _Job:
-    """The read -> engine -> ordered write loop of one run."""
-
-    def __init__(self, model: Any, config: RunConfig, sink: OrderedWriter, metrics: RunMetrics,
-                 progress: _Progress):
-        self.model, self.engine, self.config = model, model.engine, config
-        self.sink, self.metrics, self.progress = sink, metrics, progress
-        self.window = config.reorder_window or 4 * config.max_in_flight
-        if self.window < config.max_in_flight:
-            raise ValueError("reorder_window must be at least max_in_flight")
-        self.lines: Iterator[tuple[int, str]] = io.iter_lines(config.input)
-        self.exhausted = False
-        self.next_seq = 0
-        self.in_flight: dict[str, _InFlight] = {}
-
-    def run(self) -> None:
+def check_config(config: RunConfig) -> None:
+    """Every usage check run_batch makes, without changing anything: for the CLI to fail fast
+    before loading a model. Raises BatchConfigError."""
+    _, inputs = _setup(config)
+    if config.staging_path:
         try:
-            while True:
-                self.admit()
-                self.sink.drain()
-                if not self.in_flight:
-                    if self.exhausted:
-                        return
-                    continue
-                if not self.engine.has_unfinished_requests():
-                    raise RuntimeError(f"the engine dropped {len(self.in_flight)} requests "
-                                       "without returning their outputs")
-                self.collect(self.engine.step())
-                self.sink.drain()
-        except BaseException:
-            # Leave the engine clean for a caller that keeps using it (tests, a server).
-            for request_id in self.in_flight:
-                self.engine.abort_request(request_id)
-            raise
-
-    def _has_room(self) -> bool:
-        return (not self.exhausted and len(self.in_flight) < self.config.max_in_flight
-                and self.next_seq - self.sink.next_to_write < self.window)
-
-    def admit(self) -> None:
-        """Read lines until the in-flight limit or the reorder window is reached."""
-        while self._has_room():
-            try:
-                line_number, raw = next(self.lines)
-            except StopIteration:
-                self.exhausted = True
-                return
-            seq, self.next_seq = self.next_seq, self.next_seq + 1
-            try:
-                p = prepare_line(raw, line_number, self.model, self.config)
-            except LineError as exc:
-                self.fail(seq, exc)
-                continue
-            try:
-                self.engine.add_request(p.request_id, p.prompt_token_ids, p.params)
-            except ValueError as exc:  # PromptTooLongError and other refusals
-                error = RequestError(str(exc), code="context_length_exceeded", param="messages")
-                self.fail(seq, LineError(line_number, error, p.custom_id), p.request_id)
-                continue
-            self.in_flight[p.request_id] = _InFlight(seq, line_number, p.custom_id)
-
-    def collect(self, outputs: list[Any]) -> None:
-        for out in outputs:
-            if not out.finished or out.request_id not in self.in_flight:
-                continue
-            req = self.in_flight.pop(out.request_id)
-            err = engine_error(out)
-            if err is not None:
-                self.fail(req.seq, LineError(req.line_number, err, req.custom_id), out.request_id)
-                continue
-            body = chat_completion(out, self.model.name)
-            self.sink.put(req.seq, "ok", batch_output_line(req.custom_id, out.request_id, body))
-            self.metrics.record_ok(out)
-            self.progress.advance()
-
-    def fail(self, seq: int, error: LineError, request_id: str | None = None) -> None:
-        self.sink.put(seq, "error", batch_error_line(error, request_id=request_id))
-        self.metrics.record_failed()
-        self.progress.advance()
+            _staging_conflict(Staging(config.staging_path, config.storage_options), config,
+                              inputs)
+        except StagingError as exc:
+            raise BatchConfigError(str(exc)) from exc
 
 
-def run_batch(model: Any, config: RunConfig) -> dict[str, Any]:
-    """Run the whole input through model.engine; return the metrics (also written to a file).
+def _open_staging(config: RunConfig, inputs: list[list]) -> tuple[Staging, Committed]:
+    url = config.staging_path or tempfile.mkdtemp(prefix="batchrun-staging-")
+    staging = Staging(url, config.storage_options)
+    try:
+        resume = _staging_conflict(staging, config, inputs)
+    except StagingError as exc:
+        raise BatchConfigError(str(exc)) from exc
+    if resume:
+        staging.clean_scratch()
+        committed = staging.scan()
+        log.info("resuming: %d lines already have a committed record in %s",
+                 committed.count, url)
+        return staging, committed
+    staging.remove()
+    staging.create({"inputs": inputs, "output": config.output, "errors": config.errors_path})
+    return staging, Committed()
+
+
+def _finalize(staging: Staging, config: RunConfig) -> dict[int, int]:
+    """Merge the committed parts into the output and error files (each published atomically)."""
+    so = config.storage_options
+    out = RecordSink(config.output, config.output_fmt, so)
+    err_path = config.errors_path
+    err = out if err_path == config.output else RecordSink(err_path, detect(err_path), so)
+    try:
+        counts = staging.merge(out.write, err.write)
+    except BaseException:
+        out.abort()
+        if err is not out:
+            err.abort()
+        raise
+    if err is not out:
+        err.commit()
+    out.commit()
+    return counts
+
+
+def run_batch(model: Any, config: RunConfig, stop: Any = None,
+              on_progress: Callable[[Counts], None] | None = None) -> dict[str, Any]:
+    """Run the whole input through model.engine; return the metrics summary (also written to
+    the metrics file). `summary["status"]` is "completed", or "interrupted" after a stop (the
+    committed results stay in staging for --resume unless config.merge_on_stop).
 
     `model` is a batchrun.llm.LoadedModel (engine, tokenizer, name, aliases,
-    generation_defaults, max_model_len).
+    generation_defaults, max_model_len). Raises BatchConfigError for what the user must fix
+    (missing input, unknown format, staging of another job, ...) before any work is done.
     """
-    metrics = RunMetrics()
-    progress = _Progress(config, metrics)
-    with contextlib.ExitStack() as stack:
-        stack.callback(progress.close)
-        output = stack.enter_context(io.JsonlWriter(config.output))
-        errors = stack.enter_context(io.JsonlWriter(config.errors_path))
-        if config.progress:
-            stack.enter_context(logging_redirect_tqdm())
-        _Job(model, config, OrderedWriter(output, errors), metrics, progress).run()
+    so = config.storage_options
+    sources, inputs = _setup(config)
+    staging, committed = _open_staging(config, inputs)
 
-    result = metrics.summary(model.engine, model=model.name, input=config.input,
+    metrics = RunMetrics()
+    mode = resolve_mode(config.progress)
+    total = count_records(sources, so) if mode != "none" or on_progress else None
+    counts = Counts(total=total)
+    reporter = Reporter(mode, counts, metrics, config.log_interval)
+    names = [s.path for s in sources] if len(sources) > 1 else None
+    lines = read_all(sources, so, config.columns)
+    job = Job(model, config, lines, staging, committed, counts, reporter, metrics, prepare_line,
+              names, stop, on_progress)
+    try:
+        status = job.run()
+    finally:
+        reporter.close()
+
+    merged = None
+    if status == "completed" or config.merge_on_stop:
+        merged = _finalize(staging, config)
+        staging.remove()
+    elif config.staging_path is None:
+        log.warning("the committed results are in %s; rerun with --staging %s --resume to "
+                    "continue", staging.url, staging.url)
+
+    result = metrics.summary(model.engine, model=model.name, status=status,
+                             input=config.inputs if len(config.inputs) > 1 else config.inputs[0],
                              output=config.output, errors=config.errors_path)
-    io.write_json(config.metrics_path, result)
+    result["requests"] = {"total": counts.done, "ok": counts.completed, "failed": counts.failed}
+    result["resumed"] = counts.resumed
+    result["this_run"] = {"ok": metrics.ok, "failed": metrics.failed}
+    if merged is not None and sum(merged.values()) != counts.done:
+        log.warning("the merged output has %d records for %d input lines",
+                    sum(merged.values()), counts.done)
+    if config.metrics_path:
+        io.write_json(config.metrics_path, result, so)
+    if on_progress is not None:
+        on_progress(counts)
     return result

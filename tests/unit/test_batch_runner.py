@@ -6,76 +6,12 @@ import json
 import pytest
 
 from batchrun.batch.runner import RunConfig, run_batch
-from batchrun.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from batchrun.llm import LoadedModel
 from batchrun.openai.params import RequestDefaults
-
-
-class FakeTokenizer:
-    chat_template = "{{ messages }}"
-
-    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False,
-                            return_dict=False):
-        text = "".join(f"{m['role']}:{m['content']}\n" for m in messages) + "assistant:"
-        return {"input_ids": [ord(c) % 256 for c in text]} if tokenize else text
-
-
-class FakeEngine:
-    """A request finishes after max_tokens steps, so short requests overtake long ones."""
-
-    max_model_len = 400
-
-    def __init__(self, fail_on_step=None):
-        self.running = {}
-        self.added = []
-        self.aborted = []
-        self.peak_in_flight = 0
-        self.steps = 0
-        self.added_when_finished = {}  # request_id -> how many requests had been added by then
-        self.fail_on_step = fail_on_step
-        self.stats = {"preemptions": 0, "steps": 0}
-
-    def add_request(self, request_id, prompt_token_ids, params, arrival_time=None):
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise ValueError("prompt too long")
-        self.added.append((request_id, list(prompt_token_ids), params))
-        self.running[request_id] = [list(prompt_token_ids), params, 0, float(self.steps)]
-        self.peak_in_flight = max(self.peak_in_flight, len(self.running))
-
-    def step(self):
-        self.steps += 1
-        self.stats["steps"] = self.steps
-        if self.fail_on_step == self.steps:
-            raise RuntimeError("engine blew up")
-        done = []
-        for rid, state in list(self.running.items()):
-            state[2] += 1
-            prompt, params, generated, arrival = state
-            if generated >= params.max_tokens:
-                del self.running[rid]
-                self.added_when_finished[rid] = len(self.added)
-                error = "too big for the KV cache" if "KVFAIL" in bytes(prompt).decode() else None
-                done.append(RequestOutput(
-                    rid, prompt, [CompletionOutput(0, f"echo {len(prompt)}", [7] * generated,
-                                                   "length")],
-                    finished=True, num_cached_tokens=2, error=error,
-                    metrics=RequestMetrics(arrival, first_token_time=arrival + 1.0)))
-        return done
-
-    def has_unfinished_requests(self):
-        return bool(self.running)
-
-    def num_unfinished_requests(self):
-        return len(self.running)
-
-    def abort_request(self, request_id):
-        self.aborted.append(request_id)
-        self.running.pop(request_id, None)
+from tests.fake_engine import FakeEngine, fake_model
 
 
 def model(engine=None):
-    return LoadedModel(engine=engine or FakeEngine(), tokenizer=FakeTokenizer(), name="fake-model",
-                       aliases=("fm",))
+    return fake_model(engine)
 
 
 def request(custom_id, content="Hello", **body):
@@ -123,7 +59,6 @@ def test_bad_lines_go_to_the_error_file_in_order_and_the_job_goes_on(tmp_path):
         request("ok-2", max_tokens=1),
         request("streams", stream=True),
         request("other-model", model="gpt-4o"),
-        request("n2", n=2),
         request("long", content="x" * 500),
         request("kv", content="KVFAIL", max_tokens=1),
         request("ok-3", max_tokens=2),
@@ -131,7 +66,7 @@ def test_bad_lines_go_to_the_error_file_in_order_and_the_job_goes_on(tmp_path):
     _, metrics, out, errors = run(tmp_path, lines, max_in_flight=4)
     assert [o["custom_id"] for o in out] == ["ok-1", "ok-2", "ok-3"]
     by_line = {e["error"]["line"]: e for e in errors}
-    assert list(by_line) == [2, 4, 5, 7, 8, 9, 10, 11]
+    assert list(by_line) == [2, 4, 5, 7, 8, 9, 10]
     assert by_line[2]["custom_id"] is None and by_line[2]["response"] is None
     assert by_line[2]["error"]["code"] == "invalid_json"
     assert by_line[4]["error"]["message"] == "line 4: body.messages: field required"
@@ -139,11 +74,10 @@ def test_bad_lines_go_to_the_error_file_in_order_and_the_job_goes_on(tmp_path):
     assert by_line[5]["error"]["param"] == "temperature"
     assert by_line[7]["error"]["param"] == "stream"
     assert by_line[8]["error"]["code"] == "model_not_found"
-    assert by_line[9]["error"]["param"] == "n"
-    assert by_line[10]["error"]["code"] == "context_length_exceeded"
-    assert by_line[11]["response"]["status_code"] == 500
+    assert by_line[9]["error"]["code"] == "context_length_exceeded"
+    assert by_line[10]["response"]["status_code"] == 500
     assert all(set(e) == {"id", "custom_id", "response", "error"} for e in errors)
-    assert metrics["requests"] == {"total": 11, "ok": 3, "failed": 8}
+    assert metrics["requests"] == {"total": 10, "ok": 3, "failed": 7}
 
 
 def test_model_field_can_be_ignored_and_aliases_pass(tmp_path):
@@ -152,14 +86,16 @@ def test_model_field_can_be_ignored_and_aliases_pass(tmp_path):
     assert [o["custom_id"] for o in out] == ["a", "b"] and errors == []
 
 
-def test_in_flight_and_reorder_window_are_bounded(tmp_path):
-    # The first request runs long; the short ones behind it must not pile up without bound.
+def test_in_flight_is_bounded_and_a_slow_request_does_not_hold_back_the_rest(tmp_path):
+    # Results are committed as they finish and merged into input order at the end, so the
+    # short requests behind a long one keep flowing through the in-flight slots.
     lines = [request("slow", max_tokens=60)] + [request(f"f{i}", max_tokens=1) for i in range(40)]
-    engine, _, out, _ = run(tmp_path, lines, max_in_flight=3, reorder_window=6)
+    engine, _, out, _ = run(tmp_path, lines, max_in_flight=3, commit_every=4)
     assert engine.peak_in_flight == 3
     slow_id = engine.added[0][0]
-    assert engine.added_when_finished[slow_id] <= 6
+    assert engine.added_when_finished[slow_id] == 41
     assert [o["custom_id"] for o in out] == ["slow"] + [f"f{i}" for i in range(40)]
+    assert not (tmp_path / "out.jsonl.batchrun-staging").exists()
 
 
 def test_defaults_apply_to_requests_that_leave_fields_out(tmp_path):
@@ -200,8 +136,17 @@ def test_gzip_input_and_explicit_paths(tmp_path):
 
 def test_progress_bar_runs(tmp_path, capsys):
     lines = [request(f"r{i}", max_tokens=1) for i in range(3)]
-    run(tmp_path, lines, progress=True)
+    run(tmp_path, lines, progress="bar")
     assert "3/3" in capsys.readouterr().err
+
+
+def test_plain_log_progress_has_no_carriage_returns(tmp_path, caplog):
+    lines = [request(f"r{i}", max_tokens=1) for i in range(3)] + ["bad"]
+    with caplog.at_level("INFO", logger="batchrun.progress"):
+        run(tmp_path, lines, progress="log", log_interval=0)
+    messages = [r.getMessage() for r in caplog.records if r.name == "batchrun.progress"]
+    assert messages and all("\r" not in m for m in messages)
+    assert "4/4 lines (100%), 3 ok, 1 failed" in messages[-1]
 
 
 def test_engine_crash_aborts_in_flight_requests_and_propagates(tmp_path):

@@ -1,0 +1,260 @@
+"""The read -> engine -> commit loop of one attempt at a job.
+
+Memory stays flat whatever the input size: lines are read only while fewer than max_in_flight
+requests are in the engine, finished records are committed to staging every commit_every records
+or commit_interval seconds, and what the job remembers per line is a 16-byte digest of its
+custom_id (duplicates) plus, when resuming, one state byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from batchrun.batch.idset import IdSet
+from batchrun.batch.metrics import RunMetrics
+from batchrun.batch.progress import Counts, Reporter
+from batchrun.batch.readers import InputLine
+from batchrun.batch.staging import FAILED, OK, RETRYABLE, Committed, Record, Staging
+from batchrun.openai.protocol import LineError, RequestError
+from batchrun.openai.response import batch_error_line, batch_output_line, chat_completion, \
+    engine_error
+
+log = logging.getLogger("batchrun.batch")
+
+
+class StopRequest:
+    """Event-like stop flag: set() once = admit nothing more and let in-flight requests finish
+    within the grace period; set() again = drop them now. A threading.Event works too (graceful)."""
+
+    def __init__(self) -> None:
+        self._times = 0
+
+    def set(self) -> None:
+        self._times += 1
+
+    def is_set(self) -> bool:
+        return self._times > 0
+
+    @property
+    def immediate(self) -> bool:
+        return self._times > 1
+
+
+def peek_custom_id(text: str | None) -> str | None:
+    """The custom_id of a line as parse_batch_line reads it, without validating the rest."""
+    if text is None:
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    cid = obj.get("custom_id") if isinstance(obj, dict) else None
+    return cid if isinstance(cid, str) else None
+
+
+def duplicate_error(line: int, custom_id: str) -> LineError:
+    return LineError(line, RequestError(
+        f"custom_id: {custom_id!r} was already used by an earlier line (custom_ids must be "
+        "unique within a batch)", code="duplicate_custom_id", param="custom_id"), custom_id)
+
+
+def check_item(item: InputLine, ids: IdSet, prepare: Callable[[str, int], Any]) -> Any:
+    """prepare(text, line) plus the duplicate check; raises LineError. The first line with a
+    custom_id owns it, valid or not; a later line with the same custom_id is a duplicate."""
+    if item.problem is not None:
+        if item.custom_id is not None and not ids.add(item.custom_id):
+            raise duplicate_error(item.line, item.custom_id)
+        raise LineError(item.line, item.problem, item.custom_id)
+    try:
+        prepared = prepare(item.text, item.line)
+    except LineError as exc:
+        if exc.custom_id is not None and not ids.add(exc.custom_id):
+            raise duplicate_error(item.line, exc.custom_id) from None
+        raise
+    if not ids.add(prepared.custom_id):
+        raise duplicate_error(item.line, prepared.custom_id)
+    return prepared
+
+
+@dataclass(slots=True)
+class _InFlight:
+    prepared: Any  # runner.Prepared
+    pos: int
+    source: int
+    line: int
+
+
+class Job:
+    def __init__(self, model: Any, config: Any, lines: Iterator[InputLine], staging: Staging,
+                 committed: Committed, counts: Counts, reporter: Reporter, metrics: RunMetrics,
+                 prepare: Callable, source_names: list[str] | None = None, stop: Any = None,
+                 on_progress: Callable[[Counts], None] | None = None):
+        self.model, self.engine, self.config = model, model.engine, config
+        self.lines, self.staging, self.committed = lines, staging, committed
+        self.counts, self.reporter, self.metrics = counts, reporter, metrics
+        self.prepare = prepare
+        self.source_names = source_names  # set when several inputs: error messages name the file
+        self.stop, self.on_progress = stop, on_progress
+        self.ids = IdSet()
+        self.in_flight: dict[str, _InFlight] = {}
+        self.exhausted = False
+        self.read = 0
+        self.buffer: list[Record] = []
+        self.buffer_since = 0.0
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> str:
+        """'completed' when every line has a committed record, 'interrupted' after a stop."""
+        try:
+            while True:
+                if self._stopping():
+                    return self._wind_down()
+                self.admit()
+                self.maybe_commit()
+                if not self.in_flight:
+                    if self.exhausted:
+                        break
+                    continue
+                if not self.engine.has_unfinished_requests():
+                    raise RuntimeError(f"the engine dropped {len(self.in_flight)} requests "
+                                       "without returning their outputs")
+                self.collect(self.engine.step())
+            self.commit()
+            return "completed"
+        except BaseException:
+            self._abort_in_flight()
+            try:
+                self.commit()  # what finished stays done whatever happens next
+            except Exception:
+                log.exception("could not commit the finished results")
+            raise
+
+    def _stopping(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
+
+    def _wind_down(self) -> str:
+        grace = 0.0 if getattr(self.stop, "immediate", False) else self.config.grace_period
+        if self.in_flight:
+            log.warning("stopping: admitting no more lines; %d requests in flight get %.0f s to "
+                        "finish", len(self.in_flight), grace)
+        deadline = time.monotonic() + grace
+        while (self.in_flight and time.monotonic() < deadline
+               and not getattr(self.stop, "immediate", False)):
+            self.collect(self.engine.step())
+            self.maybe_commit()
+        if self.in_flight:
+            log.warning("stopping: dropped %d unfinished requests; a resumed run redoes them",
+                        len(self.in_flight))
+        self._abort_in_flight()
+        self.commit()
+        return "interrupted"
+
+    def _abort_in_flight(self) -> None:
+        # Leave the engine clean for a caller that keeps using it (tests, a server).
+        for request_id in list(self.in_flight):
+            self.engine.abort_request(request_id)
+        self.in_flight.clear()
+
+    # --- reading and admitting --------------------------------------------------------------
+
+    def admit(self) -> None:
+        while not self.exhausted and len(self.in_flight) < self.config.max_in_flight:
+            if self._stopping():
+                return
+            try:
+                item = next(self.lines)
+            except StopIteration:
+                self.exhausted = True
+                if self.counts.total != self.read:
+                    self.reporter.set_total(self.read)
+                return
+            self.read += 1
+            self.handle(item)
+
+    def handle(self, item: InputLine) -> None:
+        pos = item.position
+        state = self.committed.get(item.source, item.line)
+        if state and not (state == RETRYABLE and self.config.retry_failed):
+            self._skip(item, state)
+            return
+        try:
+            p = check_item(item, self.ids, lambda text, line: self.prepare(
+                text, line, self.model, self.config))
+        except LineError as exc:
+            self.fail(pos, item.source, exc)
+            return
+        try:
+            self.engine.add_request(p.request_id, p.prompt_token_ids, p.params)
+        except ValueError as exc:  # the engine refuses what it cannot run
+            if "TooLong" in type(exc).__name__:
+                error = RequestError(str(exc), code="context_length_exceeded", param="messages")
+            else:
+                error = RequestError(str(exc), code="unsupported_value")
+            self.fail(pos, item.source, LineError(item.line, error, p.custom_id), p.request_id)
+            return
+        self.in_flight[p.request_id] = _InFlight(p, pos, item.source, item.line)
+
+    def _skip(self, item: InputLine, state: int) -> None:
+        """A line an earlier attempt committed: count it, remember its custom_id."""
+        cid = item.custom_id if item.problem is not None else peek_custom_id(item.text)
+        if cid is not None:
+            self.ids.add(cid)
+        self.counts.resumed += 1
+        if state == OK:
+            self.counts.completed += 1
+        else:
+            self.counts.failed += 1
+        self.reporter.advance()
+
+    # --- results ----------------------------------------------------------------------------
+
+    def collect(self, outputs: list[Any]) -> None:
+        for out in outputs:
+            if not out.finished or out.request_id not in self.in_flight:
+                continue
+            req = self.in_flight.pop(out.request_id)
+            custom_id = req.prepared.custom_id
+            err = engine_error(out)
+            if err is not None:
+                self.fail(req.pos, req.source, LineError(req.line, err, custom_id),
+                          out.request_id, retryable=True)
+                continue
+            body = chat_completion(out, self.model.name)
+            self._record(req.pos, OK, batch_output_line(custom_id, out.request_id, body))
+            self.metrics.record_ok(out)
+            self.counts.completed += 1
+            self.reporter.advance()
+
+    def fail(self, pos: int, source: int, error: LineError, request_id: str | None = None,
+             retryable: bool = False) -> None:
+        record = batch_error_line(error, request_id=request_id)
+        if self.source_names:
+            record["error"]["message"] = f"{self.source_names[source]}: {record['error']['message']}"
+        self._record(pos, RETRYABLE if retryable else FAILED, record)
+        self.metrics.record_failed()
+        self.counts.failed += 1
+        self.reporter.advance()
+
+    def _record(self, pos: int, state: int, record: dict) -> None:
+        if not self.buffer:
+            self.buffer_since = time.monotonic()
+        self.buffer.append(Record(pos, state, json.dumps(record, ensure_ascii=False)))
+        if len(self.buffer) >= self.config.commit_every:
+            self.commit()
+
+    def maybe_commit(self) -> None:
+        if self.buffer and time.monotonic() - self.buffer_since >= self.config.commit_interval:
+            self.commit()
+
+    def commit(self) -> None:
+        if self.buffer:
+            self.staging.commit(self.buffer)
+            self.buffer = []
+        if self.on_progress is not None:
+            self.on_progress(dataclasses.replace(self.counts))

@@ -1,0 +1,239 @@
+"""Crash-safe commit of results as they complete, and the final merge into input order.
+
+A staging folder beside the output holds `manifest.json` (what job this is: its inputs) and
+committed parts `part-AAAAA-SSSSS.jsonl` (attempt, sequence). A part is written whole and then
+published atomically (fsync + rename locally, one PUT on an object store), so a part that exists
+is complete; anything else in the folder is scratch from a crash and is ignored. A part's first
+line is a header listing its records' input positions and states, so resuming reads only
+headers; each record line is `POSITION STATE JSON`, sorted by position within the part.
+
+At the end the parts are merged by position (k-way, at most FAN_IN files open, more passes when
+there are more parts) into the output and error files; for a position committed twice (a retried
+error) the later attempt wins.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from typing import IO, Callable, Iterator
+
+from batchrun.batch import io
+from batchrun.batch.readers import split_position
+
+OK, FAILED, RETRYABLE = 1, 2, 3  # committed states of an input line
+FAN_IN = 32
+_PART = re.compile(r"^part-(\d{5})-(\d{6})\.jsonl$")
+_MANIFEST = "manifest.json"
+_FORMAT = 1
+
+
+class StagingError(ValueError):
+    """The staging folder belongs to another job or is not batchrun's (a usage error)."""
+
+
+@dataclass(slots=True)
+class Record:
+    pos: int
+    state: int
+    text: str  # the batch output or error line, JSON without newline
+
+
+class Committed:
+    """A state byte per input line (0 = not committed), per source: ~1 byte a line."""
+
+    def __init__(self) -> None:
+        self._by_source: dict[int, bytearray] = {}
+        self.count = 0
+
+    def set(self, source: int, line: int, state: int) -> None:
+        states = self._by_source.setdefault(source, bytearray())
+        if line >= len(states):
+            states.extend(bytes(max(line + 1 - len(states), len(states) // 2)))
+        if not states[line]:
+            self.count += 1
+        states[line] = state
+
+    def get(self, source: int, line: int) -> int:
+        states = self._by_source.get(source)
+        return states[line] if states is not None and line < len(states) else 0
+
+
+class Staging:
+    def __init__(self, url: str, storage_options: dict | None = None):
+        self.url = url.rstrip("/")
+        self.local = io.is_local(url)
+        self.fs, self.root = io.filesystem(self.url, storage_options)
+        if self.local:
+            self.root = os.path.abspath(io.local_path(self.url))
+        self.storage_options = storage_options
+        self.attempt = 1
+        self._seq = 0
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.root, name) if self.local else f"{self.root}/{name}"
+
+    def _names(self) -> list[str]:
+        if self.local:
+            return sorted(os.listdir(self.root)) if os.path.isdir(self.root) else []
+        self.fs.invalidate_cache(self.root)
+        if not self.fs.exists(self.root):
+            return []
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False))
+
+    def exists(self) -> bool:
+        return _MANIFEST in self._names()
+
+    def has_files(self) -> bool:
+        return bool(self._names())
+
+    def parts(self) -> list[str]:
+        return [n for n in self._names() if _PART.match(n)]
+
+    # --- job identity -----------------------------------------------------------------------
+
+    def create(self, manifest: dict) -> None:
+        if self.local:
+            os.makedirs(self.root, exist_ok=True)
+        data = json.dumps({"batchrun_staging": _FORMAT, **manifest}, indent=1).encode()
+        io.write_bytes_atomic(self._path(_MANIFEST), data, self.storage_options)
+
+    def manifest(self) -> dict:
+        with self._open(_MANIFEST) as f:
+            data = json.loads(f.read())
+        if data.get("batchrun_staging") != _FORMAT:
+            raise StagingError(f"{self.url} is not a batchrun staging folder of this version")
+        return data
+
+    def check_inputs(self, inputs: list[list]) -> None:
+        """Resuming is by input position, so the inputs must be the ones the parts came from."""
+        old = self.manifest().get("inputs")
+        if old is None or len(old) != len(inputs) or any(
+                a[0] != b[0] or (a[1] is not None and b[1] is not None and a[1] != b[1])
+                for a, b in zip(old, inputs)):
+            raise StagingError(
+                f"{self.url} holds results of a run over other inputs ({_describe(old)}; now "
+                f"{_describe(inputs)}). Use --restart to discard them or another output path.")
+
+    # --- commit -----------------------------------------------------------------------------
+
+    def scan(self) -> Committed:
+        """Read every committed part's header; start a new attempt after the last one."""
+        committed = Committed()
+        last = 0
+        for name in self.parts():
+            last = max(last, int(_PART.match(name).group(1)))
+            with self._open(name, small=True) as f:
+                header = json.loads(f.readline())
+            for pos, state in zip(header["positions"], header["states"]):
+                source, line = split_position(pos)
+                committed.set(source, line, int(state))
+        self.attempt, self._seq = last + 1, 0
+        return committed
+
+    def commit(self, records: list[Record]) -> str | None:
+        if not records:
+            return None
+        records = sorted(records, key=lambda r: r.pos)
+        header = {"positions": [r.pos for r in records],
+                  "states": "".join(str(r.state) for r in records)}
+        chunks = [json.dumps(header), "\n"]
+        for r in records:
+            chunks.append(f"{r.pos} {r.state} {r.text}\n")
+        self._seq += 1
+        name = f"part-{self.attempt:05d}-{self._seq:06d}.jsonl"
+        io.write_bytes_atomic(self._path(name), "".join(chunks).encode("utf-8"),
+                              self.storage_options)
+        return name
+
+    # --- merge ------------------------------------------------------------------------------
+
+    def merge(self, write_ok: Callable[[str], None],
+              write_error: Callable[[str], None]) -> dict[int, int]:
+        """Stream every committed record, in input order, to write_ok / write_error; returns
+        the count per state."""
+        self.clean_scratch()
+        runs = self.parts()
+        level = 0
+        while len(runs) > FAN_IN:
+            level += 1
+            merged = []
+            for i in range(0, len(runs), FAN_IN):
+                name = f"merge-{level:02d}-{i // FAN_IN:05d}.jsonl"
+                with self._create(name) as out:
+                    for pos, state, text in self._merged(runs[i:i + FAN_IN]):
+                        out.write(f"{pos} {state} {text}".encode("utf-8"))
+                merged.append(name)
+            self._remove([r for r in runs if r.startswith("merge-")])
+            runs = merged
+        counts = {OK: 0, FAILED: 0, RETRYABLE: 0}
+        for _, state, text in self._merged(runs):
+            counts[state] += 1
+            (write_ok if state == OK else write_error)(text.rstrip("\n"))
+        return counts
+
+    def _merged(self, runs: list[str]) -> Iterator[tuple[int, int, str]]:
+        """(position, state, text-with-newline) in position order, one per position: the one
+        from the latest run."""
+        streams = [self._open(name) for name in runs]
+        try:
+            iters = [self._records(f, order, name.startswith("part-"))
+                     for order, (f, name) in enumerate(zip(streams, runs))]
+            pending = None
+            for rec in heapq.merge(*iters):
+                if pending is not None and rec[0] != pending[0]:
+                    yield pending[0], pending[2], pending[3]
+                pending = rec
+            if pending is not None:
+                yield pending[0], pending[2], pending[3]
+        finally:
+            for f in streams:
+                f.close()
+
+    @staticmethod
+    def _records(f: IO[bytes], order: int, has_header: bool) -> Iterator[tuple[int, int, int, str]]:
+        if has_header:
+            f.readline()
+        for raw in f:
+            pos, state, text = raw.decode("utf-8").split(" ", 2)
+            yield int(pos), order, int(state), text
+
+    # --- files ------------------------------------------------------------------------------
+
+    def _open(self, name: str, small: bool = False) -> IO[bytes]:
+        if self.local:
+            return open(self._path(name), "rb", buffering=1 << 16)
+        return self.fs.open(self._path(name), "rb", block_size=(1 << 16) if small else (1 << 20))
+
+    def _create(self, name: str) -> IO[bytes]:
+        if self.local:
+            return open(self._path(name), "wb")
+        return self.fs.open(self._path(name), "wb")
+
+    def _remove(self, names: list[str]) -> None:
+        for name in names:
+            if self.local:
+                os.remove(self._path(name))
+            else:
+                self.fs.rm(self._path(name))
+
+    def clean_scratch(self) -> None:
+        """Drop what a crash left half-done: temporary files and intermediate merge runs."""
+        self._remove([n for n in self._names() if n.startswith(("merge-", "."))])
+
+    def remove(self) -> None:
+        if self.local:
+            shutil.rmtree(self.root, ignore_errors=True)
+        elif self.fs.exists(self.root):
+            self.fs.rm(self.root, recursive=True)
+
+
+def _describe(inputs: list | None) -> str:
+    if not inputs:
+        return "unknown"
+    names = [str(i[0]) for i in inputs]
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

@@ -1,0 +1,96 @@
+"""A fake engine with the real one's API: deterministic, instant, finishes requests out of order.
+
+Used by the batch runner's unit tests, and by CLI subprocess tests (fault injection) through
+`BATCHRUN_TEST_ENGINE=tests.fake_engine:load`, so they run without torch or model weights.
+`BATCHRUN_FAKE_STEP_S` makes every step sleep (so a kill lands mid-run).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from types import SimpleNamespace
+
+from batchrun.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+
+
+class PromptTooLongError(ValueError):
+    pass
+
+
+class FakeTokenizer:
+    chat_template = "{{ messages }}"
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False,
+                            return_dict=False, **kwargs):
+        text = "".join(f"{m['role']}:{m['content']}\n" for m in messages) + "assistant:"
+        return {"input_ids": [ord(c) % 256 for c in text]} if tokenize else text
+
+
+class FakeEngine:
+    """A request finishes after max_tokens steps, so short requests overtake long ones."""
+
+    max_model_len = 400
+
+    def __init__(self, fail_on_step=None, step_s=0.0):
+        self.running = {}
+        self.added = []
+        self.aborted = []
+        self.peak_in_flight = 0
+        self.steps = 0
+        self.added_when_finished = {}  # request_id -> how many requests had been added by then
+        self.fail_on_step = fail_on_step
+        self.step_s = step_s
+        self.stats = {"preemptions": 0, "steps": 0}
+
+    def add_request(self, request_id, prompt_token_ids, params, arrival_time=None):
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise PromptTooLongError("prompt too long")
+        self.added.append((request_id, list(prompt_token_ids), params))
+        self.running[request_id] = [list(prompt_token_ids), params, 0, float(self.steps)]
+        self.peak_in_flight = max(self.peak_in_flight, len(self.running))
+
+    def step(self):
+        self.steps += 1
+        self.stats["steps"] = self.steps
+        if self.step_s:
+            time.sleep(self.step_s)
+        if self.fail_on_step == self.steps:
+            raise RuntimeError("engine blew up")
+        done = []
+        for rid, state in list(self.running.items()):
+            state[2] += 1
+            prompt, params, generated, arrival = state
+            if generated >= params.max_tokens:
+                del self.running[rid]
+                self.added_when_finished[rid] = len(self.added)
+                error = "too big for the KV cache" if "KVFAIL" in bytes(prompt).decode() else None
+                done.append(RequestOutput(
+                    rid, prompt, [CompletionOutput(0, f"echo {len(prompt)}", [7] * generated,
+                                                   "length")],
+                    finished=True, num_cached_tokens=2, error=error,
+                    metrics=RequestMetrics(arrival, first_token_time=arrival + 1.0)))
+        return done
+
+    def has_unfinished_requests(self):
+        return bool(self.running)
+
+    def num_unfinished_requests(self):
+        return len(self.running)
+
+    def abort_request(self, request_id):
+        self.aborted.append(request_id)
+        self.running.pop(request_id, None)
+
+
+def fake_model(engine=None):
+    """What batchrun.llm.load returns, around a fake engine (no torch needed)."""
+    engine = engine or FakeEngine()
+    return SimpleNamespace(engine=engine, tokenizer=FakeTokenizer(), name="fake-model",
+                           aliases=("fm",), generation_defaults={},
+                           max_model_len=engine.max_model_len)
+
+
+def load(model, engine_config):
+    """The CLI's model loader, for BATCHRUN_TEST_ENGINE."""
+    return fake_model(FakeEngine(step_s=float(os.environ.get("BATCHRUN_FAKE_STEP_S", "0"))))
