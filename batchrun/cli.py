@@ -1,8 +1,8 @@
-"""Command line: `batchrun run INPUT -o OUTPUT`, `batchrun models ...`.
+"""Command line: `batchrun run|validate|job` (batch/commands.py), `batchrun models ...`.
 
-Exit codes: 0 the run completed (however many lines failed; they are in the error file),
-2 usage or configuration error, 1 crash. torch and transformers are imported inside commands
-so `batchrun --help` stays fast.
+Exit codes of a run are in batch/launch.py (0 ok, 1 crash, 2 usage, 3 too many failed lines,
+75 interrupted). torch and transformers are imported inside commands so `batchrun --help`
+stays fast.
 """
 
 from __future__ import annotations
@@ -48,67 +48,6 @@ def main() -> None:
                         stream=sys.stderr)
 
 
-@main.command()
-@click.argument("input_path", metavar="INPUT")
-@click.option("-o", "--output", required=True, help="Output JSONL (local path or fsspec URL).")
-@click.option("--errors", help="Error file [default: <output stem>.errors.jsonl].")
-@click.option("--metrics", help="Metrics JSON [default: <output stem>.metrics.json].")
-@click.option("--model", help="Registry name, HF folder, .gguf file or hub id "
-                              "[default: the bundled smollm2-135m].")
-@click.option("--max-num-seqs", type=click.IntRange(min=1), help="Most sequences per step.")
-@click.option("--max-batched-tokens", type=click.IntRange(min=1), help="Token budget per step.")
-@click.option("--max-model-len", type=click.IntRange(min=2),
-              help="Context length [default: the model's].")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-              default="auto", show_default=True, help="auto = float32 on CPU, bfloat16 on CUDA.")
-@click.option("--threads", type=click.IntRange(min=1), help="CPU threads [default: all cores].")
-@click.option("--kv-cache-memory", type=ByteSize(), help="KV cache size, e.g. 2GiB.")
-@click.option("--no-prefix-cache", is_flag=True, help="Disable prefix caching.")
-@click.option("--max-in-flight", type=click.IntRange(min=1),
-              help="Requests handed to the engine at once [default: 4 x max-num-seqs].")
-@click.option("--temperature", type=click.FloatRange(0, 2),
-              help="Temperature for requests that leave it out.")
-@click.option("--max-tokens", type=click.IntRange(min=1),
-              help="max_tokens for requests that leave it out [default: fill the context].")
-@click.option("--ignore-model-field", is_flag=True,
-              help="Run every request on the loaded model whatever its `model` field says.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
-def run(input_path, output, errors, metrics, model, max_num_seqs, max_batched_tokens,
-        max_model_len, dtype, threads, kv_cache_memory, no_prefix_cache, max_in_flight,
-        temperature, max_tokens, ignore_model_field, quiet):
-    """Run the batch file INPUT (JSONL or JSONL.gz) and write results in input order."""
-    from batchrun.batch import io
-    from batchrun.config import EngineConfig
-
-    if not io.exists(input_path):
-        raise click.BadParameter(f"{input_path} does not exist", param_hint="INPUT")
-    overrides = {"dtype": dtype, "enable_prefix_caching": not no_prefix_cache,
-                 "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_batched_tokens,
-                 "max_model_len": max_model_len, "threads": threads,
-                 "kv_cache_memory": kv_cache_memory}
-    engine_config = EngineConfig.default(**{k: v for k, v in overrides.items() if v is not None})
-    if quiet:
-        logging.getLogger().setLevel(logging.WARNING)
-
-    loaded = _load_model(model, engine_config)
-
-    from batchrun.batch.metrics import summary_text
-    from batchrun.batch.runner import RunConfig, run_batch
-    from batchrun.openai.params import RequestDefaults
-
-    config = RunConfig(
-        input=input_path, output=output, errors=errors, metrics=metrics,
-        defaults=RequestDefaults(temperature=temperature, max_tokens=max_tokens),
-        ignore_model_field=ignore_model_field,
-        max_in_flight=max_in_flight or 4 * engine_config.scheduler.max_num_seqs,
-        progress=not quiet)
-    result = run_batch(loaded, config)
-    if not quiet:
-        click.echo(summary_text(result), err=True)
-        click.echo(f"output: {config.output}; errors: {config.errors_path}; "
-                   f"metrics: {config.metrics_path}", err=True)
-
-
 class ConfigError(click.ClickException):
     exit_code = 2
 
@@ -137,3 +76,13 @@ def _add_models_group() -> None:
 
 
 _add_models_group()
+
+
+def _add_batch_commands() -> None:
+    from batchrun.batch.commands import COMMANDS
+
+    for command in COMMANDS:
+        main.add_command(command)
+
+
+_add_batch_commands()

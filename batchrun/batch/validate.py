@@ -1,0 +1,96 @@
+"""`batchrun validate`: every problem the run would reject, without running anything.
+
+By default it makes every check that needs no tokenizer (JSON, encoding, fields, types, values,
+url, stream, model field, duplicate custom_ids) at the speed of reading. With a tokenizer
+(`--check-prompts`) it also renders each chat template and checks the prompt against the
+context length: exactly the run's prepare_line, minus the engine. Model weights are never loaded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Callable
+
+from batchrun.batch.idset import IdSet
+from batchrun.batch.job import check_item
+from batchrun.batch.readers import InputLine, Source, read_all
+from batchrun.openai.protocol import LineError
+
+
+@dataclass
+class Report:
+    lines: int = 0
+    valid: int = 0
+    by_code: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    @property
+    def invalid(self) -> int:
+        return self.lines - self.valid
+
+
+def served_names(spec: str | None) -> SimpleNamespace | None:
+    """The model's served name and aliases from the registry, without loading anything; None for
+    a model that only loading would name."""
+    from batchrun.models.registry import DEFAULT_MODEL, lookup
+
+    entry = lookup(spec or DEFAULT_MODEL)
+    if entry is None:
+        return None
+    return SimpleNamespace(name=entry.name, aliases=(*entry.aliases, entry.gguf_name))
+
+
+def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> SimpleNamespace:
+    """What prepare_line needs of a model (tokenizer, names, context length, generation
+    defaults), without its weights."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from batchrun.llm import read_generation_config
+    from batchrun.models.loader import resolve_model
+
+    files = resolve_model(spec)
+    config = json.loads((files.path / "config.json").read_text())
+    context = config.get("max_position_embeddings") or max_model_len or 2048
+    if max_model_len:
+        context = min(context, max_model_len)
+    defaults, _ = read_generation_config(files.path)
+    return SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(files.path), name=files.name,
+                           aliases=files.aliases, max_model_len=context,
+                           generation_defaults=defaults)
+
+
+def validate(sources: list[Source], prepare: Callable[[str, int], Any],
+             on_problem: Callable[[InputLine, LineError], None],
+             storage_options: dict | None = None,
+             columns: dict[str, str] | None = None) -> Report:
+    """Check every line with `prepare(text, line)` (which raises LineError) and the duplicate
+    check the run makes; call on_problem for each bad line."""
+    report = Report()
+    ids = IdSet()
+    start = time.perf_counter()
+    for item in read_all(sources, storage_options, columns):
+        report.lines += 1
+        try:
+            check_item(item, ids, prepare)
+        except LineError as exc:
+            report.by_code[exc.code] += 1
+            on_problem(item, exc)
+            continue
+        report.valid += 1
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def summary(report: Report, n_files: int) -> str:
+    rate = report.lines / report.seconds if report.seconds > 0 else 0.0
+    files = f" in {n_files} files" if n_files > 1 else ""
+    text = (f"{report.lines} lines{files}: {report.valid} valid, {report.invalid} invalid "
+            f"({report.seconds:.1f} s, {rate:,.0f} lines/s)")
+    if report.by_code:
+        text += "; " + ", ".join(f"{code}: {n}" for code, n in report.by_code.most_common())
+    return text
