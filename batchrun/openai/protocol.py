@@ -1,22 +1,27 @@
-"""Pydantic models of the OpenAI wire format: batch input lines, chat requests, chat responses.
+"""The OpenAI wire format around the request bodies: errors, batch input lines, response models.
 
-Request models are strict about types (`"max_tokens": "100"` is an error, as it is for OpenAI) and
-let unknown fields through, logging each unknown field name once, so files written for OpenAI or
-vLLM still run.
+Request bodies are in requests.py (re-exported here).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Annotated, Any, Literal, Union
+import re
+from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError,
-                      field_validator, model_validator)
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from batchrun.openai.requests import (ChatCompletionRequest, ChatMessage,  # noqa: F401
+                                      CompletionRequest, ContentPart, _Strict)
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_URLS = ("/v1/chat/completions",)
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+SUPPORTED_URLS = (CHAT_URL, COMPLETIONS_URL)
+# Endpoints OpenAI's Batch API takes that this runner does not serve (yet).
+UNSUPPORTED_URLS = ("/v1/embeddings", "/v1/responses", "/v1/moderations")
 
 
 class RequestError(Exception):
@@ -48,93 +53,6 @@ class LineError(RequestError):
         return f"line {self.line_number}: {self.message}"
 
 
-_warned_fields: set[str] = set()
-
-
-def _warn_unknown_fields(model: BaseModel, where: str) -> None:
-    for name in model.model_extra or ():
-        key = f"{where}.{name}"
-        if key not in _warned_fields:
-            _warned_fields.add(key)
-            log.warning("ignoring unsupported field %r in %s", name, where)
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True)
-
-
-class ContentPart(_Strict):
-    model_config = ConfigDict(strict=True, extra="allow")
-    type: str
-    text: str | None = None
-
-    @model_validator(mode="after")
-    def _text_part_has_text(self) -> "ContentPart":
-        if self.type == "text" and self.text is None:
-            raise ValueError("a text content part needs a 'text' string")
-        return self
-
-
-def _str_or_list(value: Any) -> str | None:
-    return "str" if isinstance(value, str) else "list" if isinstance(value, list) else None
-
-
-# Tagging the union by Python type makes a bad part report its own error instead of "input
-# should be a valid string" from the other member.
-Content = Annotated[
-    Union[Annotated[str, Tag("str")], Annotated[list[ContentPart], Tag("list")]],
-    Discriminator(_str_or_list, custom_error_type="invalid_type",
-                  custom_error_message="content must be a string or an array of content parts"),
-]
-Stop = Annotated[
-    Union[Annotated[str, Tag("str")], Annotated[list[str], Tag("list")]],
-    Discriminator(_str_or_list, custom_error_type="invalid_type",
-                  custom_error_message="stop must be a string or an array of strings"),
-]
-
-
-class ChatMessage(_Strict):
-    # Assistant turns copied from earlier outputs carry fields such as `refusal`; ignore them.
-    model_config = ConfigDict(strict=True, extra="ignore")
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: Content | None = None
-    name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = None
-
-
-class ChatCompletionRequest(_Strict):
-    model_config = ConfigDict(strict=True, extra="allow")
-    model: str | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    n: int | None = Field(None, ge=1)
-    stop: Stop | None = None
-    seed: int | None = None
-    stream: bool | None = None
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    # vLLM's extensions, which the engine supports as well.
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0)
-
-    @field_validator("stop")
-    @classmethod
-    def _at_most_four_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(stop, list) and len(stop) > 4:
-            raise ValueError(f"at most 4 stop sequences are allowed, got {len(stop)}")
-        return stop
-
-    @model_validator(mode="after")
-    def _log_unknown_fields(self) -> "ChatCompletionRequest":
-        _warn_unknown_fields(self, "the request body")
-        return self
-
-
 class BatchInputLine(_Strict):
     model_config = ConfigDict(strict=True, extra="ignore")
     custom_id: str
@@ -144,38 +62,6 @@ class BatchInputLine(_Strict):
 
 
 # --- responses -------------------------------------------------------------------------------
-
-class ChatCompletionMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None
-
-
-class ChatCompletionChoice(BaseModel):
-    index: int
-    message: ChatCompletionMessage
-    finish_reason: Literal["stop", "length", "tool_calls", "content_filter"]
-    logprobs: dict[str, Any] | None = None
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0
-
-
-class CompletionUsage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-
-
-class ChatCompletion(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatCompletionChoice]
-    usage: CompletionUsage
-
 
 class ErrorBody(BaseModel):
     message: str
@@ -227,12 +113,34 @@ def _from_validation_error(exc: ValidationError, prefix: str) -> RequestError:
     if more:
         msg += f" (and {more} more error{'s' if more > 1 else ''})"
     param = ".".join(loc) or None
+    named = re.match(r"(\w+): ", msg)
+    if param is None and named:  # a check across fields names the one to fix
+        param, msg = named.group(1), msg[named.end():]
+        loc = [param]
     return RequestError(f"{path}: {msg[0].lower() + msg[1:]}", code=_error_code(first["type"]),
                         param=param)
 
 
-def parse_batch_line(raw: str, line_number: int) -> tuple[BatchInputLine, ChatCompletionRequest]:
-    """Validate one input line; raise LineError naming the line and the field."""
+def parse_body(url: str, body: Any) -> ChatCompletionRequest | CompletionRequest:
+    """Validate a request body for an endpoint; raise RequestError naming the field."""
+    if url in UNSUPPORTED_URLS:
+        raise RequestError(f"url: the endpoint {url} is not supported by batchrun "
+                           f"(supported: {', '.join(SUPPORTED_URLS)})",
+                           code="unsupported_endpoint", param="url")
+    if url not in SUPPORTED_URLS:
+        raise RequestError(f"url: unsupported url {url!r} (supported: {', '.join(SUPPORTED_URLS)})",
+                           code="invalid_url", param="url")
+    model = ChatCompletionRequest if url == CHAT_URL else CompletionRequest
+    if isinstance(body, model):
+        return body
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise _from_validation_error(exc, "body") from None
+
+
+def parse_envelope(raw: str, line_number: int) -> BatchInputLine:
+    """The batch line around the body: JSON, custom_id, method, url (not yet checked), body."""
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -245,15 +153,16 @@ def parse_batch_line(raw: str, line_number: int) -> tuple[BatchInputLine, ChatCo
             code="invalid_json"))
     custom_id = obj.get("custom_id") if isinstance(obj.get("custom_id"), str) else None
     try:
-        line = BatchInputLine.model_validate(obj)
+        return BatchInputLine.model_validate(obj)
     except ValidationError as exc:
         raise LineError(line_number, _from_validation_error(exc, ""), custom_id) from None
-    if line.url not in SUPPORTED_URLS:
-        raise LineError(line_number, RequestError(
-            f"url: unsupported url {line.url!r} "
-            f"(supported: {', '.join(SUPPORTED_URLS)})", code="invalid_url", param="url"), custom_id)
+
+
+def parse_batch_line(raw: str, line_number: int
+                     ) -> tuple[BatchInputLine, ChatCompletionRequest | CompletionRequest]:
+    """Validate one input line; raise LineError naming the line and the field."""
+    line = parse_envelope(raw, line_number)
     try:
-        request = ChatCompletionRequest.model_validate(line.body)
-    except ValidationError as exc:
-        raise LineError(line_number, _from_validation_error(exc, "body"), custom_id) from None
-    return line, request
+        return line, parse_body(line.url, line.body)
+    except RequestError as exc:
+        raise LineError(line_number, exc, line.custom_id) from None

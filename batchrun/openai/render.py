@@ -1,7 +1,9 @@
-"""Chat messages -> prompt token ids through the model's own chat template."""
+"""Chat messages (and tools) -> prompt token ids through the model's chat template."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from batchrun.openai.protocol import ChatMessage, RequestError
@@ -9,26 +11,66 @@ from batchrun.openai.protocol import ChatMessage, RequestError
 ContentFormat = Literal["string", "openai"]
 
 _PROBE = "batchrun-probe-7f3a"
+_PROBE_TOOL = {"type": "function", "function": {
+    "name": "batchrun_probe_tool", "description": _PROBE,
+    "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}
+# apply_chat_template's own arguments: a request may not set them through chat_template_kwargs.
+_RESERVED_KWARGS = {"conversation", "messages", "tools", "documents", "chat_template",
+                    "add_generation_prompt", "continue_final_message", "tokenize", "return_dict",
+                    "padding", "truncation", "max_length", "return_tensors", "tokenizer_kwargs"}
 # Keyed by (id, template): tokenizers are not hashable, and a run holds one for its whole life.
 _format_cache: dict[tuple[int, str], ContentFormat] = {}
+_tools_cache: dict[tuple[int, str], bool] = {}
 
 
-def content_format(tokenizer: Any) -> ContentFormat:
+def load_chat_template(spec: str) -> str:
+    """--chat-template: a file path, or a template given inline (it contains `{`)."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path.read_text()
+    if "{" in spec:
+        return spec
+    raise FileNotFoundError(f"chat template file not found: {spec}")
+
+
+def _template_of(tokenizer: Any, override: str | None) -> str:
+    return override or getattr(tokenizer, "chat_template", None) or ""
+
+
+def content_format(tokenizer: Any, chat_template: str | None = None) -> ContentFormat:
     """Whether the template takes OpenAI content-part arrays or only strings.
 
     Found by rendering a text part once: templates written for strings either fail on a list
     (SmolLM2: `'...' + message['content']`) or print its repr instead of the text.
     """
-    key = (id(tokenizer), getattr(tokenizer, "chat_template", None) or "")
+    key = (id(tokenizer), _template_of(tokenizer, chat_template))
     if key not in _format_cache:
         probe = [{"role": "user", "content": [{"type": "text", "text": _PROBE}]}]
         try:
-            text = tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False)
+            text = tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False,
+                                                 chat_template=chat_template)
             ok = _PROBE in text and "'type'" not in text and '"type"' not in text
         except Exception:
             ok = False
         _format_cache[key] = "openai" if ok else "string"
     return _format_cache[key]
+
+
+def renders_tools(tokenizer: Any, chat_template: str | None = None) -> bool:
+    """Whether the template shows tools to the model: a probe tool must change the prompt."""
+    key = (id(tokenizer), _template_of(tokenizer, chat_template))
+    if key not in _tools_cache:
+        probe = [{"role": "user", "content": "Hi"}]
+        try:
+            plain = tokenizer.apply_chat_template(probe, add_generation_prompt=True,
+                                                  tokenize=False, chat_template=chat_template)
+            with_tools = tokenizer.apply_chat_template(
+                probe, tools=[_PROBE_TOOL], add_generation_prompt=True, tokenize=False,
+                chat_template=chat_template)
+            _tools_cache[key] = plain != with_tools
+        except Exception:
+            _tools_cache[key] = False
+    return _tools_cache[key]
 
 
 def _text_of_parts(parts: Sequence[Any], where: str) -> list[dict[str, str]]:
@@ -42,9 +84,25 @@ def _text_of_parts(parts: Sequence[Any], where: str) -> list[dict[str, str]]:
     return texts
 
 
-def to_template_messages(messages: Sequence[ChatMessage], tokenizer: Any) -> list[dict[str, Any]]:
-    fmt = content_format(tokenizer)
-    template = getattr(tokenizer, "chat_template", None) or ""
+def _template_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Templates expect arguments as a mapping (`arguments | tojson`); OpenAI sends JSON text."""
+    out = []
+    for call in calls:
+        fn = call.get("function")
+        if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+            try:
+                fn = {**fn, "arguments": json.loads(fn["arguments"])}
+            except json.JSONDecodeError:
+                pass
+            call = {**call, "function": fn}
+        out.append(call)
+    return out
+
+
+def to_template_messages(messages: Sequence[ChatMessage], tokenizer: Any,
+                         chat_template: str | None = None) -> list[dict[str, Any]]:
+    fmt = content_format(tokenizer, chat_template)
+    template = _template_of(tokenizer, chat_template)
     out = []
     for i, m in enumerate(messages):
         role = m.role
@@ -61,21 +119,46 @@ def to_template_messages(messages: Sequence[ChatMessage], tokenizer: Any) -> lis
         if m.name is not None:
             msg["name"] = m.name
         if m.tool_calls is not None:
-            msg["tool_calls"] = m.tool_calls
+            msg["tool_calls"] = _template_tool_calls(m.tool_calls)
         if m.tool_call_id is not None:
             msg["tool_call_id"] = m.tool_call_id
+        if m.reasoning_content is not None:
+            msg["reasoning_content"] = m.reasoning_content
         out.append(msg)
     return out
 
 
-def render_prompt(tokenizer: Any, messages: Sequence[ChatMessage]) -> list[int]:
-    """Token ids of the rendered conversation, ending with the assistant generation prompt."""
-    template_messages = to_template_messages(messages, tokenizer)
+def render_prompt(tokenizer: Any, messages: Sequence[ChatMessage], *,
+                  tools: list[dict[str, Any]] | None = None, chat_template: str | None = None,
+                  add_generation_prompt: bool = True, continue_final_message: bool = False,
+                  template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """Token ids of the rendered conversation, by default ending with the assistant prompt."""
+    kwargs = dict(template_kwargs or {})
+    reserved = sorted(_RESERVED_KWARGS & kwargs.keys())
+    if reserved:
+        raise RequestError(f"chat_template_kwargs: {reserved[0]!r} cannot be set here",
+                           code="invalid_value", param="chat_template_kwargs")
+    if tools and not renders_tools(tokenizer, chat_template):
+        raise RequestError(
+            "tools: the model's chat template does not render tools, so the model would never "
+            "see them; run with --chat-template FILE giving a template that renders tools "
+            "(batchrun ships one: batchrun/openai/templates/chatml_tools.jinja)",
+            code="tools_not_supported", param="tools")
+    template_messages = to_template_messages(messages, tokenizer, chat_template)
     try:
-        encoded = tokenizer.apply_chat_template(template_messages, add_generation_prompt=True,
-                                                tokenize=True, return_dict=True)
+        encoded = tokenizer.apply_chat_template(
+            template_messages, tools=tools or None, chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, tokenize=True, return_dict=True,
+            **kwargs)
     except Exception as exc:  # the template's own checks (role order, ...) raise many kinds
         raise RequestError(f"messages: the model's chat template rejected them: {exc}",
                            code="invalid_messages", param="messages") from None
     ids = encoded["input_ids"]
     return list(ids.tolist() if hasattr(ids, "tolist") else ids)
+
+
+def tokenize_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """A /v1/completions text prompt, with the special tokens the tokenizer adds (e.g. BOS)."""
+    ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    return list(ids)

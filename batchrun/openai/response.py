@@ -1,14 +1,15 @@
-"""Engine output -> OpenAI chat.completion, and the batch output / error file lines around it."""
+"""OpenAI response bodies (chat.completion, text_completion, usage) and the batch output / error
+file lines around them."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
+
 from batchrun.engine.outputs import RequestOutput
-from batchrun.openai.protocol import (BatchLineError, BatchOutputLine, BatchResponse,
-                                      ChatCompletion, ChatCompletionChoice, ChatCompletionMessage,
-                                      CompletionUsage, ErrorBody, LineError, PromptTokensDetails,
-                                      RequestError)
+from batchrun.openai.protocol import (BatchLineError, BatchOutputLine, BatchResponse, ErrorBody,
+                                      LineError, RequestError)
 
 
 def new_request_id() -> str:
@@ -26,24 +27,46 @@ def engine_error(output: RequestOutput) -> RequestError | None:
     return None
 
 
+def completion_id(kind: str = "chat") -> str:
+    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+          reasoning_tokens: int | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    if reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return body
+
+
+def chat_completion_body(choices: list[dict], usage_: dict, model_name: str,
+                         system_fingerprint: str | None = None, created: int | None = None,
+                         id_: str | None = None) -> dict[str, Any]:
+    return {"id": id_ or completion_id("chat"), "object": "chat.completion",
+            "created": int(time.time()) if created is None else created, "model": model_name,
+            "choices": choices, "usage": usage_, "system_fingerprint": system_fingerprint}
+
+
+def text_completion_body(choices: list[dict], usage_: dict, model_name: str,
+                         system_fingerprint: str | None = None, created: int | None = None,
+                         id_: str | None = None) -> dict[str, Any]:
+    return {"id": id_ or completion_id("text"), "object": "text_completion",
+            "created": int(time.time()) if created is None else created, "model": model_name,
+            "choices": choices, "usage": usage_, "system_fingerprint": system_fingerprint}
+
+
 def chat_completion(output: RequestOutput, model_name: str, created: int | None = None) -> dict:
-    prompt_tokens = len(output.prompt_token_ids)
+    """A plain chat.completion (no parsers, no logprobs); the serving adapter does the rest."""
+    choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                "finish_reason": c.finish_reason or "stop", "logprobs": None}
+               for c in output.outputs]
     completion_tokens = sum(len(c.token_ids) for c in output.outputs)
-    body = ChatCompletion(
-        id=f"chatcmpl-{uuid.uuid4().hex}",
-        created=int(time.time()) if created is None else created,
-        model=model_name,
-        choices=[ChatCompletionChoice(index=c.index,
-                                      message=ChatCompletionMessage(content=c.text),
-                                      finish_reason=c.finish_reason or "stop")
-                 for c in output.outputs],
-        usage=CompletionUsage(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=output.num_cached_tokens)),
-    )
-    return body.model_dump()
+    return chat_completion_body(choices, usage(len(output.prompt_token_ids), completion_tokens,
+                                               output.num_cached_tokens), model_name,
+                                created=created)
 
 
 def batch_output_line(custom_id: str, request_id: str, body: dict) -> dict:

@@ -56,9 +56,16 @@ def test_missing_messages_names_the_field():
     assert err.custom_id == "req-1" and err.param == "messages"
 
 
-def test_unsupported_url():
-    err = error_of(line(url="/v1/embeddings"))
-    assert err.code == "invalid_url" and "/v1/embeddings" in str(err) and err.param == "url"
+@pytest.mark.parametrize("url", ["/v1/embeddings", "/v1/responses"])
+def test_known_but_unsupported_endpoints(url):
+    err = error_of(line(url=url))
+    assert err.code == "unsupported_endpoint" and err.param == "url"
+    assert f"the endpoint {url} is not supported" in str(err)
+
+
+def test_unknown_url():
+    err = error_of(line(url="/v2/chat"))
+    assert err.code == "invalid_url" and "/v2/chat" in str(err) and err.param == "url"
 
 
 def test_method_must_be_post():

@@ -1,0 +1,231 @@
+"""Pydantic models of OpenAI request bodies: /v1/chat/completions and /v1/completions.
+
+Strict about types (`"max_tokens": "100"` is an error, as it is for OpenAI), value ranges as
+OpenAI documents them, and open to unknown fields: each unknown field name is logged once, so
+files written for OpenAI or vLLM still run. vLLM's extensions (top_k, min_p, repetition_penalty,
+min_tokens, stop_token_ids, ignore_eos, chat_template_kwargs, ...) are first-class fields.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator,
+                      model_validator)
+
+log = logging.getLogger(__name__)
+
+_warned_fields: set[str] = set()
+
+
+def _warn_unknown_fields(model: BaseModel, where: str) -> None:
+    for name in model.model_extra or ():
+        key = f"{where}.{name}"
+        if key not in _warned_fields:
+            _warned_fields.add(key)
+            log.warning("ignoring unsupported field %r in %s", name, where)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+
+class _Open(BaseModel):
+    """A nested object whose unknown keys are ignored (OpenAI adds them over time)."""
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class ContentPart(_Strict):
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _text_part_has_text(self) -> "ContentPart":
+        if self.type == "text" and self.text is None:
+            raise ValueError("a text content part needs a 'text' string")
+        return self
+
+
+def _str_or_list(value: Any) -> str | None:
+    return "str" if isinstance(value, str) else "list" if isinstance(value, list) else None
+
+
+# Tagging the union by Python type makes a bad part report its own error instead of "input
+# should be a valid string" from the other member.
+Content = Annotated[
+    Union[Annotated[str, Tag("str")], Annotated[list[ContentPart], Tag("list")]],
+    Discriminator(_str_or_list, custom_error_type="invalid_type",
+                  custom_error_message="content must be a string or an array of content parts"),
+]
+Stop = Annotated[
+    Union[Annotated[str, Tag("str")], Annotated[list[str], Tag("list")]],
+    Discriminator(_str_or_list, custom_error_type="invalid_type",
+                  custom_error_message="stop must be a string or an array of strings"),
+]
+
+
+class ChatMessage(_Strict):
+    # Assistant turns copied from earlier outputs carry fields such as `refusal`; ignore them.
+    model_config = ConfigDict(strict=True, extra="ignore")
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: Content | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class FunctionDefinition(_Open):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Open):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class _FunctionName(_Open):
+    name: str
+
+
+class NamedToolChoice(_Open):
+    type: Literal["function"]
+    function: _FunctionName
+
+
+class JsonSchemaFormat(_Open):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    # `schema` shadows a BaseModel attribute, hence the alias.
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Open):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type 'json_schema' needs a 'json_schema' object")
+        return self
+
+
+class StreamOptions(_Open):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+class _SamplingFields(_Strict):
+    """Fields both endpoints share."""
+    model_config = ConfigDict(strict=True, extra="allow")
+    model: str | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int | None = Field(None, ge=1, le=128)
+    stop: Stop | None = None
+    seed: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    response_format: ResponseFormat | None = None
+    # vLLM's extensions, which the engine supports as well.
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=2)
+    min_tokens: int | None = Field(None, ge=0)
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(stop, list) and len(stop) > 4:
+            raise ValueError(f"at most 4 stop sequences are allowed, got {len(stop)}")
+        return stop
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys_are_token_ids(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (bias or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not -100 <= value <= 100:
+                raise ValueError(f"logit_bias values must be between -100 and 100, got {value}")
+        return bias
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    metadata: dict[str, str] | None = None
+    # vLLM's chat extensions.
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    echo: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs to be true")
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ValueError("continue_final_message: cannot be combined with "
+                             "add_generation_prompt (set add_generation_prompt to false)")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise ValueError("continue_final_message: the last message must be an assistant "
+                             "message to continue")
+        _warn_unknown_fields(self, "the request body")
+        return self
+
+
+def _prompt_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, list):
+        if value and all(isinstance(v, list) for v in value):
+            return "ids_list"
+        if value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return "ids"
+        return "strs"
+    return None
+
+
+Prompt = Annotated[
+    Union[Annotated[str, Tag("str")], Annotated[list[str], Tag("strs")],
+          Annotated[list[int], Tag("ids")], Annotated[list[list[int]], Tag("ids_list")]],
+    Discriminator(_prompt_kind, custom_error_type="invalid_type", custom_error_message=(
+        "prompt must be a string, an array of strings, an array of token ids or an array of "
+        "token id arrays")),
+]
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: Prompt
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "CompletionRequest":
+        if isinstance(self.prompt, list) and len(self.prompt) == 0:
+            raise ValueError("prompt: must not be empty")
+        _warn_unknown_fields(self, "the request body")
+        return self

@@ -1,0 +1,236 @@
+"""The URL-agnostic OpenAI adapter: a request body in, engine work out, a response body back.
+
+    serving = OpenAIServing(model, ServingOptions(tool_parser="hermes"))
+    prepared = serving.prepare("/v1/chat/completions", body)   # RequestError on a bad request
+    for prompt in prepared.prompts:                             # one engine request each
+        engine.add_request(..., prompt, prepared.params)
+    body = prepared.finalize(outputs)                           # chat.completion / text_completion
+    # or, streaming: chunks = prepared.chunks(); chunks.start(); chunks.update(out); chunks.end()
+
+Both the batch runner and the HTTP server use it; neither needs to know about templates,
+parsers or grammars.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence
+
+from batchrun import __version__
+from batchrun.engine.outputs import RequestOutput
+from batchrun.engine.sampling_params import SamplingParams
+from batchrun.openai.chat import ChatChunks, ChatFormatter
+from batchrun.openai.completions import CompletionChunks, CompletionFormatter
+from batchrun.openai.logprobs import TokenText
+from batchrun.openai.params import RequestDefaults, check_model_field, to_sampling_params
+from batchrun.openai.parsers import (ToolParser, detect_tool_parser, reasoning_parser,
+                                     tool_parser)
+from batchrun.openai.protocol import (ChatCompletionRequest, CompletionRequest, RequestError,
+                                      parse_body)
+from batchrun.openai.render import render_prompt, tokenize_prompt
+from batchrun.openai.structured import response_format_grammar, tool_choice_grammar
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    defaults: RequestDefaults = field(default_factory=RequestDefaults)
+    ignore_model_field: bool = False
+    chat_template: str | None = None  # template text overriding the model's (--chat-template)
+    tool_parser: str | None = None  # None = the format the chat template teaches, if any
+    reasoning_parser: str | None = None  # None = reasoning stays in content
+
+
+@dataclass
+class PreparedRequest:
+    kind: Literal["chat", "completion"]
+    request: ChatCompletionRequest | CompletionRequest
+    prompts: list[list[int]]  # one engine request per prompt
+    params: SamplingParams  # params.n choices per prompt
+    formatter: ChatFormatter | CompletionFormatter
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.request.stream)
+
+    @property
+    def user(self) -> str | None:
+        return self.request.user
+
+    @property
+    def metadata(self) -> dict[str, str] | None:
+        return getattr(self.request, "metadata", None)
+
+    def finalize(self, outputs: RequestOutput | Sequence[RequestOutput],
+                 created: int | None = None) -> dict[str, Any]:
+        """The response body from the finished outputs (one per prompt, in prompt order)."""
+        if isinstance(outputs, RequestOutput):
+            outputs = [outputs]
+        if self.kind == "chat":
+            return self.formatter.body(outputs[0], created)
+        return self.formatter.body(outputs, created)
+
+    def chunks(self) -> ChatChunks | CompletionChunks:
+        """Per-request stream state: start(), update(output[, prompt_index]), end()."""
+        opts = self.request.stream_options
+        include = bool(opts and opts.include_usage)
+        continuous = bool(opts and opts.continuous_usage_stats)
+        if self.kind == "chat":
+            return self.formatter.stream(self.params.n, include, continuous)
+        return self.formatter.stream(len(self.prompts), include, continuous)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(p.text or "" for p in content if p.type == "text")
+    return content or ""
+
+
+class OpenAIServing:
+    def __init__(self, model: Any, options: ServingOptions = ServingOptions()):
+        """`model`: a batchrun.llm.LoadedModel (tokenizer, name, aliases, max_model_len,
+        generation_defaults, engine)."""
+        self.model = model
+        self.options = options
+        self.tokenizer = model.tokenizer
+        self.texts = TokenText(self.tokenizer)
+        template = options.chat_template or getattr(self.tokenizer, "chat_template", None) or ""
+        name = options.tool_parser or detect_tool_parser(template)
+        self.tool_parser: ToolParser | None = tool_parser(name) if name else None
+        self.reasoning = reasoning_parser(options.reasoning_parser) \
+            if options.reasoning_parser else None
+        try:
+            self.vocab_size: int | None = len(self.tokenizer)
+        except TypeError:
+            self.vocab_size = None
+        self.system_fingerprint = fingerprint(model)
+
+    def prepare(self, url: str, body: Any, *, allow_stream: bool = True) -> PreparedRequest:
+        """Validate and prepare one request; RequestError (with status and param) if it is bad."""
+        request = parse_body(url, body)
+        if request.stream and not allow_stream:
+            raise RequestError("stream: streaming is not available in a batch file",
+                               code="unsupported_value", param="stream")
+        check_model_field(request.model, self.model.name, self.model.aliases,
+                          self.options.ignore_model_field)
+        if isinstance(request, ChatCompletionRequest):
+            return self._chat(request)
+        return self._completion(request)
+
+    def _params(self, request, prompts: list[list[int]], grammar) -> SamplingParams:
+        longest = max(prompts, key=len)
+        return to_sampling_params(request, len(longest), self.model.max_model_len,
+                                  self.model.generation_defaults, self.options.defaults,
+                                  vocab_size=self.vocab_size, grammar=grammar)
+
+    def _tools(self, request: ChatCompletionRequest):
+        """(tools for the template, tool parser, forcing grammar, named) for a chat request."""
+        choice = request.tool_choice
+        if not request.tools:
+            if choice not in (None, "none"):
+                raise RequestError("tool_choice: only allowed when tools are given",
+                                   code="invalid_value", param="tool_choice")
+            return None, None, None, False
+        if choice == "none":
+            return None, None, None, False  # the model is not to call tools: it does not see them
+        if self.tool_parser is None:
+            raise RequestError(
+                "tools: no tool-call parser for this model's chat template; run with "
+                "--tool-parser (hermes, llama3_json, mistral) and a --chat-template that renders "
+                "tools", code="tools_not_supported", param="tools")
+        tools = [t.model_dump(exclude_none=True) for t in request.tools]
+        parallel = request.parallel_tool_calls is not False
+        grammar = tool_choice_grammar(self.tool_parser, tools, choice, parallel, self.tokenizer)
+        if grammar is not None and request.response_format and \
+                request.response_format.type != "text":
+            raise RequestError("response_format: cannot be combined with a forced tool_choice",
+                               code="invalid_value", param="response_format")
+        named = choice not in (None, "auto", "required")
+        return tools, self.tool_parser, grammar, named
+
+    def _chat(self, request: ChatCompletionRequest) -> PreparedRequest:
+        tools, parser, tool_grammar, named = self._tools(request)
+        prompt = render_prompt(
+            self.tokenizer, request.messages, tools=tools, chat_template=self.options.chat_template,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            template_kwargs=request.chat_template_kwargs)
+        grammar = tool_grammar or response_format_grammar(request.response_format)
+        params = self._params(request, [prompt], grammar)
+        if parser is not None and parser.needs_special_tokens:
+            params.skip_special_tokens = False
+        if parser is not None and request.parallel_tool_calls is False:
+            parser = _FirstCallOnly(parser)
+        last = request.messages[-1]
+        echo = _text(last.content) if request.echo and last.role == "assistant" else ""
+        fmt = ChatFormatter(
+            self.model.name, self.tokenizer, self.texts, reasoning=self.reasoning, tools=parser,
+            named_tool=named, echo=echo,
+            top_logprobs=params.logprobs, system_fingerprint=self.system_fingerprint,
+            skip_special_tokens=params.skip_special_tokens)
+        return PreparedRequest("chat", request, [prompt], params, fmt)
+
+    def _completion(self, request: CompletionRequest) -> PreparedRequest:
+        if request.echo:
+            raise RequestError("echo: not supported for /v1/completions", code="unsupported_value",
+                               param="echo")
+        if request.suffix:
+            raise RequestError("suffix: not supported (no fill-in-the-middle)",
+                               code="unsupported_value", param="suffix")
+        prompt = request.prompt
+        if isinstance(prompt, str):
+            prompts = [tokenize_prompt(self.tokenizer, prompt)]
+        elif prompt and isinstance(prompt[0], str):
+            prompts = [tokenize_prompt(self.tokenizer, p) for p in prompt]
+        elif prompt and isinstance(prompt[0], list):
+            prompts = [list(p) for p in prompt]
+        else:
+            prompts = [list(prompt)]
+        for i, ids in enumerate(prompts):
+            if not ids:
+                raise RequestError(f"prompt: prompt {i} is empty", code="invalid_value",
+                                   param="prompt")
+            if self.vocab_size is not None and any(t < 0 or t >= self.vocab_size for t in ids):
+                raise RequestError(f"prompt: prompt {i} has a token id outside the vocabulary",
+                                   code="invalid_value", param="prompt")
+        params = self._params(request, prompts, response_format_grammar(request.response_format))
+        fmt = CompletionFormatter(self.model.name, self.texts, params.n, params.logprobs,
+                                  self.system_fingerprint)
+        return PreparedRequest("completion", request, prompts, params, fmt)
+
+
+class _FirstCallOnly(ToolParser):
+    """parallel_tool_calls=false: only the first call counts."""
+
+    def __init__(self, inner: ToolParser):
+        self.inner = inner
+        self.name = inner.name
+        self.needs_special_tokens = inner.needs_special_tokens
+
+    def new_id(self) -> str:
+        return self.inner.new_id()
+
+    def parse_text(self, text: str, partial: bool):
+        parsed = self.inner.parse_text(text, partial)
+        parsed.calls = parsed.calls[:1]
+        return parsed
+
+
+def fingerprint(model: Any) -> str:
+    """Model + batchrun version + engine configuration."""
+    engine = getattr(model, "engine", None)
+    config = repr(getattr(engine, "config", None))
+    digest = hashlib.sha256(f"{model.name}|{__version__}|{config}".encode()).hexdigest()
+    return f"fp_{digest[:12]}"
+
+
+_servings: dict[tuple[int, ServingOptions], tuple[Any, OpenAIServing]] = {}
+
+
+def serving_for(model: Any, options: ServingOptions) -> OpenAIServing:
+    """One adapter per (model, options), kept for the model's life."""
+    key = (id(model), options)
+    hit = _servings.get(key)
+    if hit is None or hit[0] is not model:
+        hit = _servings[key] = (model, OpenAIServing(model, options))
+    return hit[1]

@@ -1,0 +1,72 @@
+"""response_format and forced tool calls -> the engine's GrammarSpec (checked before running)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchrun.engine import structured as engine_structured
+from batchrun.engine.sampling_params import GrammarSpec
+from batchrun.openai.parsers import ToolParser
+from batchrun.openai.protocol import RequestError
+from batchrun.openai.requests import ResponseFormat
+
+
+def _checked(spec: GrammarSpec, param: str, what: str) -> GrammarSpec:
+    error = engine_structured.validate(spec)
+    if error:
+        raise RequestError(f"{param}: {what} cannot be used for constrained decoding: {error}",
+                           code="invalid_value", param=param)
+    return spec
+
+
+def response_format_grammar(fmt: ResponseFormat | None) -> GrammarSpec | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return GrammarSpec(json_schema={"type": "object"})
+    schema = fmt.json_schema.json_schema
+    if schema is None:
+        # OpenAI requires a schema; an empty one would allow any JSON value.
+        raise RequestError("response_format.json_schema.schema: a JSON schema is required",
+                           code="missing_required_parameter",
+                           param="response_format.json_schema.schema")
+    # strict or not, the output is held to the schema: decoding cannot do "mostly".
+    return _checked(GrammarSpec(json_schema=schema), "response_format.json_schema.schema",
+                    "the schema")
+
+
+def special_literal(tokenizer: Any):
+    """Spells a marker as a grammar terminal: the tokenizer's special token if it has one (so
+    the model may use the token it was trained on), else the quoted text."""
+    import json
+
+    added = {}
+    try:
+        added = tokenizer.get_added_vocab()
+    except AttributeError:
+        pass
+
+    def literal(text: str) -> str:
+        if text in added:
+            return f"<[{added[text]}]>"
+        return json.dumps(text)
+
+    return literal
+
+
+def tool_choice_grammar(parser: ToolParser, tools: list[dict[str, Any]], choice: Any,
+                        parallel: bool, tokenizer: Any) -> GrammarSpec | None:
+    """The grammar that forces a call under tool_choice `required` or a named function."""
+    if choice in (None, "auto", "none"):
+        return None
+    if choice == "required":
+        chosen = tools
+    else:
+        name = choice.function.name
+        chosen = [t for t in tools if t["function"]["name"] == name]
+        if not chosen:
+            raise RequestError(f"tool_choice: no tool named {name!r} in tools",
+                               code="invalid_value", param="tool_choice")
+        parallel = False
+    lark = parser.grammar(chosen, parallel, special_literal(tokenizer))
+    return _checked(GrammarSpec(lark=lark), "tools", "the tools' parameter schemas")
