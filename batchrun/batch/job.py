@@ -21,8 +21,7 @@ from batchrun.batch.progress import Counts, Reporter
 from batchrun.batch.readers import InputLine
 from batchrun.batch.staging import FAILED, OK, RETRYABLE, Committed, Record, Staging
 from batchrun.openai.protocol import LineError, RequestError
-from batchrun.openai.response import batch_error_line, batch_output_line, chat_completion, \
-    engine_error
+from batchrun.openai.response import batch_error_line, batch_output_line, engine_error
 
 log = logging.getLogger("batchrun.batch")
 
@@ -87,6 +86,7 @@ class _InFlight:
     pos: int
     source: int
     line: int
+    outputs: dict  # engine request id -> finished RequestOutput
 
 
 class Job:
@@ -189,16 +189,18 @@ class Job:
         except LineError as exc:
             self.fail(pos, item.source, exc)
             return
+        entry = _InFlight(p, pos, item.source, item.line, {})
         try:
-            self.engine.add_request(p.request_id, p.prompt_token_ids, p.params)
+            for request_id, prompt in p.engine_requests:
+                self.engine.add_request(request_id, prompt, p.params)
+                self.in_flight[request_id] = entry
         except ValueError as exc:  # the engine refuses what it cannot run
             if "TooLong" in type(exc).__name__:
                 error = RequestError(str(exc), code="context_length_exceeded", param="messages")
             else:
                 error = RequestError(str(exc), code="unsupported_value")
+            self._drop(entry)
             self.fail(pos, item.source, LineError(item.line, error, p.custom_id), p.request_id)
-            return
-        self.in_flight[p.request_id] = _InFlight(p, pos, item.source, item.line)
 
     def _skip(self, item: InputLine, state: int) -> None:
         """A line an earlier attempt committed: count it, remember its custom_id."""
@@ -222,14 +224,28 @@ class Job:
             custom_id = req.prepared.custom_id
             err = engine_error(out)
             if err is not None:
+                self._drop(req)
                 self.fail(req.pos, req.source, LineError(req.line, err, custom_id),
                           out.request_id, retryable=True)
                 continue
-            body = chat_completion(out, self.model.name)
-            self._record(req.pos, OK, batch_output_line(custom_id, out.request_id, body))
-            self.metrics.record_ok(out)
+            req.outputs[out.request_id] = out
+            parts = [req.outputs.get(rid) for rid, _ in req.prepared.engine_requests]
+            if None in parts:
+                continue  # a completions line with several prompts: wait for all of them
+            body = req.prepared.request.finalize(parts)
+            request_id = req.prepared.request_id
+            self._record(req.pos, OK, batch_output_line(custom_id, request_id, body))
+            for part in parts:
+                self.metrics.record_ok(part)
             self.counts.completed += 1
             self.reporter.advance()
+
+    def _drop(self, entry: _InFlight) -> None:
+        """Abort what is left of a line's engine requests (one of them failed)."""
+        for request_id, _ in entry.prepared.engine_requests:
+            if self.in_flight.get(request_id) is entry:
+                del self.in_flight[request_id]
+                self.engine.abort_request(request_id)
 
     def fail(self, pos: int, source: int, error: LineError, request_id: str | None = None,
              retryable: bool = False) -> None:

@@ -24,10 +24,10 @@ from batchrun.batch.readers import Source, check_sources, count_records, open_so
 from batchrun.batch.sinks import RecordSink
 from batchrun.batch.staging import Committed, Staging, StagingError
 from batchrun.engine.sampling_params import SamplingParams
-from batchrun.openai.params import RequestDefaults, check_model_field, to_sampling_params
-from batchrun.openai.protocol import LineError, RequestError, parse_batch_line
-from batchrun.openai.render import render_prompt
+from batchrun.openai.params import RequestDefaults, check_model_field
+from batchrun.openai.protocol import LineError, RequestError, parse_batch_line, parse_envelope
 from batchrun.openai.response import new_request_id
+from batchrun.openai.serving import PreparedRequest, ServingOptions, serving_for
 
 log = logging.getLogger("batchrun.batch")
 STAGING_SUFFIX = ".batchrun-staging"
@@ -61,6 +61,9 @@ class RunConfig:
     commit_interval: float = 2.0  # seconds a finished record may wait for its commit
     grace_period: float = 10.0  # seconds in-flight requests get to finish after a stop
     merge_on_stop: bool = False  # after a stop, still write what is done (the server's cancel)
+    chat_template: str | None = None  # template text overriding the model's (--chat-template)
+    tool_parser: str | None = None  # None = the format the chat template teaches, if any
+    reasoning_parser: str | None = None  # None = reasoning stays in content
 
     @property
     def inputs(self) -> list[str]:
@@ -95,8 +98,17 @@ class RunConfig:
 class Prepared:
     custom_id: str
     request_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int]  # the first prompt; a completions line may have several
     params: SamplingParams
+    request: PreparedRequest | None = None  # the OpenAI adapter: prompts, finalize(outputs)
+
+    @property
+    def engine_requests(self) -> list[tuple[str, list[int]]]:
+        """(engine request id, prompt) of each engine request this line needs."""
+        prompts = self.request.prompts if self.request else [self.prompt_token_ids]
+        if len(prompts) == 1:
+            return [(self.request_id, prompts[0])]
+        return [(f"{self.request_id}-{k}", p) for k, p in enumerate(prompts)]
 
 
 def check_line(raw: str, line_number: int, model: Any, config: RunConfig):
@@ -113,17 +125,23 @@ def check_line(raw: str, line_number: int, model: Any, config: RunConfig):
     return line, request
 
 
+def serving_options(config: Any) -> ServingOptions:
+    return ServingOptions(defaults=config.defaults, ignore_model_field=config.ignore_model_field,
+                          chat_template=getattr(config, "chat_template", None),
+                          tool_parser=getattr(config, "tool_parser", None),
+                          reasoning_parser=getattr(config, "reasoning_parser", None))
+
+
 def prepare_line(raw: str, line_number: int, model: Any, config: RunConfig) -> Prepared:
     """Validate, render and parameterise one input line; raise LineError for a bad one.
     `model` needs tokenizer, name, aliases, max_model_len and generation_defaults (no engine)."""
-    line, request = check_line(raw, line_number, model, config)
+    line = parse_envelope(raw, line_number)
     try:
-        prompt = render_prompt(model.tokenizer, request.messages)
-        params = to_sampling_params(request, len(prompt), model.max_model_len,
-                                    model.generation_defaults, config.defaults)
+        request = serving_for(model, serving_options(config)).prepare(line.url, line.body,
+                                                                      allow_stream=False)
     except RequestError as exc:
         raise LineError(line_number, exc, line.custom_id) from None
-    return Prepared(line.custom_id, new_request_id(), prompt, params)
+    return Prepared(line.custom_id, new_request_id(), request.prompts[0], request.params, request)
 
 
 def _setup(config: RunConfig) -> tuple[list[Source], list[list]]:

@@ -145,12 +145,17 @@ def render_prompt(tokenizer: Any, messages: Sequence[ChatMessage], *,
             "(batchrun ships one: batchrun/openai/templates/chatml_tools.jinja)",
             code="tools_not_supported", param="tools")
     template_messages = to_template_messages(messages, tokenizer, chat_template)
+    # Only what is set, so simple tokenizer stand-ins need not know every option.
+    if tools:
+        kwargs["tools"] = tools
+    if chat_template is not None:
+        kwargs["chat_template"] = chat_template
+    if continue_final_message:
+        kwargs["continue_final_message"] = True
     try:
         encoded = tokenizer.apply_chat_template(
-            template_messages, tools=tools or None, chat_template=chat_template,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, tokenize=True, return_dict=True,
-            **kwargs)
+            template_messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+            return_dict=True, **kwargs)
     except Exception as exc:  # the template's own checks (role order, ...) raise many kinds
         raise RequestError(f"messages: the model's chat template rejected them: {exc}",
                            code="invalid_messages", param="messages") from None
