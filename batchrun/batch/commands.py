@@ -10,6 +10,7 @@ import click
 
 from batchrun.batch.formats import FORMAT_NAMES
 from batchrun.batch.launch import EXIT_OK, EXIT_TOO_MANY_FAILED, RunOptions, UsageError, execute
+from batchrun.openai.parsers import REASONING_PARSERS, TOOL_PARSERS
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -92,6 +93,12 @@ column_option = click.option(
               help="max_tokens for requests that leave it out [default: fill the context].")
 @click.option("--ignore-model-field", is_flag=True,
               help="Run every request on the loaded model whatever its `model` field says.")
+@click.option("--chat-template", metavar="FILE", help="A Jinja chat template overriding the "
+              "model's (e.g. one that renders tools: batchrun/openai/templates/chatml_tools.jinja).")
+@click.option("--tool-parser", type=click.Choice(sorted(TOOL_PARSERS)), help="How tool calls are "
+              "read from the output [default: from the chat template's markers].")
+@click.option("--reasoning-parser", type=click.Choice(sorted(REASONING_PARSERS)), help="Move "
+              "<think>...</think> into message.reasoning_content [default: leave it in content].")
 @storage_option
 @input_format_option
 @click.option("--output-format", type=click.Choice(FORMAT_NAMES),

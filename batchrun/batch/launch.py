@@ -46,6 +46,10 @@ class RunOptions:
     temperature: float | None = None
     max_tokens: int | None = None
     ignore_model_field: bool = False
+    # OpenAI surface
+    chat_template: str | None = None  # a template file overriding the model's
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
     # storage and formats
     storage_options: dict | None = None
     input_format: str | None = None
@@ -74,11 +78,27 @@ class RunOptions:
                      "kv_cache_memory": self.kv_cache_memory}
         return EngineConfig.default(**{k: v for k, v in overrides.items() if v is not None})
 
+    def openai_options(self) -> dict[str, Any]:
+        """--chat-template (read now), --tool-parser, --reasoning-parser; UsageError if bad."""
+        from batchrun.openai.parsers import reasoning_parser, tool_parser
+        from batchrun.openai.render import load_chat_template
+
+        try:
+            template = load_chat_template(self.chat_template) if self.chat_template else None
+            if self.tool_parser:
+                tool_parser(self.tool_parser)
+            if self.reasoning_parser:
+                reasoning_parser(self.reasoning_parser)
+        except (OSError, ValueError) as exc:
+            raise UsageError(str(exc)) from exc
+        return {"chat_template": template, "tool_parser": self.tool_parser,
+                "reasoning_parser": self.reasoning_parser}
+
     def run_config(self, max_num_seqs: int):
         from batchrun.batch.runner import RunConfig
         from batchrun.openai.params import RequestDefaults
 
-        return RunConfig(
+        return RunConfig(**self.openai_options(),
             input=list(self.inputs), output=self.output, errors=self.errors,
             metrics=self.metrics,
             defaults=RequestDefaults(temperature=self.temperature, max_tokens=self.max_tokens),
