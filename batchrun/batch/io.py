@@ -79,6 +79,12 @@ def _has_glob(path: str) -> bool:
     return any(ch in path for ch in "*?[")
 
 
+def _hidden(path: str) -> bool:
+    """Dot files, and anything in a batchrun staging folder."""
+    return (path.rstrip("/").rsplit("/", 1)[-1].startswith(".")
+            or ".batchrun-staging/" in path)
+
+
 def _unstrip(fs: fsspec.AbstractFileSystem, original: str, path: str) -> str:
     """fsspec lists paths without their protocol; put it back so later opens hit the same store."""
     if isinstance(fs, LocalFileSystem) and not protocol(original):
@@ -98,11 +104,11 @@ def expand_inputs(args: list[str], storage_options: dict | None = None) -> list[
         if protocol(arg) in _HTTP:
             out.append(arg)  # http has no listing worth trusting; the URL is the file
             continue
-        if _has_glob(p):
-            matches = sorted(m for m in fs.glob(p) if not fs.isdir(m))
+        if _has_glob(p):  # like a shell glob: hidden files (staging scratch, ...) are left out
+            matches = sorted(m for m in fs.glob(p) if not fs.isdir(m) and not _hidden(m))
         elif fs.isdir(p):
             matches = sorted(m for m in fs.find(p) if m.lower().endswith(INPUT_EXTENSIONS)
-                             and not os.path.basename(m).startswith("."))
+                             and not _hidden(m))
         elif fs.exists(p):
             matches = [p]
         else:

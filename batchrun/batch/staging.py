@@ -174,6 +174,7 @@ class Staging:
         for _, state, text in self._merged(runs):
             counts[state] += 1
             (write_ok if state == OK else write_error)(text.rstrip("\n"))
+        self._remove([r for r in runs if r.startswith("merge-")])
         return counts
 
     def _merged(self, runs: list[str]) -> Iterator[tuple[int, int, str]]:
