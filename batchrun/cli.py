@@ -86,3 +86,12 @@ def _add_batch_commands() -> None:
 
 
 _add_batch_commands()
+
+
+def _add_serve_command() -> None:
+    from batchrun.server.cli import serve
+
+    main.add_command(serve)
+
+
+_add_serve_command()

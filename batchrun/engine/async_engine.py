@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 INTERACTIVE_PRIORITY = 0
 BATCH_PRIORITY = 10
 
+# Engines (by id) that an AsyncEngine thread is driving: two drivers would corrupt one engine.
+_DRIVEN: set[int] = set()
+_DRIVEN_LOCK = threading.Lock()
+
 
 class EngineDeadError(RuntimeError):
     pass
@@ -172,6 +176,10 @@ class AsyncEngine:
     def start(self) -> "AsyncEngine":
         if self.engine.has_unfinished_requests():
             raise RuntimeError("the engine already has requests of another caller")
+        with _DRIVEN_LOCK:
+            if id(self.engine) in _DRIVEN:
+                raise RuntimeError("another AsyncEngine already drives this engine")
+            _DRIVEN.add(id(self.engine))
         self._thread = threading.Thread(target=self._run, name="batchrun-engine", daemon=True)
         self._thread.start()
         return self
@@ -183,6 +191,9 @@ class AsyncEngine:
             self._cv.notify()
         if self._thread is not None:
             self._thread.join(timeout)
+            if not self._thread.is_alive():
+                with _DRIVEN_LOCK:
+                    _DRIVEN.discard(id(self.engine))
 
     @property
     def is_alive(self) -> bool:
@@ -342,11 +353,8 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
 class SyncEngineClient:
     """The part of Engine's interface the batch runner uses, for a thread of its own while the
     AsyncEngine's thread drives the real engine. step() blocks until one of this client's
-    requests has output. `cancel()` makes the next step() raise Cancelled, so a runner loop
-    unwinds and aborts its in-flight requests."""
-
-    class Cancelled(Exception):
-        pass
+    requests has output, or until wake() (then it returns nothing, so the runner's loop gets to
+    look at its stop flag)."""
 
     def __init__(self, owner: AsyncEngine, priority: int):
         self.owner = owner
@@ -356,7 +364,6 @@ class SyncEngineClient:
         self._queue: queue.Queue = queue.Queue()
         self._sink = _SyncSink(self._queue)
         self._open: set[str] = set()
-        self._cancelled = threading.Event()
         self.num_ok = 0
         self.num_failed = 0
 
@@ -368,13 +375,8 @@ class SyncEngineClient:
     def kv(self):
         return self.owner.engine.kv
 
-    def cancel(self) -> None:
-        self._cancelled.set()
-        self._queue.put(None)  # wake a blocked step()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled.is_set()
+    def wake(self) -> None:
+        self._queue.put(None)
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
                     params: SamplingParams, arrival_time: float | None = None,
@@ -397,8 +399,6 @@ class SyncEngineClient:
 
     def step(self, timeout: float | None = None) -> list[RequestOutput]:
         """Outputs of this client's requests: blocks for the first, then takes what is queued."""
-        if self._cancelled.is_set():
-            raise self.Cancelled()
         items = [self._queue.get(timeout=timeout)]
         while True:
             try:
@@ -407,8 +407,6 @@ class SyncEngineClient:
                 break
         outputs = []
         for item in items:
-            if self._cancelled.is_set():
-                raise self.Cancelled()
             if item is None:
                 continue
             if isinstance(item, BaseException):

@@ -1,0 +1,85 @@
+"""The FastAPI application: OpenAI-compatible routes on one shared engine.
+
+    /v1/chat/completions  /v1/models  /v1/files...  /v1/batches...   (API key when set)
+    /health  /metrics  /version
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from batchrun import __version__
+from batchrun.server import batches_api, chat, files_api
+from batchrun.server.errors import install_handlers, not_found
+from batchrun.server.middleware import GuardMiddleware
+from batchrun.server.state import ServerState
+
+info = APIRouter()
+
+
+@info.get("/health")
+async def health(request: Request):
+    engine = request.app.state.server.engine
+    if not engine.is_alive:
+        reason = repr(engine.dead) if engine.dead is not None else "the engine is not running"
+        return JSONResponse({"status": "error", "detail": reason}, status_code=503)
+    return {"status": "ok"}
+
+
+@info.get("/version")
+async def version():
+    return {"version": __version__}
+
+
+@info.get("/metrics")
+async def metrics(request: Request):
+    return PlainTextResponse(request.app.state.server.metrics.render(),
+                             media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _model_card(state: ServerState, name: str) -> dict:
+    return {"id": name, "object": "model", "created": state.created, "owned_by": "batchrun",
+            "root": str(state.model.path or state.model.name), "parent": None,
+            "max_model_len": state.model.max_model_len}
+
+
+@info.get("/v1/models")
+async def list_models(request: Request):
+    state = request.app.state.server
+    return {"object": "list", "data": [_model_card(state, state.served_name)]}
+
+
+@info.get("/v1/models/{model_id:path}")
+async def retrieve_model(request: Request, model_id: str):
+    state = request.app.state.server
+    if model_id != state.served_name and model_id not in state.model_aliases:
+        raise not_found("model", model_id, "model")
+    return _model_card(state, state.served_name)
+
+
+def create_app(state: ServerState, manage_state: bool = True) -> FastAPI:
+    """The app over `state`. With manage_state, the app's lifespan starts the engine thread and
+    the batch workers and stops them on shutdown."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        if manage_state:
+            state.start()
+        try:
+            yield
+        finally:
+            if manage_state:
+                state.stop()
+
+    app = FastAPI(title="batchrun", version=__version__, lifespan=lifespan)
+    app.state.server = state
+    install_handlers(app)
+    for router in (info, chat.router, files_api.router, batches_api.router):
+        app.include_router(router)
+    cfg = state.config
+    app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes,
+                       max_upload_bytes=cfg.max_upload_bytes, metrics=state.metrics)
+    return app

@@ -1,0 +1,78 @@
+"""The glue between a Batches-API batch and the batch runner of `batchrun run`.
+
+The runner drives an engine-shaped object itself (add_request / step / abort_request); here that
+object is a SyncEngineClient of the server's shared engine, so a batch runs exactly like
+`batchrun run` on the same file, next to the live traffic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from batchrun.engine.async_engine import SyncEngineClient
+
+
+def validate_input(path: Path, endpoint: str) -> tuple[int, list[dict]]:
+    """(number of request lines, batch-level errors). As OpenAI's validating stage, a line whose
+    url is not the batch's endpoint fails the batch; other bad lines (bad JSON, bad bodies) only
+    fail themselves, later, in the error file."""
+    total, errors = 0, []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            total += 1
+            try:
+                url = json.loads(raw).get("url")
+            except (ValueError, AttributeError):
+                continue
+            if url is not None and url != endpoint:
+                errors.append({"code": "invalid_url", "param": "url", "line": number,
+                               "message": f"The URL provided for this request ({url!r}) does not "
+                                          f"match the batch endpoint ({endpoint!r})."})
+    return total, errors
+
+
+def batch_in_flight(state) -> int:
+    """Requests a batch keeps in the engine. Leaves an eighth of the sequence slots to
+    interactive requests: the engine admits by priority but does not preempt a running batch
+    request for a waiting interactive one."""
+    if state.config.batch_max_in_flight:
+        return state.config.batch_max_in_flight
+    seqs = state.model.engine.config.scheduler.max_num_seqs
+    share = (seqs - max(1, seqs // 8)) // max(1, state.config.max_concurrent_batches)
+    return max(1, share)
+
+
+def run_config(state, input_path: Path, work_dir: Path):
+    """The batch runner's configuration for one batch. Results are committed to a staging folder
+    in the batch's work dir as they complete, so a restarted server resumes where it stopped."""
+    from batchrun.batch.runner import RunConfig
+
+    return RunConfig(input=str(input_path), output=str(work_dir / "output.jsonl"),
+                     errors=str(work_dir / "errors.jsonl"), metrics=str(work_dir / "metrics.json"),
+                     staging=str(work_dir / "staging"), resume=True,
+                     defaults=state.config.defaults,
+                     ignore_model_field=state.config.ignore_model_field,
+                     max_in_flight=batch_in_flight(state), progress="none",
+                     commit_interval=0.5)  # request_counts follow commits: keep them fresh
+
+
+def run_job(state, client: SyncEngineClient, config, stop, on_progress) -> dict:
+    """Run one batch on `client` (see batchrun.batch.runner.run_batch for stop / on_progress);
+    returns the runner's summary: status "completed" or "interrupted"."""
+    from batchrun.batch.runner import run_batch
+
+    Path(config.output).parent.mkdir(parents=True, exist_ok=True)
+    model = dataclasses.replace(state.model, engine=client, name=state.served_name,
+                                aliases=state.model_aliases)
+    return run_batch(model, config, stop=stop, on_progress=on_progress)
+
+
+def count_records(path: Path) -> int:
+    if not path.exists():
+        return 0
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())

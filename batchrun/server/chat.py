@@ -1,0 +1,161 @@
+"""POST /v1/chat/completions and /v1/completions: JSON or SSE, through the OpenAI adapter that
+batch lines use (openai/serving.py): prepare -> engine -> finalize, or chunks for a stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from batchrun.engine.async_engine import EngineDeadError, RequestStream
+from batchrun.engine.outputs import RequestOutput
+from batchrun.openai.protocol import CHAT_URL, COMPLETIONS_URL, RequestError
+from batchrun.openai.response import completion_id, engine_error, error_body
+from batchrun.openai.serving import PreparedRequest
+from batchrun.server.errors import as_request_error
+
+router = APIRouter()
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") \
+            from None
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+@router.post(CHAT_URL)
+async def create_chat_completion(request: Request):
+    return await _serve(request, CHAT_URL)
+
+
+@router.post(COMPLETIONS_URL)
+async def create_completion(request: Request):
+    return await _serve(request, COMPLETIONS_URL)
+
+
+async def _serve(request: Request, url: str):
+    state = request.app.state.server
+    body = await read_json(request)
+    # Chat templates and tokenizers take real time on long conversations: keep them off the loop.
+    prepared = await asyncio.to_thread(state.serving.prepare, url, body)
+    base = completion_id("chat" if prepared.kind == "chat" else "text")
+    streams: list[RequestStream] = []
+    try:
+        for i, prompt in enumerate(prepared.prompts):
+            streams.append(state.engine.generate(f"{base}-{i}", prompt, prepared.params,
+                                                 stream=prepared.stream))
+    except BaseException:
+        for s in streams:
+            s.close()
+        raise
+    if prepared.stream:
+        return StreamingResponse(_sse(prepared, streams), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    try:
+        outs = await until_disconnected(request, asyncio.gather(*(s.result() for s in streams)))
+    finally:
+        for s in streams:  # closing unfinished streams aborts their requests
+            s.close()
+    if outs is None:  # the client left
+        return Response(status_code=499)
+    for out in outs:
+        error = engine_error(out)
+        if error is not None:
+            raise error
+    return JSONResponse(prepared.finalize(outs))
+
+
+def _event(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def _sse(prepared: PreparedRequest, streams: list[RequestStream]) -> AsyncIterator[str]:
+    # Starlette cancels this generator when the client disconnects; leaving it closes the
+    # streams, which aborts their engine requests and frees their KV blocks.
+    chunks = prepared.chunks()
+    chat = prepared.kind == "chat"
+    try:
+        for chunk in chunks.start():
+            yield _event(chunk)
+        async for i, out in _merged(streams):
+            error = engine_error(out) if out.finished else None
+            if error is not None:
+                yield _event(error_body(error))
+                break
+            for chunk in chunks.update(out) if chat else chunks.update(out, i):
+                yield _event(chunk)
+        else:
+            for chunk in chunks.end():
+                yield _event(chunk)
+    except (EngineDeadError, ValueError) as exc:
+        yield _event(error_body(as_request_error(exc)))
+    finally:
+        for s in streams:
+            s.close()
+    yield "data: [DONE]\n\n"
+
+
+async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(prompt index, output) from several streams as they come (completions with a list of
+    prompts); one stream is read directly."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                queue.put_nowait((i, out, None))
+        except Exception as exc:
+            queue.put_nowait((i, None, exc))
+        queue.put_nowait((i, None, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        open_streams = len(streams)
+        while open_streams:
+            i, out, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            if out is None:
+                open_streams -= 1
+                continue
+            yield i, out
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def until_disconnected(request: Request, work):
+    """Await `work` unless the client disconnects first (then cancel it and return None)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    return None
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,98 @@
+"""`batchrun serve`: the engine behind an OpenAI-compatible HTTP API."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import click
+
+
+def default_data_dir() -> Path:
+    root = os.environ.get("BATCHRUN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                            "batchrun")
+    return Path(root) / "server"
+
+
+def _size(ctx, param, value):
+    """Bytes from `2GiB`, `512MiB`, ... (batchrun.cli is imported late: it imports this module)."""
+    if value is None or isinstance(value, int):
+        return value
+    from batchrun.cli import parse_size
+
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+@click.command("serve")
+@click.option("--model", help="Registry name, HF folder, .gguf file or hub id "
+                              "[default: the bundled smollm2-135m].")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--api-key", envvar="BATCHRUN_API_KEY", show_envvar=True,
+              help="Require 'Authorization: Bearer KEY' on every /v1 route.")
+@click.option("--served-model-name", help="The model name the API shows and accepts "
+                                          "[default: the model's registry name].")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where uploaded files, batch state and batch results live "
+                   "[default: $BATCHRUN_CACHE/server].")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), help="Most sequences per step.")
+@click.option("--max-batched-tokens", type=click.IntRange(min=1), help="Token budget per step.")
+@click.option("--max-model-len", type=click.IntRange(min=2),
+              help="Context length [default: the model's].")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+              default="auto", show_default=True, help="auto = float32 on CPU, bfloat16 on CUDA.")
+@click.option("--threads", type=click.IntRange(min=1), help="CPU threads [default: all cores].")
+@click.option("--kv-cache-memory", callback=_size, metavar="SIZE",
+              help="KV cache size, e.g. 2GiB.")
+@click.option("--no-prefix-cache", is_flag=True, help="Disable prefix caching.")
+@click.option("--max-queued-requests", type=click.IntRange(min=1), default=1024,
+              show_default=True, help="Interactive requests in flight before the API answers 429.")
+@click.option("--max-body-size", callback=_size, metavar="SIZE", default="16MiB",
+              show_default=True, help="Largest JSON request body.")
+@click.option("--max-upload-size", callback=_size, metavar="SIZE", default="200MiB",
+              show_default=True, help="Largest file upload.")
+@click.option("--max-concurrent-batches", type=click.IntRange(min=1), default=1,
+              show_default=True, help="Batches-API jobs running at once (the rest queue).")
+@click.option("--temperature", type=click.FloatRange(0, 2),
+              help="Temperature for requests that leave it out.")
+@click.option("--max-tokens", type=click.IntRange(min=1),
+              help="max_tokens for requests that leave it out [default: fill the context].")
+@click.option("--ignore-model-field", is_flag=True,
+              help="Serve every request whatever its `model` field says.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="info", show_default=True)
+def serve(model, host, port, api_key, served_model_name, data_dir, max_num_seqs,
+          max_batched_tokens, max_model_len, dtype, threads, kv_cache_memory, no_prefix_cache,
+          max_queued_requests, max_body_size, max_upload_size, max_concurrent_batches,
+          temperature, max_tokens, ignore_model_field, log_level):
+    """Serve chat completions (JSON and SSE), models, files and batches over HTTP."""
+    import uvicorn
+
+    from batchrun.cli import _load_model
+    from batchrun.config import EngineConfig
+    from batchrun.openai.params import RequestDefaults
+    from batchrun.server.app import create_app
+    from batchrun.server.state import ServerConfig, ServerState
+
+    overrides = {"dtype": dtype, "enable_prefix_caching": not no_prefix_cache,
+                 "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_batched_tokens,
+                 "max_model_len": max_model_len, "threads": threads,
+                 "kv_cache_memory": kv_cache_memory}
+    engine_config = EngineConfig.default(**{k: v for k, v in overrides.items() if v is not None})
+    logging.getLogger().setLevel(log_level.upper())
+    loaded = _load_model(model, engine_config)
+    config = ServerConfig(
+        data_dir=data_dir or default_data_dir(), api_key=api_key or None,
+        served_model_name=served_model_name, max_body_bytes=max_body_size,
+        max_upload_bytes=max_upload_size, max_queued_requests=max_queued_requests,
+        max_concurrent_batches=max_concurrent_batches, ignore_model_field=ignore_model_field,
+        defaults=RequestDefaults(temperature=temperature, max_tokens=max_tokens))
+    state = ServerState(loaded, config)
+    click.echo(f"serving {state.served_name} on http://{host}:{port} (data in {config.data_dir}"
+               f"{', API key required' if config.api_key else ''})", err=True)
+    uvicorn.run(create_app(state), host=host, port=port, log_level=log_level,
+                timeout_graceful_shutdown=5)

@@ -1,0 +1,106 @@
+"""The Files API: uploads for batches and the batches' output files, on local disk.
+
+Each file is `<root>/<id>` (content) plus `<root>/<id>.json` (its OpenAI file object), written
+atomically, so a restarted server sees exactly the files that were fully stored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import IO, Any
+
+from batchrun.server.errors import APIError, not_found
+
+UPLOAD_PURPOSES = ("batch",)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class FileStore:
+    def __init__(self, root: Path):
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._files: dict[str, dict] = {}
+        for meta in root.glob("file-*.json"):
+            obj = json.loads(meta.read_text())
+            if (root / obj["id"]).exists():
+                self._files[obj["id"]] = obj
+
+    def _new(self, filename: str, purpose: str, size: int) -> dict:
+        return {"id": f"file-{uuid.uuid4().hex}", "object": "file", "bytes": size,
+                "created_at": int(time.time()), "filename": filename, "purpose": purpose,
+                "status": "processed", "status_details": None, "expires_at": None}
+
+    def upload(self, src: IO[bytes], filename: str, purpose: str) -> dict:
+        """Store an uploaded file (blocking I/O: call it from a worker thread)."""
+        if purpose not in UPLOAD_PURPOSES:
+            raise APIError(f"purpose: {purpose!r} is not supported; this server stores files "
+                           f"for the Batches API (purpose 'batch')", code="invalid_value",
+                           param="purpose")
+        obj = self._new(filename, purpose, 0)
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".upload.")
+        with os.fdopen(fd, "wb") as f:
+            shutil.copyfileobj(src, f, 1 << 20)
+            f.flush()
+            os.fsync(f.fileno())
+            obj["bytes"] = f.tell()
+        os.replace(tmp, self.root / obj["id"])
+        return self._commit(obj)
+
+    def adopt(self, path: Path, filename: str, purpose: str) -> dict:
+        """Move a finished file (a batch's output) into the store."""
+        obj = self._new(filename, purpose, path.stat().st_size)
+        os.replace(path, self.root / obj["id"])
+        return self._commit(obj)
+
+    def _commit(self, obj: dict) -> dict:
+        write_json_atomic(self.root / f"{obj['id']}.json", obj)
+        with self._lock:
+            self._files[obj["id"]] = obj
+        return dict(obj)
+
+    def get(self, file_id: str) -> dict:
+        with self._lock:
+            obj = self._files.get(file_id)
+        if obj is None:
+            raise not_found("file", file_id, "file_id")
+        return dict(obj)
+
+    def path(self, file_id: str) -> Path:
+        self.get(file_id)
+        return self.root / file_id
+
+    def list(self, purpose: str | None = None, limit: int = 10000, after: str | None = None,
+             order: str = "desc") -> tuple[list[dict], bool]:
+        with self._lock:
+            files = [dict(f) for f in self._files.values()
+                     if purpose is None or f["purpose"] == purpose]
+        files.sort(key=lambda f: (f["created_at"], f["id"]), reverse=order == "desc")
+        if after is not None:
+            ids = [f["id"] for f in files]
+            files = files[ids.index(after) + 1:] if after in ids else []
+        return files[:limit], len(files) > limit
+
+    def delete(self, file_id: str) -> dict:
+        with self._lock:
+            obj = self._files.pop(file_id, None)
+        if obj is None:
+            raise not_found("file", file_id, "file_id")
+        for p in (self.root / f"{file_id}.json", self.root / file_id):
+            p.unlink(missing_ok=True)
+        return {"id": file_id, "object": "file", "deleted": True}

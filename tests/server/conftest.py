@@ -1,0 +1,86 @@
+"""Servers started by the tests: uvicorn in a thread on a free loopback port."""
+
+import contextlib
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+API_KEY = "sk-batchrun-test"
+
+
+@dataclass
+class Running:
+    url: str
+    state: object
+    server: object
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def client(self, api_key=API_KEY, **kw):
+        import openai
+
+        return openai.OpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, **kw)
+
+    def async_client(self, api_key=API_KEY, **kw):
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, **kw)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve(model, data_dir, **config):
+    """Run the app over `model` until the block ends; the engine is left empty."""
+    import uvicorn
+
+    from batchrun.server.app import create_app
+    from batchrun.server.state import ServerConfig, ServerState
+
+    config.setdefault("api_key", API_KEY)
+    state = ServerState(model, ServerConfig(data_dir=data_dir, **config))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port,
+                                           log_level="warning", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 60
+    while not server.started:
+        if not thread.is_alive() or time.time() > deadline:
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    try:
+        yield Running(f"http://127.0.0.1:{port}", state, server)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def api(real_model, tmp_path_factory):
+    """The bundled model behind the API with an API key. Module-scoped: while it runs, its
+    thread owns real_model's engine, which other modules use directly."""
+    with serve(real_model, tmp_path_factory.mktemp("server")) as running:
+        yield running
+
+
+def wait_for(predicate, timeout=30.0, interval=0.02):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def engine_idle(engine) -> bool:
+    return not engine.has_unfinished_requests() and engine.kv.num_free_blocks == engine.kv.num_blocks

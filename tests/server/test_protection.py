@@ -1,0 +1,73 @@
+"""Auth, health, metrics, version, and client disconnects freeing the engine."""
+
+import httpx
+import openai
+import pytest
+
+from tests.server.conftest import API_KEY, engine_idle, wait_for
+
+pytestmark = pytest.mark.slow
+
+LONG = [{"role": "user", "content": "Write a very long essay about the history of France, "
+                                    "from the Gauls to the present day."}]
+
+
+def aborted(state) -> float:
+    return state.metrics.finished.values.get(("api", "abort"), 0)
+
+
+def test_missing_or_wrong_key_is_401_in_openai_shape(api):
+    for key in ("wrong-key", API_KEY + "x"):
+        with pytest.raises(openai.AuthenticationError) as e:
+            api.client(api_key=key).models.list()
+        assert e.value.status_code == 401
+        assert e.value.body["code"] == "invalid_api_key"
+        assert e.value.body["type"] == "invalid_request_error"
+    r = httpx.get(api.base_url + "/models")
+    assert r.status_code == 401 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    r = httpx.post(api.base_url + "/files")  # before any body parsing
+    assert r.status_code == 401
+
+
+def test_health_version_and_metrics_need_no_key(api):
+    assert httpx.get(api.url + "/health").json() == {"status": "ok"}
+    assert httpx.get(api.url + "/version").json()["version"]
+    api.client().chat.completions.create(model="smollm2-135m", max_tokens=3,
+                                         messages=[{"role": "user", "content": "Hi"}])
+    text = httpx.get(api.url + "/metrics").text
+    for name in ("batchrun_http_requests_total", "batchrun_prompt_tokens_total",
+                 "batchrun_generation_tokens_total", "batchrun_time_to_first_token_seconds_bucket",
+                 "batchrun_inter_token_latency_seconds_count", "batchrun_num_requests_running",
+                 "batchrun_num_requests_waiting", "batchrun_kv_cache_usage_ratio",
+                 "batchrun_prefix_cache_hit_rate"):
+        assert name in text, name
+    assert ('batchrun_http_requests_total{method="POST",route="/v1/chat/completions",'
+            'status="200"}') in text
+
+
+def test_disconnect_mid_stream_aborts_and_frees_kv(api):
+    engine = api.state.model.engine
+    before = aborted(api.state)
+    body = {"model": "smollm2-135m", "messages": LONG, "max_tokens": 1000, "stream": True}
+    with httpx.stream("POST", api.base_url + "/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as r:
+        contents = 0
+        for line in r.iter_lines():
+            if '"content":"' in line and '"content":""' not in line:
+                contents += 1
+            if contents >= 3:
+                break
+        assert engine.has_unfinished_requests()
+    assert wait_for(lambda: engine_idle(engine), timeout=20)
+    assert aborted(api.state) == before + 1
+
+
+def test_disconnect_while_waiting_for_a_non_stream_answer(api):
+    engine = api.state.model.engine
+    before = aborted(api.state)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(api.base_url + "/chat/completions", timeout=1.5,
+                   headers={"Authorization": f"Bearer {API_KEY}"},
+                   json={"model": "smollm2-135m", "messages": LONG, "max_tokens": 1000})
+    assert wait_for(lambda: engine_idle(engine), timeout=20)
+    assert aborted(api.state) == before + 1
