@@ -1,0 +1,30 @@
+"""A server stopped mid-batch resumes the batch when it starts again on the same data dir.
+(Its own module: the servers here must not share the engine with the module-scoped `api`.)"""
+
+import json
+
+import pytest
+
+from tests.server.conftest import engine_idle, serve, wait_for
+from tests.server.test_batches_api import line, poll, records, upload
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_restarted_server_resumes_a_batch(real_model, tmp_path):
+    lines = [line(f"r{i}", f"Tell me about the number {i}.", max_tokens=16) for i in range(16)]
+    with serve(real_model, tmp_path, batch_max_in_flight=2) as srv:
+        client = srv.client()
+        batch = client.batches.create(input_file_id=upload(client, lines).id,
+                                      endpoint="/v1/chat/completions", completion_window="24h")
+        assert wait_for(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 2,
+                        timeout=60)
+    assert engine_idle(real_model.engine)
+    stored = json.loads((tmp_path / "batches" / f"{batch.id}.json").read_text())
+    assert stored["status"] == "in_progress"
+    with serve(real_model, tmp_path, batch_max_in_flight=8) as srv:
+        client = srv.client()
+        done = poll(client, batch.id)
+        assert done.status == "completed" and done.request_counts.completed == 16
+        out = records(client, done.output_file_id)
+        assert [r["custom_id"] for r in out] == [f"r{i}" for i in range(16)]

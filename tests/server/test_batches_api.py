@@ -1,0 +1,135 @@
+"""Files + Batches API through the official openai client, on the bundled model."""
+
+import io
+import json
+import time
+
+import openai
+import pytest
+
+from tests.server.conftest import engine_idle, wait_for
+
+pytestmark = pytest.mark.slow
+
+TERMINAL = ("completed", "failed", "cancelled", "expired")
+
+
+def line(custom_id, content, max_tokens=6, **body):
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "smollm2-135m", "max_tokens": max_tokens, "temperature": 0,
+                     "messages": [{"role": "user", "content": content}], **body}}
+
+
+def jsonl(lines) -> bytes:
+    return "".join(json.dumps(x) + "\n" for x in lines).encode()
+
+
+def upload(client, lines, name="input.jsonl"):
+    return client.files.create(file=(name, io.BytesIO(jsonl(lines))), purpose="batch")
+
+
+def poll(client, batch_id, until=TERMINAL, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in until:
+            return batch
+        time.sleep(0.1)
+    raise AssertionError(f"batch {batch_id} still {batch.status}")
+
+
+def records(client, file_id):
+    return [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x.strip()]
+
+
+def test_batch_runs_to_completion_with_output_and_error_files(api):
+    client = api.client()
+    lines = [line("capital", "What is the capital of France?", max_tokens=10),
+             line("bad", "Hello", temperature=9),
+             line("count", "Count to three.")]
+    f = upload(client, lines)
+    assert f.purpose == "batch" and f.bytes == len(jsonl(lines)) and f.filename == "input.jsonl"
+    assert client.files.retrieve(f.id).id == f.id
+    assert f.id in [x.id for x in client.files.list(purpose="batch").data]
+
+    batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h", metadata={"job": "test"})
+    assert batch.status in ("validating", "in_progress") and batch.metadata == {"job": "test"}
+    batch = poll(client, batch.id)
+    assert batch.status == "completed", batch
+    assert batch.request_counts.total == 3
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (2, 1)
+    assert batch.in_progress_at and batch.finalizing_at and batch.completed_at
+
+    out = records(client, batch.output_file_id)
+    assert [r["custom_id"] for r in out] == ["capital", "count"]  # input order
+    assert "Paris" in out[0]["response"]["body"]["choices"][0]["message"]["content"]
+    assert out[0]["response"]["status_code"] == 200
+    errs = records(client, batch.error_file_id)
+    assert [r["custom_id"] for r in errs] == ["bad"]
+    assert errs[0]["response"]["status_code"] == 400
+    assert client.files.retrieve(batch.output_file_id).purpose == "batch_output"
+
+    assert batch.id in [b.id for b in client.batches.list().data]
+    assert client.files.delete(f.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(f.id)
+    assert engine_idle(api.state.model.engine)
+
+
+def test_bad_batch_requests_are_refused(api):
+    client = api.client()
+    f = upload(client, [line("a", "Hi")])
+    with pytest.raises(openai.NotFoundError):
+        client.batches.create(input_file_id="file-nope", endpoint="/v1/chat/completions",
+                              completion_window="24h")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
+                              completion_window="24h")
+    assert e.value.body["param"] == "endpoint"
+    with pytest.raises(openai.BadRequestError):
+        client.files.create(file=("x.jsonl", io.BytesIO(b"{}\n")), purpose="fine-tune")
+    with pytest.raises(openai.NotFoundError):
+        client.batches.retrieve("batch_nope")
+
+
+def test_a_line_for_another_endpoint_fails_validation(api):
+    client = api.client()
+    other = dict(line("b", "Hi"), url="/v1/completions")
+    f = upload(client, [line("a", "Hi"), other])
+    batch = poll(client, client.batches.create(input_file_id=f.id, completion_window="24h",
+                                               endpoint="/v1/chat/completions").id)
+    assert batch.status == "failed" and batch.failed_at
+    assert batch.errors.data[0].line == 2 and batch.errors.data[0].code == "invalid_url"
+
+
+def test_cancel_keeps_what_finished_and_frees_the_engine(api):
+    client = api.client()
+    lines = [line(f"r{i}", f"Write a long story about the number {i}.", max_tokens=300)
+             for i in range(40)]
+    batch = client.batches.create(input_file_id=upload(client, lines).id,
+                                  endpoint="/v1/chat/completions", completion_window="24h")
+    poll(client, batch.id, until=("in_progress",) + TERMINAL)
+    cancelled = client.batches.cancel(batch.id)
+    assert cancelled.status in ("cancelling", "cancelled")
+    batch = poll(client, batch.id)
+    assert batch.status == "cancelled" and batch.cancelled_at
+    assert batch.request_counts.completed < 40
+    assert wait_for(lambda: engine_idle(api.state.model.engine), timeout=20)
+    with pytest.raises(openai.ConflictError):
+        client.batches.cancel(batch.id)
+
+
+def test_interactive_requests_run_while_a_batch_fills_the_engine(api):
+    client = api.client()
+    lines = [line(f"r{i}", f"Tell me a fact about the number {i}.", max_tokens=24)
+             for i in range(16)]
+    batch = client.batches.create(input_file_id=upload(client, lines).id,
+                                  endpoint="/v1/chat/completions", completion_window="24h")
+    poll(client, batch.id, until=("in_progress",) + TERMINAL)
+    r = client.chat.completions.create(model="smollm2-135m", max_tokens=8, temperature=0,
+                                       messages=[{"role": "user", "content": "Say hi."}])
+    assert r.choices[0].message.content
+    # The interactive answer did not wait for the whole batch.
+    assert client.batches.retrieve(batch.id).status in ("in_progress", "finalizing", "completed")
+    assert poll(client, batch.id).status == "completed"
