@@ -57,7 +57,10 @@ def run_config(state, input_path: Path, work_dir: Path):
                      defaults=state.config.defaults,
                      ignore_model_field=state.config.ignore_model_field,
                      max_in_flight=batch_in_flight(state), progress="none",
-                     commit_interval=0.5)  # request_counts follow commits: keep them fresh
+                     commit_interval=0.5,  # request_counts follow commits: keep them fresh
+                     chat_template=state.config.chat_template,
+                     tool_parser=state.config.tool_parser,
+                     reasoning_parser=state.config.reasoning_parser)
 
 
 def run_job(state, client: SyncEngineClient, config, stop, on_progress) -> dict:

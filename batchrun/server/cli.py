@@ -63,12 +63,19 @@ def _size(ctx, param, value):
               help="max_tokens for requests that leave it out [default: fill the context].")
 @click.option("--ignore-model-field", is_flag=True,
               help="Serve every request whatever its `model` field says.")
+@click.option("--chat-template", metavar="FILE", help="A Jinja chat template overriding the "
+              "model's (e.g. batchrun/openai/templates/chatml_tools.jinja, which renders tools).")
+@click.option("--tool-parser", help="How tool calls are read from the output (hermes, "
+              "llama3_json, mistral) [default: from the chat template's markers].")
+@click.option("--reasoning-parser", help="Move <think>...</think> into reasoning_content "
+              "[default: leave it in content].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 def serve(model, host, port, api_key, served_model_name, data_dir, max_num_seqs,
           max_batched_tokens, max_model_len, dtype, threads, kv_cache_memory, no_prefix_cache,
           max_queued_requests, max_body_size, max_upload_size, max_concurrent_batches,
-          temperature, max_tokens, ignore_model_field, log_level):
+          temperature, max_tokens, ignore_model_field, chat_template, tool_parser,
+          reasoning_parser, log_level):
     """Serve chat completions (JSON and SSE), models, files and batches over HTTP."""
     import uvicorn
 
@@ -84,15 +91,34 @@ def serve(model, host, port, api_key, served_model_name, data_dir, max_num_seqs,
                  "kv_cache_memory": kv_cache_memory}
     engine_config = EngineConfig.default(**{k: v for k, v in overrides.items() if v is not None})
     logging.getLogger().setLevel(log_level.upper())
+    template = _check_openai_options(chat_template, tool_parser, reasoning_parser)
     loaded = _load_model(model, engine_config)
     config = ServerConfig(
         data_dir=data_dir or default_data_dir(), api_key=api_key or None,
         served_model_name=served_model_name, max_body_bytes=max_body_size,
         max_upload_bytes=max_upload_size, max_queued_requests=max_queued_requests,
         max_concurrent_batches=max_concurrent_batches, ignore_model_field=ignore_model_field,
-        defaults=RequestDefaults(temperature=temperature, max_tokens=max_tokens))
+        defaults=RequestDefaults(temperature=temperature, max_tokens=max_tokens),
+        chat_template=template, tool_parser=tool_parser, reasoning_parser=reasoning_parser)
     state = ServerState(loaded, config)
     click.echo(f"serving {state.served_name} on http://{host}:{port} (data in {config.data_dir}"
                f"{', API key required' if config.api_key else ''})", err=True)
     uvicorn.run(create_app(state), host=host, port=port, log_level=log_level,
                 timeout_graceful_shutdown=5)
+
+
+def _check_openai_options(chat_template, tool_parser, reasoning_parser) -> str | None:
+    """The template text; a usage error (exit 2) for a missing file or an unknown parser."""
+    from batchrun.cli import ConfigError
+    from batchrun.openai.parsers import reasoning_parser as find_reasoning
+    from batchrun.openai.parsers import tool_parser as find_tool
+    from batchrun.openai.render import load_chat_template
+
+    try:
+        if tool_parser:
+            find_tool(tool_parser)
+        if reasoning_parser:
+            find_reasoning(reasoning_parser)
+        return load_chat_template(chat_template) if chat_template else None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(str(exc)) from exc
