@@ -1,0 +1,229 @@
+"""Load test: N concurrent streaming chat clients against `batchrun serve`, on loopback.
+
+    python -m batchrun.server.loadtest --clients 64 --max-tokens 32
+    python -m batchrun.server.loadtest --url http://127.0.0.1:8000 --api-key KEY
+    python -m batchrun.server.loadtest --workload ../shared/workloads/humaneval_chat.jsonl
+
+Without --url it starts a server in this process (the bundled model unless --model) on a free
+loopback port. Each client sends its requests one after another with stream=true; the figures
+are requests/s over the whole run, time to first token (request sent -> first content chunk)
+and inter-chunk latency percentiles, and the error count. Bounded: --timeout caps the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_PROMPTS = [
+    "What is the capital of France?", "Write a haiku about the sea.",
+    "Explain recursion in one sentence.", "List three prime numbers.",
+    "Give me a synonym for happy.", "What does HTTP stand for?",
+    "Name a famous painter.", "How many legs does a spider have?",
+]
+
+
+@dataclass
+class Result:
+    ok: bool
+    ttft: float | None = None
+    latency: float = 0.0
+    chunks: int = 0
+    itl: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def load_messages(path: str | None, limit: int) -> list[list[dict]]:
+    if path is None:
+        return [[{"role": "user", "content": p}] for p in DEFAULT_PROMPTS]
+    out = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                out.append(json.loads(line)["body"]["messages"])
+            if len(out) >= limit:
+                break
+    return out
+
+
+async def one_request(client, url: str, headers: dict, body: dict) -> Result:
+    start = time.perf_counter()
+    first = last = None
+    itl: list[float] = []
+    chunks = 0
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as r:
+            if r.status_code != 200:
+                return Result(False, error=f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    return Result(False, error=str(chunk["error"]))
+                if not any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+                    continue
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                else:
+                    itl.append(now - last)
+                last = now
+                chunks += 1
+    except Exception as exc:  # noqa: BLE001 - a load test counts every failure
+        return Result(False, error=f"{type(exc).__name__}: {exc}")
+    ttft = first - start if first is not None else None
+    return Result(True, ttft, time.perf_counter() - start, chunks, itl)
+
+
+async def run_load(base_url: str, clients: int = 64, requests_per_client: int = 1,
+                   max_tokens: int = 32, api_key: str | None = None,
+                   messages: list[list[dict]] | None = None, model: str | None = None,
+                   timeout: float = 600.0) -> dict[str, Any]:
+    """Run the load and return the summary (see format_summary)."""
+    import httpx
+
+    messages = messages or load_messages(None, 0)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    url = base_url.rstrip("/") + "/v1/chat/completions"
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
+        async def worker(w: int) -> list[Result]:
+            results = []
+            for k in range(requests_per_client):
+                i = w * requests_per_client + k
+                body = {"messages": messages[i % len(messages)], "max_tokens": max_tokens,
+                        "temperature": 0, "stream": True}
+                if model:
+                    body["model"] = model
+                results.append(await one_request(client, url, headers, body))
+            return results
+
+        start = time.perf_counter()
+        per_worker = await asyncio.wait_for(
+            asyncio.gather(*(worker(w) for w in range(clients))), timeout)
+        wall = time.perf_counter() - start
+    results = [r for rs in per_worker for r in rs]
+    ok = [r for r in results if r.ok]
+    ttfts = [r.ttft for r in ok if r.ttft is not None]
+    itls = [x for r in ok for x in r.itl]
+    return {
+        "clients": clients, "requests": len(results), "ok": len(ok),
+        "errors": len(results) - len(ok),
+        "first_errors": [r.error for r in results if not r.ok][:5],
+        "wall_s": wall, "requests_per_s": len(ok) / wall if wall else 0.0,
+        "content_chunks_per_s": sum(r.chunks for r in ok) / wall if wall else 0.0,
+        "ttft_s": {q: percentile(ttfts, int(q[1:])) for q in ("p50", "p90", "p99")},
+        "itl_s": {q: percentile(itls, int(q[1:])) for q in ("p50", "p90", "p99")},
+        "latency_s": {q: percentile([r.latency for r in ok], int(q[1:]))
+                      for q in ("p50", "p99")},
+    }
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    def ms(v):
+        return "-" if v is None else f"{v * 1000:.0f} ms"
+
+    t, i, lat = s["ttft_s"], s["itl_s"], s["latency_s"]
+    lines = [
+        f"{s['clients']} concurrent streaming clients, {s['requests']} requests: {s['ok']} ok, "
+        f"{s['errors']} errors in {s['wall_s']:.1f} s",
+        f"  {s['requests_per_s']:.2f} requests/s, {s['content_chunks_per_s']:.1f} content "
+        "chunks/s",
+        f"  TTFT p50 {ms(t['p50'])}, p90 {ms(t['p90'])}, p99 {ms(t['p99'])}",
+        f"  inter-chunk p50 {ms(i['p50'])}, p90 {ms(i['p90'])}, p99 {ms(i['p99'])}; "
+        f"request latency p50 {ms(lat['p50'])}, p99 {ms(lat['p99'])}",
+    ]
+    lines += [f"  error: {e}" for e in s["first_errors"]]
+    return "\n".join(lines)
+
+
+def _serve_in_process(args):
+    """Start the app on a free loopback port in a thread; returns (base_url, stop())."""
+    import socket
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    import uvicorn
+
+    from batchrun import llm
+    from batchrun.config import EngineConfig
+    from batchrun.server.app import create_app
+    from batchrun.server.state import ServerConfig, ServerState
+
+    overrides = {"max_num_seqs": args.max_num_seqs,
+                 "max_num_batched_tokens": args.max_batched_tokens}
+    config = EngineConfig.default(**{k: v for k, v in overrides.items() if v is not None})
+    model = llm.load(args.model, config)
+    state = ServerState(model, ServerConfig(data_dir=Path(tempfile.mkdtemp(prefix="loadtest-"))))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the server did not start")
+        time.sleep(0.05)
+
+    def stop():
+        server.should_exit = True
+        thread.join(30)
+
+    return f"http://127.0.0.1:{port}", stop
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", help="A running server [default: start one in this process].")
+    p.add_argument("--api-key")
+    p.add_argument("--model", help="Model to load for the in-process server (and to name in "
+                                   "requests to --url).")
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--requests-per-client", type=int, default=1)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--workload", help="OpenAI batch JSONL whose messages to send "
+                                      "[default: eight short questions].")
+    p.add_argument("--max-num-seqs", type=int, help="In-process server: engine max_num_seqs.")
+    p.add_argument("--max-batched-tokens", type=int, help="In-process server: token budget.")
+    p.add_argument("--timeout", type=float, default=600.0, help="Cap on the whole run (s).")
+    p.add_argument("--json", action="store_true", help="Print the summary as JSON.")
+    args = p.parse_args(argv)
+
+    stop = None
+    url = args.url
+    if url is None:
+        url, stop = _serve_in_process(args)
+    try:
+        messages = load_messages(args.workload, args.clients * args.requests_per_client)
+        summary = asyncio.run(run_load(url, args.clients, args.requests_per_client,
+                                       args.max_tokens, args.api_key, messages,
+                                       args.model if args.url else None, args.timeout))
+    finally:
+        if stop is not None:
+            stop()
+    print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
+    return 0 if summary["errors"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
