@@ -9,15 +9,16 @@ executor into one int32 bitmask, unpacked on the logits' device with tensor ops.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Protocol, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence
 
 from batchrun.engine.sampling_params import GrammarSpec
 
 # JSON is emitted in the canonical `json.dumps` style: a small model given free whitespace can
 # spend its whole token budget on newlines inside an object.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+if TYPE_CHECKING:  # torch is imported where masks are built: parsing batch lines needs none
+    import torch
 
 _tokenizers: dict[tuple[int, tuple[int, ...]], Any] = {}
 
@@ -92,6 +93,8 @@ class GrammarMatchers:
     def allowed(self, rows: Sequence[Row], vocab_size: int,
                 device: torch.device) -> tuple[list[int], torch.Tensor] | None:
         """(indices of constrained rows, bool [M, vocab_size] of the tokens each may take)."""
+        import torch
+
         idx = [i for i, r in enumerate(rows) if r.params.grammar is not None]
         if not idx:
             return None
