@@ -126,3 +126,18 @@ def test_bad_json_and_unknown_route(api):
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     r = httpx.get(api.base_url + "/nothing-here", headers=headers)
     assert r.status_code == 404 and "error" in r.json()
+
+
+def test_text_completions_with_two_prompts_stream_and_not(api):
+    client = api.client()
+    prompts = ["The capital of France is", "One, two, three,"]
+    r = client.completions.create(model="smollm2-135m", prompt=prompts, max_tokens=5,
+                                  temperature=0)
+    assert r.object == "text_completion" and [c.index for c in r.choices] == [0, 1]
+    assert 0 < r.usage.completion_tokens <= 10 and r.usage.prompt_tokens > 0
+    texts = {0: "", 1: ""}
+    for chunk in client.completions.create(model="smollm2-135m", prompt=prompts, max_tokens=5,
+                                           temperature=0, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == {c.index: c.text for c in r.choices}
