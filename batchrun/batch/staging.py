@@ -100,7 +100,7 @@ class Staging:
         if self.local:
             os.makedirs(self.root, exist_ok=True)
         data = json.dumps({"batchrun_staging": _FORMAT, **manifest}, indent=1).encode()
-        io.write_bytes_atomic(self._path(_MANIFEST), data, self.storage_options)
+        self._write_whole(_MANIFEST, data)
 
     def manifest(self) -> dict:
         with self._open(_MANIFEST) as f:
@@ -146,8 +146,7 @@ class Staging:
             chunks.append(f"{r.pos} {r.state} {r.text}\n")
         self._seq += 1
         name = f"part-{self.attempt:05d}-{self._seq:06d}.jsonl"
-        io.write_bytes_atomic(self._path(name), "".join(chunks).encode("utf-8"),
-                              self.storage_options)
+        self._write_whole(name, "".join(chunks).encode("utf-8"))
         return name
 
     # --- merge ------------------------------------------------------------------------------
@@ -209,6 +208,13 @@ class Staging:
         if self.local:
             return open(self._path(name), "rb", buffering=1 << 16)
         return self.fs.open(self._path(name), "rb", block_size=(1 << 16) if small else (1 << 20))
+
+    def _write_whole(self, name: str, data: bytes) -> None:
+        """Visible complete or not at all: fsync + rename locally, one PUT on an object store."""
+        if self.local:
+            io.write_bytes_atomic(self._path(name), data)
+        else:
+            self.fs.pipe_file(self._path(name), data)
 
     def _create(self, name: str) -> IO[bytes]:
         if self.local:

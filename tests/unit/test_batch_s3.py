@@ -1,0 +1,140 @@
+"""S3 round trips against a real S3 API on loopback (moto's server, started here)."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from batchrun.batch.job import StopRequest
+from batchrun.batch.runner import RunConfig, run_batch
+from tests.fake_engine import FakeEngine, fake_model
+
+pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = ROOT / "sample_data"
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
+               "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """(fs, storage_options) for a fresh moto S3 server on 127.0.0.1."""
+    old = {k: os.environ.get(k) for k in CREDENTIALS}
+    os.environ.update(CREDENTIALS)
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    options = {"endpoint_url": f"http://{host}:{port}"}
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+    fs.mkdir("bkt")
+    fs.put(str(SAMPLES / "chat.jsonl"), "bkt/in/chat.jsonl")
+    fs.put(str(SAMPLES / "malformed.jsonl"), "bkt/in/malformed.jsonl")
+    fs.put(str(SAMPLES / "chat.parquet"), "bkt/pq/chat.parquet")
+    fs.put(str(SAMPLES / "chat.jsonl.gz"), "bkt/gz/chat.jsonl.gz")
+    yield fs, options
+    server.stop()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def lines(fs, path):
+    fs.invalidate_cache()
+    return [json.loads(x) for x in fs.cat(path).decode().splitlines()]
+
+
+def config(options, inputs, output, **kw):
+    kw.setdefault("progress", "none")
+    return RunConfig(input=inputs, output=output, storage_options=options,
+                     ignore_model_field=True, **kw)
+
+
+def test_jsonl_glob_in_jsonl_out_on_s3(s3):
+    fs, options = s3
+    result = run_batch(fake_model(), config(options, "s3://bkt/in/*.jsonl", "s3://bkt/o1/out.jsonl"))
+    out = lines(fs, "bkt/o1/out.jsonl")
+    assert len(out) == 30 + 2 and out[0]["custom_id"] == "capital-france"
+    errors = lines(fs, "bkt/o1/out.errors.jsonl")
+    assert [e["error"]["line"] for e in errors] == [2, 3, 4, 5, 6, 7, 8]
+    assert errors[0]["error"]["message"].startswith("s3://bkt/in/malformed.jsonl: line 2")
+    metrics = json.loads(fs.cat("bkt/o1/out.metrics.json"))
+    assert metrics["requests"] == result["requests"] == {"total": 39, "ok": 32, "failed": 7}
+    fs.invalidate_cache()
+    assert sorted(fs.ls("bkt/o1")) == ["bkt/o1/out.errors.jsonl", "bkt/o1/out.jsonl",
+                                       "bkt/o1/out.metrics.json"]
+
+
+def test_parquet_in_parquet_out_on_s3(s3):
+    fs, options = s3
+    run_batch(fake_model(), config(options, "s3://bkt/pq/chat.parquet", "s3://bkt/o2/out.parquet"))
+    fs.invalidate_cache()
+    with fs.open("bkt/o2/out.parquet", "rb") as f:
+        rows = pq.read_table(f).to_pylist()
+    assert len(rows) == 30 and rows[0]["custom_id"] == "capital-france"
+    assert all(r["status_code"] == 200 and r["content"] for r in rows)
+
+
+def test_gzip_in_from_s3_parquet_out_locally(s3, tmp_path):
+    fs, options = s3
+    run_batch(fake_model(), config(options, "s3://bkt/gz/chat.jsonl.gz",
+                                   str(tmp_path / "out.parquet")))
+    assert pq.read_table(tmp_path / "out.parquet").num_rows == 30
+
+
+def test_resume_on_s3(s3):
+    fs, options = s3
+    stop = StopRequest()
+    calls = []
+
+    def on_progress(counts):
+        calls.append(counts)
+        if len(calls) == 2:
+            stop.set()
+    cfg = config(options, "s3://bkt/in/chat.jsonl", "s3://bkt/o3/out.jsonl", commit_every=4,
+                 max_in_flight=4, grace_period=0)
+    first = run_batch(fake_model(), cfg, stop=stop, on_progress=on_progress)
+    assert first["status"] == "interrupted"
+    fs.invalidate_cache()
+    parts = fs.glob("bkt/o3/out.jsonl.batchrun-staging/part-*.jsonl")
+    assert parts and not fs.exists("bkt/o3/out.jsonl")
+
+    engine = FakeEngine()
+    cfg.resume = True
+    second = run_batch(fake_model(engine), cfg)
+    done = first["requests"]["total"]
+    assert second["resumed"] == done and len(engine.added) == 30 - done
+    out = lines(fs, "bkt/o3/out.jsonl")
+    assert [o["custom_id"] for o in out] == [
+        json.loads(x)["custom_id"] for x in (SAMPLES / "chat.jsonl").read_text().splitlines()]
+    fs.invalidate_cache()
+    assert not fs.exists("bkt/o3/out.jsonl.batchrun-staging")
+
+
+def test_cli_with_storage_options(s3):
+    fs, options = s3
+    env = dict(os.environ, BATCHRUN_TEST_ENGINE="tests.fake_engine:load",
+               PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "batchrun", "run", "s3://bkt/in/chat.jsonl", "-o",
+         "s3://bkt/o4/out.jsonl", "--storage-options", json.dumps(options), "--quiet",
+         "--ignore-model-field"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert len(lines(fs, "bkt/o4/out.jsonl")) == 30
+    proc = subprocess.run(
+        [sys.executable, "-m", "batchrun", "validate", "s3://bkt/in/malformed.jsonl",
+         "--storage-options", json.dumps(options)], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=120)
+    assert proc.returncode == 3 and "9 lines: 2 valid, 7 invalid" in proc.stderr
