@@ -75,6 +75,24 @@ def size(path: str, storage_options: dict | None = None) -> int | None:
     return int(value) if value is not None else None
 
 
+def version(path: str, storage_options: dict | None = None) -> str | None:
+    """What changes when the file's content changes: mtime locally, the ETag or modification
+    time on a store; None where there is nothing (stdin)."""
+    if path == STDIO:
+        return None
+    if is_local(path):
+        return str(os.stat(local_path(path)).st_mtime_ns)
+    try:
+        fs, p = filesystem(path, storage_options)
+        info = fs.info(p)
+    except (OSError, NotImplementedError, ValueError):
+        return None
+    for key in ("ETag", "etag", "md5Hash", "mtime", "LastModified", "last_modified", "updated"):
+        if info.get(key) is not None:
+            return str(info[key])
+    return None
+
+
 def _has_glob(path: str) -> bool:
     return any(ch in path for ch in "*?[")
 

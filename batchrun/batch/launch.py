@@ -167,9 +167,14 @@ def execute(opts: RunOptions) -> int:
     engine_config = opts.engine_config()
     config = opts.run_config(engine_config.scheduler.max_num_seqs)
     try:
-        check_config(config)
+        result = check_config(config)
     except BatchConfigError as exc:
         raise UsageError(str(exc)) from exc
+    if result is not None:
+        if not opts.quiet:
+            click.echo(f"already completed: {config.output} holds this job's results over the "
+                       "same inputs (--restart runs it again)", err=True)
+        return _exit_code(result, opts)
 
     stop = StopRequest()
     with _Signals(stop):
@@ -199,6 +204,11 @@ def execute(opts: RunOptions) -> int:
                        "attempt.", err=True)
         click.echo(f"output: {config.output}; errors: {config.errors_path}; "
                    f"metrics: {config.metrics_path}", err=True)
+    return _exit_code(result, opts)
+
+
+def _exit_code(result: dict, opts: RunOptions) -> int:
+    requests = result["requests"]
     limit = opts.max_failed_fraction
     if limit is not None and requests["total"] and requests["failed"] / requests["total"] > limit:
         click.echo(f"error: {requests['failed']} of {requests['total']} lines failed, more than "

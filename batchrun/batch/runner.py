@@ -154,7 +154,7 @@ def _setup(config: RunConfig) -> tuple[list[Source], list[list]]:
         check_sources(sources, so, config.columns)
     except (FileNotFoundError, ValueError) as exc:
         raise BatchConfigError(str(exc)) from exc
-    return sources, [[s.path, io.size(s.path, so)] for s in sources]
+    return sources, [[s.path, io.size(s.path, so), io.version(s.path, so)] for s in sources]
 
 
 def _staging_conflict(staging: Staging, config: RunConfig, inputs: list[list]) -> bool:
@@ -170,9 +170,10 @@ def _staging_conflict(staging: Staging, config: RunConfig, inputs: list[list]) -
     return resume
 
 
-def check_config(config: RunConfig) -> None:
+def check_config(config: RunConfig) -> dict[str, Any] | None:
     """Every usage check run_batch makes, without changing anything: for the CLI to fail fast
-    before loading a model. Raises BatchConfigError."""
+    before loading a model. Raises BatchConfigError. Returns the metrics of an earlier run that
+    already completed this job (with resume), when there is nothing to do."""
     _, inputs = _setup(config)
     if config.staging_path:
         try:
@@ -180,6 +181,7 @@ def check_config(config: RunConfig) -> None:
                               inputs)
         except StagingError as exc:
             raise BatchConfigError(str(exc)) from exc
+    return _already_completed(config, inputs)
 
 
 def _open_staging(config: RunConfig, inputs: list[list]) -> tuple[Staging, Committed]:
@@ -198,6 +200,26 @@ def _open_staging(config: RunConfig, inputs: list[list]) -> tuple[Staging, Commi
     staging.remove()
     staging.create({"inputs": inputs, "output": config.output, "errors": config.errors_path})
     return staging, Committed()
+
+
+def _already_completed(config: RunConfig, inputs: list[list]) -> dict[str, Any] | None:
+    """With resume: the metrics of an earlier run that completed this job over the very same
+    inputs (path, size, version), so that rerunning a finished scheduled job does nothing."""
+    so = config.storage_options
+    if not config.resume or config.restart or not config.metrics_path or not config.staging_path:
+        return None
+    if Staging(config.staging_path, so).has_files():
+        return None
+    try:
+        old = io.read_json(config.metrics_path, so)
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(old, dict) or old.get("status") != "completed"
+            or old.get("input_fingerprint") != inputs or not io.exists(config.output, so)):
+        return None
+    log.info("this job already completed over the same inputs (%s); nothing to do "
+             "(--restart runs it again)", config.metrics_path)
+    return {**old, "already_completed": True}
 
 
 def _finalize(staging: Staging, config: RunConfig) -> dict[int, int]:
@@ -231,6 +253,12 @@ def run_batch(model: Any, config: RunConfig, stop: Any = None,
     """
     so = config.storage_options
     sources, inputs = _setup(config)
+    done = _already_completed(config, inputs)
+    if done is not None:
+        if on_progress is not None:
+            r = done["requests"]
+            on_progress(Counts(r["total"], r["ok"], r["failed"], r["total"]))
+        return done
     staging, committed = _open_staging(config, inputs)
 
     metrics = RunMetrics()
@@ -250,7 +278,6 @@ def run_batch(model: Any, config: RunConfig, stop: Any = None,
     merged = None
     if status == "completed" or config.merge_on_stop:
         merged = _finalize(staging, config)
-        staging.remove()
     elif config.staging_path is None:
         log.warning("the committed results are in %s; rerun with --staging %s --resume to "
                     "continue", staging.url, staging.url)
@@ -261,11 +288,16 @@ def run_batch(model: Any, config: RunConfig, stop: Any = None,
     result["requests"] = {"total": counts.done, "ok": counts.completed, "failed": counts.failed}
     result["resumed"] = counts.resumed
     result["this_run"] = {"ok": metrics.ok, "failed": metrics.failed}
+    result["input_fingerprint"] = inputs
     if merged is not None and sum(merged.values()) != counts.done:
         log.warning("the merged output has %d records for %d input lines",
                     sum(merged.values()), counts.done)
     if config.metrics_path:
         io.write_json(config.metrics_path, result, so)
+    if merged is not None:
+        # Last: while staging exists a rerun re-merges; once it is gone, the metrics file
+        # (written above) says the job is complete.
+        staging.remove()
     if on_progress is not None:
         on_progress(counts)
     return result

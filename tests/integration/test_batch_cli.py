@@ -159,6 +159,12 @@ max_tokens = 8
     assert table.column("custom_id").to_pylist() == ["a", "b"]
     assert (tmp_path / "out" / "2024-06-01" / "results.metrics.json").exists()
 
+    # A scheduler's rerun of a completed job does nothing (and says so); --restart redoes it.
+    proc = batchrun("job", spec, "--var", "date=2024-06-01")
+    assert proc.returncode == 0 and b"already completed" in proc.stderr
+    proc = batchrun("job", spec, "--var", "date=2024-06-01", "--restart")
+    assert proc.returncode == 0 and b"already completed" not in proc.stderr
+
     proc = batchrun("job", spec, "--dry-run")
     resolved = json.loads(proc.stdout)
     assert resolved["inputs"] == [str(tmp_path / "data" / "*.jsonl")]

@@ -238,3 +238,21 @@ def test_empty_input(tmp_path):
     assert result["requests"] == {"total": 0, "ok": 0, "failed": 0}
     assert (tmp_path / "out.jsonl").read_text() == ""
     assert (tmp_path / "out.errors.jsonl").read_text() == ""
+
+
+def test_resuming_a_completed_job_does_nothing_until_its_input_changes(tmp_path):
+    src = write_input(tmp_path, LINES[:6])
+    first = run_batch(fake_model(), config(tmp_path, src, resume=True))
+    assert first["status"] == "completed" and "already_completed" not in first
+    engine = FakeEngine()
+    again = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
+    assert engine.added == [] and again["already_completed"] is True
+    assert again["requests"] == first["requests"]
+
+    src.write_text("\n".join(LINES[:7]) + "\n")  # new input: the job runs again
+    engine = FakeEngine()
+    third = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
+    assert len(engine.added) == 7 and "already_completed" not in third
+    engine = FakeEngine()
+    run_batch(fake_model(engine), config(tmp_path, src, restart=True))
+    assert len(engine.added) == 7
