@@ -83,14 +83,16 @@ class FakeEngine:
         self.running.pop(request_id, None)
 
 
-def fake_model(engine=None):
+def fake_model(engine=None, name="fake-model"):
     """What batchrun.llm.load returns, around a fake engine (no torch needed)."""
     engine = engine or FakeEngine()
-    return SimpleNamespace(engine=engine, tokenizer=FakeTokenizer(), name="fake-model",
+    return SimpleNamespace(engine=engine, tokenizer=FakeTokenizer(), name=name,
                            aliases=("fm",), generation_defaults={},
                            max_model_len=engine.max_model_len)
 
 
 def load(model, engine_config):
-    """The CLI's model loader, for BATCHRUN_TEST_ENGINE."""
-    return fake_model(FakeEngine(step_s=float(os.environ.get("BATCHRUN_FAKE_STEP_S", "0"))))
+    """The CLI's model loader, for BATCHRUN_TEST_ENGINE: serves the name asked for (default:
+    the bundled model's), so files written for the real model run unchanged."""
+    engine = FakeEngine(step_s=float(os.environ.get("BATCHRUN_FAKE_STEP_S", "0")))
+    return fake_model(engine, name=model or "smollm2-135m")
