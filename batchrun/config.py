@@ -13,7 +13,7 @@ class CacheConfig:
     # Explicit block count (tests use it to force preemption); overrides kv_cache_memory.
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
-    # "auto" = the model dtype.
+    # "auto" = the model dtype; "float16" halves the KV bytes every decode step reads.
     kv_cache_dtype: str = "auto"
 
 
@@ -21,6 +21,9 @@ class CacheConfig:
 class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
+    # Admit waiting requests in prompt order, so shared prefixes run together (batch mode);
+    # False keeps arrival order (interactive serving).
+    group_by_prefix: bool = True
 
 
 @dataclass

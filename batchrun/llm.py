@@ -87,8 +87,10 @@ def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: 
     model_cfg = model.config
     max_model_len = min(config.max_model_len or model_cfg.max_position_embeddings,
                         model_cfg.max_position_embeddings)
-    num_blocks = kv_blocks_for(config, model_cfg, device, dtype, max_model_len)
-    return Engine(model, tokenizer, config, eos_token_ids, device, dtype, num_blocks, max_model_len)
+    kv_dtype = dtype if config.cache.kv_cache_dtype == "auto" else pick_dtype(config.cache.kv_cache_dtype, device)
+    num_blocks = kv_blocks_for(config, model_cfg, device, kv_dtype, max_model_len)
+    return Engine(model, tokenizer, config, eos_token_ids, device, dtype, num_blocks, max_model_len,
+                  kv_dtype=kv_dtype)
 
 
 def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.dtype):

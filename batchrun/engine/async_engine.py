@@ -372,6 +372,10 @@ class SyncEngineClient:
         return self.owner.engine.stats
 
     @property
+    def config(self):
+        return self.owner.engine.config
+
+    @property
     def kv(self):
         return self.owner.engine.kv
 

@@ -1,6 +1,7 @@
-"""Attention over the paged KV cache, in plain PyTorch.
+"""Attention over the paged KV cache.
 
-The KV cache of a layer is a flat tensor of slots [num_blocks * block_size, kv_heads, head_dim];
+Decode attention on the CPU runs a small C kernel that reads KV blocks in place (see
+kernels/); elsewhere, or without a compiler, it gathers the blocks and calls SDPA. The KV cache of a layer is a flat tensor of slots [num_blocks * block_size, kv_heads, head_dim];
 slot = block_id * block_size + offset. A step's tokens are laid out decode tokens first (one per
 sequence), then the prefill chunks. Decode attention is batched over sequences; each prefill
 chunk is one SDPA call with a causal mask offset by its cached context.
@@ -28,6 +29,11 @@ class AttentionMetadata:
     num_decode: int = 0
     decode_slots: torch.Tensor | None = None  # [B, L] slots to read per decode sequence (padded)
     decode_bias: torch.Tensor | None = None  # [B, 1, 1, L] 0 where valid, -inf on padding
+    # For the in-place CPU kernel instead of decode_slots/decode_bias:
+    decode_tables: torch.Tensor | None = None  # [B, max_blocks] int64 block tables
+    decode_lens: torch.Tensor | None = None  # [B] int64 context lengths
+    kernel: object = None  # the ctypes library
+    block_size: int = 16
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -40,7 +46,19 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
 
-    if meta.num_decode:
+    if meta.num_decode and meta.kernel is not None:
+        b = meta.num_decode
+        qd = q[:b].contiguous()
+        od = torch.empty_like(qd)
+        rc = meta.kernel.paged_decode_attention(
+            qd.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), meta.decode_tables.data_ptr(),
+            meta.decode_lens.data_ptr(), od.data_ptr(), b, num_heads, num_kv_heads, head_dim,
+            meta.block_size,
+            meta.decode_tables.shape[1], scale, int(k_cache.dtype == torch.float16),
+            torch.get_num_threads())
+        assert rc == 0, "paged_decode_attention failed"
+        out[:b] = od
+    elif meta.num_decode:
         b = meta.num_decode
         # The query heads of one KV group act as `group` query rows against that group's keys.
         qd = q[:b].view(b, num_kv_heads, group, head_dim)

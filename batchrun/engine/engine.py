@@ -57,7 +57,8 @@ class Engine:
     """
 
     def __init__(self, model, tokenizer, config: EngineConfig, eos_token_ids: Sequence[int],
-                 device: torch.device, dtype: torch.dtype, num_blocks: int, max_model_len: int):
+                 device: torch.device, dtype: torch.dtype, num_blocks: int, max_model_len: int,
+                 kv_dtype: torch.dtype | None = None):
         self.tokenizer = tokenizer
         self.config = config
         self.eos_token_ids = set(eos_token_ids)
@@ -65,7 +66,7 @@ class Engine:
         bs = config.cache.block_size
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
-        self.runner = ModelRunner(model, num_blocks, bs, device, dtype)
+        self.runner = ModelRunner(model, num_blocks, bs, device, dtype, kv_dtype)
         self.sampler = Sampler(device, tokenizer, self.eos_token_ids)
         self.groups: dict[str, Group] = {}
         self.stats = EngineStats(num_kv_blocks=num_blocks)

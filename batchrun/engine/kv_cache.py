@@ -70,6 +70,16 @@ class KVCacheManager:
         self._note_usage()
         return len(matched) * bs
 
+    def prompt_hashes(self, req: Request) -> list[bytes]:
+        """Chained hashes of the prompt's full blocks (computed once per request)."""
+        if req.prompt_hashes is None:
+            hashes: list[bytes] = []
+            tokens, bs = req.prompt_token_ids, self.block_size
+            for i in range(len(tokens) // bs):
+                hashes.append(block_hash(hashes[-1] if hashes else None, tokens[i * bs:(i + 1) * bs]))
+            req.prompt_hashes = hashes
+        return req.prompt_hashes
+
     def allocate(self, req: Request, num_tokens: int) -> bool:
         """Make req's block table cover num_tokens tokens; False (nothing taken) if the pool is short."""
         need = self.blocks_needed(num_tokens) - len(req.block_ids)

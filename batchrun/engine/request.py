@@ -35,6 +35,7 @@ class Request:
         self.num_cached_tokens = -1  # prefix-cache hits at first admission; -1 = not yet admitted
         self.block_ids: list[int] = []
         self.block_hashes: list[bytes] = []  # chained hashes of this request's full blocks
+        self.prompt_hashes: list[bytes] | None = None  # of the prompt's full blocks, when needed
         self.status = Status.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None

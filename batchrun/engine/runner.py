@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from batchrun.engine import kernels
 from batchrun.engine.attention import AttentionMetadata, PrefillChunk
 from batchrun.engine.request import Request
 
@@ -16,6 +17,9 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         self.dtype = dtype
+        kv_ok = (kv_dtype or dtype) in (torch.float32, torch.float16)
+        self.kernel = kernels.library() if device.type == "cpu" and dtype == torch.float32 and kv_ok \
+            else None
         shape = (num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
         kv_dtype = kv_dtype or dtype
         # torch.empty: pages are only touched (and counted in RSS) as blocks get used.
@@ -64,8 +68,12 @@ class ModelRunner:
                      + torch.tensor(starts, device=dev)[req_idx])
         slot_mapping = table[req_idx, positions // bs] * bs + positions % bs
 
-        meta = AttentionMetadata(slot_mapping=slot_mapping, num_decode=len(decodes))
-        if decodes:
+        meta = AttentionMetadata(slot_mapping=slot_mapping, num_decode=len(decodes),
+                                 kernel=self.kernel, block_size=bs)
+        if decodes and self.kernel is not None:
+            meta.decode_tables = table[:len(decodes)].contiguous()
+            meta.decode_lens = torch.tensor([starts[i] + 1 for i in range(len(decodes))])
+        elif decodes:
             ctx = torch.tensor([starts[i] + 1 for i in range(len(decodes))], device=dev)
             grid = torch.arange(int(ctx.max()), device=dev)[None, :]
             valid = grid < ctx[:, None]

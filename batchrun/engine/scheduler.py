@@ -12,12 +12,12 @@ request of the lowest priority first.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from batchrun.config import SchedulerConfig
 from batchrun.engine.kv_cache import KVCacheManager
 from batchrun.engine.request import Request, Status
+from batchrun.engine.waiting import WaitingQueue
 
 
 @dataclass
@@ -33,46 +33,11 @@ class ScheduledStep:
         return sum(n for _, n in self.work)
 
 
-class WaitingQueue:
-    """FIFO per priority level; the lowest priority value is served first."""
-
-    def __init__(self):
-        self.levels: dict[int, deque[Request]] = {}
-
-    def _level(self, priority: int) -> deque[Request]:
-        if priority not in self.levels:
-            self.levels[priority] = deque()
-            self.levels = dict(sorted(self.levels.items()))
-        return self.levels[priority]
-
-    def append(self, req: Request) -> None:
-        self._level(req.priority).append(req)
-
-    def appendleft(self, req: Request) -> None:
-        self._level(req.priority).appendleft(req)
-
-    def peek(self) -> Request:
-        return next(q for q in self.levels.values() if q)[0]
-
-    def popleft(self) -> Request:
-        return next(q for q in self.levels.values() if q).popleft()
-
-    def remove(self, req: Request) -> None:
-        self.levels[req.priority].remove(req)
-
-    def __contains__(self, req: Request) -> bool:
-        level = self.levels.get(req.priority)
-        return level is not None and req in level
-
-    def __len__(self) -> int:
-        return sum(map(len, self.levels.values()))
-
-
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
         self.config = config
         self.kv = kv
-        self.waiting = WaitingQueue()
+        self.waiting = WaitingQueue(config.group_by_prefix)
         self.running: list[Request] = []
         self.num_preemptions = 0
 
@@ -115,6 +80,7 @@ class Scheduler:
                 continue
             break  # req itself was preempted
 
+        in_flight: set[bytes] | None = None
         while len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.peek()
             if self.kv.blocks_needed(req.num_tokens) > self.kv.num_blocks:
@@ -123,6 +89,11 @@ class Scheduler:
                 continue
             if req.num_computed_tokens == 0:
                 cached = self.kv.match_prefix(req)
+                if in_flight is None:
+                    in_flight = self._blocks_in_flight()
+                if self._waits_for_prefix(req, cached, in_flight):
+                    self.kv.free_request(req)
+                    break
                 req.num_computed_tokens = cached
                 if req.num_cached_tokens < 0:
                     req.num_cached_tokens = cached
@@ -143,10 +114,32 @@ class Scheduler:
             self.waiting.popleft()
             req.status = Status.RUNNING
             self.running.append(req)
+            if in_flight is not None and self.kv.enable_prefix_caching:
+                in_flight.update(self.kv.prompt_hashes(req)[req.num_computed_tokens // self.kv.block_size:])
             scheduled.append(req)
             step.work.append((req, n))
             budget -= n
         return step
+
+    def _blocks_in_flight(self) -> set[bytes]:
+        """Hashes of prompt blocks that running requests are still prefilling."""
+        if not self.kv.enable_prefix_caching:
+            return set()
+        pending: set[bytes] = set()
+        bs = self.kv.block_size
+        for r in self.running:
+            if r.num_computed_tokens < r.num_prompt_tokens:
+                pending.update(self.kv.prompt_hashes(r)[r.num_computed_tokens // bs:])
+        return pending
+
+    def _waits_for_prefix(self, req: Request, cached: int, in_flight: set[bytes]) -> bool:
+        """True when req's next uncached block is being computed by a running request: admitting
+        it now would compute the shared prefix twice; a step or two later it is a cache hit."""
+        if not in_flight:
+            return False
+        hashes = self.kv.prompt_hashes(req)
+        k = cached // self.kv.block_size
+        return k < len(hashes) and hashes[k] in in_flight
 
     def _victim_index(self, first: int) -> int:
         """Among running requests not yet scheduled this step (index >= first): the newest of

@@ -156,7 +156,7 @@ def test_streaming_outputs_are_cumulative_and_hold_back_stop_prefixes(tmp_path):
 
 
 def test_priority_admits_interactive_work_first(tmp_path):
-    _, engine = tiny_engine("llama", tmp_path, max_num_seqs=1)
+    _, engine = tiny_engine("llama", tmp_path, max_num_seqs=1, group_by_prefix=False)
     p = prompts()
     for i in range(3):
         engine.add_request(f"batch{i}", p[i], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
@@ -227,3 +227,23 @@ def test_n_choices_under_kv_pressure(tmp_path):
         for choice in out.outputs:
             assert_greedy_match(choice.token_ids, r.outputs[0].token_ids, None, f"choice {choice.index}")
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_prefix_grouping_admits_shared_prefixes_together(tmp_path):
+    gen = torch.Generator().manual_seed(5)
+    prefixes = [torch.randint(3, 512, (48,), generator=gen).tolist() for _ in range(3)]
+    reqs = [prefixes[i % 3] + torch.randint(3, 512, (5,), generator=gen).tolist() for i in range(12)]
+    _, engine = tiny_engine("llama", tmp_path, max_num_seqs=2, num_blocks=40)
+    outs = engine.generate(reqs, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    order = sorted(range(12), key=lambda i: outs[i].metrics.first_scheduled_time)
+    assert sum(1 for a, b in zip(order, order[1:]) if a % 3 != b % 3) == 2  # one run per prefix
+    # Only the first request of each prefix computes it, even those admitted in the same step.
+    assert sorted(o.num_cached_tokens for o in outs) == [0] * 3 + [48] * 9
+
+
+def test_same_prefix_submitted_together_is_computed_once(tmp_path):
+    _, engine = tiny_engine("llama", tmp_path, max_num_batched_tokens=16)
+    shared = prompts()[4]  # 64 tokens: four 16-token chunks
+    outs = engine.generate([shared + [7], shared + [8], shared + [9]], GREEDY)
+    assert [o.num_cached_tokens for o in outs] == [0, 64, 64]
+    assert engine.stats.prefill_tokens == 65 + 1 + 1
