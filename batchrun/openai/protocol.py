@@ -105,7 +105,7 @@ def _from_validation_error(exc: ValidationError, prefix: str) -> RequestError:
     """The first problem, named by its dotted path (body.messages.0.role)."""
     first = exc.errors(include_url=False)[0]
     # Tagged union members show up in loc as "str"/"list"; they mean nothing to a user.
-    loc = [str(p) for p in first["loc"] if p not in ("str", "list")]
+    loc = [str(p) for p in first["loc"] if p not in ("str", "list", "strs", "ids", "ids_list")]
     path = ".".join([prefix] + loc if prefix else loc) or "(root)"
     msg = first["msg"]
     msg = msg.removeprefix("Value error, ")
