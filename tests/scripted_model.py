@@ -48,8 +48,9 @@ class ScriptedModel(torch.nn.Module):
 
 def scripted_model(tokenizer, name: str = "scripted") -> LoadedModel:
     model = ScriptedModel(len(tokenizer))
-    engine = build_engine(model, tokenizer, EngineConfig.default(num_blocks=512, device="cpu"),
-                          [EOS], torch.device("cpu"), torch.float32)
+    config = EngineConfig.default(num_blocks=512)
+    config.device.device = "cpu"
+    engine = build_engine(model, tokenizer, config, [EOS], torch.device("cpu"), torch.float32)
     return LoadedModel(engine, tokenizer, name, (), {})
 
 
