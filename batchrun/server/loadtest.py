@@ -94,7 +94,7 @@ async def one_request(client, url: str, headers: dict, body: dict) -> Result:
 async def run_load(base_url: str, clients: int = 64, requests_per_client: int = 1,
                    max_tokens: int = 32, api_key: str | None = None,
                    messages: list[list[dict]] | None = None, model: str | None = None,
-                   timeout: float = 600.0) -> dict[str, Any]:
+                   timeout: float = 600.0, ignore_eos: bool = False) -> dict[str, Any]:
     """Run the load and return the summary (see format_summary)."""
     import httpx
 
@@ -112,6 +112,8 @@ async def run_load(base_url: str, clients: int = 64, requests_per_client: int = 
                         "temperature": 0, "stream": True}
                 if model:
                     body["model"] = model
+                if ignore_eos:  # every request generates exactly max_tokens
+                    body["ignore_eos"] = True
                 results.append(await one_request(client, url, headers, body))
             return results
 
@@ -205,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
                                       "[default: eight short questions].")
     p.add_argument("--max-num-seqs", type=int, help="In-process server: engine max_num_seqs.")
     p.add_argument("--max-batched-tokens", type=int, help="In-process server: token budget.")
+    p.add_argument("--warmup", type=int, default=1, help="Unmeasured rounds first (each: every "
+                   "client sends one request of 16 tokens) so the figures are of a warm server.")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="Generate exactly --max-tokens per request.")
     p.add_argument("--timeout", type=float, default=600.0, help="Cap on the whole run (s).")
     p.add_argument("--json", action="store_true", help="Print the summary as JSON.")
     args = p.parse_args(argv)
@@ -215,9 +221,13 @@ def main(argv: list[str] | None = None) -> int:
         url, stop = _serve_in_process(args)
     try:
         messages = load_messages(args.workload, args.clients * args.requests_per_client)
+        for _ in range(args.warmup):
+            asyncio.run(run_load(url, args.clients, 1, 16, args.api_key, messages,
+                                 args.model if args.url else None, args.timeout, True))
         summary = asyncio.run(run_load(url, args.clients, args.requests_per_client,
                                        args.max_tokens, args.api_key, messages,
-                                       args.model if args.url else None, args.timeout))
+                                       args.model if args.url else None, args.timeout,
+                                       args.ignore_eos))
     finally:
         if stop is not None:
             stop()
