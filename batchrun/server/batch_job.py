@@ -63,19 +63,27 @@ def run_config(state, input_path: Path, work_dir: Path):
                      reasoning_parser=state.config.reasoning_parser)
 
 
-def run_job(state, client: SyncEngineClient, config, stop, on_progress) -> dict:
+def worker_model(state):
+    """The model as one batch worker hands it to the runner: the served name, and an engine
+    slot that run_job fills with each batch's client. One per worker (not per batch) because
+    the OpenAI adapter is cached per model object."""
+    return dataclasses.replace(state.model, name=state.served_name, aliases=state.model_aliases)
+
+
+def run_job(model, client: SyncEngineClient, config, stop, on_progress) -> dict:
     """Run one batch on `client` (see batchrun.batch.runner.run_batch for stop / on_progress);
     returns the runner's summary: status "completed" or "interrupted"."""
     from batchrun.batch.runner import run_batch
 
     Path(config.output).parent.mkdir(parents=True, exist_ok=True)
-    model = dataclasses.replace(state.model, engine=client, name=state.served_name,
-                                aliases=state.model_aliases)
+    model.engine = client
     return run_batch(model, config, stop=stop, on_progress=on_progress)
 
 
-def count_records(path: Path) -> int:
+def committed_summary(work_dir: Path) -> dict | None:
+    """The summary of a run that finished merging before the server stopped, if any."""
+    path = work_dir / "metrics.json"
     if not path.exists():
-        return 0
-    with open(path, "rb") as f:
-        return sum(1 for line in f if line.strip())
+        return None
+    summary = json.loads(path.read_text())
+    return summary if summary.get("status") == "completed" else None

@@ -169,23 +169,32 @@ class BatchManager:
         write_json_atomic(self.root / f"{obj['id']}.json", obj)
 
     def _work(self) -> None:
+        from batchrun.server.batch_job import worker_model
+
+        model = worker_model(self.state)
         while True:
             batch_id = self._queue.get()
             if batch_id is None or self._stopping.is_set():
                 return
             try:
-                self._run(batch_id)
+                self._run(batch_id, model)
             except Exception as exc:  # a bug here must not kill the worker or leave it running
                 log.exception("batch %s failed", batch_id)
                 self._fail(batch_id, "internal_error", f"the batch failed: {exc}")
 
-    def _run(self, batch_id: str) -> None:
-        from batchrun.server.batch_job import run_config, validate_input
+    def _run(self, batch_id: str, model) -> None:
+        from batchrun.server.batch_job import committed_summary, run_config, validate_input
 
         obj = self.get(batch_id)
+        work_dir = self.root / batch_id
         if obj["status"] == "cancelling":
             self._set(batch_id, status="cancelled", cancelled_at=_now())
             return
+        if obj["status"] == "finalizing":  # stopped between the runner's merge and our bookkeeping
+            summary = committed_summary(work_dir)
+            if summary is not None:
+                self._finalize(batch_id, work_dir, summary)
+                return
         try:
             input_path = self.state.files.path(obj["input_file_id"])
         except APIError:
@@ -200,7 +209,6 @@ class BatchManager:
                       errors={"object": "list", "data": errors[:MAX_ERRORS_LISTED]})
             return
 
-        work_dir = self.root / batch_id
         running = _Running(self.state.engine.sync_client(BATCH_PRIORITY),
                            run_config(self.state, input_path, work_dir))
         with self._lock:
@@ -216,7 +224,7 @@ class BatchManager:
             self._set(batch_id, status="cancelled", cancelled_at=_now())
             return
         try:
-            summary = running.run(self.state)
+            summary = running.run(model)
         except EngineDeadError as exc:
             if not self._stopping.is_set():
                 self._fail(batch_id, "engine_error", str(exc))
@@ -268,13 +276,13 @@ class _Running:
         self.stop = StopRequest()
         self.counts = None  # batchrun.batch.progress.Counts, once the runner reports
 
-    def run(self, state) -> dict:
+    def run(self, model) -> dict:
         from batchrun.server.batch_job import run_job
 
         def progress(counts) -> None:
             self.counts = counts
 
-        return run_job(state, self.client, self.config, self.stop, progress)
+        return run_job(model, self.client, self.config, self.stop, progress)
 
     def interrupt(self, keep_results: bool) -> None:
         """Stop now, dropping in-flight requests. keep_results (a cancel) merges what finished
