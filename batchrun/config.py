@@ -31,6 +31,7 @@ class DeviceConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16
     threads: int | None = None  # torch intra-op threads on CPU; None = all cores
+    cuda_graphs: bool = True  # capture decode steps in CUDA graphs (CUDA only)
 
 
 @dataclass
@@ -45,8 +46,9 @@ class EngineConfig:
     def default(cls, **overrides) -> "EngineConfig":
         cfg = cls(CacheConfig(), SchedulerConfig(), DeviceConfig())
         for key, value in overrides.items():
-            for part in (cfg, cfg.cache, cfg.scheduler, cfg.device):
-                if hasattr(part, key):
+            # Sub-configs first: EngineConfig's own `device` is the DeviceConfig, not a device name.
+            for part in (cfg.cache, cfg.scheduler, cfg.device, cfg):
+                if hasattr(part, key) and key not in ("cache", "scheduler"):
                     setattr(part, key, value)
                     break
             else:

@@ -32,7 +32,8 @@ class AttentionMetadata:
     # For the in-place CPU kernel instead of decode_slots/decode_bias:
     decode_tables: torch.Tensor | None = None  # [B, max_blocks] int64 block tables
     decode_lens: torch.Tensor | None = None  # [B] int64 context lengths
-    kernel: object = None  # the ctypes library
+    kernel: object = None  # the ctypes library (CPU)
+    triton: bool = False  # use the Triton kernel (CUDA)
     block_size: int = 16
     prefills: list[PrefillChunk] = field(default_factory=list)
 
@@ -58,6 +59,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
             torch.get_num_threads())
         assert rc == 0, "paged_decode_attention failed"
         out[:b] = od
+    elif meta.num_decode and meta.triton:
+        from batchrun.engine.kernels.triton_decode import paged_decode_attention
+
+        b = meta.num_decode
+        out[:b] = paged_decode_attention(q[:b].contiguous(), k_cache, v_cache, meta.decode_tables,
+                                         meta.decode_lens, meta.block_size, scale)
     elif meta.num_decode:
         b = meta.num_decode
         # The query heads of one KV group act as `group` query rows against that group's keys.

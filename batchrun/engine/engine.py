@@ -66,7 +66,9 @@ class Engine:
         bs = config.cache.block_size
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
-        self.runner = ModelRunner(model, num_blocks, bs, device, dtype, kv_dtype)
+        self.runner = ModelRunner(model, num_blocks, bs, device, dtype, kv_dtype,
+                                  config.scheduler.max_num_seqs, max_model_len,
+                                  cuda_graphs=config.device.cuda_graphs)
         self.sampler = Sampler(device, tokenizer, self.eos_token_ids)
         self.groups: dict[str, Group] = {}
         self.stats = EngineStats(num_kv_blocks=num_blocks)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+import importlib.util
+
 from batchrun.engine import kernels
 from batchrun.engine.attention import AttentionMetadata, PrefillChunk
 from batchrun.engine.request import Request
@@ -11,7 +13,8 @@ from batchrun.engine.request import Request
 
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, device: torch.device,
-                 dtype: torch.dtype, kv_dtype: torch.dtype | None = None):
+                 dtype: torch.dtype, kv_dtype: torch.dtype | None = None, max_num_seqs: int = 64,
+                 max_model_len: int = 2048, cuda_graphs: bool = True):
         cfg = model.config
         self.model = model
         self.device = device
@@ -20,12 +23,21 @@ class ModelRunner:
         kv_ok = (kv_dtype or dtype) in (torch.float32, torch.float16)
         self.kernel = kernels.library() if device.type == "cpu" and dtype == torch.float32 and kv_ok \
             else None
-        shape = (num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.triton = device.type == "cuda" and importlib.util.find_spec("triton") is not None
+        # One block more than the pool hands out: padding rows of CUDA graphs write into it.
+        shape = ((num_blocks + 1) * block_size, cfg.num_kv_heads, cfg.head_dim)
         kv_dtype = kv_dtype or dtype
         # torch.empty: pages are only touched (and counted in RSS) as blocks get used.
         self.kv_caches = [(torch.empty(shape, dtype=kv_dtype, device=device),
                            torch.empty(shape, dtype=kv_dtype, device=device))
                           for _ in range(cfg.num_layers)]
+        self.graphs = None
+        if self.triton and cuda_graphs:
+            from batchrun.engine.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(model, self.kv_caches, max_num_seqs,
+                                       -(-max_model_len // block_size), block_size,
+                                       num_blocks * block_size, device)
 
     @torch.inference_mode()
     def copy_block(self, src: int, dst: int) -> None:
@@ -70,9 +82,14 @@ class ModelRunner:
 
         meta = AttentionMetadata(slot_mapping=slot_mapping, num_decode=len(decodes),
                                  kernel=self.kernel, block_size=bs)
-        if decodes and self.kernel is not None:
+        if decodes and (self.kernel is not None or self.triton):
             meta.decode_tables = table[:len(decodes)].contiguous()
-            meta.decode_lens = torch.tensor([starts[i] + 1 for i in range(len(decodes))])
+            meta.decode_lens = torch.tensor([starts[i] + 1 for i in range(len(decodes))], device=dev)
+            meta.triton = self.triton
+            if self.graphs is not None and not prefills and len(decodes) <= self.graphs.max_batch:
+                logits = self.graphs.run(torch.tensor(tokens, device=dev), positions, slot_mapping,
+                                         meta.decode_tables, meta.decode_lens)
+                return logits, samplers
         elif decodes:
             ctx = torch.tensor([starts[i] + 1 for i in range(len(decodes))], device=dev)
             grid = torch.arange(int(ctx.max()), device=dev)[None, :]
