@@ -32,7 +32,7 @@ class FakeEngine:
 
     max_model_len = 400
 
-    def __init__(self, fail_on_step=None, step_s=0.0):
+    def __init__(self, fail_on_step=None, step_s=0.0, record=True):
         self.running = {}
         self.added = []
         self.aborted = []
@@ -42,11 +42,12 @@ class FakeEngine:
         self.fail_on_step = fail_on_step
         self.step_s = step_s
         self.stats = {"preemptions": 0, "steps": 0}
-
+        self.record = record  # keep what was added (tests look); off for long runs
     def add_request(self, request_id, prompt_token_ids, params, arrival_time=None):
         if len(prompt_token_ids) >= self.max_model_len:
             raise PromptTooLongError("prompt too long")
-        self.added.append((request_id, list(prompt_token_ids), params))
+        if self.record:
+            self.added.append((request_id, list(prompt_token_ids), params))
         self.running[request_id] = [list(prompt_token_ids), params, 0, float(self.steps)]
         self.peak_in_flight = max(self.peak_in_flight, len(self.running))
 
@@ -63,7 +64,8 @@ class FakeEngine:
             prompt, params, generated, arrival = state
             if generated >= params.max_tokens:
                 del self.running[rid]
-                self.added_when_finished[rid] = len(self.added)
+                if self.record:
+                    self.added_when_finished[rid] = len(self.added)
                 error = "too big for the KV cache" if "KVFAIL" in bytes(prompt).decode() else None
                 done.append(RequestOutput(
                     rid, prompt, [CompletionOutput(0, f"echo {len(prompt)}", [7] * generated,
@@ -94,5 +96,5 @@ def fake_model(engine=None, name="fake-model"):
 def load(model, engine_config):
     """The CLI's model loader, for BATCHRUN_TEST_ENGINE: serves the name asked for (default:
     the bundled model's), so files written for the real model run unchanged."""
-    engine = FakeEngine(step_s=float(os.environ.get("BATCHRUN_FAKE_STEP_S", "0")))
+    engine = FakeEngine(step_s=float(os.environ.get("BATCHRUN_FAKE_STEP_S", "0")), record=False)
     return fake_model(engine, name=model or "smollm2-135m")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
 from typing import Any
 
@@ -33,6 +34,25 @@ def _plain(stats: Any) -> Any:
     return {k: v for k, v in vars(stats).items() if not k.startswith("_")}
 
 
+class Reservoir:
+    """A uniform sample of at most `size` values (Algorithm R): percentiles over millions of
+    requests at constant memory; exact while fewer than `size` values came."""
+
+    def __init__(self, size: int = 10_000, seed: int = 0):
+        self.size, self.seen = size, 0
+        self.values: list[float] = []
+        self._rng = random.Random(seed)
+
+    def add(self, value: float) -> None:
+        self.seen += 1
+        if len(self.values) < self.size:
+            self.values.append(value)
+        else:
+            i = self._rng.randrange(self.seen)
+            if i < self.size:
+                self.values[i] = value
+
+
 class RunMetrics:
     def __init__(self) -> None:
         self.start = time.perf_counter()
@@ -41,7 +61,7 @@ class RunMetrics:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.cached_tokens = 0
-        self.ttfts: list[float] = []
+        self.ttfts = Reservoir()
 
     @property
     def done(self) -> int:
@@ -57,7 +77,7 @@ class RunMetrics:
         self.cached_tokens += output.num_cached_tokens
         m = output.metrics
         if m is not None and m.first_token_time is not None:
-            self.ttfts.append(m.first_token_time - m.arrival_time)
+            self.ttfts.add(m.first_token_time - m.arrival_time)
 
     def record_failed(self) -> None:
         self.failed += 1
@@ -76,7 +96,8 @@ class RunMetrics:
             "requests_per_s": per_s(self.done),
             "output_tokens_per_s": per_s(self.completion_tokens),
             "total_tokens_per_s": per_s(self.prompt_tokens + self.completion_tokens),
-            "ttft_s": {"p50": percentile(self.ttfts, 50), "p90": percentile(self.ttfts, 90)},
+            "ttft_s": {"p50": percentile(self.ttfts.values, 50),
+                      "p90": percentile(self.ttfts.values, 90)},
         }
         stats = _plain(getattr(engine, "stats", None))
         if stats is not None:
