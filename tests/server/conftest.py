@@ -83,4 +83,5 @@ def wait_for(predicate, timeout=30.0, interval=0.02):
 
 
 def engine_idle(engine) -> bool:
-    return not engine.has_unfinished_requests() and engine.kv.num_free_blocks == engine.kv.num_blocks
+    return (not engine.has_unfinished_requests()
+            and engine.kv.num_free_blocks == engine.kv.num_blocks)

@@ -82,7 +82,8 @@ def test_queue_bound_and_engine_refusals(ae):
 
 def test_sync_client_runs_next_to_async_requests(ae):
     client = ae.sync_client()
-    client.add_request("b1", [7, 8, 9], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    client.add_request("b1", [7, 8, 9],
+                       SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
     client.add_request("b2", list(range(3, 300)), LONG)  # refused by the engine: a failed output
     outs = {}
     while client.has_unfinished_requests():
@@ -95,7 +96,8 @@ def test_sync_client_runs_next_to_async_requests(ae):
 
 def test_sync_client_wake_unblocks_step(ae):
     client = ae.sync_client()
-    client.add_request("b", [7, 8, 9], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    client.add_request("b", [7, 8, 9],
+                       SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
     threading.Timer(0.2, client.wake).start()
     assert client.step(timeout=30) == []  # woken before the request finished
     assert client.has_unfinished_requests()

@@ -48,7 +48,8 @@ def test_streamed_reasoning_then_tool_call(tools_api):
     assert calls[0].id.startswith("call_") and calls[0].function.name == "get_weather"
     args = "".join(tc.function.arguments or "" for tc in calls if tc.function)
     assert json.loads(args) == {"city": "Paris"}
-    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finishes = [c.choices[0].finish_reason for c in chunks
+                if c.choices and c.choices[0].finish_reason]
     assert finishes == ["tool_calls"]
     usage = chunks[-1].usage
     assert usage.completion_tokens_details.reasoning_tokens > 0
