@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from batchrun.engine.engine import Engine
 from batchrun.engine.outputs import CompletionOutput, RequestOutput
@@ -145,14 +144,6 @@ class RequestStream:
         self.close()
 
 
-class _SyncSink:
-    def __init__(self, q: "queue.Queue"):
-        self.queue = q
-
-    def push(self, item: RequestOutput | BaseException) -> None:  # on the engine thread
-        self.queue.put(item)
-
-
 class AsyncEngine:
     def __init__(self, engine: Engine, max_queued: int | None = None,
                  on_finished: Callable[[RequestOutput, str], None] | None = None):
@@ -166,7 +157,7 @@ class AsyncEngine:
         self.dead: BaseException | None = None
         self._inbox: deque[tuple] = deque()
         self._cv = threading.Condition()
-        self._sinks: dict[str, _AsyncSink | _SyncSink] = {}  # engine thread only
+        self._sinks: dict[str, Any] = {}  # request id -> its sink; engine thread only
         self._num_async = 0  # async requests not yet finished; event loop side
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -232,7 +223,10 @@ class AsyncEngine:
 
     # --- the engine-shaped blocking client --------------------------------------------------------
 
-    def sync_client(self, priority: int = BATCH_PRIORITY) -> "SyncEngineClient":
+    def sync_client(self, priority: int = BATCH_PRIORITY):
+        """A blocking, engine-shaped client (batchrun.engine.sync_client.SyncEngineClient)."""
+        from batchrun.engine.sync_client import SyncEngineClient
+
         return SyncEngineClient(self, priority)
 
     # --- the engine thread ----------------------------------------------------------------------
@@ -348,78 +342,3 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
         loop.call_soon_threadsafe(fn, *args)
     except RuntimeError:  # the loop is closed: its readers are gone
         pass
-
-
-class SyncEngineClient:
-    """The part of Engine's interface the batch runner uses, for a thread of its own while the
-    AsyncEngine's thread drives the real engine. step() blocks until one of this client's
-    requests has output, or until wake() (then it returns nothing, so the runner's loop gets to
-    look at its stop flag)."""
-
-    def __init__(self, owner: AsyncEngine, priority: int):
-        self.owner = owner
-        self.priority = priority
-        self.tokenizer = owner.engine.tokenizer
-        self.max_model_len = owner.engine.max_model_len
-        self._queue: queue.Queue = queue.Queue()
-        self._sink = _SyncSink(self._queue)
-        self._open: set[str] = set()
-        self.num_ok = 0
-        self.num_failed = 0
-
-    @property
-    def stats(self):
-        return self.owner.engine.stats
-
-    @property
-    def config(self):
-        return self.owner.engine.config
-
-    @property
-    def kv(self):
-        return self.owner.engine.kv
-
-    def wake(self) -> None:
-        self._queue.put(None)
-
-    def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
-                    params: SamplingParams, arrival_time: float | None = None,
-                    stream: bool = False, priority: int | None = None) -> None:
-        self.owner.check_alive()
-        self._open.add(request_id)
-        self.owner._submit(("add", request_id, list(prompt_token_ids), params, stream,
-                            self.priority if priority is None else priority, self._sink))
-
-    def abort_request(self, request_id: str) -> None:
-        if request_id in self._open:
-            self._open.discard(request_id)
-            self.owner.abort(request_id)
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self._open)
-
-    def num_unfinished_requests(self) -> int:
-        return len(self._open)
-
-    def step(self, timeout: float | None = None) -> list[RequestOutput]:
-        """Outputs of this client's requests: blocks for the first, then takes what is queued."""
-        items = [self._queue.get(timeout=timeout)]
-        while True:
-            try:
-                items.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        outputs = []
-        for item in items:
-            if item is None:
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            if item.finished:
-                self._open.discard(item.request_id)
-                if item.error or any(c.finish_reason == "abort" for c in item.outputs):
-                    self.num_failed += 1
-                else:
-                    self.num_ok += 1
-            outputs.append(item)
-        return outputs

@@ -11,7 +11,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from batchrun.engine.async_engine import SyncEngineClient
+from batchrun.engine.sync_client import SyncEngineClient
 
 
 def validate_input(path: Path, endpoint: str) -> tuple[int, list[dict]]:

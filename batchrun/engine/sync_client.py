@@ -1,0 +1,96 @@
+"""A blocking, engine-shaped client of an AsyncEngine, for a thread that drives its own loop
+(the batch runner inside the server)."""
+
+from __future__ import annotations
+
+import queue
+from typing import TYPE_CHECKING, Sequence
+
+from batchrun.engine.outputs import RequestOutput
+from batchrun.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from batchrun.engine.async_engine import AsyncEngine
+
+
+class _SyncSink:
+    def __init__(self, q: "queue.Queue"):
+        self.queue = q
+
+    def push(self, item: RequestOutput | BaseException) -> None:  # on the engine thread
+        self.queue.put(item)
+
+
+class SyncEngineClient:
+    """The part of Engine's interface the batch runner uses, for a thread of its own while the
+    AsyncEngine's thread drives the real engine. step() blocks until one of this client's
+    requests has output, or until wake() (then it returns nothing, so the runner's loop gets to
+    look at its stop flag)."""
+
+    def __init__(self, owner: "AsyncEngine", priority: int):
+        self.owner = owner
+        self.priority = priority
+        self.tokenizer = owner.engine.tokenizer
+        self.max_model_len = owner.engine.max_model_len
+        self._queue: queue.Queue = queue.Queue()
+        self._sink = _SyncSink(self._queue)
+        self._open: set[str] = set()
+        self.num_ok = 0
+        self.num_failed = 0
+
+    @property
+    def stats(self):
+        return self.owner.engine.stats
+
+    @property
+    def config(self):
+        return self.owner.engine.config
+
+    @property
+    def kv(self):
+        return self.owner.engine.kv
+
+    def wake(self) -> None:
+        self._queue.put(None)
+
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
+                    params: SamplingParams, arrival_time: float | None = None,
+                    stream: bool = False, priority: int | None = None) -> None:
+        self.owner.check_alive()
+        self._open.add(request_id)
+        self.owner._submit(("add", request_id, list(prompt_token_ids), params, stream,
+                            self.priority if priority is None else priority, self._sink))
+
+    def abort_request(self, request_id: str) -> None:
+        if request_id in self._open:
+            self._open.discard(request_id)
+            self.owner.abort(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._open)
+
+    def num_unfinished_requests(self) -> int:
+        return len(self._open)
+
+    def step(self, timeout: float | None = None) -> list[RequestOutput]:
+        """Outputs of this client's requests: blocks for the first, then takes what is queued."""
+        items = [self._queue.get(timeout=timeout)]
+        while True:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        outputs = []
+        for item in items:
+            if item is None:
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            if item.finished:
+                self._open.discard(item.request_id)
+                if item.error or any(c.finish_reason == "abort" for c in item.outputs):
+                    self.num_failed += 1
+                else:
+                    self.num_ok += 1
+            outputs.append(item)
+        return outputs
