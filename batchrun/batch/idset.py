@@ -6,23 +6,28 @@ import hashlib
 
 import numpy as np
 
-_MIN_BUFFER = 1 << 15
+_MIN_BUFFER = 1 << 14
+_BUCKETS = 256
 
 
 class IdSet:
-    """Keeps 128-bit BLAKE2b digests of the ids (a collision needs ~10^19 ids): most in one sorted
-    numpy array, the newest in a small Python set merged into it now and then.
+    """Keeps 128-bit BLAKE2b digests of the ids (a collision needs ~10^19 ids) in 256 sorted
+    numpy arrays, one per first digest byte, and the newest in a small Python set that is merged
+    into them now and then. Merging one bucket at a time keeps the peak near 16 bytes an id (a
+    single sorted array would briefly need twice that while it is copied).
 
     numpy's fixed-width bytes type drops trailing NUL bytes, so digests are stored without them
     (still one-to-one for fixed-length digests) and compared the same way everywhere.
     """
 
     def __init__(self) -> None:
-        self._sorted = np.empty(0, dtype="S16")
+        empty = np.empty(0, dtype="S16")
+        self._buckets = [empty] * _BUCKETS
+        self._stored = 0
         self._recent: set[bytes] = set()
 
     def __len__(self) -> int:
-        return self._sorted.size + len(self._recent)
+        return self._stored + len(self._recent)
 
     @staticmethod
     def _digest(key: str) -> bytes:
@@ -35,7 +40,7 @@ class IdSet:
     def _has(self, d: bytes) -> bool:
         if d in self._recent:
             return True
-        s = self._sorted
+        s = self._buckets[d[0] if d else 0]
         if s.size:
             i = int(s.searchsorted(d))
             return i < s.size and s[i] == d
@@ -47,13 +52,17 @@ class IdSet:
         if self._has(d):
             return False
         self._recent.add(d)
-        if len(self._recent) >= max(_MIN_BUFFER, self._sorted.size >> 4):
+        if len(self._recent) >= max(_MIN_BUFFER, self._stored >> 6):
             self._merge()
         return True
 
     def _merge(self) -> None:
-        new = np.array(list(self._recent), dtype="S16")
-        merged = np.concatenate([self._sorted, new])
-        merged.sort()
-        self._sorted = merged
+        groups: dict[int, list[bytes]] = {}
+        for d in self._recent:
+            groups.setdefault(d[0] if d else 0, []).append(d)
         self._recent = set()
+        for b, digests in groups.items():
+            merged = np.concatenate([self._buckets[b], np.array(digests, dtype="S16")])
+            merged.sort()
+            self._buckets[b] = merged
+            self._stored += len(digests)

@@ -93,7 +93,7 @@ def test_positions_order_files_then_lines():
 
 def test_id_set_finds_duplicates_across_merges():
     ids = IdSet()
-    n = 70_000  # past the first merge of the recent buffer into the sorted array
+    n = 40_000  # past the first merges of the recent buffer into the sorted buckets
     assert all(ids.add(f"id-{i}") for i in range(n))
     assert len(ids) == n
     assert not ids.add("id-0") and not ids.add(f"id-{n - 1}") and "id-123" in ids
