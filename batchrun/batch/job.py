@@ -151,6 +151,9 @@ class Job:
         if self.in_flight:
             log.warning("stopping: dropped %d unfinished requests; a resumed run redoes them",
                         len(self.in_flight))
+        elif self.exhausted:
+            self.commit()
+            return "completed"  # the stop came after the last line was read: nothing is missing
         self._abort_in_flight()
         self.commit()
         return "interrupted"

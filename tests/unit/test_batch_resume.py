@@ -168,21 +168,29 @@ class HealedEngine(FakeEngine):
         return outs
 
 
-def test_retry_failed_reruns_only_retryable_errors(tmp_path):
+def commit_all_then_crash(tmp_path, src, monkeypatch):
+    """A run whose every line is committed but that dies before the merge."""
+    import batchrun.batch.runner as runner
+
+    def crash(*args):
+        raise RuntimeError("killed before the merge")
+    monkeypatch.setattr(runner, "_finalize", crash)
+    with pytest.raises(RuntimeError, match="before the merge"):
+        run_batch(fake_model(), config(tmp_path, src))
+    monkeypatch.undo()
+
+
+def test_retry_failed_reruns_only_retryable_errors(tmp_path, monkeypatch):
     lines = [request("a", max_tokens=1), request("kv", content="KVFAIL", max_tokens=1),
              request("hot", temperature=9), request("b", max_tokens=2)]
     src = write_input(tmp_path, lines)
-    stop = StopRequest()
-    # Stop after everything finished but before the merge: the job stays resumable.
-    run_batch(fake_model(), config(tmp_path, src, commit_every=1, grace_period=60), stop=stop,
-              on_progress=stop_after_commits(4, stop))
+    commit_all_then_crash(tmp_path, src, monkeypatch)
     engine = HealedEngine()
     result = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
     assert engine.added == [] and result["requests"]["failed"] == 2
 
     # Same again, now with --retry-failed: the engine error is retried, the 400 is not.
-    run_batch(fake_model(), config(tmp_path, src, commit_every=1, grace_period=60),
-              stop=(stop := StopRequest()), on_progress=stop_after_commits(4, stop))
+    commit_all_then_crash(tmp_path, src, monkeypatch)
     engine = HealedEngine()
     result = run_batch(fake_model(engine), config(tmp_path, src, resume=True, retry_failed=True))
     assert len(engine.added) == 1
@@ -190,6 +198,14 @@ def test_retry_failed_reruns_only_retryable_errors(tmp_path):
     errors = read(tmp_path / "out.errors.jsonl")
     assert [e["custom_id"] for e in errors] == ["hot"]
     assert result["requests"] == {"total": 4, "ok": 3, "failed": 1}
+
+
+def test_a_stop_after_the_last_line_was_read_and_finished_completes_the_job(tmp_path):
+    src = write_input(tmp_path, LINES[:4])
+    stop = StopRequest()
+    result = run_batch(fake_model(), config(tmp_path, src, commit_every=1, grace_period=60),
+                       stop=stop, on_progress=stop_after_commits(1, stop))
+    assert result["status"] == "completed" and len(read(tmp_path / "out.jsonl")) == 4
 
 
 def test_duplicate_custom_ids_are_line_errors_and_the_first_line_owns_the_id(tmp_path):
