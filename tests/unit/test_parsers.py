@@ -139,3 +139,38 @@ def test_parser_detection_from_templates():
     assert detect_tool_parser("{{ message['content'] }}") is None
     with pytest.raises(ValueError):
         tool_parser("nope")
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize("name, text", [
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+    ("hermes", '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n'
+               '{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'),
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+                    '{"name": "get_time", "parameters": {}}'),
+    ("mistral", '[TOOL_CALLS][{"name": "get_time", "arguments": {}}]'),
+])
+def test_forcing_grammar_accepts_what_the_parser_reads(smol_tokenizer, name, text):
+    """The grammar that forces a call and the parser that reads it agree on the format."""
+    import llguidance
+
+    from batchrun.engine.sampling_params import GrammarSpec
+    from batchrun.engine.structured import grammar_text, ll_tokenizer
+    from batchrun.openai.structured import special_literal
+
+    parser = tool_parser(name)
+    lark = parser.grammar(TOOLS, parallel=True, literal=special_literal(smol_tokenizer))
+    matcher = llguidance.LLMatcher(ll_tokenizer(smol_tokenizer, [2]),
+                                   grammar_text(GrammarSpec(lark=lark)))
+    assert matcher.consume_tokens(smol_tokenizer.encode(text)), matcher.get_error()
+    assert matcher.is_accepting()
+    assert parser.parse(text)[1]
+    single = parser.grammar(TOOLS[:1], parallel=False, literal=special_literal(smol_tokenizer))
+    one = llguidance.LLMatcher(ll_tokenizer(smol_tokenizer, [2]),
+                               grammar_text(GrammarSpec(lark=single)))
+    accepted = one.consume_tokens(smol_tokenizer.encode(text)) and one.is_accepting()
+    assert accepted == ("get_time" not in text and text.count("get_weather") == 1)
