@@ -21,6 +21,10 @@ from batchrun.engine.penalties import apply_logit_bias, apply_min_tokens, apply_
 from batchrun.engine.sampling_params import SamplingParams
 from batchrun.engine.structured import GrammarMatchers
 
+# top_p alone samples among this many best tokens when they hold top_p of the probability mass
+# (exact, and a topk instead of a sort of the whole vocabulary); otherwise among all of them.
+TOP_P_CANDIDATES = 1024
+
 
 class SamplingRow(Protocol):
     """What the sampler reads of a sequence (the engine's Request has all of it)."""
@@ -107,38 +111,96 @@ class Sampler:
         return logprobs
 
     def _sample(self, logits, params, request_ids, greedy) -> torch.Tensor:
-        dev = logits.device
-        temps = torch.tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)],
-                             device=dev, dtype=logits.dtype)
-        scaled = logits / temps[:, None]
-        if any(p.top_k > 0 for p in params):
-            vocab = logits.shape[1]
-            ks = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params],
-                              device=dev)
-            kth = scaled.sort(dim=-1, descending=True).values.gather(1, (ks - 1)[:, None])
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        probs = torch.softmax(scaled, dim=-1)
+        """Temperature, then each row samples among its candidates: its top_k best, or (top_p
+        alone) the best TOP_P_CANDIDATES when they hold top_p of the mass, which leaves the
+        result exact; otherwise the whole vocabulary. The candidate set of a row depends only
+        on its own logits, so a seeded row draws the same noise whatever shares the batch."""
+        dev, vocab = logits.device, logits.shape[1]
+        sampled = logits.argmax(dim=-1)
+        rows = [i for i, g in enumerate(greedy) if not g]
+        ps = [params[i] for i in rows]
+        ids = [request_ids[i] for i in rows]
+        temps = torch.tensor([p.temperature for p in ps], device=dev, dtype=logits.dtype)
+        scaled = logits[torch.tensor(rows, device=dev)] / temps[:, None]
+        choice = torch.zeros(len(rows), dtype=torch.long, device=dev)
+        sizes = [p.top_k if 0 < p.top_k < vocab else
+                 min(TOP_P_CANDIDATES, vocab) if p.top_p < 1.0 else vocab for p in ps]
+        narrow = [j for j, k in enumerate(sizes) if k < vocab]
+        whole = [j for j, k in enumerate(sizes) if k == vocab]
+        if narrow:
+            done, tokens, missed = self._sample_narrow(scaled[torch.tensor(narrow, device=dev)],
+                                                       [ps[j] for j in narrow],
+                                                       [ids[j] for j in narrow],
+                                                       [sizes[j] for j in narrow], vocab)
+            if done:
+                choice[torch.tensor([narrow[j] for j in done], device=dev)] = tokens
+            whole = sorted(whole + [narrow[j] for j in missed])
+        if whole:
+            w = torch.tensor(whole, device=dev)
+            w_params = [ps[j] for j in whole]
+            probs = self._filter(torch.softmax(scaled[w], dim=-1), w_params, presorted=False)
+            noise = self._noise(probs, w_params, [ids[j] for j in whole], [vocab] * len(whole))
+            choice[w] = (probs / noise).argmax(dim=-1)
+        if rows:
+            sampled[torch.tensor(rows, device=dev)] = choice
+        return sampled
+
+    def _sample_narrow(self, scaled, params, request_ids, sizes, vocab):
+        """Rows sampling among their best sizes[j] tokens. Returns (rows done, their tokens,
+        top_p rows whose candidates hold less than top_p of the mass: these need the whole
+        vocabulary)."""
+        dev = scaled.device
+        ks = torch.tensor(sizes, device=dev)
+        vals, cand = scaled.topk(int(ks.max()), dim=-1)  # sorted, best first
+        rank = torch.arange(vals.shape[1], device=dev)
+        vals = vals.masked_fill(rank[None, :] >= ks[:, None], float("-inf"))
+        is_k = torch.tensor([0 < p.top_k < vocab for p in params], device=dev)
+        # top-k renormalises over the k best; top_p alone uses the whole distribution.
+        lse = torch.where(is_k, torch.logsumexp(vals, dim=-1), torch.logsumexp(scaled, dim=-1))
+        probs = torch.exp(vals - lse[:, None])
+        top_p = torch.tensor([p.top_p for p in params], device=dev, dtype=probs.dtype)
+        ok = (is_k | (probs.sum(dim=-1) >= top_p)).tolist()
+        done = [j for j, good in enumerate(ok) if good]
+        missed = [j for j, good in enumerate(ok) if not good]
+        if not done:
+            return [], None, missed
+        d = torch.tensor(done, device=dev)
+        d_params = [params[j] for j in done]
+        probs = self._filter(probs[d], d_params, presorted=True)
+        noise = self._noise(probs, d_params, [request_ids[j] for j in done],
+                            [sizes[j] for j in done])
+        pick = (probs / noise).argmax(dim=-1)
+        return done, cand[d].gather(1, pick[:, None])[:, 0], missed
+
+    @staticmethod
+    def _filter(probs: torch.Tensor, params: list[SamplingParams], presorted: bool) -> torch.Tensor:
+        """top-p and min-p on probabilities (sorted descending already when `presorted`)."""
+        dev = probs.device
         if any(p.top_p < 1.0 for p in params):
             top_p = torch.tensor([p.top_p for p in params], device=dev, dtype=probs.dtype)
-            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            if presorted:
+                sorted_probs, order = probs, None
+            else:
+                sorted_probs, order = probs.sort(dim=-1, descending=True)
             # Drop a token when the mass before it already reaches top_p (the first always stays).
             drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p[:, None]
-            probs = probs.scatter(1, order, sorted_probs.masked_fill(drop, 0.0))
+            kept = sorted_probs.masked_fill(drop, 0.0)
+            probs = kept if order is None else probs.scatter(1, order, kept)
         if any(p.min_p > 0.0 for p in params):
             min_p = torch.tensor([p.min_p for p in params], device=dev, dtype=probs.dtype)
             floor = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
             probs = probs.masked_fill(probs < floor, 0.0)
+        return probs
 
+    def _noise(self, probs: torch.Tensor, params: list[SamplingParams], request_ids: list[str],
+               sizes: list[int]) -> torch.Tensor:
+        """Exp(1) noise; a seeded row draws its own `size` values from its own generator."""
         noise = torch.empty_like(probs).exponential_()
         for i, (p, rid) in enumerate(zip(params, request_ids)):
-            if p.seed is not None and not greedy[i]:
+            if p.seed is not None:
                 gen = self._generators.get(rid)
                 if gen is None:
-                    gen = torch.Generator(device=dev).manual_seed(p.seed)
+                    gen = torch.Generator(device=probs.device).manual_seed(p.seed)
                     self._generators[rid] = gen
-                noise[i].exponential_(generator=gen)
-        sampled = (probs / noise).argmax(dim=-1)
-        if any(greedy):
-            mask = torch.tensor(greedy, device=dev)
-            sampled = torch.where(mask, logits.argmax(dim=-1), sampled)
-        return sampled
+                noise[i, :sizes[i]].exponential_(generator=gen)
+        return noise

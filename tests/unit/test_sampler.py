@@ -3,6 +3,7 @@ and the structured-output bitmask."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -100,7 +101,9 @@ def test_temperature_samples_the_softmax():
     assert abs(float((hot == 1).float().mean()) - 0.634) < 0.03
 
 
-def test_seeded_rows_ignore_their_neighbours():
+@pytest.mark.parametrize("seeded_params", [SamplingParams(seed=7), SamplingParams(seed=7, top_k=5),
+                                           SamplingParams(seed=7, top_p=0.5, min_p=0.01)])
+def test_seeded_rows_ignore_their_neighbours(seeded_params):
     gen = torch.Generator().manual_seed(1)
     steps = [torch.randn(5, V, generator=gen) for _ in range(6)]
 
@@ -110,11 +113,13 @@ def test_seeded_rows_ignore_their_neighbours():
         order = [pos] + [i for i in range(5) if i != pos]
         return [s(logits[torch.tensor(order).argsort()], rows).token_ids[pos] for logits in steps]
 
-    seeded = Row(SamplingParams(seed=7), request_id="a")
-    others = [Row(SamplingParams(), request_id=f"o{i}") for i in range(4)]
+    seeded = Row(seeded_params, request_id="a")
+    others = [Row(p, request_id=f"o{i}") for i, p in enumerate([
+        SamplingParams(), SamplingParams(top_k=10), SamplingParams(top_p=0.7),
+        SamplingParams(temperature=0)])]
     alone = run([seeded] * 1 + others, 0)
     assert run(others[:2] + [seeded] + others[2:], 2) == alone
-    other_seed = run([Row(SamplingParams(seed=8), request_id="a")] + others, 0)
+    other_seed = run([Row(dataclasses.replace(seeded_params, seed=8), request_id="a")] + others, 0)
     assert other_seed != alone
 
 
@@ -184,3 +189,19 @@ def test_grammar_wins_over_min_tokens_once_complete(smol_tokenizer):
     texts = decode_loop(s, smol_tokenizer, [row], lambda n: torch.zeros(n, len(smol_tokenizer)),
                         steps=10)
     assert texts == {"g": "ok"}
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p_on_large_vocabularies():
+    big = 4096  # more than TOP_P_CANDIDATES: the candidate path
+    logits = torch.full((4000, big), -1e9)
+    logits[:, :4] = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    tokens = torch.tensor(sampler()(logits, [Row(SamplingParams(top_p=0.8))] * 4000).token_ids)
+    assert set(tokens.tolist()) == {0, 1}  # mass before token 2 is already 0.8
+    assert abs(float((tokens == 0).float().mean()) - 0.625) < 0.03
+    both = torch.tensor(sampler()(logits, [Row(SamplingParams(top_p=0.8, top_k=3))] * 4000)
+                        .token_ids)
+    assert set(both.tolist()) == {0, 1}
+    # A flat distribution: the best 1024 hold a quarter of the mass, so all tokens are in play.
+    flat = torch.zeros((2000, big))
+    spread = torch.tensor(sampler()(flat, [Row(SamplingParams(top_p=0.9))] * 2000).token_ids)
+    assert int(spread.max()) > 1024 and len(set(spread.tolist())) > 1000
