@@ -212,6 +212,21 @@ def write_bytes_atomic(path: str, data: bytes, storage_options: dict | None = No
     fs.pipe_file(p, data)
 
 
+def remove(path: str, storage_options: dict | None = None) -> None:
+    """Delete a file if it is there."""
+    if path == STDIO:
+        return
+    if is_local(path):
+        try:
+            os.remove(local_path(path))
+        except FileNotFoundError:
+            pass
+        return
+    fs, p = filesystem(path, storage_options)
+    if fs.exists(p):
+        fs.rm(p)
+
+
 def write_json(path: str, obj: dict, storage_options: dict | None = None) -> None:
     data = (json.dumps(obj, indent=2) + "\n").encode()
     if path == STDIO:

@@ -171,17 +171,20 @@ def _staging_conflict(staging: Staging, config: RunConfig, inputs: list[list]) -
 
 
 def check_config(config: RunConfig) -> dict[str, Any] | None:
-    """Every usage check run_batch makes, without changing anything: for the CLI to fail fast
-    before loading a model. Raises BatchConfigError. Returns the metrics of an earlier run that
-    already completed this job (with resume), when there is nothing to do."""
+    """Every usage check run_batch makes, for the CLI to fail fast before loading a model.
+    Raises BatchConfigError. Returns the metrics of an earlier run that already completed this
+    job (with resume), when there is nothing to do."""
     _, inputs = _setup(config)
+    done = _already_completed(config, inputs)
+    if done is not None:
+        return done
     if config.staging_path:
         try:
             _staging_conflict(Staging(config.staging_path, config.storage_options), config,
                               inputs)
         except StagingError as exc:
             raise BatchConfigError(str(exc)) from exc
-    return _already_completed(config, inputs)
+    return None
 
 
 def _open_staging(config: RunConfig, inputs: list[list]) -> tuple[Staging, Committed]:
@@ -198,6 +201,8 @@ def _open_staging(config: RunConfig, inputs: list[list]) -> tuple[Staging, Commi
                  committed.count, url)
         return staging, committed
     staging.remove()
+    if config.metrics_path:
+        io.remove(config.metrics_path, config.storage_options)  # "completed" is no longer true
     staging.create({"inputs": inputs, "output": config.output, "errors": config.errors_path})
     return staging, Committed()
 
@@ -208,8 +213,6 @@ def _already_completed(config: RunConfig, inputs: list[list]) -> dict[str, Any] 
     so = config.storage_options
     if not config.resume or config.restart or not config.metrics_path or not config.staging_path:
         return None
-    if Staging(config.staging_path, so).has_files():
-        return None
     try:
         old = io.read_json(config.metrics_path, so)
     except (OSError, ValueError):
@@ -219,6 +222,9 @@ def _already_completed(config: RunConfig, inputs: list[list]) -> dict[str, Any] 
         return None
     log.info("this job already completed over the same inputs (%s); nothing to do "
              "(--restart runs it again)", config.metrics_path)
+    # A fresh run deletes the metrics file first, so a completed one belongs to the run that
+    # made any staging left here: it was killed while removing it.
+    Staging(config.staging_path, so).remove()
     return {**old, "already_completed": True}
 
 

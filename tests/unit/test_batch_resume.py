@@ -153,8 +153,8 @@ def test_crash_after_the_output_was_published_resumes_to_the_same_files(tmp_path
     monkeypatch.undo()
     engine = FakeEngine()
     result = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
-    assert engine.added == [] and result["resumed"] == 11
-    assert read(tmp_path / "out.jsonl") == first
+    assert engine.added == [] and result["already_completed"]
+    assert read(tmp_path / "out.jsonl") == first and not (tmp_path / STAGING).exists()
     assert len(read(tmp_path / "out.errors.jsonl")) == 1
 
 
@@ -272,3 +272,37 @@ def test_resuming_a_completed_job_does_nothing_until_its_input_changes(tmp_path)
     engine = FakeEngine()
     run_batch(fake_model(engine), config(tmp_path, src, restart=True))
     assert len(engine.added) == 7
+
+
+def test_killed_while_removing_staging_after_completing(tmp_path, monkeypatch):
+    src = write_input(tmp_path, LINES[:8])
+    remove = Staging.remove
+
+    def half_removed(self):
+        parts = sorted((tmp_path / STAGING).glob("part-*"))
+        if parts and (tmp_path / "out.metrics.json").exists():
+            parts[0].unlink()  # rmtree got this far
+            raise KeyboardInterrupt
+        remove(self)
+    monkeypatch.setattr(Staging, "remove", half_removed)
+    with pytest.raises(KeyboardInterrupt):
+        run_batch(fake_model(), config(tmp_path, src, commit_every=3))
+    monkeypatch.undo()
+    first = read(tmp_path / "out.jsonl")
+    assert len(first) == 8 and (tmp_path / STAGING).exists()
+    engine = FakeEngine()
+    result = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
+    assert result["already_completed"] and engine.added == []
+    assert read(tmp_path / "out.jsonl") == first and not (tmp_path / STAGING).exists()
+
+
+def test_a_fresh_run_drops_the_old_completion_marker(tmp_path):
+    src = write_input(tmp_path, LINES[:8])
+    run_batch(fake_model(), config(tmp_path, src))
+    stop = StopRequest()
+    run_batch(fake_model(), config(tmp_path, src, restart=True, max_in_flight=2, grace_period=0),
+              stop=stop, on_progress=stop_after_commits(1, stop))
+    assert json.loads((tmp_path / "out.metrics.json").read_text())["status"] == "interrupted"
+    engine = FakeEngine()
+    result = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
+    assert "already_completed" not in result and 0 < len(engine.added) < 8
