@@ -61,6 +61,33 @@ def load_workload(path: str, tokenizer, limit: int | None) -> Workload:
     return Workload(path, prompts, max_tokens)
 
 
+def fewshot_workload(humaneval_path: str, tokenizer, prefixes: int = 20, per_prefix: int = 8,
+                     shots: int = 8, max_tokens: int = 64) -> Workload:
+    """A few-shot evaluation sweep built from HumanEval prompts: `prefixes` distinct few-shot
+    blocks of `shots` problems each (~800-2,000 tokens), `per_prefix` target problems behind
+    each, interleaved in file order the way a sweep over prompts x tasks would write them."""
+    problems = []
+    with open(humaneval_path) as f:
+        for line in f:
+            if line.strip():
+                problems.append(json.loads(line)["body"]["messages"][-1]["content"].split("\n\n", 1)[1])
+    blocks = []
+    for p in range(prefixes):
+        examples = [problems[(p * shots + k) % len(problems)] for k in range(shots)]
+        blocks.append("You will complete Python functions. Each task gives a signature and a "
+                      "docstring, often with doctests that show the expected behaviour; reply "
+                      "with the code only. Here are example tasks of the kind you will see:\n\n" + "\n\n".join(f"### Example {k + 1}\n{ex}" for k, ex in enumerate(examples)))
+    prompts = []
+    for j in range(per_prefix):
+        for p in range(prefixes):
+            target = problems[(p * 7 + j * 31 + 100) % len(problems)]
+            messages = [{"role": "system", "content": blocks[p]},
+                        {"role": "user", "content": f"Complete this function. Reply with code only.\n\n{target}"}]
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            prompts.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
+    return Workload(f"fewshot({prefixes}x{per_prefix})", prompts, [max_tokens] * len(prompts))
+
+
 def run_batchrun(loaded, work: Workload, label: str = "batchrun") -> Result:
     from batchrun.engine import SamplingParams
 
@@ -136,7 +163,10 @@ def report(results: list[Result], baseline: str = "hf-static-32") -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("workload", help="OpenAI batch JSONL (chat)")
+    ap.add_argument("workload", help="OpenAI batch JSONL (chat); with --fewshot, the HumanEval "
+                    "batch file the few-shot sweep is built from")
+    ap.add_argument("--fewshot", action="store_true", help="shared-prefix workload: 20 few-shot "
+                    "prefixes (800-2,000 tokens) x 8 requests, max_tokens 64")
     ap.add_argument("--limit", type=int, help="first N requests only")
     ap.add_argument("--model", default=None)
     ap.add_argument("--systems", default="batchrun,hf-static", help="comma list of "
@@ -156,7 +186,12 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     loaded = llm.load(args.model, config)
     print(f"model loaded in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
-    work = load_workload(args.workload, loaded.tokenizer, args.limit)
+    if args.fewshot:
+        work = fewshot_workload(args.workload, loaded.tokenizer)
+        lengths = sorted(map(len, work.prompts))
+        print(f"few-shot prompts: {lengths[0]}-{lengths[-1]} tokens", file=sys.stderr)
+    else:
+        work = load_workload(args.workload, loaded.tokenizer, args.limit)
     print(f"workload: {args.workload}: {len(work.prompts)} requests, "
           f"{sum(map(len, work.prompts))} prompt tokens", file=sys.stderr)
     eos = loaded.tokenizer.eos_token_id
