@@ -1,0 +1,55 @@
+"""`batchrun run --chat-template / --tool-parser / --reasoning-parser` reach the adapter (fake
+engine, so this runs in a second); the real-model run is in tests/integration."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "batchrun/openai/templates/chatml_tools.jinja"
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+def run(tmp_path, *options, tools=True):
+    src = tmp_path / "in.jsonl"
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    if tools:
+        body["tools"] = [TOOL]
+    src.write_text(json.dumps({"custom_id": "a", "method": "POST",
+                               "url": "/v1/chat/completions", "body": body}) + "\n")
+    env = dict(os.environ, BATCHRUN_TEST_ENGINE="tests.fake_engine:load", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "batchrun", "run", src, "-o",
+                           tmp_path / "out.jsonl", "-q", "--restart", *map(str, options)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    read = lambda name: [json.loads(x) for x in (tmp_path / name).read_text().splitlines()]  # noqa: E731
+    return proc, read
+
+
+def test_tools_need_a_template_that_renders_them(tmp_path):
+    proc, read = run(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (error,) = read("out.errors.jsonl")
+    assert error["error"]["param"] == "tools" and "--chat-template" in error["error"]["message"]
+
+
+def test_chat_template_and_parsers_are_taken(tmp_path):
+    # The fake engine's tokenizer does not run templates: the template's effect on the prompt
+    # is shown on the real model (tests/integration/test_openai_real.py).
+    proc, read = run(tmp_path, "--chat-template", TEMPLATE, "--tool-parser", "hermes",
+                     "--reasoning-parser", "qwen3", tools=False)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = read("out.jsonl")
+    body = line["response"]["body"]
+    assert body["choices"][0]["message"]["reasoning_content"] is None  # the parser ran
+    assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+
+
+def test_bad_options_are_usage_errors(tmp_path):
+    proc, _ = run(tmp_path, "--chat-template", tmp_path / "missing.jinja")
+    assert proc.returncode == 2 and "chat template file not found" in proc.stderr
+    proc, _ = run(tmp_path, "--tool-parser", "nope")
+    assert proc.returncode == 2 and "--tool-parser" in proc.stderr
