@@ -78,8 +78,8 @@ def _text_of_parts(parts: Sequence[Any], where: str) -> list[dict[str, str]]:
     for j, part in enumerate(parts):
         if part.type != "text":
             raise RequestError(
-                f"{where}.{j}: content parts of type {part.type!r} are not supported: "
-                "the loaded model takes text only", code="unsupported_content", param=f"{where}.{j}")
+                f"{where}.{j}: content parts of type {part.type!r} are not supported by this "
+                "model (it takes text only)", code="unsupported_content", param=f"{where}.{j}")
         texts.append({"type": "text", "text": part.text})
     return texts
 
