@@ -77,10 +77,22 @@ class ChatFormatter:
             return None
         return chat_logprobs((c.logprobs or [])[start:end], self.texts, self.top_logprobs)
 
+    def _text(self, c: CompletionOutput) -> str:
+        """The choice's text without the EOS token that ended it, which decoding keeps when
+        special tokens are kept (parsers whose markers are special tokens)."""
+        if self.skip_special_tokens or not c.token_ids or c.stop_reason is not None:
+            return c.text
+        last = c.token_ids[-1]
+        if last in getattr(self.tokenizer, "all_special_ids", ()):
+            eos = self.tokenizer.decode([last], skip_special_tokens=False)
+            if eos and c.text.endswith(eos):
+                return c.text[:-len(eos)]
+        return c.text
+
     def choice(self, c: CompletionOutput) -> tuple[dict[str, Any], int]:
         """(the choice object, its reasoning tokens)."""
         parser = ChoiceParser(self.reasoning, self.tools)
-        delta = parser.feed(c.text)
+        delta = parser.feed(self._text(c))
         last = parser.finish()
         reasoning = (delta.reasoning + last.reasoning) or None
         content = (delta.content + last.content) or None

@@ -192,3 +192,15 @@ def test_completions_with_several_prompts_and_n(model):
     assert lp["tokens"] == [" a", " time", "<|im_end|>"] and lp["text_offset"][0] == 0
     assert len(lp["top_logprobs"][0]) <= 2
     assert result["usage"]["prompt_tokens"] == sum(len(x) for x in p.prompts)
+
+
+def test_mistral_calls_keep_special_tokens_but_not_the_final_eos(model):
+    s = serving(model, tool_parser="mistral")
+    p = s.prepare(CHAT, body(tools=[WEATHER]))
+    assert p.params.skip_special_tokens is False
+    call = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+    choice = finalize(model, p, call)["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert len(choice["message"]["tool_calls"][0]["id"]) == 9
+    plain = finalize(model, s.prepare(CHAT, body(tools=[WEATHER])), "No tool needed.")
+    assert plain["choices"][0]["message"]["content"] == "No tool needed."
