@@ -141,7 +141,8 @@ def trial(seed: int, workdir: Path, lines: int = 300, step_s: float = 0.006,
     env = _env(step_s)
     kills = attempts = 0
     staging = workdir / "out.jsonl.batchrun-staging"
-    for _ in range(rng.randint(1, max_kills)):
+    planned = rng.randint(1, max_kills)
+    while attempts < planned or (kills == 0 and attempts < 6):  # at least one kill lands
         before = set(staging.glob("part-*.jsonl")) if staging.exists() else set()
         proc = subprocess.Popen(_command(src, out), cwd=ROOT, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
