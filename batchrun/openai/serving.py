@@ -29,7 +29,8 @@ from batchrun.openai.parsers import (ToolParser, detect_tool_parser, reasoning_p
 from batchrun.openai.protocol import (ChatCompletionRequest, CompletionRequest, RequestError,
                                       parse_body)
 from batchrun.openai.render import render_prompt, tokenize_prompt
-from batchrun.openai.structured import response_format_grammar, tool_choice_grammar
+from batchrun.openai.structured import (after_reasoning, response_format_grammar,
+                                        tool_choice_grammar)
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,8 @@ class OpenAIServing:
             continue_final_message=request.continue_final_message,
             template_kwargs=request.chat_template_kwargs)
         grammar = tool_grammar or response_format_grammar(request.response_format)
+        if grammar is not None and self.reasoning is not None:
+            grammar = after_reasoning(grammar, self.reasoning)
         params = self._params(request, [prompt], grammar)
         if parser is not None and parser.needs_special_tokens:
             params.skip_special_tokens = False

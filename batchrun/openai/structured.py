@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from batchrun.engine import structured as engine_structured
 from batchrun.engine.sampling_params import GrammarSpec
-from batchrun.openai.parsers import ToolParser
+from batchrun.openai.parsers import ReasoningParser, ToolParser
 from batchrun.openai.protocol import RequestError
 from batchrun.openai.requests import ResponseFormat
 
@@ -70,3 +71,26 @@ def tool_choice_grammar(parser: ToolParser, tools: list[dict[str, Any]], choice:
         parallel = False
     lark = parser.grammar(chosen, parallel, special_literal(tokenizer))
     return _checked(GrammarSpec(lark=lark), "tools", "the tools' parameter schemas")
+
+
+def after_reasoning(spec: GrammarSpec, reasoning: ReasoningParser) -> GrammarSpec:
+    """The same constraint, applied only after the thought: `<think>…</think>` stays free text
+    (optional for models that may skip it, required when the template opened it in the prompt),
+    then the answer must match."""
+    rules = ""
+    if spec.json_schema is not None:
+        schema = spec.json_schema if isinstance(spec.json_schema, dict) else \
+            json.loads(spec.json_schema)
+        body = f"%json {json.dumps({**schema, 'x-guidance': engine_structured.JSON_OPTIONS})}"
+    elif spec.regex is not None:
+        body = "/" + spec.regex.replace("/", "\\/") + "/"
+    else:  # our own grammars all open with their start rule
+        assert spec.lark.startswith("start:"), spec.lark
+        rules, body = "answer" + spec.lark[len("start"):], "answer"
+    end = json.dumps(reasoning.end)
+    if reasoning.starts_in_prompt:
+        thought, optional = f"/(.|\\n)*/ {end}", ""
+    else:
+        thought, optional = f"{json.dumps(reasoning.start)} /(.|\\n)*/ {end}", "?"
+    return GrammarSpec(lark=f"start: (thought /[ \\t\\n]*/){optional} {body}\n"
+                            f"thought[lazy]: {thought}\n{rules}")

@@ -174,3 +174,23 @@ def test_forcing_grammar_accepts_what_the_parser_reads(smol_tokenizer, name, tex
                                grammar_text(GrammarSpec(lark=single)))
     accepted = one.consume_tokens(smol_tokenizer.encode(text)) and one.is_accepting()
     assert accepted == ("get_time" not in text and text.count("get_weather") == 1)
+
+
+@pytest.mark.parametrize("name, text, accepted", [
+    ("qwen3", '<think>\nmaybe {"a": 2}\n</think>\n\n{"a": 1}', True),
+    ("qwen3", '{"a": 1}', True),
+    ("qwen3", "<think>\nhm\n</think>\n\nno json", False),
+    ("deepseek_r1", 'began in the prompt\n</think>\n{"a": 3}', True),
+    ("deepseek_r1", "thinking\n</think>\nno json", False),
+])
+def test_grammar_after_reasoning(smol_tokenizer, name, text, accepted):
+    import llguidance
+
+    from batchrun.engine.sampling_params import GrammarSpec
+    from batchrun.engine.structured import grammar_text, ll_tokenizer
+    from batchrun.openai.structured import after_reasoning
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    spec = after_reasoning(GrammarSpec(json_schema=schema), reasoning_parser(name))
+    m = llguidance.LLMatcher(ll_tokenizer(smol_tokenizer, [2]), grammar_text(spec))
+    assert (m.consume_tokens(smol_tokenizer.encode(text)) and m.is_accepting()) == accepted

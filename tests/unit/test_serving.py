@@ -204,3 +204,35 @@ def test_mistral_calls_keep_special_tokens_but_not_the_final_eos(model):
     assert len(choice["message"]["tool_calls"][0]["id"]) == 9
     plain = finalize(model, s.prepare(CHAT, body(tools=[WEATHER])), "No tool needed.")
     assert plain["choices"][0]["message"]["content"] == "No tool needed."
+
+
+@pytest.mark.parametrize("tools", [False, True])
+def test_constraints_start_after_the_thought(model, tools):
+    """With a reasoning parser, the grammar leaves `<think>…</think>` free and holds the answer."""
+    s = serving(model, reasoning_parser="qwen3")
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    if tools:
+        fields = {"tools": [WEATHER], "tool_choice": "required"}
+        answer = CALL
+    else:
+        fields = {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "a", "schema": schema}}}
+        answer = '{"a": 1}'
+    p = s.prepare(CHAT, body(**fields))
+    message = finalize(model, p, "<think>\nFirst, {a guess}.\n</think>\n\n" + answer)[
+        "choices"][0]["message"]
+    assert message["reasoning_content"] == "First, {a guess}."
+    if tools:
+        assert message["tool_calls"][0]["function"]["name"] == "get_weather"
+    else:
+        assert message["content"] == '{"a": 1}'
+    # without a thought the answer is held to the grammar from the first token
+    no_thought = finalize(model, s.prepare(CHAT, body(**fields)), answer)["choices"][0]
+    assert no_thought["message"]["reasoning_content"] is None
+
+
+def test_grammar_holds_when_the_model_wanders_after_the_thought(model):
+    s = serving(model, reasoning_parser="qwen3")
+    p = s.prepare(CHAT, body(response_format={"type": "json_object"}, max_tokens=40))
+    result = finalize(model, p, "<think>\nok\n</think>\n\nNot JSON at all, sorry.")
+    json.loads(result["choices"][0]["message"]["content"])  # the grammar overrode the script
