@@ -92,5 +92,5 @@ def after_reasoning(spec: GrammarSpec, reasoning: ReasoningParser) -> GrammarSpe
         thought, optional = f"/(.|\\n)*/ {end}", ""
     else:
         thought, optional = f"{json.dumps(reasoning.start)} /(.|\\n)*/ {end}", "?"
-    return GrammarSpec(lark=f"start: (thought /[ \\t\\n]*/){optional} {body}\n"
+    return GrammarSpec(lark=f"start: (thought /[ \\t\\n]{{0,8}}/){optional} {body}\n"
                             f"thought[lazy]: {thought}\n{rules}")

@@ -159,4 +159,7 @@ def call_schema(tools: list[dict[str, Any]], args_key: str = "arguments") -> dic
         options.append({"type": "object", "properties": {
             "name": {"const": fn["name"]}, args_key: params},
             "required": ["name", args_key], "additionalProperties": False})
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    # Canonical `json.dumps` spacing, as for response_format: no room for runaway whitespace.
+    return {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ", ",
+                                     "key_separator": ": "}}

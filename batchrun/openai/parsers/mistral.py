@@ -53,7 +53,9 @@ class MistralToolParser(ToolParser):
 
     def grammar(self, tools: list[dict[str, Any]], parallel: bool,
                 literal: Callable[[str], str]) -> str:
-        schema = {"type": "array", "items": call_schema(tools), "minItems": 1}
+        item = call_schema(tools)
+        schema = {"type": "array", "items": item, "minItems": 1,
+                  "x-guidance": item.pop("x-guidance")}
         if not parallel:
             schema["maxItems"] = 1
         return f"start: {literal(TAG)} %json {json.dumps(schema)}\n"
