@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
 from batchrun import __version__
+from batchrun.engine import structured as engine_structured
 from batchrun.engine.outputs import RequestOutput
 from batchrun.engine.sampling_params import SamplingParams
 from batchrun.openai.chat import ChatChunks, ChatFormatter
@@ -105,6 +106,7 @@ class OpenAIServing:
         except TypeError:
             self.vocab_size = None
         self.system_fingerprint = fingerprint(model)
+        self._grammar_error: str | None = None  # None = not checked yet, "" = fine
 
     def prepare(self, url: str, body: Any, *, allow_stream: bool = True) -> PreparedRequest:
         """Validate and prepare one request; RequestError (with status and param) if it is bad."""
@@ -118,7 +120,24 @@ class OpenAIServing:
             return self._chat(request)
         return self._completion(request)
 
+    def _check_grammar_support(self) -> None:
+        if self._grammar_error is None:
+            engine = getattr(self.model, "engine", None)
+            eos = sorted(getattr(engine, "eos_token_ids", None) or
+                         [getattr(self.tokenizer, "eos_token_id", None) or 0])
+            try:
+                engine_structured.ll_tokenizer(self.tokenizer, eos)
+                self._grammar_error = ""
+            except Exception as exc:  # a slow or unusual tokenizer llguidance cannot read
+                self._grammar_error = f"{type(exc).__name__}: {exc}"
+        if self._grammar_error:
+            raise RequestError("response_format/tool_choice: constrained decoding is not "
+                               f"available for this model's tokenizer ({self._grammar_error})",
+                               code="unsupported_value", param="response_format")
+
     def _params(self, request, prompts: list[list[int]], grammar) -> SamplingParams:
+        if grammar is not None:
+            self._check_grammar_support()
         longest = max(prompts, key=len)
         return to_sampling_params(request, len(longest), self.model.max_model_len,
                                   self.model.generation_defaults, self.options.defaults,

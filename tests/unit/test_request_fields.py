@@ -195,3 +195,18 @@ def test_completion_prompt_forms(chat):
 def test_completion_rejections(chat, fields, param):
     payload = {"prompt": "Hi", **fields}
     assert rejected(chat, COMPLETIONS, payload).param == param
+
+
+def test_structured_output_needs_a_tokenizer_llguidance_reads(model):
+    class Slow:  # not a fast tokenizer
+        chat_template = None
+        eos_token_id = 2
+
+        def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False,
+                                return_dict=False, **kwargs):
+            return {"input_ids": [1, 2, 3]} if tokenize else "x"
+
+    slow = OpenAIServing(SimpleNamespace(**{**vars(model), "tokenizer": Slow()}))
+    err = rejected(slow, response_format={"type": "json_object"})
+    assert err.param == "response_format" and "not available" in err.message
+    slow.prepare(CHAT, body())  # everything else still works
