@@ -11,6 +11,7 @@ job.StopRequest for a graceful-then-immediate stop), and reports request counts 
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -179,32 +180,40 @@ def check_config(config: RunConfig) -> dict[str, Any] | None:
     if done is not None:
         return done
     if config.staging_path:
+        staging = Staging(config.staging_path, config.storage_options)
         try:
-            _staging_conflict(Staging(config.staging_path, config.storage_options), config,
-                              inputs)
+            if staging.local and os.path.isdir(staging.root):
+                staging.lock()
+                staging.unlock()
+            _staging_conflict(staging, config, inputs)
         except StagingError as exc:
             raise BatchConfigError(str(exc)) from exc
     return None
 
 
 def _open_staging(config: RunConfig, inputs: list[list]) -> tuple[Staging, Committed]:
+    """The job's staging, locked for this run (unlock() when done)."""
     url = config.staging_path or tempfile.mkdtemp(prefix="batchrun-staging-")
     staging = Staging(url, config.storage_options)
     try:
+        staging.lock()
         resume = _staging_conflict(staging, config, inputs)
-    except StagingError as exc:
-        raise BatchConfigError(str(exc)) from exc
-    if resume:
-        staging.clean_scratch()
-        committed = staging.scan()
-        log.info("resuming: %d lines already have a committed record in %s",
-                 committed.count, url)
-        return staging, committed
-    staging.remove()
-    if config.metrics_path:
-        io.remove(config.metrics_path, config.storage_options)  # "completed" is no longer true
-    staging.create({"inputs": inputs, "output": config.output, "errors": config.errors_path})
-    return staging, Committed()
+        if resume:
+            staging.clean_scratch()
+            committed = staging.scan()
+            log.info("resuming: %d lines already have a committed record in %s",
+                     committed.count, url)
+            return staging, committed
+        staging.clear()
+        if config.metrics_path:
+            io.remove(config.metrics_path, config.storage_options)  # "completed" is no longer true
+        staging.create({"inputs": inputs, "output": config.output, "errors": config.errors_path})
+        return staging, Committed()
+    except BaseException as exc:
+        staging.unlock()
+        if isinstance(exc, StagingError):
+            raise BatchConfigError(str(exc)) from exc
+        raise
 
 
 def _already_completed(config: RunConfig, inputs: list[list]) -> dict[str, Any] | None:
@@ -257,7 +266,6 @@ def run_batch(model: Any, config: RunConfig, stop: Any = None,
     generation_defaults, max_model_len). Raises BatchConfigError for what the user must fix
     (missing input, unknown format, staging of another job, ...) before any work is done.
     """
-    so = config.storage_options
     sources, inputs = _setup(config)
     done = _already_completed(config, inputs)
     if done is not None:
@@ -266,7 +274,16 @@ def run_batch(model: Any, config: RunConfig, stop: Any = None,
             on_progress(Counts(r["total"], r["ok"], r["failed"], r["total"]))
         return done
     staging, committed = _open_staging(config, inputs)
+    try:
+        return _run(model, config, sources, inputs, staging, committed, stop, on_progress)
+    finally:
+        staging.unlock()
 
+
+def _run(model: Any, config: RunConfig, sources: list[Source], inputs: list[list],
+         staging: Staging, committed: Committed, stop: Any,
+         on_progress: Callable[[Counts], None] | None) -> dict[str, Any]:
+    so = config.storage_options
     metrics = RunMetrics()
     mode = resolve_mode(config.progress)
     total = count_records(sources, so) if mode != "none" or on_progress else None

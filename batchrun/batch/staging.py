@@ -14,6 +14,7 @@ error) the later attempt wins.
 
 from __future__ import annotations
 
+import fcntl
 import heapq
 import json
 import os
@@ -29,6 +30,7 @@ OK, FAILED, RETRYABLE = 1, 2, 3  # committed states of an input line
 FAN_IN = 32
 _PART = re.compile(r"^part-(\d{5})-(\d{6})\.jsonl$")
 _MANIFEST = "manifest.json"
+_LOCK = "lock"
 _FORMAT = 1
 
 
@@ -73,6 +75,7 @@ class Staging:
         self.storage_options = storage_options
         self.attempt = 1
         self._seq = 0
+        self._lock: IO[str] | None = None
 
     def _path(self, name: str) -> str:
         return os.path.join(self.root, name) if self.local else f"{self.root}/{name}"
@@ -89,10 +92,34 @@ class Staging:
         return _MANIFEST in self._names()
 
     def has_files(self) -> bool:
-        return bool(self._names())
+        return any(n != _LOCK for n in self._names())
 
     def parts(self) -> list[str]:
         return [n for n in self._names() if _PART.match(n)]
+
+    def lock(self) -> None:
+        """One run per staging folder: a second one would overwrite the first one's parts.
+        Local folders only (flock); on object stores the scheduler must see to it (cron's
+        flock, Airflow's max_active_runs)."""
+        if not self.local:
+            return
+        os.makedirs(self.root, exist_ok=True)
+        f = open(self._path(_LOCK), "a")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            raise StagingError(f"another batchrun run is using {self.url}") from None
+        self._lock = f
+
+    def unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def clear(self) -> None:
+        """Everything but the lock: a fresh start."""
+        self._remove([n for n in self._names() if n != _LOCK])
 
     # --- job identity -----------------------------------------------------------------------
 

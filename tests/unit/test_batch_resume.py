@@ -306,3 +306,18 @@ def test_a_fresh_run_drops_the_old_completion_marker(tmp_path):
     engine = FakeEngine()
     result = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
     assert "already_completed" not in result and 0 < len(engine.added) < 8
+
+
+def test_one_run_at_a_time_per_staging_folder(tmp_path):
+    src = write_input(tmp_path, LINES[:4])
+    other = Staging(str(tmp_path / STAGING))
+    other.lock()  # another process runs this job
+    with pytest.raises(BatchConfigError, match="another batchrun run"):
+        run_batch(fake_model(), config(tmp_path, src, resume=True))
+    from batchrun.batch.runner import check_config
+
+    with pytest.raises(BatchConfigError, match="another batchrun run"):
+        check_config(config(tmp_path, src, resume=True))
+    other.unlock()
+    result = run_batch(fake_model(), config(tmp_path, src, resume=True))
+    assert result["status"] == "completed" and not (tmp_path / STAGING).exists()
