@@ -3,7 +3,8 @@
 A staging folder beside the output holds `manifest.json` (what job this is: its inputs) and
 committed parts `part-AAAAA-SSSSS.jsonl` (attempt, sequence). A part is written whole and then
 published atomically (fsync + rename locally, one PUT on an object store), so a part that exists
-is complete; anything else in the folder is scratch from a crash and is ignored. A part's first
+is complete; anything else in the folder is scratch from a crash and is ignored (and `lock`,
+which one running job holds locally). A part's first
 line is a header listing its records' input positions and states, so resuming reads only
 headers; each record line is `POSITION STATE JSON`, sorted by position within the part.
 
@@ -28,7 +29,7 @@ from batchrun.batch.readers import split_position
 
 OK, FAILED, RETRYABLE = 1, 2, 3  # committed states of an input line
 FAN_IN = 32
-_PART = re.compile(r"^part-(\d{5})-(\d{6})\.jsonl$")
+_PART = re.compile(r"^part-(\d{5,})-(\d{6,})\.jsonl$")
 _MANIFEST = "manifest.json"
 _LOCK = "lock"
 _FORMAT = 1
@@ -95,7 +96,9 @@ class Staging:
         return any(n != _LOCK for n in self._names())
 
     def parts(self) -> list[str]:
-        return [n for n in self._names() if _PART.match(n)]
+        """Committed parts, oldest first (attempt, then sequence)."""
+        found = [(m, n) for n in self._names() if (m := _PART.match(n))]
+        return [n for m, n in sorted(found, key=lambda x: (int(x[0][1]), int(x[0][2])))]
 
     def lock(self) -> None:
         """One run per staging folder: a second one would overwrite the first one's parts.

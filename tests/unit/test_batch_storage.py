@@ -190,3 +190,15 @@ def test_sink_publishes_whole_files_only(tmp_path):
     sink.write('{"a": 2}')
     sink.commit()
     assert target.read_text() == '{"a": 2}\n' and list(tmp_path.iterdir()) == [target]
+
+
+def test_part_order_survives_wider_sequence_numbers(tmp_path):
+    st = Staging(str(tmp_path / "stage"))
+    st.create({"inputs": []})
+    st._seq = 999_998
+    st.commit(_records((1, FAILED)))  # part-00001-999999
+    st.commit(_records((1, OK)))  # part-00001-1000000: later, so it wins
+    ok, err = [], []
+    st.merge(ok.append, err.append)
+    assert len(ok) == 1 and err == []
+    assert Staging(str(tmp_path / "stage")).scan().get(0, 1) == OK
