@@ -85,13 +85,11 @@ def test_seed_gives_the_same_tokens_whatever_shares_the_batch(real_model, servin
     seeded = {"messages": [{"role": "user", "content": "Write a short poem about the sea."}],
               "max_tokens": 16, "temperature": 1.0, "top_p": 0.95, "seed": 1234}
     others = [{"messages": [{"role": "user", "content": f"Tell me fact number {i} about cats."}],
-               "max_tokens": 8 + 4 * i, "temperature": 1.0} for i in range(4)]
+               "max_tokens": 6 + 4 * i, "temperature": 1.0} for i in range(3)]
     alone, = run(real_model, serving, [seeded])
-    mixed = run(real_model, serving, others[:2] + [seeded] + others[2:])
+    mixed = run(real_model, serving, others[:2] + [seeded, {**seeded, "seed": 4321}] + others[2:])
     assert content(mixed[2]) == content(alone)
-    again, other_seed = run(real_model, serving, [seeded, {**seeded, "seed": 4321}])
-    assert content(again) == content(alone)
-    assert content(other_seed) != content(alone)
+    assert content(mixed[3]) != content(alone)
 
 
 def test_logprobs_in_openai_shape(real_model, serving):
