@@ -237,3 +237,22 @@ def test_grammar_holds_when_the_model_wanders_after_the_thought(model):
                              temperature=0))
     result = finalize(model, p, "<think>\nok\n</think>\n\nNot JSON at all, sorry.")
     assert result["choices"][0]["message"]["content"].startswith('{"')  # not "Not"
+
+
+def test_completions_stream_chunks(model):
+    p = serving(model).prepare("/v1/completions", {"prompt": "Once upon", "max_tokens": 8,
+                                                   "logprobs": 1, "stream": True,
+                                                   "stream_options": {"include_usage": True}})
+    state = p.chunks()
+    chunks = state.start()
+    for out in run(model, p, " a time there was"):
+        chunks += state.update(out)
+    chunks += state.end()
+    for c in chunks:
+        Completion.model_validate(c)
+    texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
+    assert "".join(texts) == " a time there was"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    tokens = [t for c in chunks if c["choices"] for t in c["choices"][0]["logprobs"]["tokens"]]
+    assert "".join(tokens).startswith(" a time there was")
+    assert chunks[-1]["usage"]["completion_tokens"] == len(tokens)
