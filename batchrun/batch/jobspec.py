@@ -30,12 +30,13 @@ _TOP = {"input": (str, list), "output": str, "errors": str, "metrics": str, "mod
         "max_failed_fraction": (int, float), "max_in_flight": int, "ignore_model_field": bool,
         "input_format": str, "output_format": str, "progress": str,
         "log_interval": (int, float), "quiet": bool, "grace_period": (int, float),
-        "commit_interval": (int, float)}
+        "commit_interval": (int, float), "chat_template": str, "tool_parser": str,
+        "reasoning_parser": str}
 _ENGINE = {"max_num_seqs": int, "max_batched_tokens": int, "max_model_len": int, "dtype": str,
            "threads": int, "kv_cache_memory": (int, str), "prefix_cache": bool}
 _DEFAULTS = {"temperature": (int, float), "max_tokens": int}
 _TABLES = {"engine", "defaults", "storage_options", "columns", "vars"}
-_PATHS = ("output", "errors", "metrics", "staging")
+_PATHS = ("output", "errors", "metrics", "staging", "chat_template")
 
 
 class JobSpecError(ValueError):

@@ -53,3 +53,16 @@ def test_bad_options_are_usage_errors(tmp_path):
     assert proc.returncode == 2 and "chat template file not found" in proc.stderr
     proc, _ = run(tmp_path, "--tool-parser", "nope")
     assert proc.returncode == 2 and "--tool-parser" in proc.stderr
+
+
+def test_job_spec_takes_the_openai_options(tmp_path):
+    from batchrun.batch import jobspec
+
+    (tmp_path / "t.jinja").write_text("{{ messages }}")
+    spec = tmp_path / "job.toml"
+    spec.write_text('input = "in.jsonl"\noutput = "out.jsonl"\nchat_template = "t.jinja"\n'
+                    'tool_parser = "hermes"\nreasoning_parser = "qwen3"\n')
+    opts = jobspec.load(str(spec))
+    assert opts.chat_template == str(tmp_path / "t.jinja")
+    assert opts.openai_options() == {"chat_template": "{{ messages }}", "tool_parser": "hermes",
+                                     "reasoning_parser": "qwen3"}
