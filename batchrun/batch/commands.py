@@ -138,14 +138,18 @@ def run(inputs, **kwargs):
 @click.option("--max-model-len", type=click.IntRange(min=2), help="Context length to check "
               "against [default: the model's].")
 @click.option("--ignore-model-field", is_flag=True, help="Do not check the `model` field.")
+@click.option("--chat-template", metavar="FILE", help="With --check-prompts: the template the "
+              "run will use (tools need one that renders them).")
+@click.option("--tool-parser", type=click.Choice(sorted(TOOL_PARSERS)),
+              help="With --check-prompts: the run's --tool-parser.")
 @storage_option
 @input_format_option
 @column_option
 @click.option("--json", "as_json", is_flag=True,
               help="Print problems as error-file records (JSON lines) instead of text.")
 @click.option("-q", "--quiet", is_flag=True, help="Only the summary.")
-def validate(inputs, model, check_prompts, max_model_len, ignore_model_field, storage_options,
-             input_format, columns, as_json, quiet):
+def validate(inputs, model, check_prompts, max_model_len, ignore_model_field, chat_template,
+             tool_parser, storage_options, input_format, columns, as_json, quiet):
     """Check the batch files INPUT... and report every problem (line, field, message) that the
     run would reject, with counts, without running a model."""
     from types import SimpleNamespace
@@ -160,7 +164,9 @@ def validate(inputs, model, check_prompts, max_model_len, ignore_model_field, st
         check_sources(sources, storage_options, columns)
     except (FileNotFoundError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
-    config = SimpleNamespace(ignore_model_field=ignore_model_field, defaults=_defaults())
+    openai = RunOptions(inputs=[], output="", chat_template=chat_template,
+                        tool_parser=tool_parser).openai_options()
+    config = SimpleNamespace(ignore_model_field=ignore_model_field, defaults=_defaults(), **openai)
     if check_prompts:
         served = _tokenizer_model(model, max_model_len)
         prepare = lambda text, line: prepare_line(text, line, served, config)  # noqa: E731

@@ -66,3 +66,16 @@ def test_job_spec_takes_the_openai_options(tmp_path):
     assert opts.chat_template == str(tmp_path / "t.jinja")
     assert opts.openai_options() == {"chat_template": "{{ messages }}", "tool_parser": "hermes",
                                      "reasoning_parser": "qwen3"}
+
+
+def test_validate_checks_tools_against_the_chat_template(tmp_path, smol_tokenizer):
+    src = tmp_path / "tools.jsonl"
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": [TOOL]}
+    src.write_text(json.dumps({"custom_id": "a", "method": "POST",
+                               "url": "/v1/chat/completions", "body": body}) + "\n")
+    cmd = [sys.executable, "-m", "batchrun", "validate", str(src), "--check-prompts"]
+    bare = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bare.returncode == 3 and "--chat-template" in bare.stdout
+    ok = subprocess.run(cmd + ["--chat-template", str(TEMPLATE)], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
