@@ -161,6 +161,15 @@ def report(results: list[Result], baseline: str = "hf-static-32") -> str:
     return "\n".join(lines)
 
 
+def parse_overrides(system: str) -> dict:
+    """'batchrun[max_num_seqs=64;kv_cache_dtype=float16]' -> engine option overrides."""
+    out = {}
+    for item in system[system.index("[") + 1:system.rindex("]")].split(";"):
+        key, value = item.split("=")
+        out[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("workload", help="OpenAI batch JSONL (chat); with --fewshot, the HumanEval "
@@ -170,9 +179,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, help="first N requests only")
     ap.add_argument("--model", default=None)
     ap.add_argument("--systems", default="batchrun,hf-static", help="comma list of "
-                    "batchrun, batchrun-no-prefix-cache, hf-static, hf-paged")
-    ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--max-batched-tokens", type=int, default=512)
+                    "batchrun, batchrun-no-prefix-cache, hf-static, hf-paged; a batchrun entry "
+                    "may override engine options: 'batchrun[max_num_seqs=64;kv_cache_dtype=float16]'")
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="[engine default]")
+    ap.add_argument("--max-batched-tokens", type=int, default=None, help="[engine default]")
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
 
@@ -180,9 +190,9 @@ def main(argv: list[str] | None = None) -> None:
     from batchrun.config import EngineConfig
 
     systems = args.systems.split(",")
-    config = EngineConfig.default(max_num_seqs=args.max_num_seqs,
-                                  max_num_batched_tokens=args.max_batched_tokens,
-                                  threads=args.threads)
+    base = {k: v for k, v in {"max_num_seqs": args.max_num_seqs, "threads": args.threads,
+                              "max_num_batched_tokens": args.max_batched_tokens}.items() if v}
+    config = EngineConfig.default(**base)
     t0 = time.perf_counter()
     loaded = llm.load(args.model, config)
     print(f"model loaded in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
@@ -201,6 +211,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"running {system} ...", file=sys.stderr)
         if system == "batchrun":
             results.append(run_batchrun(loaded, work))
+        elif system.startswith("batchrun["):
+            variant = llm.load(args.model, EngineConfig.default(**base, **parse_overrides(system)))
+            results.append(run_batchrun(variant, work, system))
+            del variant
         elif system == "batchrun-no-prefix-cache":
             loaded.engine.kv.enable_prefix_caching = False
             results.append(run_batchrun(loaded, work, system))
