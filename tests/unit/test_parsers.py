@@ -194,3 +194,39 @@ def test_grammar_after_reasoning(smol_tokenizer, name, text, accepted):
     spec = after_reasoning(GrammarSpec(json_schema=schema), reasoning_parser(name))
     m = llguidance.LLMatcher(ll_tokenizer(smol_tokenizer, [2]), grammar_text(spec))
     assert (m.consume_tokens(smol_tokenizer.encode(text)) and m.is_accepting()) == accepted
+
+
+MISTRAL_V11 = ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'
+               '[TOOL_CALLS]get_time[ARGS]{}')
+
+
+def test_mistral_v11_calls():
+    parser = tool_parser("mistral")
+    assert calls_of(parser.parse("Sure. " + MISTRAL_V11)) == [("get_weather", {"city": "Paris"}),
+                                                              ("get_time", {})]
+    assert parser.parse("Sure. " + MISTRAL_V11)[0] == "Sure."
+    assert parser.parse("[TOOL_CALLS]get_weather[ARGS]{broken") == (
+        "[TOOL_CALLS]get_weather[ARGS]{broken", [])
+
+
+def test_mistral_v11_stream(smol_tokenizer):
+    deltas = feed_tokens(smol_tokenizer, MISTRAL_V11, tools="mistral")
+    assert merged(deltas) == (None, None, [("get_weather", {"city": "Paris"}), ("get_time", {})])
+
+
+def test_mistral_v11_grammar_when_the_tokenizer_has_the_markers(smol_tokenizer):
+    """A tokenizer with [TOOL_CALLS] and [ARGS] tokens (ids 1 and 3 stand in for them) gets the
+    v11 grammar, with the markers as tokens."""
+    import llguidance
+
+    from batchrun.engine.sampling_params import GrammarSpec
+    from batchrun.engine.structured import grammar_text, ll_tokenizer
+
+    literal = {"[TOOL_CALLS]": "<[1]>", "[ARGS]": "<[3]>"}.get
+    lark = tool_parser("mistral").grammar(TOOLS, parallel=True, literal=literal)
+    m = llguidance.LLMatcher(ll_tokenizer(smol_tokenizer, [2]), grammar_text(GrammarSpec(lark=lark)))
+    enc = smol_tokenizer.encode
+    ids = [1] + enc("get_weather") + [3] + enc('{"city": "Paris"}') + [1] + enc("get_time") + \
+        [3] + enc("{}")
+    assert m.consume_tokens(ids), m.get_error()
+    assert m.is_accepting()

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 _ALNUM = string.ascii_letters + string.digits
+# llguidance options for forced JSON: canonical `json.dumps` spacing, as the engine uses for
+# response_format, so a small model has no room for runaway whitespace.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def random_id(length: int = 24) -> str:
@@ -160,6 +163,4 @@ def call_schema(tools: list[dict[str, Any]], args_key: str = "arguments") -> dic
             "name": {"const": fn["name"]}, args_key: params},
             "required": ["name", args_key], "additionalProperties": False})
     schema = options[0] if len(options) == 1 else {"anyOf": options}
-    # Canonical `json.dumps` spacing, as for response_format: no room for runaway whitespace.
-    return {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ", ",
-                                     "key_separator": ": "}}
+    return {**schema, "x-guidance": JSON_STYLE}
