@@ -19,8 +19,10 @@ class CacheConfig:
 
 @dataclass
 class SchedulerConfig:
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
+    # Measured on 2 CPU cores, full humaneval_chat: 256/2048 gave 141 output tok/s against 126
+    # for 64/512 (bigger steps amortise streaming the weights from memory every step).
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
     # Admit waiting requests in prompt order, so shared prefixes run together (batch mode);
     # False keeps arrival order (interactive serving).
     group_by_prefix: bool = True
