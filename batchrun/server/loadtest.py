@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchrun.batch.metrics import percentile
+
 DEFAULT_PROMPTS = [
     "What is the capital of France?", "Write a haiku about the sea.",
     "Explain recursion in one sentence.", "List three prime numbers.",
@@ -36,16 +38,6 @@ class Result:
     chunks: int = 0
     itl: list[float] = field(default_factory=list)
     error: str | None = None
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def load_messages(path: str | None, limit: int) -> list[list[dict]]:
