@@ -10,6 +10,7 @@ import click
 
 from batchrun.batch.formats import FORMAT_NAMES
 from batchrun.batch.launch import EXIT_OK, EXIT_TOO_MANY_FAILED, RunOptions, UsageError, execute
+from batchrun.engine_options import engine_options, size_option
 from batchrun.openai.parsers import REASONING_PARSERS, TOOL_PARSERS
 
 EXIT_CODES_HELP = """\b
@@ -44,17 +45,6 @@ def _pairs(ctx, param, values):
     return out
 
 
-def _size(ctx, param, value):
-    if value is None:
-        return None
-    from batchrun.cli import parse_size
-
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
 storage_option = click.option(
     "--storage-options", callback=_json_dict, metavar="JSON",
     help='fsspec options for object stores, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\', '
@@ -76,15 +66,7 @@ column_option = click.option(
 @click.option("--metrics", help="Metrics JSON [default: <output stem>.metrics.json].")
 @click.option("--model", help="Registry name, HF folder, .gguf file or hub id "
                               "[default: the bundled smollm2-135m].")
-@click.option("--max-num-seqs", type=click.IntRange(min=1), help="Most sequences per step.")
-@click.option("--max-batched-tokens", type=click.IntRange(min=1), help="Token budget per step.")
-@click.option("--max-model-len", type=click.IntRange(min=2),
-              help="Context length [default: the model's].")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-              default="auto", show_default=True, help="auto = float32 on CPU, bfloat16 on CUDA.")
-@click.option("--threads", type=click.IntRange(min=1), help="CPU threads [default: all cores].")
-@click.option("--kv-cache-memory", callback=_size, metavar="SIZE", help="KV cache size, e.g. 2GiB.")
-@click.option("--no-prefix-cache", is_flag=True, help="Disable prefix caching.")
+@engine_options
 @click.option("--max-in-flight", type=click.IntRange(min=1),
               help="Requests handed to the engine at once [default: 4 x max-num-seqs].")
 @click.option("--temperature", type=click.FloatRange(0, 2),

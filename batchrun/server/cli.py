@@ -8,23 +8,13 @@ from pathlib import Path
 
 import click
 
+from batchrun.engine_options import engine_options, size_option
+
 
 def default_data_dir() -> Path:
     root = os.environ.get("BATCHRUN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
                                                             "batchrun")
     return Path(root) / "server"
-
-
-def _size(ctx, param, value):
-    """Bytes from `2GiB`, `512MiB`, ... (batchrun.cli is imported late: it imports this module)."""
-    if value is None or isinstance(value, int):
-        return value
-    from batchrun.cli import parse_size
-
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), ctx, param) from None
 
 
 @click.command("serve")
@@ -39,21 +29,12 @@ def _size(ctx, param, value):
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where uploaded files, batch state and batch results live "
                    "[default: $BATCHRUN_CACHE/server].")
-@click.option("--max-num-seqs", type=click.IntRange(min=1), help="Most sequences per step.")
-@click.option("--max-batched-tokens", type=click.IntRange(min=1), help="Token budget per step.")
-@click.option("--max-model-len", type=click.IntRange(min=2),
-              help="Context length [default: the model's].")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-              default="auto", show_default=True, help="auto = float32 on CPU, bfloat16 on CUDA.")
-@click.option("--threads", type=click.IntRange(min=1), help="CPU threads [default: all cores].")
-@click.option("--kv-cache-memory", callback=_size, metavar="SIZE",
-              help="KV cache size, e.g. 2GiB.")
-@click.option("--no-prefix-cache", is_flag=True, help="Disable prefix caching.")
+@engine_options
 @click.option("--max-queued-requests", type=click.IntRange(min=1), default=1024,
               show_default=True, help="Interactive requests in flight before the API answers 429.")
-@click.option("--max-body-size", callback=_size, metavar="SIZE", default="16MiB",
+@click.option("--max-body-size", callback=size_option, metavar="SIZE", default="16MiB",
               show_default=True, help="Largest JSON request body.")
-@click.option("--max-upload-size", callback=_size, metavar="SIZE", default="200MiB",
+@click.option("--max-upload-size", callback=size_option, metavar="SIZE", default="200MiB",
               show_default=True, help="Largest file upload.")
 @click.option("--max-concurrent-batches", type=click.IntRange(min=1), default=1,
               show_default=True, help="Batches-API jobs running at once (the rest queue).")
