@@ -184,6 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-num-seqs", type=int, default=None, help="[engine default]")
     ap.add_argument("--max-batched-tokens", type=int, default=None, help="[engine default]")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="compute dtype of every system, batchrun and transformers alike")
     args = ap.parse_args(argv)
 
     from batchrun import llm
@@ -191,7 +193,8 @@ def main(argv: list[str] | None = None) -> None:
 
     systems = args.systems.split(",")
     base = {k: v for k, v in {"max_num_seqs": args.max_num_seqs, "threads": args.threads,
-                              "max_num_batched_tokens": args.max_batched_tokens}.items() if v}
+                              "max_num_batched_tokens": args.max_batched_tokens,
+                              "dtype": args.dtype}.items() if v}
     config = EngineConfig.default(**base)
     t0 = time.perf_counter()
     loaded = llm.load(args.model, config)
@@ -224,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
                 from transformers import AutoModelForCausalLM
 
                 hf_model = AutoModelForCausalLM.from_pretrained(
-                    loaded.path, dtype=torch.float32, attn_implementation="sdpa").eval()
+                    loaded.path, dtype=getattr(torch, args.dtype), attn_implementation="sdpa").eval()
             runner = run_hf_static if system == "hf-static" else run_hf_paged
             results.append(runner(hf_model, work, eos))
         else:
@@ -232,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {results[-1].system}: {results[-1].output_tps:.1f} output tok/s", file=sys.stderr)
     print(report(results))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak RSS {peak:.0f} MiB; torch threads {torch.get_num_threads()}")
+    print(f"peak RSS {peak:.0f} MiB; torch threads {torch.get_num_threads()}; dtype {args.dtype}")
 
 
 if __name__ == "__main__":

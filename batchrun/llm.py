@@ -96,6 +96,8 @@ def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: 
 def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.dtype):
     from safetensors import safe_open
 
+    from batchrun.models import packed_linear
+
     files = sorted(glob.glob(str(path / "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {path}")
@@ -111,6 +113,12 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
                     yield key, sf.get_tensor(key)
 
     model.load_weights(tensors())
+    if device.type == "cpu" and packed_linear.available(dtype):
+        if model.lm_head is None:  # a packed copy of the tied embeddings for the logits
+            model.lm_head = torch.nn.Linear(model_cfg.hidden_size, model_cfg.vocab_size, bias=False,
+                                            device="meta")
+            model.lm_head.weight = model.embed_tokens.weight
+        packed_linear.pack_linears(model)
     return model.eval()
 
 

@@ -48,14 +48,15 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     out = torch.empty_like(q)
 
     if meta.num_decode and meta.kernel is not None:
+        from batchrun.engine.kernels import KV_KINDS
+
         b = meta.num_decode
-        qd = q[:b].contiguous()
+        qd = q[:b].float().contiguous()  # the kernel computes in float32 whatever the model's dtype
         od = torch.empty_like(qd)
         rc = meta.kernel.paged_decode_attention(
             qd.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), meta.decode_tables.data_ptr(),
             meta.decode_lens.data_ptr(), od.data_ptr(), b, num_heads, num_kv_heads, head_dim,
-            meta.block_size,
-            meta.decode_tables.shape[1], scale, int(k_cache.dtype == torch.float16),
+            meta.block_size, meta.decode_tables.shape[1], scale, KV_KINDS[str(k_cache.dtype)],
             torch.get_num_threads())
         assert rc == 0, "paged_decode_attention failed"
         out[:b] = od

@@ -20,9 +20,8 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         self.dtype = dtype
-        kv_ok = (kv_dtype or dtype) in (torch.float32, torch.float16)
-        self.kernel = kernels.library() if device.type == "cpu" and dtype == torch.float32 and kv_ok \
-            else None
+        kv_ok = str(kv_dtype or dtype) in kernels.KV_KINDS
+        self.kernel = kernels.library() if device.type == "cpu" and kv_ok else None
         self.triton = device.type == "cuda" and importlib.util.find_spec("triton") is not None
         # One block more than the pool hands out: padding rows of CUDA graphs write into it.
         shape = ((num_blocks + 1) * block_size, cfg.num_kv_heads, cfg.head_dim)

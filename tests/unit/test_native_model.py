@@ -60,7 +60,8 @@ def test_batched_greedy_matches_transformers(arch, tmp_path):
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
 
 
-def test_fused_weights_are_the_checkpoint_weights(tmp_path):
+def test_fused_weights_are_the_checkpoint_weights(tmp_path, monkeypatch):
+    monkeypatch.setenv("BATCHRUN_PACKED_LINEAR", "0")  # packed weights no longer expose .weight
     hf, engine = tiny_engine("qwen2", tmp_path)
     layer = engine.runner.model.layers[0]
     ref = hf.model.layers[0]

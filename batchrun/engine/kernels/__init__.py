@@ -19,6 +19,8 @@ from functools import lru_cache
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+# KV element types the kernel reads, and the code it takes for each.
+KV_KINDS = {"torch.float32": 0, "torch.float16": 1, "torch.bfloat16": 2}
 SOURCE = Path(__file__).with_name("paged_attention.c")
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-shared", "-fPIC"]
 
