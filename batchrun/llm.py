@@ -119,6 +119,10 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
                                             device="meta")
             model.lm_head.weight = model.embed_tokens.weight
         packed_linear.pack_linears(model)
+    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+        from batchrun.engine import kernels
+
+        model.cpu_kernels = kernels.library()
     return model.eval()
 
 

@@ -41,8 +41,16 @@ class AttentionMetadata:
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q [T, H, D], k/v [T, Hkv, D] for this step's tokens; returns [T, H, D]."""
-    k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    if meta.kernel is not None and k.stride()[1:] == v.stride()[1:] == (k.shape[2], 1) \
+            and k.stride(0) == v.stride(0):
+        from batchrun.engine.kernels import kind
+
+        meta.kernel.kv_write(k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                             meta.slot_mapping.data_ptr(), k.shape[0], k.stride(0),
+                             k.shape[1] * k.shape[2], kind(k.dtype), kind(k_cache.dtype))
+    else:
+        k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
     num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)

@@ -8,12 +8,14 @@ Mistral, Qwen2 (QKV bias) and Qwen3 (q/k RMSNorm) differ only in config flags.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from batchrun.engine import kernels
 from batchrun.engine.attention import AttentionMetadata, paged_attention
 
 SUPPORTED_ARCHITECTURES = {
@@ -116,6 +118,19 @@ class RotaryEmbedding(nn.Module):
         return x * cos + rotated * sin
 
 
+@dataclass
+class StepRope:
+    """A step's rotary embedding: its positions, and the cos/sin rows PyTorch ops need."""
+    positions: torch.Tensor
+    table: RotaryEmbedding
+    dtype: torch.dtype
+    kernels: object = None  # the CPU kernel library; None = PyTorch ops
+
+    @cached_property
+    def cos_sin(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.table.tables(self.positions, self.dtype)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -131,15 +146,25 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.scale = cfg.head_dim ** -0.5
 
-    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, x, rope: StepRope, kv: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        fused = rope.kernels is not None and self.q_norm is None
+        if fused:  # rotate the q and k heads in place, in one pass
+            rc = rope.kernels.rope_inplace(
+                qkv.data_ptr(), rope.positions.data_ptr(), rope.table.cos.data_ptr(),
+                rope.table.sin.data_ptr(), qkv.shape[0], qkv.stride(0),
+                self.num_heads + self.num_kv_heads, self.head_dim, kernels.kind(qkv.dtype),
+                torch.get_num_threads())
+            assert rc == 0, "rope_inplace failed"
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = RotaryEmbedding.apply(q, *rope), RotaryEmbedding.apply(k, *rope)
+        if not fused:
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = RotaryEmbedding.apply(q, *rope.cos_sin), RotaryEmbedding.apply(k, *rope.cos_sin)
         out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -151,8 +176,14 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+    def forward(self, x: torch.Tensor, cpu_kernels=None) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if cpu_kernels is not None:
+            act = gate_up.new_empty((gate_up.shape[0], self.intermediate))
+            cpu_kernels.silu_mul(gate_up.data_ptr(), act.data_ptr(), gate_up.shape[0],
+                                 self.intermediate, kernels.kind(act.dtype), torch.get_num_threads())
+            return self.down_proj(act)
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -164,9 +195,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rope, kv, meta):
+    def forward(self, x, rope: StepRope, kv, meta):
         x = x + self.self_attn(self.input_layernorm(x), rope, kv, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), rope.kernels)
 
 
 class LlamaModel(nn.Module):
@@ -178,12 +209,15 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # Fused CPU kernels (batchrun.engine.kernels) for RoPE and SiLU-mul, set by the loader
+        # when the model runs on the CPU in float32/bfloat16; None = PyTorch ops.
+        self.cpu_kernels = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states [T, hidden] for the flat row of tokens of one step."""
         x = self.embed_tokens(input_ids)
-        rope = self.rope.tables(positions, x.dtype)
+        rope = StepRope(positions, self.rope, x.dtype, self.cpu_kernels)
         for layer, kv in zip(self.layers, kv_caches):
             x = layer(x, rope, kv, meta)
         return self.norm(x)

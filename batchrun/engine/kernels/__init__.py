@@ -21,7 +21,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 # KV element types the kernel reads, and the code it takes for each.
 KV_KINDS = {"torch.float32": 0, "torch.float16": 1, "torch.bfloat16": 2}
-SOURCE = Path(__file__).with_name("paged_attention.c")
+SOURCES = [Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c")]
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-shared", "-fPIC"]
 
 
@@ -40,7 +40,7 @@ def _build(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        subprocess.run([compiler, *FLAGS, "-o", str(out), str(SOURCE), "-lpthread", "-lm"],
+        subprocess.run([compiler, *FLAGS, "-o", str(out), *map(str, SOURCES), "-lpthread", "-lm"],
                        check=True, capture_output=True, text=True)
         os.replace(out, target)
 
@@ -52,9 +52,9 @@ def library():
         return None
     from batchrun.models.loader import cache_dir
 
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + " ".join(FLAGS).encode()
                          + _cpu_signature().encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"paged_attention-{key}.so"
+    target = cache_dir() / "kernels" / f"cpu_kernels-{key}.so"
     try:
         if not target.exists():
             _build(target)
@@ -63,7 +63,19 @@ def library():
         detail = getattr(exc, "stderr", "") or exc
         log.warning("CPU attention kernel unavailable, using PyTorch attention: %s", detail)
         return None
-    fn = lib.paged_decode_attention
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float] + [ctypes.c_int] * 2
+    p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    signatures = {
+        "paged_decode_attention": (i, [p] * 6 + [i] * 6 + [ctypes.c_float] + [i] * 2),
+        "silu_mul": (None, [p, p, i64, i64, i, i]),
+        "rope_inplace": (i, [p, p, p, p, i64, i64, i, i, i, i]),
+        "kv_write": (None, [p] * 5 + [i64] * 3 + [i] * 2),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
     return lib
+
+
+def kind(dtype) -> int:
+    """The kernels' code for a tensor's element type."""
+    return KV_KINDS[str(dtype)]

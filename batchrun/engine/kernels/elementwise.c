@@ -1,0 +1,141 @@
+// Fused elementwise ops of a decoder layer: SiLU-and-multiply, rotary embedding applied in place,
+// and writing a step's K/V rows into the paged cache. Each replaces several PyTorch ops (and
+// their temporaries) with one pass over the data. Tensors are float32 or bfloat16 (kind 0 / 2);
+// arithmetic is float32.
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { EW_F32 = 0, EW_F16 = 1, EW_BF16 = 2 };
+
+static inline float ld(int kind, const void *p, int64_t i) {
+    if (kind == EW_F32) return ((const float *)p)[i];
+    if (kind == EW_F16) return (float)((const _Float16 *)p)[i];
+    uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline void st(int kind, void *p, int64_t i, float f) {
+    if (kind == EW_F32) { ((float *)p)[i] = f; return; }
+    if (kind == EW_F16) { ((_Float16 *)p)[i] = (_Float16)f; return; }
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    bits += 0x7fff + ((bits >> 16) & 1);  // round to nearest even (inputs are finite)
+    ((uint16_t *)p)[i] = (uint16_t)(bits >> 16);
+}
+
+// Runs fn(ctx, first_row, last_row) over `rows` on up to `threads` threads; one thread when the
+// work is too small to pay for starting another.
+typedef void (*row_fn)(const void *ctx, int64_t first, int64_t last);
+typedef struct { row_fn fn; const void *ctx; int64_t first, last; } Slice;
+
+static void *run_slice(void *arg) {
+    const Slice *s = (const Slice *)arg;
+    s->fn(s->ctx, s->first, s->last);
+    return NULL;
+}
+
+static void parallel_rows(row_fn fn, const void *ctx, int64_t rows, int64_t work_per_row, int threads) {
+    if (threads > 16) threads = 16;
+    if (threads < 1 || rows * work_per_row < (1 << 16)) threads = 1;
+    if (threads > rows) threads = (int)rows;
+    if (threads <= 1) { fn(ctx, 0, rows); return; }
+    Slice slices[16];
+    pthread_t tids[16];
+    for (int i = 0; i < threads; i++)
+        slices[i] = (Slice){fn, ctx, rows * i / threads, rows * (i + 1) / threads};
+    for (int i = 1; i < threads; i++) pthread_create(&tids[i], NULL, run_slice, &slices[i]);
+    run_slice(&slices[0]);
+    for (int i = 1; i < threads; i++) pthread_join(tids[i], NULL);
+}
+
+// out[r, :] = silu(x[r, :n]) * x[r, n:2n]
+typedef struct { const void *x; void *out; int64_t n; int kind; } SiluMul;
+
+static void silu_mul_rows(const void *arg, int64_t first, int64_t last) {
+    const SiluMul *a = (const SiluMul *)arg;
+    const int64_t n = a->n;
+    float g[1024], u[1024];
+    for (int64_t r = first; r < last; r++)
+        for (int64_t c0 = 0; c0 < n; c0 += 1024) {
+            const int64_t m = n - c0 < 1024 ? n - c0 : 1024;
+            for (int64_t i = 0; i < m; i++) {
+                g[i] = ld(a->kind, a->x, r * 2 * n + c0 + i);
+                u[i] = ld(a->kind, a->x, r * 2 * n + n + c0 + i);
+            }
+            for (int64_t i = 0; i < m; i++) g[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+            for (int64_t i = 0; i < m; i++) st(a->kind, a->out, r * n + c0 + i, g[i]);
+        }
+}
+
+void silu_mul(const void *x, void *out, int64_t rows, int64_t n, int kind, int threads) {
+    const SiluMul a = {x, out, n, kind};
+    parallel_rows(silu_mul_rows, &a, rows, n, threads);
+}
+
+// Rotary embedding (rotate-half form) in place on the q and k heads of each row of a fused qkv
+// tensor: x[:half], x[half:] <- x1 * cos - x2 * sin, x2 * cos + x1 * sin.
+typedef struct {
+    void *qkv;
+    const int64_t *positions;
+    const float *cos, *sin;  // [max_positions, head_dim]
+    int64_t row_stride;      // elements between rows of qkv
+    int heads, head_dim, kind;  // heads = q heads + k heads, stored first in each row
+} Rope;
+
+static void rope_rows(const void *arg, int64_t first, int64_t last) {
+    const Rope *a = (const Rope *)arg;
+    const int D = a->head_dim, half = D / 2;
+    for (int64_t r = first; r < last; r++) {
+        const float *c = a->cos + a->positions[r] * D, *s = a->sin + a->positions[r] * D;
+        for (int h = 0; h < a->heads; h++) {
+            const int64_t base = r * a->row_stride + (int64_t)h * D;
+            float x1[256], x2[256];
+            for (int i = 0; i < half; i++) {
+                x1[i] = ld(a->kind, a->qkv, base + i);
+                x2[i] = ld(a->kind, a->qkv, base + half + i);
+            }
+            for (int i = 0; i < half; i++) {
+                st(a->kind, a->qkv, base + i, x1[i] * c[i] - x2[i] * s[i]);
+                st(a->kind, a->qkv, base + half + i, x2[i] * c[half + i] + x1[i] * s[half + i]);
+            }
+        }
+    }
+}
+
+int rope_inplace(void *qkv, const int64_t *positions, const float *cos, const float *sin,
+                 int64_t rows, int64_t row_stride, int heads, int head_dim, int kind, int threads) {
+    if (head_dim > 512 || head_dim % 2) return -1;
+    const Rope a = {qkv, positions, cos, sin, row_stride, heads, head_dim, kind};
+    parallel_rows(rope_rows, &a, rows, (int64_t)heads * head_dim, threads);
+    return 0;
+}
+
+// cache[slot[r], :] = src[r, :] for the K and V rows of a step, converting element type.
+typedef struct {
+    const void *k, *v;
+    void *k_cache, *v_cache;
+    const int64_t *slots;
+    int64_t src_stride, width;  // elements between source rows; elements per row (Hkv * D)
+    int src_kind, dst_kind;
+} KvWrite;
+
+static void kv_write_rows(const void *arg, int64_t first, int64_t last) {
+    const KvWrite *a = (const KvWrite *)arg;
+    for (int64_t r = first; r < last; r++) {
+        const int64_t dst = a->slots[r] * a->width, src = r * a->src_stride;
+        for (int64_t i = 0; i < a->width; i++) {
+            st(a->dst_kind, a->k_cache, dst + i, ld(a->src_kind, a->k, src + i));
+            st(a->dst_kind, a->v_cache, dst + i, ld(a->src_kind, a->v, src + i));
+        }
+    }
+}
+
+void kv_write(const void *k, const void *v, void *k_cache, void *v_cache, const int64_t *slots,
+              int64_t rows, int64_t src_stride, int64_t width, int src_kind, int dst_kind) {
+    const KvWrite a = {k, v, k_cache, v_cache, slots, src_stride, width, src_kind, dst_kind};
+    kv_write_rows(&a, 0, rows);
+}

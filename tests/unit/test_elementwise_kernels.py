@@ -1,0 +1,46 @@
+"""The fused CPU elementwise kernels (SiLU-mul, in-place RoPE) against the PyTorch ops they replace."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from batchrun.engine import kernels
+from batchrun.models.llama import RotaryEmbedding
+
+pytestmark = pytest.mark.skipif(kernels.library() is None, reason="no C compiler here")
+TOLERANCE = {torch.float32: dict(atol=1e-6, rtol=1e-5), torch.bfloat16: dict(atol=1e-2, rtol=1e-2)}
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+@pytest.mark.parametrize("rows,n", [(1, 8), (3, 1536), (700, 200)])  # 700 x 200 runs threaded
+def test_silu_mul(dtype, rows, n):
+    x = (torch.randn(rows, 2 * n) * 4).to(dtype)
+    out = torch.empty(rows, n, dtype=dtype)
+    kernels.library().silu_mul(x.data_ptr(), out.data_ptr(), rows, n, kernels.kind(dtype), 2)
+    expected = (F.silu(x[:, :n].float()) * x[:, n:].float()).to(dtype)
+    torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+@pytest.mark.parametrize("H,Hkv,D", [(9, 3, 64), (4, 2, 128)])
+def test_rope_inplace_on_fused_qkv(dtype, H, Hkv, D):
+    T, max_pos = 300, 512
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float) / D))
+    freqs = torch.arange(max_pos, dtype=torch.float)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().contiguous(), emb.sin().contiguous()
+    qkv = torch.randn(T, (H + 2 * Hkv) * D).to(dtype)
+    positions = torch.randint(0, max_pos, (T,))
+    q, k, v = qkv.float().split([H * D, Hkv * D, Hkv * D], dim=-1)
+    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+    q_ref = RotaryEmbedding.apply(q.reshape(T, H, D), c, s).to(dtype)
+    k_ref = RotaryEmbedding.apply(k.reshape(T, Hkv, D), c, s).to(dtype)
+    v_before = qkv[:, (H + Hkv) * D:].clone()
+
+    rc = kernels.library().rope_inplace(qkv.data_ptr(), positions.data_ptr(), cos.data_ptr(),
+                                        sin.data_ptr(), T, qkv.stride(0), H + Hkv, D,
+                                        kernels.kind(dtype), 2)
+    assert rc == 0
+    torch.testing.assert_close(qkv[:, :H * D].reshape(T, H, D), q_ref, **TOLERANCE[dtype])
+    torch.testing.assert_close(qkv[:, H * D:(H + Hkv) * D].reshape(T, Hkv, D), k_ref, **TOLERANCE[dtype])
+    assert torch.equal(qkv[:, (H + Hkv) * D:], v_before)  # values are not rotated
