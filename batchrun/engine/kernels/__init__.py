@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 # KV element types the kernel reads, and the code it takes for each.
 KV_KINDS = {"torch.float32": 0, "torch.float16": 1, "torch.bfloat16": 2}
 SOURCES = [Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c")]
+HEADERS = [Path(__file__).with_name("parallel.h")]
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-shared", "-fPIC"]
 
 
@@ -40,8 +41,11 @@ def _build(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        subprocess.run([compiler, *FLAGS, "-o", str(out), *map(str, SOURCES), "-lpthread", "-lm"],
-                       check=True, capture_output=True, text=True)
+        base = [compiler, *FLAGS, "-o", str(out), *map(str, SOURCES), "-lpthread", "-lm"]
+        try:  # OpenMP shares PyTorch's thread pool; without it the kernels start pthreads
+            subprocess.run(base + ["-fopenmp"], check=True, capture_output=True, text=True)
+        except subprocess.CalledProcessError:
+            subprocess.run(base, check=True, capture_output=True, text=True)
         os.replace(out, target)
 
 
@@ -52,7 +56,7 @@ def library():
         return None
     from batchrun.models.loader import cache_dir
 
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + " ".join(FLAGS).encode()
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES + HEADERS) + " ".join(FLAGS).encode()
                          + _cpu_signature().encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"cpu_kernels-{key}.so"
     try:

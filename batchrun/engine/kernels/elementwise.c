@@ -3,9 +3,10 @@
 // their temporaries) with one pass over the data. Tensors are float32 or bfloat16 (kind 0 / 2);
 // arithmetic is float32.
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "parallel.h"
 
 enum { EW_F32 = 0, EW_F16 = 1, EW_BF16 = 2 };
 
@@ -27,29 +28,22 @@ static inline void st(int kind, void *p, int64_t i, float f) {
     ((uint16_t *)p)[i] = (uint16_t)(bits >> 16);
 }
 
-// Runs fn(ctx, first_row, last_row) over `rows` on up to `threads` threads; one thread when the
-// work is too small to pay for starting another.
+// Runs fn(ctx, first_row, last_row) over `rows` split across up to `threads` threads; one
+// thread when the work is too small to be worth waking another.
 typedef void (*row_fn)(const void *ctx, int64_t first, int64_t last);
-typedef struct { row_fn fn; const void *ctx; int64_t first, last; } Slice;
+typedef struct { row_fn fn; const void *ctx; int64_t rows; int parts; } RowSplit;
 
-static void *run_slice(void *arg) {
-    const Slice *s = (const Slice *)arg;
-    s->fn(s->ctx, s->first, s->last);
-    return NULL;
+static void row_part(const void *arg, int i) {
+    const RowSplit *s = (const RowSplit *)arg;
+    s->fn(s->ctx, s->rows * i / s->parts, s->rows * (i + 1) / s->parts);
 }
 
 static void parallel_rows(row_fn fn, const void *ctx, int64_t rows, int64_t work_per_row, int threads) {
-    if (threads > 16) threads = 16;
-    if (threads < 1 || rows * work_per_row < (1 << 16)) threads = 1;
+    if (threads < 1 || rows * work_per_row < (1 << 15)) threads = 1;
     if (threads > rows) threads = (int)rows;
     if (threads <= 1) { fn(ctx, 0, rows); return; }
-    Slice slices[16];
-    pthread_t tids[16];
-    for (int i = 0; i < threads; i++)
-        slices[i] = (Slice){fn, ctx, rows * i / threads, rows * (i + 1) / threads};
-    for (int i = 1; i < threads; i++) pthread_create(&tids[i], NULL, run_slice, &slices[i]);
-    run_slice(&slices[0]);
-    for (int i = 1; i < threads; i++) pthread_join(tids[i], NULL);
+    const RowSplit split = {fn, ctx, rows, threads};
+    parallel_tasks(row_part, &split, threads);
 }
 
 // out[r, :] = silu(x[r, :n]) * x[r, n:2n]
@@ -58,6 +52,14 @@ typedef struct { const void *x; void *out; int64_t n; int kind; } SiluMul;
 static void silu_mul_rows(const void *arg, int64_t first, int64_t last) {
     const SiluMul *a = (const SiluMul *)arg;
     const int64_t n = a->n;
+    if (a->kind == EW_F32) {  // straight loops over the rows, which the compiler vectorises
+        for (int64_t r = first; r < last; r++) {
+            const float *g = (const float *)a->x + r * 2 * n, *u = g + n;
+            float *o = (float *)a->out + r * n;
+            for (int64_t i = 0; i < n; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+        }
+        return;
+    }
     float g[1024], u[1024];
     for (int64_t r = first; r < last; r++)
         for (int64_t c0 = 0; c0 < n; c0 += 1024) {
@@ -127,6 +129,12 @@ static void kv_write_rows(const void *arg, int64_t first, int64_t last) {
     const KvWrite *a = (const KvWrite *)arg;
     for (int64_t r = first; r < last; r++) {
         const int64_t dst = a->slots[r] * a->width, src = r * a->src_stride;
+        if (a->src_kind == a->dst_kind) {
+            const size_t elt = a->src_kind == EW_F32 ? 4 : 2, bytes = elt * a->width;
+            memcpy((char *)a->k_cache + dst * elt, (const char *)a->k + src * elt, bytes);
+            memcpy((char *)a->v_cache + dst * elt, (const char *)a->v + src * elt, bytes);
+            continue;
+        }
         for (int64_t i = 0; i < a->width; i++) {
             st(a->dst_kind, a->k_cache, dst + i, ld(a->src_kind, a->k, src + i));
             st(a->dst_kind, a->v_cache, dst + i, ld(a->src_kind, a->v, src + i));

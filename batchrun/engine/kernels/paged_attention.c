@@ -1,7 +1,7 @@
 // Decode attention that reads the paged KV cache in place (no gather copy).
 //
 // One query token per sequence. Work is split over (sequence, kv head) pairs across a few
-// pthreads. Each pair walks its blocks once with an online softmax: per block it scores the
+// threads. Each pair walks its blocks once with an online softmax: per block it scores the
 // block's keys for the group's query heads, rescales the running sums, and adds the block's
 // values. KV elements are float32, float16 or bfloat16 (widened to float32 on load).
 //
@@ -10,10 +10,11 @@
 // query head and row) and prefetches the next block, whose address the hardware cannot guess.
 #include <immintrin.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "parallel.h"
 
 #define MAX_D 256
 #define MAX_G 16
@@ -199,10 +200,9 @@ static void run_item(const Job *j, int item) {
     attend(j, item, 0, 0);
 }
 
-static void *run_range(void *arg) {
-    const Job *j = (const Job *)arg;
+static void run_range(const void *arg, int i) {
+    const Job *j = (const Job *)arg + i;
     for (int item = j->first; item < j->last; item++) run_item(j, item);
-    return NULL;
 }
 
 int paged_decode_attention(const float *q, const void *k, const void *v, const int64_t *tables,
@@ -212,9 +212,8 @@ int paged_decode_attention(const float *q, const void *k, const void *v, const i
     const int items = B * Hkv;
     if (threads < 1) threads = 1;
     if (threads > items) threads = items;
-    Job jobs[64];
-    pthread_t tids[64];
     if (threads > 64) threads = 64;
+    Job jobs[64];
     // Split by total context length so threads get similar amounts of KV to read.
     int64_t total = 0;
     for (int b = 0; b < B; b++) total += lens[b] * Hkv;
@@ -227,8 +226,6 @@ int paged_decode_attention(const float *q, const void *k, const void *v, const i
         while (item < items && (acc < goal || i == threads - 1)) acc += lens[item++ / Hkv];
         jobs[i].last = item;
     }
-    for (int i = 1; i < threads; i++) pthread_create(&tids[i], NULL, run_range, &jobs[i]);
-    run_range(&jobs[0]);
-    for (int i = 1; i < threads; i++) pthread_join(tids[i], NULL);
+    parallel_tasks(run_range, jobs, threads);
     return 0;
 }
