@@ -35,6 +35,7 @@ class Result:
     output_tokens: int
     outputs: list[list[int]]
     cache_hit_rate: float | None = None
+    peak_rss_mib: float | None = None  # the process's peak while this system ran
 
     @property
     def output_tps(self) -> float:
@@ -149,15 +150,34 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     return sum(x == y for x, y in zip(a, b)) / max(1, len(a))
 
 
+def reset_peak_rss() -> None:
+    """Restart the kernel's peak-RSS counter (VmHWM) so each system's peak is its own."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_mib() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            line = next(x for x in f if x.startswith("VmHWM:"))
+        return int(line.split()[1]) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def report(results: list[Result], baseline: str = "hf-static-32") -> str:
     base = next((r for r in results if r.system == baseline), None)
     lines = [f"{'system':<22}{'seconds':>9}{'out tok/s':>11}{'total tok/s':>13}"
-             f"{'x ' + baseline:>18}{'cache hit':>11}{'same as first':>15}"]
+             f"{'x ' + baseline:>18}{'cache hit':>11}{'same as first':>15}{'peak RSS MiB':>14}"]
     for r in results:
         ratio = f"{r.output_tps / base.output_tps:.2f}" if base else "-"
         hit = f"{r.cache_hit_rate:.1%}" if r.cache_hit_rate is not None else "-"
         lines.append(f"{r.system:<22}{r.seconds:>9.1f}{r.output_tps:>11.1f}{r.total_tps:>13.1f}"
-                     f"{ratio:>18}{hit:>11}{agreement(r.outputs, results[0].outputs):>15.0%}")
+                     f"{ratio:>18}{hit:>11}{agreement(r.outputs, results[0].outputs):>15.0%}"
+                     f"{r.peak_rss_mib or 0:>14.0f}")
     return "\n".join(lines)
 
 
@@ -212,6 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     hf_model = None
     for system in systems:
         print(f"running {system} ...", file=sys.stderr)
+        reset_peak_rss()
         if system == "batchrun":
             results.append(run_batchrun(loaded, work))
         elif system.startswith("batchrun["):
@@ -232,10 +253,11 @@ def main(argv: list[str] | None = None) -> None:
             results.append(runner(hf_model, work, eos))
         else:
             ap.error(f"unknown system {system}")
+        results[-1].peak_rss_mib = peak_rss_mib()
         print(f"  {results[-1].system}: {results[-1].output_tps:.1f} output tok/s", file=sys.stderr)
     print(report(results))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak RSS {peak:.0f} MiB; torch threads {torch.get_num_threads()}; dtype {args.dtype}")
+    print(f"peak RSS is the whole process's while each system ran, models of earlier systems "
+          f"included; torch threads {torch.get_num_threads()}; dtype {args.dtype}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,85 @@
+"""Where an engine step's wall time goes, over a whole workload.
+
+Wraps the hot calls of the CPU path (packed linears, the C kernels, prefill SDPA, RMSNorm) with
+wall-clock timers, runs the workload greedily through the engine, and prints each call's share
+of the total. The timers add a few microseconds per call, so shares are approximate.
+
+    python benchmarks/step_breakdown.py ../shared/workloads/humaneval_chat.jsonl [--dtype bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import torch.nn.functional as F
+
+import batchrun.engine.attention as attention
+import batchrun.models.llama as llama
+from batchrun import llm
+from batchrun.bench import load_workload
+from batchrun.config import EngineConfig
+from batchrun.engine import SamplingParams
+from batchrun.models import packed_linear
+
+SECONDS: collections.Counter = collections.Counter()
+CALLS: collections.Counter = collections.Counter()
+
+
+def timed(name, fn):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            SECONDS[name] += time.perf_counter() - start
+            CALLS[name] += 1
+    return wrapper
+
+
+class TimedLibrary:
+    """The ctypes kernel library with every function timed."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def __getattr__(self, name):
+        return timed(name, getattr(self._lib, name))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("workload")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--limit", type=int)
+    args = ap.parse_args()
+
+    loaded = llm.load(None, EngineConfig.default(dtype=args.dtype))
+    engine = loaded.engine
+    model = engine.runner.model
+    if model.cpu_kernels is not None:
+        model.cpu_kernels = engine.runner.kernel = TimedLibrary(model.cpu_kernels)
+    packed_linear.PackedLinear.forward = timed("linear (packed)", packed_linear.PackedLinear.forward)
+    attention.F = type("F", (), {"scaled_dot_product_attention": staticmethod(
+        timed("prefill attention (SDPA)", F.scaled_dot_product_attention))})
+    llama.F.rms_norm = timed("rms_norm", F.rms_norm)
+    engine.runner.execute = timed("model step (runner.execute)", engine.runner.execute)
+
+    work = load_workload(args.workload, loaded.tokenizer, args.limit)
+    params = [SamplingParams(temperature=0, max_tokens=m) for m in work.max_tokens]
+    start = time.perf_counter()
+    outs = engine.generate(work.prompts, params)
+    total = time.perf_counter() - start
+    generated = sum(len(o.outputs[0].token_ids) for o in outs)
+    print(f"{len(work.prompts)} requests, {generated} output tokens in {total:.1f} s "
+          f"({generated / total:.1f} output tok/s), dtype {args.dtype}")
+    print(f"{'call':32}{'calls':>8}{'seconds':>10}{'share':>8}")
+    for name, sec in SECONDS.most_common():
+        print(f"{name:32}{CALLS[name]:>8}{sec:>10.2f}{sec / total:>8.1%}")
+    rest = total - SECONDS["model step (runner.execute)"]
+    print(f"{'engine outside the model step':32}{'':>8}{rest:>10.2f}{rest / total:>8.1%}")
+
+
+if __name__ == "__main__":
+    main()
