@@ -1,6 +1,6 @@
 """CPU kernels in plain C, compiled once with the system C compiler and loaded through ctypes.
 
-No torch headers are involved, so a build takes about a second; the shared object is cached
+No torch headers are involved, so a build takes about five seconds; the shared object is cached
 under $BATCHRUN_CACHE/kernels keyed by the source, the flags and the CPU. Without a compiler
 (or if the build fails) callers fall back to pure PyTorch.
 """

@@ -192,7 +192,6 @@ static void run_item(const Job *j, int item) {
 #if defined(__AVX512F__)
     const int G = j->H / j->Hkv;
     if (j->D % 16 == 0) switch (G * 16 + j->D / 16) {
-        CASE(1, 2) CASE(2, 2) CASE(3, 2) CASE(4, 2)
         CASE(1, 4) CASE(2, 4) CASE(3, 4) CASE(4, 4) CASE(5, 4) CASE(6, 4) CASE(7, 4) CASE(8, 4)
         CASE(1, 8) CASE(2, 8) CASE(3, 8) CASE(4, 8) CASE(5, 8) CASE(6, 8) CASE(7, 8) CASE(8, 8)
     }
