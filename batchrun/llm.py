@@ -45,7 +45,10 @@ def pick_device(name: str) -> torch.device:
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in dtypes:
+        raise ValueError(f"unknown dtype {name!r}: use auto, {', '.join(dtypes)}")
+    return dtypes[name]
 
 
 def load(model: str | None, config: EngineConfig | None = None) -> LoadedModel:

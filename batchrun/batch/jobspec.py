@@ -4,7 +4,7 @@
     output = "s3://bucket/out/{date}/results.jsonl"
     model = "smollm2-135m"
     resume = true                                  # a rerun continues where a failed one stopped
-    [engine]     max_num_seqs, max_batched_tokens, max_model_len, dtype, threads,
+    [engine]     max_num_seqs, max_batched_tokens, max_model_len, dtype, kv_cache_dtype, threads,
                  kv_cache_memory ("2GiB"), prefix_cache (bool)
     [defaults]   temperature, max_tokens
     [storage_options], [columns], [vars]
@@ -33,6 +33,7 @@ _TOP = {"input": (str, list), "output": str, "errors": str, "metrics": str, "mod
         "commit_interval": (int, float), "chat_template": str, "tool_parser": str,
         "reasoning_parser": str}
 _ENGINE = {"max_num_seqs": int, "max_batched_tokens": int, "max_model_len": int, "dtype": str,
+           "kv_cache_dtype": str,
            "threads": int, "kv_cache_memory": (int, str), "prefix_cache": bool}
 _DEFAULTS = {"temperature": (int, float), "max_tokens": int}
 _TABLES = {"engine", "defaults", "storage_options", "columns", "vars"}

@@ -38,6 +38,7 @@ class RunOptions:
     max_batched_tokens: int | None = None
     max_model_len: int | None = None
     dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
     threads: int | None = None
     kv_cache_memory: int | None = None
     no_prefix_cache: bool = False
@@ -71,7 +72,8 @@ class RunOptions:
     def engine_config(self):
         from batchrun.config import EngineConfig
 
-        overrides = {"dtype": self.dtype, "enable_prefix_caching": not self.no_prefix_cache,
+        overrides = {"dtype": self.dtype, "kv_cache_dtype": self.kv_cache_dtype,
+                     "enable_prefix_caching": not self.no_prefix_cache,
                      "max_num_seqs": self.max_num_seqs,
                      "max_num_batched_tokens": self.max_batched_tokens,
                      "max_model_len": self.max_model_len, "threads": self.threads,

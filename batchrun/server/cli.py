@@ -53,7 +53,8 @@ def default_data_dir() -> Path:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 def serve(model, host, port, api_key, served_model_name, data_dir, max_num_seqs,
-          max_batched_tokens, max_model_len, dtype, threads, kv_cache_memory, no_prefix_cache,
+          max_batched_tokens, max_model_len, dtype, kv_cache_dtype, threads, kv_cache_memory,
+          no_prefix_cache,
           max_queued_requests, max_body_size, max_upload_size, max_concurrent_batches,
           temperature, max_tokens, ignore_model_field, chat_template, tool_parser,
           reasoning_parser, log_level):
@@ -66,7 +67,8 @@ def serve(model, host, port, api_key, served_model_name, data_dir, max_num_seqs,
     from batchrun.server.app import create_app
     from batchrun.server.state import ServerConfig, ServerState
 
-    overrides = {"dtype": dtype, "enable_prefix_caching": not no_prefix_cache,
+    overrides = {"dtype": dtype, "kv_cache_dtype": kv_cache_dtype,
+                 "enable_prefix_caching": not no_prefix_cache,
                  "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_batched_tokens,
                  "max_model_len": max_model_len, "threads": threads,
                  "kv_cache_memory": kv_cache_memory}
