@@ -64,7 +64,7 @@ def main() -> None:
             layer[0] += 1
             lib.paged_decode_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), tables.data_ptr(),
                                        lens.data_ptr(), out.data_ptr(), B, H, Hkv, D, bs, width,
-                                       scale, kernels.KV_KINDS[str(dtype)], threads)
+                                       scale, kernels.kind(dtype), threads)
 
         grid = torch.arange(int(lens.max()))[None, :]
         valid = grid < lens[:, None]

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from batchrun.engine.kernels import kind
+
 
 @dataclass
 class PrefillChunk:
@@ -43,8 +45,6 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     """q [T, H, D], k/v [T, Hkv, D] for this step's tokens; returns [T, H, D]."""
     if meta.kernel is not None and k.stride()[1:] == v.stride()[1:] == (k.shape[2], 1) \
             and k.stride(0) == v.stride(0):
-        from batchrun.engine.kernels import kind
-
         meta.kernel.kv_write(k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                              meta.slot_mapping.data_ptr(), k.shape[0], k.stride(0),
                              k.shape[1] * k.shape[2], kind(k.dtype), kind(k_cache.dtype))
@@ -56,15 +56,13 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     out = torch.empty_like(q)
 
     if meta.num_decode and meta.kernel is not None:
-        from batchrun.engine.kernels import KV_KINDS
-
         b = meta.num_decode
         qd = q[:b].float().contiguous()  # the kernel computes in float32 whatever the model's dtype
         od = torch.empty_like(qd)
         rc = meta.kernel.paged_decode_attention(
             qd.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), meta.decode_tables.data_ptr(),
             meta.decode_lens.data_ptr(), od.data_ptr(), b, num_heads, num_kv_heads, head_dim,
-            meta.block_size, meta.decode_tables.shape[1], scale, KV_KINDS[str(k_cache.dtype)],
+            meta.block_size, meta.decode_tables.shape[1], scale, kind(k_cache.dtype),
             torch.get_num_threads())
         assert rc == 0, "paged_decode_attention failed"
         out[:b] = od

@@ -20,7 +20,7 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         self.dtype = dtype
-        kv_ok = str(kv_dtype or dtype) in kernels.KV_KINDS
+        kv_ok = str(kv_dtype or dtype) in kernels.KINDS
         self.kernel = kernels.library() if device.type == "cpu" and kv_ok else None
         self.triton = device.type == "cuda" and importlib.util.find_spec("triton") is not None
         # One block more than the pool hands out: padding rows of CUDA graphs write into it.

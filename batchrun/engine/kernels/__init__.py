@@ -19,10 +19,10 @@ from functools import lru_cache
 from pathlib import Path
 
 log = logging.getLogger(__name__)
-# KV element types the kernel reads, and the code it takes for each.
-KV_KINDS = {"torch.float32": 0, "torch.float16": 1, "torch.bfloat16": 2}
+# Tensor element types the kernels read and write, and their codes (dtypes.h).
+KINDS = {"torch.float32": 0, "torch.float16": 1, "torch.bfloat16": 2}
 SOURCES = [Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c")]
-HEADERS = [Path(__file__).with_name("parallel.h")]
+HEADERS = [Path(__file__).with_name(n) for n in ("dtypes.h", "parallel.h")]
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-shared", "-fPIC"]
 
 
@@ -65,7 +65,7 @@ def library():
         lib = ctypes.CDLL(str(target))
     except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", "") or exc
-        log.warning("CPU attention kernel unavailable, using PyTorch attention: %s", detail)
+        log.warning("CPU kernels unavailable, using PyTorch ops: %s", detail)
         return None
     p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     signatures = {
@@ -82,4 +82,4 @@ def library():
 
 def kind(dtype) -> int:
     """The kernels' code for a tensor's element type."""
-    return KV_KINDS[str(dtype)]
+    return KINDS[str(dtype)]

@@ -6,27 +6,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "dtypes.h"
 #include "parallel.h"
-
-enum { EW_F32 = 0, EW_F16 = 1, EW_BF16 = 2 };
-
-static inline float ld(int kind, const void *p, int64_t i) {
-    if (kind == EW_F32) return ((const float *)p)[i];
-    if (kind == EW_F16) return (float)((const _Float16 *)p)[i];
-    uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline void st(int kind, void *p, int64_t i, float f) {
-    if (kind == EW_F32) { ((float *)p)[i] = f; return; }
-    if (kind == EW_F16) { ((_Float16 *)p)[i] = (_Float16)f; return; }
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    bits += 0x7fff + ((bits >> 16) & 1);  // round to nearest even (inputs are finite)
-    ((uint16_t *)p)[i] = (uint16_t)(bits >> 16);
-}
 
 // Runs fn(ctx, first_row, last_row) over `rows` split across up to `threads` threads; one
 // thread when the work is too small to be worth waking another.
@@ -52,7 +33,7 @@ typedef struct { const void *x; void *out; int64_t n; int kind; } SiluMul;
 static void silu_mul_rows(const void *arg, int64_t first, int64_t last) {
     const SiluMul *a = (const SiluMul *)arg;
     const int64_t n = a->n;
-    if (a->kind == EW_F32) {  // straight loops over the rows, which the compiler vectorises
+    if (a->kind == F32) {  // straight loops over the rows, which the compiler vectorises
         for (int64_t r = first; r < last; r++) {
             const float *g = (const float *)a->x + r * 2 * n, *u = g + n;
             float *o = (float *)a->out + r * n;
@@ -65,11 +46,11 @@ static void silu_mul_rows(const void *arg, int64_t first, int64_t last) {
         for (int64_t c0 = 0; c0 < n; c0 += 1024) {
             const int64_t m = n - c0 < 1024 ? n - c0 : 1024;
             for (int64_t i = 0; i < m; i++) {
-                g[i] = ld(a->kind, a->x, r * 2 * n + c0 + i);
-                u[i] = ld(a->kind, a->x, r * 2 * n + n + c0 + i);
+                g[i] = load_elt(a->kind, a->x, r * 2 * n + c0 + i);
+                u[i] = load_elt(a->kind, a->x, r * 2 * n + n + c0 + i);
             }
             for (int64_t i = 0; i < m; i++) g[i] = g[i] / (1.f + expf(-g[i])) * u[i];
-            for (int64_t i = 0; i < m; i++) st(a->kind, a->out, r * n + c0 + i, g[i]);
+            for (int64_t i = 0; i < m; i++) store_elt(a->kind, a->out, r * n + c0 + i, g[i]);
         }
 }
 
@@ -97,12 +78,12 @@ static void rope_rows(const void *arg, int64_t first, int64_t last) {
             const int64_t base = r * a->row_stride + (int64_t)h * D;
             float x1[256], x2[256];
             for (int i = 0; i < half; i++) {
-                x1[i] = ld(a->kind, a->qkv, base + i);
-                x2[i] = ld(a->kind, a->qkv, base + half + i);
+                x1[i] = load_elt(a->kind, a->qkv, base + i);
+                x2[i] = load_elt(a->kind, a->qkv, base + half + i);
             }
             for (int i = 0; i < half; i++) {
-                st(a->kind, a->qkv, base + i, x1[i] * c[i] - x2[i] * s[i]);
-                st(a->kind, a->qkv, base + half + i, x2[i] * c[half + i] + x1[i] * s[half + i]);
+                store_elt(a->kind, a->qkv, base + i, x1[i] * c[i] - x2[i] * s[i]);
+                store_elt(a->kind, a->qkv, base + half + i, x2[i] * c[half + i] + x1[i] * s[half + i]);
             }
         }
     }
@@ -117,33 +98,20 @@ int rope_inplace(void *qkv, const int64_t *positions, const float *cos, const fl
 }
 
 // cache[slot[r], :] = src[r, :] for the K and V rows of a step, converting element type.
-typedef struct {
-    const void *k, *v;
-    void *k_cache, *v_cache;
-    const int64_t *slots;
-    int64_t src_stride, width;  // elements between source rows; elements per row (Hkv * D)
-    int src_kind, dst_kind;
-} KvWrite;
-
-static void kv_write_rows(const void *arg, int64_t first, int64_t last) {
-    const KvWrite *a = (const KvWrite *)arg;
-    for (int64_t r = first; r < last; r++) {
-        const int64_t dst = a->slots[r] * a->width, src = r * a->src_stride;
-        if (a->src_kind == a->dst_kind) {
-            const size_t elt = a->src_kind == EW_F32 ? 4 : 2, bytes = elt * a->width;
-            memcpy((char *)a->k_cache + dst * elt, (const char *)a->k + src * elt, bytes);
-            memcpy((char *)a->v_cache + dst * elt, (const char *)a->v + src * elt, bytes);
-            continue;
-        }
-        for (int64_t i = 0; i < a->width; i++) {
-            st(a->dst_kind, a->k_cache, dst + i, ld(a->src_kind, a->k, src + i));
-            st(a->dst_kind, a->v_cache, dst + i, ld(a->src_kind, a->v, src + i));
-        }
-    }
-}
-
+// src_stride: elements between source rows; width: elements per row (Hkv * D).
 void kv_write(const void *k, const void *v, void *k_cache, void *v_cache, const int64_t *slots,
               int64_t rows, int64_t src_stride, int64_t width, int src_kind, int dst_kind) {
-    const KvWrite a = {k, v, k_cache, v_cache, slots, src_stride, width, src_kind, dst_kind};
-    kv_write_rows(&a, 0, rows);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t dst = slots[r] * width, src = r * src_stride;
+        if (src_kind == dst_kind) {
+            const size_t elt = elt_size(src_kind);
+            memcpy((char *)k_cache + dst * elt, (const char *)k + src * elt, elt * width);
+            memcpy((char *)v_cache + dst * elt, (const char *)v + src * elt, elt * width);
+            continue;
+        }
+        for (int64_t i = 0; i < width; i++) {
+            store_elt(dst_kind, k_cache, dst + i, load_elt(src_kind, k, src + i));
+            store_elt(dst_kind, v_cache, dst + i, load_elt(src_kind, v, src + i));
+        }
+    }
 }
