@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import io as _io
 import json
+from json import JSONDecodeError
 from typing import IO, Any, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchrun.batch import io
-from batchrun.batch.readers import InputLine, Source
-from batchrun.openai.protocol import ChatCompletionRequest, RequestError
+from batchrun.batch.readers import InputLine, Source, line_digest
+from batchrun.openai.protocol import (ChatCompletionRequest, RequestError, json_error_message,
+                                      loads)
 
 _LINE_FIELDS = ("custom_id", "method", "url", "body")
 _FLAT_FIELDS = ("messages", "prompt", "system")
@@ -68,9 +70,9 @@ def _drop_nulls(value: Any) -> Any:
 def _json_field(value: Any, field: str) -> Any:
     if isinstance(value, str):
         try:
-            return json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise RequestError(f"{field}: invalid JSON: {exc.msg} at column {exc.colno}",
+            return loads(value)
+        except JSONDecodeError as exc:
+            raise RequestError(f"{field}: {json_error_message(exc)}",
                                code="invalid_json", param=field) from None
     return _drop_nulls(value)
 
@@ -123,10 +125,11 @@ def read_parquet(source: Source, storage_options: dict | None,
                 except RequestError as exc:
                     cid = row.get(mapping["custom_id"])
                     yield InputLine(source.index, number, None, exc,
-                                    cid if isinstance(cid, str) else None)
+                                    cid if isinstance(cid, str) else None,
+                                    line_digest(repr(row).encode()))
                     continue
-                yield InputLine(source.index, number,
-                                json.dumps(line, ensure_ascii=False, default=str))
+                text = json.dumps(line, ensure_ascii=False, default=str)
+                yield InputLine(source.index, number, text, digest=line_digest(text.encode()))
 
 
 def check_schema(source: Source, storage_options: dict | None, columns: dict[str, str]) -> None:

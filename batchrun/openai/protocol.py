@@ -5,11 +5,11 @@ Request bodies are in requests.py (re-exported here).
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from batchrun.openai.requests import (ChatCompletionRequest, ChatMessage,  # noqa: F401
@@ -22,6 +22,10 @@ COMPLETIONS_URL = "/v1/completions"
 SUPPORTED_URLS = (CHAT_URL, COMPLETIONS_URL)
 # Endpoints OpenAI's Batch API takes that this runner does not serve (yet).
 UNSUPPORTED_URLS = ("/v1/embeddings", "/v1/responses", "/v1/moderations")
+# Nesting a request body may have. orjson stops at 1024 levels without recursing; this lower
+# bound keeps every later step (pydantic, Jinja's tojson, grammar compilers) far from any
+# recursion limit. OpenAI's own structured-output schemas nest at most 10 levels.
+MAX_BODY_DEPTH = 64
 
 
 class RequestError(Exception):
@@ -121,6 +125,35 @@ def _from_validation_error(exc: ValidationError, prefix: str) -> RequestError:
                         param=param)
 
 
+def loads(text: str | bytes) -> Any:
+    """JSON text -> value: orjson, which has a nesting limit instead of recursing without one.
+    Raises json.JSONDecodeError (orjson's is a subclass)."""
+    return orjson.loads(text)
+
+
+def json_error_message(exc: orjson.JSONDecodeError) -> str:
+    return f"invalid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})" \
+        if exc.lineno > 1 else f"invalid JSON: {exc.msg} at column {exc.colno}"
+
+
+def check_depth(value: Any, limit: int = MAX_BODY_DEPTH) -> None:
+    """RequestError if `value` nests objects/arrays more than `limit` levels (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            raise RequestError(f"body: nested more than {limit} levels deep",
+                               code="invalid_value", param="body")
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, (dict, list)))
+
+
 def parse_body(url: str, body: Any) -> ChatCompletionRequest | CompletionRequest:
     """Validate a request body for an endpoint; raise RequestError naming the field."""
     if url in UNSUPPORTED_URLS:
@@ -133,6 +166,7 @@ def parse_body(url: str, body: Any) -> ChatCompletionRequest | CompletionRequest
     model = ChatCompletionRequest if url == CHAT_URL else CompletionRequest
     if isinstance(body, model):
         return body
+    check_depth(body)
     try:
         return model.model_validate(body)
     except ValidationError as exc:
@@ -142,11 +176,10 @@ def parse_body(url: str, body: Any) -> ChatCompletionRequest | CompletionRequest
 def parse_envelope(raw: str, line_number: int) -> BatchInputLine:
     """The batch line around the body: JSON, custom_id, method, url (not yet checked), body."""
     try:
-        obj = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise LineError(line_number, RequestError(
-            f"invalid JSON: {exc.msg} at column {exc.colno}",
-            code="invalid_json")) from None
+        obj = loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise LineError(line_number, RequestError(json_error_message(exc), code="invalid_json"),
+                        _scan_custom_id(raw)) from None
     if not isinstance(obj, dict):
         raise LineError(line_number, RequestError(
             f"expected a JSON object, got {type(obj).__name__}",
@@ -156,6 +189,28 @@ def parse_envelope(raw: str, line_number: int) -> BatchInputLine:
         return BatchInputLine.model_validate(obj)
     except ValidationError as exc:
         raise LineError(line_number, _from_validation_error(exc, ""), custom_id) from None
+
+
+# A plain custom_id near the start of a line that is not JSON (cut short, nested too deep).
+_CUSTOM_ID = re.compile(r'^\s*\{\s*"custom_id"\s*:\s*"([^"\\\x00-\x1f]{1,512})"')
+
+
+def _scan_custom_id(text: str) -> str | None:
+    found = _CUSTOM_ID.match(text)
+    return found.group(1) if found else None
+
+
+def peek_custom_id(text: str | None) -> str | None:
+    """The custom_id of a line as parse_envelope reads it, without validating the rest (for a
+    line that is not JSON: a plain custom_id it starts with)."""
+    if text is None:
+        return None
+    try:
+        obj = loads(text)
+    except ValueError:
+        return _scan_custom_id(text)
+    cid = obj.get("custom_id") if isinstance(obj, dict) else None
+    return cid if isinstance(cid, str) else None
 
 
 def parse_batch_line(raw: str, line_number: int

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
+import orjson
+
 from batchrun.openai.protocol import ChatMessage, RequestError
 
 ContentFormat = Literal["string", "openai"]
@@ -91,7 +93,7 @@ def _template_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
         fn = call.get("function")
         if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
             try:
-                fn = {**fn, "arguments": json.loads(fn["arguments"])}
+                fn = {**fn, "arguments": orjson.loads(fn["arguments"])}
             except json.JSONDecodeError:
                 pass
             call = {**call, "function": fn}

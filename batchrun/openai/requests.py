@@ -9,6 +9,7 @@ min_tokens, stop_token_ids, ignore_eos, chat_template_kwargs, ...) are first-cla
 from __future__ import annotations
 
 import logging
+import re
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator,
@@ -17,6 +18,8 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, field_va
 log = logging.getLogger(__name__)
 
 _warned_fields: set[str] = set()
+# ASCII digits only (str.isdigit() also takes "²"), and few enough for int() to be cheap.
+_TOKEN_ID_KEY = re.compile(r"[0-9]{1,10}")
 
 
 def _warn_unknown_fields(model: BaseModel, where: str) -> None:
@@ -25,6 +28,19 @@ def _warn_unknown_fields(model: BaseModel, where: str) -> None:
         if key not in _warned_fields:
             _warned_fields.add(key)
             log.warning("ignoring unsupported field %r in %s", name, where)
+
+
+# What the engine can take: sampler seeds are 64-bit, token counts and ids 32-bit.
+INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+INT32_MAX = 2 ** 31 - 1
+MAX_TOOLS = 128  # OpenAI's limit
+MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS = 1024
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+# OpenAI's metadata: 16 pairs, keys up to 64 characters, values up to 512.
+Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+                     Field(max_length=16)]
 
 
 class _Strict(BaseModel):
@@ -130,21 +146,21 @@ class _SamplingFields(_Strict):
     top_p: float | None = Field(None, gt=0, le=1)
     n: int | None = Field(None, ge=1, le=128)
     stop: Stop | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS)
     user: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     response_format: ResponseFormat | None = None
     # vLLM's extensions, which the engine supports as well.
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0, le=2)
-    min_tokens: int | None = Field(None, ge=0)
-    stop_token_ids: list[int] | None = None
+    min_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
 
@@ -159,7 +175,7 @@ class _SamplingFields(_Strict):
     @classmethod
     def _bias_keys_are_token_ids(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
         for key, value in (bias or {}).items():
-            if not key.isdigit():
+            if not _TOKEN_ID_KEY.fullmatch(key):
                 raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
             if not -100 <= value <= 100:
                 raise ValueError(f"logit_bias values must be between -100 and 100, got {value}")
@@ -168,13 +184,13 @@ class _SamplingFields(_Strict):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[Tool] | None = None
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     # vLLM's chat extensions.
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
@@ -221,7 +237,7 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool | None = None
     suffix: str | None = None
-    best_of: int | None = Field(None, ge=1)
+    best_of: int | None = Field(None, ge=1, le=128)
 
     @model_validator(mode="after")
     def _check(self) -> "CompletionRequest":

@@ -13,14 +13,16 @@ parsers or grammars.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
 from batchrun import __version__
 from batchrun.engine import structured as engine_structured
 from batchrun.engine.outputs import RequestOutput
-from batchrun.engine.sampling_params import SamplingParams
+from batchrun.engine.sampling_params import GrammarSpec, SamplingParams
 from batchrun.openai.chat import ChatChunks, ChatFormatter
 from batchrun.openai.completions import CompletionChunks, CompletionFormatter
 from batchrun.openai.logprobs import TokenText
@@ -151,6 +153,8 @@ class OpenAIServing:
                 raise RequestError("tool_choice: only allowed when tools are given",
                                    code="invalid_value", param="tool_choice")
             return None, None, None, False
+        for i, tool in enumerate(request.tools):  # a schema a forced call could not use is
+            _check_tool_schema(tool.function.parameters, i)  # refused whatever the choice
         if choice == "none":
             return None, None, None, False  # the model is not to call tools: it does not see them
         if self.tool_parser is None:
@@ -219,6 +223,22 @@ class OpenAIServing:
         fmt = CompletionFormatter(self.model.name, self.texts, params.n, params.logprobs,
                                   self.system_fingerprint)
         return PreparedRequest("completion", request, prompts, params, fmt)
+
+
+def _check_tool_schema(parameters: dict[str, Any] | None, index: int) -> None:
+    if parameters is None:
+        return
+    error = _schema_error(json.dumps(parameters, sort_keys=True))
+    if error:
+        param = f"tools.{index}.function.parameters"
+        raise RequestError(f"{param}: not a usable JSON schema: {error}", code="invalid_value",
+                           param=param)
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema_error(schema: str) -> str | None:
+    """Lines of a batch file mostly repeat the same tools: compile each schema once."""
+    return engine_structured.validate(GrammarSpec(json_schema=schema))
 
 
 class _FirstCallOnly(ToolParser):

@@ -6,6 +6,8 @@ import json
 import re
 from typing import Any, Callable
 
+import orjson
+
 from batchrun.openai.parsers.base import Parsed, ToolParser, call_schema, dump_arguments, held_prefix
 
 START, END = "<tool_call>", "</tool_call>"
@@ -14,7 +16,7 @@ _NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 def _call(body: str) -> tuple[str, str] | None:
     try:
-        obj = json.loads(body)
+        obj = orjson.loads(body)
     except json.JSONDecodeError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
