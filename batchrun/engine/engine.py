@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -18,6 +19,8 @@ from batchrun.engine.runner import ModelRunner
 from batchrun.engine.sampler import Sampler
 from batchrun.engine.sampling_params import SamplingParams
 from batchrun.engine.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
 
 
 class PromptTooLongError(ValueError):
@@ -155,12 +158,47 @@ class Engine:
             samplers, rows = self._fork_groups(samplers)
             if len(rows) != logits.shape[0]:
                 logits = logits[torch.tensor(rows, device=logits.device)]
-            out = self.sampler(logits, samplers)
             now = time.time()
-            for req, token, lp in zip(samplers, out.token_ids, out.logprobs):
-                outputs += self._append_token(req, token, lp, now)
+            for req, sampled in zip(samplers, self._sample(logits, samplers)):
+                if req.status == Status.FINISHED:
+                    continue  # a sibling's failure already ended its group
+                if isinstance(sampled, Exception):
+                    outputs += self._fail_group(req.group, "sampling", sampled)
+                    continue
+                try:
+                    self.sampler.accept(req, sampled[0])
+                    outputs += self._append_token(req, *sampled, now)
+                except Exception as exc:  # a grammar or detokenizer failure ends this request only
+                    outputs += self._fail_group(req.group, "decoding", exc)
         self.stats.peak_kv_usage = self.kv.peak_used / self.kv.num_blocks
         return outputs
+
+    def _sample(self, logits: torch.Tensor, rows: list[Request]) -> list:
+        """(token, logprobs) per row. Should the batched sampler fail, each row is sampled on
+        its own, so one request's failure (its exception in place of its token) does not end
+        the step for the others."""
+        try:
+            out = self.sampler(logits, rows)
+            return list(zip(out.token_ids, out.logprobs))
+        except Exception:
+            log.exception("sampling a batch of %d rows failed; sampling them one by one", len(rows))
+        results: list = []
+        for i, req in enumerate(rows):
+            try:
+                out = self.sampler(logits[i:i + 1], [req])
+                results.append((out.token_ids[0], out.logprobs[0]))
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    def _fail_group(self, group: Group, stage: str, exc: Exception) -> list[RequestOutput]:
+        """End one request with an error; the engine and every other request go on."""
+        if group.request_id not in self.groups:
+            return []
+        log.error("request %s failed while %s: %s: %s", group.request_id, stage,
+                  type(exc).__name__, exc, exc_info=exc)
+        group.error = f"internal error while {stage}: {type(exc).__name__}: {exc}"
+        return self._finish_group(group, "abort")
 
     def _fork_groups(self, samplers: list[Request]) -> tuple[list[Request], list[int]]:
         """Leaders whose prompt just finished spawn their n-1 siblings, which sample their first
@@ -260,7 +298,12 @@ class Engine:
             self.sampler.forget(req.request_id)
             req.status = Status.FINISHED
             req.finish_reason = reason
-            group.done[req.index] = self._completion(req)
+            try:
+                group.done[req.index] = self._completion(req)
+            except Exception:  # the detokenizer that failed this request: report no text
+                group.done[req.index] = CompletionOutput(
+                    index=req.index, text="", token_ids=req.output_token_ids,
+                    finish_reason=reason, logprobs=req.logprobs)
             self.stats.generation_tokens += req.num_output_tokens
         for index in range(len(group.members), group.n):  # never forked
             group.done[index] = CompletionOutput(index=index, text="", token_ids=[], finish_reason=reason)

@@ -72,9 +72,12 @@ class Sampler:
             chosen = logits.argmax(dim=-1)
         else:
             chosen = self._sample(logits, params, [r.request_id for r in rows], greedy)
-        token_ids = chosen.tolist()
-        self.grammars.accept(rows, token_ids)
-        return SamplerOutput(token_ids, self._logprobs(raw, chosen, params))
+        return SamplerOutput(chosen.tolist(), self._logprobs(raw, chosen, params))
+
+    def accept(self, row: SamplingRow, token: int) -> None:
+        """Advance the row's grammar (if any) past the token it sampled. Separate from
+        __call__, which changes no grammar state, so a failed batch can be sampled again."""
+        self.grammars.accept([row], [token])
 
     def _apply_grammar(self, logits: torch.Tensor, raw: torch.Tensor,
                        rows: Sequence[SamplingRow]) -> torch.Tensor:

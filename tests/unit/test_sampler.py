@@ -152,6 +152,7 @@ def decode_loop(s, tokenizer, rows, logits_fn, steps=150):
             break
         out = s(logits_fn(len(live)), live)
         for r, t in zip(live, out.token_ids):
+            s.accept(r, t)
             if t == EOS:
                 done[r.request_id] = tokenizer.decode(r.all_token_ids[r.num_prompt_tokens:])
             r.all_token_ids.append(t)
