@@ -91,6 +91,11 @@ column_option = click.option(
 @click.option("--resume", is_flag=True, help="Continue an interrupted run: lines with a committed "
               "result are not run again (starts afresh when there is nothing to resume).")
 @click.option("--restart", is_flag=True, help="Discard what an interrupted run committed.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output or error file that "
+              "is not this job's own result (without it, that is a usage error).")
+@click.option("--on-changed-input", type=click.Choice(["rerun", "fail"]), default="rerun",
+              show_default=True, help="Resuming, a line whose content changed since its result "
+              "was committed: run it again, or stop with exit code 2.")
 @click.option("--retry-failed", is_flag=True, help="With --resume, also rerun lines whose error "
               "was retryable (engine errors, not validation errors).")
 @click.option("--max-failed-fraction", type=click.FloatRange(0, 1), help="Exit with code 3 when "

@@ -6,6 +6,7 @@ import bz2
 import gzip
 import io as _io
 import lzma
+import zlib
 from dataclasses import dataclass
 from typing import IO
 
@@ -14,6 +15,8 @@ from batchrun.batch.io import STDIO
 _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2", ".xz": "xz"}
 _KINDS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
           ".pq": "parquet"}
+# What a decompressor (or the stream under it) raises on truncated or corrupt data.
+_STREAM_ERRORS: tuple[type[BaseException], ...] = (EOFError, OSError, zlib.error, lzma.LZMAError)
 FORMAT_NAMES = ("jsonl", "jsonl.gz", "jsonl.zst", "jsonl.bz2", "jsonl.xz", "parquet")
 
 
@@ -61,6 +64,13 @@ def _zstd():
     except ImportError:
         raise ValueError("zstd files need the `zstandard` package: pip install zstandard") from None
     return zstandard
+
+
+def stream_errors(compression: str | None) -> tuple[type[BaseException], ...]:
+    """What reading a stream of this compression raises when its data is cut short or corrupt."""
+    if compression == "zstd":
+        return _STREAM_ERRORS + (_zstd().ZstdError,)
+    return _STREAM_ERRORS
 
 
 def check_available(fmt: Format) -> None:

@@ -201,11 +201,16 @@ def write_bytes_atomic(path: str, data: bytes, storage_options: dict | None = No
         folder = os.path.dirname(os.path.abspath(target))
         os.makedirs(folder, exist_ok=True)
         tmp = os.path.join(folder, f".{os.path.basename(target)}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:  # a full disk, say: leave no scratch file behind
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
         fsync_dir(folder)
         return
     fs, p = filesystem(path, storage_options)

@@ -18,12 +18,16 @@ from typing import Any, Callable, Iterator
 from batchrun.batch.idset import IdSet
 from batchrun.batch.metrics import RunMetrics
 from batchrun.batch.progress import Counts, Reporter
-from batchrun.batch.readers import InputLine
+from batchrun.batch.readers import InputLine, InputReadError
 from batchrun.batch.staging import FAILED, OK, RETRYABLE, Committed, Record, Staging
-from batchrun.openai.protocol import LineError, RequestError
+from batchrun.openai.protocol import LineError, RequestError, peek_custom_id
 from batchrun.openai.response import batch_error_line, batch_output_line, engine_error
 
 log = logging.getLogger("batchrun.batch")
+
+
+class ChangedInputError(ValueError):
+    """A resumed run found a committed line whose input changed, and was told to refuse."""
 
 
 class StopRequest:
@@ -44,22 +48,21 @@ class StopRequest:
         return self._times > 1
 
 
-def peek_custom_id(text: str | None) -> str | None:
-    """The custom_id of a line as parse_batch_line reads it, without validating the rest."""
-    if text is None:
-        return None
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return None
-    cid = obj.get("custom_id") if isinstance(obj, dict) else None
-    return cid if isinstance(cid, str) else None
-
-
 def duplicate_error(line: int, custom_id: str) -> LineError:
     return LineError(line, RequestError(
         f"custom_id: {custom_id!r} was already used by an earlier line (custom_ids must be "
         "unique within a batch)", code="duplicate_custom_id", param="custom_id"), custom_id)
+
+
+def internal_error(item: Any, stage: str, exc: Exception,
+                   custom_id: str | None = None) -> LineError:
+    """A line that failed on an unexpected exception: a 500 for it (retryable with
+    --retry-failed), never the end of the job."""
+    if custom_id is None:
+        custom_id = getattr(item, "custom_id", None) or peek_custom_id(getattr(item, "text", None))
+    return LineError(item.line, RequestError(
+        f"internal error while {stage}: {type(exc).__name__}: {exc}", code="internal_error",
+        type="server_error", status_code=500), custom_id)
 
 
 def check_item(item: InputLine, ids: IdSet, prepare: Callable[[str, int], Any]) -> Any:
@@ -83,9 +86,10 @@ def check_item(item: InputLine, ids: IdSet, prepare: Callable[[str, int], Any]) 
 @dataclass(slots=True)
 class _InFlight:
     prepared: Any  # runner.Prepared
-    pos: int
+    position: int
     source: int
     line: int
+    digest: int
     outputs: dict  # engine request id -> finished RequestOutput
 
 
@@ -103,7 +107,10 @@ class Job:
         self.ids = IdSet()
         self.in_flight: dict[str, _InFlight] = {}
         self.exhausted = False
+        self.read_error: InputReadError | None = None
         self.read = 0
+        self.changed = 0  # committed lines whose input changed, run again
+        self.last_lines: dict[int, int] = {}  # source -> its last line read
         self.buffer: list[Record] = []
         self.buffer_since = 0.0
 
@@ -126,6 +133,8 @@ class Job:
                                        "without returning their outputs")
                 self.collect(self.engine.step())
             self.commit()
+            if self.read_error is not None:
+                raise self.read_error
             return "completed"
         except BaseException:
             self._abort_in_flight()
@@ -172,17 +181,23 @@ class Job:
                 return
             try:
                 item = next(self.lines)
-            except StopIteration:
+            except (StopIteration, InputReadError) as exc:
+                # A broken input still gets the lines before the break run and committed; the
+                # error is raised once they are.
+                self.read_error = exc if isinstance(exc, InputReadError) else None
                 self.exhausted = True
                 if self.counts.total != self.read:
                     self.reporter.set_total(self.read)
                 return
             self.read += 1
+            self.last_lines[item.source] = item.line
             self.handle(item)
 
     def handle(self, item: InputLine) -> None:
-        pos = item.position
         state = self.committed.get(item.source, item.line)
+        if state and self.committed.changed(item.source, item.line, item.digest):
+            self._changed(item)
+            state = 0
         if state and not (state == RETRYABLE and self.config.retry_failed):
             self._skip(item, state)
             return
@@ -190,9 +205,13 @@ class Job:
             p = check_item(item, self.ids, lambda text, line: self.prepare(
                 text, line, self.model, self.config))
         except LineError as exc:
-            self.fail(pos, item.source, exc)
+            self.fail(item, exc)
             return
-        entry = _InFlight(p, pos, item.source, item.line, {})
+        except Exception as exc:  # a bug preparing this line: it fails, the job goes on
+            log.exception("line %d: preparing the request failed", item.line)
+            self.fail(item, internal_error(item, "preparing the request", exc), retryable=True)
+            return
+        entry = _InFlight(p, item.position, item.source, item.line, item.digest, {})
         try:
             for request_id, prompt in p.engine_requests:
                 self.engine.add_request(request_id, prompt, p.params)
@@ -203,7 +222,18 @@ class Job:
             else:
                 error = RequestError(str(exc), code="unsupported_value")
             self._drop(entry)
-            self.fail(pos, item.source, LineError(item.line, error, p.custom_id), p.request_id)
+            self.fail(item, LineError(item.line, error, p.custom_id), p.request_id)
+
+    def _changed(self, item: InputLine) -> None:
+        """A line whose content differs from the one whose result was committed."""
+        where = f"{self.source_names[item.source]}:" if self.source_names else "line "
+        if self.config.on_changed_input == "fail":
+            raise ChangedInputError(
+                f"{where}{item.line} changed since its result was committed; rerun with "
+                "--on-changed-input rerun to run the changed lines again, or --restart")
+        self.changed += 1
+        log.warning("%s%d changed since its result was committed: running it again", where,
+                    item.line)
 
     def _skip(self, item: InputLine, state: int) -> None:
         """A line an earlier attempt committed: count it, remember its custom_id."""
@@ -228,16 +258,23 @@ class Job:
             err = engine_error(out)
             if err is not None:
                 self._drop(req)
-                self.fail(req.pos, req.source, LineError(req.line, err, custom_id),
+                self.fail(req, LineError(req.line, err, custom_id),
                           out.request_id, retryable=True)
                 continue
             req.outputs[out.request_id] = out
             parts = [req.outputs.get(rid) for rid, _ in req.prepared.engine_requests]
             if None in parts:
                 continue  # a completions line with several prompts: wait for all of them
-            body = req.prepared.request.finalize(parts)
+            try:
+                body = req.prepared.request.finalize(parts)
+            except Exception as exc:  # a parser bug on this output: this line fails, not the job
+                log.exception("line %d: building the response failed", req.line)
+                self.fail(req, internal_error(
+                    req, "building the response", exc, custom_id), out.request_id,
+                    retryable=True)
+                continue
             request_id = req.prepared.request_id
-            self._record(req.pos, OK, batch_output_line(custom_id, request_id, body))
+            self._record(req, OK, batch_output_line(custom_id, request_id, body))
             self.metrics.record_ok(parts[0] if len(parts) == 1 else dataclasses.replace(
                 parts[0], prompt_token_ids=[t for p in parts for t in p.prompt_token_ids],
                 outputs=[c for p in parts for c in p.outputs],
@@ -252,20 +289,21 @@ class Job:
                 del self.in_flight[request_id]
                 self.engine.abort_request(request_id)
 
-    def fail(self, pos: int, source: int, error: LineError, request_id: str | None = None,
+    def fail(self, at: InputLine | _InFlight, error: LineError, request_id: str | None = None,
              retryable: bool = False) -> None:
         record = batch_error_line(error, request_id=request_id)
         if self.source_names:
-            record["error"]["message"] = f"{self.source_names[source]}: {record['error']['message']}"
-        self._record(pos, RETRYABLE if retryable else FAILED, record)
+            record["error"]["message"] = f"{self.source_names[at.source]}: {record['error']['message']}"
+        self._record(at, RETRYABLE if retryable else FAILED, record)
         self.metrics.record_failed()
         self.counts.failed += 1
         self.reporter.advance()
 
-    def _record(self, pos: int, state: int, record: dict) -> None:
+    def _record(self, at: InputLine | _InFlight, state: int, record: dict) -> None:
         if not self.buffer:
             self.buffer_since = time.monotonic()
-        self.buffer.append(Record(pos, state, json.dumps(record, ensure_ascii=False)))
+        self.buffer.append(Record(at.position, state, json.dumps(record, ensure_ascii=False),
+                                  at.digest))
         if len(self.buffer) >= self.config.commit_every:
             self.commit()
 

@@ -27,6 +27,7 @@ from batchrun.batch.launch import RunOptions
 
 _TOP = {"input": (str, list), "output": str, "errors": str, "metrics": str, "model": str,
         "staging": str, "resume": bool, "restart": bool, "retry_failed": bool,
+        "overwrite": bool, "on_changed_input": str,
         "max_failed_fraction": (int, float), "max_in_flight": int, "ignore_model_field": bool,
         "input_format": str, "output_format": str, "progress": str,
         "log_interval": (int, float), "quiet": bool, "grace_period": (int, float),

@@ -60,6 +60,8 @@ class RunOptions:
     staging: str | None = None
     resume: bool = False
     restart: bool = False
+    overwrite: bool = False
+    on_changed_input: str = "rerun"
     retry_failed: bool = False
     max_failed_fraction: float | None = None
     grace_period: float = 10.0
@@ -110,6 +112,7 @@ class RunOptions:
             storage_options=self.storage_options, input_format=self.input_format,
             output_format=self.output_format, columns=dict(self.columns), staging=self.staging,
             resume=self.resume, restart=self.restart, retry_failed=self.retry_failed,
+            overwrite=self.overwrite, on_changed_input=self.on_changed_input,
             grace_period=self.grace_period, commit_interval=self.commit_interval)
 
 
@@ -160,7 +163,8 @@ class _Signals:
 
 
 def execute(opts: RunOptions) -> int:
-    from batchrun.batch.job import StopRequest
+    from batchrun.batch.job import ChangedInputError, StopRequest
+    from batchrun.batch.readers import InputReadError
     from batchrun.batch.metrics import summary_text
     from batchrun.batch.runner import BatchConfigError, check_config, run_batch
 
@@ -186,8 +190,11 @@ def execute(opts: RunOptions) -> int:
                 log.warning("interrupted before the run started")
                 return EXIT_INTERRUPTED
             result = run_batch(loaded, config, stop=stop)
-        except BatchConfigError as exc:
+        except (BatchConfigError, ChangedInputError) as exc:
             raise UsageError(str(exc)) from exc
+        except InputReadError as exc:
+            click.echo(f"error: {exc}", err=True)
+            return EXIT_CRASH
         except KeyboardInterrupt:
             log.warning("interrupted; what finished is committed: rerun with --resume")
             return EXIT_INTERRUPTED

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import codecs
+import hashlib
 from dataclasses import dataclass
 from typing import Iterator
 
 from batchrun.batch import io
-from batchrun.batch.formats import Format, check_available, decompress, detect
-from batchrun.openai.protocol import RequestError
+from batchrun.batch.formats import Format, check_available, decompress, detect, stream_errors
+from batchrun.openai.protocol import RequestError, peek_custom_id
 
 _LINE_BITS = 40  # a position is (source index << 40) | line number
 
@@ -27,10 +28,20 @@ class InputLine:
     text: str | None  # the OpenAI batch line as JSON text; None when `problem` says why not
     problem: RequestError | None = None
     custom_id: str | None = None  # with a problem, when the custom_id could still be read
+    digest: int = 0  # of the line's bytes as read: a resumed run notices a line that changed
 
     @property
     def position(self) -> int:
         return position(self.source, self.line)
+
+
+class InputReadError(Exception):
+    """An input that cannot be read to its end (a truncated or corrupt compressed file, a
+    connection lost mid-file). Raised after every complete line before the damage was read."""
+
+
+def line_digest(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def position(source: int, line: int) -> int:
@@ -84,24 +95,53 @@ def read_all(sources: list[Source], storage_options: dict | None = None,
 
 
 def read_jsonl(source: Source, storage_options: dict | None = None) -> Iterator[InputLine]:
-    """Each non-blank line; bytes that are not UTF-8 make that line a problem, not the file."""
+    """Each non-blank line; bytes that are not UTF-8 make that line a problem, not the file.
+    A stream that breaks off raises InputReadError after the complete lines before it."""
     with io.open_read(source.path, storage_options) as raw:
         stream = decompress(raw, source.format.compression)
+        lines = iter(stream)
+        broken = stream_errors(source.format.compression)
+        number, offset = 0, 0
         try:
-            for number, data in enumerate(stream, start=1):
+            while True:
+                try:
+                    data = next(lines)
+                except StopIteration:
+                    return
+                except broken as exc:
+                    raise InputReadError(_broken(source, number, offset, raw, exc)) from exc
+                number += 1
+                offset += len(data)
                 if number == 1 and data.startswith(codecs.BOM_UTF8):
                     data = data[len(codecs.BOM_UTF8):]
-                if not data.strip():
-                    continue
-                try:
-                    yield InputLine(source.index, number, data.decode("utf-8"))
-                except UnicodeDecodeError as exc:
-                    yield InputLine(source.index, number, None, RequestError(
-                        f"the line is not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset "
-                        f"{exc.start})", code="invalid_encoding"))
+                if data.strip():
+                    yield _jsonl_line(source.index, number, data)
         finally:
             if stream is not raw:
                 stream.close()
+
+
+def _jsonl_line(source: int, number: int, data: bytes) -> InputLine:
+    digest = line_digest(data)
+    try:
+        return InputLine(source, number, data.decode("utf-8"), digest=digest)
+    except UnicodeDecodeError as exc:
+        return InputLine(source, number, None, RequestError(
+            f"the line is not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset "
+            f"{exc.start})", code="invalid_encoding"),
+            peek_custom_id(data.decode("utf-8", "replace")), digest)
+
+
+def _broken(source: Source, lines: int, offset: int, raw, exc: BaseException) -> str:
+    where = f"after byte {offset:,} of its decompressed content" \
+        if source.format.compression else f"after byte {offset:,}"
+    try:
+        where += f" (byte {raw.tell():,} of the file)" if source.format.compression else ""
+    except (OSError, ValueError, AttributeError):
+        pass
+    return (f"{source.path}: the input breaks off {where}, line {lines + 1}: "
+            f"{type(exc).__name__}: {exc}. The {lines:,} lines before it were read; fix or "
+            "replace the file and rerun with --resume.")
 
 
 def count_records(sources: list[Source], storage_options: dict | None = None) -> int | None:

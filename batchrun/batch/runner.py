@@ -20,6 +20,7 @@ from batchrun.batch import io
 from batchrun.batch.formats import detect
 from batchrun.batch.job import Job
 from batchrun.batch.metrics import RunMetrics
+from batchrun.batch.preflight import check_outputs
 from batchrun.batch.progress import Counts, Reporter, resolve_mode
 from batchrun.batch.readers import Source, check_sources, count_records, open_sources, read_all
 from batchrun.batch.sinks import RecordSink
@@ -57,6 +58,8 @@ class RunConfig:
     staging: str | None = None  # None = <output>.batchrun-staging (a temp folder for "-")
     resume: bool = False  # continue from what an interrupted run committed
     restart: bool = False  # discard what an interrupted run committed
+    overwrite: bool = False  # replace an output or error file that is not this job's result
+    on_changed_input: str = "rerun"  # resuming, a committed line that changed: rerun | fail
     retry_failed: bool = False  # with resume: run again lines whose error was retryable
     commit_every: int = 1000  # records per committed part at most
     commit_interval: float = 2.0  # seconds a finished record may wait for its commit
@@ -152,6 +155,7 @@ def _setup(config: RunConfig) -> tuple[list[Source], list[list]]:
         config.output_fmt  # noqa: B018 - an unknown --output-format fails before any work
         detect(config.errors_path)
         sources = open_sources(config.inputs, so, config.input_format)
+        check_outputs(config, [s.path for s in sources])
         check_sources(sources, so, config.columns)
     except (FileNotFoundError, ValueError) as exc:
         raise BatchConfigError(str(exc)) from exc
@@ -237,22 +241,23 @@ def _already_completed(config: RunConfig, inputs: list[list]) -> dict[str, Any] 
     return {**old, "already_completed": True}
 
 
-def _finalize(staging: Staging, config: RunConfig) -> dict[int, int]:
+def _finalize(staging: Staging, config: RunConfig,
+              last_lines: dict[int, int] | None) -> dict[int, int]:
     """Merge the committed parts into the output and error files (each published atomically)."""
     so = config.storage_options
     out = RecordSink(config.output, config.output_fmt, so)
     err_path = config.errors_path
     err = out if err_path == config.output else RecordSink(err_path, detect(err_path), so)
     try:
-        counts = staging.merge(out.write, err.write)
+        counts = staging.merge(out.write, err.write, last_lines)
+        if err is not out:
+            err.commit()
+        out.commit()
     except BaseException:
         out.abort()
         if err is not out:
             err.abort()
         raise
-    if err is not out:
-        err.commit()
-    out.commit()
     return counts
 
 
@@ -300,7 +305,7 @@ def _run(model: Any, config: RunConfig, sources: list[Source], inputs: list[list
 
     merged = None
     if status == "completed" or config.merge_on_stop:
-        merged = _finalize(staging, config)
+        merged = _finalize(staging, config, job.last_lines if status == "completed" else None)
     elif config.staging_path is None:
         log.warning("the committed results are in %s; rerun with --staging %s --resume to "
                     "continue", staging.url, staging.url)

@@ -65,7 +65,10 @@ class RecordSink:
     def abort(self) -> None:
         """Leave no partial file behind (the previous one, if any, stays as it was)."""
         if self._tmp is not None:
-            self._raw.close()
+            try:
+                self._raw.close()
+            except OSError:  # the disk that failed the write may fail the flush on close too
+                pass
             if os.path.exists(self._tmp):
                 os.remove(self._tmp)
         elif self.path != io.STDIO:

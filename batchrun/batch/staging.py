@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+from array import array
 from dataclasses import dataclass
 from typing import IO, Callable, Iterator
 
@@ -44,26 +45,39 @@ class Record:
     pos: int
     state: int
     text: str  # the batch output or error line, JSON without newline
+    digest: int = 0  # of the input line it answers (0 = unknown)
 
 
 class Committed:
-    """A state byte per input line (0 = not committed), per source: ~1 byte a line."""
+    """Per input line, per source: a state byte (0 = not committed) and the 8-byte digest of
+    the input line the record answers (0 = unknown), ~9 bytes a line."""
 
     def __init__(self) -> None:
-        self._by_source: dict[int, bytearray] = {}
+        self._by_source: dict[int, tuple[bytearray, array]] = {}
         self.count = 0
 
-    def set(self, source: int, line: int, state: int) -> None:
-        states = self._by_source.setdefault(source, bytearray())
+    def set(self, source: int, line: int, state: int, digest: int = 0) -> None:
+        states, digests = self._by_source.setdefault(source, (bytearray(), array("Q")))
         if line >= len(states):
-            states.extend(bytes(max(line + 1 - len(states), len(states) // 2)))
+            grow = max(line + 1 - len(states), len(states) // 2)
+            states.extend(bytes(grow))
+            digests.extend(array("Q", bytes(8 * grow)))
         if not states[line]:
             self.count += 1
         states[line] = state
+        digests[line] = digest
 
     def get(self, source: int, line: int) -> int:
-        states = self._by_source.get(source)
-        return states[line] if states is not None and line < len(states) else 0
+        entry = self._by_source.get(source)
+        return entry[0][line] if entry is not None and line < len(entry[0]) else 0
+
+    def changed(self, source: int, line: int, digest: int) -> bool:
+        """Whether the committed line had other content (False where either digest is unknown)."""
+        entry = self._by_source.get(source)
+        if entry is None or line >= len(entry[0]) or not digest:
+            return False
+        old = entry[1][line]
+        return bool(old) and old != digest
 
 
 class Staging:
@@ -140,11 +154,12 @@ class Staging:
         return data
 
     def check_inputs(self, inputs: list[list]) -> None:
-        """Resuming is by input position, so the inputs must be the ones the parts came from."""
+        """Resuming is by input position, so the inputs must be the same files. Their content
+        may have changed (a truncated file replaced, a line edited): each committed record keeps
+        the digest of its input line, so the run notices what changed, and the merge leaves out
+        positions past the end of the inputs as read."""
         old = self.manifest().get("inputs")
-        if old is None or len(old) != len(inputs) or any(
-                a[0] != b[0] or (a[1] is not None and b[1] is not None and a[1] != b[1])
-                for a, b in zip(old, inputs)):
+        if old is None or len(old) != len(inputs) or any(a[0] != b[0] for a, b in zip(old, inputs)):
             raise StagingError(
                 f"{self.url} holds results of a run over other inputs ({_describe(old)}; now "
                 f"{_describe(inputs)}). Use --restart to discard them or another output path.")
@@ -159,9 +174,10 @@ class Staging:
             last = max(last, int(_PART.match(name).group(1)))
             with self._open(name, small=True) as f:
                 header = json.loads(f.readline())
-            for pos, state in zip(header["positions"], header["states"]):
+            digests = header.get("digests") or [0] * len(header["positions"])
+            for pos, state, digest in zip(header["positions"], header["states"], digests):
                 source, line = split_position(pos)
-                committed.set(source, line, int(state))
+                committed.set(source, line, int(state), digest)
         self.attempt, self._seq = last + 1, 0
         return committed
 
@@ -170,7 +186,8 @@ class Staging:
             return None
         records = sorted(records, key=lambda r: r.pos)
         header = {"positions": [r.pos for r in records],
-                  "states": "".join(str(r.state) for r in records)}
+                  "states": "".join(str(r.state) for r in records),
+                  "digests": [r.digest for r in records]}
         chunks = [json.dumps(header), "\n"]
         for r in records:
             chunks.append(f"{r.pos} {r.state} {r.text}\n")
@@ -181,10 +198,11 @@ class Staging:
 
     # --- merge ------------------------------------------------------------------------------
 
-    def merge(self, write_ok: Callable[[str], None],
-              write_error: Callable[[str], None]) -> dict[int, int]:
+    def merge(self, write_ok: Callable[[str], None], write_error: Callable[[str], None],
+              last_lines: dict[int, int] | None = None) -> dict[int, int]:
         """Stream every committed record, in input order, to write_ok / write_error; returns
-        the count per state."""
+        the count per state. With `last_lines` (source -> its last line, as a completed run
+        read it), records of lines past a source's end (an input that shrank) are left out."""
         self.clean_scratch()
         runs = self.parts()
         level = 0
@@ -200,7 +218,11 @@ class Staging:
             self._remove([r for r in runs if r.startswith("merge-")])
             runs = merged
         counts = {OK: 0, FAILED: 0, RETRYABLE: 0}
-        for _, state, text in self._merged(runs):
+        for pos, state, text in self._merged(runs):
+            if last_lines is not None:
+                source, line = split_position(pos)
+                if line > last_lines.get(source, 0):
+                    continue
             counts[state] += 1
             (write_ok if state == OK else write_error)(text.rstrip("\n"))
         self._remove([r for r in runs if r.startswith("merge-")])

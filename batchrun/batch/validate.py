@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from batchrun.batch.idset import IdSet
 from batchrun.batch.job import check_item
-from batchrun.batch.readers import InputLine, Source, read_all
+from batchrun.batch.readers import InputLine, InputReadError, Source, read_all
 from batchrun.openai.protocol import LineError
 
 
@@ -26,10 +26,11 @@ class Report:
     valid: int = 0
     by_code: Counter = field(default_factory=Counter)
     seconds: float = 0.0
+    read_error: str | None = None  # an input that breaks off (the lines before it are checked)
 
     @property
     def invalid(self) -> int:
-        return self.lines - self.valid
+        return self.lines - self.valid + (self.read_error is not None)
 
 
 def served_names(spec: str | None) -> SimpleNamespace | None:
@@ -73,15 +74,18 @@ def validate(sources: list[Source], prepare: Callable[[str, int], Any],
     report = Report()
     ids = IdSet()
     start = time.perf_counter()
-    for item in read_all(sources, storage_options, columns):
-        report.lines += 1
-        try:
-            check_item(item, ids, prepare)
-        except LineError as exc:
-            report.by_code[exc.code] += 1
-            on_problem(item, exc)
-            continue
-        report.valid += 1
+    try:
+        for item in read_all(sources, storage_options, columns):
+            report.lines += 1
+            try:
+                check_item(item, ids, prepare)
+            except LineError as exc:
+                report.by_code[exc.code] += 1
+                on_problem(item, exc)
+                continue
+            report.valid += 1
+    except InputReadError as exc:
+        report.read_error = str(exc)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -93,4 +97,6 @@ def summary(report: Report, n_files: int) -> str:
             f"({report.seconds:.1f} s, {rate:,.0f} lines/s)")
     if report.by_code:
         text += "; " + ", ".join(f"{code}: {n}" for code, n in report.by_code.most_common())
+    if report.read_error:
+        text += f"\nerror: {report.read_error}"
     return text

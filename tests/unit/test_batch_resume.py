@@ -104,17 +104,70 @@ def test_a_threading_event_cancels_and_merge_on_stop_writes_what_is_done(tmp_pat
     assert counts[-1].completed == len(out) and counts[0].total == 60
 
 
-def test_restart_discards_and_changed_input_is_refused(tmp_path):
+def test_restart_discards_what_was_committed(tmp_path):
     src = write_input(tmp_path, LINES)
     stop = StopRequest()
     run_batch(fake_model(), config(tmp_path, src, grace_period=0), stop=stop,
               on_progress=stop_after_commits(1, stop))
-    src.write_text("\n".join(LINES[:30]) + "\n")
-    with pytest.raises(BatchConfigError, match="other inputs"):
-        run_batch(fake_model(), config(tmp_path, src, resume=True))
     engine = FakeEngine()
     result = run_batch(fake_model(engine), config(tmp_path, src, restart=True))
-    assert result["resumed"] == 0 and len(engine.added) == 30
+    assert result["resumed"] == 0 and len(engine.added) == 60
+
+
+def test_resume_over_a_shrunk_input_keeps_no_record_past_its_end(tmp_path):
+    src = write_input(tmp_path, LINES)
+    stop = StopRequest()
+    first = run_batch(fake_model(), config(tmp_path, src, grace_period=0, commit_every=1),
+                      stop=stop, on_progress=stop_after_commits(45, stop))
+    assert first["requests"]["total"] > 30  # some committed lines lie past the new end
+    src.write_text("\n".join(LINES[:30]) + "\n")
+    result = run_batch(fake_model(), config(tmp_path, src, resume=True))
+    assert [o["custom_id"] for o in read(tmp_path / "out.jsonl")] == [f"r{i}" for i in range(30)]
+    assert result["requests"]["total"] == 30
+
+
+def interrupted_run(tmp_path, lines, n_commits=3):
+    """A run stopped after a few commits (one record each); returns the committed custom_ids."""
+    src = write_input(tmp_path, lines)
+    stop = StopRequest()
+    run_batch(fake_model(), config(tmp_path, src, grace_period=0, commit_every=1),
+              stop=stop, on_progress=stop_after_commits(n_commits, stop))
+    staging = Staging(str(tmp_path / STAGING))
+    committed = [json.loads(line.split(" ", 2)[2])["custom_id"] for name in staging.parts()
+                 for line in (tmp_path / STAGING / name).read_text().splitlines()[1:]]
+    return src, committed
+
+
+def test_a_line_edited_in_place_is_run_again_on_resume(tmp_path):
+    src, committed = interrupted_run(tmp_path, LINES)
+    victim = int(committed[0][1:])
+    lines = list(LINES)
+    # Same custom_id and byte length: only the content tells the two apart.
+    lines[victim] = lines[victim].replace('"Hello"', '"Howdy"')
+    assert len(lines[victim]) == len(LINES[victim])
+    src.write_text("\n".join(lines) + "\n")
+    engine = FakeEngine()
+    result = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
+    rerun = {rid for rid, _, _ in engine.added}
+    assert len(rerun) == 60 - len(committed) + 1  # the uncommitted lines and the edited one
+    out = {o["custom_id"]: o for o in read(tmp_path / "out.jsonl")}
+    assert len(out) == 60 and result["requests"]["total"] == 60
+    howdy = [ord(c) % 256 for c in "user:Howdy\nassistant:"]
+    assert [p for _, p, _ in engine.added if p == howdy]  # the new content ran
+    assert result["resumed"] == len(committed) - 1
+
+
+def test_on_changed_input_fail_refuses_naming_the_line(tmp_path):
+    from batchrun.batch.job import ChangedInputError
+
+    src, committed = interrupted_run(tmp_path, LINES)
+    victim = int(committed[0][1:])
+    lines = list(LINES)
+    lines[victim] = lines[victim].replace('"Hello"', '"Howdy"')
+    src.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ChangedInputError, match=f"line {victim + 1} changed"):
+        run_batch(fake_model(), config(tmp_path, src, resume=True, on_changed_input="fail"))
+    assert (tmp_path / STAGING).exists()  # nothing committed is lost
 
 
 def test_resume_without_staging_starts_afresh(tmp_path):
