@@ -18,8 +18,9 @@ ARCHS = {
 }
 
 
-def make_tiny(arch: str, path: Path, seed: int = 0):
-    """Save a tiny random model to `path`; returns the transformers model (fp32, eval)."""
+def make_tiny(arch: str, path: Path, seed: int = 0, **overrides):
+    """Save a tiny random model to `path`; returns the transformers model (fp32, eval).
+    `overrides` change its config (vocab_size to match a real tokenizer, say)."""
     import transformers
 
     cfg_cls, model_cls, extra = ARCHS[arch]
@@ -27,6 +28,7 @@ def make_tiny(arch: str, path: Path, seed: int = 0):
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                    rms_norm_eps=1e-6, initializer_range=0.2, tie_word_embeddings=False)
     options.update(extra)
+    options.update(overrides)
     cfg = getattr(transformers, cfg_cls)(**options)
     cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = 1, 2, 0
     torch.manual_seed(seed)
