@@ -17,13 +17,28 @@ def default_data_dir() -> Path:
     return Path(root) / "server"
 
 
+def api_key_option(ctx, param, value):
+    """The key, refusing one that cannot work. Click reads an empty variable as unset, which
+    would quietly serve without authentication, so an empty BATCHRUN_API_KEY is looked for here."""
+    from batchrun.server.state import check_api_key
+
+    if value is None and os.environ.get(param.envvar) == "":
+        value = ""
+    try:
+        check_api_key(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+    return value
+
+
 @click.command("serve")
 @click.option("--model", help="Registry name, HF folder, .gguf file or hub id "
                               "[default: the bundled smollm2-135m].")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-@click.option("--api-key", envvar="BATCHRUN_API_KEY", show_envvar=True,
-              help="Require 'Authorization: Bearer KEY' on every /v1 route.")
+@click.option("--api-key", envvar="BATCHRUN_API_KEY", show_envvar=True, callback=api_key_option,
+              help="Require 'Authorization: Bearer KEY' on every route but /health, /metrics "
+                   "and /version.")
 @click.option("--served-model-name", help="The model name the API shows and accepts "
                                           "[default: the model's registry name].")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -77,7 +92,7 @@ def serve(model, host, port, api_key, served_model_name, data_dir, max_num_seqs,
     template = _check_openai_options(chat_template, tool_parser, reasoning_parser)
     loaded = _load_model(model, engine_config)
     config = ServerConfig(
-        data_dir=data_dir or default_data_dir(), api_key=api_key or None,
+        data_dir=data_dir or default_data_dir(), api_key=api_key,
         served_model_name=served_model_name, max_body_bytes=max_body_size,
         max_upload_bytes=max_upload_size, max_queued_requests=max_queued_requests,
         max_concurrent_batches=max_concurrent_batches, ignore_model_field=ignore_model_field,

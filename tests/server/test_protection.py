@@ -29,6 +29,18 @@ def test_missing_or_wrong_key_is_401_in_openai_shape(api):
     assert r.status_code == 401
 
 
+def test_docs_and_unknown_routes_need_the_key(api):
+    for path in ("/docs", "/redoc", "/openapi.json", "/nowhere"):
+        r = httpx.get(api.url + path)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", path
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    for path in ("/docs", "/redoc"):
+        assert httpx.get(api.url + path, headers=auth).status_code == 200
+    assert "/v1/chat/completions" in httpx.get(api.url + "/openapi.json", headers=auth).json()[
+        "paths"]
+    assert httpx.get(api.url + "/nowhere", headers=auth).status_code == 404
+
+
 def test_health_version_and_metrics_need_no_key(api):
     assert httpx.get(api.url + "/health").json() == {"status": "ok"}
     assert httpx.get(api.url + "/version").json()["version"]
