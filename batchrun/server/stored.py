@@ -7,11 +7,12 @@ instead of the server's start.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
 from typing import Iterator
+
+import orjson
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +26,8 @@ def load_objects(root: Path, pattern: str, fields: dict[str, type | tuple[type, 
     quarantined."""
     for path in sorted(root.glob(pattern)):
         try:
-            obj = json.loads(path.read_bytes())
-        except (OSError, ValueError, RecursionError) as exc:
+            obj = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
             quarantine(path, f"unreadable: {exc}")
             continue
         problem = _shape_problem(obj, fields, allowed or {})
