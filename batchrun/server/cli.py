@@ -51,6 +51,14 @@ def api_key_option(ctx, param, value):
               show_default=True, help="Largest JSON request body.")
 @click.option("--max-upload-size", callback=size_option, metavar="SIZE", default="200MiB",
               show_default=True, help="Largest file upload.")
+@click.option("--read-timeout", type=click.FloatRange(min=0, min_open=True), default=15.0,
+              show_default=True, metavar="SECONDS", help="Close a connection that takes longer "
+              "than this to send a request's header, or pauses this long inside its body.")
+@click.option("--timeout-keep-alive", type=click.FloatRange(min=0, min_open=True), default=5.0,
+              show_default=True, metavar="SECONDS",
+              help="Close a kept-alive connection idle this long between requests.")
+@click.option("--max-connections", type=click.IntRange(min=1), default=2048, show_default=True,
+              help="Open connections (idle ones included) past which requests get 503.")
 @click.option("--max-concurrent-batches", type=click.IntRange(min=1), default=1,
               show_default=True, help="Batches-API jobs running at once (the rest queue).")
 @click.option("--temperature", type=click.FloatRange(0, 2),
@@ -70,7 +78,8 @@ def api_key_option(ctx, param, value):
 def serve(model, host, port, api_key, served_model_name, data_dir, max_num_seqs,
           max_batched_tokens, max_model_len, dtype, kv_cache_dtype, threads, kv_cache_memory,
           no_prefix_cache,
-          max_queued_requests, max_body_size, max_upload_size, max_concurrent_batches,
+          max_queued_requests, max_body_size, max_upload_size, read_timeout,
+          timeout_keep_alive, max_connections, max_concurrent_batches,
           temperature, max_tokens, ignore_model_field, chat_template, tool_parser,
           reasoning_parser, log_level):
     """Serve chat completions (JSON and SSE), models, files and batches over HTTP."""
@@ -80,6 +89,7 @@ def serve(model, host, port, api_key, served_model_name, data_dir, max_num_seqs,
     from batchrun.config import EngineConfig
     from batchrun.openai.params import RequestDefaults
     from batchrun.server.app import create_app
+    from batchrun.server.listener import uvicorn_options
     from batchrun.server.state import ServerConfig, ServerState
 
     overrides = {"dtype": dtype, "kv_cache_dtype": kv_cache_dtype,
@@ -95,14 +105,16 @@ def serve(model, host, port, api_key, served_model_name, data_dir, max_num_seqs,
         data_dir=data_dir or default_data_dir(), api_key=api_key,
         served_model_name=served_model_name, max_body_bytes=max_body_size,
         max_upload_bytes=max_upload_size, max_queued_requests=max_queued_requests,
-        max_concurrent_batches=max_concurrent_batches, ignore_model_field=ignore_model_field,
+        read_timeout=read_timeout, timeout_keep_alive=timeout_keep_alive,
+        max_connections=max_connections, max_concurrent_batches=max_concurrent_batches,
+        ignore_model_field=ignore_model_field,
         defaults=RequestDefaults(temperature=temperature, max_tokens=max_tokens),
         chat_template=template, tool_parser=tool_parser, reasoning_parser=reasoning_parser)
     state = ServerState(loaded, config)
     click.echo(f"serving {state.served_name} on http://{host}:{port} (data in {config.data_dir}"
                f"{', API key required' if config.api_key else ''})", err=True)
     uvicorn.run(create_app(state), host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=5)
+                **uvicorn_options(config))
 
 
 def _check_openai_options(chat_template, tool_parser, reasoning_parser) -> str | None:

@@ -37,6 +37,12 @@ class ServerConfig:
     # Interactive requests in the engine at once; past it the API answers 429.
     max_queued_requests: int = 1024
     max_concurrent_batches: int = 1
+    # The HTTP listener (batchrun.server.listener): seconds to send a request's header and the
+    # longest pause in its body; seconds an idle kept-alive connection stays; open connections
+    # past which requests get 503 (None = no limit).
+    read_timeout: float = 15.0
+    timeout_keep_alive: float = 5.0
+    max_connections: int | None = 2048
     # Requests one batch keeps in the engine; None = what batch_job.batch_in_flight leaves free.
     batch_max_in_flight: int | None = None
     ignore_model_field: bool = False

@@ -21,7 +21,8 @@ def test_serve_command_answers_and_stops_on_sigint(tmp_path):
     env = dict(os.environ, BATCHRUN_API_KEY="sk-cli", BATCHRUN_THREADS="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "batchrun", "serve", "--port", str(port), "--data-dir",
-         str(tmp_path), "--served-model-name", "smol", "--max-num-seqs", "8"],
+         str(tmp_path), "--served-model-name", "smol", "--max-num-seqs", "8",
+         "--read-timeout", "5", "--timeout-keep-alive", "2", "--max-connections", "16"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
