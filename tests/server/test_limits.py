@@ -38,22 +38,49 @@ def test_body_limit_and_queue_bound(real_model, tmp_path):
         assert wait_for(lambda: engine_idle(real_model.engine), timeout=20)
 
 
+def test_a_failed_step_is_a_500_for_its_requests_and_the_server_serves_on(real_model, tmp_path,
+                                                                           monkeypatch):
+    real_step = real_model.engine.step
+    failed = []
+
+    def flaky_step():
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("a bad step")
+        return real_step()
+
+    hi = [{"role": "user", "content": "Hi"}]
+    with serve(real_model, tmp_path) as srv:
+        monkeypatch.setattr(real_model.engine, "step", flaky_step)
+        with pytest.raises(openai.InternalServerError) as e:
+            srv.client().chat.completions.create(model="smollm2-135m", max_tokens=2, messages=hi)
+        assert e.value.body["code"] == "engine_error" and "a bad step" in e.value.body["message"]
+        assert httpx.get(srv.url + "/health").status_code == 200
+        out = srv.client().chat.completions.create(model="smollm2-135m", max_tokens=2, messages=hi)
+        assert out.choices[0].finish_reason == "length"
+    assert engine_idle(real_model.engine)
+
+
 def test_health_is_503_once_the_engine_died(real_model, tmp_path, monkeypatch):
+    from batchrun.engine.async_engine import MAX_FAILED_STEPS
+
     def broken_step():
         raise RuntimeError("device lost")
 
+    hi = [{"role": "user", "content": "Hi"}]
     with serve(real_model, tmp_path) as srv:
         monkeypatch.setattr(real_model.engine, "step", broken_step)
-        with pytest.raises(openai.APIStatusError) as e:
-            srv.client().chat.completions.create(model="smollm2-135m", max_tokens=2,
-                                                 messages=[{"role": "user", "content": "Hi"}])
-        assert e.value.status_code == 503 and e.value.body["code"] == "engine_dead"
+        statuses = []
+        for _ in range(MAX_FAILED_STEPS + 1):
+            with pytest.raises(openai.APIStatusError) as e:
+                srv.client().chat.completions.create(model="smollm2-135m", max_tokens=2,
+                                                     messages=hi)
+            statuses.append((e.value.status_code, e.value.body["code"]))
+        # Each failed step fails its request; the engine is dead once they keep failing.
+        assert statuses == [(500, "engine_error")] * (MAX_FAILED_STEPS - 1) + [
+            (503, "engine_dead")] * 2
         r = httpx.get(srv.url + "/health")
         assert r.status_code == 503 and "device lost" in r.json()["detail"]
-        with pytest.raises(openai.APIStatusError) as e:
-            srv.client().chat.completions.create(model="smollm2-135m", max_tokens=2,
-                                                 messages=[{"role": "user", "content": "Hi"}])
-        assert e.value.status_code == 503
     monkeypatch.undo()
     # The request that was in the engine when it died: leave the shared engine clean.
     for request_id in list(real_model.engine.groups):
