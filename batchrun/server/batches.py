@@ -184,7 +184,10 @@ class BatchManager:
                 self._run(batch_id, model)
             except Exception as exc:  # a bug here must not kill the worker or leave it running
                 log.exception("batch %s failed", batch_id)
-                self._fail(batch_id, "internal_error", f"the batch failed: {exc}")
+                try:
+                    self._fail(batch_id, "internal_error", f"the batch failed: {exc!r}")
+                except Exception:
+                    log.exception("could not mark batch %s failed", batch_id)
 
     def _run(self, batch_id: str, model) -> None:
         from batchrun.server.batch_job import committed_summary, run_config, validate_input
@@ -234,6 +237,7 @@ class BatchManager:
                 self._fail(batch_id, "engine_error", str(exc))
             return
         finally:
+            running.client.close()
             with self._lock:
                 self._running.pop(batch_id, None)
         if summary["status"] != "completed" and self._stopping.is_set():
