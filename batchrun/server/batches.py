@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from types import NoneType
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -24,7 +25,7 @@ from batchrun.engine.sync_client import SyncEngineClient
 from batchrun.openai.protocol import SUPPORTED_URLS, _from_validation_error
 from batchrun.server.errors import APIError, not_found
 from batchrun.server.files import write_json_atomic
-from batchrun.server.stored import NoneType, load_objects
+from batchrun.server.stored import load_objects
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,6 @@ import orjson
 
 log = logging.getLogger(__name__)
 
-NoneType = type(None)
-
 
 def load_objects(root: Path, pattern: str, fields: dict[str, type | tuple[type, ...]],
                  allowed: dict[str, tuple] | None = None) -> Iterator[dict]:
