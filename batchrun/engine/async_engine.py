@@ -4,8 +4,10 @@ One background thread owns the Engine: it applies queued add/abort commands, cal
 there is work, and hands each output to the request's sink. The event loop never touches the
 engine, so HTTP handlers never block on model work. Async callers get an async iterator per
 request (`generate`); threads that drive their own loop (the batch runner inside the server) get
-a blocking engine-shaped client (`sync_client`). If step() raises, the engine is dead: every
-open request gets EngineDeadError and new ones are refused.
+a blocking engine-shaped client (`sync_client`). If step() raises, the requests in the engine
+fail (a finished output with an error: a 500 for the API, a failed line for a batch) and the
+engine serves on; after MAX_FAILED_STEPS failing steps in a row it is dead: every open request
+gets EngineDeadError and new ones are refused.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ log = logging.getLogger(__name__)
 
 INTERACTIVE_PRIORITY = 0
 BATCH_PRIORITY = 10
+# Consecutive failing steps after which the engine counts as broken rather than unlucky.
+MAX_FAILED_STEPS = 3
 
 # Engines (by id) that an AsyncEngine thread is driving: two drivers would corrupt one engine.
 _DRIVEN: set[int] = set()
@@ -233,6 +237,7 @@ class AsyncEngine:
 
     def _run(self) -> None:
         engine = self.engine
+        failed_steps = 0
         try:
             while True:
                 with self._cv:
@@ -247,9 +252,20 @@ class AsyncEngine:
                 if stopping:
                     break
                 if engine.has_unfinished_requests():
-                    self._deliver(engine.step())
+                    try:
+                        outputs = engine.step()
+                    except Exception as exc:
+                        failed_steps += 1
+                        if failed_steps >= MAX_FAILED_STEPS:
+                            raise
+                        log.exception("a step failed; failing the %d requests in the engine",
+                                      len(self._sinks))
+                        self._fail_in_engine(exc)
+                    else:
+                        failed_steps = 0
+                        self._deliver(outputs)
                 self._refresh_snapshot()
-        except BaseException as exc:  # noqa: BLE001 - any failure of a step kills the engine
+        except BaseException as exc:  # noqa: BLE001 - anything else kills the engine
             log.exception("the engine died")
             self.dead = exc
             self._fail_all(EngineDeadError(f"the engine died: {exc!r}"))
@@ -273,10 +289,25 @@ class AsyncEngine:
         except ValueError as exc:
             # An async caller gets the exception; a sync client (the batch runner) expects
             # refusals as failed outputs from step(), so it gets one.
-            refusal = exc if isinstance(sink, _AsyncSink) else _refused(request_id, prompt, exc)
+            refusal = exc if isinstance(sink, _AsyncSink) else _refused(request_id, prompt,
+                                                                         str(exc))
             self._push(sink, refusal)
             return
         self._sinks[request_id] = sink
+
+    def _fail_in_engine(self, exc: Exception) -> None:
+        """After a failed step, which no single request can be blamed for: every request in the
+        engine ends with an error, leaving it empty for the next ones. If it cannot be emptied,
+        the engine is dead (the exception propagates)."""
+        message = f"the engine failed while running this request: {exc!r}"
+        outputs = []
+        for request_id in list(self._sinks):
+            out = self.engine.abort_request(request_id) or _refused(request_id, [], message)
+            out.error = message
+            outputs.append(out)
+        self._deliver(outputs)
+        if self.engine.has_unfinished_requests():
+            raise RuntimeError("the engine kept requests after a failed step") from exc
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
@@ -327,9 +358,9 @@ class AsyncEngine:
                                        steps=self.engine.stats.steps)
 
 
-def _refused(request_id: str, prompt: list[int], exc: Exception) -> RequestOutput:
+def _refused(request_id: str, prompt: list[int], error: str) -> RequestOutput:
     return RequestOutput(request_id, prompt, [CompletionOutput(0, "", [], finish_reason="abort")],
-                         finished=True, error=str(exc))
+                         finished=True, error=error)
 
 
 def _push_all(items) -> None:

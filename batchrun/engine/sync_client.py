@@ -66,6 +66,12 @@ class SyncEngineClient:
             self._open.discard(request_id)
             self.owner.abort(request_id)
 
+    def close(self) -> None:
+        """Abort this client's requests still in the engine: a runner that raised may leave
+        some, and they would hold sequence slots and KV blocks of the shared engine."""
+        for request_id in list(self._open):
+            self.abort_request(request_id)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._open)
 

@@ -1,6 +1,7 @@
 """The FastAPI application: OpenAI-compatible routes on one shared engine.
 
     /v1/chat/completions  /v1/models  /v1/files...  /v1/batches...   (API key when set)
+    /docs  /redoc  /openapi.json                                     (API key when set)
     /health  /metrics  /version
 """
 
@@ -13,6 +14,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from batchrun import __version__
 from batchrun.server import batches_api, chat, files_api
+from batchrun.server.error_log import ClientErrorLogMiddleware
 from batchrun.server.errors import install_handlers, not_found
 from batchrun.server.middleware import GuardMiddleware
 from batchrun.server.state import ServerState
@@ -82,4 +84,5 @@ def create_app(state: ServerState, manage_state: bool = True) -> FastAPI:
     cfg = state.config
     app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes,
                        max_upload_bytes=cfg.max_upload_bytes, metrics=state.metrics)
+    app.add_middleware(ClientErrorLogMiddleware)  # added last: outside the guard, sees its 401s
     return app

@@ -11,6 +11,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+import orjson
+
 from batchrun.engine.sync_client import SyncEngineClient
 
 
@@ -24,8 +26,8 @@ def validate_input(path: Path, endpoint: str) -> tuple[int, list[dict]]:
             if not raw.strip():
                 continue
             total += 1
-            try:
-                url = json.loads(raw).get("url")
+            try:  # orjson: a deeply nested line is a JSON error, not a RecursionError
+                url = orjson.loads(raw).get("url")
             except (ValueError, AttributeError):
                 continue
             if url is not None and url != endpoint:

@@ -8,7 +8,6 @@ is a JSON file under the data directory; a server restarted mid-batch runs it ag
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import shutil
@@ -16,6 +15,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from types import NoneType
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -25,10 +25,15 @@ from batchrun.engine.sync_client import SyncEngineClient
 from batchrun.openai.protocol import SUPPORTED_URLS, _from_validation_error
 from batchrun.server.errors import APIError, not_found
 from batchrun.server.files import write_json_atomic
+from batchrun.server.stored import load_objects
 
 log = logging.getLogger(__name__)
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+STATUSES = (*ACTIVE, "completed", "failed", "cancelled", "expired")
+# What the manager reads of a stored batch object; a file without them is quarantined.
+BATCH_FIELDS = {"id": str, "status": str, "endpoint": str, "input_file_id": str,
+                "created_at": int, "in_progress_at": (int, NoneType), "request_counts": dict}
 COMPLETION_WINDOWS = ("24h",)
 MAX_ERRORS_LISTED = 10
 
@@ -48,8 +53,7 @@ class BatchManager:
         root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._batches: dict[str, dict] = {}
-        for path in root.glob("batch_*.json"):
-            obj = json.loads(path.read_text())
+        for obj in load_objects(root, "batch_*.json", BATCH_FIELDS, {"status": STATUSES}):
             self._batches[obj["id"]] = obj
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._running: dict[str, _Running] = {}
@@ -181,7 +185,10 @@ class BatchManager:
                 self._run(batch_id, model)
             except Exception as exc:  # a bug here must not kill the worker or leave it running
                 log.exception("batch %s failed", batch_id)
-                self._fail(batch_id, "internal_error", f"the batch failed: {exc}")
+                try:
+                    self._fail(batch_id, "internal_error", f"the batch failed: {exc!r}")
+                except Exception:
+                    log.exception("could not mark batch %s failed", batch_id)
 
     def _run(self, batch_id: str, model) -> None:
         from batchrun.server.batch_job import committed_summary, run_config, validate_input
@@ -231,6 +238,7 @@ class BatchManager:
                 self._fail(batch_id, "engine_error", str(exc))
             return
         finally:
+            running.client.close()
             with self._lock:
                 self._running.pop(batch_id, None)
         if summary["status"] != "completed" and self._stopping.is_set():

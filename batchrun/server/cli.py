@@ -17,13 +17,28 @@ def default_data_dir() -> Path:
     return Path(root) / "server"
 
 
+def api_key_option(ctx, param, value):
+    """The key, refusing one that cannot work. Click reads an empty variable as unset, which
+    would quietly serve without authentication, so an empty BATCHRUN_API_KEY is looked for here."""
+    from batchrun.server.state import check_api_key
+
+    if value is None and os.environ.get(param.envvar) == "":
+        value = ""
+    try:
+        check_api_key(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+    return value
+
+
 @click.command("serve")
 @click.option("--model", help="Registry name, HF folder, .gguf file or hub id "
                               "[default: the bundled smollm2-135m].")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-@click.option("--api-key", envvar="BATCHRUN_API_KEY", show_envvar=True,
-              help="Require 'Authorization: Bearer KEY' on every /v1 route.")
+@click.option("--api-key", envvar="BATCHRUN_API_KEY", show_envvar=True, callback=api_key_option,
+              help="Require 'Authorization: Bearer KEY' on every route but /health, /metrics "
+                   "and /version.")
 @click.option("--served-model-name", help="The model name the API shows and accepts "
                                           "[default: the model's registry name].")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -36,6 +51,14 @@ def default_data_dir() -> Path:
               show_default=True, help="Largest JSON request body.")
 @click.option("--max-upload-size", callback=size_option, metavar="SIZE", default="200MiB",
               show_default=True, help="Largest file upload.")
+@click.option("--read-timeout", type=click.FloatRange(min=0, min_open=True), default=15.0,
+              show_default=True, metavar="SECONDS", help="Close a connection that takes longer "
+              "than this to send a request's header, or pauses this long inside its body.")
+@click.option("--timeout-keep-alive", type=click.FloatRange(min=0, min_open=True), default=5.0,
+              show_default=True, metavar="SECONDS",
+              help="Close a kept-alive connection idle this long between requests.")
+@click.option("--max-connections", type=click.IntRange(min=1), default=2048, show_default=True,
+              help="Open connections (idle ones included) past which requests get 503.")
 @click.option("--max-concurrent-batches", type=click.IntRange(min=1), default=1,
               show_default=True, help="Batches-API jobs running at once (the rest queue).")
 @click.option("--temperature", type=click.FloatRange(0, 2),
@@ -55,7 +78,8 @@ def default_data_dir() -> Path:
 def serve(model, host, port, api_key, served_model_name, data_dir, max_num_seqs,
           max_batched_tokens, max_model_len, dtype, kv_cache_dtype, threads, kv_cache_memory,
           no_prefix_cache,
-          max_queued_requests, max_body_size, max_upload_size, max_concurrent_batches,
+          max_queued_requests, max_body_size, max_upload_size, read_timeout,
+          timeout_keep_alive, max_connections, max_concurrent_batches,
           temperature, max_tokens, ignore_model_field, chat_template, tool_parser,
           reasoning_parser, log_level):
     """Serve chat completions (JSON and SSE), models, files and batches over HTTP."""
@@ -65,6 +89,7 @@ def serve(model, host, port, api_key, served_model_name, data_dir, max_num_seqs,
     from batchrun.config import EngineConfig
     from batchrun.openai.params import RequestDefaults
     from batchrun.server.app import create_app
+    from batchrun.server.listener import uvicorn_options
     from batchrun.server.state import ServerConfig, ServerState
 
     overrides = {"dtype": dtype, "kv_cache_dtype": kv_cache_dtype,
@@ -77,17 +102,19 @@ def serve(model, host, port, api_key, served_model_name, data_dir, max_num_seqs,
     template = _check_openai_options(chat_template, tool_parser, reasoning_parser)
     loaded = _load_model(model, engine_config)
     config = ServerConfig(
-        data_dir=data_dir or default_data_dir(), api_key=api_key or None,
+        data_dir=data_dir or default_data_dir(), api_key=api_key,
         served_model_name=served_model_name, max_body_bytes=max_body_size,
         max_upload_bytes=max_upload_size, max_queued_requests=max_queued_requests,
-        max_concurrent_batches=max_concurrent_batches, ignore_model_field=ignore_model_field,
+        read_timeout=read_timeout, timeout_keep_alive=timeout_keep_alive,
+        max_connections=max_connections, max_concurrent_batches=max_concurrent_batches,
+        ignore_model_field=ignore_model_field,
         defaults=RequestDefaults(temperature=temperature, max_tokens=max_tokens),
         chat_template=template, tool_parser=tool_parser, reasoning_parser=reasoning_parser)
     state = ServerState(loaded, config)
     click.echo(f"serving {state.served_name} on http://{host}:{port} (data in {config.data_dir}"
                f"{', API key required' if config.api_key else ''})", err=True)
     uvicorn.run(create_app(state), host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=5)
+                **uvicorn_options(config))
 
 
 def _check_openai_options(chat_template, tool_parser, reasoning_parser) -> str | None:

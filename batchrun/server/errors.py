@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from batchrun.engine.async_engine import EngineDeadError, QueueFullError
 from batchrun.openai.protocol import RequestError
@@ -37,6 +38,9 @@ def as_request_error(exc: BaseException) -> RequestError:
         return RequestError(str(exc), code="queue_full", type="server_busy", status_code=429)
     if isinstance(exc, EngineDeadError):
         return RequestError(str(exc), code="engine_dead", type="server_error", status_code=503)
+    if isinstance(exc, ClientDisconnect):  # it left (or was timed out) while sending the body
+        return RequestError("the client disconnected before sending the whole request",
+                            code="client_disconnected", status_code=499)
     if isinstance(exc, ValueError):  # the engine's own refusals (prompt too long, ...)
         return RequestError(str(exc), code="invalid_value")
     log.exception("unhandled error", exc_info=exc)

@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from batchrun.server.errors import APIError, not_found
+from batchrun.server.stored import load_objects
 
 UPLOAD_PURPOSES = ("batch",)
+# What the store reads of a stored file object; a file without them is quarantined.
+FILE_FIELDS = {"id": str, "bytes": int, "created_at": int, "filename": str, "purpose": str}
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -36,8 +39,7 @@ class FileStore:
         root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._files: dict[str, dict] = {}
-        for meta in root.glob("file-*.json"):
-            obj = json.loads(meta.read_text())
+        for obj in load_objects(root, "file-*.json", FILE_FIELDS):
             if (root / obj["id"]).exists():
                 self._files[obj["id"]] = obj
 

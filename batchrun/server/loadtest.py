@@ -160,6 +160,7 @@ def _serve_in_process(args):
     from batchrun import llm
     from batchrun.config import EngineConfig
     from batchrun.server.app import create_app
+    from batchrun.server.listener import uvicorn_options
     from batchrun.server.state import ServerConfig, ServerState
 
     overrides = {"max_num_seqs": args.max_num_seqs,
@@ -171,7 +172,7 @@ def _serve_in_process(args):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port,
-                                           log_level="warning"))
+                                           log_level="warning", **uvicorn_options(state.config)))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:

@@ -1,4 +1,4 @@
-"""ASGI middleware in front of every route: API key on /v1, request body size, HTTP metrics."""
+"""ASGI middleware in front of every route: API key, request body size, HTTP metrics."""
 
 from __future__ import annotations
 
@@ -6,6 +6,10 @@ import json
 import secrets
 
 from batchrun.server.metrics import ServerMetrics
+
+# What answers without the API key: probes and monitoring. Everything else wants it, the API
+# docs (/docs, /redoc, /openapi.json) and routes added later included.
+OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})
 
 
 class _BodyTooLarge(Exception):
@@ -57,7 +61,7 @@ class GuardMiddleware:
 
     def _refusal(self, scope) -> tuple[int, bytes] | None:
         path = scope["path"]
-        if self.api_key and (path == "/v1" or path.startswith("/v1/")):
+        if self.api_key and path not in OPEN_PATHS:
             if not self._authorized(scope):
                 return _error(401, "Incorrect API key provided. Pass it as "
                                    "'Authorization: Bearer <key>'.",

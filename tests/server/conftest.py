@@ -44,13 +44,14 @@ def serve(model, data_dir, **config):
     import uvicorn
 
     from batchrun.server.app import create_app
+    from batchrun.server.listener import uvicorn_options
     from batchrun.server.state import ServerConfig, ServerState
 
     config.setdefault("api_key", API_KEY)
     state = ServerState(model, ServerConfig(data_dir=data_dir, **config))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port,
-                                           log_level="warning", timeout_graceful_shutdown=5))
+                                           log_level="warning", **uvicorn_options(state.config)))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 60

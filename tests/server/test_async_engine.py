@@ -1,4 +1,5 @@
-"""AsyncEngine on a tiny random model: streaming, abort, priorities, sync clients, engine death."""
+"""AsyncEngine on a tiny random model: streaming, abort, priorities, sync clients, failed steps,
+engine death."""
 
 import asyncio
 import threading
@@ -6,7 +7,8 @@ import threading
 import pytest
 
 from batchrun.engine import SamplingParams
-from batchrun.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
+from batchrun.engine.async_engine import (MAX_FAILED_STEPS, AsyncEngine, EngineDeadError,
+                                          QueueFullError)
 from tests.unit.test_native_model import tiny_engine
 
 LONG = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -102,14 +104,49 @@ def test_sync_client_wake_unblocks_step(ae):
     assert not client.has_unfinished_requests()
 
 
-def test_engine_death_fails_requests_and_refuses_new_ones(ae, monkeypatch):
+def test_a_failed_step_fails_the_requests_in_the_engine_and_the_engine_serves_on(ae, monkeypatch,
+                                                                               caplog):
+    real_step = ae.engine.step
+    failed = []
+
+    def flaky_step():
+        if not failed and {"a", "b"} <= set(ae.engine.groups):  # once, with both requests in
+            failed.append(True)
+            raise RuntimeError("kernel exploded")
+        return real_step()
+    monkeypatch.setattr(ae.engine, "step", flaky_step)
+    client = ae.sync_client()
+
+    async def go():
+        stream = ae.generate("a", [5, 6, 7], LONG, stream=True)
+        client.add_request("b", [8, 9, 10], LONG)
+        return [out async for out in stream][-1]
+    out = run(go())
+    assert out.finished and "kernel exploded" in out.error
+    (batch_out,) = client.step(timeout=30)
+    assert batch_out.request_id == "b" and "kernel exploded" in batch_out.error
+    assert (client.num_ok, client.num_failed) == (0, 1)
+    assert ae.engine.kv.num_free_blocks == ae.engine.kv.num_blocks
+    assert ae.is_alive
+
+    async def again():
+        return await ae.generate("c", [5, 6, 7], LONG).result()
+    after = run(again())
+    assert after.error is None and len(after.outputs[0].token_ids) == 40
+    assert any(r.exc_info and "a step failed" in r.getMessage() for r in caplog.records)
+
+
+def test_an_engine_that_keeps_failing_dies(ae, monkeypatch):
     def boom():
         raise RuntimeError("kernel exploded")
     monkeypatch.setattr(ae.engine, "step", boom)
 
     async def go():
+        for i in range(MAX_FAILED_STEPS - 1):
+            out = await ae.generate(f"r{i}", [5, 6, 7], LONG).result()
+            assert "kernel exploded" in out.error
         with pytest.raises(EngineDeadError):
-            await ae.generate("r", [5, 6, 7], LONG).result()
+            await ae.generate("last", [5, 6, 7], LONG).result()
     run(go())
     assert not ae.is_alive and "kernel exploded" in repr(ae.dead)
     with pytest.raises(EngineDeadError):

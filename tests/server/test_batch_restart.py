@@ -28,3 +28,22 @@ def test_a_restarted_server_resumes_a_batch(real_model, tmp_path):
         assert done.status == "completed" and done.request_counts.completed == 16
         out = records(client, done.output_file_id)
         assert [r["custom_id"] for r in out] == [f"r{i}" for i in range(16)]
+
+
+def test_a_server_starts_past_corrupt_state_files(real_model, tmp_path):
+    from tests.server.test_stored_state import batch, file_object
+
+    (tmp_path / "batches").mkdir()
+    (tmp_path / "files").mkdir()
+    (tmp_path / "batches" / "batch_good.json").write_text(json.dumps(batch("batch_good")))
+    (tmp_path / "batches" / "batch_cut.json").write_text(json.dumps(batch("batch_cut"))[:30])
+    (tmp_path / "files" / "file-in").write_text("{}\n")
+    (tmp_path / "files" / "file-in.json").write_text(json.dumps(file_object("file-in")))
+    (tmp_path / "files" / "file-cut.json").write_text("{")
+    with serve(real_model, tmp_path) as srv:
+        client = srv.client()
+        assert [b.id for b in client.batches.list().data] == ["batch_good"]
+        assert [f.id for f in client.files.list().data] == ["file-in"]
+        assert client.files.content("file-in").text == "{}\n"
+    assert (tmp_path / "batches" / "batch_cut.json.corrupt").exists()
+    assert (tmp_path / "files" / "file-cut.json.corrupt").exists()

@@ -133,3 +133,66 @@ def test_interactive_requests_run_while_a_batch_fills_the_engine(api):
     # The interactive answer did not wait for the whole batch.
     assert client.batches.retrieve(batch.id).status in ("in_progress", "finalizing", "completed")
     assert poll(client, batch.id).status == "completed"
+
+
+def _crash_first_run(monkeypatch, leave_request=False):
+    """The first batch to run raises from inside the runner (with, if asked, a request of its
+    own left in the engine); the later ones run."""
+    from batchrun.engine import SamplingParams
+    from batchrun.server import batch_job
+
+    real_run_job = batch_job.run_job
+    crashed = []
+
+    def run_job(model, client, config, stop, on_progress):
+        if crashed:
+            return real_run_job(model, client, config, stop, on_progress)
+        crashed.append(True)
+        if leave_request:
+            client.add_request("left-behind", [5, 6, 7],
+                               SamplingParams(max_tokens=2000, ignore_eos=True))
+        raise RuntimeError("the runner tripped")
+
+    monkeypatch.setattr(batch_job, "run_job", run_job)
+
+
+def test_a_batch_that_crashes_fails_alone(api, monkeypatch):
+    import httpx
+
+    _crash_first_run(monkeypatch, leave_request=True)
+    client = api.client()
+    f = upload(client, [line("a", "Hi")])
+    first = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    second = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                   completion_window="24h")
+    first = poll(client, first.id)
+    assert first.status == "failed" and first.failed_at
+    assert first.errors.data[0].code == "internal_error"
+    assert "the runner tripped" in first.errors.data[0].message
+    # Its request is gone from the shared engine (it would run 2000 tokens otherwise).
+    engine = api.state.model.engine
+    assert wait_for(lambda: "left-behind" not in engine.groups, timeout=5)
+    assert poll(client, second.id).status == "completed"
+    assert httpx.get(api.url + "/health").status_code == 200
+    assert wait_for(lambda: engine_idle(engine), timeout=20)
+
+
+def test_a_batch_worker_survives_a_failure_it_cannot_record(api, monkeypatch, caplog):
+    _crash_first_run(monkeypatch)
+    manager = api.state.batches
+    real_fail = manager._fail
+
+    def fail(batch_id, code, message):
+        monkeypatch.setattr(manager, "_fail", real_fail)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(manager, "_fail", fail)
+    client = api.client()
+    f = upload(client, [line("a", "Hi")])
+    first = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    second = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                   completion_window="24h")
+    assert poll(client, second.id).status == "completed"
+    assert f"could not mark batch {first.id} failed" in caplog.text

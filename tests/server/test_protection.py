@@ -1,5 +1,7 @@
 """Auth, health, metrics, version, and client disconnects freeing the engine."""
 
+import logging
+
 import httpx
 import openai
 import pytest
@@ -29,6 +31,18 @@ def test_missing_or_wrong_key_is_401_in_openai_shape(api):
     assert r.status_code == 401
 
 
+def test_docs_and_unknown_routes_need_the_key(api):
+    for path in ("/docs", "/redoc", "/openapi.json", "/nowhere"):
+        r = httpx.get(api.url + path)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", path
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    for path in ("/docs", "/redoc"):
+        assert httpx.get(api.url + path, headers=auth).status_code == 200
+    assert "/v1/chat/completions" in httpx.get(api.url + "/openapi.json", headers=auth).json()[
+        "paths"]
+    assert httpx.get(api.url + "/nowhere", headers=auth).status_code == 404
+
+
 def test_health_version_and_metrics_need_no_key(api):
     assert httpx.get(api.url + "/health").json() == {"status": "ok"}
     assert httpx.get(api.url + "/version").json()["version"]
@@ -43,6 +57,31 @@ def test_health_version_and_metrics_need_no_key(api):
         assert name in text, name
     assert ('batchrun_http_requests_total{method="POST",route="/v1/chat/completions",'
             'status="200"}') in text
+
+
+def test_client_errors_are_logged_on_one_line_without_the_body(api, caplog):
+    caplog.set_level(logging.INFO, logger="batchrun.server.error_log")
+    client = api.client()
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="smollm2-135m", temperature=5, messages=[
+            {"role": "user", "content": "the secret is hunter2"}])
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.AuthenticationError):
+        api.client(api_key="wrong").models.list()
+    httpx.get(api.base_url + "/files/file-none%0Aforged line", headers={
+        "Authorization": f"Bearer {API_KEY}"})
+    client.models.list()  # a 200: not logged
+    lines = [r.getMessage() for r in caplog.records if r.name == "batchrun.server.error_log"]
+    assert len(lines) == 4, lines
+    assert lines[0].startswith("POST /v1/chat/completions 400 invalid_value param=temperature: ")
+    assert "temperature" in lines[0].split(": ", 1)[1]  # the message itself
+    assert lines[1].startswith("POST /v1/chat/completions 404 model_not_found param=model: ")
+    assert lines[2] == ("GET /v1/models 401 invalid_api_key param=-: Incorrect API key provided. "
+                        "Pass it as 'Authorization: Bearer <key>'.")
+    assert lines[3].startswith("GET /v1/files/file-none\\x0aforged line 404 not_found "
+                               "param=file_id: ")
+    assert all("\n" not in line for line in lines) and "hunter2" not in caplog.text
 
 
 def test_disconnect_mid_stream_aborts_and_frees_kv(api):

@@ -1,0 +1,81 @@
+"""How the server listens: uvicorn's options, with an HTTP protocol that has a read timeout.
+
+uvicorn closes idle keep-alive connections (timeout_keep_alive) and answers 503 past
+limit_concurrency, but has no timeout while a request is being read: a connection that sends
+nothing, half a header, or a body that stops coming stays open for good, and counts against the
+connection limit (slowloris).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger(__name__)
+
+
+class ReadTimeoutProtocol(HttpToolsProtocol):
+    """Closes a connection whose request header is not complete within `read_timeout` seconds
+    of the connection opening (or of the request's first byte, on a kept-alive connection), or
+    whose body stops arriving for that long. A pause while uvicorn itself holds reading back
+    (the app is behind on the body, or a pipelined request waits) does not count."""
+
+    def __init__(self, *args, read_timeout: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read_timeout = read_timeout
+        self._read_timer = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._arm()
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        self._arm()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._disarm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._read_timer = self.loop.call_later(self.read_timeout, self._expired)
+
+    def _disarm(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
+    def _expired(self) -> None:
+        self._read_timer = None
+        if self.transport.is_closing():
+            return
+        if self.flow.read_paused:
+            self._arm()
+            return
+        log.debug("closing a connection from %s: no complete request within %gs", self.client,
+                  self.read_timeout)
+        self.transport.close()
+
+
+def uvicorn_options(config) -> dict:
+    """uvicorn.run / uvicorn.Config keyword arguments for ServerConfig `config`."""
+    # uvicorn counts the connection asking against the limit: +1 serves max_connections of them.
+    limit = config.max_connections + 1 if config.max_connections is not None else None
+    return {"http": functools.partial(ReadTimeoutProtocol, read_timeout=config.read_timeout),
+            "timeout_keep_alive": config.timeout_keep_alive, "limit_concurrency": limit,
+            "timeout_graceful_shutdown": 5}
