@@ -1,5 +1,8 @@
 """The in-place CPU decode-attention kernel against the PyTorch gather + SDPA path."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -53,3 +56,11 @@ def test_kernel_matches_gather_sdpa(kv_dtype, H, Hkv, D, bs):
     torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
     # the step's own K/V went into the cache exactly as index_copy_ puts them
     assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
+
+
+def test_loading_the_kernels_leaves_the_process_floating_point_mode_alone():
+    # A library built with -ffast-math by GCC < 13 switches on flush-to-zero for the process.
+    code = ("from batchrun.engine import kernels; assert kernels.library() is not None; "
+            "import sys; sys.exit(0 if 5e-324 > 0 else 1)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr or "denormals flushed to zero"

@@ -23,7 +23,12 @@ log = logging.getLogger(__name__)
 KINDS = {"torch.float32": 0, "torch.float16": 1, "torch.bfloat16": 2}
 SOURCES = [Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c")]
 HEADERS = [Path(__file__).with_name(n) for n in ("dtypes.h", "parallel.h")]
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-shared", "-fPIC"]
+# -ffast-math's parts, not the flag: with it (or -funsafe-math-optimizations) GCC before 13 links
+# crtfastmath.o into the library, whose constructor turns on flush-to-zero for the whole process
+# once it is loaded (every denormal in numpy, torch and Python then reads as 0).
+FAST_MATH = ["-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math",
+             "-freciprocal-math", "-ffinite-math-only"]
+FLAGS = ["-O3", "-march=native", *FAST_MATH, "-fopenmp-simd", "-shared", "-fPIC"]
 
 
 def _cpu_signature() -> str:
