@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from batchrun.batch.idset import IdSet
-from batchrun.batch.job import check_item
+from batchrun.batch.job import check_item, internal_error
 from batchrun.batch.readers import InputLine, InputReadError, Source, read_all
 from batchrun.openai.protocol import LineError
 
@@ -82,6 +82,11 @@ def validate(sources: list[Source], prepare: Callable[[str, int], Any],
             except LineError as exc:
                 report.by_code[exc.code] += 1
                 on_problem(item, exc)
+                continue
+            except Exception as exc:  # what the run would record as this line's internal error
+                error = internal_error(item, "preparing the request", exc)
+                report.by_code[error.code] += 1
+                on_problem(item, error)
                 continue
             report.valid += 1
     except InputReadError as exc:

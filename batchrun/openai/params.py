@@ -32,8 +32,14 @@ def check_model_field(requested: str | None, name: str, aliases: Sequence[str] =
         "another provider)", code="model_not_found", param="model", status_code=404)
 
 
+def declared(request: Any, name: str) -> Any:
+    """A field the request's model declares, or None: getattr would also return an unknown
+    field of that name the body carried (pydantic exposes extras as attributes), unchecked."""
+    return vars(request).get(name)
+
+
 def _pick(name: str, request: Any, *layers: Mapping[str, Any]) -> Any:
-    value = getattr(request, name, None)
+    value = declared(request, name)
     for layer in layers:
         if value is not None:
             break
@@ -48,10 +54,10 @@ def _max_tokens(request: Any, prompt_len: int, max_model_len: int, user: dict, m
             f"This model's maximum context length is {max_model_len} tokens. However, your "
             f"messages resulted in {prompt_len} tokens, leaving no room for a completion. Please "
             "reduce the length of the messages.", code="context_length_exceeded", param="messages")
-    explicit = getattr(request, "max_completion_tokens", None) or request.max_tokens
+    explicit = declared(request, "max_completion_tokens") or request.max_tokens
     if explicit is not None:
         if prompt_len + explicit > max_model_len:
-            param = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) \
+            param = "max_completion_tokens" if declared(request, "max_completion_tokens") \
                 else "max_tokens"
             raise RequestError(
                 f"This model's maximum context length is {max_model_len} tokens. However, you "

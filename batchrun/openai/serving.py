@@ -26,7 +26,8 @@ from batchrun.engine.sampling_params import GrammarSpec, SamplingParams
 from batchrun.openai.chat import ChatChunks, ChatFormatter
 from batchrun.openai.completions import CompletionChunks, CompletionFormatter
 from batchrun.openai.logprobs import TokenText
-from batchrun.openai.params import RequestDefaults, check_model_field, to_sampling_params
+from batchrun.openai.params import (RequestDefaults, check_model_field, declared,
+                                   to_sampling_params)
 from batchrun.openai.parsers import (ToolParser, detect_tool_parser, reasoning_parser,
                                      tool_parser)
 from batchrun.openai.protocol import (ChatCompletionRequest, CompletionRequest, RequestError,
@@ -63,7 +64,7 @@ class PreparedRequest:
 
     @property
     def metadata(self) -> dict[str, str] | None:
-        return getattr(self.request, "metadata", None)
+        return declared(self.request, "metadata")
 
     def finalize(self, outputs: RequestOutput | Sequence[RequestOutput],
                  created: int | None = None) -> dict[str, Any]:

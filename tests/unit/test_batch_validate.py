@@ -70,7 +70,7 @@ def test_every_bad_line_is_an_error_record_and_valid_lines_succeed(tmp_path):
     for e in errors:
         assert e["error"]["message"].startswith(f"line {e['error']['line']}: ")
     by_code = {e["error"]["code"]: e for e in errors}
-    assert by_code["invalid_encoding"]["custom_id"] is None
+    assert by_code["invalid_encoding"]["custom_id"] == "bad-utf8"  # its readable custom_id
     assert by_code["duplicate_custom_id"]["custom_id"] == "ok-1"
 
 

@@ -221,3 +221,16 @@ def test_a_full_disk_leaves_no_scratch_file(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         io.write_bytes_atomic(str(tmp_path / "m.json"), b"{}")
     assert os.listdir(tmp_path) == []
+
+
+def test_an_unknown_field_named_like_another_endpoints_field_is_only_ignored(smol_tokenizer):
+    from types import SimpleNamespace
+
+    from batchrun.openai.serving import OpenAIServing
+
+    model = SimpleNamespace(tokenizer=smol_tokenizer, name="m", aliases=(), max_model_len=64,
+                            generation_defaults={}, engine=None)
+    # max_completion_tokens and metadata are chat fields: on /v1/completions they are unknown.
+    prepared = OpenAIServing(model).prepare("/v1/completions", {
+        "prompt": "hi", "max_completion_tokens": {"a": 1}, "metadata": [1, 2]})
+    assert prepared.params.max_tokens == 16 and prepared.metadata is None
