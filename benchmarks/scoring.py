@@ -8,9 +8,9 @@ questions that lm-eval ships in its task files) is scored once per answer choice
 prompts share the question, and with --shots k also k solved questions of the same subject in
 front of it. Figures are prompt tokens scored per second. batchrun runs prompt_logprobs=1 and
 max_tokens=0 (what lm-eval's local-completions asks for), with its prefix cache and without it;
-transformers runs right-padded batches of --hf-batch prompts sorted by length, and takes each
-target's logit minus the row's logsumexp (log_softmax at the targets). The largest difference between the two systems' logprobs
-is printed too, so a figure never comes from wrong answers.
+transformers runs right-padded batches of --hf-batch prompts sorted by length and takes each
+target's logit minus its row's logsumexp (log_softmax at the targets). The largest difference
+between the two systems' logprobs is printed too, so a figure never comes from wrong answers.
 """
 
 from __future__ import annotations
@@ -126,13 +126,20 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=64)
     ap.add_argument("--shots", type=int, default=0, help="solved questions before each one")
     ap.add_argument("--hf-batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="CPU threads for both systems (default: all); 1 is steadier on a "
+                         "machine other jobs share")
     args = ap.parse_args()
+    if args.threads:
+        os.environ["BATCHRUN_THREADS"] = str(args.threads)
 
     from transformers import AutoModelForCausalLM
 
     from batchrun import llm
 
     model = llm.load(args.model)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     hf = AutoModelForCausalLM.from_pretrained(model.path, dtype=torch.float32).eval()
     prompts = workload(model.tokenizer, args.questions, args.shots)
     scored = sum(len(p) - 1 for p in prompts)
