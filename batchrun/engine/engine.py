@@ -93,7 +93,7 @@ class Engine:
         if prompt_len == 0:
             raise ValueError("the prompt is empty")
         room = self.max_model_len - prompt_len
-        if room < 1:
+        if room < 0 or (room == 0 and params.max_tokens != 0):
             raise PromptTooLongError(
                 f"the prompt has {prompt_len} tokens; the model's context length is "
                 f"{self.max_model_len}, leaving no room to generate")
@@ -146,14 +146,24 @@ class Engine:
         for req, _ in plan.work:
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = now
-        logits, samplers = self.runner.execute(plan.work)
+        logits, samplers, scored = self.runner.execute(plan.work)
         self.stats.steps += 1
         self.stats.num_preemptions = self.scheduler.num_preemptions
+        for req, first, *entries in scored:
+            req.scores.put(first, *entries)
+        prompt_only = []
         for req, n in plan.work:
             self.stats.prefill_tokens += max(0, min(n, req.num_prompt_tokens - req.num_computed_tokens))
             req.num_computed_tokens += n
-            self.stats.computed_tokens += n
+            self.stats.computed_tokens += n + req.rescore
+            req.rescore = False
             self.kv.cache_full_blocks(req)
+            if req.scores is not None:
+                self._publish_scores(req)
+            if req.max_tokens == 0 and req.num_computed_tokens >= req.num_prompt_tokens:
+                prompt_only.append(req)
+        for req in prompt_only:  # max_tokens=0: the prompt is all there is to compute
+            outputs += self._finish_group(req.group, "length")
         if samplers:
             samplers, rows = self._fork_groups(samplers)
             if len(rows) != logits.shape[0]:
@@ -199,6 +209,18 @@ class Engine:
                   type(exc).__name__, exc, exc_info=exc)
         group.error = f"internal error while {stage}: {type(exc).__name__}: {exc}"
         return self._finish_group(group, "abort")
+
+    def _publish_scores(self, req: Request) -> None:
+        """Offer the prompt entries of req's newly full blocks to the prefix cache, so a later
+        hit on those blocks still knows them (engine/prompt_logprobs.py)."""
+        scores, bs = req.scores, self.kv.block_size
+        full = min(len(req.block_hashes), scores.filled // bs)
+        for i in range(scores.published, full):
+            h = req.block_hashes[i]
+            old = self.kv.block_scores.get(h)
+            if h in self.kv.cached and (old is None or old.k < scores.k):
+                self.kv.block_scores[h] = scores.block(i, bs)
+        scores.published = max(scores.published, full)
 
     def _fork_groups(self, samplers: list[Request]) -> tuple[list[Request], list[int]]:
         """Leaders whose prompt just finished spawn their n-1 siblings, which sample their first

@@ -52,9 +52,13 @@ class Group:
 
     def output(self, outputs: list[CompletionOutput], finished: bool) -> RequestOutput:
         leader = self.leader
+        scores = leader.scores
+        prompt_logprobs = scores.output() if finished and scores is not None and scores.done \
+            else None
         return RequestOutput(self.request_id, leader.prompt_token_ids, outputs, finished=finished,
                              num_cached_tokens=max(leader.num_cached_tokens, 0),
-                             metrics=leader.metrics, error=self.error if finished else None)
+                             metrics=leader.metrics, error=self.error if finished else None,
+                             prompt_logprobs=prompt_logprobs)
 
     def final_output(self) -> RequestOutput:
         return self.output([self.done[i] for i in sorted(self.done)], finished=True)

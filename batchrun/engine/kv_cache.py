@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
+from typing import Callable
 
 from batchrun.engine.request import Request
 
@@ -29,6 +30,9 @@ class KVCacheManager:
         self.hash_of: list[bytes | None] = [None] * num_blocks
         self.cached: dict[bytes, int] = {}  # hash -> block id
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        # Prompt-logprob entries of cached blocks (engine/prompt_logprobs.py), keyed and evicted
+        # with the block's hash.
+        self.block_scores: dict[bytes, object] = {}
         self.peak_used = 0
 
     @property
@@ -42,10 +46,12 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def match_prefix(self, req: Request) -> int:
+    def match_prefix(self, req: Request,
+                     accept: Callable[[int, bytes], bool] | None = None) -> int:
         """Attach cached blocks for the longest cached prefix of req; returns tokens matched.
 
         The last token is never matched: a step must compute something to sample from.
+        `accept(i, hash)`, called for each hit in order, can end the match before block i.
         """
         if not self.enable_prefix_caching:
             return 0
@@ -56,7 +62,7 @@ class KVCacheManager:
         for i in range((len(tokens) - 1) // bs):
             h = block_hash(parent, tokens[i * bs:(i + 1) * bs])
             block = self.cached.get(h)
-            if block is None:
+            if block is None or (accept is not None and not accept(i, h)):
                 break
             matched.append(block)
             hashes.append(h)
@@ -124,6 +130,7 @@ class KVCacheManager:
         if old is not None:
             if self.cached.get(old) == block:
                 del self.cached[old]
+                self.block_scores.pop(old, None)
             self.hash_of[block] = None
 
     def cache_full_blocks(self, req: Request) -> None:
@@ -155,6 +162,7 @@ class KVCacheManager:
         """Forget every cached block hash (all blocks must be free)."""
         assert len(self.free) == self.num_blocks, "reset_prefix_cache with blocks in use"
         self.cached.clear()
+        self.block_scores.clear()
         self.hash_of = [None] * self.num_blocks
 
     def _note_usage(self) -> None:

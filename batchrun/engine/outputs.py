@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from batchrun.engine.prompt_logprobs import PromptLogprobs
+
 
 @dataclass
 class TokenLogprob:
@@ -44,3 +46,5 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     # Set when the engine failed this request (e.g. it can never fit in the KV pool).
     error: str | None = None
+    # With SamplingParams.prompt_logprobs, on the finished output.
+    prompt_logprobs: PromptLogprobs | None = None

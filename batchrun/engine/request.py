@@ -6,6 +6,7 @@ import enum
 import time
 
 from batchrun.engine.outputs import RequestMetrics
+from batchrun.engine.prompt_logprobs import PromptScores
 from batchrun.engine.sampling_params import SamplingParams
 
 
@@ -40,6 +41,13 @@ class Request:
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.logprobs: list | None = [] if params.logprobs is not None else None
+        # Prompt logprobs, on the sequence that prefills the prompt (forked choices share it).
+        self.scores: PromptScores | None = None
+        if params.prompt_logprobs is not None and index == 0:
+            self.scores = PromptScores(self.prompt_token_ids, params.prompt_logprobs)
+        # This step also recomputes the position before num_computed_tokens (a prefix-cache hit
+        # holds no logits for it) without writing its K/V.
+        self.rescore = False
         self.metrics = RequestMetrics(arrival_time=arrival_time or time.time())
         self.num_preemptions = 0
 

@@ -8,6 +8,7 @@ import importlib.util
 
 from batchrun.engine import kernels
 from batchrun.engine.attention import AttentionMetadata, PrefillChunk
+from batchrun.engine.prompt_logprobs import score_rows
 from batchrun.engine.request import Request
 
 
@@ -25,6 +26,8 @@ class ModelRunner:
         self.triton = device.type == "cuda" and importlib.util.find_spec("triton") is not None
         # One block more than the pool hands out: padding rows of CUDA graphs write into it.
         shape = ((num_blocks + 1) * block_size, cfg.num_kv_heads, cfg.head_dim)
+        # Also where a recomputed position whose K/V is already cached writes (Request.rescore).
+        self.scratch_slot = num_blocks * block_size
         kv_dtype = kv_dtype or dtype
         # torch.empty: pages are only touched (and counted in RSS) as blocks get used.
         self.kv_caches = [(torch.empty(shape, dtype=kv_dtype, device=device),
@@ -46,11 +49,17 @@ class ModelRunner:
             v[dst * bs:(dst + 1) * bs] = v[src * bs:(src + 1) * bs]
 
     @torch.inference_mode()
-    def execute(self, work: list[tuple[Request, int]]) -> tuple[torch.Tensor, list[Request]]:
-        """Compute the scheduled tokens; returns logits [N, V] for the N requests that sample."""
+    def execute(self, work: list[tuple[Request, int]]
+                ) -> tuple[torch.Tensor, list[Request], list[tuple]]:
+        """Compute the scheduled tokens; returns logits [N, V] for the N requests that sample,
+        and the prompt entries computed for requests that score their prompt: (request, first
+        token scored, logprobs, ranks, top ids, top logprobs) each."""
         # Decodes (one new token on top of computed context) first, then prefill chunks.
-        decodes = [(r, n) for r, n in work if n == 1 and r.num_computed_tokens == r.num_tokens - 1]
-        prefills = [(r, n) for r, n in work if not (n == 1 and r.num_computed_tokens == r.num_tokens - 1)]
+        def is_decode(r: Request, n: int) -> bool:
+            return n == 1 and r.num_computed_tokens == r.num_tokens - 1 and not r.rescore
+
+        decodes = [(r, n) for r, n in work if is_decode(r, n)]
+        prefills = [(r, n) for r, n in work if not is_decode(r, n)]
         ordered = decodes + prefills
         dev, bs = self.device, self.block_size
 
@@ -60,13 +69,25 @@ class ModelRunner:
         tables: list[list[int]] = []
         sample_rows: list[int] = []
         samplers: list[Request] = []
+        scoring: list[tuple[Request, int, int, int]] = []  # (req, first row, rows, first token)
+        scratch_rows: list[int] = []
         for req, n in ordered:
             c = req.num_computed_tokens
+            if req.rescore:
+                scratch_rows.append(len(tokens))
+                c, n = c - 1, n + 1
+            if req.scores is not None and not req.scores.done:
+                # Row p scores prompt token p + 1; rows for known entries are skipped.
+                first = max(c, req.scores.filled - 1)
+                last = min(c + n, req.num_prompt_tokens - 1)
+                if last > first:
+                    assert first == req.scores.filled - 1, "a gap in the prompt entries"
+                    scoring.append((req, len(tokens) + first - c, last - first, first + 1))
             tokens.extend(req.all_token_ids[c:c + n])
             starts.append(c)
             counts.append(n)
             tables.append(req.block_ids)
-            if c + n == req.num_tokens:
+            if c + n == req.num_tokens and req.max_tokens > 0:
                 sample_rows.append(len(tokens) - 1)
                 samplers.append(req)
 
@@ -78,6 +99,8 @@ class ModelRunner:
         positions = (torch.arange(len(tokens), device=dev) - first_row[req_idx]
                      + torch.tensor(starts, device=dev)[req_idx])
         slot_mapping = table[req_idx, positions // bs] * bs + positions % bs
+        if scratch_rows:
+            slot_mapping[torch.tensor(scratch_rows, device=dev)] = self.scratch_slot
 
         meta = AttentionMetadata(slot_mapping=slot_mapping, num_decode=len(decodes),
                                  kernel=self.kernel, block_size=bs)
@@ -88,7 +111,7 @@ class ModelRunner:
             if self.graphs is not None and not prefills and len(decodes) <= self.graphs.max_batch:
                 logits = self.graphs.run(torch.tensor(tokens, device=dev), positions, slot_mapping,
                                          meta.decode_tables, meta.decode_lens)
-                return logits, samplers
+                return logits, samplers, []
         elif decodes:
             ctx = torch.tensor([starts[i] + 1 for i in range(len(decodes))], device=dev)
             grid = torch.arange(int(ctx.max()), device=dev)[None, :]
@@ -109,7 +132,14 @@ class ModelRunner:
 
         input_ids = torch.tensor(tokens, dtype=torch.long, device=dev)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        scored = []
+        for req, row, rows, first in scoring:
+            c = first - 1  # the position of the first scored row
+            targets = torch.tensor(req.all_token_ids[c + 1:c + 1 + rows])
+            scored.append((req, first) + score_rows(self.model.compute_logits,
+                                                    hidden[row:row + rows], targets,
+                                                    req.scores.k))
         if not sample_rows:
-            return hidden.new_empty((0, 0)), []
+            return hidden.new_empty((0, 0)), [], scored
         logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
-        return logits, samplers
+        return logits, samplers, scored

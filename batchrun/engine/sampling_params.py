@@ -49,6 +49,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # None = off; k = also return the top-k alternatives
+    # None = off; k = score every prompt token (its logprob and rank) and return the top-k
+    # alternatives at each prompt position (engine/prompt_logprobs.py).
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     grammar: GrammarSpec | None = None
 

@@ -88,7 +88,7 @@ class Scheduler:
                 step.rejected.append(req)
                 continue
             if req.num_computed_tokens == 0:
-                cached = self.kv.match_prefix(req)
+                cached = self.kv.match_prefix(req, self._scored_blocks(req))
                 if in_flight is None:
                     in_flight = self._blocks_in_flight()
                 if self._waits_for_prefix(req, cached, in_flight):
@@ -97,7 +97,12 @@ class Scheduler:
                 req.num_computed_tokens = cached
                 if req.num_cached_tokens < 0:
                     req.num_cached_tokens = cached
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            extra = self._rescore_rows(req)
+            n = min(req.num_tokens - req.num_computed_tokens, budget - extra)
+            if n < 1:
+                self.kv.free_request(req)
+                req.num_computed_tokens = 0
+                break
             if not self.kv.allocate(req, req.num_computed_tokens + n):
                 if not self.running and not scheduled:
                     # Nothing else holds blocks, yet it does not fit: only cached-but-free blocks
@@ -118,8 +123,24 @@ class Scheduler:
                 in_flight.update(self.kv.prompt_hashes(req)[req.num_computed_tokens // self.kv.block_size:])
             scheduled.append(req)
             step.work.append((req, n))
-            budget -= n
+            req.rescore = bool(extra)
+            budget -= n + extra
         return step
+
+    def _scored_blocks(self, req: Request):
+        """For a request that scores its prompt: a cached block counts as a hit only if its
+        prompt entries are known too (engine/prompt_logprobs.py)."""
+        if req.scores is None:
+            return None
+        bs = self.kv.block_size
+        return lambda i, h: req.scores.adopt(i, bs, self.kv.block_scores.get(h))
+
+    @staticmethod
+    def _rescore_rows(req: Request) -> int:
+        """1 when the entry of the first uncomputed prompt token needs the (cached, so not
+        computed) position before it."""
+        s = req.scores
+        return int(s is not None and not s.done and 0 < req.num_computed_tokens == s.filled)
 
     def _blocks_in_flight(self) -> set[bytes]:
         """Hashes of prompt blocks that running requests are still prefilling."""

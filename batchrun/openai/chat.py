@@ -13,6 +13,7 @@ from typing import Any
 
 from batchrun.engine.outputs import CompletionOutput, RequestOutput
 from batchrun.openai.logprobs import TokenText, chat_logprobs
+from batchrun.openai.prompt_logprobs import vllm_prompt_logprobs
 from batchrun.openai.parsers import Delta, ToolParser
 from batchrun.openai.parsers.base import ToolStream
 from batchrun.openai.parsers.reasoning import (ReasoningParser, ReasoningStream,
@@ -59,6 +60,7 @@ class ChatFormatter:
     top_logprobs: int | None = None  # None = no logprobs
     system_fingerprint: str | None = None
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs (top k), None = not asked
 
     def _finish_reason(self, c: CompletionOutput, called: bool) -> str:
         reason = c.finish_reason if c.finish_reason in ("stop", "length") else "stop"
@@ -132,8 +134,12 @@ class ChatFormatter:
         completion_tokens = sum(len(c.token_ids) for c in output.outputs)
         use = usage(len(output.prompt_token_ids), completion_tokens, output.num_cached_tokens,
                     reasoning_tokens if self.reasoning is not None else None)
-        return chat_completion_body(choices, use, self.model_name, self.system_fingerprint,
+        body = chat_completion_body(choices, use, self.model_name, self.system_fingerprint,
                                     created)
+        if self.prompt_logprobs is not None:
+            body["prompt_logprobs"] = None if output.prompt_logprobs is None else \
+                vllm_prompt_logprobs(output.prompt_logprobs, self.texts, self.prompt_logprobs)
+        return body
 
     def stream(self, n: int, include_usage: bool = False,
                continuous_usage: bool = False) -> "ChatChunks":

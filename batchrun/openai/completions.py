@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from batchrun.engine.outputs import CompletionOutput, RequestOutput
 from batchrun.openai.logprobs import TokenText, completion_logprobs
+from batchrun.openai.prompt_logprobs import echo_logprobs, text_length, vllm_prompt_logprobs
 from batchrun.openai.response import completion_id, text_completion_body, usage
 
 
@@ -26,6 +27,8 @@ class CompletionFormatter:
     n: int = 1
     logprobs: int | None = None
     system_fingerprint: str | None = None
+    echo: Sequence[str] | None = None  # each prompt's text, when `echo` repeats it
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs (top k), None = not asked
 
     def _logprobs(self, c: CompletionOutput, start: int = 0, end: int | None = None,
                   offset: int = 0):
@@ -33,12 +36,29 @@ class CompletionFormatter:
             return None
         return completion_logprobs((c.logprobs or [])[start:end], self.texts, offset)
 
+    def _echoed_logprobs(self, c: CompletionOutput, out: RequestOutput):
+        """The prompt's tokens, then the completion's (echo with logprobs)."""
+        if self.logprobs is None or out.prompt_logprobs is None:
+            return self._logprobs(c)
+        prompt = echo_logprobs(out.prompt_logprobs, self.texts, self.logprobs)
+        gen = self._logprobs(c, offset=text_length(out.prompt_logprobs, self.texts))
+        return {key: prompt[key] + gen[key] for key in prompt}
+
     def body(self, outputs: Sequence[RequestOutput], created: int | None = None) -> dict[str, Any]:
         choices = []
         for p, out in enumerate(outputs):
             for c in sorted(out.outputs, key=lambda c: c.index):
-                choices.append({"index": p * self.n + c.index, "text": c.text,
-                                "logprobs": self._logprobs(c), "finish_reason": _finish(c)})
+                choice = {"index": p * self.n + c.index, "text": c.text,
+                          "logprobs": self._logprobs(c), "finish_reason": _finish(c)}
+                if self.echo is not None:
+                    choice["text"] = self.echo[p] + c.text
+                    choice["logprobs"] = self._echoed_logprobs(c, out)
+                if self.prompt_logprobs is not None:
+                    # In the choice, as vLLM puts it: each prompt of a request has its own.
+                    choice["prompt_logprobs"] = None if out.prompt_logprobs is None else \
+                        vllm_prompt_logprobs(out.prompt_logprobs, self.texts,
+                                             self.prompt_logprobs)
+                choices.append(choice)
         use = usage(sum(len(o.prompt_token_ids) for o in outputs),
                     sum(len(c.token_ids) for o in outputs for c in o.outputs),
                     sum(o.num_cached_tokens for o in outputs))

@@ -49,7 +49,7 @@ def _pick(name: str, request: Any, *layers: Mapping[str, Any]) -> Any:
 
 def _max_tokens(request: Any, prompt_len: int, max_model_len: int, user: dict, model: dict) -> int:
     room = max_model_len - prompt_len
-    if room < 1:
+    if room < 1 and not (room == 0 and request.max_tokens == 0):
         raise RequestError(
             f"This model's maximum context length is {max_model_len} tokens. However, your "
             f"messages resulted in {prompt_len} tokens, leaving no room for a completion. Please "
@@ -83,6 +83,15 @@ def _logprobs(request: Any) -> int | None:
     if isinstance(request, ChatCompletionRequest):
         return (request.top_logprobs or 0) if request.logprobs else None
     return request.logprobs
+
+
+def _prompt_logprobs(request: Any) -> int | None:
+    """vLLM's prompt_logprobs, and what /v1/completions' echo with logprobs needs."""
+    asked = [request.prompt_logprobs]
+    if isinstance(request, CompletionRequest) and request.echo:
+        asked.append(request.logprobs)
+    asked = [k for k in asked if k is not None]
+    return max(asked) if asked else None
 
 
 def to_sampling_params(request: ChatCompletionRequest | CompletionRequest, prompt_len: int,
@@ -122,6 +131,7 @@ def to_sampling_params(request: ChatCompletionRequest | CompletionRequest, promp
         logit_bias=bias or None,
         ignore_eos=bool(request.ignore_eos),
         logprobs=_logprobs(request),
+        prompt_logprobs=_prompt_logprobs(request),
         grammar=grammar,
     )
     if request.skip_special_tokens is not None:

@@ -21,6 +21,11 @@ _warned_fields: set[str] = set()
 # ASCII digits only (str.isdigit() also takes "²"), and few enough for int() to be cheap.
 _TOKEN_ID_KEY = re.compile(r"[0-9]{1,10}")
 
+# The most alternatives a position can ask for: OpenAI's limit for /v1/completions `logprobs`,
+# vLLM's default max_logprobs for `prompt_logprobs`.
+MAX_COMPLETION_LOGPROBS = 5
+MAX_PROMPT_LOGPROBS = 20
+
 
 def _warn_unknown_fields(model: BaseModel, where: str) -> None:
     for name in model.model_extra or ():
@@ -163,6 +168,9 @@ class _SamplingFields(_Strict):
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
+    # vLLM's scoring extension: the logprob and rank of every prompt token plus the top k
+    # alternatives at each prompt position (not with stream).
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_PROMPT_LOGPROBS)
 
     @field_validator("stop")
     @classmethod
@@ -199,6 +207,8 @@ class ChatCompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _check(self) -> "ChatCompletionRequest":
+        if self.stream and self.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs: not supported with stream")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs to be true")
         if self.add_generation_prompt and self.continue_final_message:
@@ -234,14 +244,25 @@ Prompt = Annotated[
 
 class CompletionRequest(_SamplingFields):
     prompt: Prompt
-    logprobs: int | None = Field(None, ge=0, le=5)
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=128)
+    # 0 only to score the prompt (with echo or prompt_logprobs), as OpenAI allowed.
+    max_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
 
     @model_validator(mode="after")
     def _check(self) -> "CompletionRequest":
         if isinstance(self.prompt, list) and len(self.prompt) == 0:
             raise ValueError("prompt: must not be empty")
+        scores = self.echo or self.prompt_logprobs is not None
+        if self.max_tokens == 0 and not scores:
+            raise ValueError("max_tokens: 0 is only allowed with echo or prompt_logprobs "
+                             "(scoring the prompt)")
+        if self.echo and self.suffix:
+            raise ValueError("suffix: cannot be combined with echo")
+        if self.stream and scores:
+            raise ValueError(f"{'echo' if self.echo else 'prompt_logprobs'}: not supported "
+                             "with stream")
         _warn_unknown_fields(self, "the request body")
         return self

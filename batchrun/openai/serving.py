@@ -194,20 +194,21 @@ class OpenAIServing:
             self.model.name, self.tokenizer, self.texts, reasoning=self.reasoning, tools=parser,
             named_tool=named, echo=echo,
             top_logprobs=params.logprobs, system_fingerprint=self.system_fingerprint,
-            skip_special_tokens=params.skip_special_tokens)
+            skip_special_tokens=params.skip_special_tokens,
+            prompt_logprobs=request.prompt_logprobs)
         return PreparedRequest("chat", request, [prompt], params, fmt)
 
     def _completion(self, request: CompletionRequest) -> PreparedRequest:
-        if request.echo:
-            raise RequestError("echo: not supported for /v1/completions", code="unsupported_value",
-                               param="echo")
         if request.suffix:
             raise RequestError("suffix: not supported (no fill-in-the-middle)",
                                code="unsupported_value", param="suffix")
         prompt = request.prompt
+        texts = None  # the prompts as text, for echo
         if isinstance(prompt, str):
+            texts = [prompt]
             prompts = [tokenize_prompt(self.tokenizer, prompt)]
         elif prompt and isinstance(prompt[0], str):
+            texts = list(prompt)
             prompts = [tokenize_prompt(self.tokenizer, p) for p in prompt]
         elif prompt and isinstance(prompt[0], list):
             prompts = [list(p) for p in prompt]
@@ -221,8 +222,12 @@ class OpenAIServing:
                 raise RequestError(f"prompt: prompt {i} has a token id outside the vocabulary",
                                    code="invalid_value", param="prompt")
         params = self._params(request, prompts, response_format_grammar(request.response_format))
+        echo = None
+        if request.echo:
+            echo = texts or [self.tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
         fmt = CompletionFormatter(self.model.name, self.texts, params.n, params.logprobs,
-                                  self.system_fingerprint)
+                                  self.system_fingerprint, echo=echo,
+                                  prompt_logprobs=request.prompt_logprobs)
         return PreparedRequest("completion", request, prompts, params, fmt)
 
 

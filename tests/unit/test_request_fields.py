@@ -188,7 +188,12 @@ def test_completion_prompt_forms(chat):
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"echo": True}, "echo"), ({"suffix": "end"}, "suffix"), ({"logprobs": 6}, "logprobs"),
+    ({"echo": True, "suffix": "end"}, "suffix"), ({"suffix": "end"}, "suffix"),
+    ({"logprobs": 6}, "logprobs"), ({"echo": True, "logprobs": 6}, "logprobs"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs"), ({"prompt_logprobs": -1}, "prompt_logprobs"),
+    ({"echo": True, "stream": True}, "echo"), ({"prompt_logprobs": 1, "stream": True},
+                                               "prompt_logprobs"),
+    ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": -1, "echo": True}, "max_tokens"),
     ({"prompt": []}, "prompt"), ({"prompt": [[]]}, "prompt"), ({"prompt": [1, "a"]}, "prompt.0"),
     ({"prompt": [10 ** 7]}, "prompt"), ({"best_of": 3}, "best_of"), ({"stream": True}, "stream"),
 ])

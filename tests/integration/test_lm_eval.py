@@ -1,0 +1,139 @@
+"""EleutherAI's lm-evaluation-harness against `batchrun serve` gives the scores of its own `hf`
+backend on the same weights and documents: multiple choice (loglikelihood), perplexity
+(loglikelihood_rolling) and generation (generate_until), through `local-completions`, and
+generation through `local-chat-completions`. The tasks and their data are local
+(lm_eval_tasks/); nothing comes from a hub. The README shows the same runs as commands."""
+
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("lm_eval")
+pytest.importorskip("aiohttp")  # lm-eval[api], which local-completions needs
+
+from tests.server.conftest import free_port  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = Path(__file__).parent / "lm_eval_tasks"
+SCORED = ["br_mc", "br_ppl", "br_gen"]
+TIE = 1e-4  # loglikelihoods this close are a tie in the choice of answer
+
+
+@pytest.fixture(scope="module")
+def offline(monkeypatch_module):
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch_module.setenv(name, "1")
+    monkeypatch_module.chdir(TASKS)  # the task files name their data relative to here
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    from batchrun.models.loader import resolve_model
+
+    return str(resolve_model(None).path)  # the bundled GGUF, dequantised to a HF folder
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model_dir):
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), BATCHRUN_THREADS="1")
+    env.pop("BATCHRUN_API_KEY", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batchrun", "serve", "--port", str(port), "--data-dir",
+         str(tmp_path_factory.mktemp("serve"))],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.time() < deadline, "the server did not come up"
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+
+
+def evaluate(model, model_args, tasks, **kwargs):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=tasks,
+                                   task_manager=TaskManager(include_path=str(TASKS)),
+                                   log_samples=True, device="cpu", **kwargs)
+
+
+def samples(results, task):
+    return sorted(results["samples"][task], key=lambda s: s["doc_id"])
+
+
+@pytest.fixture(scope="module")
+def hf_results(offline, model_dir):
+    return evaluate("hf", f"pretrained={model_dir},dtype=float32", SCORED, batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def batchrun_results(offline, server, model_dir):
+    args = (f"base_url={server}/v1/completions,model=smollm2-135m,tokenizer={model_dir},"
+            "tokenizer_backend=huggingface,num_concurrent=2,max_retries=1")
+    return evaluate("local-completions", args, SCORED, batch_size=4)
+
+
+def test_multiple_choice_picks_the_same_answers(hf_results, batchrun_results):
+    ours, ref = samples(batchrun_results, "br_mc"), samples(hf_results, "br_mc")
+    assert len(ours) == len(ref) == 6
+    for a, b in zip(ours, ref):
+        la = [float(ll) for ll, _ in a["filtered_resps"]]
+        lb = [float(ll) for ll, _ in b["filtered_resps"]]
+        best = sorted(lb, reverse=True)
+        if best[0] - best[1] > TIE:
+            assert la.index(max(la)) == lb.index(max(lb)), f"document {a['doc_id']}"
+        assert all(abs(x - y) < 1e-3 for x, y in zip(la, lb))
+        assert [g for _, g in a["filtered_resps"]] == [g for _, g in b["filtered_resps"]]
+    assert batchrun_results["results"]["br_mc"]["acc,none"] == \
+        hf_results["results"]["br_mc"]["acc,none"]
+
+
+def test_perplexity_within_a_tenth_of_a_percent(hf_results, batchrun_results):
+    for a, b in zip(samples(batchrun_results, "br_ppl"), samples(hf_results, "br_ppl")):
+        assert math.isclose(float(a["filtered_resps"][0]), float(b["filtered_resps"][0]),
+                            rel_tol=1e-3)
+    for metric in ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"):
+        assert math.isclose(batchrun_results["results"]["br_ppl"][metric],
+                            hf_results["results"]["br_ppl"][metric], rel_tol=1e-3), metric
+
+
+def test_generation_gives_the_same_text(hf_results, batchrun_results):
+    ours, ref = samples(batchrun_results, "br_gen"), samples(hf_results, "br_gen")
+    assert [s["resps"] for s in ours] == [s["resps"] for s in ref]
+    assert batchrun_results["results"]["br_gen"]["exact_match,last_word"] == \
+        hf_results["results"]["br_gen"]["exact_match,last_word"] > 0
+
+
+def test_chat_generation_gives_the_same_text(offline, server, model_dir):
+    ours = evaluate("local-chat-completions",
+                    f"base_url={server}/v1/chat/completions,model=smollm2-135m,max_retries=1",
+                    ["br_gen"], apply_chat_template=True)
+    ref = evaluate("hf", f"pretrained={model_dir},dtype=float32", ["br_gen"],
+                   apply_chat_template=True, batch_size=4)
+    assert [s["resps"] for s in samples(ours, "br_gen")] == \
+        [s["resps"] for s in samples(ref, "br_gen")]
