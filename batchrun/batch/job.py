@@ -223,6 +223,11 @@ class Job:
                 error = RequestError(str(exc), code="unsupported_value")
             self._drop(entry)
             self.fail(item, LineError(item.line, error, p.custom_id), p.request_id)
+        except Exception as exc:  # a bug queueing this line: it fails, the job goes on
+            log.exception("line %d: adding the request to the engine failed", item.line)
+            self._drop(entry)
+            self.fail(item, internal_error(item, "adding the request to the engine", exc,
+                                           p.custom_id), p.request_id, retryable=True)
 
     def _changed(self, item: InputLine) -> None:
         """A line whose content differs from the one whose result was committed."""

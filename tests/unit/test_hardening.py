@@ -234,3 +234,22 @@ def test_an_unknown_field_named_like_another_endpoints_field_is_only_ignored(smo
     prepared = OpenAIServing(model).prepare("/v1/completions", {
         "prompt": "hi", "max_completion_tokens": {"a": 1}, "metadata": [1, 2]})
     assert prepared.params.max_tokens == 16 and prepared.metadata is None
+
+
+def test_a_line_that_crashes_the_engine_on_admission_fails_alone(tmp_path):
+    class Refusing(FakeEngine):
+        def add_request(self, request_id, prompt_token_ids, params, arrival_time=None):
+            if b"boom" in bytes(prompt_token_ids):
+                raise KeyError("injected")
+            super().add_request(request_id, prompt_token_ids, params, arrival_time)
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join([line("a"), json.dumps({
+        "custom_id": "b", "method": "POST", "url": CHAT,
+        "body": {"messages": [{"role": "user", "content": "boom"}]}}), line("c")]) + "\n")
+    result = run_batch(fake_model(Refusing()), config(tmp_path, src))
+    assert result["status"] == "completed"
+    out = [json.loads(x)["custom_id"] for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    (error,) = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert out == ["a", "c"] and error["custom_id"] == "b"
+    assert error["error"]["code"] == "internal_error" and error["response"]["status_code"] == 500
