@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -129,7 +130,19 @@ def _jsonl_line(source: int, number: int, data: bytes) -> InputLine:
         return InputLine(source, number, None, RequestError(
             f"the line is not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset "
             f"{exc.start})", code="invalid_encoding"),
-            peek_custom_id(data.decode("utf-8", "replace")), digest)
+            _readable_custom_id(data.decode("utf-8", "replace")), digest)
+
+
+# A plain custom_id at the start of a line, for a line that is not JSON once decoded.
+_CUSTOM_ID = re.compile(r'\s*\{\s*"custom_id"\s*:\s*"([^"\\\x00-\x1f\ufffd]{1,512})"')
+
+
+def _readable_custom_id(text: str) -> str | None:
+    """What can still be read of a line with bytes that are not UTF-8 (shown as U+FFFD)."""
+    cid = peek_custom_id(text)
+    if cid is None and (found := _CUSTOM_ID.match(text)):
+        cid = found.group(1)
+    return cid if cid is None or "\ufffd" not in cid else None
 
 
 def _broken(source: Source, lines: int, offset: int, raw, exc: BaseException) -> str:

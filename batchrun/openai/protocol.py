@@ -178,8 +178,10 @@ def parse_envelope(raw: str, line_number: int) -> BatchInputLine:
     try:
         obj = loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise LineError(line_number, RequestError(json_error_message(exc), code="invalid_json"),
-                        _scan_custom_id(raw)) from None
+        # The position is reported within the line, not past its line break.
+        exc = _position_in_line(raw, exc)
+        raise LineError(line_number, RequestError(json_error_message(exc),
+                                                  code="invalid_json")) from None
     if not isinstance(obj, dict):
         raise LineError(line_number, RequestError(
             f"expected a JSON object, got {type(obj).__name__}",
@@ -191,24 +193,21 @@ def parse_envelope(raw: str, line_number: int) -> BatchInputLine:
         raise LineError(line_number, _from_validation_error(exc, ""), custom_id) from None
 
 
-# A plain custom_id near the start of a line that is not JSON (cut short, nested too deep).
-_CUSTOM_ID = re.compile(r'^\s*\{\s*"custom_id"\s*:\s*"([^"\\\x00-\x1f]{1,512})"')
-
-
-def _scan_custom_id(text: str) -> str | None:
-    found = _CUSTOM_ID.match(text)
-    return found.group(1) if found else None
+def _position_in_line(raw: str, exc: orjson.JSONDecodeError) -> orjson.JSONDecodeError:
+    text = raw.rstrip("\r\n")
+    if exc.pos < len(text):
+        return exc
+    return orjson.JSONDecodeError(exc.msg, text, len(text))
 
 
 def peek_custom_id(text: str | None) -> str | None:
-    """The custom_id of a line as parse_envelope reads it, without validating the rest (for a
-    line that is not JSON: a plain custom_id it starts with)."""
+    """The custom_id of a line as parse_envelope reads it, without validating the rest."""
     if text is None:
         return None
     try:
         obj = loads(text)
     except ValueError:
-        return _scan_custom_id(text)
+        return None
     cid = obj.get("custom_id") if isinstance(obj, dict) else None
     return cid if isinstance(cid, str) else None
 
