@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     from batchrun import llm
-    from batchrun.config import EngineConfig
+    from batchrun.options.engine import EngineConfig
 
     systems = args.systems.split(",")
     base = {k: v for k, v in {"max_num_seqs": args.max_num_seqs, "threads": args.threads,

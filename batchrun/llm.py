@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from batchrun.config import EngineConfig
+from batchrun.options.engine import EngineConfig
 from batchrun.engine.engine import Engine
 
 # Sampling fields a model's generation_config.json may set, mapped to SamplingParams names.

@@ -22,7 +22,7 @@ def main():
 
     from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 
-    from batchrun.config import EngineConfig
+    from batchrun.options.engine import EngineConfig
     from batchrun.engine import SamplingParams
     from batchrun.llm import build_engine, build_model
     from batchrun.models.llama import LlamaModel, ModelConfig

@@ -19,7 +19,7 @@ import batchrun.engine.attention as attention
 import batchrun.models.llama as llama
 from batchrun import llm
 from batchrun.bench import load_workload
-from batchrun.config import EngineConfig
+from batchrun.options.engine import EngineConfig
 from batchrun.engine import SamplingParams
 from batchrun.models import packed_linear
 

@@ -1,7 +1,7 @@
 """A fake engine with the real one's API: deterministic, instant, finishes requests out of order.
 
 Used by the batch runner's unit tests, and by CLI subprocess tests (fault injection) through
-`BATCHRUN_TEST_ENGINE=tests.fake_engine:load`, so they run without torch or model weights.
+`python -m tests.fake_batchrun` (its loader injected), so they run without torch or model weights.
 `BATCHRUN_FAKE_STEP_S` makes every step sleep (so a kill lands mid-run).
 """
 
@@ -94,7 +94,7 @@ def fake_model(engine=None, name="fake-model"):
 
 
 def load(model, engine_config):
-    """The CLI's model loader, for BATCHRUN_TEST_ENGINE: serves the name asked for (default:
+    """The CLI's model loader, for tests/fake_batchrun.py: serves the name asked for (default:
     the bundled model's), so files written for the real model run unchanged."""
     engine = FakeEngine(step_s=float(os.environ.get("BATCHRUN_FAKE_STEP_S", "0")), record=False)
     return fake_model(engine, name=model or "smollm2-135m")

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import torch
 
-from batchrun.config import EngineConfig
+from batchrun.options.engine import EngineConfig
 from batchrun.llm import LoadedModel, build_engine
 
 EOS = 2

@@ -6,18 +6,20 @@ import bz2
 import gzip
 import io as _io
 import lzma
+import typing
 import zlib
 from dataclasses import dataclass
 from typing import IO
 
 from batchrun.batch.io import STDIO
+from batchrun.options.job import FormatName
 
 _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2", ".xz": "xz"}
 _KINDS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
           ".pq": "parquet"}
 # What a decompressor (or the stream under it) raises on truncated or corrupt data.
 _STREAM_ERRORS: tuple[type[BaseException], ...] = (EOFError, OSError, zlib.error, lzma.LZMAError)
-FORMAT_NAMES = ("jsonl", "jsonl.gz", "jsonl.zst", "jsonl.bz2", "jsonl.xz", "parquet")
+FORMAT_NAMES: tuple[str, ...] = typing.get_args(FormatName)
 
 
 @dataclass(frozen=True)

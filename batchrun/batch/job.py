@@ -36,6 +36,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self._times = 0
+        self.merge = False  # after the stop, still merge what is done (the server's cancel)
 
     def set(self) -> None:
         self._times += 1
@@ -94,15 +95,17 @@ class _InFlight:
 
 
 class Job:
-    def __init__(self, model: Any, config: Any, lines: Iterator[InputLine], staging: Staging,
+    def __init__(self, engine: Any, plan: Any, lines: Iterator[InputLine], staging: Staging,
                  committed: Committed, counts: Counts, reporter: Reporter, metrics: RunMetrics,
-                 prepare: Callable, source_names: list[str] | None = None, stop: Any = None,
+                 prepare: Callable[[str, int], Any], stop: Any = None,
                  on_progress: Callable[[Counts], None] | None = None):
-        self.model, self.engine, self.config = model, model.engine, config
+        """`plan`: the batch.plan.JobPlan; `prepare(text, line)` makes a line's request."""
+        self.engine, self.config, self.max_in_flight = engine, plan.job, plan.max_in_flight
         self.lines, self.staging, self.committed = lines, staging, committed
         self.counts, self.reporter, self.metrics = counts, reporter, metrics
         self.prepare = prepare
-        self.source_names = source_names  # set when several inputs: error messages name the file
+        # Several inputs: error messages name the file.
+        self.source_names = plan.input_paths if len(plan.sources) > 1 else None
         self.stop, self.on_progress = stop, on_progress
         self.ids = IdSet()
         self.in_flight: dict[str, _InFlight] = {}
@@ -176,7 +179,7 @@ class Job:
     # --- reading and admitting --------------------------------------------------------------
 
     def admit(self) -> None:
-        while not self.exhausted and len(self.in_flight) < self.config.max_in_flight:
+        while not self.exhausted and len(self.in_flight) < self.max_in_flight:
             if self._stopping():
                 return
             try:
@@ -202,8 +205,7 @@ class Job:
             self._skip(item, state)
             return
         try:
-            p = check_item(item, self.ids, lambda text, line: self.prepare(
-                text, line, self.model, self.config))
+            p = check_item(item, self.ids, self.prepare)
         except LineError as exc:
             self.fail(item, exc)
             return

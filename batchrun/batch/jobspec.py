@@ -4,10 +4,13 @@
     output = "s3://bucket/out/{date}/results.jsonl"
     model = "smollm2-135m"
     resume = true                                  # a rerun continues where a failed one stopped
-    [engine]     max_num_seqs, max_batched_tokens, max_model_len, dtype, kv_cache_dtype, threads,
-                 kv_cache_memory ("2GiB"), prefix_cache (bool)
+    [engine]     max_num_seqs, max_batched_tokens, max_model_len, dtype, ... ("2GiB" sizes)
     [defaults]   temperature, max_tokens
     [storage_options], [columns], [vars]
+
+Every key is an option of `batchrun run` under its long name with underscores, validated by the
+same models (batchrun.options) as the command line: an unknown key or a wrong type names the
+key and the file.
 
 `{name}` in a path is replaced by a variable: `--var name=value`, else [vars], else the built-in
 `date` (today, UTC, YYYY-MM-DD). Relative local paths are relative to the spec's folder, so a
@@ -20,24 +23,18 @@ import datetime as _dt
 import os
 import string
 import tomllib
-from typing import Any
 
 from batchrun.batch import io
-from batchrun.batch.launch import RunOptions
+from batchrun.options.engine import EngineConfig
+from batchrun.options.fields import OptionsError, public_fields, validate
+from batchrun.options.job import InputOptions, JobOptions
+from batchrun.options.openai import OpenAIOptions, RequestDefaults
+from batchrun.options.run import RunOptions
 
-_TOP = {"input": (str, list), "output": str, "errors": str, "metrics": str, "model": str,
-        "staging": str, "resume": bool, "restart": bool, "retry_failed": bool,
-        "overwrite": bool, "on_changed_input": str,
-        "max_failed_fraction": (int, float), "max_in_flight": int, "ignore_model_field": bool,
-        "input_format": str, "output_format": str, "progress": str,
-        "log_interval": (int, float), "quiet": bool, "grace_period": (int, float),
-        "commit_interval": (int, float), "chat_template": str, "tool_parser": str,
-        "reasoning_parser": str}
-_ENGINE = {"max_num_seqs": int, "max_batched_tokens": int, "max_model_len": int, "dtype": str,
-           "kv_cache_dtype": str,
-           "threads": int, "kv_cache_memory": (int, str), "prefix_cache": bool}
-_DEFAULTS = {"temperature": (int, float), "max_tokens": int}
-_TABLES = {"engine", "defaults", "storage_options", "columns", "vars"}
+# Top-level keys are the options of these models; [engine] and [defaults] are tables.
+_TOP_MODELS = (InputOptions, JobOptions, OpenAIOptions)
+_TABLES = {"engine": EngineConfig, "defaults": RequestDefaults}
+_DICT_TABLES = ("storage_options", "columns", "vars")
 _PATHS = ("output", "errors", "metrics", "staging", "chat_template")
 
 
@@ -45,13 +42,20 @@ class JobSpecError(ValueError):
     pass
 
 
-def _check(table: dict, allowed: dict, where: str) -> None:
-    for key, value in table.items():
-        if key not in allowed:
-            raise JobSpecError(f"{where}: unknown key {key!r} (known: {', '.join(allowed)})")
-        types = allowed[key] if isinstance(allowed[key], tuple) else (allowed[key],)
-        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
-            raise JobSpecError(f"{where}: {key} has the wrong type ({type(value).__name__})")
+def _cli_keys(model) -> set[str]:
+    return {f.name for f in public_fields(model) if f.extra.get("cli", True)} | \
+        ({"input"} if model is InputOptions else set())
+
+
+def _section(model, values: dict, where: str):
+    unknown = [k for k in values if k not in _cli_keys(model)]
+    if unknown:
+        raise JobSpecError(f"{where}: unknown key {unknown[0]!r} (known: "
+                           f"{', '.join(sorted(_cli_keys(model)))})")
+    try:
+        return validate(model, values)
+    except OptionsError as exc:
+        raise JobSpecError(f"{where}: {exc}") from None
 
 
 def _substitute(text: str, variables: dict[str, str], where: str) -> str:
@@ -69,7 +73,8 @@ def _resolve(path: str, base: str) -> str:
 
 
 def load(path: str, variables: dict[str, str] | None = None) -> RunOptions:
-    """Parse a job spec into RunOptions. Raises JobSpecError (a usage error)."""
+    """Parse and validate a job spec. Raises JobSpecError (a usage error) naming the file and
+    the key."""
     try:
         with open(path, "rb") as f:
             spec = tomllib.load(f)
@@ -77,14 +82,15 @@ def load(path: str, variables: dict[str, str] | None = None) -> RunOptions:
         raise JobSpecError(f"no job spec at {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise JobSpecError(f"{path}: {exc}") from None
-    top = {k: v for k, v in spec.items() if k not in _TABLES}
-    _check(top, _TOP, path)
-    for table in _TABLES:
+    for table in (*_TABLES, *_DICT_TABLES):
         if not isinstance(spec.get(table, {}), dict):
             raise JobSpecError(f"{path}: [{table}] must be a table")
-    engine, defaults = spec.get("engine", {}), spec.get("defaults", {})
-    _check(engine, _ENGINE, f"{path} [engine]")
-    _check(defaults, _DEFAULTS, f"{path} [defaults]")
+    top = {k: v for k, v in spec.items() if k not in _TABLES and k not in ("vars",)}
+    known = set().union(*(_cli_keys(m) for m in _TOP_MODELS))
+    unknown = [k for k in top if k not in known]
+    if unknown:
+        raise JobSpecError(f"{path}: unknown key {unknown[0]!r} (known: "
+                           f"{', '.join(sorted(known | set(_TABLES) | {'vars'}))})")
     for key in ("input", "output"):
         if key not in top:
             raise JobSpecError(f"{path}: `{key}` is required")
@@ -93,29 +99,17 @@ def load(path: str, variables: dict[str, str] | None = None) -> RunOptions:
     values.update({k: str(v) for k, v in spec.get("vars", {}).items()})
     values.update(variables or {})
     base = os.path.dirname(os.path.abspath(path))
-    inputs = top.pop("input")
+    inputs = top["input"]
     inputs = [inputs] if isinstance(inputs, str) else inputs
-    if not inputs or not all(isinstance(i, str) for i in inputs):
+    if not inputs or not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
         raise JobSpecError(f"{path}: input must be a path or a list of paths")
-    opts: dict[str, Any] = dict(top)
-    opts["inputs"] = [_resolve(_substitute(i, values, f"{path}: input"), base) for i in inputs]
+    top["input"] = [_resolve(_substitute(i, values, f"{path}: input"), base) for i in inputs]
     for key in _PATHS:
-        if key in opts:
-            opts[key] = _resolve(_substitute(opts[key], values, f"{path}: {key}"), base)
-    engine = dict(engine)
-    if "prefix_cache" in engine:
-        engine["no_prefix_cache"] = not engine.pop("prefix_cache")
-    if isinstance(engine.get("kv_cache_memory"), str):
-        from batchrun.cli import parse_size
-
-        try:
-            engine["kv_cache_memory"] = parse_size(engine["kv_cache_memory"])
-        except ValueError as exc:
-            raise JobSpecError(f"{path} [engine]: kv_cache_memory: {exc}") from None
-    opts.update(engine)
-    opts.update(defaults)
-    opts["storage_options"] = spec.get("storage_options") or None
-    opts["columns"] = spec.get("columns", {})
-    if opts.get("max_failed_fraction") is not None:
-        opts["max_failed_fraction"] = float(opts["max_failed_fraction"])
-    return RunOptions(**opts)
+        if isinstance(top.get(key), str):
+            top[key] = _resolve(_substitute(top[key], values, f"{path}: {key}"), base)
+    sections = [_section(m, {k: v for k, v in top.items() if k in _cli_keys(m)}, path)
+                for m in _TOP_MODELS]
+    return RunOptions(inputs=sections[0], job=sections[1], openai=sections[2],
+                      engine=_section(EngineConfig, spec.get("engine", {}), f"{path} [engine]"),
+                      defaults=_section(RequestDefaults, spec.get("defaults", {}),
+                                        f"{path} [defaults]"))

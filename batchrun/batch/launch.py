@@ -1,4 +1,4 @@
-"""One `batchrun run` (or `batchrun job`): options -> checks -> model -> run_batch -> exit code.
+"""One `batchrun run` (or `batchrun job`): options -> plan -> model -> run_batch -> exit code.
 
 Exit codes:
   0   the run completed and the failed fraction is within --max-failed-fraction (by default
@@ -13,125 +13,16 @@ Exit codes:
 from __future__ import annotations
 
 import logging
-import os
 import signal
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import click
 
+from batchrun.options.run import RunOptions
+from batchrun.usage import UsageError, load_model
+
 EXIT_OK, EXIT_CRASH, EXIT_USAGE, EXIT_TOO_MANY_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 75
 log = logging.getLogger("batchrun.batch")
-
-
-@dataclass
-class RunOptions:
-    """Everything `batchrun run` takes; a job spec fills the same fields."""
-
-    inputs: list[str]
-    output: str
-    errors: str | None = None
-    metrics: str | None = None
-    model: str | None = None
-    # engine
-    max_num_seqs: int | None = None
-    max_batched_tokens: int | None = None
-    max_model_len: int | None = None
-    dtype: str = "auto"
-    kv_cache_dtype: str = "auto"
-    threads: int | None = None
-    kv_cache_memory: int | None = None
-    no_prefix_cache: bool = False
-    max_in_flight: int | None = None
-    # request defaults
-    temperature: float | None = None
-    max_tokens: int | None = None
-    ignore_model_field: bool = False
-    # OpenAI surface
-    chat_template: str | None = None  # a template file overriding the model's
-    tool_parser: str | None = None
-    reasoning_parser: str | None = None
-    # storage and formats
-    storage_options: dict | None = None
-    input_format: str | None = None
-    output_format: str | None = None
-    columns: dict[str, str] = field(default_factory=dict)
-    # robustness
-    staging: str | None = None
-    resume: bool = False
-    restart: bool = False
-    overwrite: bool = False
-    on_changed_input: str = "rerun"
-    retry_failed: bool = False
-    max_failed_fraction: float | None = None
-    grace_period: float = 10.0
-    commit_interval: float = 2.0
-    # reporting
-    progress: str = "auto"
-    log_interval: float = 30.0
-    quiet: bool = False
-
-    def engine_config(self):
-        from batchrun.config import EngineConfig
-
-        overrides = {"dtype": self.dtype, "kv_cache_dtype": self.kv_cache_dtype,
-                     "enable_prefix_caching": not self.no_prefix_cache,
-                     "max_num_seqs": self.max_num_seqs,
-                     "max_num_batched_tokens": self.max_batched_tokens,
-                     "max_model_len": self.max_model_len, "threads": self.threads,
-                     "kv_cache_memory": self.kv_cache_memory}
-        return EngineConfig.default(**{k: v for k, v in overrides.items() if v is not None})
-
-    def openai_options(self) -> dict[str, Any]:
-        """--chat-template (read now), --tool-parser, --reasoning-parser; UsageError if bad."""
-        from batchrun.openai.parsers import reasoning_parser, tool_parser
-        from batchrun.openai.render import load_chat_template
-
-        try:
-            template = load_chat_template(self.chat_template) if self.chat_template else None
-            if self.tool_parser:
-                tool_parser(self.tool_parser)
-            if self.reasoning_parser:
-                reasoning_parser(self.reasoning_parser)
-        except (OSError, ValueError) as exc:
-            raise UsageError(str(exc)) from exc
-        return {"chat_template": template, "tool_parser": self.tool_parser,
-                "reasoning_parser": self.reasoning_parser}
-
-    def run_config(self, max_num_seqs: int):
-        from batchrun.batch.runner import RunConfig
-        from batchrun.openai.params import RequestDefaults
-
-        return RunConfig(**self.openai_options(),
-            input=list(self.inputs), output=self.output, errors=self.errors,
-            metrics=self.metrics,
-            defaults=RequestDefaults(temperature=self.temperature, max_tokens=self.max_tokens),
-            ignore_model_field=self.ignore_model_field,
-            max_in_flight=self.max_in_flight or 4 * max_num_seqs,
-            progress="none" if self.quiet else self.progress, log_interval=self.log_interval,
-            storage_options=self.storage_options, input_format=self.input_format,
-            output_format=self.output_format, columns=dict(self.columns), staging=self.staging,
-            resume=self.resume, restart=self.restart, retry_failed=self.retry_failed,
-            overwrite=self.overwrite, on_changed_input=self.on_changed_input,
-            grace_period=self.grace_period, commit_interval=self.commit_interval)
-
-
-class UsageError(click.ClickException):
-    exit_code = EXIT_USAGE
-
-
-def load_model(model: str | None, engine_config: Any) -> Any:
-    """llm.load through the CLI's error mapping. BATCHRUN_TEST_ENGINE=module:function swaps in
-    another loader (the test suite's fake engine, for fast subprocess tests)."""
-    hook = os.environ.get("BATCHRUN_TEST_ENGINE")
-    if hook:
-        import importlib
-
-        module, _, name = hook.partition(":")
-        return getattr(importlib.import_module(module), name)(model, engine_config)
-    from batchrun.cli import _load_model
-
-    return _load_model(model, engine_config)
 
 
 class _Signals:
@@ -162,34 +53,43 @@ class _Signals:
             signal.signal(sig, old)
 
 
-def execute(opts: RunOptions) -> int:
+def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_model) -> int:
+    """One run: plan it (usage errors before any model loads), load the model with `load`,
+    run the plan, report; the exit code."""
     from batchrun.batch.job import ChangedInputError, StopRequest
-    from batchrun.batch.readers import InputReadError
     from batchrun.batch.metrics import summary_text
-    from batchrun.batch.runner import BatchConfigError, check_config, run_batch
+    from batchrun.batch.plan import BatchConfigError, make_plan
+    from batchrun.batch.readers import InputReadError
+    from batchrun.batch.runner import run_batch
 
-    if opts.quiet:
+    quiet = opts.job.quiet
+    if quiet:
         logging.getLogger().setLevel(logging.WARNING)
-    engine_config = opts.engine_config()
-    config = opts.run_config(engine_config.scheduler.max_num_seqs)
     try:
-        result = check_config(config)
+        plan = make_plan(opts)
     except BatchConfigError as exc:
         raise UsageError(str(exc)) from exc
-    if result is not None:
-        if not opts.quiet:
-            click.echo(f"already completed: {config.output} holds this job's results over the "
-                       "same inputs (--restart runs it again)", err=True)
-        return _exit_code(result, opts)
+    if plan.start == "done":
+        if not quiet:
+            click.echo(f"already completed: {plan.targets.output} holds this job's results over "
+                       "the same inputs (--restart runs it again)", err=True)
+        return _exit_code(run_batch(None, plan), opts)
 
     stop = StopRequest()
     with _Signals(stop):
         try:
-            loaded = load_model(opts.model, engine_config)
+            if not quiet:
+                click.echo(f"loading model {opts.inputs.model or '(default: smollm2-135m)'} ...",
+                           err=True)
+            loaded = load(opts.inputs.model, opts.engine)
             if stop.is_set():
                 log.warning("interrupted before the run started")
                 return EXIT_INTERRUPTED
-            result = run_batch(loaded, config, stop=stop)
+            if not quiet:
+                click.echo(f"running {len(plan.sources)} input file(s) on {loaded.name} "
+                           f"({'resuming' if plan.start == 'resume' else 'fresh start'})",
+                           err=True)
+            result = run_batch(loaded, plan, stop=stop)
         except (BatchConfigError, ChangedInputError) as exc:
             raise UsageError(str(exc)) from exc
         except InputReadError as exc:
@@ -201,24 +101,31 @@ def execute(opts: RunOptions) -> int:
 
     requests = result["requests"]
     if result["status"] != "completed":
-        if not opts.quiet:
+        if not quiet:
             click.echo(f"interrupted: {requests['total']} lines done ({requests['ok']} ok, "
                        f"{requests['failed']} failed) and committed; rerun with --resume to "
                        "finish", err=True)
         return EXIT_INTERRUPTED
-    if not opts.quiet:
+    if not quiet:
         click.echo(summary_text(result), err=True)
         if result.get("resumed"):
             click.echo(f"{result['resumed']} of these lines were committed by an earlier "
                        "attempt.", err=True)
-        click.echo(f"output: {config.output}; errors: {config.errors_path}; "
-                   f"metrics: {config.metrics_path}", err=True)
+        t = plan.targets
+        written = [f"output: {_shown(t.output)}", f"errors: {_shown(t.errors)}"]
+        if t.metrics:
+            written.append(f"metrics: {t.metrics}")
+        click.echo("; ".join(written), err=True)
     return _exit_code(result, opts)
+
+
+def _shown(path: str) -> str:
+    return "stdout" if path == "-" else path
 
 
 def _exit_code(result: dict, opts: RunOptions) -> int:
     requests = result["requests"]
-    limit = opts.max_failed_fraction
+    limit = opts.job.max_failed_fraction
     if limit is not None and requests["total"] and requests["failed"] / requests["total"] > limit:
         click.echo(f"error: {requests['failed']} of {requests['total']} lines failed, more than "
                    f"--max-failed-fraction {limit}", err=True)

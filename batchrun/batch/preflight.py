@@ -12,11 +12,10 @@ from typing import Any
 from batchrun.batch import io
 
 
-def check_outputs(config: Any, input_paths: list[str]) -> None:
-    """`config` is a RunConfig (output, errors_path, metrics_path, staging_path, ...)."""
-    so = config.storage_options
-    targets = [("output", config.output), ("error file", config.errors_path),
-               ("metrics file", config.metrics_path), ("staging folder", config.staging_path)]
+def check_outputs(where: Any, job: Any, storage: Any, input_paths: list[str]) -> None:
+    """`where`: the plan's Targets (output, errors, metrics, staging); `job`: JobOptions."""
+    targets = [("output", where.output), ("error file", where.errors),
+               ("metrics file", where.metrics), ("staging folder", where.staging)]
     targets = [(what, path) for what, path in targets if path and path != io.STDIO]
     inputs = {_identity(p) for p in input_paths if p != io.STDIO}
     for what, path in targets:
@@ -26,9 +25,9 @@ def check_outputs(config: Any, input_paths: list[str]) -> None:
     for what, path in targets:
         if io.is_local(path):
             _check_writable(what, io.local_path(path), is_dir=what == "staging folder")
-    if not (config.overwrite or config.restart):
+    if not (job.overwrite or job.restart):
         for what, path in targets[:2]:
-            if io.exists(path, so) and not _belongs_to_job(config, input_paths):
+            if storage.exists(path) and not _belongs_to_job(where, storage, input_paths):
                 raise ValueError(
                     f"the {what} {path} already exists and is not this job's result (no "
                     f"completed run over {_names(input_paths)} and no interrupted one made it); "
@@ -70,30 +69,29 @@ def _try(what: str, path: str, action, folder: str | None = None) -> None:
         raise ValueError(f"cannot write the {what} {path}{where}: {exc.strerror}") from None
 
 
-def _belongs_to_job(config: Any, input_paths: list[str]) -> bool:
+def _belongs_to_job(where: Any, storage: Any, input_paths: list[str]) -> bool:
     """An existing output is this job's when the metrics beside it record a completed run over
     the same input paths (their content may have changed since: a nightly job over a refreshed
     file), or when the staging folder holds an interrupted run of this job over them."""
-    so = config.storage_options
     names = [_identity(p) for p in input_paths]
-    if config.metrics_path:
+    if where.metrics:
         try:
-            old = io.read_json(config.metrics_path, so)
+            old = storage.read_json(where.metrics)
         except (OSError, ValueError):
             old = None
         if (isinstance(old, dict) and old.get("status") == "completed"
-                and old.get("output") == config.output
+                and old.get("output") == where.output
                 and [_identity(i[0]) for i in old.get("input_fingerprint") or []] == names):
             return True
-    if config.staging_path:
+    if where.staging:
         from batchrun.batch.staging import Staging, StagingError
 
-        staging = Staging(config.staging_path, so)
+        staging = Staging(where.staging, storage.options)
         try:
             manifest = staging.manifest() if staging.exists() else None
         except (OSError, ValueError, StagingError):
             manifest = None
-        if (manifest is not None and manifest.get("output") == config.output
+        if (manifest is not None and manifest.get("output") == where.output
                 and [_identity(i[0]) for i in manifest.get("inputs") or []] == names):
             return True
     return False

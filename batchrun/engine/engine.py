@@ -9,7 +9,7 @@ from typing import Sequence
 
 import torch
 
-from batchrun.config import EngineConfig
+from batchrun.options.engine import EngineConfig
 from batchrun.engine.detokenizer import IncrementalDetokenizer
 from batchrun.engine.group import Group, choice_params
 from batchrun.engine.kv_cache import KVCacheManager

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from batchrun.config import SchedulerConfig
+from batchrun.options.engine import SchedulerConfig
 from batchrun.engine.kv_cache import KVCacheManager
 from batchrun.engine.request import Request, Status
 from batchrun.engine.waiting import WaitingQueue

@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from batchrun.engine.sampling_params import GrammarSpec, SamplingParams
 from batchrun.openai.protocol import ChatCompletionRequest, CompletionRequest, RequestError
+from batchrun.options.openai import RequestDefaults
 
 # What OpenAI uses when neither the request, the user nor the model says otherwise.
 OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0}
 # /v1/completions (the legacy endpoint) generates 16 tokens unless told otherwise.
 COMPLETIONS_MAX_TOKENS = 16
-
-
-@dataclass(frozen=True)
-class RequestDefaults:
-    """Defaults the user gives for fields a request leaves out (`--temperature`, `--max-tokens`)."""
-
-    temperature: float | None = None
-    max_tokens: int | None = None
 
 
 def check_model_field(requested: str | None, name: str, aliases: Sequence[str] = (),

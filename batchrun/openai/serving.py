@@ -1,6 +1,6 @@
 """The URL-agnostic OpenAI adapter: a request body in, engine work out, a response body back.
 
-    serving = OpenAIServing(model, ServingOptions(tool_parser="hermes"))
+    serving = OpenAIServing(model, ServingOptions(OpenAIOptions(tool_parser="hermes")))
     prepared = serving.prepare("/v1/chat/completions", body)   # RequestError on a bad request
     for prompt in prepared.prompts:                             # one engine request each
         engine.add_request(..., prompt, prepared.params)
@@ -26,8 +26,7 @@ from batchrun.engine.sampling_params import GrammarSpec, SamplingParams
 from batchrun.openai.chat import ChatChunks, ChatFormatter
 from batchrun.openai.completions import CompletionChunks, CompletionFormatter
 from batchrun.openai.logprobs import TokenText
-from batchrun.openai.params import (RequestDefaults, check_model_field, declared,
-                                   to_sampling_params)
+from batchrun.openai.params import check_model_field, to_sampling_params
 from batchrun.openai.parsers import (ToolParser, detect_tool_parser, reasoning_parser,
                                      tool_parser)
 from batchrun.openai.protocol import (ChatCompletionRequest, CompletionRequest, RequestError,
@@ -35,15 +34,33 @@ from batchrun.openai.protocol import (ChatCompletionRequest, CompletionRequest, 
 from batchrun.openai.render import render_prompt, tokenize_prompt
 from batchrun.openai.structured import (after_reasoning, response_format_grammar,
                                         tool_choice_grammar)
+from batchrun.options.openai import OpenAIOptions, RequestDefaults
 
 
 @dataclass(frozen=True)
 class ServingOptions:
+    """What the adapter works with: the user's OpenAI options and request defaults, with the
+    chat template file read (`chat_template` is its text)."""
+
+    openai: OpenAIOptions = field(default_factory=OpenAIOptions)
     defaults: RequestDefaults = field(default_factory=RequestDefaults)
-    ignore_model_field: bool = False
-    chat_template: str | None = None  # template text overriding the model's (--chat-template)
-    tool_parser: str | None = None  # None = the format the chat template teaches, if any
-    reasoning_parser: str | None = None  # None = reasoning stays in content
+    chat_template: str | None = None
+
+    @classmethod
+    def of(cls, openai: OpenAIOptions, defaults: RequestDefaults | None = None) -> "ServingOptions":
+        return cls(openai, defaults or RequestDefaults(), openai.template_text())
+
+    @property
+    def tool_parser(self) -> str | None:
+        return self.openai.tool_parser
+
+    @property
+    def reasoning_parser(self) -> str | None:
+        return self.openai.reasoning_parser
+
+    @property
+    def ignore_model_field(self) -> bool:
+        return self.openai.ignore_model_field
 
 
 @dataclass
@@ -57,14 +74,6 @@ class PreparedRequest:
     @property
     def stream(self) -> bool:
         return bool(self.request.stream)
-
-    @property
-    def user(self) -> str | None:
-        return self.request.user
-
-    @property
-    def metadata(self) -> dict[str, str] | None:
-        return declared(self.request, "metadata")
 
     def finalize(self, outputs: RequestOutput | Sequence[RequestOutput],
                  created: int | None = None) -> dict[str, Any]:
@@ -270,15 +279,3 @@ def fingerprint(model: Any) -> str:
     config = repr(getattr(engine, "config", None))
     digest = hashlib.sha256(f"{model.name}|{__version__}|{config}".encode()).hexdigest()
     return f"fp_{digest[:12]}"
-
-
-_servings: dict[tuple[int, ServingOptions], tuple[Any, OpenAIServing]] = {}
-
-
-def serving_for(model: Any, options: ServingOptions) -> OpenAIServing:
-    """One adapter per (model, options), kept for the model's life."""
-    key = (id(model), options)
-    hit = _servings.get(key)
-    if hit is None or hit[0] is not model:
-        hit = _servings[key] = (model, OpenAIServing(model, options))
-    return hit[1]

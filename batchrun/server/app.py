@@ -82,7 +82,7 @@ def create_app(state: ServerState, manage_state: bool = True) -> FastAPI:
     for router in (info, chat.router, files_api.router, batches_api.router):
         app.include_router(router)
     cfg = state.config
-    app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes,
-                       max_upload_bytes=cfg.max_upload_bytes, metrics=state.metrics)
+    app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_size,
+                       max_upload_bytes=cfg.max_upload_size, metrics=state.metrics)
     app.add_middleware(ClientErrorLogMiddleware)  # added last: outside the guard, sees its 401s
     return app

@@ -7,7 +7,6 @@ object is a SyncEngineClient of the server's shared engine, so a batch runs exac
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -48,38 +47,30 @@ def batch_in_flight(state) -> int:
     return max(1, share)
 
 
-def run_config(state, input_path: Path, work_dir: Path):
-    """The batch runner's configuration for one batch. Results are committed to a staging folder
-    in the batch's work dir as they complete, so a restarted server resumes where it stopped."""
-    from batchrun.batch.runner import RunConfig
+def run_options(state, input_path: Path, work_dir: Path):
+    """The batch runner's options for one batch. Results are committed to a staging folder in
+    the batch's work dir as they complete, so a restarted server resumes where it stopped."""
+    from batchrun.options.job import InputOptions, JobOptions
+    from batchrun.options.run import RunOptions
 
-    return RunConfig(input=str(input_path), output=str(work_dir / "output.jsonl"),
-                     errors=str(work_dir / "errors.jsonl"), metrics=str(work_dir / "metrics.json"),
-                     staging=str(work_dir / "staging"), resume=True,
-                     defaults=state.config.defaults,
-                     ignore_model_field=state.config.ignore_model_field,
-                     max_in_flight=batch_in_flight(state), progress="none",
-                     commit_interval=0.5,  # request_counts follow commits: keep them fresh
-                     chat_template=state.config.chat_template,
-                     tool_parser=state.config.tool_parser,
-                     reasoning_parser=state.config.reasoning_parser)
+    job = JobOptions(output=str(work_dir / "output.jsonl"), errors=str(work_dir / "errors.jsonl"),
+                     metrics=str(work_dir / "metrics.json"), staging=str(work_dir / "staging"),
+                     resume=True, max_in_flight=batch_in_flight(state), progress="none",
+                     commit_interval=0.5)  # request_counts follow commits: keep them fresh
+    return RunOptions(inputs=InputOptions(input=[str(input_path)]), job=job,
+                      openai=state.openai, defaults=state.defaults)
 
 
-def worker_model(state):
-    """The model as one batch worker hands it to the runner: the served name, and an engine
-    slot that run_job fills with each batch's client. One per worker (not per batch) because
-    the OpenAI adapter is cached per model object."""
-    return dataclasses.replace(state.model, name=state.served_name, aliases=state.model_aliases)
-
-
-def run_job(model, client: SyncEngineClient, config, stop, on_progress) -> dict:
+def run_job(state, client: SyncEngineClient, options, stop, on_progress) -> dict:
     """Run one batch on `client` (see batchrun.batch.runner.run_batch for stop / on_progress);
-    returns the runner's summary: status "completed" or "interrupted"."""
+    returns the runner's summary: status "completed" or "interrupted". The plan is made here,
+    in the worker, right before the run: a restarted batch resumes from its staging."""
+    from batchrun.batch.plan import make_plan
     from batchrun.batch.runner import run_batch
 
-    Path(config.output).parent.mkdir(parents=True, exist_ok=True)
-    model.engine = client
-    return run_batch(model, config, stop=stop, on_progress=on_progress)
+    Path(options.job.output).parent.mkdir(parents=True, exist_ok=True)
+    return run_batch(state.served_model, make_plan(options), stop=stop, on_progress=on_progress,
+                     engine=client)
 
 
 def committed_summary(work_dir: Path) -> dict | None:

@@ -174,15 +174,12 @@ class BatchManager:
         write_json_atomic(self.root / f"{obj['id']}.json", obj)
 
     def _work(self) -> None:
-        from batchrun.server.batch_job import worker_model
-
-        model = worker_model(self.state)
         while True:
             batch_id = self._queue.get()
             if batch_id is None or self._stopping.is_set():
                 return
             try:
-                self._run(batch_id, model)
+                self._run(batch_id)
             except Exception as exc:  # a bug here must not kill the worker or leave it running
                 log.exception("batch %s failed", batch_id)
                 try:
@@ -190,8 +187,8 @@ class BatchManager:
                 except Exception:
                     log.exception("could not mark batch %s failed", batch_id)
 
-    def _run(self, batch_id: str, model) -> None:
-        from batchrun.server.batch_job import committed_summary, run_config, validate_input
+    def _run(self, batch_id: str) -> None:
+        from batchrun.server.batch_job import committed_summary, run_options, validate_input
 
         obj = self.get(batch_id)
         work_dir = self.root / batch_id
@@ -218,7 +215,7 @@ class BatchManager:
             return
 
         running = _Running(self.state.engine.sync_client(BATCH_PRIORITY),
-                           run_config(self.state, input_path, work_dir))
+                           run_options(self.state, input_path, work_dir))
         with self._lock:
             obj = self._batches[batch_id]
             if obj["status"] == "cancelling":
@@ -232,7 +229,7 @@ class BatchManager:
             self._set(batch_id, status="cancelled", cancelled_at=_now())
             return
         try:
-            summary = running.run(model)
+            summary = running.run(self.state)
         except EngineDeadError as exc:
             if not self._stopping.is_set():
                 self._fail(batch_id, "engine_error", str(exc))
@@ -277,26 +274,26 @@ class BatchManager:
 class _Running:
     """A batch in the runner: its engine client, runner config, stop flag and latest counts."""
 
-    def __init__(self, client: SyncEngineClient, config):
+    def __init__(self, client: SyncEngineClient, options):
         from batchrun.batch.job import StopRequest
 
         self.client = client
-        self.config = config
+        self.options = options  # batchrun.options.run.RunOptions
         self.stop = StopRequest()
         self.counts = None  # batchrun.batch.progress.Counts, once the runner reports
 
-    def run(self, model) -> dict:
+    def run(self, state) -> dict:
         from batchrun.server.batch_job import run_job
 
         def progress(counts) -> None:
             self.counts = counts
 
-        return run_job(model, self.client, self.config, self.stop, progress)
+        return run_job(state, self.client, self.options, self.stop, progress)
 
     def interrupt(self, keep_results: bool) -> None:
         """Stop now, dropping in-flight requests. keep_results (a cancel) merges what finished
         into the output files; otherwise it stays in staging for a resumed run."""
-        self.config.merge_on_stop = keep_results
+        self.stop.merge = keep_results
         self.stop.set()
         self.stop.set()  # a second set: immediate, no grace period
         self.client.wake()

@@ -158,7 +158,7 @@ def _serve_in_process(args):
     import uvicorn
 
     from batchrun import llm
-    from batchrun.config import EngineConfig
+    from batchrun.options.engine import EngineConfig
     from batchrun.server.app import create_app
     from batchrun.server.listener import uvicorn_options
     from batchrun.server.state import ServerConfig, ServerState

@@ -4,7 +4,7 @@ distinct custom_id has exactly one record and every duplicate line exactly one e
     python -m tests.fault.kill_resume --trials 100          # from the repository root
 
 Each trial writes an input with valid lines, duplicates of earlier custom_ids and malformed
-lines, starts the CLI on the fake engine (BATCHRUN_TEST_ENGINE, a few ms per step so that kills
+lines, starts the CLI on the fake engine (python -m tests.fake_batchrun, a few ms per step so that kills
 land while requests run, commit, or merge), kills it 1-3 times after a random delay, then
 resumes until the run completes and checks the output and error files line by line.
 """
@@ -86,13 +86,13 @@ class TrialResult:
 
 def _env(step_s: float) -> dict:
     env = dict(os.environ)
-    env.update(BATCHRUN_TEST_ENGINE="tests.fake_engine:load", BATCHRUN_FAKE_STEP_S=str(step_s),
+    env.update(BATCHRUN_FAKE_STEP_S=str(step_s),
                PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
     return env
 
 
 def _command(src: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "batchrun", "run", str(src), "-o", str(out), "--resume",
+    return [sys.executable, "-m", "tests.fake_batchrun", "run", str(src), "-o", str(out), "--resume",
             "--max-in-flight", "16", "--commit-interval", "0.05", "--progress", "none"]
 
 

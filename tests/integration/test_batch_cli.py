@@ -1,5 +1,5 @@
 """`batchrun run|validate|job` as a scheduler sees them: subprocesses on the fake engine
-(BATCHRUN_TEST_ENGINE), stdin/stdout, exit codes, signals, log output."""
+(python -m tests.fake_batchrun), stdin/stdout, exit codes, signals, log output."""
 
 import json
 import os
@@ -13,12 +13,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_data"
-ENV = dict(os.environ, BATCHRUN_TEST_ENGINE="tests.fake_engine:load",
-           PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
 def batchrun(*args, input=None, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "batchrun", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "tests.fake_batchrun", *map(str, args)], cwd=ROOT,
                           env={**ENV, **(env or {})}, input=input, capture_output=True,
                           timeout=timeout)
 
@@ -84,7 +83,7 @@ def test_signal_stops_gracefully_then_resume_finishes(tmp_path, sig):
     out = tmp_path / "out.jsonl"
     staging = tmp_path / "out.jsonl.batchrun-staging"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "batchrun", "run", src, "-o", out, "--commit-interval", "0.05",
+        [sys.executable, "-m", "tests.fake_batchrun", "run", src, "-o", out, "--commit-interval", "0.05",
          "--max-in-flight", "8", "--progress", "log", "--log-interval", "0.2"],
         cwd=ROOT, env={**ENV, "BATCHRUN_FAKE_STEP_S": "0.01"}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE)

@@ -13,12 +13,11 @@ from batchrun.batch.jobspec import load
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = ROOT / "jobs"
-ENV = dict(os.environ, BATCHRUN_TEST_ENGINE="tests.fake_engine:load",
-           PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
 def test_nightly_spec_runs_and_a_rerun_is_a_no_op(tmp_path):
-    cmd = [sys.executable, "-m", "batchrun", "job", str(JOBS / "nightly.toml"),
+    cmd = [sys.executable, "-m", "tests.fake_batchrun", "job", str(JOBS / "nightly.toml"),
            "--var", f"out={tmp_path}", "--var", "date=2024-06-01"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -8,7 +8,8 @@ import math
 import httpx
 import pytest
 
-from batchrun.batch.runner import RunConfig, run_batch
+from tests.helpers import job_plan
+from batchrun.batch.runner import run_batch
 from tests.server.conftest import API_KEY
 from tests.server.test_batches_api import poll, records, upload
 
@@ -77,7 +78,7 @@ def batch_file_results(real_model, tmp_path_factory):
     d = tmp_path_factory.mktemp("run")
     src = d / "in.jsonl"
     src.write_text("".join(json.dumps(x) + "\n" for x in lines()))
-    run_batch(real_model, RunConfig(input=str(src), output=str(d / "out.jsonl"), progress=False))
+    run_batch(real_model, job_plan(input=str(src), output=str(d / "out.jsonl"), progress="none"))
     out = [json.loads(x) for x in (d / "out.jsonl").read_text().splitlines()]
     errs = [json.loads(x) for x in (d / "out.errors.jsonl").read_text().splitlines()]
     return out, errs

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from batchrun.batch.runner import RunConfig, run_batch
+from tests.helpers import job_plan
+from batchrun.batch.runner import run_batch
 from tests.fake_engine import fake_model
 
 pytest.importorskip("aiohttp")
@@ -32,7 +33,7 @@ def http_root():
 
 @pytest.mark.parametrize("name", ["chat.jsonl", "chat.jsonl.gz", "chat.parquet"])
 def test_http_input(tmp_path, http_root, name):
-    config = RunConfig(input=f"{http_root}/{name}", output=str(tmp_path / "out.jsonl"),
+    config = job_plan(input=f"{http_root}/{name}", output=str(tmp_path / "out.jsonl"),
                        progress="none", ignore_model_field=True)
     result = run_batch(fake_model(), config)
     assert result["requests"] == {"total": 30, "ok": 30, "failed": 0}

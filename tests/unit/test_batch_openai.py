@@ -9,7 +9,8 @@ import json
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from batchrun.batch.runner import RunConfig, run_batch
+from tests.helpers import job_plan
+from batchrun.batch.runner import run_batch
 from batchrun.openai.render import load_chat_template
 from batchrun.openai.serving import OpenAIServing, ServingOptions
 from tests.scripted_model import script, scripted_model
@@ -54,7 +55,7 @@ def test_batch_file_with_tools_reasoning_and_completions(tmp_path, smol_tokenize
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"custom_id": cid, "method": "POST", "url": url,
                                        "body": body}) + "\n" for cid, url, body, _ in LINES))
-    config = RunConfig(input=str(src), output=str(tmp_path / "out.jsonl"), progress="none",
+    config = job_plan(input=str(src), output=str(tmp_path / "out.jsonl"), progress="none",
                        chat_template=template, reasoning_parser="qwen3")
     result = run_batch(model, config)
     assert result["requests"]["ok"] == 4 and result["requests"]["failed"] == 2

@@ -8,8 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.helpers import job_plan
 from batchrun.batch.parquet import RESULT_SCHEMA, ParquetRecordWriter
-from batchrun.batch.runner import BatchConfigError, RunConfig, run_batch
+from batchrun.batch.runner import BatchConfigError, run_batch
 from batchrun.openai.params import RequestDefaults
 from tests.fake_engine import FakeEngine, fake_model
 
@@ -18,7 +19,7 @@ SAMPLES = Path(__file__).resolve().parents[2] / "sample_data"
 
 def run(tmp_path, src, output="out.jsonl", engine=None, **options):
     options.setdefault("progress", "none")
-    config = RunConfig(input=str(src), output=str(tmp_path / output), ignore_model_field=True,
+    config = job_plan(input=str(src), output=str(tmp_path / output), ignore_model_field=True,
                        **options)
     return run_batch(fake_model(engine or FakeEngine()), config)
 

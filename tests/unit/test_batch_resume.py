@@ -5,8 +5,9 @@ import threading
 
 import pytest
 
+from tests.helpers import job_plan
 from batchrun.batch.job import StopRequest
-from batchrun.batch.runner import BatchConfigError, RunConfig, run_batch
+from batchrun.batch.runner import BatchConfigError, run_batch
 from batchrun.batch.staging import Staging
 from tests.fake_engine import FakeEngine, fake_model
 
@@ -29,7 +30,7 @@ def write_input(tmp_path, lines):
 def config(tmp_path, src, **options):
     options.setdefault("progress", "none")
     options.setdefault("commit_every", 5)
-    return RunConfig(input=str(src), output=str(tmp_path / "out.jsonl"), **options)
+    return job_plan(input=str(src), output=str(tmp_path / "out.jsonl"), **options)
 
 
 def stop_after_commits(n, stop):
@@ -280,7 +281,7 @@ def test_several_inputs_are_one_job_and_errors_name_their_file(tmp_path):
     (tmp_path / "in" / "1.jsonl").write_text(request("a", max_tokens=1) + "\nbad\n")
     (tmp_path / "in" / "2.jsonl").write_text(request("a", max_tokens=1) + "\n"
                                              + request("b", max_tokens=3) + "\n")
-    cfg = RunConfig(input=[str(tmp_path / "in")], output=str(tmp_path / "out.jsonl"),
+    cfg = job_plan(input=[str(tmp_path / "in")], output=str(tmp_path / "out.jsonl"),
                     progress="none")
     result = run_batch(fake_model(), cfg)
     assert [o["custom_id"] for o in read(tmp_path / "out.jsonl")] == ["a", "b"]
@@ -367,10 +368,8 @@ def test_one_run_at_a_time_per_staging_folder(tmp_path):
     other.lock()  # another process runs this job
     with pytest.raises(BatchConfigError, match="another batchrun run"):
         run_batch(fake_model(), config(tmp_path, src, resume=True))
-    from batchrun.batch.runner import check_config
-
     with pytest.raises(BatchConfigError, match="another batchrun run"):
-        check_config(config(tmp_path, src, resume=True))
+        config(tmp_path, src, resume=True)
     other.unlock()
     result = run_batch(fake_model(), config(tmp_path, src, resume=True))
     assert result["status"] == "completed" and not (tmp_path / STAGING).exists()

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from batchrun.batch.runner import RunConfig, run_batch
+from tests.helpers import job_plan
+from batchrun.batch.runner import run_batch
 from batchrun.openai.params import RequestDefaults
 from tests.fake_engine import FakeEngine, fake_model
 
@@ -28,8 +29,8 @@ def run(tmp_path, lines, **options):
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(lines) + "\n")
     engine = options.pop("engine", None) or FakeEngine()
-    options.setdefault("progress", False)
-    config = RunConfig(input=str(src), output=str(tmp_path / "out.jsonl"), **options)
+    options.setdefault("progress", "none")
+    config = job_plan(input=str(src), output=str(tmp_path / "out.jsonl"), **options)
     metrics = run_batch(model(engine), config)
     return engine, metrics, read(tmp_path / "out.jsonl"), read(tmp_path / "out.errors.jsonl")
 
@@ -125,9 +126,9 @@ def test_gzip_input_and_explicit_paths(tmp_path):
     src = tmp_path / "in.jsonl.gz"
     with gzip.open(src, "wt") as f:
         f.write(request("a", max_tokens=1) + "\n" + "bad\n")
-    config = RunConfig(input=str(src), output=str(tmp_path / "o" / "res.jsonl"),
+    config = job_plan(input=str(src), output=str(tmp_path / "o" / "res.jsonl"),
                        errors=str(tmp_path / "e.jsonl"), metrics=str(tmp_path / "m.json"),
-                       progress=False)
+                       progress="none")
     run_batch(model(), config)
     assert [o["custom_id"] for o in read(tmp_path / "o" / "res.jsonl")] == ["a"]
     assert read(tmp_path / "e.jsonl")[0]["error"]["line"] == 2

@@ -10,8 +10,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tests.helpers import job_plan
 from batchrun.batch.job import StopRequest
-from batchrun.batch.runner import RunConfig, run_batch
+from batchrun.batch.runner import run_batch
 from tests.fake_engine import FakeEngine, fake_model
 
 pytest.importorskip("s3fs")
@@ -58,7 +59,7 @@ def lines(fs, path):
 
 def config(options, inputs, output, **kw):
     kw.setdefault("progress", "none")
-    return RunConfig(input=inputs, output=output, storage_options=options,
+    return job_plan(input=inputs, output=output, storage_options=options,
                      ignore_model_field=True, **kw)
 
 
@@ -125,16 +126,15 @@ def test_resume_on_s3(s3):
 
 def test_cli_with_storage_options(s3):
     fs, options = s3
-    env = dict(os.environ, BATCHRUN_TEST_ENGINE="tests.fake_engine:load",
-               PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
-        [sys.executable, "-m", "batchrun", "run", "s3://bkt/in/chat.jsonl", "-o",
+        [sys.executable, "-m", "tests.fake_batchrun", "run", "s3://bkt/in/chat.jsonl", "-o",
          "s3://bkt/o4/out.jsonl", "--storage-options", json.dumps(options), "--quiet",
          "--ignore-model-field"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert len(lines(fs, "bkt/o4/out.jsonl")) == 30
     proc = subprocess.run(
-        [sys.executable, "-m", "batchrun", "validate", "s3://bkt/in/malformed.jsonl",
+        [sys.executable, "-m", "tests.fake_batchrun", "validate", "s3://bkt/in/malformed.jsonl",
          "--storage-options", json.dumps(options)], cwd=ROOT, env=env, capture_output=True,
         text=True, timeout=120)
     assert proc.returncode == 3 and "9 lines: 2 valid, 7 invalid" in proc.stderr

@@ -4,8 +4,9 @@ lines succeed, and `validate` reports exactly what the run rejects."""
 import json
 from types import SimpleNamespace
 
+from tests.helpers import job_plan
 from batchrun.batch.readers import open_sources
-from batchrun.batch.runner import RunConfig, check_line, prepare_line, run_batch
+from batchrun.batch.runner import check_line, prepare_line, run_batch
 from batchrun.batch.validate import served_names, summary, validate
 from tests.fake_engine import fake_model
 
@@ -61,7 +62,7 @@ def expected():
 
 def test_every_bad_line_is_an_error_record_and_valid_lines_succeed(tmp_path):
     src = write_corpus(tmp_path)
-    run_batch(fake_model(), RunConfig(input=str(src), output=str(tmp_path / "out.jsonl"),
+    run_batch(fake_model(), job_plan(input=str(src), output=str(tmp_path / "out.jsonl"),
                                       progress="none"))
     out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [o["custom_id"] for o in out] == ["ok-1", "ok-2"]
@@ -78,7 +79,7 @@ def test_validate_reports_exactly_what_the_run_rejects(tmp_path):
     src = write_corpus(tmp_path)
     sources = open_sources([str(src)])
     model = fake_model()
-    config = SimpleNamespace(ignore_model_field=False, defaults=RunConfig("", "").defaults)
+    config = SimpleNamespace(ignore_model_field=False, defaults=job_plan("", "").defaults)
     problems = []
     report = validate(sources, lambda text, n: prepare_line(text, n, model, config),
                       lambda item, exc: problems.append((item.line, exc.code, exc.param)))

@@ -21,8 +21,8 @@ def run(tmp_path, *options, tools=True):
         body["tools"] = [TOOL]
     src.write_text(json.dumps({"custom_id": "a", "method": "POST",
                                "url": "/v1/chat/completions", "body": body}) + "\n")
-    env = dict(os.environ, BATCHRUN_TEST_ENGINE="tests.fake_engine:load", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "batchrun", "run", src, "-o",
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "tests.fake_batchrun", "run", src, "-o",
                            tmp_path / "out.jsonl", "-q", "--restart", *map(str, options)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     read = lambda name: [json.loads(x) for x in (tmp_path / name).read_text().splitlines()]  # noqa: E731
@@ -73,7 +73,7 @@ def test_validate_checks_tools_against_the_chat_template(tmp_path, smol_tokenize
     body = {"messages": [{"role": "user", "content": "hi"}], "tools": [TOOL]}
     src.write_text(json.dumps({"custom_id": "a", "method": "POST",
                                "url": "/v1/chat/completions", "body": body}) + "\n")
-    cmd = [sys.executable, "-m", "batchrun", "validate", str(src), "--check-prompts"]
+    cmd = [sys.executable, "-m", "tests.fake_batchrun", "validate", str(src), "--check-prompts"]
     bare = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bare.returncode == 3 and "--chat-template" in bare.stdout
     ok = subprocess.run(cmd + ["--chat-template", str(TEMPLATE)], cwd=ROOT, capture_output=True,

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 def cuda_engine(tmp_path, dtype=torch.float32, **overrides):
     from transformers import AutoConfig
 
-    from batchrun.config import EngineConfig
+    from batchrun.options.engine import EngineConfig
     from batchrun.llm import build_engine, build_model
     from batchrun.models.llama import LlamaModel, ModelConfig
     from tests.tiny_models import IdTokenizer, make_tiny

@@ -8,9 +8,10 @@ import os
 
 import pytest
 
+from tests.helpers import job_plan
 from batchrun.batch import io
 from batchrun.batch.readers import InputReadError
-from batchrun.batch.runner import BatchConfigError, RunConfig, check_config, run_batch
+from batchrun.batch.runner import BatchConfigError, run_batch
 from batchrun.batch.sinks import RecordSink
 from batchrun.batch.formats import Format
 from batchrun.openai.protocol import LineError, RequestError, parse_batch_line, parse_body
@@ -93,7 +94,7 @@ def test_json_errors_name_the_real_column():
 
 def config(tmp_path, src, **options):
     options.setdefault("progress", "none")
-    return RunConfig(input=str(src), output=str(tmp_path / "out.jsonl"), **options)
+    return job_plan(input=str(src), output=str(tmp_path / "out.jsonl"), **options)
 
 
 HOSTILE = [
@@ -157,9 +158,9 @@ def test_output_equal_to_the_input_is_refused_before_anything_runs(tmp_path):
     before = src.read_bytes()
     for output in (str(src), f"{tmp_path}/./same.jsonl", f"file://{src}"):
         with pytest.raises(BatchConfigError, match="is also an input"):
-            check_config(RunConfig(input=str(src), output=output, progress="none"))
+            (job_plan(input=str(src), output=output, progress="none"))
     with pytest.raises(BatchConfigError, match="error file .* is also an input"):
-        check_config(RunConfig(input=str(src), output=str(tmp_path / "o.jsonl"),
+        (job_plan(input=str(src), output=str(tmp_path / "o.jsonl"),
                                errors=str(src), progress="none"))
     assert src.read_bytes() == before
 
@@ -169,7 +170,7 @@ def test_an_unwritable_output_location_is_refused_naming_the_path(tmp_path, monk
     src.write_text(line("a") + "\n")
     (tmp_path / "afile").write_text("")
     with pytest.raises(BatchConfigError, match="afile is not a folder"):
-        check_config(config(tmp_path, src, metrics=str(tmp_path / "afile" / "m.json")))
+        (config(tmp_path, src, metrics=str(tmp_path / "afile" / "m.json")))
     ro = tmp_path / "ro"
     ro.mkdir()
     real_open = os.open
@@ -181,7 +182,7 @@ def test_an_unwritable_output_location_is_refused_naming_the_path(tmp_path, monk
     monkeypatch.setattr(os, "open", read_only_mount)
     with pytest.raises(BatchConfigError, match=f"cannot write the output {ro}/out.jsonl .*"
                                                "Read-only file system"):
-        check_config(RunConfig(input=str(src), output=str(ro / "out.jsonl"), progress="none"))
+        (job_plan(input=str(src), output=str(ro / "out.jsonl"), progress="none"))
 
 
 def test_an_existing_output_of_another_input_is_not_overwritten(tmp_path):
@@ -192,7 +193,7 @@ def test_an_existing_output_of_another_input_is_not_overwritten(tmp_path):
     before = (tmp_path / "out.jsonl").read_bytes()
     with pytest.raises(BatchConfigError, match=r"out\.jsonl already exists and is not this "
                                                r"job's result.*--overwrite"):
-        check_config(config(tmp_path, other))
+        (config(tmp_path, other))
     with pytest.raises(BatchConfigError, match="--overwrite"):
         run_batch(fake_model(), config(tmp_path, other))
     assert (tmp_path / "out.jsonl").read_bytes() == before
@@ -203,7 +204,7 @@ def test_an_existing_output_of_another_input_is_not_overwritten(tmp_path):
     assert json.loads((tmp_path / "out.jsonl").read_text())["custom_id"] == "b"
     (tmp_path / "out.metrics.json").unlink()  # a file nothing says batchrun made
     with pytest.raises(BatchConfigError, match="not this job's result"):
-        check_config(config(tmp_path, other))
+        (config(tmp_path, other))
 
 
 def test_a_full_disk_leaves_no_scratch_file(tmp_path, monkeypatch):
@@ -233,7 +234,9 @@ def test_an_unknown_field_named_like_another_endpoints_field_is_only_ignored(smo
     # max_completion_tokens and metadata are chat fields: on /v1/completions they are unknown.
     prepared = OpenAIServing(model).prepare("/v1/completions", {
         "prompt": "hi", "max_completion_tokens": {"a": 1}, "metadata": [1, 2]})
-    assert prepared.params.max_tokens == 16 and prepared.metadata is None
+    from batchrun.openai.params import declared
+
+    assert prepared.params.max_tokens == 16 and declared(prepared.request, "metadata") is None
 
 
 def test_a_line_that_crashes_the_engine_on_admission_fails_alone(tmp_path):

@@ -1,0 +1,77 @@
+"""Options of one batch job (`batchrun run`, `plan`, job specs, a Batches-API batch): where the
+inputs and results are, how the job survives failures, how it reports."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from batchrun.options.fields import option
+
+FormatName = Literal["jsonl", "jsonl.gz", "jsonl.zst", "jsonl.bz2", "jsonl.xz", "parquet"]
+
+
+class InputOptions(BaseModel):
+    """What the job reads (also `validate` and `plan`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    input: list[str] = option(
+        list, "Files, folders, globs, fsspec URLs or - for stdin, read as one job.", cli=False)
+    model: str | None = option(
+        None, "Registry name, HF folder, .gguf file or hub id [default: the bundled "
+        "smollm2-135m].")
+    storage_options: dict[str, Any] | None = option(
+        None, 'fsspec options for object stores, e.g. \'{"endpoint_url": '
+        '"http://127.0.0.1:9000"}\', or keyed by protocol: \'{"s3": {...}, "http": {...}}\'.')
+    input_format: FormatName | None = option(None, "Override the input extension.")
+    columns: dict[str, str] = option(
+        dict, "Parquet input: take request FIELD (custom_id, body, messages, prompt, max_tokens, "
+        "...) from COLUMN. Repeatable.", flag="--column", metavar="FIELD=COLUMN")
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+class JobOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    output: str = option(..., "Output file: path, fsspec URL (s3://, gs://) or - for stdout.",
+                         short="-o")
+    errors: str | None = option(None, "Error file [default: <output stem>.errors.<ext>; with "
+                                "-o -, error records go to stdout with the results].")
+    metrics: str | None = option(None, "Metrics JSON [default: <output stem>.metrics.json].")
+    output_format: FormatName | None = option(None, "Override the output extension.")
+    max_in_flight: int | None = option(
+        None, "Requests handed to the engine at once [default: 4 x max-num-seqs].", ge=1)
+    staging: str | None = option(
+        None, "Where results are committed while the job runs [default: "
+        "<output>.batchrun-staging; a temporary folder for -o -].", metavar="URL")
+    resume: bool = option(False, "Continue an interrupted run: lines with a committed result are "
+                          "not run again (starts afresh when there is nothing to resume).")
+    restart: bool = option(False, "Discard what an interrupted run committed.")
+    overwrite: bool = option(False, "Replace an existing output or error file that is not this "
+                             "job's own result (without it, that is a usage error).")
+    on_changed_input: Literal["rerun", "fail"] = option(
+        "rerun", "Resuming, a line whose content changed since its result was committed: run it "
+        "again, or stop with exit code 2.")
+    retry_failed: bool = option(False, "With --resume, also rerun lines whose error was "
+                                "retryable (engine errors, not validation errors).")
+    max_failed_fraction: float | None = option(
+        None, "Exit with code 3 when more than this fraction of lines failed [default: no "
+        "limit].", ge=0, le=1)
+    grace_period: float = option(10.0, "Seconds in-flight requests get to finish after "
+                                 "SIGTERM/SIGINT.", ge=0)
+    commit_interval: float = option(2.0, "Seconds a finished result may wait before it is "
+                                    "committed.", ge=0)
+    commit_every: int = option(1000, "Records per committed part at most.", cli=False, ge=1)
+    merge_on_stop: bool = option(False, "After a stop, still write what is done (the server's "
+                                 "cancel).", cli=False)
+    progress: Literal["auto", "bar", "log", "none"] = option(
+        "auto", "A bar, or plain log lines without carriage returns (for scheduler logs); auto = "
+        "bar on a terminal, log lines otherwise.")
+    log_interval: float = option(30.0, "Seconds between progress log lines.", ge=0)
+    quiet: bool = option(False, "No progress and no summary; warnings only.", short="-q")
