@@ -28,7 +28,11 @@ _tools_cache: dict[tuple[int, str], bool] = {}
 def load_chat_template(spec: str) -> str:
     """--chat-template: a file path, or a template given inline (it contains `{`)."""
     path = Path(spec).expanduser()
-    if path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError:  # inline template text too long for a file name
+        is_file = False
+    if is_file:
         return path.read_text()
     if "{" in spec:
         return spec

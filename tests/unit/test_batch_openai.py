@@ -13,6 +13,7 @@ from tests.helpers import job_plan
 from batchrun.batch.runner import run_batch
 from batchrun.openai.render import load_chat_template
 from batchrun.openai.serving import OpenAIServing, ServingOptions
+from batchrun.options.openai import OpenAIOptions
 from tests.scripted_model import script, scripted_model
 
 TEMPLATE = "batchrun/openai/templates/chatml_tools.jinja"
@@ -41,8 +42,8 @@ LINES = [  # (custom_id, url, body, scripted answer)
 def test_batch_file_with_tools_reasoning_and_completions(tmp_path, smol_tokenizer):
     model = scripted_model(smol_tokenizer)
     template = load_chat_template(TEMPLATE)
-    serving = OpenAIServing(model, ServingOptions(chat_template=template,
-                                                  reasoning_parser="qwen3"))
+    serving = OpenAIServing(model, ServingOptions.of(OpenAIOptions(chat_template=template,
+                                                                   reasoning_parser="qwen3")))
     answers = {}
     for cid, url, body, answer in LINES:
         if answer is not None:

@@ -113,8 +113,9 @@ def test_resume_on_s3(s3):
     assert parts and not fs.exists("bkt/o3/out.jsonl")
 
     engine = FakeEngine()
-    cfg.resume = True
-    second = run_batch(fake_model(engine), cfg)
+    second = run_batch(fake_model(engine), config(
+        options, "s3://bkt/in/chat.jsonl", "s3://bkt/o3/out.jsonl", commit_every=4,
+        max_in_flight=4, grace_period=0, resume=True))
     done = first["requests"]["total"]
     assert second["resumed"] == done and len(engine.added) == 30 - done
     out = lines(fs, "bkt/o3/out.jsonl")

@@ -6,6 +6,8 @@ from types import SimpleNamespace
 
 from tests.helpers import job_plan
 from batchrun.batch.readers import open_sources
+from batchrun.openai.serving import OpenAIServing
+from batchrun.options.openai import OpenAIOptions
 from batchrun.batch.runner import check_line, prepare_line, run_batch
 from batchrun.batch.validate import served_names, summary, validate
 from tests.fake_engine import fake_model
@@ -79,9 +81,9 @@ def test_validate_reports_exactly_what_the_run_rejects(tmp_path):
     src = write_corpus(tmp_path)
     sources = open_sources([str(src)])
     model = fake_model()
-    config = SimpleNamespace(ignore_model_field=False, defaults=job_plan("", "").defaults)
+    serving = OpenAIServing(model)
     problems = []
-    report = validate(sources, lambda text, n: prepare_line(text, n, model, config),
+    report = validate(sources, lambda text, n: prepare_line(text, n, serving),
                       lambda item, exc: problems.append((item.line, exc.code, exc.param)))
     assert {n: code for n, code, _ in problems} == expected()
     assert report.lines == len(CORPUS) - 2 and report.valid == 2
@@ -89,7 +91,7 @@ def test_validate_reports_exactly_what_the_run_rejects(tmp_path):
 
     # Without a tokenizer every problem but the prompt length is still found.
     fast = []
-    report = validate(sources, lambda text, n: check_line(text, n, model, config)[0],
+    report = validate(sources, lambda text, n: check_line(text, n, model, OpenAIOptions())[0],
                       lambda item, exc: fast.append((item.line, exc.code)))
     assert dict(fast) == {n: c for n, c in expected().items() if c != "context_length_exceeded"}
 

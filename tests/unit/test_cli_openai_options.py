@@ -63,9 +63,9 @@ def test_job_spec_takes_the_openai_options(tmp_path):
     spec.write_text('input = "in.jsonl"\noutput = "out.jsonl"\nchat_template = "t.jinja"\n'
                     'tool_parser = "hermes"\nreasoning_parser = "qwen3"\n')
     opts = jobspec.load(str(spec))
-    assert opts.chat_template == str(tmp_path / "t.jinja")
-    assert opts.openai_options() == {"chat_template": "{{ messages }}", "tool_parser": "hermes",
-                                     "reasoning_parser": "qwen3"}
+    assert opts.openai.chat_template == str(tmp_path / "t.jinja")
+    assert opts.openai.template_text() == "{{ messages }}"
+    assert (opts.openai.tool_parser, opts.openai.reasoning_parser) == ("hermes", "qwen3")
 
 
 def test_validate_checks_tools_against_the_chat_template(tmp_path, smol_tokenizer):

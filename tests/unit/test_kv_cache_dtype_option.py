@@ -20,7 +20,7 @@ def test_cli_offers_and_checks_the_option(tmp_path):
 def test_job_spec_sets_it(tmp_path):
     spec = tmp_path / "job.toml"
     spec.write_text('input = "in.jsonl"\noutput = "out.jsonl"\n[engine]\nkv_cache_dtype = "float16"\n')
-    assert load(str(spec), {}).engine_config().cache.kv_cache_dtype == "float16"
+    assert load(str(spec), {}).engine.cache.kv_cache_dtype == "float16"
 
 
 def test_engine_allocates_and_uses_a_16_bit_pool(tmp_path):

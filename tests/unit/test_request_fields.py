@@ -11,6 +11,7 @@ import pytest
 from batchrun.openai.protocol import RequestError
 from batchrun.openai.render import load_chat_template
 from batchrun.openai.serving import OpenAIServing, ServingOptions
+from batchrun.options.openai import OpenAIOptions
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 TOOLS_TEMPLATE = "batchrun/openai/templates/chatml_tools.jinja"
@@ -27,7 +28,7 @@ def model(smol_tokenizer):
 
 @pytest.fixture(scope="module")
 def chat(model):
-    return OpenAIServing(model, ServingOptions(chat_template=load_chat_template(TOOLS_TEMPLATE)))
+    return OpenAIServing(model, ServingOptions.of(OpenAIOptions(chat_template=TOOLS_TEMPLATE)))
 
 
 def body(**fields):
@@ -145,7 +146,7 @@ def test_tools_reach_the_template_and_choices_set_grammars(chat):
 
 
 def test_tools_without_a_template_that_renders_them_name_chat_template(model):
-    err = rejected(OpenAIServing(model, ServingOptions(tool_parser="hermes")), tools=[WEATHER])
+    err = rejected(OpenAIServing(model, ServingOptions(OpenAIOptions(tool_parser="hermes"))), tools=[WEATHER])
     assert err.param == "tools" and "--chat-template" in err.message
 
 
@@ -165,7 +166,7 @@ def test_generation_prompt_and_continuing_the_final_message(chat):
 
 def test_user_and_metadata_are_accepted_and_carried(chat):
     p = chat.prepare(CHAT, body(user="u-1", metadata={"team": "eval"}))
-    assert p.user == "u-1" and p.metadata == {"team": "eval"}
+    assert p.request.user == "u-1" and p.request.metadata == {"team": "eval"}
 
 
 def test_unknown_fields_are_accepted_and_logged_once(chat, caplog):

@@ -12,6 +12,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from batchrun.openai.protocol import RequestError
 from batchrun.openai.render import load_chat_template
 from batchrun.openai.serving import OpenAIServing, ServingOptions
+from batchrun.options.openai import OpenAIOptions
 from tests.scripted_model import script, scripted_model
 
 CHAT = "/v1/chat/completions"
@@ -31,7 +32,7 @@ def model(smol_tokenizer):
 
 def serving(model, **options):
     options.setdefault("chat_template", load_chat_template(TEMPLATE))
-    return OpenAIServing(model, ServingOptions(**options))
+    return OpenAIServing(model, ServingOptions.of(OpenAIOptions(**options)))
 
 
 def body(content="What is the weather in Paris?", **fields):
@@ -113,7 +114,7 @@ def test_tool_choice_none_hides_the_tools(model):
 
 
 def test_template_that_ignores_tools_is_a_400_naming_chat_template(model):
-    s = OpenAIServing(model, ServingOptions(tool_parser="hermes"))  # SmolLM2's own template
+    s = OpenAIServing(model, ServingOptions(OpenAIOptions(tool_parser="hermes")))  # SmolLM2's own template
     with pytest.raises(RequestError) as info:
         s.prepare(CHAT, body(tools=[WEATHER]))
     assert info.value.param == "tools" and "--chat-template" in info.value.message
