@@ -2,7 +2,6 @@
 lines succeed, and `validate` reports exactly what the run rejects."""
 
 import json
-from types import SimpleNamespace
 
 from tests.helpers import job_plan
 from batchrun.batch.readers import open_sources
