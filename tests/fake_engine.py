@@ -11,11 +11,8 @@ import os
 import time
 from types import SimpleNamespace
 
+from batchrun.engine.errors import PromptTooLongError
 from batchrun.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-
-
-class PromptTooLongError(ValueError):
-    pass
 
 
 class FakeTokenizer:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from batchrun.engine.engine import Engine
+from batchrun.engine.errors import EngineDeadError, QueueFullError
 from batchrun.engine.outputs import CompletionOutput, RequestOutput
 from batchrun.engine.sampling_params import SamplingParams
 
@@ -34,14 +35,6 @@ MAX_FAILED_STEPS = 3
 # Engines (by id) that an AsyncEngine thread is driving: two drivers would corrupt one engine.
 _DRIVEN: set[int] = set()
 _DRIVEN_LOCK = threading.Lock()
-
-
-class EngineDeadError(RuntimeError):
-    pass
-
-
-class QueueFullError(RuntimeError):
-    pass
 
 
 @dataclass

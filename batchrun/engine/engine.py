@@ -11,6 +11,7 @@ import torch
 
 from batchrun.config import EngineConfig
 from batchrun.engine.detokenizer import IncrementalDetokenizer
+from batchrun.engine.errors import PromptTooLongError
 from batchrun.engine.group import Group, choice_params
 from batchrun.engine.kv_cache import KVCacheManager
 from batchrun.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
@@ -21,10 +22,6 @@ from batchrun.engine.sampling_params import SamplingParams
 from batchrun.engine.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
-
-
-class PromptTooLongError(ValueError):
-    pass
 
 
 @dataclass

@@ -20,7 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from batchrun.engine.async_engine import BATCH_PRIORITY, EngineDeadError
+from batchrun.engine.async_engine import BATCH_PRIORITY
+from batchrun.engine.errors import EngineDeadError
 from batchrun.engine.sync_client import SyncEngineClient
 from batchrun.openai.protocol import SUPPORTED_URLS, _from_validation_error
 from batchrun.server.errors import APIError, not_found

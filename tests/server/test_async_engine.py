@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from batchrun.engine import SamplingParams
-from batchrun.engine.async_engine import (MAX_FAILED_STEPS, AsyncEngine, EngineDeadError,
-                                          QueueFullError)
+from batchrun.engine.async_engine import MAX_FAILED_STEPS, AsyncEngine
+from batchrun.engine.errors import EngineDeadError, QueueFullError
 from tests.unit.test_native_model import tiny_engine
 
 LONG = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
