@@ -218,7 +218,7 @@ class BatchManager:
                       errors={"object": "list", "data": errors[:MAX_ERRORS_LISTED]})
             return
 
-        running = _Running(self.state.engine.sync_client(BATCH_PRIORITY),
+        running = _Running(SyncEngineClient(self.state.engine, BATCH_PRIORITY),
                            run_config(self.state, input_path, work_dir))
         with self._lock:
             obj = self._batches[batch_id]
