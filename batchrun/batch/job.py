@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 from batchrun.batch.idset import IdSet
 from batchrun.batch.metrics import RunMetrics
 from batchrun.batch.progress import Counts, Reporter
-from batchrun.batch.readers import InputLine, InputReadError
+from batchrun.batch.lines import InputLine, InputReadError
 from batchrun.batch.staging import FAILED, OK, RETRYABLE, Committed, Record, Staging
 from batchrun.engine.errors import PromptTooLongError
 from batchrun.openai.protocol import LineError, RequestError, peek_custom_id

@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 from batchrun.batch.idset import IdSet
 from batchrun.batch.job import check_item, internal_error
-from batchrun.batch.readers import InputLine, InputReadError, Source, read_all
+from batchrun.batch.lines import InputLine, InputReadError, Source
+from batchrun.batch.readers import read_all
 from batchrun.openai.protocol import LineError
 
 

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from batchrun.batch import io
-from batchrun.batch.readers import InputReadError
+from batchrun.batch.lines import InputReadError
 from batchrun.batch.runner import BatchConfigError, RunConfig, check_config, run_batch
 from batchrun.batch.sinks import RecordSink
 from batchrun.batch.formats import Format
