@@ -53,7 +53,7 @@ def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> Simpl
     from transformers import AutoTokenizer
 
     from batchrun.llm import read_generation_config
-    from batchrun.models.loader import resolve_model
+    from batchrun.models.resolve import resolve_model
 
     files = resolve_model(spec)
     config = json.loads((files.path / "config.json").read_text())
