@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from batchrun.engine.async_engine import BATCH_PRIORITY
 from batchrun.engine.errors import EngineDeadError
 from batchrun.engine.sync_client import SyncEngineClient
-from batchrun.openai.protocol import SUPPORTED_URLS, _from_validation_error
+from batchrun.openai.protocol import SUPPORTED_URLS, from_validation_error
 from batchrun.server.errors import APIError, not_found
 from batchrun.server.files import write_json_atomic
 from batchrun.server.stored import load_objects
@@ -94,7 +94,7 @@ class BatchManager:
         try:
             req = CreateBatch.model_validate(body)
         except ValidationError as exc:
-            raise _from_validation_error(exc, "") from None
+            raise from_validation_error(exc, "") from None
         if req.endpoint not in SUPPORTED_URLS:
             raise APIError(f"endpoint: {req.endpoint!r} is not supported (supported: "
                            f"{', '.join(SUPPORTED_URLS)})", code="invalid_value", param="endpoint")
