@@ -53,7 +53,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def load(model: str | None, config: EngineConfig | None = None) -> LoadedModel:
     """Resolve `model` (registry name, HF folder, .gguf, hub id; None = default) and start an engine."""
-    from batchrun.models.loader import resolve_model
+    from batchrun.models.resolve import resolve_model
 
     files = resolve_model(model)
     return load_from_path(files.path, config, name=files.name, aliases=files.aliases)

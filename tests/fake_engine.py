@@ -1,4 +1,4 @@
-"""A fake engine with the real one's API: deterministic, instant, finishes requests out of order.
+"""A fake engine with the real one's API (batchrun.engine.client.EngineClient): deterministic, instant, finishes requests out of order.
 
 Used by the batch runner's unit tests, and by CLI subprocess tests (fault injection) through
 `python -m tests.fake_batchrun` (its loader injected), so they run without torch or model weights.
@@ -11,11 +11,9 @@ import os
 import time
 from types import SimpleNamespace
 
+from batchrun.engine.client import EngineStats
+from batchrun.engine.errors import PromptTooLongError
 from batchrun.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-
-
-class PromptTooLongError(ValueError):
-    pass
 
 
 class FakeTokenizer:
@@ -41,9 +39,11 @@ class FakeEngine:
         self.added_when_finished = {}  # request_id -> how many requests had been added by then
         self.fail_on_step = fail_on_step
         self.step_s = step_s
-        self.stats = {"preemptions": 0, "steps": 0}
+        self.stats = EngineStats()
         self.record = record  # keep what was added (tests look); off for long runs
-    def add_request(self, request_id, prompt_token_ids, params, arrival_time=None):
+
+    def add_request(self, request_id, prompt_token_ids, params, arrival_time=None, stream=False,
+                    priority=None):
         if len(prompt_token_ids) >= self.max_model_len:
             raise PromptTooLongError("prompt too long")
         if self.record:
@@ -53,7 +53,7 @@ class FakeEngine:
 
     def step(self):
         self.steps += 1
-        self.stats["steps"] = self.steps
+        self.stats.steps = self.steps
         if self.step_s:
             time.sleep(self.step_s)
         if self.fail_on_step == self.steps:
@@ -67,6 +67,10 @@ class FakeEngine:
                 if self.record:
                     self.added_when_finished[rid] = len(self.added)
                 error = "too big for the KV cache" if "KVFAIL" in bytes(prompt).decode() else None
+                self.stats.requests_finished += 1
+                self.stats.prompt_tokens += len(prompt)
+                self.stats.cached_tokens += 2
+                self.stats.generation_tokens += generated
                 done.append(RequestOutput(
                     rid, prompt, [CompletionOutput(0, f"echo {len(prompt)}", [7] * generated,
                                                    "length")],
@@ -76,9 +80,6 @@ class FakeEngine:
 
     def has_unfinished_requests(self):
         return bool(self.running)
-
-    def num_unfinished_requests(self):
-        return len(self.running)
 
     def abort_request(self, request_id):
         self.aborted.append(request_id)

@@ -18,8 +18,9 @@ from typing import Any, Callable, Iterator
 from batchrun.batch.idset import IdSet
 from batchrun.batch.metrics import RunMetrics
 from batchrun.batch.progress import Counts, Reporter
-from batchrun.batch.readers import InputLine, InputReadError
+from batchrun.batch.lines import InputLine, InputReadError
 from batchrun.batch.staging import FAILED, OK, RETRYABLE, Committed, Record, Staging
+from batchrun.engine.errors import PromptTooLongError
 from batchrun.openai.protocol import LineError, RequestError, peek_custom_id
 from batchrun.openai.response import batch_error_line, batch_output_line, engine_error
 
@@ -219,7 +220,7 @@ class Job:
                 self.engine.add_request(request_id, prompt, p.params)
                 self.in_flight[request_id] = entry
         except ValueError as exc:  # the engine refuses what it cannot run
-            if "TooLong" in type(exc).__name__:
+            if isinstance(exc, PromptTooLongError):
                 error = RequestError(str(exc), code="context_length_exceeded", param="messages")
             else:
                 error = RequestError(str(exc), code="unsupported_value")

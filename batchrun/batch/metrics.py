@@ -7,6 +7,7 @@ import random
 import time
 from typing import Any
 
+from batchrun.engine.client import EngineClient, EngineStats
 from batchrun.engine.outputs import RequestOutput
 
 
@@ -21,17 +22,9 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def _plain(stats: Any) -> Any:
-    """Engine stats as JSON-friendly data, whatever shape the engine gives them in."""
-    if stats is None:
-        return None
-    if callable(stats):
-        stats = stats()
-    if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
-        return dataclasses.asdict(stats)
-    if isinstance(stats, dict):
-        return dict(stats)
-    return {k: v for k, v in vars(stats).items() if not k.startswith("_")}
+def _plain(stats: EngineStats) -> dict[str, Any]:
+    """Engine stats (batchrun.engine.client.EngineClient.stats) as JSON-friendly data."""
+    return dataclasses.asdict(stats)
 
 
 class Reservoir:
@@ -82,7 +75,7 @@ class RunMetrics:
     def record_failed(self) -> None:
         self.failed += 1
 
-    def summary(self, engine: Any = None, **extra: Any) -> dict[str, Any]:
+    def summary(self, engine: EngineClient | None = None, **extra: Any) -> dict[str, Any]:
         wall = self.elapsed()
         per_s = (lambda n: n / wall) if wall > 0 else (lambda n: 0.0)
         result: dict[str, Any] = {
@@ -99,9 +92,8 @@ class RunMetrics:
             "ttft_s": {"p50": percentile(self.ttfts.values, 50),
                       "p90": percentile(self.ttfts.values, 90)},
         }
-        stats = _plain(getattr(engine, "stats", None))
-        if stats is not None:
-            result["engine"] = stats
+        if engine is not None:
+            result["engine"] = _plain(engine.stats)
         return result
 
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchrun.batch import io
-from batchrun.batch.readers import InputLine, Source, line_digest
+from batchrun.batch.lines import InputLine, Source, line_digest
 from batchrun.openai.protocol import (ChatCompletionRequest, RequestError, json_error_message,
                                       loads)
 

@@ -1,57 +1,17 @@
-"""Input files -> a stream of request lines, one file after another, never the whole file in memory."""
+"""Input files -> a stream of request lines, one file after another, never the whole file in memory.
+
+The line types (Source, InputLine, InputReadError, positions) are in batch/lines.py."""
 
 from __future__ import annotations
 
 import codecs
-import hashlib
 import re
-from dataclasses import dataclass
 from typing import Iterator
 
 from batchrun.batch import io
-from batchrun.batch.formats import Format, check_available, decompress, detect, stream_errors
+from batchrun.batch.formats import check_available, decompress, detect, stream_errors
+from batchrun.batch.lines import InputLine, InputReadError, Source, line_digest
 from batchrun.openai.protocol import RequestError, peek_custom_id
-
-_LINE_BITS = 40  # a position is (source index << 40) | line number
-
-
-@dataclass(frozen=True)
-class Source:
-    index: int
-    path: str
-    format: Format
-
-
-@dataclass(slots=True)
-class InputLine:
-    source: int
-    line: int  # 1-based line (JSONL) or row (Parquet) number within its file
-    text: str | None  # the OpenAI batch line as JSON text; None when `problem` says why not
-    problem: RequestError | None = None
-    custom_id: str | None = None  # with a problem, when the custom_id could still be read
-    digest: int = 0  # of the line's bytes as read: a resumed run notices a line that changed
-
-    @property
-    def position(self) -> int:
-        return position(self.source, self.line)
-
-
-class InputReadError(Exception):
-    """An input that cannot be read to its end (a truncated or corrupt compressed file, a
-    connection lost mid-file). Raised after every complete line before the damage was read."""
-
-
-def line_digest(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-
-
-def position(source: int, line: int) -> int:
-    """One sortable int per input line of a job: input order across several files."""
-    return (source << _LINE_BITS) | line
-
-
-def split_position(pos: int) -> tuple[int, int]:
-    return pos >> _LINE_BITS, pos & ((1 << _LINE_BITS) - 1)
 
 
 def open_sources(args: list[str], storage_options: dict | None = None,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import IO, Callable, Iterator
 
 from batchrun.batch import io
-from batchrun.batch.readers import split_position
+from batchrun.batch.lines import split_position
 
 OK, FAILED, RETRYABLE = 1, 2, 3  # committed states of an input line
 FAN_IN = 32

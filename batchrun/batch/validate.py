@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 from batchrun.batch.idset import IdSet
 from batchrun.batch.job import check_item, internal_error
-from batchrun.batch.readers import InputLine, InputReadError, Source, read_all
+from batchrun.batch.lines import InputLine, InputReadError, Source
+from batchrun.batch.readers import read_all
 from batchrun.openai.protocol import LineError
 
 
@@ -52,7 +53,7 @@ def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> Simpl
     from transformers import AutoTokenizer
 
     from batchrun.llm import read_generation_config
-    from batchrun.models.loader import resolve_model
+    from batchrun.models.resolve import resolve_model
 
     files = resolve_model(spec)
     config = json.loads((files.path / "config.json").read_text())

@@ -4,7 +4,7 @@ One background thread owns the Engine: it applies queued add/abort commands, cal
 there is work, and hands each output to the request's sink. The event loop never touches the
 engine, so HTTP handlers never block on model work. Async callers get an async iterator per
 request (`generate`); threads that drive their own loop (the batch runner inside the server) get
-a blocking engine-shaped client (`sync_client`). If step() raises, the requests in the engine
+a blocking engine-shaped client (`batchrun.engine.sync_client.SyncEngineClient(async_engine)`). If step() raises, the requests in the engine
 fail (a finished output with an error: a 500 for the API, a failed line for a batch) and the
 engine serves on; after MAX_FAILED_STEPS failing steps in a row it is dead: every open request
 gets EngineDeadError and new ones are refused.
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from batchrun.engine.engine import Engine
+from batchrun.engine.errors import EngineDeadError, QueueFullError
 from batchrun.engine.outputs import CompletionOutput, RequestOutput
 from batchrun.engine.sampling_params import SamplingParams
 
@@ -34,14 +35,6 @@ MAX_FAILED_STEPS = 3
 # Engines (by id) that an AsyncEngine thread is driving: two drivers would corrupt one engine.
 _DRIVEN: set[int] = set()
 _DRIVEN_LOCK = threading.Lock()
-
-
-class EngineDeadError(RuntimeError):
-    pass
-
-
-class QueueFullError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -224,14 +217,6 @@ class AsyncEngine:
         with self._cv:
             self._inbox.append(command)
             self._cv.notify()
-
-    # --- the engine-shaped blocking client --------------------------------------------------------
-
-    def sync_client(self, priority: int = BATCH_PRIORITY):
-        """A blocking, engine-shaped client (batchrun.engine.sync_client.SyncEngineClient)."""
-        from batchrun.engine.sync_client import SyncEngineClient
-
-        return SyncEngineClient(self, priority)
 
     # --- the engine thread ----------------------------------------------------------------------
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from batchrun.options.engine import EngineConfig
+from batchrun.engine.client import EngineStats
 from batchrun.engine.detokenizer import IncrementalDetokenizer
+from batchrun.engine.errors import PromptTooLongError
 from batchrun.engine.group import Group, choice_params
 from batchrun.engine.kv_cache import KVCacheManager
 from batchrun.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
@@ -19,39 +19,13 @@ from batchrun.engine.runner import ModelRunner
 from batchrun.engine.sampler import Sampler
 from batchrun.engine.sampling_params import SamplingParams
 from batchrun.engine.scheduler import Scheduler
+from batchrun.options.engine import EngineConfig
 
 log = logging.getLogger(__name__)
 
 
-class PromptTooLongError(ValueError):
-    pass
-
-
-@dataclass
-class EngineStats:
-    requests_finished: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    generation_tokens: int = 0
-    prefill_tokens: int = 0  # prompt tokens run through the model (recomputation included)
-    computed_tokens: int = 0  # all tokens run through the model
-    steps: int = 0
-    num_preemptions: int = 0
-    peak_kv_usage: float = 0.0  # fraction of the KV pool in use at its fullest
-    num_kv_blocks: int = 0
-
-    @property
-    def cache_hit_rate(self) -> float:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    def as_dict(self) -> dict:
-        d = dict(self.__dict__)
-        d["cache_hit_rate"] = self.cache_hit_rate
-        return d
-
-
 class Engine:
-    """Synchronous continuous-batching engine. Typical loop:
+    """Synchronous continuous-batching engine (a batchrun.engine.client.EngineClient). Typical loop:
 
         engine.add_request("r1", prompt_ids, SamplingParams(temperature=0, max_tokens=64))
         while engine.has_unfinished_requests():
@@ -78,13 +52,15 @@ class Engine:
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
                     params: SamplingParams, arrival_time: float | None = None,
-                    stream: bool = False, priority: int = 0) -> None:
+                    stream: bool = False, priority: int | None = None) -> None:
         """Queue a request for params.n choices. The finished RequestOutput holds all n.
 
         With stream=True, step() also returns unfinished RequestOutputs carrying one choice
         each, cumulative, after every step that gave that choice a token (text holds back a tail
-        that could still become a stop string). Lower priority values are scheduled first.
+        that could still become a stop string). Lower priority values are scheduled first
+        (None: 0). See batchrun.engine.client.EngineClient.
         """
+        priority = 0 if priority is None else priority
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         if params.n < 1:
@@ -121,10 +97,8 @@ class Engine:
         return req
 
     def has_unfinished_requests(self) -> bool:
+        """Whether any request is still in the engine (waiting, running or preempted)."""
         return bool(self.groups)
-
-    def num_unfinished_requests(self) -> int:
-        return len(self.groups)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its KV blocks; returns its final output."""
@@ -134,6 +108,8 @@ class Engine:
         return self._finish_group(group, "abort")[0]
 
     def step(self) -> list[RequestOutput]:
+        """Schedule and run one forward pass; the finished (and, for streamed requests,
+        partial) outputs it produced."""
         outputs: list[RequestOutput] = []
         plan = self.scheduler.schedule()
         for req in plan.rejected:

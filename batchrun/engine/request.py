@@ -62,7 +62,3 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.all_token_ids) - self.num_prompt_tokens
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is Status.FINISHED

@@ -24,13 +24,8 @@ from batchrun.engine.waiting import WaitingQueue
 class ScheduledStep:
     # (request, number of its tokens to compute this step), running decodes first.
     work: list[tuple[Request, int]] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
     # Requests that can never fit in the KV pool.
     rejected: list[Request] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.work)
 
 
 class Scheduler:
@@ -53,9 +48,6 @@ class Scheduler:
             req.status = Status.WAITING
             self.waiting.appendleft(req)
 
-    def has_work(self) -> bool:
-        return bool(self.running) or len(self.waiting) > 0
-
     def schedule(self) -> ScheduledStep:
         step = ScheduledStep()
         budget = self.config.max_num_batched_tokens
@@ -69,7 +61,6 @@ class Scheduler:
             while not self.kv.allocate(req, req.num_computed_tokens + n):
                 victim = self.running.pop(self._victim_index(i))
                 self._preempt(victim)
-                step.preempted.append(victim)
                 if victim is req:
                     break
             else:

@@ -1,16 +1,20 @@
 """A blocking, engine-shaped client of an AsyncEngine, for a thread that drives its own loop
-(the batch runner inside the server)."""
+(the batch runner inside the server): `SyncEngineClient(async_engine)`. It implements
+batchrun.engine.client.EngineClient.
+
+This module knows the AsyncEngine; the AsyncEngine does not know it (it hands outputs to any
+sink with a push() method).
+"""
 
 from __future__ import annotations
 
 import queue
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
+from batchrun.engine.async_engine import BATCH_PRIORITY, AsyncEngine
+from batchrun.engine.client import EngineStats
 from batchrun.engine.outputs import RequestOutput
 from batchrun.engine.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from batchrun.engine.async_engine import AsyncEngine
 
 
 class _SyncSink:
@@ -27,10 +31,9 @@ class SyncEngineClient:
     requests has output, or until wake() (then it returns nothing, so the runner's loop gets to
     look at its stop flag)."""
 
-    def __init__(self, owner: "AsyncEngine", priority: int):
+    def __init__(self, owner: AsyncEngine, priority: int = BATCH_PRIORITY):
         self.owner = owner
         self.priority = priority
-        self.tokenizer = owner.engine.tokenizer
         self.max_model_len = owner.engine.max_model_len
         self._queue: queue.Queue = queue.Queue()
         self._sink = _SyncSink(self._queue)
@@ -39,16 +42,9 @@ class SyncEngineClient:
         self.num_failed = 0
 
     @property
-    def stats(self):
+    def stats(self) -> EngineStats:
+        """The shared engine's counters (every caller's requests, not only this client's)."""
         return self.owner.engine.stats
-
-    @property
-    def config(self):
-        return self.owner.engine.config
-
-    @property
-    def kv(self):
-        return self.owner.engine.kv
 
     def wake(self) -> None:
         self._queue.put(None)
@@ -56,12 +52,16 @@ class SyncEngineClient:
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
                     params: SamplingParams, arrival_time: float | None = None,
                     stream: bool = False, priority: int | None = None) -> None:
+        """Queue a request for the engine thread (raises EngineDeadError if it is not running).
+        The engine's refusals (PromptTooLongError, ValueError) come back from step() as finished
+        outputs with `error` set. arrival_time is ignored: the engine thread stamps it."""
         self.owner.check_alive()
         self._open.add(request_id)
         self.owner._submit(("add", request_id, list(prompt_token_ids), params, stream,
                             self.priority if priority is None else priority, self._sink))
 
     def abort_request(self, request_id: str) -> None:
+        """Abort one of this client's requests (queued for the engine thread)."""
         if request_id in self._open:
             self._open.discard(request_id)
             self.owner.abort(request_id)
@@ -73,10 +73,8 @@ class SyncEngineClient:
             self.abort_request(request_id)
 
     def has_unfinished_requests(self) -> bool:
+        """Whether this client has requests in the engine (other callers' do not count)."""
         return bool(self._open)
-
-    def num_unfinished_requests(self) -> int:
-        return len(self._open)
 
     def step(self, timeout: float | None = None) -> list[RequestOutput]:
         """Outputs of this client's requests: blocks for the first, then takes what is queued."""

@@ -1,7 +1,9 @@
-"""Turn a model spec (registry name, HF folder, .gguf file, hub id) into a Hugging Face folder on disk.
+"""Model files: what a resolved model is (ModelFiles), and the one-time conversions of a .gguf file
+or a *.bin folder into a safetensors folder in the cache.
 
-Everything heavy (torch, transformers, huggingface_hub) is imported only when a conversion or a
-download actually happens, so resolving an already cached model costs a few stat calls.
+resolve.py turns a model spec into ModelFiles using these and the registry (registry.py), which
+uses them too; this module imports neither. Everything heavy (torch, transformers) is imported
+only when a conversion actually happens.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -17,11 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
+from batchrun.paths import cache_dir
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-HUB_ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "merges.txt", "vocab.*"]
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _STALE_TMP_S = 3600
 
 
@@ -34,97 +33,6 @@ class ModelFiles:
 
 class ModelNotFoundError(Exception):
     """The model could not be found or fetched; the message tells the user what to do."""
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("BATCHRUN_CACHE")
-    return Path(env).expanduser() if env else Path(platformdirs.user_cache_dir("batchrun"))
-
-
-def resolve_model(spec: str | None = None) -> ModelFiles:
-    from batchrun.models import registry  # registry imports this module
-
-    if spec is None or spec.strip() in ("", "default"):
-        spec = registry.DEFAULT_MODEL
-    spec = spec.strip()
-    entry = registry.lookup(spec)
-    if entry is not None:
-        return registry.resolve_entry(entry)
-
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        return _from_folder(path, spec)
-    if path.is_file():
-        if path.suffix.lower() == ".gguf":
-            return _aliased(path.stem, convert_gguf(path), spec, path.name, str(path.resolve()))
-        raise ModelNotFoundError(
-            f"{spec!r} is a file but not a .gguf file. Pass a .gguf file, a Hugging Face model "
-            f"folder (with config.json and *.safetensors), a hub id, or one of: {registry.known_names()}."
-        )
-    if _HUB_ID.match(spec):
-        return _from_hub(spec)
-    raise ModelNotFoundError(
-        f"Unknown model {spec!r}. Tried: the model registry (known names: {registry.known_names()}), "
-        f"a local path (no such file or folder), and a Hugging Face hub id (needs the form "
-        f"'org/name'). Run `batchrun models list` to see the known models."
-    )
-
-
-def _aliased(name: str, path: Path, *aliases: str) -> ModelFiles:
-    seen: list[str] = []
-    for alias in aliases:
-        if alias and alias != name and alias not in seen:
-            seen.append(alias)
-    return ModelFiles(name=name, path=path, aliases=tuple(seen))
-
-
-def _from_folder(folder: Path, spec: str) -> ModelFiles:
-    folder = folder.resolve()
-    if not (folder / "config.json").is_file():
-        ggufs = sorted(folder.glob("*.gguf"))
-        hint = f" It holds {ggufs[0].name}: pass that file instead." if ggufs else ""
-        raise ModelNotFoundError(f"{folder} is not a Hugging Face model folder: it has no config.json.{hint}")
-    if any(folder.glob("*.safetensors")):
-        return _aliased(folder.name, folder, spec, str(folder))
-    if any(folder.glob("*.bin")):
-        return _aliased(folder.name, convert_bin_folder(folder), spec, str(folder))
-    raise ModelNotFoundError(f"{folder} has a config.json but no *.safetensors or *.bin weights.")
-
-
-def _from_hub(repo_id: str) -> ModelFiles:
-    # Offline machines must fail fast rather than wait on the default timeouts; both are read
-    # when huggingface_hub is first imported, so they only apply if it was not imported yet.
-    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "5")
-    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
-    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise ModelNotFoundError(
-            f"{repo_id!r} looks like a Hugging Face hub id, but huggingface_hub is not installed. "
-            f"Download the model elsewhere and pass its folder instead."
-        ) from None
-    try:
-        folder = snapshot_download(
-            repo_id, allow_patterns=HUB_ALLOW_PATTERNS, etag_timeout=5, local_files_only=offline
-        )
-    except Exception as exc:  # offline, unknown repo, gated repo, ...: all end the same way for the user
-        where = "HF_HUB_OFFLINE is set and it is not in the local hub cache" if offline else (
-            "the Hugging Face hub could not be reached or refused it"
-        )
-        detail = str(exc).splitlines()[0] if str(exc) else ""
-        raise ModelNotFoundError(
-            f"{repo_id!r} is neither a known model name nor a local path, and could not be fetched as a "
-            f"Hugging Face hub id: {where} ({type(exc).__name__}: {detail}). Download the model on a machine with access "
-            f"and pass its local folder or .gguf file, or use the bundled default `smollm2-135m`."
-        ) from exc
-    folder = Path(folder)
-    if not any(folder.glob("*.safetensors")):
-        raise ModelNotFoundError(
-            f"{repo_id!r} on the hub has no *.safetensors weights; download it by other means and "
-            f"pass its local folder."
-        )
-    return _aliased(repo_id, folder)
 
 
 # ---- conversion into the cache -------------------------------------------------------------

@@ -13,7 +13,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from batchrun.openai.requests import (ChatCompletionRequest, ChatMessage,  # noqa: F401
-                                      CompletionRequest, ContentPart, _Strict)
+                                      CompletionRequest, ContentPart, StrictModel)
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class LineError(RequestError):
         return f"line {self.line_number}: {self.message}"
 
 
-class BatchInputLine(_Strict):
+class BatchInputLine(StrictModel):
     model_config = ConfigDict(strict=True, extra="ignore")
     custom_id: str
     method: Literal["POST"]
@@ -105,7 +105,7 @@ def _error_code(error_type: str) -> str:
     return "invalid_value"
 
 
-def _from_validation_error(exc: ValidationError, prefix: str) -> RequestError:
+def from_validation_error(exc: ValidationError, prefix: str) -> RequestError:
     """The first problem, named by its dotted path (body.messages.0.role)."""
     first = exc.errors(include_url=False)[0]
     # Tagged union members show up in loc as "str"/"list"; they mean nothing to a user.
@@ -170,7 +170,7 @@ def parse_body(url: str, body: Any) -> ChatCompletionRequest | CompletionRequest
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        raise _from_validation_error(exc, "body") from None
+        raise from_validation_error(exc, "body") from None
 
 
 def parse_envelope(raw: str, line_number: int) -> BatchInputLine:
@@ -190,7 +190,7 @@ def parse_envelope(raw: str, line_number: int) -> BatchInputLine:
     try:
         return BatchInputLine.model_validate(obj)
     except ValidationError as exc:
-        raise LineError(line_number, _from_validation_error(exc, ""), custom_id) from None
+        raise LineError(line_number, from_validation_error(exc, ""), custom_id) from None
 
 
 def _position_in_line(raw: str, exc: orjson.JSONDecodeError) -> orjson.JSONDecodeError:

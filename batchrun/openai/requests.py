@@ -48,7 +48,8 @@ Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, F
                      Field(max_length=16)]
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """Base of the request models here and in protocol.py: strict types, no coercion."""
     model_config = ConfigDict(strict=True)
 
 
@@ -57,7 +58,7 @@ class _Open(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
-class ContentPart(_Strict):
+class ContentPart(StrictModel):
     model_config = ConfigDict(strict=True, extra="allow")
     type: str
     text: str | None = None
@@ -87,7 +88,7 @@ Stop = Annotated[
 ]
 
 
-class ChatMessage(_Strict):
+class ChatMessage(StrictModel):
     # Assistant turns copied from earlier outputs carry fields such as `refusal`; ignore them.
     model_config = ConfigDict(strict=True, extra="ignore")
     role: Literal["system", "user", "assistant", "tool", "developer"]
@@ -143,7 +144,7 @@ class StreamOptions(_Open):
     continuous_usage_stats: bool | None = None
 
 
-class _SamplingFields(_Strict):
+class _SamplingFields(StrictModel):
     """Fields both endpoints share."""
     model_config = ConfigDict(strict=True, extra="allow")
     model: str | None = None

@@ -20,9 +20,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from batchrun.engine.async_engine import BATCH_PRIORITY, EngineDeadError
+from batchrun.engine.async_engine import BATCH_PRIORITY
+from batchrun.engine.errors import EngineDeadError
 from batchrun.engine.sync_client import SyncEngineClient
-from batchrun.openai.protocol import SUPPORTED_URLS, _from_validation_error
+from batchrun.openai.protocol import SUPPORTED_URLS, from_validation_error
 from batchrun.server.errors import APIError, not_found
 from batchrun.server.files import write_json_atomic
 from batchrun.server.stored import load_objects
@@ -93,7 +94,7 @@ class BatchManager:
         try:
             req = CreateBatch.model_validate(body)
         except ValidationError as exc:
-            raise _from_validation_error(exc, "") from None
+            raise from_validation_error(exc, "") from None
         if req.endpoint not in SUPPORTED_URLS:
             raise APIError(f"endpoint: {req.endpoint!r} is not supported (supported: "
                            f"{', '.join(SUPPORTED_URLS)})", code="invalid_value", param="endpoint")
@@ -214,7 +215,7 @@ class BatchManager:
                       errors={"object": "list", "data": errors[:MAX_ERRORS_LISTED]})
             return
 
-        running = _Running(self.state.engine.sync_client(BATCH_PRIORITY),
+        running = _Running(SyncEngineClient(self.state.engine, BATCH_PRIORITY),
                            run_options(self.state, input_path, work_dir))
         with self._lock:
             obj = self._batches[batch_id]

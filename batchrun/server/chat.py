@@ -11,7 +11,8 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from batchrun.engine.async_engine import EngineDeadError, RequestStream
+from batchrun.engine.async_engine import RequestStream
+from batchrun.engine.errors import EngineDeadError
 from batchrun.engine.outputs import RequestOutput
 from batchrun.openai.protocol import CHAT_URL, COMPLETIONS_URL, RequestError
 from batchrun.openai.response import completion_id, engine_error, error_body

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from batchrun.engine.async_engine import EngineDeadError, QueueFullError
+from batchrun.engine.errors import EngineDeadError, QueueFullError
 from batchrun.openai.protocol import RequestError
 from batchrun.openai.response import error_body
 

@@ -7,8 +7,9 @@ import threading
 import pytest
 
 from batchrun.engine import SamplingParams
-from batchrun.engine.async_engine import (MAX_FAILED_STEPS, AsyncEngine, EngineDeadError,
-                                          QueueFullError)
+from batchrun.engine.async_engine import MAX_FAILED_STEPS, AsyncEngine
+from batchrun.engine.errors import EngineDeadError, QueueFullError
+from batchrun.engine.sync_client import SyncEngineClient
 from tests.unit.test_native_model import tiny_engine
 
 LONG = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -83,7 +84,7 @@ def test_queue_bound_and_engine_refusals(ae):
 
 
 def test_sync_client_runs_next_to_async_requests(ae):
-    client = ae.sync_client()
+    client = SyncEngineClient(ae)
     client.add_request("b1", [7, 8, 9],
                        SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
     client.add_request("b2", list(range(3, 300)), LONG)  # refused by the engine: a failed output
@@ -97,7 +98,7 @@ def test_sync_client_runs_next_to_async_requests(ae):
 
 
 def test_sync_client_wake_unblocks_step(ae):
-    client = ae.sync_client()
+    client = SyncEngineClient(ae)
     threading.Timer(0.2, client.wake).start()
     # Nothing is in flight, so only the wake can end this wait (no race with the engine).
     assert client.step(timeout=30) == []
@@ -115,7 +116,7 @@ def test_a_failed_step_fails_the_requests_in_the_engine_and_the_engine_serves_on
             raise RuntimeError("kernel exploded")
         return real_step()
     monkeypatch.setattr(ae.engine, "step", flaky_step)
-    client = ae.sync_client()
+    client = SyncEngineClient(ae)
 
     async def go():
         stream = ae.generate("a", [5, 6, 7], LONG, stream=True)

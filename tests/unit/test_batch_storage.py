@@ -8,7 +8,8 @@ import pytest
 from batchrun.batch import io, staging as staging_mod
 from batchrun.batch.formats import Format, detect, parse_format
 from batchrun.batch.idset import IdSet
-from batchrun.batch.readers import open_sources, position, read_all, split_position
+from batchrun.batch.lines import position, split_position
+from batchrun.batch.readers import open_sources, read_all
 from batchrun.batch.sinks import RecordSink
 from batchrun.batch.staging import FAILED, OK, RETRYABLE, Record, Staging, StagingError
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from batchrun.engine import SamplingParams
-from batchrun.engine.engine import PromptTooLongError
+from batchrun.engine.errors import PromptTooLongError
 from tests.parity import assert_greedy_match
 from tests.unit.test_native_model import tiny_engine
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import job_plan
 from batchrun.batch import io
-from batchrun.batch.readers import InputReadError
+from batchrun.batch.lines import InputReadError
 from batchrun.batch.runner import BatchConfigError, run_batch
 from batchrun.batch.sinks import RecordSink
 from batchrun.batch.formats import Format

@@ -15,7 +15,9 @@ from click.testing import CliRunner
 
 from batchrun.models import loader, registry
 from batchrun.models.cli import models
-from batchrun.models.loader import ModelNotFoundError, cache_dir, resolve_model
+from batchrun.models.loader import ModelNotFoundError
+from batchrun.models.resolve import resolve_model
+from batchrun.paths import cache_dir
 
 ENTRY = registry.REGISTRY["smollm2-135m"]
 

@@ -59,7 +59,7 @@ def library():
     """The loaded kernel library, or None when it cannot be built here."""
     if os.environ.get("BATCHRUN_DISABLE_KERNELS"):
         return None
-    from batchrun.models.loader import cache_dir
+    from batchrun.paths import cache_dir
 
     key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES + HEADERS) + " ".join(FLAGS).encode()
                          + _cpu_signature().encode()).hexdigest()[:16]
