@@ -34,16 +34,6 @@ def test_eta_from_tokens_leaves_out_lines_of_earlier_attempts():
     assert "eta 33s" in r.line()
 
 
-def test_eta_counts_the_work_of_requests_in_flight():
-    # The engine ran 6,000 tokens, 3,000 of them for lines not finished yet.
-    counts = Counts(total=13, completed=3)
-    r = Reporter("none", counts, _metrics(10, ok=3, prompt=2400, completion=600))
-    computed = [100]
-    r.track_work(lambda: computed[0])
-    computed[0] = 100 + 6000
-    assert r.eta() == pytest.approx((10_000 - 3_000) / 600, rel=0.02)
-
-
 def test_eta_expects_failed_lines_to_cost_nothing():
     counts = Counts(total=20, completed=5, failed=5)
     r = Reporter("none", counts, _metrics(10, ok=5, prompt=4000, completion=1000, failed=5))
