@@ -61,8 +61,8 @@ class Reporter:
     earlier attempt count as done but not as work done at this run's pace.
 
     Only finished requests are seen, and the short ones finish first: early in a run whose
-    requests were all admitted at once the estimate runs high (measured: 3m22s shown at 1/24
-    lines of a 44 s run)."""
+    requests were all admitted at once the estimate runs high (measured: "eta 3m22s" at 1/24
+    lines of a run that took 44 s in all)."""
 
     def __init__(self, mode: str | bool, counts: Counts, metrics: RunMetrics,
                  log_interval: float = 30.0, file: IO[str] | None = None):
