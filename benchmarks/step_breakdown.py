@@ -4,24 +4,31 @@ Wraps the hot calls of the CPU path (packed linears, the C kernels, prefill SDPA
 wall-clock timers, runs the workload greedily through the engine, and prints each call's share
 of the total. The timers add a few microseconds per call, so shares are approximate.
 
-    python benchmarks/step_breakdown.py ../shared/workloads/humaneval_chat.jsonl [--dtype bfloat16]
+    python benchmarks/step_breakdown.py [WORKLOAD] [--dtype bfloat16]
+
+WORKLOAD defaults to the generated benchmarks/data/humaneval_chat.jsonl (benchmarks/workloads.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import os
+import sys
 import time
 
-import torch.nn.functional as F
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import batchrun.engine.attention as attention
-import batchrun.models.llama as llama
-from batchrun import llm
-from batchrun.bench import load_workload
-from batchrun.options.engine import EngineConfig
-from batchrun.engine import SamplingParams
-from batchrun.models import packed_linear
+import torch.nn.functional as F  # noqa: E402
+
+import batchrun.engine.attention as attention  # noqa: E402
+import batchrun.models.llama as llama  # noqa: E402
+from batchrun import llm  # noqa: E402
+from batchrun.options.engine import EngineConfig  # noqa: E402
+from batchrun.engine import SamplingParams  # noqa: E402
+from batchrun.models import packed_linear  # noqa: E402
+from benchmarks.bench import load_workload  # noqa: E402
+from benchmarks.workloads import read_batch_file, workload_path  # noqa: E402
 
 SECONDS: collections.Counter = collections.Counter()
 CALLS: collections.Counter = collections.Counter()
@@ -50,10 +57,13 @@ class TimedLibrary:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("workload")
+    ap.add_argument("workload", nargs="?", help="chat batch JSONL [benchmarks/data/humaneval_chat.jsonl]")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--limit", type=int)
     args = ap.parse_args()
+    if args.workload is None:
+        args.workload = workload_path()
+    read_batch_file(args.workload)  # a missing file stops here, before the model loads
 
     loaded = llm.load(None, EngineConfig.default(dtype=args.dtype))
     engine = loaded.engine

@@ -59,7 +59,7 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
     from batchrun.batch.job import ChangedInputError, StopRequest
     from batchrun.batch.metrics import summary_text
     from batchrun.batch.plan import BatchConfigError, make_plan
-    from batchrun.batch.readers import InputReadError
+    from batchrun.batch.lines import InputReadError
     from batchrun.batch.runner import run_batch
 
     quiet = opts.job.quiet

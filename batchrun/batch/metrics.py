@@ -98,15 +98,25 @@ class RunMetrics:
 
 
 def summary_text(m: dict[str, Any]) -> str:
-    """One paragraph for stderr."""
+    """One paragraph for stderr, about what this run did: after a resume, the lines an earlier
+    attempt committed are named apart and left out of the rates."""
     r = m["requests"]
     ttft = m["ttft_s"]
-    text = (f"{r['total']} requests ({r['ok']} ok, {r['failed']} failed) in "
-            f"{m['wall_time_s']:.1f} s: {m['requests_per_s']:.2f} req/s, "
-            f"{m['output_tokens_per_s']:.1f} output tok/s, "
-            f"{m['total_tokens_per_s']:.1f} total tok/s; {m['prompt_tokens']} prompt tokens "
-            f"({m['cache_hit_rate']:.0%} from the prefix cache), "
-            f"{m['completion_tokens']} completion tokens")
+    this = m.get("this_run")
+    wall = m["wall_time_s"]
+    if m.get("resumed") and this is not None:
+        ran = this["ok"] + this["failed"]
+        req_s = ran / wall if wall > 0 else 0.0
+        text = (f"{ran} requests this run ({this['ok']} ok, {this['failed']} failed; "
+                f"+{m['resumed']} committed earlier, {r['total']} in the job) in ")
+    else:
+        req_s = m["requests_per_s"]
+        text = f"{r['total']} requests ({r['ok']} ok, {r['failed']} failed) in "
+    text += (f"{wall:.1f} s: {req_s:.2f} req/s, "
+             f"{m['output_tokens_per_s']:.1f} output tok/s, "
+             f"{m['total_tokens_per_s']:.1f} total tok/s; {m['prompt_tokens']} prompt tokens "
+             f"({m['cache_hit_rate']:.0%} from the prefix cache), "
+             f"{m['completion_tokens']} completion tokens")
     if ttft["p50"] is not None:
         text += f"; time to first token p50 {ttft['p50']:.2f} s, p90 {ttft['p90']:.2f} s"
     return text + "."

@@ -17,7 +17,8 @@ from typing import Any, Literal
 from batchrun.batch import io
 from batchrun.batch.formats import Format, detect
 from batchrun.batch.preflight import check_outputs
-from batchrun.batch.readers import Source, check_sources, open_sources
+from batchrun.batch.lines import Source
+from batchrun.batch.readers import check_sources, open_sources
 from batchrun.batch.staging import Staging, StagingError
 from batchrun.batch.storage import Storage
 from batchrun.options.engine import EngineConfig

@@ -1,8 +1,11 @@
 """Peak memory of the batch I/O pipeline against input size: is it flat?
 
-    python -m batchrun.batch.memory_bench                                 # validate 10^4..10^6
-    python -m batchrun.batch.memory_bench --run-sizes 1000 10000          # + real max_tokens=1 runs
-    python -m batchrun.batch.memory_bench --fake-run-sizes 10000 100000   # + runs on a fake engine
+    python benchmarks/memory_bench.py                                 # validate 10^4..10^6
+    python benchmarks/memory_bench.py --run-sizes 1000 10000          # + real max_tokens=1 runs
+    python benchmarks/memory_bench.py --fake-run-sizes 10000 100000   # + runs on a fake engine
+
+Run it from anywhere; the fake-engine runs go through `python -m tests.fake_batchrun` (the
+batchrun CLI with the test suite's fake engine loader) with the repository root on PYTHONPATH.
 
 Each measurement is a fresh `batchrun` process; its peak RSS comes from wait4() (the kernel's
 own maximum, nothing sampled). Inputs are generated: chat requests of varied length with unique
@@ -70,8 +73,9 @@ def main() -> int:
     parser.add_argument("--workdir", help="keep inputs here [default: a temporary folder]")
     args = parser.parse_args()
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     base = [sys.executable, "-m", "batchrun"]
+    fake = [sys.executable, "-m", "tests.fake_batchrun"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.workdir or tmp)
@@ -89,10 +93,10 @@ def main() -> int:
             plans.append(("run (real model, max_tokens 1)", n, base + [
                 "run", str(input_of(n)), "-o", str(work / f"out-{n}.jsonl"), "-q", "--restart",
                 "--kv-cache-memory", args.kv_cache_memory], None))
-        fake_env = dict(os.environ, BATCHRUN_TEST_ENGINE="tests.fake_engine:load",
-                        PYTHONPATH=str(root))
+        path = os.environ.get("PYTHONPATH")
+        fake_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root)] + ([path] if path else [])))
         for n in args.fake_run_sizes:
-            plans.append(("run (fake engine)", n, base + [
+            plans.append(("run (fake engine)", n, fake + [
                 "run", str(input_of(n)), "-o", str(work / f"fake-{n}.jsonl"), "-q",
                 "--restart"], fake_env))
         for what, n, cmd, env in plans:

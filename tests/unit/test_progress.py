@@ -1,0 +1,138 @@
+"""batchrun.batch.progress: the token-based ETA, one final line, logging while a bar is up."""
+
+import contextlib
+import io
+import logging
+import re
+import sys
+import time
+
+import pytest
+
+from batchrun.batch.metrics import RunMetrics
+from batchrun.batch.progress import Counts, Reporter
+
+
+def _metrics(seconds: float, ok: int, prompt: int, completion: int, failed: int = 0):
+    m = RunMetrics()
+    m.start = time.perf_counter() - seconds
+    m.ok, m.failed, m.prompt_tokens, m.completion_tokens = ok, failed, prompt, completion
+    return m
+
+
+def test_no_eta_before_a_request_of_this_run_finished():
+    r = Reporter("none", Counts(total=30, completed=17, resumed=17), _metrics(5, 0, 0, 0))
+    assert r.eta() is None and "eta" not in r.line()
+
+
+def test_eta_from_tokens_leaves_out_lines_of_earlier_attempts():
+    # 17 lines committed earlier (instant), 3 of this run in 10 s at 1,000 tokens each: the
+    # 10 lines left are 10,000 tokens at 300 tok/s, whatever the 17 resumed ones did.
+    counts = Counts(total=30, completed=20, resumed=17)
+    r = Reporter("none", counts, _metrics(10, ok=3, prompt=2400, completion=600))
+    assert r.eta() == pytest.approx(10_000 / 300, rel=0.02)
+    assert "eta 33s" in r.line()
+
+
+def test_eta_expects_failed_lines_to_cost_nothing():
+    counts = Counts(total=20, completed=5, failed=5)
+    r = Reporter("none", counts, _metrics(10, ok=5, prompt=4000, completion=1000, failed=5))
+    # 10 lines left, half of them expected to fail: 5 x 1,000 tokens at 500 tok/s
+    assert r.eta() == pytest.approx(10, rel=0.02)
+
+
+def test_final_log_line_is_printed_once(caplog):
+    counts, metrics = Counts(total=3), RunMetrics()
+    with caplog.at_level("INFO", logger="batchrun.progress"):
+        r = Reporter("log", counts, metrics, log_interval=0)
+        for _ in range(3):
+            counts.completed += 1
+            metrics.ok += 1
+            r.advance()
+        r.close()
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "batchrun.progress"]
+    assert len(lines) == 3
+    assert sum("3/3 lines (100%)" in x for x in lines) == 1
+
+
+def test_close_logs_the_final_line_when_the_interval_hid_it(caplog):
+    counts, metrics = Counts(total=3), RunMetrics()
+    with caplog.at_level("INFO", logger="batchrun.progress"):
+        r = Reporter("log", counts, metrics, log_interval=3600)
+        for _ in range(3):
+            counts.completed += 1
+            r.advance()
+        r.close()
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "batchrun.progress"]
+    assert lines == [lines[0]] and "3/3 lines (100%), 3 ok, 0 failed" in lines[0]
+
+
+@contextlib.contextmanager
+def terminal(monkeypatch):
+    """A fake stderr with the CLI's console handler on the root logger (set inside the test:
+    pytest puts its own capture back on sys.stderr between a fixture's setup and the test)."""
+    term = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", term)
+    handler = logging.StreamHandler(term)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield term, handler
+    finally:
+        root.removeHandler(handler)
+
+
+def test_log_records_go_through_tqdm_while_the_bar_is_up(monkeypatch):
+    with terminal(monkeypatch) as (term, handler):
+        _bar_with_log_records(term, handler)
+
+
+def _bar_with_log_records(term, handler):
+    counts, metrics = Counts(total=3), RunMetrics()
+    r = Reporter("bar", counts, metrics, file=term)
+    assert handler not in logging.getLogger().handlers  # redirected while the bar is up
+    logging.getLogger("batchrun.test").warning("stopping: admitting no more lines")
+    for _ in range(3):
+        counts.completed += 1
+        r.advance()
+    r.close()
+    assert logging.getLogger().handlers.count(handler) == 1  # restored on close
+    logging.getLogger("batchrun.test").warning("after the bar")
+    out = term.getvalue()
+    # The bar was cleared before the record and the record sits on a line of its own: not
+    # glued to a frame ("...]WARNING"), and no stale "0/3" frame left on a line by itself.
+    assert "\rWARNING batchrun.test: stopping: admitting no more lines\n" in out
+    assert not re.search(r"[^\r\n]WARNING", out)
+    finished_lines = [x.rsplit("\r", 1)[-1] for x in out.split("\n")]
+    assert [x for x in finished_lines if "0/3" in x] == []
+    # close() leaves the final frame and a newline; what is logged next starts a line
+    assert re.search(r"\r100%[^\r\n]*3/3 \[[^\r\n]*\]\nWARNING batchrun.test: after the bar\n$", out)
+
+
+def test_bar_shows_the_token_eta_and_its_final_frame_once(monkeypatch):
+    with terminal(monkeypatch) as (term, _):
+        _bar_with_resumed_lines(term)
+
+
+def _bar_with_resumed_lines(term):
+    counts = Counts(total=30, completed=17, resumed=17)
+    metrics = _metrics(10, ok=3, prompt=2400, completion=600)
+    counts.completed += 3
+    r = Reporter("bar", counts, metrics, file=term)
+    r._last = 0.0  # the postfix refreshes at the next advance
+    counts.completed += 1
+    metrics.ok += 1
+    metrics.prompt_tokens += 1000
+    r.advance()
+    r._bar.refresh()
+    frame = term.getvalue().rsplit("\r", 1)[-1]
+    # 9 left x 1,000 tokens at 400 tok/s; tqdm's own rate would count the 17 resumed lines
+    assert re.search(r"eta 2[12]s", frame), frame
+    while counts.done < 30:
+        counts.completed += 1
+        r.advance()
+    r.close()
+    out = term.getvalue()
+    assert out.endswith("\n") and out.count("\n") == 1
+    assert "30/30" in out.rsplit("\r", 1)[-1] and "eta" not in out.rsplit("\r", 1)[-1]
