@@ -23,7 +23,7 @@ from batchrun.batch.staging import Staging, StagingError
 from batchrun.batch.storage import Storage
 from batchrun.options.engine import EngineConfig
 from batchrun.options.job import InputOptions, JobOptions
-from batchrun.options.openai import OpenAIOptions, RequestDefaults
+from batchrun.openai.serving import ServingOptions
 from batchrun.options.run import RunOptions
 
 log = logging.getLogger("batchrun.batch")
@@ -65,8 +65,7 @@ class Targets:
 class JobPlan:
     inputs: InputOptions
     job: JobOptions
-    openai: OpenAIOptions
-    defaults: RequestDefaults
+    serving: ServingOptions  # the adapter's options, the chat template read
     engine: EngineConfig
     storage: Storage
     sources: tuple[Source, ...]
@@ -100,13 +99,13 @@ def make_plan(opts: RunOptions) -> JobPlan:
         sources = tuple(open_sources(opts.inputs.input, storage.options, opts.inputs.input_format))
         check_outputs(targets, job, storage, [s.path for s in sources])
         check_sources(list(sources), storage.options, opts.inputs.columns)
-        opts.openai.template_text()  # a missing --chat-template file is a usage error
+        serving = ServingOptions.of(opts.openai, opts.defaults)
     except (OSError, ValueError) as exc:
         raise BatchConfigError(str(exc)) from exc
     fingerprint = tuple((s.path, storage.size(s.path), storage.version(s.path)) for s in sources)
     previous = _already_completed(job, targets, storage, fingerprint)
     start = "done" if previous is not None else _start(job, targets, storage, fingerprint)
-    return JobPlan(opts.inputs, job, opts.openai, opts.defaults, opts.engine, storage, sources,
+    return JobPlan(opts.inputs, job, serving, opts.engine, storage, sources,
                    fingerprint, targets, start, previous,
                    job.max_in_flight or 4 * opts.engine.scheduler.max_num_seqs)
 

@@ -27,7 +27,7 @@ from batchrun.engine.sampling_params import SamplingParams
 from batchrun.openai.params import check_model_field
 from batchrun.openai.protocol import LineError, RequestError, parse_batch_line, parse_envelope
 from batchrun.openai.response import new_request_id
-from batchrun.openai.serving import OpenAIServing, PreparedRequest, ServingOptions
+from batchrun.openai.serving import OpenAIServing, PreparedRequest
 from batchrun.options.openai import OpenAIOptions
 
 log = logging.getLogger("batchrun.batch")
@@ -158,7 +158,7 @@ def _run(model: Any, engine: Any, plan: JobPlan, staging: Staging, committed: Co
     counts = Counts(total=total)
     reporter = Reporter(mode, counts, metrics, job.log_interval)
     lines = read_all(sources, so, plan.inputs.columns)
-    serving = OpenAIServing(model, ServingOptions.of(plan.openai, plan.defaults))
+    serving = OpenAIServing(model, plan.serving)
     job_loop = Job(engine, plan, lines, staging, committed, counts, reporter, metrics,
                    lambda text, line: prepare_line(text, line, serving), stop, on_progress)
     try:

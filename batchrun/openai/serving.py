@@ -31,7 +31,7 @@ from batchrun.openai.parsers import (ToolParser, detect_tool_parser, reasoning_p
                                      tool_parser)
 from batchrun.openai.protocol import (ChatCompletionRequest, CompletionRequest, RequestError,
                                       parse_body)
-from batchrun.openai.render import render_prompt, tokenize_prompt
+from batchrun.openai.render import load_chat_template, render_prompt, tokenize_prompt
 from batchrun.openai.structured import (after_reasoning, response_format_grammar,
                                         tool_choice_grammar)
 from batchrun.options.openai import OpenAIOptions, RequestDefaults
@@ -48,7 +48,8 @@ class ServingOptions:
 
     @classmethod
     def of(cls, openai: OpenAIOptions, defaults: RequestDefaults | None = None) -> "ServingOptions":
-        return cls(openai, defaults or RequestDefaults(), openai.template_text())
+        template = load_chat_template(openai.chat_template) if openai.chat_template else None
+        return cls(openai, defaults or RequestDefaults(), template)
 
     @property
     def tool_parser(self) -> str | None:

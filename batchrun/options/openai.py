@@ -7,12 +7,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from batchrun.openai.parsers import REASONING_PARSERS, TOOL_PARSERS
 from batchrun.options.fields import option
 
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
-ToolParserName = Literal[tuple(sorted(TOOL_PARSERS))]  # type: ignore[valid-type]
-ReasoningParserName = Literal[tuple(sorted(REASONING_PARSERS))]  # type: ignore[valid-type]
+# The parsers batchrun.openai.parsers registers (it checks, on import, that they are these).
+ToolParserName = Literal["hermes", "llama3", "llama3_json", "mistral", "qwen"]
+ReasoningParserName = Literal["deepseek_r1", "qwen3", "think"]
 
 
 class RequestDefaults(BaseModel):
@@ -40,9 +40,3 @@ class OpenAIOptions(BaseModel):
     reasoning_parser: ReasoningParserName | None = option(
         None, "Move <think>...</think> into message.reasoning_content [default: leave it in "
         "content].")
-
-    def template_text(self) -> str | None:
-        """The --chat-template file's text (read when called); OSError if it cannot be read."""
-        from batchrun.openai.render import load_chat_template
-
-        return load_chat_template(self.chat_template) if self.chat_template else None

@@ -58,7 +58,8 @@ def run_options(state, input_path: Path, work_dir: Path):
                      resume=True, max_in_flight=batch_in_flight(state), progress="none",
                      commit_interval=0.5)  # request_counts follow commits: keep them fresh
     return RunOptions(inputs=InputOptions(input=[str(input_path)]), job=job,
-                      openai=state.openai, defaults=state.defaults)
+                      openai=state.serving_options.openai,
+                      defaults=state.serving_options.defaults)
 
 
 def run_job(state, client: SyncEngineClient, options, stop, on_progress) -> dict:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from batchrun.openai.serving import ServingOptions
 from batchrun.options.click_options import click_options
 from batchrun.options.engine import EngineConfig
 from batchrun.options.fields import OptionsError
@@ -47,16 +48,15 @@ def serve(ctx, model, **kwargs):
     try:
         server = from_cli(ServerOptions, kwargs)
         engine_config = from_cli(EngineConfig, kwargs)
-        openai = from_cli(OpenAIOptions, kwargs)
-        defaults = from_cli(RequestDefaults, kwargs)
-        openai.template_text()  # a missing --chat-template file is a usage error
+        serving = ServingOptions.of(from_cli(OpenAIOptions, kwargs),
+                                    from_cli(RequestDefaults, kwargs))
     except (OptionsError, OSError) as exc:
         raise UsageError(str(exc)) from None
     if server.data_dir is None:
         server = server.model_copy(update={"data_dir": default_data_dir()})
     logging.getLogger().setLevel(server.log_level.upper())
     loaded = model_loader(ctx)(model, engine_config)
-    state = ServerState(loaded, server, openai, defaults)
+    state = ServerState(loaded, server, serving)
     click.echo(f"serving {state.served_name} on http://{server.host}:{server.port} (data in "
                f"{server.data_dir}{', API key required' if server.api_key else ''})", err=True)
     uvicorn.run(create_app(state), host=server.host, port=server.port,

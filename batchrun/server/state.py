@@ -8,14 +8,12 @@ from typing import Any
 
 from batchrun.engine.async_engine import AsyncEngine
 from batchrun.openai.serving import OpenAIServing, ServingOptions
-from batchrun.options.openai import OpenAIOptions, RequestDefaults
 from batchrun.options.server import ServerOptions
 from batchrun.server.metrics import ServerMetrics
 
 
 class ServerState:
-    def __init__(self, model: Any, config: ServerOptions, openai: OpenAIOptions | None = None,
-                 defaults: RequestDefaults | None = None):
+    def __init__(self, model: Any, config: ServerOptions, serving: ServingOptions | None = None):
         """`config.data_dir` must be set (the CLI fills in its default)."""
         from batchrun.server.batches import BatchManager
         from batchrun.server.files import FileStore
@@ -30,10 +28,8 @@ class ServerState:
         # The model as the API names it: responses say served_name, requests may use any alias.
         self.served_model = dataclasses.replace(model, name=self.served_name,
                                                 aliases=self.model_aliases)
-        self.openai = openai or OpenAIOptions()
-        self.defaults = defaults or RequestDefaults()
-        self.serving = OpenAIServing(self.served_model,
-                                     ServingOptions.of(self.openai, self.defaults))
+        self.serving_options = serving or ServingOptions()
+        self.serving = OpenAIServing(self.served_model, self.serving_options)
         self.metrics = ServerMetrics()
         self.engine = AsyncEngine(model.engine, max_queued=config.max_queued_requests,
                                   on_finished=self.metrics.record_finished)

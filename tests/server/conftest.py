@@ -45,10 +45,17 @@ def serve(model, data_dir, **config):
 
     from batchrun.server.app import create_app
     from batchrun.server.listener import uvicorn_options
-    from batchrun.server.state import ServerConfig, ServerState
+    from batchrun.openai.serving import ServingOptions
+    from batchrun.options.fields import public_fields
+    from batchrun.options.openai import OpenAIOptions
+    from batchrun.options.server import ServerOptions
+    from batchrun.server.state import ServerState
 
     config.setdefault("api_key", API_KEY)
-    state = ServerState(model, ServerConfig(data_dir=data_dir, **config))
+    openai = {f.name for f in public_fields(OpenAIOptions)}
+    serving = ServingOptions.of(OpenAIOptions(**{k: config.pop(k) for k in list(config)
+                                                 if k in openai}))
+    state = ServerState(model, ServerOptions(data_dir=data_dir, **config), serving)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port,
                                            log_level="warning", **uvicorn_options(state.config)))

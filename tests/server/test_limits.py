@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_body_limit_and_queue_bound(real_model, tmp_path):
-    with serve(real_model, tmp_path, max_body_bytes=2000, max_queued_requests=1) as srv:
+    with serve(real_model, tmp_path, max_body_size=2000, max_queued_requests=1) as srv:
         client = srv.client()
         with pytest.raises(openai.APIStatusError) as e:
             client.chat.completions.create(model="smollm2-135m", max_tokens=2, messages=[

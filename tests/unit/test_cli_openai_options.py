@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from batchrun.openai.serving import ServingOptions
+
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "batchrun/openai/templates/chatml_tools.jinja"
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
@@ -64,7 +66,7 @@ def test_job_spec_takes_the_openai_options(tmp_path):
                     'tool_parser = "hermes"\nreasoning_parser = "qwen3"\n')
     opts = jobspec.load(str(spec))
     assert opts.openai.chat_template == str(tmp_path / "t.jinja")
-    assert opts.openai.template_text() == "{{ messages }}"
+    assert ServingOptions.of(opts.openai).chat_template == "{{ messages }}"
     assert (opts.openai.tool_parser, opts.openai.reasoning_parser) == ("hermes", "qwen3")
 
 

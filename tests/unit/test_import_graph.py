@@ -1,7 +1,6 @@
 """The import contracts of .importlinter, and no private names imported across modules.
 
-The xfail markers name the import chains still breaking a contract (in files being rewritten
-elsewhere); strict, so the marker has to go once they are fixed.
+A contract that breaks prints the import chain that breaks it.
 """
 
 import ast
@@ -15,19 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "batchrun"
 
-CLI_CHAINS = ("batch/launch.py and server/cli.py import cli._load_model (server/cli.py also "
-              "cli.ConfigError), batch/jobspec.py and engine_options.py import cli.parse_size")
-BROKEN = {
-    "layers": CLI_CHAINS,
-    "cli-on-top": CLI_CHAINS + " (batch/commands.py and server/cli.py through engine_options)",
-    "no-cycles": "cli -> batch.commands / server.cli -> ... -> cli: " + CLI_CHAINS,
-}
-KEPT = ["engine-knows-no-callers", "openai-knows-no-scheduling", "models-use-attention-only"]
-# from-imports of a private name of another module still left, in files being rewritten elsewhere.
-KNOWN_PRIVATE_IMPORTS = {
-    ("batchrun/batch/launch.py", "batchrun.cli", "_load_model"),
-    ("batchrun/server/cli.py", "batchrun.cli", "_load_model"),
-}
+CONTRACTS = ["layers", "cli-on-top", "engine-knows-no-callers", "options-are-a-schema",
+             "openai-knows-no-scheduling", "models-use-attention-only", "no-cycles"]
 
 
 def lint(contract: str) -> subprocess.CompletedProcess:
@@ -43,12 +31,10 @@ def test_every_contract_is_tested():
     text = (ROOT / ".importlinter").read_text()
     ids = {line.split(":")[-1].strip("] \n") for line in text.splitlines()
            if line.startswith("[importlinter:contract:")}
-    assert ids == set(BROKEN) | set(KEPT)
+    assert ids == set(CONTRACTS)
 
 
-@pytest.mark.parametrize("contract", KEPT + [
-    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=reason))
-    for c, reason in BROKEN.items()])
+@pytest.mark.parametrize("contract", CONTRACTS)
 def test_import_contract_is_kept(contract):
     result = lint(contract)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -76,10 +62,5 @@ def private_imports() -> set[tuple[str, str, str]]:
     return found
 
 
-def test_no_new_private_imports_across_modules():
-    assert private_imports() <= KNOWN_PRIVATE_IMPORTS
-
-
-@pytest.mark.xfail(strict=True, reason="batch/launch.py and server/cli.py import cli._load_model")
 def test_no_private_imports_across_modules():
     assert private_imports() == set()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
+from batchrun.options.openai import ReasoningParserName, ToolParserName
 from batchrun.openai.parsers.base import Delta, ToolCall, ToolCallDelta, ToolParser
 from batchrun.openai.parsers.hermes import HermesToolParser
 from batchrun.openai.parsers.llama3_json import Llama3JsonToolParser
@@ -18,6 +21,11 @@ REASONING_PARSERS = {
     "qwen3": ReasoningParser("qwen3"),
     "think": ReasoningParser("think"),
 }
+
+# The option schema declares these names for --help and job-spec validation.
+if set(TOOL_PARSERS) != set(get_args(ToolParserName)) or \
+        set(REASONING_PARSERS) != set(get_args(ReasoningParserName)):
+    raise ImportError("batchrun.options.openai must name exactly the registered parsers")
 
 
 def tool_parser(name: str) -> ToolParser:
