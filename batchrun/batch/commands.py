@@ -60,16 +60,17 @@ def validate(inputs, check_prompts, max_model_len, as_json, quiet, **kwargs):
 
     from batchrun.batch import validate as v
     from batchrun.batch.readers import check_sources, open_sources
+    from batchrun.batch.storage import Storage
     from batchrun.batch.runner import check_line, prepare_line
     from batchrun.openai.response import batch_error_line
     from batchrun.openai.serving import OpenAIServing, ServingOptions
 
     read = _options(lambda: from_cli(InputOptions, kwargs, {"input": list(inputs)}))
     openai = _options(lambda: from_cli(OpenAIOptions, kwargs))
-    so = read.storage_options
+    storage = Storage(read.storage_options)
     try:
-        sources = open_sources(read.input, so, read.input_format)
-        check_sources(sources, so, read.columns)
+        sources = open_sources(read.input, storage, read.input_format)
+        check_sources(sources, storage, read.columns)
         serving_options = ServingOptions.of(openai) if check_prompts else None
     except (OSError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
@@ -93,7 +94,7 @@ def validate(inputs, check_prompts, max_model_len, as_json, quiet, **kwargs):
             param = f" [{exc.param}]" if exc.param else ""
             click.echo(f"{where}:{item.line}: {exc.code}{param}: {exc.message}")
 
-    report = v.validate(sources, prepare, on_problem, so, read.columns)
+    report = v.validate(sources, prepare, on_problem, storage, read.columns)
     click.echo(v.summary(report, len(sources)), err=True)
     sys.exit(EXIT_OK if report.invalid == 0 else EXIT_TOO_MANY_FAILED)
 

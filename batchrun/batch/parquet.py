@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchrun.batch import io
+from batchrun.batch.storage import Storage
 from batchrun.batch.lines import InputLine, Source, line_digest
 from batchrun.openai.protocol import (ChatCompletionRequest, RequestError, json_error_message,
                                       loads)
@@ -110,9 +111,9 @@ def _seekable(f: IO[bytes]) -> IO[bytes]:
     return _io.BytesIO(f.read())
 
 
-def read_parquet(source: Source, storage_options: dict | None,
+def read_parquet(source: Source, storage: Storage,
                  columns: dict[str, str]) -> Iterator[InputLine]:
-    with io.open_read(source.path, storage_options) as raw:
+    with storage.open_read(source.path) as raw:
         pf = pq.ParquetFile(_seekable(raw))
         mapping = resolve_columns(source.path, pf.schema_arrow.names, columns)
         wanted = sorted(set(mapping.values()))
@@ -132,15 +133,15 @@ def read_parquet(source: Source, storage_options: dict | None,
                 yield InputLine(source.index, number, text, digest=line_digest(text.encode()))
 
 
-def check_schema(source: Source, storage_options: dict | None, columns: dict[str, str]) -> None:
-    with io.open_read(source.path, storage_options) as raw:
+def check_schema(source: Source, storage: Storage, columns: dict[str, str]) -> None:
+    with storage.open_read(source.path) as raw:
         resolve_columns(source.path, pq.ParquetFile(raw).schema_arrow.names, columns)
 
 
-def count_rows(source: Source, storage_options: dict | None) -> int | None:
+def count_rows(source: Source, storage: Storage) -> int | None:
     if source.path == io.STDIO:
         return None
-    with io.open_read(source.path, storage_options) as raw:
+    with storage.open_read(source.path) as raw:
         return pq.ParquetFile(raw).metadata.num_rows
 
 

@@ -96,9 +96,9 @@ def make_plan(opts: RunOptions) -> JobPlan:
     job, storage = opts.job, Storage(opts.inputs.storage_options)
     try:
         targets = Targets.of(job)
-        sources = tuple(open_sources(opts.inputs.input, storage.options, opts.inputs.input_format))
+        sources = tuple(open_sources(opts.inputs.input, storage, opts.inputs.input_format))
         check_outputs(targets, job, storage, [s.path for s in sources])
-        check_sources(list(sources), storage.options, opts.inputs.columns)
+        check_sources(list(sources), storage, opts.inputs.columns)
         serving = ServingOptions.of(opts.openai, opts.defaults)
     except (OSError, ValueError) as exc:
         raise BatchConfigError(str(exc)) from exc
@@ -114,7 +114,7 @@ def _start(job: JobOptions, targets: Targets, storage: Storage, fingerprint) -> 
     """fresh or resume; raises BatchConfigError where the user must decide."""
     if not targets.staging:
         return "fresh"
-    staging = Staging(targets.staging, storage.options)
+    staging = Staging(targets.staging, storage)
     try:
         if staging.local and os.path.isdir(staging.root):  # another run holds it: say so now
             staging.lock()

@@ -86,7 +86,7 @@ def _belongs_to_job(where: Any, storage: Any, input_paths: list[str]) -> bool:
     if where.staging:
         from batchrun.batch.staging import Staging, StagingError
 
-        staging = Staging(where.staging, storage.options)
+        staging = Staging(where.staging, storage)
         try:
             manifest = staging.manifest() if staging.exists() else None
         except (OSError, ValueError, StagingError):

@@ -9,16 +9,17 @@ import re
 from typing import Iterator
 
 from batchrun.batch import io
+from batchrun.batch.storage import NO_OPTIONS, Storage
 from batchrun.batch.formats import check_available, decompress, detect, stream_errors
 from batchrun.batch.lines import InputLine, InputReadError, Source, line_digest
 from batchrun.openai.protocol import RequestError, peek_custom_id
 
 
-def open_sources(args: list[str], storage_options: dict | None = None,
+def open_sources(args: list[str], storage: Storage = NO_OPTIONS,
                  input_format: str | None = None) -> list[Source]:
     """Expand the input arguments (files, folders, globs, `-`) into the job's ordered sources.
     Raises FileNotFoundError or ValueError (usage errors)."""
-    paths = io.expand_inputs(args, storage_options)
+    paths = storage.expand(args)
     if paths.count(io.STDIO) > 1:
         raise ValueError("stdin (-) can be read only once")
     sources = []
@@ -29,36 +30,36 @@ def open_sources(args: list[str], storage_options: dict | None = None,
     return sources
 
 
-def check_sources(sources: list[Source], storage_options: dict | None = None,
+def check_sources(sources: list[Source], storage: Storage = NO_OPTIONS,
                   columns: dict[str, str] | None = None) -> None:
     """Fail early (ValueError) on a Parquet input whose columns cannot make requests."""
     for source in sources:
         if source.format.kind == "parquet" and source.path != io.STDIO:
             from batchrun.batch.parquet import check_schema
 
-            check_schema(source, storage_options, columns or {})
+            check_schema(source, storage, columns or {})
 
 
-def read_source(source: Source, storage_options: dict | None = None,
+def read_source(source: Source, storage: Storage = NO_OPTIONS,
                 columns: dict[str, str] | None = None) -> Iterator[InputLine]:
     if source.format.kind == "parquet":
         from batchrun.batch.parquet import read_parquet
 
-        yield from read_parquet(source, storage_options, columns or {})
+        yield from read_parquet(source, storage, columns or {})
     else:
-        yield from read_jsonl(source, storage_options)
+        yield from read_jsonl(source, storage)
 
 
-def read_all(sources: list[Source], storage_options: dict | None = None,
+def read_all(sources: list[Source], storage: Storage = NO_OPTIONS,
              columns: dict[str, str] | None = None) -> Iterator[InputLine]:
     for source in sources:
-        yield from read_source(source, storage_options, columns)
+        yield from read_source(source, storage, columns)
 
 
-def read_jsonl(source: Source, storage_options: dict | None = None) -> Iterator[InputLine]:
+def read_jsonl(source: Source, storage: Storage = NO_OPTIONS) -> Iterator[InputLine]:
     """Each non-blank line; bytes that are not UTF-8 make that line a problem, not the file.
     A stream that breaks off raises InputReadError after the complete lines before it."""
-    with io.open_read(source.path, storage_options) as raw:
+    with storage.open_read(source.path) as raw:
         stream = decompress(raw, source.format.compression)
         lines = iter(stream)
         broken = stream_errors(source.format.compression)
@@ -117,7 +118,7 @@ def _broken(source: Source, lines: int, offset: int, raw, exc: BaseException) ->
             "replace the file and rerun with --resume.")
 
 
-def count_records(sources: list[Source], storage_options: dict | None = None) -> int | None:
+def count_records(sources: list[Source], storage: Storage = NO_OPTIONS) -> int | None:
     """Lines/rows of the whole job where that is cheap to know (local plain JSONL, Parquet
     metadata), else None."""
     total = 0
@@ -125,7 +126,7 @@ def count_records(sources: list[Source], storage_options: dict | None = None) ->
         if source.format.kind == "parquet":
             from batchrun.batch.parquet import count_rows
 
-            n = count_rows(source, storage_options)
+            n = count_rows(source, storage)
         elif source.format.compression is None and io.is_local(source.path):
             n = _count_local(source.path)
         else:

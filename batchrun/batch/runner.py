@@ -78,7 +78,7 @@ def _open_staging(plan: JobPlan) -> tuple[Staging, Committed]:
     """The job's staging, locked for this run (unlock() when done), as the plan decided:
     resumed, or cleared for a fresh start."""
     url = plan.targets.staging or tempfile.mkdtemp(prefix="batchrun-staging-")
-    staging = Staging(url, plan.storage.options)
+    staging = Staging(url, plan.storage)
     try:
         staging.lock()
         if plan.start == "resume":
@@ -136,7 +136,7 @@ def run_batch(model: Any, plan: JobPlan, stop: Any = None,
         # A fresh run deletes the metrics file first, so a completed one belongs to the run
         # that made any staging left here: it was killed while removing it.
         if plan.targets.staging:
-            Staging(plan.targets.staging, plan.storage.options).remove()
+            Staging(plan.targets.staging, plan.storage).remove()
         if on_progress is not None:
             r = plan.previous["requests"]
             on_progress(Counts(r["total"], r["ok"], r["failed"], r["total"]))
@@ -150,14 +150,14 @@ def run_batch(model: Any, plan: JobPlan, stop: Any = None,
 
 def _run(model: Any, engine: Any, plan: JobPlan, staging: Staging, committed: Committed,
          stop: Any, on_progress: Callable[[Counts], None] | None) -> dict[str, Any]:
-    so, t, job = plan.storage.options, plan.targets, plan.job
+    t, job = plan.targets, plan.job
     metrics = RunMetrics()
     mode = resolve_mode("none" if job.quiet else job.progress)
     sources = list(plan.sources)
-    total = count_records(sources, so) if mode != "none" or on_progress else None
+    total = count_records(sources, plan.storage) if mode != "none" or on_progress else None
     counts = Counts(total=total)
     reporter = Reporter(mode, counts, metrics, job.log_interval)
-    lines = read_all(sources, so, plan.inputs.columns)
+    lines = read_all(sources, plan.storage, plan.inputs.columns)
     serving = OpenAIServing(model, plan.serving)
     job_loop = Job(engine, plan, lines, staging, committed, counts, reporter, metrics,
                    lambda text, line: prepare_line(text, line, serving), stop, on_progress)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import IO, Callable, Iterator
 
 from batchrun.batch import io
+from batchrun.batch.storage import NO_OPTIONS, Storage
 from batchrun.batch.lines import split_position
 
 OK, FAILED, RETRYABLE = 1, 2, 3  # committed states of an input line
@@ -81,13 +82,12 @@ class Committed:
 
 
 class Staging:
-    def __init__(self, url: str, storage_options: dict | None = None):
+    def __init__(self, url: str, storage: Storage = NO_OPTIONS):
         self.url = url.rstrip("/")
         self.local = io.is_local(url)
-        self.fs, self.root = io.filesystem(self.url, storage_options)
+        self.fs, self.root = storage.filesystem(self.url)
         if self.local:
             self.root = os.path.abspath(io.local_path(self.url))
-        self.storage_options = storage_options
         self.attempt = 1
         self._seq = 0
         self._lock: IO[str] | None = None

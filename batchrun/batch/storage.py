@@ -42,3 +42,6 @@ class Storage:
 
     def __hash__(self) -> int:  # the options dict is not hashable; identity is what matters
         return id(self)
+
+
+NO_OPTIONS = Storage()  # local files, and object stores with their default credentials

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from batchrun.batch.idset import IdSet
+from batchrun.batch.storage import NO_OPTIONS, Storage
 from batchrun.batch.job import check_item, internal_error
 from batchrun.batch.lines import InputLine, InputReadError, Source
 from batchrun.batch.readers import read_all
@@ -68,7 +69,7 @@ def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> Simpl
 
 def validate(sources: list[Source], prepare: Callable[[str, int], Any],
              on_problem: Callable[[InputLine, LineError], None],
-             storage_options: dict | None = None,
+             storage: Storage = NO_OPTIONS,
              columns: dict[str, str] | None = None) -> Report:
     """Check every line with `prepare(text, line)` (which raises LineError) and the duplicate
     check the run makes; call on_problem for each bad line."""
@@ -76,7 +77,7 @@ def validate(sources: list[Source], prepare: Callable[[str, int], Any],
     ids = IdSet()
     start = time.perf_counter()
     try:
-        for item in read_all(sources, storage_options, columns):
+        for item in read_all(sources, storage, columns):
             report.lines += 1
             try:
                 check_item(item, ids, prepare)

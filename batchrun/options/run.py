@@ -49,10 +49,11 @@ class RunOptions:
         return opts
 
     def as_dict(self) -> dict[str, Any]:
-        """Public name -> value, by section (`batchrun job --dry-run`)."""
-        return {"inputs": flat_values(self.inputs), "job": flat_values(self.job),
-                "engine": flat_values(self.engine), "openai": flat_values(self.openai),
-                "defaults": flat_values(self.defaults)}
+        """Public name -> value of every option (`batchrun job --dry-run`)."""
+        out: dict[str, Any] = {}
+        for section in (self.inputs, self.job, self.engine, self.openai, self.defaults):
+            out.update(flat_values(section))
+        return out
 
 
 __all__ = ["RunOptions", "OptionsError", "from_cli", "cli_name"]

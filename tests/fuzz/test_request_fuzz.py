@@ -29,10 +29,9 @@ from hypothesis_jsonschema import from_schema
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from tests.helpers import job_plan
 from batchrun.batch import validate as v
 from batchrun.batch.readers import open_sources
-from batchrun.batch.runner import prepare_line, run_batch, serving_options
+from batchrun.batch.runner import prepare_line, run_batch
 from batchrun.options.engine import EngineConfig
 from batchrun.llm import LoadedModel, build_engine, build_model
 from batchrun.models.llama import LlamaModel, ModelConfig
@@ -40,6 +39,7 @@ from batchrun.openai.protocol import RequestError
 from batchrun.openai.requests import ChatCompletionRequest, CompletionRequest
 from batchrun.openai.response import engine_error
 from batchrun.openai.serving import OpenAIServing
+from tests.helpers import job_plan
 from tests.server.conftest import API_KEY, serve
 from tests.tiny_models import make_tiny
 
@@ -210,9 +210,8 @@ def test_validate_run_and_serve_agree_on_every_line(corpus, fuzz_models, tmp_pat
     batch_model, served_model = fuzz_models
 
     validated = {}
-    config = SimpleNamespace(ignore_model_field=False, defaults=job_plan("", "").defaults,
-                             chat_template=None, tool_parser=None, reasoning_parser=None)
-    v.validate(open_sources([str(src)]), lambda text, n: prepare_line(text, n, batch_model, config),
+    serving = OpenAIServing(batch_model)
+    v.validate(open_sources([str(src)]), lambda text, n: prepare_line(text, n, serving),
                lambda item, exc: validated.__setitem__(item.line, ("error", exc.code, exc.param)))
 
     result = run_batch(batch_model, job_plan(input=str(src), output=str(tmp / "out.jsonl"),

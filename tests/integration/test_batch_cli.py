@@ -166,7 +166,7 @@ max_tokens = 8
 
     proc = batchrun("job", spec, "--dry-run")
     resolved = json.loads(proc.stdout)
-    assert resolved["inputs"] == [str(tmp_path / "data" / "*.jsonl")]
+    assert resolved["input"] == [str(tmp_path / "data" / "*.jsonl")]
     assert resolved["kv_cache_memory"] == 64 << 20 and resolved["temperature"] == 0
     assert resolved["max_in_flight"] is None and resolved["resume"] is True
 

@@ -8,8 +8,8 @@ import math
 import httpx
 import pytest
 
-from tests.helpers import job_plan
 from batchrun.batch.runner import run_batch
+from tests.helpers import job_plan
 from tests.server.conftest import API_KEY
 from tests.server.test_batches_api import poll, records, upload
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import job_plan
 from batchrun.batch.runner import run_batch
+from tests.helpers import job_plan
 from tests.fake_engine import fake_model
 
 pytest.importorskip("aiohttp")

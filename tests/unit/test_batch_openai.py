@@ -9,11 +9,11 @@ import json
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from tests.helpers import job_plan
 from batchrun.batch.runner import run_batch
 from batchrun.openai.render import load_chat_template
 from batchrun.openai.serving import OpenAIServing, ServingOptions
 from batchrun.options.openai import OpenAIOptions
+from tests.helpers import job_plan
 from tests.scripted_model import script, scripted_model
 
 TEMPLATE = "batchrun/openai/templates/chatml_tools.jinja"

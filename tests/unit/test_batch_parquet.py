@@ -8,10 +8,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers import job_plan
 from batchrun.batch.parquet import RESULT_SCHEMA, ParquetRecordWriter
 from batchrun.batch.runner import BatchConfigError, run_batch
 from batchrun.openai.params import RequestDefaults
+from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_data"

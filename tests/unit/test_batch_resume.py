@@ -5,10 +5,10 @@ import threading
 
 import pytest
 
-from tests.helpers import job_plan
 from batchrun.batch.job import StopRequest
 from batchrun.batch.runner import BatchConfigError, run_batch
 from batchrun.batch.staging import Staging
+from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model
 
 

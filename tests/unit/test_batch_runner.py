@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from tests.helpers import job_plan
 from batchrun.batch.runner import run_batch
 from batchrun.openai.params import RequestDefaults
+from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model
 
 

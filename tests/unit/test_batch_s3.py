@@ -10,9 +10,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers import job_plan
 from batchrun.batch.job import StopRequest
 from batchrun.batch.runner import run_batch
+from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model
 
 pytest.importorskip("s3fs")

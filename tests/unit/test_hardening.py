@@ -8,13 +8,13 @@ import os
 
 import pytest
 
-from tests.helpers import job_plan
 from batchrun.batch import io
 from batchrun.batch.lines import InputReadError
 from batchrun.batch.runner import BatchConfigError, run_batch
 from batchrun.batch.sinks import RecordSink
 from batchrun.batch.formats import Format
 from batchrun.openai.protocol import LineError, RequestError, parse_batch_line, parse_body
+from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model
 
 CHAT = "/v1/chat/completions"
