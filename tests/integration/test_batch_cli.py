@@ -174,7 +174,8 @@ max_tokens = 8
 @pytest.mark.parametrize("text,message", [
     ('output = "o.jsonl"', b"`input` is required"),
     ('input = "a"\noutput = "o"\ncolour = 1', b"unknown key 'colour'"),
-    ('input = "a"\noutput = "o"\n[engine]\nmax_num_seqs = "lots"', b"wrong type"),
+    ('input = "a"\noutput = "o"\n[engine]\nmax_num_seqs = "lots"',
+     b"[engine]: max_num_seqs: Input should be a valid integer (got str 'lots')"),
     ('input = "a"\noutput = "{when}/o"', b"--var when="),
     ('input = [', b"nightly.toml"),
 ])
