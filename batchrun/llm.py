@@ -87,11 +87,7 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
 
 def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: torch.device,
                  dtype: torch.dtype) -> Engine:
-    model_cfg = model.config
-    max_model_len = min(config.max_model_len or model_cfg.max_position_embeddings,
-                        model_cfg.max_position_embeddings)
-    kv_dtype = dtype if config.cache.kv_cache_dtype == "auto" else pick_dtype(config.cache.kv_cache_dtype, device)
-    num_blocks = kv_blocks_for(config, model_cfg, device, kv_dtype, max_model_len)
+    num_blocks, max_model_len, kv_dtype = kv_layout(config, model.config, device, dtype)
     return Engine(model, tokenizer, config, eos_token_ids, device, dtype, num_blocks, max_model_len,
                   kv_dtype=kv_dtype)
 
@@ -142,6 +138,15 @@ def read_generation_config(path: Path) -> tuple[dict[str, Any], list[int]]:
     eos = raw.get("eos_token_id")
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
     return defaults, eos_ids
+
+
+def kv_layout(config: EngineConfig, model_cfg, device: torch.device,
+              dtype: torch.dtype) -> tuple[int, int, torch.dtype]:
+    """(KV blocks, max_model_len, KV dtype) of the engine build_engine makes; needs no weights."""
+    max_model_len = min(config.max_model_len or model_cfg.max_position_embeddings,
+                        model_cfg.max_position_embeddings)
+    kv_dtype = dtype if config.cache.kv_cache_dtype == "auto" else pick_dtype(config.cache.kv_cache_dtype, device)
+    return kv_blocks_for(config, model_cfg, device, kv_dtype, max_model_len), max_model_len, kv_dtype
 
 
 def kv_blocks_for(config: EngineConfig, model_cfg, device: torch.device, dtype: torch.dtype,

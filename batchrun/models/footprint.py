@@ -1,0 +1,137 @@
+"""What a model costs in memory before it is loaded: its config, weight bytes and KV pool.
+
+    cfg = model_config_for("smollm2-135m")          # reads config.json / GGUF metadata only
+    weights_bytes(cfg, "float32")                   # bytes the loaded weights will hold
+    kv_reservation(EngineConfig.default(), cfg)     # (KV blocks, bytes) the engine will reserve
+
+Nothing here reads or dequantises weights. The bundled registry models are GGUF files (Q4_1)
+that the loader dequantises once to float32 safetensors; the engine then holds them in the run
+dtype (float32 on the CPU by default), so their size follows the parameter count and that
+dtype, not the size of the GGUF file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from batchrun.config import EngineConfig
+from batchrun.models.llama import ModelConfig
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    """Parameters of the checkpoint as the native model holds them; tied embeddings once."""
+    h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    layer = (h * (q + 2 * kv) + (q + 2 * kv if cfg.qkv_bias else 0)  # qkv_proj
+             + q * h  # o_proj
+             + 3 * h * cfg.intermediate_size  # gate_up_proj, down_proj
+             + 2 * h  # input and post-attention RMSNorm
+             + (2 * cfg.head_dim if cfg.qk_norm else 0))
+    embed = cfg.vocab_size * h
+    return embed + cfg.num_layers * layer + h + (0 if cfg.tie_word_embeddings else embed)
+
+
+def _device(device) -> torch.device:
+    from batchrun.llm import pick_device
+
+    return device if isinstance(device, torch.device) else pick_device(str(device or "auto"))
+
+
+def _dtype(dtype, device: torch.device) -> torch.dtype:
+    from batchrun.llm import pick_dtype
+
+    return dtype if isinstance(dtype, torch.dtype) else pick_dtype(dtype or "auto", device)
+
+
+def _elem(dtype: torch.dtype) -> int:
+    return torch.tensor([], dtype=dtype).element_size()
+
+
+def weights_bytes(cfg: ModelConfig, dtype: torch.dtype | str | None = None,
+                  device: torch.device | str = "cpu") -> int:
+    """Bytes the loaded model's weights hold: parameter count x element size of `dtype`
+    ("auto"/None = the engine's default for `device`: float32 on the CPU).
+
+    Tied embeddings are one tensor in the checkpoint, but on the CPU, where the loader packs
+    every linear layer for oneDNN (models/packed_linear.py), the logits get a packed copy of
+    them: counted, since it is memory the run holds. The RoPE cos/sin tables (computed, not
+    loaded) are not weights and not counted.
+    """
+    dev = _device(device)
+    dt = _dtype(dtype, dev)
+    count = parameter_count(cfg)
+    if cfg.tie_word_embeddings and dev.type == "cpu":
+        from batchrun.models import packed_linear
+
+        if packed_linear.available(dt):
+            count += cfg.vocab_size * cfg.hidden_size
+    return count * _elem(dt)
+
+
+def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,
+                   device: torch.device | str = "cpu",
+                   dtype: torch.dtype | str | None = None) -> tuple[int, int]:
+    """(blocks, bytes) of the KV pool the engine will reserve, by the rule build_engine uses
+    (llm.kv_layout / kv_blocks_for: kv_cache_memory or num_blocks, else a share of free memory,
+    never more than max_num_seqs full-length sequences). `dtype` is the model dtype (None = the
+    engine config's); kv_cache_dtype applies on top. Bytes include the one padding block the
+    runner adds; on the CPU they are reserved, and touched (resident) only as blocks fill."""
+    from batchrun.llm import kv_layout
+
+    dev = _device(device)
+    dt = _dtype(dtype if dtype is not None else engine_config.device.dtype, dev)
+    num_blocks, _, kv_dtype = kv_layout(engine_config, cfg, dev, dt)
+    per_block = cfg.kv_bytes_per_token * _elem(kv_dtype) * engine_config.cache.block_size
+    return num_blocks, (num_blocks + 1) * per_block
+
+
+def model_config_for(model: str | None) -> ModelConfig:
+    """The ModelConfig of `model` (registry name, HF folder, .gguf file, hub id; None = the
+    default model) without loading, converting or downloading its weights: config.json of the
+    folder or of the GGUF's cached conversion, else the GGUF's metadata (a few seconds for the
+    bundled model), else the hub's config.json."""
+    from transformers import AutoConfig
+
+    return ModelConfig.from_hf(_hf_config(model, AutoConfig))
+
+
+def _hf_config(model: str | None, AutoConfig):
+    from batchrun.models import registry
+    from batchrun.models.loader import _HUB_ID, ModelNotFoundError, _from_folder
+
+    spec = (model or "").strip()
+    if spec in ("", "default"):
+        spec = registry.DEFAULT_MODEL
+    entry = registry.lookup(spec)
+    if entry is not None:
+        gguf = registry.find_gguf(entry)
+        if gguf is None:
+            raise ModelNotFoundError(registry.missing_message(entry))
+        return _gguf_config(gguf, AutoConfig)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            _from_folder(path, spec)  # raises the loader's explanation
+        return AutoConfig.from_pretrained(path)  # a *.bin folder is not converted for this
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return _gguf_config(path, AutoConfig)
+    if not path.exists() and _HUB_ID.match(spec):
+        try:
+            return AutoConfig.from_pretrained(spec)
+        except Exception as exc:  # offline, unknown or gated repo
+            raise ModelNotFoundError(f"could not read the config of hub model {spec!r}: "
+                                     f"{type(exc).__name__}: {exc}") from exc
+    from batchrun.models.loader import resolve_model
+
+    resolve_model(spec)  # raises the loader's own explanation
+    raise ModelNotFoundError(f"unknown model {spec!r}")  # pragma: no cover
+
+
+def _gguf_config(gguf: Path, AutoConfig):
+    from batchrun.models.loader import gguf_cache_path
+
+    converted = gguf_cache_path(gguf)
+    if (converted / "config.json").is_file():
+        return AutoConfig.from_pretrained(converted)
+    return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)

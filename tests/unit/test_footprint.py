@@ -1,0 +1,105 @@
+"""footprint: weight bytes and KV pool predicted from the config equal the loaded engine's."""
+
+import time
+
+import pytest
+import torch
+
+from batchrun import llm
+from batchrun.config import EngineConfig
+from transformers import AutoModelForCausalLM
+
+from batchrun.models.footprint import kv_reservation, model_config_for, parameter_count, weights_bytes
+from tests.tiny_models import make_tiny
+
+
+@pytest.fixture
+def tiny_folder(tmp_path, smol_tokenizer):
+    """A tiny random model folder with a real tokenizer, loadable by llm.load_from_path."""
+    def make(arch, **overrides):
+        folder = tmp_path / arch
+        make_tiny(arch, folder, vocab_size=len(smol_tokenizer), **overrides)
+        smol_tokenizer.save_pretrained(folder)
+        return folder
+    return make
+
+
+def resident_bytes(model) -> int:
+    """Bytes of every distinct tensor the model holds: parameters and packed linear weights."""
+    seen, total = set(), 0
+    tensors = [p for p in model.parameters()]
+    tensors += [m.packed for m in model.modules() if hasattr(m, "packed")]
+    tensors += [m.bias for m in model.modules() if hasattr(m, "packed") and m.bias is not None]
+    for t in tensors:
+        key = id(t) if t.is_mkldnn else t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
+
+
+@pytest.mark.parametrize("arch", ["llama", "tied", "qwen2", "qwen3"])
+@pytest.mark.parametrize("packed", [True, False])
+def test_weights_bytes_equal_the_loaded_model(arch, packed, tiny_folder, monkeypatch):
+    if not packed:
+        monkeypatch.setenv("BATCHRUN_PACKED_LINEAR", "0")
+    folder = tiny_folder(arch)
+    cfg = model_config_for(str(folder))
+    loaded = llm.load_from_path(folder, EngineConfig.default(device="cpu", num_blocks=8))
+    model = loaded.engine.runner.model
+    assert weights_bytes(cfg, "float32") == resident_bytes(model)
+    hf = AutoModelForCausalLM.from_pretrained(folder)
+    assert parameter_count(cfg) == sum(p.numel() for p in hf.parameters())
+
+
+def test_bfloat16_halves_the_bytes(tiny_folder):
+    cfg = model_config_for(str(tiny_folder("llama")))
+    assert weights_bytes(cfg, "bfloat16") * 2 == weights_bytes(cfg, torch.float32)
+
+
+@pytest.mark.parametrize("options", [
+    {"kv_cache_memory": 3 << 20},
+    {"num_blocks": 37},
+    {},  # the default: a share of free memory, capped at max_num_seqs full-length sequences
+    {"kv_cache_memory": 1 << 20, "kv_cache_dtype": "bfloat16", "max_model_len": 100},
+    {"kv_cache_memory": 64 << 20, "max_num_seqs": 3, "block_size": 8},
+])
+def test_kv_reservation_equals_the_engine_pool(options, tiny_folder):
+    folder = tiny_folder("llama")
+    cfg = model_config_for(str(folder))
+    config = EngineConfig.default(device="cpu", **options)
+    blocks, nbytes = kv_reservation(config, cfg)
+    engine = llm.load_from_path(folder, config).engine
+    assert blocks == engine.kv.num_blocks
+    assert nbytes == sum(k.nbytes + v.nbytes for k, v in engine.runner.kv_caches)
+
+
+def test_model_config_for_folder_gguf_and_registry(tmp_path, tiny_folder, capsys):
+    folder = tiny_folder("qwen2")
+    assert model_config_for(str(folder)).qkv_bias
+    with pytest.raises(Exception, match="config.json"):
+        model_config_for(str(tmp_path))
+    start = time.perf_counter()
+    cfg = model_config_for(None)  # the bundled smollm2-135m
+    took = time.perf_counter() - start
+    assert (cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.tie_word_embeddings) == (30, 576, 49152, True)
+    assert parameter_count(cfg) == 134_515_008
+    with capsys.disabled():
+        print(f"\nmodel_config_for(None): {took:.3f} s; weights {weights_bytes(cfg) / 2**20:.0f} MiB float32")
+
+
+def test_model_config_for_an_unconverted_gguf_reads_its_metadata(tmp_path, monkeypatch, capsys):
+    """Without the cached conversion, the GGUF's metadata (not its tensors) gives the config."""
+    from batchrun.models import registry
+
+    gguf = registry.find_gguf(registry.lookup("smollm2-135m"))
+    if gguf is None:
+        pytest.skip("the bundled model is not installed")
+    monkeypatch.setenv("BATCHRUN_CACHE", str(tmp_path / "cache"))
+    start = time.perf_counter()
+    cfg = model_config_for(str(gguf))
+    took = time.perf_counter() - start
+    assert (cfg.num_layers, cfg.num_kv_heads, cfg.tie_word_embeddings) == (30, 3, True)
+    assert not (tmp_path / "cache").exists()  # nothing converted
+    with capsys.disabled():
+        print(f"\nmodel_config_for(gguf, not converted): {took:.2f} s")

@@ -1,0 +1,142 @@
+"""The throughput model: calibration on a tiny model, the estimate's monotonicity, the run store."""
+
+import math
+import time
+
+import pytest
+from transformers import AutoConfig
+
+from batchrun.batch import throughput
+from batchrun.batch.throughput import (Calibration, WorkloadShape, calibrate, calibration_from_run,
+                                       estimate_seconds, estimate_steps, load_last_run, save_run)
+from batchrun.config import EngineConfig
+from batchrun.models.llama import ModelConfig
+from tests.tiny_models import make_tiny
+
+CAL = Calibration("test", step_s=0.02, token_s=1e-4, context_s=1e-7, pair_s=1e-9,
+                  sample_s=5e-4, request_s=1e-3)
+
+
+def shape(requests=100, prompt=300, completion=128, cached=0):
+    s = WorkloadShape()
+    for _ in range(requests):
+        s.add(prompt, completion, cached)
+    return s
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    make_tiny("llama", folder, num_hidden_layers=4)
+    return ModelConfig.from_hf(AutoConfig.from_pretrained(folder))
+
+
+def test_micro_benchmark_gives_positive_finite_coefficients(tiny_config):
+    start = time.perf_counter()
+    cal = calibrate(tiny_config, EngineConfig.default(device="cpu"), seconds=1.0)
+    took = time.perf_counter() - start
+    assert took < 60  # generous: shared machines
+    coefs = [cal.step_s, cal.token_s, cal.context_s, cal.pair_s, cal.sample_s, cal.request_s]
+    assert all(math.isfinite(c) and c >= 0 for c in coefs)
+    assert cal.step_s > 0 and (cal.token_s > 0 or cal.sample_s > 0)
+    assert cal.details["layers_timed"] == 2 and cal.details["depth"] == 4
+    assert cal.source.startswith("micro-benchmark")
+    assert estimate_seconds(shape(), cal, EngineConfig.default()) > 0
+
+
+def test_calibration_respects_small_max_num_seqs(tiny_config):
+    cal = calibrate(tiny_config, EngineConfig.default(device="cpu", max_num_seqs=4,
+                                                      max_num_batched_tokens=64), seconds=0.5)
+    assert cal.step_s > 0
+
+
+def test_shape_sums():
+    s = WorkloadShape()
+    s.add(10, 4, 4)
+    assert (s.requests, s.prompt_tokens, s.cached_tokens, s.completion_tokens) == (1, 10, 4, 4)
+    assert s.decode_rows == 3
+    assert s.decode_context_tokens == 11 + 12 + 13
+    assert s.prefill_pairs == sum(range(5, 11))
+    t = WorkloadShape.from_totals(1, 10, 4, 4)
+    assert (t.decode_context_tokens, t.prefill_pairs) == (s.decode_context_tokens, s.prefill_pairs)
+
+
+def test_estimate_is_monotonic_in_completion_and_prompt_tokens():
+    config = EngineConfig.default()
+    times = [estimate_seconds(shape(completion=g), CAL, config) for g in (1, 16, 64, 128, 512)]
+    assert times == sorted(times) and times[0] < times[-1]
+    times = [estimate_seconds(shape(prompt=p), CAL, config) for p in (10, 100, 1000, 4000)]
+    assert times == sorted(times) and times[0] < times[-1]
+    times = [estimate_seconds(shape(requests=n), CAL, config) for n in (1, 10, 300, 3000)]
+    assert times == sorted(times)
+
+
+def test_cache_hits_make_it_faster():
+    config = EngineConfig.default()
+    times = [estimate_seconds(shape(cached=c), CAL, config) for c in (0, 64, 160, 288)]
+    assert times == sorted(times, reverse=True) and times[0] > times[-1]
+
+
+def test_steps_follow_the_scheduler():
+    config = EngineConfig.default(max_num_seqs=8, max_num_batched_tokens=64)
+    # One request: ceil(100 / 64) prefill steps, then 9 decode steps.
+    assert estimate_steps(shape(1, 100, 10), config) == 2 + 9
+    # Far more requests than seats: about completion / seats steps per request.
+    many = estimate_steps(shape(800, 4, 33), config)
+    assert 800 * 32 / 8 <= many <= 800 * 32 / 8 * 1.2
+    # Prefill-bound: every step full.
+    bound = estimate_steps(shape(100, 640, 1), EngineConfig.default(max_num_batched_tokens=64))
+    assert bound == pytest.approx(100 * 640 / 64, rel=0.02)
+    # The extrapolation from a few waves agrees with simulating everything.
+    s = shape(200, 40, 20)
+    width = throughput.concurrency(s, config)
+    full = throughput._simulate(200, width, 40, 19, 64)[-1]
+    assert estimate_steps(s, config) == pytest.approx(full, rel=0.03)
+
+
+def test_kv_pool_limits_concurrency():
+    s = shape(100, 100, 28)  # 8 blocks per request
+    config = EngineConfig.default()
+    assert throughput.concurrency(s, config, num_blocks=80) == 10
+    assert estimate_steps(s, config, num_blocks=80) > estimate_steps(s, config)
+
+
+def summary(wall=40.0, steps=500):
+    return {"requests": {"total": 100, "ok": 100, "failed": 0}, "prompt_tokens": 30000,
+            "completion_tokens": 12800, "cached_tokens": 6000, "wall_time_s": wall,
+            "input": "/data/chat.jsonl", "engine": {"steps": steps}}
+
+
+def test_calibration_from_run_round_trips_a_summary(tiny_config):
+    config = EngineConfig.default()
+    cal = calibration_from_run(summary(), config, tiny_config)
+    assert cal is not None and "chat.jsonl" in cal.source and "100 requests" in cal.source
+    again = WorkloadShape.from_totals(100, 30000, 12800, 6000)
+    assert estimate_seconds(again, cal, config, steps=500) == pytest.approx(40.0)
+    assert estimate_seconds(again, cal, config) == pytest.approx(40.0, rel=0.5)
+    slower = calibration_from_run(summary(wall=80.0), config, tiny_config)
+    assert slower.token_s == pytest.approx(2 * cal.token_s)
+    based = calibration_from_run(summary(), config, tiny_config, base=CAL)
+    assert based.step_s / based.token_s == pytest.approx(CAL.step_s / CAL.token_s)
+    assert calibration_from_run({"wall_time_s": 0}, config, tiny_config) is None
+    assert calibration_from_run({**summary(), "requests": {"ok": 0}}, config, tiny_config) is None
+    assert Calibration.from_dict(cal.as_dict()) == cal
+
+
+def test_store_keys_by_model_and_machine(tmp_path, monkeypatch, tiny_config):
+    monkeypatch.setenv("BATCHRUN_CACHE", str(tmp_path))
+    assert load_last_run("smollm2-135m") is None
+    path = save_run(summary(), "smollm2-135m")
+    assert path.parent == tmp_path / "runs"
+    record = load_last_run("smollm2-135m")
+    assert record["summary"]["wall_time_s"] == 40.0 and record["model"] == "smollm2-135m"
+    cal = calibration_from_run(record, EngineConfig.default(), tiny_config)
+    assert cal.source.startswith("last run 20")
+    assert load_last_run("other/model") is None
+    save_run(summary(wall=50.0), "smollm2-135m")
+    assert load_last_run("smollm2-135m")["summary"]["wall_time_s"] == 50.0
+    real = throughput.machine_info()
+    monkeypatch.setattr(throughput, "machine_info", lambda: {**real, "cpu": "another CPU"})
+    assert load_last_run("smollm2-135m") is None  # another machine's run does not calibrate
+    monkeypatch.setattr(throughput, "machine_info", lambda: {**real, "threads": real["threads"] + 1})
+    assert load_last_run("smollm2-135m") is None
