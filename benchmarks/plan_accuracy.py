@@ -27,7 +27,7 @@ from batchrun.batch.prefix_sharing import PrefixSharing
 from batchrun.batch.runner import RunConfig, run_batch, serving_options
 from batchrun.batch.throughput import (WorkloadShape, calibrate, calibration_from_run,
                                        concurrency, estimate_seconds, estimate_steps)
-from batchrun.config import EngineConfig
+from batchrun.options.engine import EngineConfig
 from batchrun.openai.serving import serving_for
 
 

@@ -11,7 +11,7 @@ from batchrun.batch.launch import EXIT_OK, EXIT_TOO_MANY_FAILED, execute
 from batchrun.options.click_options import click_options, pairs
 from batchrun.options.engine import EngineConfig
 from batchrun.options.fields import OptionsError
-from batchrun.options.job import InputOptions, JobOptions
+from batchrun.options.job import InputOptions, JobOptions, PlanOptions
 from batchrun.options.openai import OpenAIOptions, RequestDefaults
 from batchrun.options.run import RunOptions, from_cli
 from batchrun.usage import UsageError, model_loader
@@ -133,4 +133,36 @@ def job(ctx, spec, variables, restart, dry_run):
     sys.exit(execute(opts, model_loader(ctx)))
 
 
-COMMANDS = (run, validate, job)
+@click.command()
+@click.argument("inputs", metavar="INPUT...", nargs=-1, required=True)
+@click_options(PlanOptions, JobOptions, InputOptions, EngineConfig, OpenAIOptions,
+               RequestDefaults, optional=("output",))
+def plan(inputs, **kwargs):
+    """Show what `batchrun run INPUT... [options]` would do, without loading the model's
+    weights: lines (valid and invalid), prompt and completion tokens, the prefix cache's
+    expected hit rate, the memory it reserves and an estimated wall time. With -o, also whether
+    the run starts afresh, resumes, or has nothing to do."""
+    from batchrun.batch.estimate import estimate_plan, report_text
+    from batchrun.batch.plan import BatchConfigError, make_plan
+
+    shown = _options(lambda: from_cli(PlanOptions, kwargs))
+    given_output = kwargs.get("output") is not None
+    if not given_output:
+        kwargs["output"] = "-"
+    opts = _options(lambda: RunOptions.from_cli(inputs, kwargs))
+    try:
+        job_plan = make_plan(opts)
+    except BatchConfigError as exc:
+        raise UsageError(str(exc)) from exc
+    estimate = estimate_plan(job_plan, shown.calibration, on_stage=lambda text: shown.json or
+                             click.echo(text + " ...", err=True))
+    if not given_output:
+        estimate.start = "unknown"
+    if shown.json:
+        click.echo(json.dumps(estimate.as_dict(), indent=2))
+    else:
+        click.echo(report_text(estimate))
+    sys.exit(EXIT_OK)
+
+
+COMMANDS = (run, validate, job, plan)

@@ -283,10 +283,12 @@ class Job:
                 continue
             request_id = req.prepared.request_id
             self._record(req, OK, batch_output_line(custom_id, request_id, body))
+            params = req.prepared.params
             self.metrics.record_ok(parts[0] if len(parts) == 1 else dataclasses.replace(
                 parts[0], prompt_token_ids=[t for p in parts for t in p.prompt_token_ids],
                 outputs=[c for p in parts for c in p.outputs],
-                num_cached_tokens=sum(p.num_cached_tokens for p in parts)))
+                num_cached_tokens=sum(p.num_cached_tokens for p in parts)),
+                requested=params.max_tokens * params.n * len(parts))
             self.counts.completed += 1
             self.reporter.advance()
 

@@ -50,6 +50,7 @@ class RunMetrics:
     def __init__(self) -> None:
         self.start = time.perf_counter()
         self.ok = 0
+        self.requested_completion_tokens = 0
         self.failed = 0
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -63,8 +64,11 @@ class RunMetrics:
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
-    def record_ok(self, output: RequestOutput) -> None:
+    def record_ok(self, output: RequestOutput, requested: int = 0) -> None:
+        """`requested`: the completion tokens the request asked for (max_tokens x choices):
+        what `batchrun plan` counts, against what was generated."""
         self.ok += 1
+        self.requested_completion_tokens += requested
         self.prompt_tokens += len(output.prompt_token_ids)
         self.completion_tokens += sum(len(c.token_ids) for c in output.outputs)
         self.cached_tokens += output.num_cached_tokens
@@ -83,6 +87,7 @@ class RunMetrics:
             "requests": {"total": self.done, "ok": self.ok, "failed": self.failed},
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "requested_completion_tokens": self.requested_completion_tokens,
             "cached_tokens": self.cached_tokens,
             "cache_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
             "wall_time_s": wall,

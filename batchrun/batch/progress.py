@@ -45,7 +45,7 @@ def resolve_mode(mode: str | bool) -> str:
     return mode
 
 
-def _duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
     seconds = int(seconds)
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
@@ -129,7 +129,7 @@ class Reporter:
         text += f"; {req_s:.1f} req/s, {tok_s:.1f} output tok/s"
         eta = self.eta()
         if eta is not None and c.total and c.done < c.total:
-            text += f", eta {_duration(eta)}"
+            text += f", eta {format_duration(eta)}"
         return text
 
     def _postfix(self) -> str:
@@ -137,7 +137,7 @@ class Reporter:
         text = f"{tok_s:.1f} out tok/s, {self.counts.failed} failed"
         c, eta = self.counts, self.eta()
         if eta is not None and c.total and c.done < c.total:
-            text += f", eta {_duration(eta)}"
+            text += f", eta {format_duration(eta)}"
         return text
 
     # --- events -----------------------------------------------------------------------------

@@ -53,7 +53,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from batchrun.config import EngineConfig
+from batchrun.options.engine import EngineConfig
 
 DEFAULT_MAX_IN_FLIGHT = 256  # batch.runner.RunConfig.max_in_flight
 
@@ -557,7 +557,7 @@ def machine_key(info: dict[str, Any] | None = None) -> str:
 
 
 def runs_dir() -> Path:
-    from batchrun.models.loader import cache_dir
+    from batchrun.paths import cache_dir
 
     return cache_dir() / "runs"
 

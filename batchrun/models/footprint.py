@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from batchrun.config import EngineConfig
+from batchrun.options.engine import EngineConfig
 from batchrun.models.llama import ModelConfig
 
 

@@ -82,12 +82,12 @@ def _help(f: PublicField) -> str:
     return text
 
 
-def click_option(f: PublicField) -> Callable:
+def click_option(f: PublicField, required: bool = True) -> Callable:
     info, extra = f.info, f.extra
     kind = _inner(info.annotation)
     names = [f.flag] + ([extra["short"]] if extra.get("short") else [])
     kw: dict[str, Any] = {"default": None, "help": _help(f), "show_default": False}
-    if info.is_required():
+    if info.is_required() and required:
         kw["required"] = True
     if extra.get("metavar"):
         kw["metavar"] = extra["metavar"]
@@ -117,9 +117,10 @@ def click_option(f: PublicField) -> Callable:
     return click.option(*names, f.name, **kw)
 
 
-def click_options(*models: type[BaseModel], only: tuple[str, ...] | None = None) -> Callable:
+def click_options(*models: type[BaseModel], only: tuple[str, ...] | None = None,
+                  optional: tuple[str, ...] = ()) -> Callable:
     """Decorate a command with the CLI options of `models` (or `only` these of them), in
-    declaration order."""
+    declaration order; `optional`: required fields this command can do without."""
     fields = [f for m in models for f in public_fields(m)
               if f.extra.get("cli", True) and (only is None or f.name in only)]
     seen: set[str] = set()
@@ -130,6 +131,6 @@ def click_options(*models: type[BaseModel], only: tuple[str, ...] | None = None)
 
     def decorate(command: Callable) -> Callable:
         for f in reversed(fields):
-            command = click_option(f)(command)
+            command = click_option(f, required=f.name not in optional)(command)
         return command
     return decorate

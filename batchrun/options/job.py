@@ -75,3 +75,15 @@ class JobOptions(BaseModel):
         "bar on a terminal, log lines otherwise.")
     log_interval: float = option(30.0, "Seconds between progress log lines.", ge=0)
     quiet: bool = option(False, "No progress and no summary; warnings only.", short="-q")
+
+
+class PlanOptions(BaseModel):
+    """`batchrun plan`: how the estimate is made and shown."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    calibration: Literal["auto", "last-run", "benchmark"] = option(
+        "auto", "What the time estimate is calibrated by: the last completed run of this model "
+        "on this machine, or a few-second micro-benchmark of the engine; auto = the last run "
+        "where there is one.")
+    json: bool = option(False, "Print the plan as one JSON object.")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from batchrun import llm
-from batchrun.config import EngineConfig
+from batchrun.options.engine import EngineConfig
 from transformers import AutoModelForCausalLM
 
 from batchrun.models.footprint import kv_reservation, model_config_for, parameter_count, weights_bytes

@@ -9,7 +9,7 @@ from transformers import AutoConfig
 from batchrun.batch import throughput
 from batchrun.batch.throughput import (Calibration, WorkloadShape, calibrate, calibration_from_run,
                                        estimate_seconds, estimate_steps, load_last_run, save_run)
-from batchrun.config import EngineConfig
+from batchrun.options.engine import EngineConfig
 from batchrun.models.llama import ModelConfig
 from tests.tiny_models import make_tiny
 

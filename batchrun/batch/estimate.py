@@ -1,0 +1,198 @@
+"""`batchrun plan`: what a run of a JobPlan would do, before it does it, without its weights.
+
+One streaming pass over the inputs, exactly as the run reads them: each line is validated and
+rendered with the model's chat template and tokenizer (the run's own prepare_line), its
+prompt tokens counted, its requested completion tokens (max_tokens x choices, or the room left
+in the context) added up, and its prompts replayed through a model of the prefix cache
+(batch/prefix_sharing.py: what the cache will serve). Memory stays flat: per line only the
+duplicate check's 16 bytes and the cache model's bounded LRU.
+
+Then the sizes (models/footprint.py: weights, the KV pool the engine will reserve) and the
+time (batch/throughput.py: a cost model of this engine, calibrated by the last run of this
+model on this machine, or by a few-second micro-benchmark of the engine on a 2-layer copy of
+the architecture).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from batchrun.batch import io
+from batchrun.batch.plan import JobPlan
+from batchrun.batch.prefix_sharing import PrefixSharing
+from batchrun.batch.progress import format_duration
+from batchrun.batch.runner import prepare_line
+from batchrun.batch.throughput import WorkloadShape
+from batchrun.batch.validate import tokenizer_model, validate
+from batchrun.openai.serving import OpenAIServing
+
+CALIBRATIONS = ("auto", "last-run", "benchmark")
+
+
+@dataclass
+class Estimate:
+    inputs: list[dict[str, Any]]  # path, format, bytes
+    start: str  # the plan's resume decision
+    model: str
+    lines: int = 0
+    valid: int = 0
+    invalid: int = 0
+    invalid_by_code: dict[str, int] = field(default_factory=dict)
+    requests: int = 0  # engine requests (a completions line may have several prompts)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, what the prefix cache would serve
+    requested_completion_tokens: int = 0
+    fill_context: int = 0  # requests with no max_tokens: their room in the context is counted
+    expected_completion_tokens: int | None = None  # scaled by the last run's generated share
+    scan_seconds: float = 0.0
+    weights_bytes: int = 0
+    weights_dtype: str = ""
+    kv_blocks: int = 0
+    kv_bytes: int = 0
+    block_size: int = 16
+    estimated_seconds: float | None = None
+    calibration: str = ""
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "cache_hit_rate": self.cache_hit_rate}
+
+
+def scan(plan: JobPlan, model: Any, sharing: PrefixSharing, shape: WorkloadShape,
+         share: float = 1.0) -> Estimate:
+    """The streaming pass: line counts, tokens, prefix sharing (into `sharing` and `shape`).
+    `share`: the fraction of the requested completion tokens a request is expected to generate
+    (1 = all of them; the last run's share when it stopped early)."""
+    estimate = Estimate(inputs=[{"path": s.path, "format": str(s.format), "bytes": size}
+                                for s, (_, size, _) in zip(plan.sources, plan.fingerprint)],
+                        start=plan.start, model=model.name, block_size=sharing.block_size)
+    serving = OpenAIServing(model, plan.serving)
+    context = model.max_model_len
+    codes: Counter = Counter()
+
+    def prepare(text: str, line: int):
+        prepared = prepare_line(text, line, serving)
+        params = prepared.params
+        for prompt in prepared.request.prompts:
+            requested = min(params.max_tokens, context - len(prompt)) * params.n
+            completion = max(1, round(requested * share)) if requested else 0
+            shape.add(len(prompt), completion, sharing.add(prompt, completion))
+            estimate.requests += 1
+        estimate.requested_completion_tokens += params.max_tokens * params.n * \
+            len(prepared.request.prompts)
+        if _fills_context(prepared):
+            estimate.fill_context += 1
+        return prepared
+
+    report = validate(list(plan.sources), prepare, lambda item, exc: codes.update([exc.code]),
+                      plan.storage, plan.inputs.columns)
+    estimate.lines, estimate.valid = report.lines, report.valid
+    estimate.invalid, estimate.invalid_by_code = report.invalid, dict(codes.most_common())
+    estimate.prompt_tokens, estimate.cached_tokens = shape.prompt_tokens, shape.cached_tokens
+    estimate.scan_seconds = report.seconds
+    return estimate
+
+
+def _fills_context(prepared: Any) -> bool:
+    request = prepared.request.request
+    return getattr(request, "max_tokens", None) is None and \
+        getattr(request, "max_completion_tokens", None) is None
+
+
+def estimate_plan(plan: JobPlan, calibration: str = "auto",
+                  on_stage: Callable[[str], None] = lambda text: None) -> Estimate:
+    """Everything `batchrun plan` prints. `calibration`: auto (the last run of this model on
+    this machine, else the micro-benchmark), last-run (fail over to the benchmark with a note),
+    benchmark."""
+    from batchrun.batch import throughput
+    from batchrun.models import footprint
+
+    spec = plan.inputs.model
+    on_stage("reading the model's config and tokenizer (not its weights)")
+    cfg = footprint.model_config_for(spec)
+    engine = plan.engine
+    model = tokenizer_model(spec, engine.max_model_len)
+    blocks, kv_bytes = footprint.kv_reservation(engine, cfg)
+    sharing = PrefixSharing(engine.cache.block_size, blocks,
+                            enabled=engine.cache.enable_prefix_caching)
+    key = run_key(model.name, engine)
+    last = throughput.load_last_run(key) if calibration in ("auto", "last-run") else None
+    summary = (last or {}).get("summary", {})
+    generated, requested = summary.get("completion_tokens"), \
+        summary.get("requested_completion_tokens")
+    # Requests stop early (EOS); as the last run did, in proportion.
+    share = min(1.0, generated / requested) if generated and requested else 1.0
+
+    shape = WorkloadShape()
+    on_stage("scanning the inputs")
+    estimate = scan(plan, model, sharing, shape, share)
+    if share < 1.0:
+        estimate.expected_completion_tokens = shape.completion_tokens
+    estimate.weights_bytes = footprint.weights_bytes(cfg, engine.device.dtype)
+    estimate.weights_dtype = _dtype_name(engine.device.dtype)
+    estimate.kv_blocks, estimate.kv_bytes = blocks, kv_bytes
+
+    cal = throughput.calibration_from_run(last, engine, cfg) if last is not None else None
+    if cal is None:
+        on_stage("calibrating: a few seconds of this engine on a 2-layer copy of the model")
+        cal = throughput.calibrate(cfg, engine)
+        if calibration == "last-run":
+            cal = cal.scaled(1.0, f"{cal.source}; no last run of {model.name} on this machine")
+    estimate.calibration = cal.source
+    estimate.estimated_seconds = throughput.estimate_seconds(
+        shape, cal, engine, max_in_flight=plan.max_in_flight, num_blocks=blocks)
+    return estimate
+
+
+def run_key(model_name: str, engine: Any) -> str:
+    """What a run's calibration is kept under (with the machine: throughput.save_run)."""
+    return f"{model_name}|{engine.device.dtype}|kv={engine.cache.kv_cache_dtype}"
+
+
+def _dtype_name(dtype: str) -> str:
+    return "float32 on CPU, bfloat16 on CUDA" if dtype == "auto" else dtype
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def report_text(e: Estimate) -> str:
+    names = ", ".join("stdin" if i["path"] == io.STDIO else i["path"] for i in e.inputs[:3])
+    names += f" and {len(e.inputs) - 3} more" if len(e.inputs) > 3 else ""
+    size = sum(i["bytes"] or 0 for i in e.inputs)
+    invalid = ", ".join(f"{code}: {n}" for code, n in e.invalid_by_code.items())
+    rate = e.lines / e.scan_seconds if e.scan_seconds > 0 else 0.0
+    completion = f"{e.requested_completion_tokens:,} requested"
+    if e.fill_context:
+        completion += f" ({e.fill_context:,} lines without max_tokens count their context room)"
+    if e.expected_completion_tokens is not None:
+        completion += f", ~{e.expected_completion_tokens:,} expected (as the last run stopped early)"
+    starts = {"fresh": "a fresh start", "resume": "resume from the committed results",
+              "done": "nothing: this job already completed over the same inputs",
+              "unknown": "(give -o to see whether it starts afresh or resumes)"}
+    lines = [
+        f"inputs      {len(e.inputs)} file(s), {_size(size)}: {names}",
+        f"lines       {e.lines:,}: {e.valid:,} valid, {e.invalid:,} invalid"
+        + (f" ({invalid})" if invalid else "") + f"  [scanned at {rate:,.0f} lines/s]",
+        f"model       {e.model}; {e.requests:,} engine requests",
+        f"prompt      {e.prompt_tokens:,} tokens (mean "
+        f"{e.prompt_tokens / max(e.requests, 1):,.0f}), {e.cached_tokens:,} from the prefix "
+        f"cache: expected hit rate {e.cache_hit_rate:.1%}",
+        f"completion  {completion}",
+        f"memory      weights {_size(e.weights_bytes)} ({e.weights_dtype}); KV cache "
+        f"{_size(e.kv_bytes)} reserved ({e.kv_blocks:,} blocks of {e.block_size} tokens)",
+        f"wall time   ~{format_duration(e.estimated_seconds or 0)} estimated (calibrated by "
+        f"{e.calibration})",
+        f"a run does  {starts[e.start]}",
+    ]
+    return "\n".join(lines)
