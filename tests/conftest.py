@@ -1,4 +1,11 @@
+import os
+import tempfile
+
 import pytest
+
+# Runs record their metrics for `batchrun plan`'s calibration; runs on the fake engine must not
+# calibrate the user's real model. Set before any test (subprocesses inherit it).
+os.environ["BATCHRUN_RUNS_DIR"] = tempfile.mkdtemp(prefix="batchrun-test-runs-")
 
 
 @pytest.fixture(scope="session")

@@ -154,11 +154,11 @@ def plan(inputs, **kwargs):
         job_plan = make_plan(opts)
     except BatchConfigError as exc:
         raise UsageError(str(exc)) from exc
-    estimate = estimate_plan(job_plan, shown.calibration, on_stage=lambda text: shown.json or
+    estimate = estimate_plan(job_plan, shown.calibration, on_stage=lambda text: shown.as_json or
                              click.echo(text + " ...", err=True))
     if not given_output:
         estimate.start = "unknown"
-    if shown.json:
+    if shown.as_json:
         click.echo(json.dumps(estimate.as_dict(), indent=2))
     else:
         click.echo(report_text(estimate))

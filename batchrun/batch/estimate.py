@@ -7,7 +7,7 @@ in the context) added up, and its prompts replayed through a model of the prefix
 (batch/prefix_sharing.py: what the cache will serve). Memory stays flat: per line only the
 duplicate check's 16 bytes and the cache model's bounded LRU.
 
-Then the sizes (models/footprint.py: weights, the KV pool the engine will reserve) and the
+Then the sizes (footprint.py: weights, the KV pool the engine will reserve) and the
 time (batch/throughput.py: a cost model of this engine, calibrated by the last run of this
 model on this machine, or by a few-second micro-benchmark of the engine on a 2-layer copy of
 the architecture).
@@ -111,7 +111,7 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     this machine, else the micro-benchmark), last-run (fail over to the benchmark with a note),
     benchmark."""
     from batchrun.batch import throughput
-    from batchrun.models import footprint
+    from batchrun import footprint
 
     spec = plan.inputs.model
     on_stage("reading the model's config and tokenizer (not its weights)")

@@ -99,6 +99,8 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
             log.warning("interrupted; what finished is committed: rerun with --resume")
             return EXIT_INTERRUPTED
 
+    if result["status"] == "completed":
+        _remember_run(result, loaded.name, opts)
     requests = result["requests"]
     if result["status"] != "completed":
         if not quiet:
@@ -117,6 +119,18 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
             written.append(f"metrics: {t.metrics}")
         click.echo("; ".join(written), err=True)
     return _exit_code(result, opts)
+
+
+def _remember_run(result: dict, model_name: str, opts: RunOptions) -> None:
+    """Keep the run's metrics: `batchrun plan` calibrates its time estimate by them."""
+    from batchrun.batch.estimate import run_key
+    from batchrun.batch.throughput import save_run
+
+    if result.get("this_run", {}).get("ok"):
+        try:
+            save_run(result, run_key(model_name, opts.engine))
+        except OSError as exc:  # a read-only home must not fail a finished run
+            log.warning("could not keep this run's metrics for `batchrun plan`: %s", exc)
 
 
 def _shown(path: str) -> str:

@@ -482,7 +482,7 @@ def prior(model_config, flops: float = 50e9, bandwidth: float = 10e9,
     """An uncalibrated cost model from the architecture alone (float32, an assumed machine of
     `flops` and `bandwidth`): only the ratios between coefficients matter once a run rescales
     it (calibration_from_run)."""
-    from batchrun.models.footprint import parameter_count
+    from batchrun.footprint import parameter_count
 
     cfg = model_config
     head = cfg.vocab_size * cfg.hidden_size
@@ -557,9 +557,11 @@ def machine_key(info: dict[str, Any] | None = None) -> str:
 
 
 def runs_dir() -> Path:
+    """$BATCHRUN_RUNS_DIR (the test suite points it elsewhere), else <cache>/runs."""
     from batchrun.paths import cache_dir
 
-    return cache_dir() / "runs"
+    env = os.environ.get("BATCHRUN_RUNS_DIR")
+    return Path(env) if env else cache_dir() / "runs"
 
 
 def _run_path(model_key: str, info: dict[str, Any] | None = None) -> Path:

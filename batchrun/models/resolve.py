@@ -14,7 +14,7 @@ from batchrun.models import registry
 from batchrun.models.loader import ModelFiles, ModelNotFoundError, convert_bin_folder, convert_gguf
 
 HUB_ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "merges.txt", "vocab.*"]
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def resolve_model(spec: str | None = None) -> ModelFiles:
@@ -27,7 +27,7 @@ def resolve_model(spec: str | None = None) -> ModelFiles:
 
     path = Path(spec).expanduser()
     if path.is_dir():
-        return _from_folder(path, spec)
+        return from_folder(path, spec)
     if path.is_file():
         if path.suffix.lower() == ".gguf":
             return _aliased(path.stem, convert_gguf(path), spec, path.name, str(path.resolve()))
@@ -35,7 +35,7 @@ def resolve_model(spec: str | None = None) -> ModelFiles:
             f"{spec!r} is a file but not a .gguf file. Pass a .gguf file, a Hugging Face model "
             f"folder (with config.json and *.safetensors), a hub id, or one of: {registry.known_names()}."
         )
-    if _HUB_ID.match(spec):
+    if HUB_ID.match(spec):
         return _from_hub(spec)
     raise ModelNotFoundError(
         f"Unknown model {spec!r}. Tried: the model registry (known names: {registry.known_names()}), "
@@ -52,7 +52,7 @@ def _aliased(name: str, path: Path, *aliases: str) -> ModelFiles:
     return ModelFiles(name=name, path=path, aliases=tuple(seen))
 
 
-def _from_folder(folder: Path, spec: str) -> ModelFiles:
+def from_folder(folder: Path, spec: str) -> ModelFiles:
     folder = folder.resolve()
     if not (folder / "config.json").is_file():
         ggufs = sorted(folder.glob("*.gguf"))

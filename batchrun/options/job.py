@@ -86,4 +86,4 @@ class PlanOptions(BaseModel):
         "auto", "What the time estimate is calibrated by: the last completed run of this model "
         "on this machine, or a few-second micro-benchmark of the engine; auto = the last run "
         "where there is one.")
-    json: bool = option(False, "Print the plan as one JSON object.")
+    as_json: bool = option(False, "Print the plan as one JSON object.", name="json")

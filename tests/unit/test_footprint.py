@@ -9,7 +9,7 @@ from batchrun import llm
 from batchrun.options.engine import EngineConfig
 from transformers import AutoModelForCausalLM
 
-from batchrun.models.footprint import kv_reservation, model_config_for, parameter_count, weights_bytes
+from batchrun.footprint import kv_reservation, model_config_for, parameter_count, weights_bytes
 from tests.tiny_models import make_tiny
 
 

@@ -98,7 +98,8 @@ def model_config_for(model: str | None) -> ModelConfig:
 
 def _hf_config(model: str | None, AutoConfig):
     from batchrun.models import registry
-    from batchrun.models.loader import _HUB_ID, ModelNotFoundError, _from_folder
+    from batchrun.models.loader import ModelNotFoundError
+    from batchrun.models.resolve import HUB_ID, from_folder
 
     spec = (model or "").strip()
     if spec in ("", "default"):
@@ -112,17 +113,17 @@ def _hf_config(model: str | None, AutoConfig):
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            _from_folder(path, spec)  # raises the loader's explanation
+            from_folder(path, spec)  # raises the loader's explanation
         return AutoConfig.from_pretrained(path)  # a *.bin folder is not converted for this
     if path.is_file() and path.suffix.lower() == ".gguf":
         return _gguf_config(path, AutoConfig)
-    if not path.exists() and _HUB_ID.match(spec):
+    if not path.exists() and HUB_ID.match(spec):
         try:
             return AutoConfig.from_pretrained(spec)
         except Exception as exc:  # offline, unknown or gated repo
             raise ModelNotFoundError(f"could not read the config of hub model {spec!r}: "
                                      f"{type(exc).__name__}: {exc}") from exc
-    from batchrun.models.loader import resolve_model
+    from batchrun.models.resolve import resolve_model
 
     resolve_model(spec)  # raises the loader's own explanation
     raise ModelNotFoundError(f"unknown model {spec!r}")  # pragma: no cover
