@@ -119,7 +119,7 @@ def to_sampling_params(request: ChatCompletionRequest | CompletionRequest, promp
         min_tokens=request.min_tokens or 0,
         stop=list(stop),
         stop_token_ids=list(request.stop_token_ids or []),
-        seed=request.seed,
+        seed=_pick("seed", request, user, model),
         logit_bias=bias or None,
         ignore_eos=bool(request.ignore_eos),
         logprobs=_logprobs(request),

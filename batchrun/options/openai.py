@@ -24,6 +24,8 @@ class RequestDefaults(BaseModel):
                                        ge=0, le=2)
     max_tokens: int | None = option(None, "max_tokens for requests that leave it out [default: "
                                     "fill the context].", ge=1)
+    seed: int | None = option(None, "seed for requests that leave it out: sampled outputs that "
+                              "a rerun reproduces.", ge=-(2**63), le=2**63 - 1)
 
 
 class OpenAIOptions(BaseModel):

@@ -123,3 +123,18 @@ def test_validate_shares_the_adapter_options():
     options = command_options(validate)
     for f in cli_fields(OpenAIOptions):
         assert f.flag.split("/")[0] in options
+
+
+def test_seed_default_reaches_requests_that_leave_it_out(smol_tokenizer):
+    from types import SimpleNamespace
+
+    from batchrun.openai.serving import OpenAIServing, ServingOptions
+
+    model = SimpleNamespace(tokenizer=smol_tokenizer, name="m", aliases=(), max_model_len=64,
+                            generation_defaults={}, engine=None)
+    serving = OpenAIServing(model, ServingOptions(defaults=RequestDefaults(seed=7)))
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    assert serving.prepare("/v1/chat/completions", body).params.seed == 7
+    assert serving.prepare("/v1/chat/completions", {**body, "seed": 3}).params.seed == 3
+    result = CliRunner().invoke(run, ["a.jsonl", "-o", "o.jsonl", "--seed", "x"])
+    assert result.exit_code == 2 and "--seed" in result.output
