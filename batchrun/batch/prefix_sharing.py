@@ -22,7 +22,7 @@
 
 Memory is O(capacity_blocks) whatever the number of prompts: one dict entry per block.
 Block identity is Python's `hash((parent, block_tuple))`: 64 bits, salted per process, cheap
-(hashing is the cost; about 0.5 s per 100k prompts of 300 tokens on this project's 2-core
+(hashing is the cost: 0.45-0.8 s per 100k prompts of 300 tokens on this project's 2-core
 machines, see the figures in the module's tests / the branch report). Collisions (~2^-64 per
 pair) are ignored.
 

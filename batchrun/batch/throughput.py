@@ -285,7 +285,8 @@ def _bench_model(model_cfg, layers: int, device, dtype):
 
 
 class _StepRecorder:
-    """Wraps an engine's runner and decoder layers: per step, its features and timings."""
+    """Wraps an engine's step, runner and decoder layers: per step, its features, the time in
+    decoder layers and the step's whole time."""
 
     def __init__(self, engine):
         self.rows: list[tuple] = []  # (tokens, context, pairs, sampled, layer_s, step_s)
@@ -312,6 +313,18 @@ class _StepRecorder:
             return out
 
         runner.execute = timed_execute
+        step = engine.step
+
+        def timed_step():
+            # The whole step: scheduling and sampling happen outside runner.execute.
+            before = len(self.rows)
+            start = time.perf_counter()
+            out = step()
+            if len(self.rows) > before:
+                self.rows[-1] = self.rows[-1][:5] + (time.perf_counter() - start,)
+            return out
+
+        engine.step = timed_step
         for layer in runner.model.layers:
             forward = layer.forward
 
