@@ -415,11 +415,11 @@ def calibrate(model_config, engine_config: EngineConfig | None = None,
         max_len = min(config.max_model_len or model_config.max_position_embeddings,
                       model_config.max_position_embeddings)
         long_ctx = max(8, min(512, max_len - 64))
-        bench_config = dataclasses.replace(
-            config, cache=dataclasses.replace(config.cache, num_blocks=max(
-                64, (min(64, max_seqs) + 2) * -(-(long_ctx + 64) // bs)), kv_cache_memory=None,
-                enable_prefix_caching=True),
-            max_model_len=max_len)
+        bench_config = config.model_copy(update={
+            "cache": config.cache.model_copy(update={
+                "num_blocks": max(64, (min(64, max_seqs) + 2) * -(-(long_ctx + 64) // bs)),
+                "kv_cache_memory": None, "enable_prefix_caching": True}),
+            "max_model_len": max_len})
         engine = Engine(model, _NoTokenizer(), bench_config, [], device, dtype,
                         bench_config.cache.num_blocks, max_len)
         recorder = _StepRecorder(engine)
