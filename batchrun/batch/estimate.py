@@ -135,7 +135,7 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     if share < 1.0:
         estimate.expected_completion_tokens = shape.completion_tokens
     estimate.weights_bytes = footprint.weights_bytes(cfg, engine.device.dtype)
-    estimate.weights_dtype = _dtype_name(engine.device.dtype)
+    estimate.weights_dtype = _dtype_name(engine)
     estimate.kv_blocks, estimate.kv_bytes = blocks, kv_bytes
 
     cal = throughput.calibration_from_run(last, engine, cfg) if last is not None else None
@@ -155,8 +155,11 @@ def run_key(model_name: str, engine: Any) -> str:
     return f"{model_name}|{engine.device.dtype}|kv={engine.cache.kv_cache_dtype}"
 
 
-def _dtype_name(dtype: str) -> str:
-    return "float32 on CPU, bfloat16 on CUDA" if dtype == "auto" else dtype
+def _dtype_name(engine: Any) -> str:
+    """The dtype the weights will have here (auto: float32 on the CPU, bfloat16 on CUDA)."""
+    from batchrun.llm import pick_device, pick_dtype
+
+    return str(pick_dtype(engine.device.dtype, pick_device(engine.device.device))).split(".")[-1]
 
 
 def _size(n: int) -> str:

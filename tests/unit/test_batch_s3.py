@@ -139,3 +139,28 @@ def test_cli_with_storage_options(s3):
          "--storage-options", json.dumps(options)], cwd=ROOT, env=env, capture_output=True,
         text=True, timeout=120)
     assert proc.returncode == 3 and "9 lines: 2 valid, 7 invalid" in proc.stderr
+
+
+def test_plan_reads_s3_inputs(s3):
+    from click.testing import CliRunner
+
+    from batchrun.batch.commands import plan
+    from batchrun.batch.estimate import run_key
+    from batchrun.batch.throughput import save_run
+    from batchrun.options.engine import EngineConfig
+
+    save_run({"status": "completed", "requests": {"total": 1, "ok": 1, "failed": 0},
+              "prompt_tokens": 100, "completion_tokens": 10, "cached_tokens": 0,
+              "wall_time_s": 1.0, "engine": {"steps": 10}},
+             run_key("smollm2-135m", EngineConfig()))
+    fs, options = s3
+    args = ["--storage-options", json.dumps(options), "--json"]
+    result = CliRunner().invoke(plan, ["s3://bkt/in/chat.jsonl", *args])
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.stdout)
+    assert got["inputs"][0]["path"] == "s3://bkt/in/chat.jsonl"
+    assert got["inputs"][0]["bytes"] == (SAMPLES / "chat.jsonl").stat().st_size
+    assert (got["lines"], got["valid"], got["prompt_tokens"]) == (30, 30, 1401)
+    pq_result = CliRunner().invoke(plan, ["s3://bkt/pq/chat.parquet", *args])
+    assert pq_result.exit_code == 0, pq_result.output
+    assert json.loads(pq_result.stdout)["prompt_tokens"] == 1401

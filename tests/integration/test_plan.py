@@ -1,0 +1,88 @@
+"""`batchrun plan`: what a run would do, checked against what the run does.
+
+The time estimate's calibration is seeded from a recorded run (tests/conftest.py points
+BATCHRUN_RUNS_DIR at a temporary folder), so these tests do not spend seconds benchmarking."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from batchrun.batch.commands import plan, validate
+from batchrun.batch.estimate import run_key
+from batchrun.batch.throughput import save_run
+from batchrun.options.engine import EngineConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = ROOT / "sample_data"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def recorded_run():
+    """A last run of the bundled model on this machine (plan calibrates from it)."""
+    save_run({"status": "completed", "requests": {"total": 30, "ok": 30, "failed": 0},
+              "prompt_tokens": 1401, "completion_tokens": 1000, "cached_tokens": 224,
+              "requested_completion_tokens": 1304, "wall_time_s": 30.0,
+              "engine": {"steps": 120}}, run_key("smollm2-135m", EngineConfig()))
+
+
+def run_plan(*args):
+    result = CliRunner().invoke(plan, [*map(str, args), "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_counts_and_tokens_match_what_the_run_reported(tmp_path):
+    """sample_data/chat.jsonl's run on the bundled model (greedy, prefix cache on) reported
+    1,401 prompt tokens and 224 served by the prefix cache: the plan says the same, and that
+    30 lines request 1,304 completion tokens."""
+    got = run_plan(SAMPLES / "chat.jsonl")
+    assert (got["lines"], got["valid"], got["invalid"], got["requests"]) == (30, 30, 0, 30)
+    assert got["prompt_tokens"] == 1401 and got["cached_tokens"] == 224
+    assert got["requested_completion_tokens"] == 1304
+    # The last run generated 1000 of its 1304 requested tokens: each request is scaled so.
+    assert abs(got["expected_completion_tokens"] - 1000) <= 30
+    assert "last run" in got["calibration"] and got["estimated_seconds"] > 0
+    assert got["weights_bytes"] > 500 << 20 and got["kv_blocks"] > 0 and got["kv_bytes"] > 0
+
+
+def test_invalid_lines_are_counted_as_validate_counts_them():
+    got = run_plan(SAMPLES / "malformed.jsonl")
+    result = CliRunner().invoke(validate, [str(SAMPLES / "malformed.jsonl"), "--check-prompts",
+                                           "--json"])
+    problems = [json.loads(x) for x in result.stdout.splitlines()]
+    assert got["invalid"] == len(problems) > 0 and got["valid"] == got["lines"] - len(problems)
+    codes = {}
+    for p in problems:
+        codes[p["error"]["code"]] = codes.get(p["error"]["code"], 0) + 1
+    assert got["invalid_by_code"] == codes
+
+
+def test_parquet_input_and_no_cache_hits_without_a_prefix_cache():
+    got = run_plan(SAMPLES / "prompts.parquet", "--column", "custom_id=id", "--column",
+                   "prompt=question")
+    assert got["lines"] == got["valid"] > 0 and got["prompt_tokens"] > 0
+    off = run_plan(SAMPLES / "chat.jsonl", "--no-prefix-cache")
+    assert off["cached_tokens"] == 0 and off["prompt_tokens"] == 1401
+
+
+def test_the_resume_decision_follows_the_output(tmp_path):
+    src = tmp_path / "in.jsonl"
+    shutil.copy(SAMPLES / "chat.jsonl", src)
+    out = tmp_path / "out.jsonl"
+    assert run_plan(src)["start"] == "unknown"
+    assert run_plan(src, "-o", out)["start"] == "fresh"
+    (tmp_path / "out.jsonl.batchrun-staging").mkdir()
+    (tmp_path / "out.jsonl.batchrun-staging" / "part-00001-000001.jsonl").write_text("")
+    result = CliRunner().invoke(plan, [str(src), "-o", str(out)])
+    assert result.exit_code == 2 and "--resume" in result.output
+
+
+def test_text_report_names_every_figure():
+    result = CliRunner().invoke(plan, [str(SAMPLES / "chat.jsonl")])
+    assert result.exit_code == 0, result.output
+    for words in ("30: 30 valid", "1,401 tokens", "expected hit rate 16.0%", "1,304 requested",
+                  "weights", "KV cache", "estimated (calibrated by last run"):
+        assert words in result.stdout, result.stdout
