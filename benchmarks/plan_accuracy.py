@@ -1,16 +1,16 @@
-"""How close the plan's estimate comes to a real run: wall time and prefix-cache hit rate.
+"""How close `batchrun plan` comes to `batchrun run`: wall time and prefix-cache hit rate.
 
-Renders an OpenAI batch file as the batch runner does, builds the WorkloadShape and the
-PrefixSharing estimate, calibrates the throughput model with the micro-benchmark, then runs
-the same lines through the batch runner (run_batch, as `batchrun run` does, model already
-loaded) and prints estimate against measurement.
+    python benchmarks/plan_accuracy.py                       # HumanEval chat + few-shot
+    python benchmarks/plan_accuracy.py my.jsonl --limit 64
 
-    python benchmarks/plan_accuracy.py ../shared/workloads/humaneval_chat.jsonl --limit 64
-
-Two estimates are printed: with the requested max_tokens (what `batchrun plan` knows before the
-run: an upper bound when requests stop at EOS) and with the completion lengths the run actually
-produced (the throughput model alone). The run's metrics are also fed to calibration_from_run,
-whose estimate of the same run is exact by construction; it is printed for the record.
+For each workload, in a fresh runs folder (no earlier run calibrates anything):
+  1. `batchrun plan W --calibration benchmark --json`: the estimate from the micro-benchmark;
+  2. `batchrun plan W --calibration last-run --json`: calibrated by the run of the *previous*
+     workload (the first workload has none: skipped);
+  3. `batchrun run W`: the measured wall time (the metrics' wall_time_s: the run, without
+     loading the model) and cache hit rate. This run calibrates the next workload's step 2.
+Everything goes through the CLI, as a user would see it. Figures depend on the machine and its
+load: name the CPU next to them.
 """
 
 from __future__ import annotations
@@ -18,105 +18,79 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import subprocess
 import sys
 import tempfile
-import time
+from pathlib import Path
 
-from batchrun import llm
-from batchrun.batch.prefix_sharing import PrefixSharing
-from batchrun.batch.runner import RunConfig, run_batch, serving_options
-from batchrun.batch.throughput import (WorkloadShape, calibrate, calibration_from_run,
-                                       concurrency, estimate_seconds, estimate_steps)
-from batchrun.options.engine import EngineConfig
-from batchrun.openai.serving import serving_for
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.workloads import BUILDERS, workload_path  # noqa: E402
+
+
+def batchrun(*args: str, env: dict) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "batchrun", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"batchrun {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
+    return proc
+
+
+def cpu() -> str:
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                 if line.startswith("model name")), "?")
+    isa = "AVX-512" if " avx512f" in info else "AVX2" if " avx2" in info else "no AVX2"
+    return f"{name}, {os.cpu_count()} cores, {isa}"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("input")
-    ap.add_argument("--limit", type=int)
-    ap.add_argument("--seconds", type=float, default=3.0, help="micro-benchmark budget")
-    ap.add_argument("--max-num-seqs", type=int)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("workloads", nargs="*", help="batch files [default: the HumanEval chat and "
+                    "few-shot workloads of benchmarks/workloads.py]")
+    ap.add_argument("--limit", type=int, help="only the first N lines of each")
+    ap.add_argument("options", nargs=argparse.REMAINDER, help="after --: run/plan options")
     args = ap.parse_args()
-
-    overrides = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
-    config = EngineConfig.default(**overrides)
-    t0 = time.perf_counter()
-    loaded = llm.load(None, config)
-    engine = loaded.engine
-    print(f"model loaded in {time.perf_counter() - t0:.1f} s; KV pool {engine.kv.num_blocks} blocks")
-
-    with open(args.input) as f:
-        lines = [line for line in f if line.strip()][:args.limit]
-    run_config = RunConfig(input="", output="")
-    serving = serving_for(loaded, serving_options(run_config))
-    t0 = time.perf_counter()
-    shape = WorkloadShape()
-    sharing = PrefixSharing(config.cache.block_size, engine.kv.num_blocks)
-    prompts = []
-    for line in lines:
-        raw = json.loads(line)
-        prepared = serving.prepare(raw["url"], raw["body"], allow_stream=False)
-        for prompt in prepared.prompts:
-            room = loaded.max_model_len - len(prompt)
-            max_tokens = room if prepared.params.max_tokens is None else prepared.params.max_tokens
-            cached = sharing.add(prompt, max_tokens)
-            shape.add(len(prompt), max_tokens, cached)
-            prompts.append(len(prompt))
-    render_s = time.perf_counter() - t0
-    print(f"{len(lines)} lines rendered in {render_s:.2f} s: {shape.prompt_tokens} prompt tokens, "
-          f"{shape.completion_tokens} requested completion tokens, "
-          f"estimated hit rate {sharing.hit_rate:.1%}")
-
-    t0 = time.perf_counter()
-    cal = calibrate(engine.runner.model.config, config, args.seconds)
-    print(f"calibration in {time.perf_counter() - t0:.1f} s: {cal.source}")
-    print("  " + ", ".join(f"{k}={getattr(cal, k):.3g}" for k in
-                           ("step_s", "token_s", "context_s", "pair_s", "sample_s", "request_s")))
-    shape.host_seconds = render_s  # the runner renders each line too
-    width = concurrency(shape, config, num_blocks=engine.kv.num_blocks)
-    steps = estimate_steps(shape, config, num_blocks=engine.kv.num_blocks)
-    est = estimate_seconds(shape, cal, config, num_blocks=engine.kv.num_blocks)
-    print(f"estimate (requested max_tokens): {est:.1f} s, {steps} steps at concurrency {width}")
-
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "in.jsonl")
-        with open(src, "w") as f:
-            f.writelines(lines)
-        out = os.path.join(tmp, "out.jsonl")
-        summary = run_batch(loaded, RunConfig(input=src, output=out, progress="none"))
-        actual = []
-        with open(out) as f:
-            for line in f:
-                usage = json.loads(line)["response"]["body"]["usage"]
-                actual.append(usage["completion_tokens"])
-    wall = summary["wall_time_s"]
-    stats = summary.get("engine", {})
-    print(f"measured: {wall:.1f} s, {stats.get('steps')} steps, hit rate "
-          f"{summary['cache_hit_rate']:.1%} ({summary['cached_tokens']} cached of "
-          f"{summary['prompt_tokens']}), {summary['completion_tokens']} completion tokens")
-
-    real = WorkloadShape(host_seconds=render_s)
-    it = iter(actual)
-    sharing2 = PrefixSharing(config.cache.block_size, engine.kv.num_blocks)
-    for n in prompts:  # same prompts, actual lengths (sharing depends only on the prompts)
-        g = next(it)
-        real.add(n, g, 0)
-    real.cached_tokens = sharing.cached_tokens
-    real.prefill_pairs = shape.prefill_pairs
-    est_real = estimate_seconds(real, cal, config, num_blocks=engine.kv.num_blocks)
-    est_real_steps = estimate_seconds(real, cal, config, steps=stats.get("steps"))
-    print(f"estimate (actual completion lengths): {est_real:.1f} s "
-          f"({est_real / wall - 1:+.0%}); with the run's step count {est_real_steps:.1f} s "
-          f"({est_real_steps / wall - 1:+.0%}); simulated steps "
-          f"{estimate_steps(real, config, num_blocks=engine.kv.num_blocks)}")
-    print(f"estimate (requested max_tokens) vs measured: {est / wall - 1:+.0%}")
-    print(f"hit rate: estimated {sharing.hit_rate:.2%}, measured {summary['cache_hit_rate']:.2%}")
-    from_run = calibration_from_run(summary, config, engine.runner.model.config, base=cal)
-    if from_run is not None:
-        print(f"calibration_from_run: {from_run.source}, scale {from_run.details['scaled_by']:.2f} "
-              f"of the micro-benchmark's coefficients")
+    extra = [a for a in args.options if a != "--"]
+    workloads = [Path(w) for w in args.workloads] or [Path(workload_path(n)) for n in BUILDERS]
+    tmp = Path(tempfile.mkdtemp(prefix="plan-accuracy-"))
+    env = dict(os.environ, BATCHRUN_RUNS_DIR=str(tmp / "runs"))
+    rows = []
+    for n, workload in enumerate(workloads):
+        src = workload
+        if args.limit:
+            src = tmp / workload.name
+            with open(workload) as f:
+                src.write_text("".join(line for _, line in zip(range(args.limit), f)))
+        bench = json.loads(batchrun("plan", str(src), "--calibration", "benchmark", "--json",
+                                    *extra, env=env).stdout)
+        last = None
+        if n > 0:
+            last = json.loads(batchrun("plan", str(src), "--calibration", "last-run", "--json",
+                                       *extra, env=env).stdout)
+        out = tmp / f"{n}.jsonl"
+        batchrun("run", str(src), "-o", str(out), "-q", *extra, env=env)
+        measured = json.loads((tmp / f"{n}.metrics.json").read_text())
+        rows.append((workload.name, bench["lines"], bench["cache_hit_rate"],
+                     measured["cache_hit_rate"], bench["estimated_seconds"],
+                     last["estimated_seconds"] if last else None, measured["wall_time_s"],
+                     measured["completion_tokens"], bench["requested_completion_tokens"]))
+    print(f"CPU: {cpu()}")
+    print("| workload | lines | cache hit est. / measured | wall est. (micro-benchmark) | "
+          "wall est. (last run of the previous workload) | wall measured | completion tokens "
+          "generated / requested |")
+    print("|---|---|---|---|---|---|---|")
+    for name, lines, hit_e, hit_m, est_b, est_l, wall, gen, req in rows:
+        last = f"{est_l:.1f} s ({est_l / wall - 1:+.0%})" if est_l is not None else "–"
+        print(f"| {name} | {lines} | {hit_e:.1%} / {hit_m:.1%} | {est_b:.1f} s "
+              f"({est_b / wall - 1:+.0%}) | {last} | {wall:.1f} s | {gen:,} / {req:,} |")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
