@@ -2,7 +2,6 @@
 
 import contextlib
 import socket
-import threading
 import time
 from dataclasses import dataclass
 
@@ -15,7 +14,6 @@ API_KEY = "sk-batchrun-test"
 class Running:
     url: str
     state: object
-    server: object
 
     @property
     def base_url(self) -> str:
@@ -41,14 +39,11 @@ def free_port() -> int:
 @contextlib.contextmanager
 def serve(model, data_dir, **config):
     """Run the app over `model` until the block ends; the engine is left empty."""
-    import uvicorn
-
-    from batchrun.server.app import create_app
-    from batchrun.server.listener import uvicorn_options
     from batchrun.openai.serving import ServingOptions
     from batchrun.options.fields import public_fields
     from batchrun.options.openai import OpenAIOptions
     from batchrun.options.server import ServerOptions
+    from batchrun.server.listener import serve_in_thread
     from batchrun.server.state import ServerState
 
     config.setdefault("api_key", API_KEY)
@@ -56,21 +51,8 @@ def serve(model, data_dir, **config):
     serving = ServingOptions.of(OpenAIOptions(**{k: config.pop(k) for k in list(config)
                                                  if k in openai}))
     state = ServerState(model, ServerOptions(data_dir=data_dir, **config), serving)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port,
-                                           log_level="warning", **uvicorn_options(state.config)))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not server.started:
-        if not thread.is_alive() or time.time() > deadline:
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.02)
-    try:
-        yield Running(f"http://127.0.0.1:{port}", state, server)
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with serve_in_thread(state) as url:
+        yield Running(url, state)
 
 
 @pytest.fixture(scope="module")
