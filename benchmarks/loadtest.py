@@ -169,7 +169,7 @@ def _serve_in_process(args) -> Iterator[str]:
     model = llm.load(args.model, config)
     with tempfile.TemporaryDirectory(prefix="loadtest-") as data_dir:
         state = ServerState(model, ServerOptions(data_dir=Path(data_dir)), serving=None)
-        with serve_in_thread(state) as url:
+        with serve_in_thread(state) as (url, _):
             yield url
 
 

@@ -13,7 +13,7 @@ import functools
 import logging
 import threading
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -87,9 +87,10 @@ def uvicorn_options(config) -> dict:
 
 @contextlib.contextmanager
 def serve_in_thread(state, host: str = "127.0.0.1", start_timeout: float = 60.0,
-                    log_level: str = "warning") -> Iterator[str]:
+                    log_level: str = "warning") -> Iterator[tuple[str, Any]]:
     """Serve the app over ServerState `state` with uvicorn in a daemon thread, on a port the OS
-    picks, until the block ends; yields the base URL (the tests and the load test use it)."""
+    picks, until the block ends; yields (base URL, the uvicorn.Server). The tests and the load
+    test use it."""
     import uvicorn
 
     from batchrun.server.app import create_app
@@ -106,7 +107,7 @@ def serve_in_thread(state, host: str = "127.0.0.1", start_timeout: float = 60.0,
         time.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield f"http://{host}:{port}"
+        yield f"http://{host}:{port}", server
     finally:
         server.should_exit = True
         thread.join(30)

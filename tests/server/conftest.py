@@ -1,7 +1,6 @@
 """Servers started by the tests: uvicorn in a thread on a free loopback port."""
 
 import contextlib
-import socket
 import time
 from dataclasses import dataclass
 
@@ -14,6 +13,11 @@ API_KEY = "sk-batchrun-test"
 class Running:
     url: str
     state: object
+    server: object  # the uvicorn.Server
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
 
     @property
     def base_url(self) -> str:
@@ -28,12 +32,6 @@ class Running:
         import openai
 
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, **kw)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -51,8 +49,8 @@ def serve(model, data_dir, **config):
     serving = ServingOptions.of(OpenAIOptions(**{k: config.pop(k) for k in list(config)
                                                  if k in openai}))
     state = ServerState(model, ServerOptions(data_dir=data_dir, **config), serving)
-    with serve_in_thread(state) as url:
-        yield Running(url, state)
+    with serve_in_thread(state) as (url, server):
+        yield Running(url, state, server)
 
 
 @pytest.fixture(scope="module")
