@@ -1,19 +1,97 @@
-"""What several test modules share: the CLI as a subprocess on the fake engine."""
+"""What several test modules share: the CLI as a subprocess (on the fake engine or the real
+one), `batchrun serve` as a subprocess, tiny engines, and job plans from keywords."""
 
+import contextlib
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FAKE_ENGINE_ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+# The repository root first, so `-m tests.fake_batchrun` and `-m batchrun` import this checkout.
+ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
-def batchrun(*args, input=None, env=None, timeout=120):
-    """`python -m batchrun ARGS...` from the repository root, on the fake engine."""
-    return subprocess.run([sys.executable, "-m", "tests.fake_batchrun", *map(str, args)], cwd=ROOT,
-                          env={**FAKE_ENGINE_ENV, **(env or {})}, input=input,
-                          capture_output=True, timeout=timeout)
+def batchrun(*args, real=False, input=None, env=None, timeout=120, text=False):
+    """`batchrun ARGS...` as a subprocess from the repository root: on the fake engine
+    (`python -m tests.fake_batchrun`), or with real=True the CLI itself (`python -m batchrun`,
+    the bundled model). Output is bytes unless text=True."""
+    module = "batchrun" if real else "tests.fake_batchrun"
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=ROOT,
+                          env={**ENV, **(env or {})}, input=input, capture_output=True,
+                          text=text, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServeProcess:
+    url: str
+    proc: subprocess.Popen
+    output: str = ""  # what the server printed, once the block has ended
+
+
+@contextlib.contextmanager
+def serve_cli(*args, env=None, stop=signal.SIGTERM, start_timeout=180):
+    """`python -m batchrun serve --port <free> ARGS...` until the block ends, once /health
+    answers 200; then it gets `stop` and is waited for (its output and returncode kept).
+    `env` adds variables to the environment; a value None removes one."""
+    port = free_port()
+    env = {k: v for k, v in {**ENV, **(env or {})}.items() if v is not None}
+    proc = subprocess.Popen([sys.executable, "-m", "batchrun", "serve", "--port", str(port),
+                             *map(str, args)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    running = ServeProcess(f"http://127.0.0.1:{port}", proc)
+    try:
+        _wait_healthy(running, start_timeout)
+        yield running
+    finally:
+        proc.send_signal(stop)
+        running.output, _ = proc.communicate(timeout=60)
+
+
+def _wait_healthy(running: ServeProcess, timeout: float) -> None:
+    import httpx
+
+    deadline = time.time() + timeout
+    while True:
+        assert running.proc.poll() is None, running.proc.stdout.read()
+        try:
+            if httpx.get(running.url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.time() < deadline, "the server did not come up"
+        time.sleep(0.3)
+
+
+def tiny_engine(arch, tmp_path, **overrides):
+    """A tiny random checkpoint of `arch` (tests/tiny_models.py) in tmp_path: (the transformers
+    model, a batchrun engine over the same weights on the CPU); `overrides` set EngineConfig
+    fields (block_size 4 unless given)."""
+    import torch
+    from transformers import AutoConfig
+
+    from batchrun.llm import build_engine, build_model
+    from batchrun.models.llama import LlamaModel, ModelConfig
+    from batchrun.options.engine import EngineConfig
+    from tests.tiny_models import IdTokenizer, make_tiny
+
+    hf = make_tiny(arch, tmp_path)
+    cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
+    model = build_model(LlamaModel, cfg, tmp_path, torch.device("cpu"), torch.float32)
+    overrides.setdefault("block_size", 4)
+    engine = build_engine(model, IdTokenizer(), EngineConfig.default(**overrides), [2],
+                          torch.device("cpu"), torch.float32)
+    return hf, engine
 
 
 def job_plan(**options):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import uuid
 from typing import IO, Any, Iterator
 
 import fsspec
@@ -193,25 +194,67 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+class AtomicLocalFile:
+    """A local file that appears whole or not at all: written to a hidden temp file beside the
+    target, then on commit() fsynced, renamed into place and the folder fsynced; discard() (or
+    any failure, commit's own included) removes the temp file and leaves the target as it was.
+
+    As a context manager (see atomic_local_file) it gives the binary file, commits when the
+    block ends and discards when it raises. The temp name is unique per call (pid and a random
+    part), so threads writing one target do not share a temp file; it starts with a dot, which
+    input globs and staging listings pass over."""
+
+    def __init__(self, target: str | os.PathLike):
+        self.target = os.fspath(target)
+        self.folder = os.path.dirname(os.path.abspath(self.target))
+        os.makedirs(self.folder, exist_ok=True)
+        self.tmp = os.path.join(self.folder, f".{os.path.basename(self.target)}."
+                                             f"{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        self.file: IO[bytes] = open(self.tmp, "xb")  # open(), not mkstemp: the umask's mode
+
+    def commit(self) -> None:
+        try:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            os.replace(self.tmp, self.target)
+        except BaseException:  # a full disk, say: leave no scratch file behind
+            self.discard()
+            raise
+        fsync_dir(self.folder)
+
+    def discard(self) -> None:
+        try:
+            self.file.close()
+        except OSError:  # the disk that failed the write may fail the flush on close too
+            pass
+        try:
+            os.remove(self.tmp)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> IO[bytes]:
+        return self.file
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.discard()
+
+
+def atomic_local_file(target: str | os.PathLike) -> AtomicLocalFile:
+    """`with atomic_local_file(path) as f: f.write(...)`: `path` gets all of it or keeps what it
+    had (see AtomicLocalFile; the folder is created)."""
+    return AtomicLocalFile(target)
+
+
 def write_bytes_atomic(path: str, data: bytes, storage_options: dict | None = None) -> None:
     """Write a whole file so a reader sees all of it or nothing: fsync + rename locally, one PUT on
     an object store (objects appear only when complete)."""
     if is_local(path):
-        target = local_path(path)
-        folder = os.path.dirname(os.path.abspath(target))
-        os.makedirs(folder, exist_ok=True)
-        tmp = os.path.join(folder, f".{os.path.basename(target)}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:  # a full disk, say: leave no scratch file behind
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
-        fsync_dir(folder)
+        with atomic_local_file(local_path(path)) as f:
+            f.write(data)
         return
     fs, p = filesystem(path, storage_options)
     fs.pipe_file(p, data)

@@ -6,30 +6,30 @@ store the object only exists once the upload completes; `-` streams to stdout.
 
 from __future__ import annotations
 
-import os
 from typing import IO
 
 from batchrun.batch import io
 from batchrun.batch.formats import Format, compress
+from batchrun.batch.storage import Storage
 
 
 class RecordSink:
     """Takes batch records as JSON text (no newline) in order; commit() publishes the file."""
 
-    def __init__(self, path: str, fmt: Format, storage_options: dict | None = None):
+    def __init__(self, path: str, fmt: Format, storage: Storage | dict | None = None):
+        """`storage`: the job's Storage; a plain storage-options dict (or None) is taken too
+        until every caller passes a Storage."""
+        storage = storage if isinstance(storage, Storage) else Storage(storage)
         self.path, self.format = path, fmt
         self.count = 0
-        self._tmp: str | None = None
+        self._local: io.AtomicLocalFile | None = None
         if path == io.STDIO:
             self._raw: IO[bytes] = io.stdout()
         elif io.is_local(path):
-            target = io.local_path(path)
-            folder = os.path.dirname(os.path.abspath(target))
-            os.makedirs(folder, exist_ok=True)
-            self._tmp = os.path.join(folder, f".{os.path.basename(target)}.{os.getpid()}.tmp")
-            self._raw = open(self._tmp, "wb")
+            self._local = io.atomic_local_file(io.local_path(path))
+            self._raw = self._local.file
         else:
-            fs, p = io.filesystem(path, storage_options)
+            fs, p = storage.filesystem(path)
             self._raw = fs.open(p, "wb")
         if fmt.kind == "parquet":
             from batchrun.batch.parquet import ParquetRecordWriter
@@ -48,29 +48,23 @@ class RecordSink:
         self.count += 1
 
     def commit(self) -> None:
-        if self._parquet is not None:
-            self._parquet.close()
-        elif self._stream is not self._raw:
-            self._stream.close()
-        if self._tmp is not None:
-            self._raw.flush()
-            os.fsync(self._raw.fileno())
-            self._raw.close()
-            target = io.local_path(self.path)
-            os.replace(self._tmp, target)
-            io.fsync_dir(os.path.dirname(os.path.abspath(target)))
+        try:
+            if self._parquet is not None:
+                self._parquet.close()
+            elif self._stream is not self._raw:
+                self._stream.close()
+        except BaseException:  # the codec's last block or the footer failed: no partial file
+            self.abort()
+            raise
+        if self._local is not None:
+            self._local.commit()  # discards its temp file itself when the rename fails
         else:
             self._raw.close()
 
     def abort(self) -> None:
         """Leave no partial file behind (the previous one, if any, stays as it was)."""
-        if self._tmp is not None:
-            try:
-                self._raw.close()
-            except OSError:  # the disk that failed the write may fail the flush on close too
-                pass
-            if os.path.exists(self._tmp):
-                os.remove(self._tmp)
+        if self._local is not None:
+            self._local.discard()
         elif self.path != io.STDIO:
             discard = getattr(self._raw, "discard", None)
             if discard is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, Response
 
 from batchrun import __version__
 from batchrun.server import batches_api, chat, files_api
@@ -38,8 +38,8 @@ async def version():
 
 @info.get("/metrics")
 async def metrics(request: Request):
-    return PlainTextResponse(request.app.state.server.metrics.render(),
-                             media_type="text/plain; version=0.0.4; charset=utf-8")
+    metrics = request.app.state.server.metrics
+    return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
 
 
 def _model_card(state: ServerState, name: str) -> dict:

@@ -25,8 +25,7 @@ from batchrun.engine.errors import EngineDeadError
 from batchrun.engine.sync_client import SyncEngineClient
 from batchrun.openai.protocol import SUPPORTED_URLS, from_validation_error
 from batchrun.server.errors import APIError, not_found
-from batchrun.server.files import write_json_atomic
-from batchrun.server.stored import load_objects
+from batchrun.server.stored import load_objects, write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -6,31 +6,21 @@ atomically, so a restarted server sees exactly the files that were fully stored.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
+from batchrun.batch.io import atomic_local_file
 from batchrun.server.errors import APIError, not_found
-from batchrun.server.stored import load_objects
+from batchrun.server.stored import load_objects, write_json_atomic
 
 UPLOAD_PURPOSES = ("batch",)
 # What the store reads of a stored file object; a file without them is quarantined.
 FILE_FIELDS = {"id": str, "bytes": int, "created_at": int, "filename": str, "purpose": str}
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class FileStore:
@@ -55,13 +45,9 @@ class FileStore:
                            f"for the Batches API (purpose 'batch')", code="invalid_value",
                            param="purpose")
         obj = self._new(filename, purpose, 0)
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".upload.")
-        with os.fdopen(fd, "wb") as f:
+        with atomic_local_file(self.root / obj["id"]) as f:
             shutil.copyfileobj(src, f, 1 << 20)
-            f.flush()
-            os.fsync(f.fileno())
             obj["bytes"] = f.tell()
-        os.replace(tmp, self.root / obj["id"])
         return self._commit(obj)
 
     def adopt(self, path: Path, filename: str, purpose: str) -> dict:

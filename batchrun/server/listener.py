@@ -8,8 +8,12 @@ connection limit (slowloris).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import threading
+import time
+from typing import Any, Iterator
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -73,9 +77,37 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
 
 
 def uvicorn_options(config) -> dict:
-    """uvicorn.run / uvicorn.Config keyword arguments for ServerConfig `config`."""
+    """uvicorn.run / uvicorn.Config keyword arguments for ServerOptions `config`."""
     # uvicorn counts the connection asking against the limit: +1 serves max_connections of them.
     limit = config.max_connections + 1 if config.max_connections is not None else None
     return {"http": functools.partial(ReadTimeoutProtocol, read_timeout=config.read_timeout),
             "timeout_keep_alive": config.timeout_keep_alive, "limit_concurrency": limit,
             "timeout_graceful_shutdown": 5}
+
+
+@contextlib.contextmanager
+def serve_in_thread(state, host: str = "127.0.0.1", start_timeout: float = 60.0,
+                    log_level: str = "warning") -> Iterator[tuple[str, Any]]:
+    """Serve the app over ServerState `state` with uvicorn in a daemon thread, on a port the OS
+    picks, until the block ends; yields (base URL, the uvicorn.Server). The tests and the load
+    test use it."""
+    import uvicorn
+
+    from batchrun.server.app import create_app
+
+    server = uvicorn.Server(uvicorn.Config(create_app(state), host=host, port=0,
+                                           log_level=log_level, **uvicorn_options(state.config)))
+    thread = threading.Thread(target=server.run, daemon=True, name="uvicorn")
+    thread.start()
+    deadline = time.monotonic() + start_timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError("the server did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{port}", server
+    finally:
+        server.should_exit = True
+        thread.join(30)

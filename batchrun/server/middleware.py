@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 
 from batchrun.server.metrics import ServerMetrics
 
@@ -36,6 +37,7 @@ class GuardMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         status_seen = {"status": 500, "started": False}
+        started = time.perf_counter()
 
         async def send_wrapper(message):
             if message["type"] == "http.response.start":
@@ -57,7 +59,8 @@ class GuardMiddleware:
             if self.metrics is not None:
                 route = scope.get("route")
                 path = getattr(route, "path", None) or "unmatched"
-                self.metrics.http_requests.inc(1, scope["method"], path, str(status_seen["status"]))
+                self.metrics.record_http(scope["method"], path, status_seen["status"],
+                                         time.perf_counter() - started)
 
     def _refusal(self, scope) -> tuple[int, bytes] | None:
         path = scope["path"]

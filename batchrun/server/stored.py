@@ -1,4 +1,5 @@
-"""Reading the server's JSON state files back at startup (batch objects, file objects).
+"""The server's JSON state files (batch objects, file objects): written atomically, read back
+at startup.
 
 A file that cannot be one of ours (truncated, not JSON, the wrong shape, or named for another
 id) is renamed aside to `<name>.corrupt` with a warning, so one bad file costs its own object
@@ -7,14 +8,23 @@ instead of the server's start.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import orjson
 
+from batchrun.batch.io import atomic_local_file
+
 log = logging.getLogger(__name__)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Replace `path` with `obj` as JSON; a crash leaves the old object or the new one."""
+    with atomic_local_file(path) as f:
+        f.write(json.dumps(obj).encode())
 
 
 def load_objects(root: Path, pattern: str, fields: dict[str, type | tuple[type, ...]],

@@ -2,7 +2,6 @@
 (python -m tests.fake_batchrun), stdin/stdout, exit codes, signals, log output."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -11,15 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ENV, batchrun
+
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_data"
-ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
-
-def batchrun(*args, input=None, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "tests.fake_batchrun", *map(str, args)], cwd=ROOT,
-                          env={**ENV, **(env or {})}, input=input, capture_output=True,
-                          timeout=timeout)
 
 
 def read(path):

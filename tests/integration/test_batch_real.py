@@ -1,13 +1,14 @@
 """The storage paths on the real bundled model: a flat Parquet table in, Parquet out; and
 `validate --check-prompts` with the real tokenizer and chat template (no weights loaded)."""
 
+import functools
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+
+from tests import helpers
 
 pytestmark = pytest.mark.slow
 
@@ -15,9 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_data"
 
 
-def batchrun(*args, input=None, timeout=600):
-    return subprocess.run([sys.executable, "-m", "batchrun", *map(str, args)], cwd=ROOT,
-                          input=input, capture_output=True, text=True, timeout=timeout)
+# The real CLI (`python -m batchrun`, the bundled model), text output.
+batchrun = functools.partial(helpers.batchrun, real=True, text=True, timeout=600)
 
 
 def test_flat_parquet_table_in_parquet_out(tmp_path):

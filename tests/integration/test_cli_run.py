@@ -1,12 +1,14 @@
 """`batchrun run` end to end on the bundled model, through `python -m batchrun` in a subprocess."""
 
+import functools
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from openai.types.chat import ChatCompletion
+
+from tests import helpers
 
 pytestmark = pytest.mark.slow
 
@@ -15,9 +17,8 @@ SAMPLES = ROOT / "sample_data"
 BATCH_KEYS = {"id", "custom_id", "response", "error"}
 
 
-def batchrun(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "batchrun", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+# The real CLI (`python -m batchrun`, the bundled model), text output.
+batchrun = functools.partial(helpers.batchrun, real=True, text=True, timeout=900)
 
 
 def read(path):

@@ -5,21 +5,15 @@ generation through `local-chat-completions`. The tasks and their data are local
 (lm_eval_tasks/); nothing comes from a hub. The README shows the same runs as commands."""
 
 import math
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 pytest.importorskip("lm_eval")
 pytest.importorskip("aiohttp")  # lm-eval[api], which local-completions needs
 
-from tests.server.conftest import free_port  # noqa: E402
+from tests.helpers import serve_cli  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 TASKS = Path(__file__).parent / "lm_eval_tasks"
 SCORED = ["br_mc", "br_ppl", "br_gen"]
 TIE = 1e-4  # loglikelihoods this close are a tie in the choice of answer
@@ -48,29 +42,9 @@ def model_dir():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_dir):
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), BATCHRUN_THREADS="1")
-    env.pop("BATCHRUN_API_KEY", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "batchrun", "serve", "--port", str(port), "--data-dir",
-         str(tmp_path_factory.mktemp("serve"))],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.time() < deadline, "the server did not come up"
-            time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=60)
+    with serve_cli("--data-dir", tmp_path_factory.mktemp("serve"),
+                   env={"BATCHRUN_THREADS": "1", "BATCHRUN_API_KEY": None}) as running:
+        yield running.url
 
 
 def evaluate(model, model_args, tasks, **kwargs):

@@ -3,9 +3,8 @@ logprobs, and forced tool calls through `batchrun run --chat-template ... --tool
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -14,6 +13,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from batchrun.openai.serving import OpenAIServing, ServingOptions
+from tests import helpers
 from tests.integration.json_trials import TEMPERATURES, TRIALS
 
 pytestmark = pytest.mark.slow
@@ -108,9 +108,8 @@ def test_logprobs_in_openai_shape(real_model, serving):
     assert "".join(e["token"] for e in entries).startswith(content(r))
 
 
-def batchrun(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "batchrun", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+# The real CLI (`python -m batchrun`, the bundled model), text output.
+batchrun = functools.partial(helpers.batchrun, real=True, text=True, timeout=900)
 
 
 WEATHER = {"type": "function", "function": {

@@ -1,8 +1,6 @@
 """Servers started by the tests: uvicorn in a thread on a free loopback port."""
 
 import contextlib
-import socket
-import threading
 import time
 from dataclasses import dataclass
 
@@ -15,7 +13,11 @@ API_KEY = "sk-batchrun-test"
 class Running:
     url: str
     state: object
-    server: object
+    server: object  # the uvicorn.Server
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
 
     @property
     def base_url(self) -> str:
@@ -32,23 +34,14 @@ class Running:
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, **kw)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serve(model, data_dir, **config):
     """Run the app over `model` until the block ends; the engine is left empty."""
-    import uvicorn
-
-    from batchrun.server.app import create_app
-    from batchrun.server.listener import uvicorn_options
     from batchrun.openai.serving import ServingOptions
     from batchrun.options.fields import public_fields
     from batchrun.options.openai import OpenAIOptions
     from batchrun.options.server import ServerOptions
+    from batchrun.server.listener import serve_in_thread
     from batchrun.server.state import ServerState
 
     config.setdefault("api_key", API_KEY)
@@ -56,21 +49,8 @@ def serve(model, data_dir, **config):
     serving = ServingOptions.of(OpenAIOptions(**{k: config.pop(k) for k in list(config)
                                                  if k in openai}))
     state = ServerState(model, ServerOptions(data_dir=data_dir, **config), serving)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port,
-                                           log_level="warning", **uvicorn_options(state.config)))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not server.started:
-        if not thread.is_alive() or time.time() > deadline:
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.02)
-    try:
-        yield Running(f"http://127.0.0.1:{port}", state, server)
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with serve_in_thread(state) as (url, server):
+        yield Running(url, state, server)
 
 
 @pytest.fixture(scope="module")

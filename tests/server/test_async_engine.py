@@ -10,7 +10,7 @@ from batchrun.engine import SamplingParams
 from batchrun.engine.async_engine import MAX_FAILED_STEPS, AsyncEngine
 from batchrun.engine.errors import EngineDeadError, QueueFullError
 from batchrun.engine.sync_client import SyncEngineClient
-from tests.unit.test_native_model import tiny_engine
+from tests.helpers import tiny_engine
 
 LONG = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 

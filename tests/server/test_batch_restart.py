@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tests.server.conftest import engine_idle, serve, wait_for
-from tests.server.test_batches_api import line, poll, records, upload
+from tests.server.test_batches_api import create, line, poll, records, upload
 
 pytestmark = pytest.mark.slow
 
@@ -15,8 +15,7 @@ def test_a_restarted_server_resumes_a_batch(real_model, tmp_path):
     lines = [line(f"r{i}", f"Tell me about the number {i}.", max_tokens=16) for i in range(16)]
     with serve(real_model, tmp_path, batch_max_in_flight=2) as srv:
         client = srv.client()
-        batch = client.batches.create(input_file_id=upload(client, lines).id,
-                                      endpoint="/v1/chat/completions", completion_window="24h")
+        batch = create(client, upload(client, lines).id)
         assert wait_for(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 2,
                         timeout=60)
     assert engine_idle(real_model.engine)

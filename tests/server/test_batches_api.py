@@ -38,6 +38,25 @@ def poll(client, batch_id, until=TERMINAL, timeout=120):
     raise AssertionError(f"batch {batch_id} still {batch.status}")
 
 
+def create(client, file_id, endpoint="/v1/chat/completions", **kw):
+    return client.batches.create(input_file_id=file_id, endpoint=endpoint,
+                                 completion_window="24h", **kw)
+
+
+def two_batches(client):
+    """Two batches of one line each over the same uploaded file, created back to back."""
+    f = upload(client, [line("a", "Hi")])
+    return create(client, f.id), create(client, f.id)
+
+
+def running_batch(client, prompt, n, max_tokens):
+    """A batch of `n` lines r0.. (`prompt` formatted with the line's number), once it runs."""
+    lines = [line(f"r{i}", prompt.format(i), max_tokens=max_tokens) for i in range(n)]
+    batch = create(client, upload(client, lines).id)
+    poll(client, batch.id, until=("in_progress",) + TERMINAL)
+    return batch
+
+
 def records(client, file_id):
     return [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x.strip()]
 
@@ -97,19 +116,14 @@ def test_a_line_for_another_endpoint_fails_validation(api):
     client = api.client()
     other = dict(line("b", "Hi"), url="/v1/completions")
     f = upload(client, [line("a", "Hi"), other])
-    batch = poll(client, client.batches.create(input_file_id=f.id, completion_window="24h",
-                                               endpoint="/v1/chat/completions").id)
+    batch = poll(client, create(client, f.id).id)
     assert batch.status == "failed" and batch.failed_at
     assert batch.errors.data[0].line == 2 and batch.errors.data[0].code == "invalid_url"
 
 
 def test_cancel_keeps_what_finished_and_frees_the_engine(api):
     client = api.client()
-    lines = [line(f"r{i}", f"Write a long story about the number {i}.", max_tokens=300)
-             for i in range(40)]
-    batch = client.batches.create(input_file_id=upload(client, lines).id,
-                                  endpoint="/v1/chat/completions", completion_window="24h")
-    poll(client, batch.id, until=("in_progress",) + TERMINAL)
+    batch = running_batch(client, "Write a long story about the number {}.", 40, max_tokens=300)
     cancelled = client.batches.cancel(batch.id)
     assert cancelled.status in ("cancelling", "cancelled")
     batch = poll(client, batch.id)
@@ -122,11 +136,7 @@ def test_cancel_keeps_what_finished_and_frees_the_engine(api):
 
 def test_interactive_requests_run_while_a_batch_fills_the_engine(api):
     client = api.client()
-    lines = [line(f"r{i}", f"Tell me a fact about the number {i}.", max_tokens=24)
-             for i in range(16)]
-    batch = client.batches.create(input_file_id=upload(client, lines).id,
-                                  endpoint="/v1/chat/completions", completion_window="24h")
-    poll(client, batch.id, until=("in_progress",) + TERMINAL)
+    batch = running_batch(client, "Tell me a fact about the number {}.", 16, max_tokens=24)
     r = client.chat.completions.create(model="smollm2-135m", max_tokens=8, temperature=0,
                                        messages=[{"role": "user", "content": "Say hi."}])
     assert r.choices[0].message.content
@@ -161,11 +171,7 @@ def test_a_batch_that_crashes_fails_alone(api, monkeypatch):
 
     _crash_first_run(monkeypatch, leave_request=True)
     client = api.client()
-    f = upload(client, [line("a", "Hi")])
-    first = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h")
-    second = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                                   completion_window="24h")
+    first, second = two_batches(client)
     first = poll(client, first.id)
     assert first.status == "failed" and first.failed_at
     assert first.errors.data[0].code == "internal_error"
@@ -189,10 +195,6 @@ def test_a_batch_worker_survives_a_failure_it_cannot_record(api, monkeypatch, ca
 
     monkeypatch.setattr(manager, "_fail", fail)
     client = api.client()
-    f = upload(client, [line("a", "Hi")])
-    first = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h")
-    second = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                                   completion_window="24h")
+    first, second = two_batches(client)
     assert poll(client, second.id).status == "completed"
     assert f"could not mark batch {first.id} failed" in caplog.text

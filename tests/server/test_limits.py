@@ -89,7 +89,7 @@ def test_health_is_503_once_the_engine_died(real_model, tmp_path, monkeypatch):
 
 
 def _connect(srv, data=b""):
-    sock = socket.create_connection(("127.0.0.1", srv.server.config.port), timeout=10)
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
     if data:
         sock.sendall(data)
     return sock

@@ -1,11 +1,11 @@
 """The bounded load test: 64 concurrent streaming clients on loopback, all complete, no errors.
-(Figures come from `python -m batchrun.server.loadtest`; nothing here asserts a speed.)"""
+(Figures come from `python benchmarks/loadtest.py`; nothing here asserts a speed.)"""
 
 import asyncio
 
 import pytest
 
-from batchrun.server.loadtest import format_summary, run_load
+from benchmarks.loadtest import format_summary, run_load
 from tests.server.conftest import API_KEY, engine_idle
 
 pytestmark = pytest.mark.slow

@@ -5,6 +5,7 @@ import logging
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import API_KEY, engine_idle, wait_for
 
@@ -15,7 +16,8 @@ LONG = [{"role": "user", "content": "Write a very long essay about the history o
 
 
 def aborted(state) -> float:
-    return state.metrics.finished.values.get(("api", "abort"), 0)
+    return state.metrics.value("batchrun_requests_finished_total", source="api",
+                               finish_reason="abort")
 
 
 def test_missing_or_wrong_key_is_401_in_openai_shape(api):
@@ -57,6 +59,38 @@ def test_health_version_and_metrics_need_no_key(api):
         assert name in text, name
     assert ('batchrun_http_requests_total{method="POST",route="/v1/chat/completions",'
             'status="200"}') in text
+
+
+def scrape(api) -> dict[tuple[str, tuple], float]:
+    """/metrics parsed: (sample name, sorted labels) -> value."""
+    r = httpx.get(api.url + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(r.text) for s in family.samples}
+
+
+def test_metrics_parse_and_move_after_a_request(api):
+    chat = (("method", "POST"), ("route", "/v1/chat/completions"), ("status", "200"))
+    api_source = (("source", "api"),)
+    before = scrape(api)
+    api.client().chat.completions.create(model="smollm2-135m", max_tokens=4, messages=[
+        {"role": "user", "content": "Count to ten."}])
+    after = scrape(api)
+
+    def moved(name, labels):
+        key = (name, tuple(sorted(labels)))
+        return after[key] - before.get(key, 0.0)
+
+    assert moved("batchrun_http_requests_total", chat) == 1
+    assert moved("batchrun_http_request_duration_seconds_count", chat[:2]) == 1
+    assert moved("batchrun_http_request_duration_seconds_sum", chat[:2]) > 0
+    assert moved("batchrun_time_to_first_token_seconds_count", api_source) == 1
+    assert moved("batchrun_request_latency_seconds_count", api_source) == 1
+    assert moved("batchrun_request_latency_seconds_bucket", api_source + (("le", "+Inf"),)) == 1
+    assert moved("batchrun_prompt_tokens_total", api_source) > 0
+    assert 0 < moved("batchrun_generation_tokens_total", api_source) <= 4
+    assert after[("batchrun_engine_alive", ())] == 1
+    assert 0 <= after[("batchrun_kv_cache_usage_ratio", ())] <= 1
 
 
 def test_client_errors_are_logged_on_one_line_without_the_body(api, caplog):

@@ -67,3 +67,29 @@ def test_corrupt_file_objects_are_quarantined_and_the_rest_load(tmp_path, caplog
     assert sorted(p.name for p in root.glob("*.corrupt")) == ["file-bytes.json.corrupt",
                                                               "file-truncated.json.corrupt"]
     assert len(caplog.records) == 2 and "file-truncated.json" in caplog.text
+
+
+def test_a_failed_upload_or_state_write_leaves_no_temp_file_and_the_old_state(tmp_path):
+    from batchrun.server.stored import write_json_atomic
+
+    class Broken:
+        def __init__(self):
+            self.reads = 0
+
+        def read(self, n=-1):
+            self.reads += 1
+            if self.reads > 1:
+                raise ConnectionResetError("the client went away")
+            return b'{"custom_id": "a"}\n'
+
+    store = FileStore(tmp_path / "files")
+    with pytest.raises(ConnectionResetError):
+        store.upload(Broken(), "in.jsonl", "batch")
+    assert list((tmp_path / "files").iterdir()) == [] and store.list()[0] == []
+
+    state = tmp_path / "batch_x.json"
+    write_json_atomic(state, {"id": "batch_x", "status": "in_progress"})
+    with pytest.raises(TypeError):
+        write_json_atomic(state, {"id": "batch_x", "status": object()})
+    assert json.loads(state.read_text())["status"] == "in_progress"
+    assert sorted(tmp_path.iterdir()) == [state, tmp_path / "files"]

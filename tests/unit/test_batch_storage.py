@@ -2,16 +2,20 @@
 
 import gzip
 import json
+import os
+from io import BytesIO
 
 import pytest
 
 from batchrun.batch import io, staging as staging_mod
-from batchrun.batch.formats import Format, detect, parse_format
+from batchrun.batch.formats import (Format, compress, decompress, detect, parse_format,
+                                    stream_errors)
 from batchrun.batch.idset import IdSet
 from batchrun.batch.lines import position, split_position
 from batchrun.batch.readers import open_sources, read_all
 from batchrun.batch.sinks import RecordSink
 from batchrun.batch.staging import FAILED, OK, RETRYABLE, Record, Staging, StagingError
+from batchrun.batch.storage import Storage
 
 
 @pytest.mark.parametrize("path,fmt", [
@@ -85,6 +89,29 @@ def test_compressed_inputs(tmp_path, suffix):
         sink.write(json.dumps({"i": i}))
     sink.commit()
     assert [json.loads(i.text)["i"] for i in read_all(open_sources([str(src)]))] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("codec", ["gzip", "bz2", "xz", "zstd"])
+def test_codecs_leave_the_stream_open_and_raise_on_truncated_data(codec):
+    data = b"".join(b'{"custom_id": "r%d"}\n' % i for i in range(3000))
+    raw = BytesIO()
+    writer = compress(raw, codec)
+    writer.write(data)
+    writer.close()
+    assert not raw.closed  # the local sink fsyncs it after the codec is done
+    blob = raw.getvalue()
+    assert decompress(BytesIO(blob), codec).read() == data
+    if codec != "zstd":  # zstandard's reader ends quietly at a cut (see formats.py)
+        with pytest.raises(stream_errors(codec)):
+            decompress(BytesIO(blob[: len(blob) // 2]), codec).read()
+
+
+def test_zstd_reads_every_frame():
+    import zstandard
+
+    frames = [b'{"a": %d}\n' % i * 1000 for i in range(3)]
+    blob = b"".join(zstandard.ZstdCompressor().compress(f) for f in frames)
+    assert decompress(BytesIO(blob), "zstd").read() == b"".join(frames)
 
 
 def test_positions_order_files_then_lines():
@@ -205,3 +232,46 @@ def test_part_order_survives_wider_sequence_numbers(tmp_path):
     st.merge(ok.append, err.append)
     assert len(ok) == 1 and err == []
     assert Staging(str(tmp_path / "stage")).scan().get(0, 1) == OK
+
+
+class Midway(Exception):
+    pass
+
+
+def test_atomic_local_file_keeps_the_old_content_and_no_temp_when_a_write_fails(tmp_path):
+    target = tmp_path / "out.json"
+    target.write_bytes(b"old")
+    with pytest.raises(Midway):
+        with io.atomic_local_file(target) as f:
+            f.write(b"half of the new")
+            raise Midway()
+    assert target.read_bytes() == b"old" and list(tmp_path.iterdir()) == [target]
+    with io.atomic_local_file(tmp_path / "new" / "folder" / "x.bin") as f:  # folders made
+        f.write(b"new")
+    assert (tmp_path / "new" / "folder" / "x.bin").read_bytes() == b"new"
+    assert os.listdir(tmp_path / "new" / "folder") == ["x.bin"]
+
+
+def test_write_bytes_atomic_keeps_the_old_content_when_the_rename_fails(tmp_path, monkeypatch):
+    target = tmp_path / "m.json"
+    target.write_bytes(b"old")
+
+    def refuse(src, dst):
+        raise PermissionError(dst)
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(PermissionError):
+        io.write_bytes_atomic(str(target), b"new")
+    assert target.read_bytes() == b"old" and list(tmp_path.iterdir()) == [target]
+
+
+def test_sink_takes_a_storage_or_plain_options(tmp_path):
+    for i, storage in enumerate((Storage(), Storage({"s3": {"anon": True}}), None, {})):
+        target = tmp_path / f"out{i}.jsonl"
+        sink = RecordSink(str(target), Format("jsonl"), storage)
+        sink.write('{"a": 1}')
+        sink.commit()
+        assert target.read_text() == '{"a": 1}\n'
+    sink = RecordSink("memory://sink/out.jsonl", Format("jsonl"), Storage())
+    sink.write('{"a": 2}')
+    sink.commit()
+    assert Storage().open_read("memory://sink/out.jsonl").read() == b'{"a": 2}\n'

@@ -6,7 +6,7 @@ import torch
 from batchrun.engine import SamplingParams
 from batchrun.engine.errors import PromptTooLongError
 from tests.parity import assert_greedy_match
-from tests.unit.test_native_model import tiny_engine
+from tests.helpers import tiny_engine
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 

@@ -11,7 +11,7 @@ from batchrun.engine.client import EngineClient, EngineStats
 from batchrun.engine.engine import Engine
 from batchrun.engine.sync_client import SyncEngineClient
 from tests.fake_engine import FakeEngine
-from tests.unit.test_native_model import tiny_engine
+from tests.helpers import tiny_engine
 
 IMPLEMENTATIONS = [Engine, SyncEngineClient, FakeEngine]
 # Parameters an implementation has beyond the Protocol's (all optional, at the end).

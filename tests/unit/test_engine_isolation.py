@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from batchrun.engine import SamplingParams
-from tests.unit.test_native_model import tiny_engine
+from tests.helpers import tiny_engine
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 PROMPTS = {f"r{i}": torch.randint(3, 512, (5 + 7 * i,), generator=torch.Generator()

@@ -6,7 +6,7 @@ from click.testing import CliRunner
 from batchrun.batch.jobspec import load
 from batchrun.cli import main
 from batchrun.engine import SamplingParams
-from tests.unit.test_native_model import tiny_engine
+from tests.helpers import tiny_engine
 
 
 def test_cli_offers_and_checks_the_option(tmp_path):

@@ -7,20 +7,9 @@ from batchrun.options.engine import EngineConfig
 from batchrun.engine import SamplingParams
 from batchrun.llm import build_engine, build_model
 from batchrun.models.llama import LlamaModel, ModelConfig
+from tests.helpers import tiny_engine
 from tests.parity import ParityReport, assert_greedy_match
 from tests.tiny_models import ARCHS, IdTokenizer, make_tiny
-
-
-def tiny_engine(arch, tmp_path, **overrides):
-    from transformers import AutoConfig
-
-    hf = make_tiny(arch, tmp_path)
-    cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
-    model = build_model(LlamaModel, cfg, tmp_path, torch.device("cpu"), torch.float32)
-    overrides.setdefault("block_size", 4)
-    engine = build_engine(model, IdTokenizer(), EngineConfig.default(**overrides), [2],
-                          torch.device("cpu"), torch.float32)
-    return hf, engine
 
 
 def hf_greedy(hf, prompt, max_new_tokens):

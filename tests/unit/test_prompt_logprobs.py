@@ -8,7 +8,7 @@ import torch
 
 from batchrun.engine import SamplingParams
 from batchrun.engine.prompt_logprobs import score_rows
-from tests.unit.test_native_model import tiny_engine
+from tests.helpers import tiny_engine
 
 K = 3
 SCORE = SamplingParams(temperature=0, max_tokens=0, prompt_logprobs=K)

