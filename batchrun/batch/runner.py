@@ -103,9 +103,9 @@ def _open_staging(plan: JobPlan) -> tuple[Staging, Committed]:
 def _finalize(staging: Staging, plan: JobPlan,
               last_lines: dict[int, int] | None) -> dict[int, int]:
     """Merge the committed parts into the output and error files (each published atomically)."""
-    t, so = plan.targets, plan.storage.options
-    out = RecordSink(t.output, t.output_format, so)
-    err = out if t.errors == t.output else RecordSink(t.errors, t.errors_format, so)
+    t = plan.targets
+    out = RecordSink(t.output, t.output_format, plan.storage)
+    err = out if t.errors == t.output else RecordSink(t.errors, t.errors_format, plan.storage)
     try:
         counts = staging.merge(out.write, err.write, last_lines)
         if err is not out:
