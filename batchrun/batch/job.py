@@ -216,9 +216,13 @@ class Job:
             return
         entry = _InFlight(p, item.position, item.source, item.line, item.digest, {})
         try:
+            prompt_tokens = 0
             for request_id, prompt in p.engine_requests:
                 self.engine.add_request(request_id, prompt, p.params)
                 self.in_flight[request_id] = entry
+                prompt_tokens += len(prompt)
+            self.reporter.admitted(prompt_tokens, p.params.max_tokens * p.params.n *
+                                   len(p.engine_requests))
         except ValueError as exc:  # the engine refuses what it cannot run
             if isinstance(exc, PromptTooLongError):
                 error = RequestError(str(exc), code="context_length_exceeded", param="messages")

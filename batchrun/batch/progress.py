@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any, Callable, IO
 
 from batchrun.batch.metrics import RunMetrics
 
@@ -60,14 +60,25 @@ class Reporter:
     lines finished so far (metrics records them as each request finishes). Lines committed by an
     earlier attempt count as done but not as work done at this run's pace.
 
-    Only finished requests are seen, and the short ones finish first: early in a run whose
-    requests were all admitted at once the estimate runs high (measured: "eta 3m22s" at 1/24
-    lines of a run that took 44 s in all)."""
+    Counting only finished requests runs high early (the short ones finish first: "eta 3m22s"
+    at 1/24 lines of a run that took 44 s). So when the runner gives `work` (the tokens the
+    engine has run through the model this run: engine.stats.computed_tokens) and reports each
+    admitted line's prompt and requested completion tokens (`admitted`), the work in flight
+    counts too: a line is expected to cost its prompt tokens less the engine's cache hit rate,
+    plus its requested completion tokens times the share the finished requests generated (all
+    of it until a quarter of the admitted lines finished), and
+        eta = (lines left x cost per line - work done on the lines in flight) / work per second.
+    """
 
     def __init__(self, mode: str | bool, counts: Counts, metrics: RunMetrics,
-                 log_interval: float = 30.0, file: IO[str] | None = None):
+                 log_interval: float = 30.0, file: IO[str] | None = None,
+                 work: Callable[[], tuple[int, float]] | None = None):
+        """`work()`: (tokens computed by the engine since this run started, its cache hit
+        rate)."""
         self.mode = resolve_mode(mode)
         self.counts, self.metrics = counts, metrics
+        self.work = work
+        self.admitted_lines = self.admitted_prompt = self.admitted_requested = 0
         self.log_interval = log_interval
         self._last = time.perf_counter()
         self._logged: tuple | None = None  # the counts the last log line showed
@@ -97,8 +108,37 @@ class Reporter:
             return 0.0, 0.0
         return self.metrics.done / elapsed, self.metrics.completion_tokens / elapsed
 
+    def admitted(self, prompt_tokens: int, requested_tokens: int) -> None:
+        """A line went to the engine with these prompt and requested completion tokens."""
+        self.admitted_lines += 1
+        self.admitted_prompt += prompt_tokens
+        self.admitted_requested += requested_tokens
+
+    def _eta_from_work(self) -> float | None:
+        c, m = self.counts, self.metrics
+        done, hit = self.work()
+        elapsed = m.elapsed()
+        if done <= 0 or elapsed <= 0 or not self.admitted_lines or not c.total:
+            return None
+        finished = m.ok + m.failed
+        share = 1.0
+        if m.ok >= max(1, self.admitted_lines // 4) and m.requested_completion_tokens:
+            share = min(1.0, m.completion_tokens / m.requested_completion_tokens)
+        cost = (self.admitted_prompt * (1 - hit) + self.admitted_requested * share) / \
+            self.admitted_lines
+        ok_share = m.ok / finished if finished else 1.0
+        finished_work = m.prompt_tokens - m.cached_tokens + m.completion_tokens
+        in_flight_work = max(0, done - finished_work)
+        left = c.total - c.done
+        remaining = max(0.0, left * ok_share * cost - in_flight_work)
+        return remaining / (done / elapsed)
+
     def eta(self) -> float | None:
-        """Seconds left, from tokens; None until a request of this run has finished."""
+        """Seconds left, from tokens; None until there is work to measure."""
+        if self.work is not None:
+            eta = self._eta_from_work()
+            if eta is not None:
+                return eta
         c, m = self.counts, self.metrics
         if not c.total or m.ok == 0:
             return None

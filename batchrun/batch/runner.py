@@ -148,6 +148,18 @@ def run_batch(model: Any, plan: JobPlan, stop: Any = None,
         staging.unlock()
 
 
+def _work_counter(engine: Any) -> Callable[[], tuple[int, float]]:
+    """(tokens the engine computed since now, its cache hit rate since now), for the ETA."""
+    start = engine.stats
+    base = (start.computed_tokens, start.prompt_tokens, start.cached_tokens)
+
+    def work() -> tuple[int, float]:
+        s = engine.stats
+        prompt = s.prompt_tokens - base[1]
+        return s.computed_tokens - base[0], (s.cached_tokens - base[2]) / prompt if prompt else 0.0
+    return work
+
+
 def _run(model: Any, engine: Any, plan: JobPlan, staging: Staging, committed: Committed,
          stop: Any, on_progress: Callable[[Counts], None] | None) -> dict[str, Any]:
     t, job = plan.targets, plan.job
@@ -156,7 +168,7 @@ def _run(model: Any, engine: Any, plan: JobPlan, staging: Staging, committed: Co
     sources = list(plan.sources)
     total = count_records(sources, plan.storage) if mode != "none" or on_progress else None
     counts = Counts(total=total)
-    reporter = Reporter(mode, counts, metrics, job.log_interval)
+    reporter = Reporter(mode, counts, metrics, job.log_interval, work=_work_counter(engine))
     lines = read_all(sources, plan.storage, plan.inputs.columns)
     serving = OpenAIServing(model, plan.serving)
     job_loop = Job(engine, plan, lines, staging, committed, counts, reporter, metrics,

@@ -136,3 +136,31 @@ def _bar_with_resumed_lines(term):
     out = term.getvalue()
     assert out.endswith("\n") and out.count("\n") == 1
     assert "30/30" in out.rsplit("\r", 1)[-1] and "eta" not in out.rsplit("\r", 1)[-1]
+
+
+def test_eta_counts_the_work_in_flight_before_any_request_finished():
+    # 100 lines, all admitted (prompt 100, 100 requested tokens each), none finished after
+    # 10 s, 5,000 tokens computed: 100 x 200 - 5,000 left at 500 tokens/s = 30 s.
+    r = Reporter("none", Counts(total=100), _metrics(10, 0, 0, 0), work=lambda: (5000, 0.0))
+    for _ in range(100):
+        r.admitted(100, 100)
+    assert r.eta() == pytest.approx(30.0, rel=0.01)
+
+
+def test_eta_from_work_takes_cache_hits_and_early_stops_into_account():
+    # Half the prompt tokens come from the cache; the 40 finished lines (of 100 admitted)
+    # generated a quarter of what they asked for: a line costs 50 + 25 tokens.
+    m = _metrics(10, ok=40, prompt=4000, completion=1000)
+    m.cached_tokens, m.requested_completion_tokens = 2000, 4000
+    done = (4000 - 2000 + 1000) + 1500  # finished lines' work, plus 1,500 on lines in flight
+    r = Reporter("none", Counts(total=100, completed=40), m, work=lambda: (done, 0.5))
+    for _ in range(100):
+        r.admitted(100, 100)
+    per_s = done / 10
+    assert r.eta() == pytest.approx((60 * 75 - 1500) / per_s, rel=0.01)
+
+
+def test_without_engine_work_the_eta_falls_back_to_finished_requests():
+    r = Reporter("none", Counts(total=20, completed=10), _metrics(10, 10, 1000, 1000),
+                 work=lambda: (0, 0.0))
+    assert r.eta() == pytest.approx(10.0, rel=0.01)
