@@ -132,24 +132,34 @@ def test_a_non_utf8_line_keeps_its_readable_custom_id(tmp_path):
     assert error["custom_id"] == "ascii-id" and error["error"]["code"] == "invalid_encoding"
 
 
-def test_a_truncated_gzip_runs_and_commits_its_complete_lines_then_names_the_offset(tmp_path):
-    data = "".join(line(f"r{i}") + "\n" for i in range(400)).encode()
-    packed = gzip.compress(data)
-    src = tmp_path / "in.jsonl.gz"
+def _zstd(data: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=3).compress(data)
+
+
+@pytest.mark.parametrize("ext,pack", [("gz", gzip.compress), ("zst", _zstd)])
+def test_a_truncated_compressed_input_commits_its_complete_lines_then_names_the_offset(
+        tmp_path, ext, pack):
+    # 3,000 lines: several zstd blocks (up to 128 KiB each; a block cut short decodes nothing).
+    N = 3000
+    data = "".join(line(f"r{i}") + "\n" for i in range(N)).encode()
+    packed = pack(data)
+    src = tmp_path / f"in.jsonl.{ext}"
     src.write_bytes(packed[: len(packed) // 2])
     engine = FakeEngine()
-    with pytest.raises(InputReadError, match=r"in\.jsonl\.gz: the input breaks off after byte "
-                                             r"[\d,]+ of its decompressed content") as info:
+    with pytest.raises(InputReadError, match=rf"in\.jsonl\.{ext}: the input breaks off after "
+                                             r"byte [\d,]+ of its decompressed content") as info:
         run_batch(fake_model(engine), config(tmp_path, src))
     complete = int(str(info.value).split("The ")[1].split(" lines")[0].replace(",", ""))
-    assert 0 < complete < 400 and len(engine.added) == complete
+    assert 0 < complete < N and len(engine.added) == complete
     # Every complete line is committed: the whole file, once replaced, resumes from there.
     src.write_bytes(packed)
     again = FakeEngine()
     result = run_batch(fake_model(again), config(tmp_path, src, resume=True))
-    assert result["status"] == "completed" and len(again.added) == 400 - complete
+    assert result["status"] == "completed" and len(again.added) == N - complete
     out = [json.loads(x)["custom_id"] for x in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert out == [f"r{i}" for i in range(400)]
+    assert out == [f"r{i}" for i in range(N)]
 
 
 def test_output_equal_to_the_input_is_refused_before_anything_runs(tmp_path):
