@@ -32,10 +32,11 @@ def test_nightly_spec_runs_and_a_rerun_is_a_no_op(tmp_path):
 
 def test_s3_spec_resolves():
     opts = load(str(JOBS / "s3-parquet.toml"), {"bucket": "b", "date": "2024-06-01"})
-    assert opts.inputs == ["s3://b/prompts/2024-06-01/*.parquet"]
-    assert opts.output == "s3://b/results/2024-06-01/results.parquet"
-    assert opts.columns == {"custom_id": "id", "prompt": "question", "system": "system_prompt"}
-    assert opts.resume and opts.max_failed_fraction == 0.01
+    assert opts.inputs.input == ["s3://b/prompts/2024-06-01/*.parquet"]
+    assert opts.job.output == "s3://b/results/2024-06-01/results.parquet"
+    assert opts.inputs.columns == {"custom_id": "id", "prompt": "question",
+                                   "system": "system_prompt"}
+    assert opts.job.resume and opts.job.max_failed_fraction == 0.01
 
 
 def test_crontab_lines_run_existing_specs():

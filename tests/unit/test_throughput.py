@@ -124,7 +124,7 @@ def test_calibration_from_run_round_trips_a_summary(tiny_config):
 
 
 def test_store_keys_by_model_and_machine(tmp_path, monkeypatch, tiny_config):
-    monkeypatch.setenv("BATCHRUN_CACHE", str(tmp_path))
+    monkeypatch.setenv("BATCHRUN_RUNS_DIR", str(tmp_path / "runs"))
     assert load_last_run("smollm2-135m") is None
     path = save_run(summary(), "smollm2-135m")
     assert path.parent == tmp_path / "runs"
