@@ -1,4 +1,4 @@
-"""`batchrun run`, `batchrun validate`, `batchrun job` (registered on the main group in cli.py)."""
+"""`batchrun run`, `validate`, `job` and `plan` (registered on the main group in cli.py)."""
 
 from __future__ import annotations
 

@@ -109,10 +109,7 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
                        "finish", err=True)
         return EXIT_INTERRUPTED
     if not quiet:
-        click.echo(summary_text(result), err=True)
-        if result.get("resumed"):
-            click.echo(f"{result['resumed']} of these lines were committed by an earlier "
-                       "attempt.", err=True)
+        click.echo(summary_text(result), err=True)  # it says what earlier attempts did
         t = plan.targets
         written = [f"output: {_shown(t.output)}", f"errors: {_shown(t.errors)}"]
         if t.metrics:

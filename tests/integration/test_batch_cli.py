@@ -95,7 +95,7 @@ def test_signal_stops_gracefully_then_resume_finishes(tmp_path, sig):
     proc = batchrun("run", src, "-o", out, "--resume", "--progress", "log")
     assert proc.returncode == 0, proc.stderr
     assert [o["custom_id"] for o in read(out)] == [f"r{i}" for i in range(400)]
-    assert b"were committed by an earlier attempt" in proc.stderr
+    assert b"committed earlier, 400 in the job" in proc.stderr
     assert b"\r" not in proc.stderr and b"progress: 400/400 lines (100%)" in proc.stderr
 
 
