@@ -3,6 +3,7 @@
     python benchmarks/memory_bench.py                                 # validate 10^4..10^6
     python benchmarks/memory_bench.py --run-sizes 1000 10000          # + real max_tokens=1 runs
     python benchmarks/memory_bench.py --fake-run-sizes 10000 100000   # + runs on a fake engine
+    python benchmarks/memory_bench.py --sizes --plan-sizes 10000 100000 # `batchrun plan`
 
 Run it from anywhere; the fake-engine runs go through `python -m tests.fake_batchrun` (the
 batchrun CLI with the test suite's fake engine loader) with the repository root on PYTHONPATH.
@@ -69,6 +70,9 @@ def main() -> int:
                         help="line counts for runs on the real bundled model (max_tokens 1)")
     parser.add_argument("--fake-run-sizes", type=int, nargs="*", default=[],
                         help="line counts for runs on the test suite's fake engine")
+    parser.add_argument("--plan-sizes", type=int, nargs="*", default=[],
+                        help="line counts for `batchrun plan` (tokenizer, no weights; its "
+                        "time estimate calibrated by the micro-benchmark)")
     parser.add_argument("--kv-cache-memory", default="256MiB")
     parser.add_argument("--workdir", help="keep inputs here [default: a temporary folder]")
     args = parser.parse_args()
@@ -99,6 +103,9 @@ def main() -> int:
             plans.append(("run (fake engine)", n, fake + [
                 "run", str(input_of(n)), "-o", str(work / f"fake-{n}.jsonl"), "-q",
                 "--restart"], fake_env))
+        for n in args.plan_sizes:
+            plans.append(("plan", n, base + ["plan", str(input_of(n)), "--calibration",
+                                             "benchmark", "--json"], None))
         for what, n, cmd, env in plans:
             rss, wall, _ = measure(cmd, env)
             rows.append({"what": what, "lines": n, "peak_rss_mib": round(rss, 1),

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from batchrun.engine.prompt_logprobs import PromptLogprobs
+
+
+@dataclass
+class PromptLogprobs:
+    """Prompt logprobs (scoring) of a finished request; index j is prompt token j, entry 0 is
+    None (engine/prompt_logprobs.py computes them)."""
+    token_ids: list[int]
+    logprob: list[float | None]
+    rank: list[int | None]
+    top: list[list[tuple[int, float]] | None]  # (token id, logprob), best first
 
 
 @dataclass

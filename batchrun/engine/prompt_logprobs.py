@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from batchrun.engine.outputs import PromptLogprobs
+
 # Rows of logits alive at once: 128 x 49k x 4 bytes = 25 MB for SmolLM2.
 SCORE_ROWS = 128
 
@@ -35,15 +37,6 @@ class BlockScores:
     @property
     def k(self) -> int:
         return self.top_ids.shape[1]
-
-
-@dataclass
-class PromptLogprobs:
-    """What a finished request reports; index j is prompt token j, entry 0 is None."""
-    token_ids: list[int]
-    logprob: list[float | None]
-    rank: list[int | None]
-    top: list[list[tuple[int, float]] | None]  # (token id, logprob), best first
 
 
 class PromptScores:

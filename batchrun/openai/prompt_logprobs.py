@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchrun.engine.prompt_logprobs import PromptLogprobs
+from batchrun.engine.outputs import PromptLogprobs
 from batchrun.openai.logprobs import TokenText, floor
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 
-from batchrun.openai.serving import ServingOptions
 from batchrun.options.click_options import click_options
 from batchrun.options.engine import EngineConfig
 from batchrun.options.fields import OptionsError
@@ -40,6 +39,7 @@ def serve(ctx, model, **kwargs):
     """Serve chat completions (JSON and SSE), models, files and batches over HTTP."""
     import uvicorn
 
+    from batchrun.openai.serving import ServingOptions
     from batchrun.server.app import create_app
     from batchrun.server.listener import uvicorn_options
     from batchrun.server.state import ServerState
