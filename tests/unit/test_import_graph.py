@@ -64,3 +64,27 @@ def private_imports() -> set[tuple[str, str, str]]:
 
 def test_no_private_imports_across_modules():
     assert private_imports() == set()
+
+
+def test_no_import_cycle_between_any_two_modules():
+    """Stronger than the acyclic_siblings contract: no cycle through any chain of modules,
+    function-level imports included (grimp sees them)."""
+    import grimp
+
+    graph = grimp.build_graph("batchrun", include_external_packages=False, cache_dir=None)
+    imports = {m: graph.find_modules_directly_imported_by(m) for m in graph.modules}
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(imports[module]):
+            if state.get(target) == 1:
+                cycle = path[path.index(target):] + [target] if target in path else [target]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target, path + [target])
+        state[module] = 2
+
+    for module in sorted(imports):
+        if module not in state:
+            visit(module, [module])
