@@ -25,7 +25,7 @@ EXIT_OK, EXIT_CRASH, EXIT_USAGE, EXIT_TOO_MANY_FAILED, EXIT_INTERRUPTED = 0, 1, 
 log = logging.getLogger("batchrun.batch")
 
 
-class _Signals:
+class Signals:
     """SIGINT/SIGTERM: the first stops admitting and lets in-flight requests finish within the
     grace period, the second drops them, the third raises KeyboardInterrupt."""
 
@@ -43,7 +43,7 @@ class _Signals:
         else:
             log.warning("%s: stopping (send it again to stop at once)", name)
 
-    def __enter__(self) -> "_Signals":
+    def __enter__(self) -> "Signals":
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._old[sig] = signal.signal(sig, self._handle)
         return self
@@ -76,7 +76,7 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
         return _exit_code(run_batch(None, plan), opts)
 
     stop = StopRequest()
-    with _Signals(stop):
+    with Signals(stop):
         try:
             if not quiet:
                 click.echo(f"loading model {opts.inputs.model or '(default: smollm2-135m)'} ...",
