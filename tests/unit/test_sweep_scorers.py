@@ -397,6 +397,15 @@ def test_output_is_bounded_and_the_environment_stripped(monkeypatch):
     assert not big.passed
 
 
+def test_site_packages_off_is_the_standard_library_only(problems):
+    assert run_program("import numpy").passed
+    no_site = run_program("import numpy", site_packages=False)
+    assert not no_site.passed and "ModuleNotFoundError" in no_site.stderr
+    scorer = build({"type": "pass_at_k", "site_packages": False})
+    assert all(scorer.score(problem_example(p), p["canonical_solution"]) == 1.0
+               for p in problems)
+
+
 def test_score_many_and_pass_at_k_summary(problems):
     scorer = build({"type": "pass_at_k", "timeout": 5, "ks": [1, 2, 5]})
     items = []
