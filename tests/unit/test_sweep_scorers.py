@@ -361,15 +361,18 @@ def test_missing_columns_are_row_errors(problems):
     ("    while True:\n        pass\n", "timed out"),
     ("    import time\n    time.sleep(60)\n", "timed out"),
     ("    x = bytearray(10**11)\n", "out of memory"),
-    ("    x = []\n    while True:\n        x.append(bytearray(10**7))\n", "out of memory"),
+    # takes ~0.3 s to reach 512 MiB here, but on a loaded machine it may meet the timeout first
+    ("    x = []\n    while True:\n        x.append(bytearray(10**7))\n",
+     ("out of memory", "timed out")),
 ])
 def test_runaway_programs_are_stopped_at_their_limit(problems, body, status):
     scorer = build({"type": "pass_at_k", "timeout": 2, "memory": 512 << 20})
     start = time.perf_counter()
     assert scorer.score(problem_example(problems[0]), body) == 0.0
     elapsed = time.perf_counter() - start
-    assert scorer.last_result.status == status, scorer.last_result
-    assert elapsed < 4.0
+    assert scorer.last_result.status in ((status,) if isinstance(status, str) else status), \
+        scorer.last_result
+    assert elapsed < 4.0, scorer.last_result
 
 
 def test_children_left_running_are_killed(tmp_path):

@@ -66,16 +66,28 @@ limit(resource.RLIMIT_AS, mem)
 status = os.path.abspath(".status")
 del sys.argv[1:]
 sys.argv[0] = "program.py"
+OOM = b"\nMemoryError\n"
+g = {"__name__": "__main__", "__builtins__": __builtins__}
 try:
     with open("program.py") as f:
         code = compile(f.read(), "program.py", "exec")
-    exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
-except BaseException:
+    exec(code, g)
+except BaseException as e:
+    # free what the program holds (its globals, its frames' locals) before printing: a memory
+    # bomb's traceback must not die of the memory its frames still hold
+    oom = isinstance(e, MemoryError)
+    g.clear()
     try:
+        traceback.clear_frames(e.__traceback__)
         traceback.print_exc()
     except BaseException:
         pass
-    sys.stdout.flush(); sys.stderr.flush()
+    try:
+        sys.stdout.flush(); sys.stderr.flush()
+    except BaseException:
+        pass
+    if oom:
+        os.write(2, OOM)
     os._exit(1)
 sys.stdout.flush(); sys.stderr.flush()
 with open(status, "w") as f:
