@@ -123,6 +123,8 @@ def test_choice_against_letters_and_indices():
         c.score(ex("Z"), "Answer: B")
     lower = build({"type": "choice", "ignore_case": True, "choices": "ABCDE"})
     assert lower.score(ex("E"), "answer: e") == 1.0
+    np = pytest.importorskip("numpy")  # what a column of a table can hand over
+    assert c.score(ex(np.int64(1)), "Answer: B") == 1.0
     yn = build({"type": "choice", "choices": ["yes", "no"]})
     assert yn.score(ex("no"), "Answer: no") == 1.0 and yn.score(ex(0), "Answer: no") == 0.0
 
@@ -151,6 +153,8 @@ def test_numeric_first_last_and_tolerances():
     assert build({"type": "numeric", "tolerance": 1}).score(ex(100), "101") == 1.0
     assert build({"type": "numeric", "relative_tolerance": 0.01}).score(ex(100), "101") == 1.0
     assert first.score(ex(5), "no number") == 0.0
+    np = pytest.importorskip("numpy")
+    assert first.score(ex(np.int64(36)), "36") == 1.0 and first.score(ex(np.float32(0.5)), ".5")
     with pytest.raises(ScoreError, match="one number"):
         first.score(ex("five"), "5")
     with pytest.raises(ScoreError):
@@ -300,6 +304,25 @@ def test_pick_matches_lm_evals_acc_and_acc_norm():
         pick([-1.0], ["a", "b"])
 
 
+def test_acc_and_acc_norm_equal_lm_evals_own_process_results():
+    """lm-eval's MultipleChoiceTask.process_results (it uses no task state) on random rows."""
+    import random
+    task = pytest.importorskip("lm_eval.api.task")
+    rng = random.Random(3)
+    words = ["a", "cat", "an", "elephant", "in", "the", "room", "no", "blue", "sky"]
+    for i in range(200):
+        choices = [" ".join(rng.choices(words, k=rng.randint(1, 6))) for _ in range(4)]
+        lls = [-rng.uniform(0.5, 30) for _ in choices]
+        gold = rng.randrange(4)
+        lm = task.MultipleChoiceTask.process_results(
+            None, {"gold": gold, "choices": choices}, [(x, False) for x in lls])
+        for normalize, metric in (("none", "acc"), ("length", "acc_norm")):
+            s = build({"type": "loglikelihood_choice", "choices": choices,
+                       "normalize": normalize})
+            e = ex(gold)
+            assert s.score(e, str(s.pick(e, lls))) == lm[metric], (i, metric)
+
+
 def test_loglikelihood_choice_scorer():
     s = build({"type": "loglikelihood_choice", "choices_column": "choices",
                "normalize": "length"})
@@ -310,6 +333,8 @@ def test_loglikelihood_choice_scorer():
     assert s.score(ex("Paris", choices=["Paris", "Lyon"]), "1") == 0.0
     fixed = build({"type": "loglikelihood_choice", "choices": ["yes", "no"]})
     assert fixed.score(ex("0"), "0") == 1.0
+    np = pytest.importorskip("numpy")
+    assert fixed.score(ex(np.int64(1)), "1") == 1.0 and fixed.score(ex([0, 1]), "1") == 1.0
     with pytest.raises(ScoreError, match="outside"):
         fixed.score(ex(3), "0")
     with pytest.raises(ValidationError, match="exactly one"):

@@ -12,6 +12,7 @@ is the picked index as a string; the score is 1.0 where it is the gold index (or
 
 from __future__ import annotations
 
+from numbers import Integral
 from typing import Literal, Sequence
 
 from pydantic import Field, model_validator
@@ -94,8 +95,8 @@ class LoglikelihoodChoice:
         for r in refs:
             if isinstance(r, bool):
                 raise ScoreError(f"{self.name}: row {example.id}: reference {r!r} is no choice")
-            if isinstance(r, int):
-                index = r
+            if isinstance(r, Integral):
+                index = int(r)
             elif isinstance(r, str) and r in choices:
                 index = choices.index(r)
             elif isinstance(r, str) and r.strip().isdigit():

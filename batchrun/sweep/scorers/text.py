@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import string
 from fractions import Fraction
+from numbers import Integral, Real
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -226,7 +227,8 @@ class Choice(_TextScorer):
         ref = need_reference(example, self.name)
         if isinstance(ref, bool):
             raise ScoreError(f"{self.name}: row {example.id}: reference {ref!r} is no label")
-        if isinstance(ref, int):
+        if isinstance(ref, Integral):
+            ref = int(ref)
             if not 0 <= ref < len(self.labels):
                 raise ScoreError(f"{self.name}: row {example.id}: reference index {ref} is "
                                  f"outside 0..{len(self.labels) - 1}")
@@ -290,7 +292,7 @@ class Numeric(_TextScorer):
         ref = need_reference(example, self.name)
         if isinstance(ref, bool):
             raise ScoreError(f"{self.name}: row {example.id}: reference {ref!r} is not a number")
-        if isinstance(ref, (int, float)):
+        if isinstance(ref, Real):
             return float(ref)
         found = numbers(str(ref))
         if len(found) != 1:
