@@ -1,0 +1,1 @@
+"""batchrun sweep: a dataset x a grid of generation settings -> generations -> scores -> tables."""
