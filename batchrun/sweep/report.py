@@ -234,18 +234,25 @@ class Bar:
     color: str = PALETTE[0]
 
 
-def bar_chart(bars: list[Bar], label: str, value_fmt=fmt_metric, domain=None,
-              width: int = 760, label_width: int = 300, row: int = 18) -> str:
-    """Horizontal bars, one row per cell, each with its interval as an error bar.
+CHAR_W = 6.4  # px per character of the 11px chart font, near enough to size the label columns
 
-    Rows stack downwards, so 100+ cells stay legible (the page scrolls); the value is printed
-    at the right of each row."""
+
+def bar_chart(bars: list[Bar], label: str, value_fmt=fmt_metric, domain=None,
+              plot_w: int = 300, row: int = 18, points: bool = True) -> str:
+    """Horizontal bars, one row per cell, each with its interval as an error bar (and a point
+    at the value when `points`).
+
+    Rows stack downwards, so 100+ cells stay legible (the figure scrolls); the label column
+    is as wide as the longest label and the value is printed at the right of each row."""
     if not bars:
         return empty_chart(label, "no cells")
     if all(b.value is None for b in bars):
-        return empty_chart(label, "no values: every cell's value is missing", width)
-    top, axis_h, value_w = 8, 26, 92
-    plot_x, plot_w = label_width, width - label_width - value_w
+        return empty_chart(label, "no values: every cell's value is missing")
+    top, axis_h = 8, 26
+    label_width = int(min(LABEL_CHARS, max(len(b.label) for b in bars)) * CHAR_W) + 14
+    value_w = int(max(len(value_fmt(b.value)) for b in bars) * CHAR_W) + 14
+    plot_x = label_width
+    width = label_width + plot_w + value_w
     height = top + row * len(bars) + axis_h
     if domain is None:
         domain = value_domain([v for b in bars for v in (b.value, b.low, b.high)])
@@ -279,8 +286,9 @@ def bar_chart(bars: list[Bar], label: str, value_fmt=fmt_metric, domain=None,
                 a, b = x(bar.low), x(bar.high)
                 out.append(f'<path d="M{a:.1f} {mid - 4:.1f}V{mid + 4:.1f}M{a:.1f} {mid:.1f}'
                            f'H{b:.1f}M{b:.1f} {mid - 4:.1f}V{mid + 4:.1f}" class="err"/>')
-            out.append(f'<circle cx="{x(bar.value):.1f}" cy="{mid:.1f}" r="3.2" '
-                       f'fill="{bar.color}" stroke="#222" stroke-width="0.6"/>')
+            if points:
+                out.append(f'<circle cx="{x(bar.value):.1f}" cy="{mid:.1f}" r="3.2" '
+                           f'fill="{bar.color}" stroke="#222" stroke-width="0.6"/>')
             out.append(f'<text x="{width - 4}" y="{mid + 4:.1f}" text-anchor="end" '
                        f'class="value">{e(value_fmt(bar.value))}</text>')
         out.append("</g>")
@@ -299,14 +307,14 @@ class Point:
 
 
 def line_chart(series: dict[str, list[Point]], colors: dict[str, tuple[str, str]],
-               x_label: str, y_label: str, width: int = 640, height: int = 300) -> str:
+               x_label: str, y_label: str, width: int = 580, height: int = 300) -> str:
     """Points joined by lines, one series per combination of the other settings, with each
     point's interval as a vertical error bar. Series at one x are nudged apart a little so
     their bars do not cover each other."""
     label = f"{y_label} against {x_label}"
     points = [p for ps in series.values() for p in ps]
     if not any(p.y is not None for p in points):
-        return empty_chart(label, "no values: every cell's score is missing", width)
+        return empty_chart(label, "no values: every cell's score is missing")
     left, right, top, bottom = 56, 18, 14, 44
     plot_w, plot_h = width - left - right, height - top - bottom
     xs = sorted({p.x for p in points})
@@ -513,8 +521,8 @@ def cost_charts(cells: Cells, colors: dict[str, str]) -> list[str]:
         values = [b.value for b in bars if b.value is not None]
         if values:
             domain = nice_scale(min(0.0, min(values)), max(max(values), 1e-9))
-        charts.append(figure(label, bar_chart(bars, label, fmt, domain, width=560,
-                                              label_width=240), tall=len(bars) > 40))
+        charts.append(figure(label, bar_chart(bars, label, fmt, domain, plot_w=240,
+                                              points=False), tall=len(bars) > 40))
     return charts
 
 
@@ -651,7 +659,7 @@ svg .muted { fill: #8a919c; } svg .axis-label { fill: #1d2330; font-weight: 600;
 details.example { margin: 8px 0; } details.example > summary { cursor: pointer; }
 table.outputs { width: 100%; table-layout: fixed; }
 table.outputs th:nth-child(1) { width: 60px; } table.outputs th:nth-child(2) { width: 260px; }
-table.outputs th:nth-child(3) { width: 70px; }
+table.outputs th:nth-child(3) { width: 96px; }
 td.output pre { white-space: pre-wrap; word-break: break-word; margin: 0 0 6px;
                 font: 12px/1.4 ui-monospace, "DejaVu Sans Mono", monospace; max-height: 18em;
                 overflow-y: auto; background: #f8f9fb; padding: 4px 6px; }

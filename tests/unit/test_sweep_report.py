@@ -269,6 +269,7 @@ class DomShapes(html.parser.HTMLParser):
         self.summary_rows = 0
         self.tables: list[str] = []
         self.scripts = 0
+        self.boxes: list[tuple[int, int, int, int]] = []
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
@@ -279,6 +280,8 @@ class DomShapes(html.parser.HTMLParser):
         elif tag == "svg":
             self.in_svg = True
             self.svgs.append(0)
+            if attrs.get("data-box"):
+                self.boxes.append(tuple(int(v) for v in attrs["data-box"].split(",")))
         elif tag in self.SHAPES and self.in_svg:
             self.svgs[-1] += 1
         elif tag == "script":
@@ -291,6 +294,15 @@ class DomShapes(html.parser.HTMLParser):
             self.tables.pop()
 
 
+# Test-only: after layout, write each chart's box (page px) onto its <svg> for --dump-dom to show.
+MEASURE = """<script>document.querySelectorAll('svg').forEach(function (s) {
+  var r = s.getBoundingClientRect();
+  s.setAttribute('data-box', [r.left + scrollX, r.top + scrollY, r.width, r.height]
+    .map(Math.round).join(','));
+});</script>"""
+WINDOW = (1280, 4000)
+
+
 def test_chromium_renders_the_report_table_charts_and_pixels(tmp_path):
     if chromium() is None:
         pytest.skip("no chromium/chromium-browser/google-chrome on PATH (make install-test "
@@ -299,37 +311,45 @@ def test_chromium_renders_the_report_table_charts_and_pixels(tmp_path):
     page = render_report(results, summary, AXES, "browser check")
     report = tmp_path / "report.html"
     report.write_text(page)
-    url = report.as_uri()
+    measured = tmp_path / "measured.html"
+    measured.write_text(page.replace("</body>", MEASURE + "</body>"))
+    window = f"--window-size={WINDOW[0]},{WINDOW[1]}"
 
-    dom = browser("--dump-dom", url, profile=tmp_path / "profile-dom")
+    dom = browser("--dump-dom", window, measured.as_uri(), profile=tmp_path / "profile-dom")
     assert dom.returncode == 0, dom.stderr[-3000:]
-    assert "alert(1)" not in dom.stdout.replace("&lt;script&gt;alert(1)&lt;/script&gt;", "")
     shapes = DomShapes()
     shapes.feed(dom.stdout)
     assert shapes.summary_rows == summary.height + 1
     assert len(shapes.svgs) == expected_chart_count(summary, AXES)
     assert all(n >= 3 for n in shapes.svgs), shapes.svgs
-    # The sorting script ran: clicking is not possible here, but the DOM has the table's
-    # header cells it binds to and no error markers; the page is static otherwise.
-    assert shapes.scripts == 1
+    # The page's sorting script and the measuring one: the output holding <script> stayed text.
+    assert shapes.scripts == 2
+    assert len(shapes.boxes) == len(shapes.svgs), "the measuring script did not run"
 
     png = tmp_path / "report.png"
-    shot = browser(f"--screenshot={png}", "--window-size=1280,4000", url,
+    shot = browser(f"--screenshot={png}", window, report.as_uri(),
                    profile=tmp_path / "profile-png")
     assert shot.returncode == 0 and png.exists(), shot.stderr[-3000:]
     pixels = png_pixels(png.read_bytes())[..., :3]
-    assert pixels.shape[:2] == (4000, 1280)
+    assert pixels.shape[:2] == (WINDOW[1], WINDOW[0])
     ink = (pixels < 235).any(axis=2)
     assert ink.mean() > 0.01, f"only {ink.mean():.4f} of the page is not white"
-    colours = {tuple(c) for c in pixels[ink][:: 7].tolist()}
-    assert len(colours) > 50
-    # Every chart colour the report draws shows up painted (the bars are 55% opaque on white,
-    # so look for the solid circles' and lines' colours, within a small tolerance).
-    painted = pixels.reshape(-1, 3).astype(int)
-    for hex_colour in ("#4e79a7", "#f28e2b"):
-        rgb = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)])
-        close = (np.abs(painted - rgb).max(axis=1) <= 12).sum()
-        assert close > 50, (hex_colour, close)
-    # The charts sit in bands of the page: each band with charts has ink in it.
-    rows_with_ink = np.flatnonzero(ink.any(axis=1))
-    assert rows_with_ink[-1] - rows_with_ink[0] > 1000
+    assert len({tuple(c) for c in pixels[ink][::7].tolist()}) > 50
+
+    # Each chart, where the browser laid it out: painted, with more than one colour, and the
+    # chart colours among them (the data marks are the palette's first two colours here).
+    for i, (left, top, width, height) in enumerate(shapes.boxes):
+        assert width > 100 and height > 40, (i, shapes.boxes[i])
+        assert top + height <= WINDOW[1], f"chart {i} at {top}px is below the screenshot"
+        region = pixels[top:top + height, left:left + width].reshape(-1, 3).astype(int)
+        inked = (region < 235).any(axis=1)
+        assert inked.mean() > 0.03, (i, inked.mean())
+        colours = {tuple(c) for c in region[inked][::3].tolist()}
+        assert len(colours) >= 8, (i, len(colours))
+        near_palette = sum(int((np.abs(region - rgb(c)).max(axis=1) <= 40).sum())
+                           for c in ("#4e79a7", "#f28e2b"))
+        assert near_palette > 30, (i, near_palette)
+
+
+def rgb(hex_colour: str) -> np.ndarray:
+    return np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)])
