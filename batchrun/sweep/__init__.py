@@ -1,1 +1,1 @@
-"""`batchrun sweep`: a dataset × a grid of settings → generations, scores, tables and a report."""
+"""batchrun sweep: a dataset x a grid of generation settings -> generations -> scores -> tables."""
