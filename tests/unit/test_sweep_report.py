@@ -168,6 +168,21 @@ def test_write_report_reads_the_folder_and_replaces_report_html_atomically(tmp_p
         report_command(str(tmp_path / "missing"))
 
 
+def test_write_report_to_an_fsspec_url():
+    import fsspec
+
+    results, summary = synthetic(temperatures=(0.0, 1.0))
+    fs = fsspec.filesystem("memory")
+    for name, frame in (("results", results), ("summary", summary)):
+        with fs.open(f"/report-test/{name}.parquet", "wb") as f:
+            frame.write_parquet(f)
+    # no sweep.json: the axes are the summary's columns that are neither totals nor metrics
+    assert write_report("memory://report-test") == "memory://report-test/report.html"
+    page = fs.cat_file("/report-test/report.html").decode()
+    assert "<h1>report-test</h1>" in page and page.count("<svg") == 2 + 2 + 2
+    fs.rm("/report-test", recursive=True)
+
+
 # ------------------------------------------------------------------------ the browser
 
 def chromium() -> str | None:
