@@ -314,7 +314,7 @@ def line_chart(series: dict[str, list[Point]], colors: dict[str, tuple[str, str]
     label = f"{y_label} against {x_label}"
     points = [p for ps in series.values() for p in ps]
     if not any(p.y is not None for p in points):
-        return empty_chart(label, "no values: every cell's score is missing")
+        return empty_chart(label, "no values: every cell's score is missing", width)
     left, right, top, bottom = 56, 18, 14, 44
     plot_w, plot_h = width - left - right, height - top - bottom
     xs = sorted({p.x for p in points})
@@ -405,7 +405,7 @@ def summary_table(summary: pl.DataFrame, cells: Cells, axes: Sequence[str],
              + [TOTAL_LABELS[t] for t in totals] + ["errors"] + extra)
     numeric_axes = {a for a in axes if is_numeric_axis(summary, a)}
     out = ['<div class="table-wrap"><table class="sortable" id="summary"><thead><tr>']
-    for i, h in enumerate(heads):
+    for h in heads:
         out.append(f'<th title="sort">{e(h)}</th>')
     out.append("</tr></thead><tbody>")
     for cid, row in zip(cells.ids, cells.rows):
@@ -503,7 +503,9 @@ def axis_charts(summary: pl.DataFrame, cells: Cells, metrics: list[Metric]) -> l
                     xv, value, low, high,
                     f"{cell_title(cells, cid)}: {m.label} {fmt_metric(value)}"))
             chart = line_chart(series, colors, axis, m.label)
-            charts.append(figure(f"{m.label} against {axis}", chart + legend(colors)))
+            drawn = any(p.y is not None for ps in series.values() for p in ps)
+            charts.append(figure(f"{m.label} against {axis}",
+                                 chart + (legend(colors) if drawn else "")))
     return charts
 
 
@@ -558,7 +560,8 @@ def truncated(text: str | None, limit: int = MAX_OUTPUT_CHARS) -> str:
         return '<span class="muted">(no output)</span>'
     if len(text) <= limit:
         return e(text)
-    return e(text[:limit]) + f'<span class="muted">… ({len(text) - limit:,} more characters)</span>'
+    more = len(text) - limit
+    return e(text[:limit]) + f'<span class="muted">… ({more:,} more characters)</span>'
 
 
 def disagreement_section(results: pl.DataFrame, cells: Cells) -> str:
@@ -630,16 +633,19 @@ CSS = """
 :root { color-scheme: light; }
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", "DejaVu Sans", sans-serif;
        margin: 24px auto; max-width: 1500px; padding: 0 24px; color: #1d2330; background: #fff; }
-h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 18px; margin: 32px 0 8px;
-     border-bottom: 1px solid #e3e6ea; padding-bottom: 4px; } h3 { font-size: 15px; margin: 18px 0 6px; }
+h1 { font-size: 22px; margin: 0 0 4px; }
+h2 { font-size: 18px; margin: 32px 0 8px; border-bottom: 1px solid #e3e6ea; padding-bottom: 4px; }
+h3 { font-size: 15px; margin: 18px 0 6px; }
 .muted { color: #6b7380; } .bad { color: #b3261e; }
 .facts { display: flex; flex-wrap: wrap; gap: 6px 18px; margin: 8px 0; }
 .facts span b { font-weight: 600; }
 .table-wrap { overflow-x: auto; max-height: 80vh; overflow-y: auto; border: 1px solid #e3e6ea; }
 table { border-collapse: collapse; font-size: 13px; }
-th, td { padding: 4px 8px; border-bottom: 1px solid #eef0f3; text-align: left; vertical-align: top; }
+th, td { padding: 4px 8px; border-bottom: 1px solid #eef0f3; text-align: left;
+         vertical-align: top; }
 thead th { position: sticky; top: 0; background: #f3f5f8; cursor: pointer; white-space: nowrap; }
-thead th[data-dir="asc"]::after { content: " ▲"; } thead th[data-dir="desc"]::after { content: " ▼"; }
+thead th[data-dir="asc"]::after { content: " ▲"; }
+thead th[data-dir="desc"]::after { content: " ▼"; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.cell { font-family: ui-monospace, "DejaVu Sans Mono", monospace; }
 .ci { color: #6b7380; font-size: 12px; }
@@ -652,7 +658,8 @@ svg.chart { display: block; font: 11px system-ui, "DejaVu Sans", sans-serif; }
 svg .grid { stroke: #e6e8ec; } svg .axis { stroke: #9aa1ab; } svg .err { stroke: #222; fill: none; }
 svg .tick { fill: #5b6270; } svg .label { fill: #1d2330; } svg .value { fill: #1d2330; }
 svg .muted { fill: #8a919c; } svg .axis-label { fill: #1d2330; font-weight: 600; }
-.legend { display: flex; flex-wrap: wrap; gap: 4px 14px; max-width: 640px; font-size: 12px; margin-top: 4px; }
+.legend { display: flex; flex-wrap: wrap; gap: 4px 14px; max-width: 640px; font-size: 12px;
+          margin-top: 4px; }
 .key { white-space: nowrap; } .swatch { display: inline-block; width: 18px; height: 0;
        border-top: 3px solid; margin-right: 5px; vertical-align: middle; }
 .swatch.dashed { border-top-style: dashed; }

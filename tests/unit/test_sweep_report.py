@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import html.parser
 import json
-import math
-import os
 import random
 import re
 import shutil
