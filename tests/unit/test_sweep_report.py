@@ -364,5 +364,32 @@ def test_chromium_renders_the_report_table_charts_and_pixels(tmp_path):
         assert near_palette > 30, (i, near_palette)
 
 
+# Test-only: click a summary header (twice: descending), then note the cells' order.
+SORT = """<script>var th = Array.prototype.find.call(document.querySelectorAll('#summary th'),
+  function (h) { return h.textContent === '%s'; });
+th.click(); %s
+document.body.setAttribute('data-order', Array.prototype.map.call(
+  document.querySelector('#summary').tBodies[0].rows,
+  function (r) { return r.cells[0].textContent; }).join(','));</script>"""
+
+
+@pytest.mark.parametrize("header,column,clicks", [("exact_match mean", "exact_match:mean", 1),
+                                                  ("f1 mean", "f1:mean", 2),
+                                                  ("temperature", "temperature", 1)])
+def test_chromium_sorts_the_summary_table_by_a_clicked_header(tmp_path, header, column, clicks):
+    if chromium() is None:
+        pytest.skip("no chromium/chromium-browser/google-chrome on PATH")
+    results, summary = synthetic()
+    page = render_report(results, summary, AXES, "sorting")
+    clicked = tmp_path / "clicked.html"
+    clicked.write_text(page.replace("</body>", SORT % (header, "th.click();" * (clicks - 1))
+                                    + "</body>"))
+    dom = browser("--dump-dom", clicked.as_uri(), profile=tmp_path / "profile")
+    order = re.search(r'<body data-order="([^"]*)"', dom.stdout)
+    assert order, dom.stdout[-2000:]
+    expected = summary.sort(column, descending=clicks == 2, maintain_order=True)["cell"]
+    assert order.group(1).split(",") == expected.to_list()
+
+
 def rgb(hex_colour: str) -> np.ndarray:
     return np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)])
