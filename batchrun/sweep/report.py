@@ -1,0 +1,846 @@
+"""The sweep's report: one self-contained report.html out of its two tables.
+
+`results` has one row per cell × example × choice (the cell's settings, the output, its tokens
+and latency, one `score:<name>` column per scorer); `summary` one row per cell (the settings,
+token sums, wall time, throughput and per scorer `<name>:<metric>` with `_ci_low`/`_ci_high`).
+
+The page opens offline: inline CSS, charts drawn here as inline SVG, no fonts, styles or scripts
+from anywhere else. A few lines of inline script make the summary table sortable; without them
+the page is complete. Everything that comes from the data (model outputs above all) is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import polars as pl
+
+CI_LOW = "_ci_low"
+CI_HIGH = "_ci_high"
+SCORE_PREFIX = "score:"
+# Summary columns the sweep always writes besides the axes and the scorer metrics.
+TOTALS = ("examples", "prompt_tokens", "completion_tokens", "wall_time_s", "output_tokens_per_s")
+TOTAL_LABELS = {"examples": "examples", "prompt_tokens": "prompt tokens",
+                "completion_tokens": "completion tokens", "wall_time_s": "wall s",
+                "output_tokens_per_s": "output tok/s"}
+TOP_DISAGREEMENTS = 10
+MAX_OUTPUT_CHARS = 600      # an output shown in the disagreements, before "… N more characters"
+MAX_CHOICES_SHOWN = 3       # choices shown per cell and example (n > 1)
+LABEL_CHARS = 46            # a cell's label beside its bar, before an ellipsis (full in <title>)
+OPEN_DETAILS_UP_TO = 16     # cells; with more, each disagreement's table starts folded
+PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
+           "#ff9da7", "#9c755f", "#bab0ac")
+DASHES = ("", "6 3", "2 3", "8 3 2 3")
+
+
+# ---------------------------------------------------------------------------------- the data
+
+@dataclass(frozen=True)
+class Metric:
+    """One scorer's metric in the summary: `<scorer>:<metric>` and its 95% interval columns."""
+
+    scorer: str
+    metric: str
+    has_ci: bool = True
+
+    @property
+    def column(self) -> str:
+        return f"{self.scorer}:{self.metric}"
+
+    @property
+    def low(self) -> str:
+        return self.column + CI_LOW
+
+    @property
+    def high(self) -> str:
+        return self.column + CI_HIGH
+
+    @property
+    def label(self) -> str:
+        return f"{self.scorer} {self.metric}"
+
+
+def metric_columns(columns: Iterable[str], axes: Iterable[str] = ()) -> list[Metric]:
+    """The (scorer, metric) pairs of a summary's column names, in column order.
+
+    `<scorer>:<metric>` is a metric; `<scorer>:<metric>_ci_low`/`_ci_high` its interval when
+    that metric's column exists (a lone `x:y_ci_low` is a metric of its own). The metric is
+    what follows the last colon (`pass@1`, `mean`); axis columns are never metrics."""
+    columns = list(columns)
+    present, skip = set(columns), set(axes)
+    found = []
+    for col in columns:
+        if col in skip or ":" not in col or col.startswith(SCORE_PREFIX):
+            continue
+        base = next((col[:-len(s)] for s in (CI_LOW, CI_HIGH) if col.endswith(s)), None)
+        if base is not None and base in present:
+            continue
+        scorer, _, metric = col.rpartition(":")
+        if scorer and metric:
+            found.append(Metric(scorer, metric, f"{col}{CI_LOW}" in present
+                                and f"{col}{CI_HIGH}" in present))
+    return found
+
+
+def score_columns(results: pl.DataFrame) -> list[str]:
+    """The per-row scorer columns of the results (`score:<name>`)."""
+    return [c for c in results.columns if c.startswith(SCORE_PREFIX)]
+
+
+def finite(value: Any) -> float | None:
+    """A plotted number: None for null, NaN and ±inf (and anything not a number)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def is_numeric_axis(frame: pl.DataFrame, axis: str) -> bool:
+    dtype = frame.schema[axis]
+    return dtype.is_numeric() and dtype != pl.Boolean
+
+
+def varying(frame: pl.DataFrame, axes: Sequence[str]) -> list[str]:
+    """The axes that take more than one value across the summary's cells."""
+    return [a for a in axes if a in frame.columns and frame[a].n_unique() > 1]
+
+
+def fmt_setting(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return "–" if not math.isfinite(value) else f"{value:g}"
+    return str(value)
+
+
+def fmt_metric(value: Any) -> str:
+    number = finite(value)
+    if number is None:
+        return "–"
+    return f"{number:.3f}" if abs(number) < 1000 else f"{number:,.0f}"
+
+
+def fmt_amount(value: Any, digits: int = 0) -> str:
+    number = finite(value)
+    if number is None:
+        return "–"
+    return f"{number:,.{digits}f}"
+
+
+def e(value: Any) -> str:
+    """Escaped for HTML text and attribute values alike."""
+    return html.escape(str(value), quote=True)
+
+
+@dataclass
+class Cells:
+    """The summary's cells in its order, each with its label (the settings that vary)."""
+
+    ids: list[str]
+    rows: list[dict]
+    labels: dict[str, str]      # cell -> "model=a · temperature=0.7"
+    fixed: dict[str, Any]       # axis -> its one value, for the axes that do not vary
+    varying: list[str]
+
+
+def cells_of(summary: pl.DataFrame, axes: Sequence[str]) -> Cells:
+    axes = [a for a in axes if a in summary.columns]
+    moving = varying(summary, axes)
+    rows = summary.to_dicts()
+    ids = [str(r["cell"]) for r in rows]
+    labels = {}
+    for cid, row in zip(ids, rows):
+        settings = " · ".join(f"{a}={fmt_setting(row[a])}" for a in moving)
+        labels[cid] = settings
+    fixed = {a: rows[0][a] for a in axes if a not in moving} if rows else {}
+    return Cells(ids, rows, labels, fixed, moving)
+
+
+def cell_title(cells: Cells, cid: str) -> str:
+    return f"{cid} {cells.labels[cid]}".strip()
+
+
+# ---------------------------------------------------------------------------------- SVG
+
+def nice_scale(lo: float, hi: float, count: int = 5) -> tuple[float, float, list[float]]:
+    """A domain rounded out to round ticks, and those ticks."""
+    if hi < lo:
+        lo, hi = hi, lo
+    if hi - lo < 1e-12:
+        pad = abs(lo) * 0.1 or 1.0
+        lo, hi = lo - pad, hi + pad
+    raw = (hi - lo) / count
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(power * m for m in (1, 2, 2.5, 5, 10) if power * m >= raw)
+    start, stop = math.floor(lo / step + 1e-9) * step, math.ceil(hi / step - 1e-9) * step
+    ticks = [round(start + i * step, 12) for i in range(int(round((stop - start) / step)) + 1)]
+    return start, stop, ticks
+
+
+def value_domain(values: Iterable[float | None]) -> tuple[float, float, list[float]]:
+    """Scores: from 0 (or below, for negative scores) to the largest; [0, 1] for rates."""
+    numbers = [v for v in values if v is not None]
+    if not numbers:
+        return 0.0, 1.0, [0.0, 0.25, 0.5, 0.75, 1.0]
+    lo, hi = min(0.0, min(numbers)), max(numbers)
+    if lo >= 0 and hi <= 1:
+        return 0.0, 1.0, [0.0, 0.25, 0.5, 0.75, 1.0]
+    return nice_scale(lo, max(hi, lo + 1e-9))
+
+
+def fmt_tick(value: float) -> str:
+    if abs(value) >= 10000:
+        return f"{value:,.0f}"
+    return f"{value:g}"
+
+
+def clip(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[:chars - 1] + "…"
+
+
+def svg_open(width: float, height: float, label: str) -> str:
+    # No xmlns: inline SVG in HTML needs none (and the page names no URL at all).
+    return (f'<svg class="chart" width="{width:.0f}" '
+            f'height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
+            f'aria-label="{e(label)}">')
+
+
+def empty_chart(label: str, message: str, width: int = 640) -> str:
+    return (svg_open(width, 60, label)
+            + f'<rect x="0.5" y="0.5" width="{width - 1}" height="59" fill="#fafafa" '
+            f'stroke="#ddd"/><text x="{width / 2:.0f}" y="35" text-anchor="middle" '
+            f'class="muted">{e(message)}</text></svg>')
+
+
+@dataclass
+class Bar:
+    key: str            # the cell
+    label: str          # what the row says (clipped), full in its <title>
+    title: str
+    value: float | None
+    low: float | None = None
+    high: float | None = None
+    color: str = PALETTE[0]
+
+
+CHAR_W = 6.4  # px per character of the 11px chart font, near enough to size the label columns
+
+
+def bar_chart(bars: list[Bar], label: str, value_fmt=fmt_metric, domain=None,
+              plot_w: int = 300, row: int = 18, points: bool = True) -> str:
+    """Horizontal bars, one row per cell, each with its interval as an error bar (and a point
+    at the value when `points`).
+
+    Rows stack downwards, so 100+ cells stay legible (the figure scrolls); the label column
+    is as wide as the longest label and the value is printed at the right of each row."""
+    if not bars:
+        return empty_chart(label, "no cells")
+    if all(b.value is None for b in bars):
+        return empty_chart(label, "no values: every cell's value is missing")
+    top, axis_h = 8, 26
+    label_width = int(min(LABEL_CHARS, max(len(b.label) for b in bars)) * CHAR_W) + 14
+    value_w = int(max(len(value_fmt(b.value)) for b in bars) * CHAR_W) + 14
+    plot_x = label_width
+    width = label_width + plot_w + value_w
+    height = top + row * len(bars) + axis_h
+    if domain is None:
+        domain = value_domain([v for b in bars for v in (b.value, b.low, b.high)])
+    lo, hi, ticks = domain
+
+    def x(v: float) -> float:
+        return plot_x + (min(max(v, lo), hi) - lo) / (hi - lo) * plot_w
+
+    out = [svg_open(width, height, label)]
+    bottom = top + row * len(bars)
+    for t in ticks:
+        out.append(f'<line x1="{x(t):.1f}" y1="{top}" x2="{x(t):.1f}" y2="{bottom}" '
+                   f'class="grid"/><text x="{x(t):.1f}" y="{bottom + 15}" '
+                   f'text-anchor="middle" class="tick">{e(fmt_tick(t))}</text>')
+    zero = x(0.0 if lo <= 0 <= hi else lo)
+    for i, bar in enumerate(bars):
+        y = top + i * row
+        mid = y + row / 2
+        out.append(f'<g><title>{e(bar.title)}</title>')
+        if i % 2:
+            out.append(f'<rect x="0" y="{y}" width="{width}" height="{row}" fill="#f6f7f9"/>')
+        out.append(f'<text x="{plot_x - 6}" y="{mid + 4:.1f}" text-anchor="end" '
+                   f'class="label">{e(bar.label)}</text>')
+        if bar.value is None:
+            out.append(f'<text x="{plot_x + 4}" y="{mid + 4:.1f}" class="muted">no value</text>')
+        else:
+            x0, x1 = sorted((zero, x(bar.value)))
+            out.append(f'<rect x="{x0:.1f}" y="{y + 3}" width="{max(x1 - x0, 1):.1f}" '
+                       f'height="{row - 6}" fill="{bar.color}" fill-opacity="0.55"/>')
+            if bar.low is not None and bar.high is not None:
+                a, b = x(bar.low), x(bar.high)
+                out.append(f'<path d="M{a:.1f} {mid - 4:.1f}V{mid + 4:.1f}M{a:.1f} {mid:.1f}'
+                           f'H{b:.1f}M{b:.1f} {mid - 4:.1f}V{mid + 4:.1f}" class="err"/>')
+            if points:
+                out.append(f'<circle cx="{x(bar.value):.1f}" cy="{mid:.1f}" r="3.2" '
+                           f'fill="{bar.color}" stroke="#222" stroke-width="0.6"/>')
+            out.append(f'<text x="{width - 4}" y="{mid + 4:.1f}" text-anchor="end" '
+                       f'class="value">{e(value_fmt(bar.value))}</text>')
+        out.append("</g>")
+    out.append(f'<line x1="{plot_x}" y1="{bottom}" x2="{plot_x + plot_w}" y2="{bottom}" '
+               f'class="axis"/></svg>')
+    return "".join(out)
+
+
+@dataclass
+class Point:
+    x: float
+    y: float | None
+    low: float | None
+    high: float | None
+    title: str
+
+
+def line_chart(series: dict[str, list[Point]], colors: dict[str, tuple[str, str]],
+               x_label: str, y_label: str, width: int = 580, height: int = 300) -> str:
+    """Points joined by lines, one series per combination of the other settings, with each
+    point's interval as a vertical error bar. Series at one x are nudged apart a little so
+    their bars do not cover each other."""
+    label = f"{y_label} against {x_label}"
+    points = [p for ps in series.values() for p in ps]
+    if not any(p.y is not None for p in points):
+        return empty_chart(label, "no values: every cell's score is missing", width)
+    left, right, top, bottom = 56, 18, 14, 44
+    plot_w, plot_h = width - left - right, height - top - bottom
+    xs = sorted({p.x for p in points})
+    if len(xs) <= 10:
+        x_lo, x_hi, x_ticks = xs[0], xs[-1], xs
+    else:
+        x_lo, x_hi, x_ticks = nice_scale(xs[0], xs[-1])
+    if x_hi == x_lo:
+        x_lo, x_hi = x_lo - 1, x_hi + 1
+    y_lo, y_hi, y_ticks = value_domain(v for p in points for v in (p.y, p.low, p.high))
+    inset = 14  # keeps the outermost points off the frame
+
+    def px(v: float) -> float:
+        return left + inset + (v - x_lo) / (x_hi - x_lo) * (plot_w - 2 * inset)
+
+    def py(v: float) -> float:
+        v = min(max(v, y_lo), y_hi)
+        return top + plot_h - (v - y_lo) / (y_hi - y_lo) * plot_h
+
+    out = [svg_open(width, height, label)]
+    for t in y_ticks:
+        out.append(f'<line x1="{left}" y1="{py(t):.1f}" x2="{left + plot_w}" y2="{py(t):.1f}" '
+                   f'class="grid"/><text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end" '
+                   f'class="tick">{e(fmt_tick(t))}</text>')
+    for t in x_ticks:
+        out.append(f'<line x1="{px(t):.1f}" y1="{top + plot_h}" x2="{px(t):.1f}" '
+                   f'y2="{top + plot_h + 4}" class="axis"/><text x="{px(t):.1f}" '
+                   f'y="{top + plot_h + 17}" text-anchor="middle" class="tick">'
+                   f'{e(fmt_tick(t))}</text>')
+    out.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" '
+               f'class="axis"/>')
+    out.append(f'<text x="{left + plot_w / 2:.0f}" y="{height - 8}" text-anchor="middle" '
+               f'class="axis-label">{e(x_label)}</text>')
+    out.append(f'<text transform="translate(14 {top + plot_h / 2:.0f}) rotate(-90)" '
+               f'text-anchor="middle" class="axis-label">{e(y_label)}</text>')
+    count = len(series)
+    spread = min(3.0, 24.0 / max(count, 1))
+    for i, (name, pts) in enumerate(series.items()):
+        color, dash = colors[name]
+        nudge = (i - (count - 1) / 2) * spread
+        drawn = sorted((p for p in pts if p.y is not None), key=lambda p: p.x)
+        out.append(f'<g><title>{e(name)}</title>')
+        if len(drawn) > 1:
+            d = "".join(f"{'M' if j == 0 else 'L'}{px(p.x) + nudge:.1f} {py(p.y):.1f}"
+                        for j, p in enumerate(drawn))
+            dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
+            out.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="1.8"'
+                       f'{dash_attr}/>')
+        for p in drawn:
+            cx = px(p.x) + nudge
+            if p.low is not None and p.high is not None:
+                out.append(f'<line x1="{cx:.1f}" y1="{py(p.low):.1f}" x2="{cx:.1f}" '
+                           f'y2="{py(p.high):.1f}" stroke="{color}" stroke-width="1.2"/>')
+            out.append(f'<circle cx="{cx:.1f}" cy="{py(p.y):.1f}" r="3.5" fill="{color}">'
+                       f'<title>{e(p.title)}</title></circle>')
+        out.append("</g>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def series_style(names: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """A colour and a dash pattern per series: ten colours, then the same with dashes."""
+    return {n: (PALETTE[i % len(PALETTE)], DASHES[(i // len(PALETTE)) % len(DASHES)])
+            for i, n in enumerate(names)}
+
+
+def legend(colors: dict[str, tuple[str, str]]) -> str:
+    if len(colors) <= 1 and "" in colors:
+        return ""
+    items = "".join(
+        f'<span class="key"><span class="swatch{" dashed" if dash else ""}" '
+        f'style="border-color:{color}"></span>{e(name)}</span>'
+        for name, (color, dash) in colors.items())
+    return f'<div class="legend">{items}</div>'
+
+
+# ---------------------------------------------------------------------------------- sections
+
+def summary_table(summary: pl.DataFrame, cells: Cells, axes: Sequence[str],
+                  metrics: list[Metric], errors: dict[str, int]) -> str:
+    axes = [a for a in axes if a in summary.columns]
+    known = {"cell", *axes, *TOTALS}
+    for m in metrics:
+        known |= {m.column, m.low, m.high}
+    extra = [c for c in summary.columns if c not in known]
+    totals = [t for t in TOTALS if t in summary.columns]
+    heads = (["cell"] + axes + [m.label for m in metrics]
+             + [TOTAL_LABELS[t] for t in totals] + ["errors"] + extra)
+    numeric_axes = {a for a in axes if is_numeric_axis(summary, a)}
+    out = ['<div class="table-wrap"><table class="sortable" id="summary"><thead><tr>']
+    for h in heads:
+        out.append(f'<th title="sort">{e(h)}</th>')
+    out.append("</tr></thead><tbody>")
+    for cid, row in zip(cells.ids, cells.rows):
+        tds = [td(cid, cid, "cell")]
+        for a in axes:
+            value = row[a]
+            tds.append(td(fmt_setting(value), sort_key(value) if a in numeric_axes else
+                          fmt_setting(value), "num" if a in numeric_axes else ""))
+        for m in metrics:
+            value = finite(row.get(m.column))
+            text = fmt_metric(value)
+            if value is not None and m.has_ci:
+                low, high = finite(row.get(m.low)), finite(row.get(m.high))
+                if low is not None and high is not None:
+                    text += f' <span class="ci">[{fmt_metric(low)}, {fmt_metric(high)}]</span>'
+            tds.append(td(text, sort_key(value), "num", raw=True))
+        for t in totals:
+            digits = 0 if t in ("examples", "prompt_tokens", "completion_tokens") else 1
+            tds.append(td(fmt_amount(row.get(t), digits), sort_key(row.get(t)), "num"))
+        n_errors = errors.get(cid, 0)
+        tds.append(td(str(n_errors), str(n_errors), "num bad" if n_errors else "num"))
+        for c in extra:
+            value = row.get(c)
+            text = fmt_metric(value) if isinstance(value, float) else fmt_setting(value)
+            tds.append(td(text, sort_key(value) if isinstance(value, (int, float))
+                          else fmt_setting(value), ""))
+        out.append("<tr>" + "".join(tds) + "</tr>")
+    out.append("</tbody></table></div>")
+    return "".join(out)
+
+
+def sort_key(value: Any) -> str:
+    number = finite(value)
+    return "" if number is None else repr(number)
+
+
+def td(text: str, key: str, cls: str = "", raw: bool = False) -> str:
+    """A table cell; `key` is what the sorting script compares ("" sorts last)."""
+    body = text if raw else e(text)
+    cls_attr = f' class="{cls}"' if cls else ""
+    return f'<td data-v="{e(key)}"{cls_attr}>{body}</td>'
+
+
+def cell_colors(summary: pl.DataFrame, cells: Cells) -> tuple[dict[str, str], dict]:
+    """Bars take their colour from the first varying axis that is not numeric (e.g. model)."""
+    axis = next((a for a in cells.varying if not is_numeric_axis(summary, a)), None)
+    if axis is None:
+        return {cid: PALETTE[0] for cid in cells.ids}, {}
+    values = list(dict.fromkeys(fmt_setting(r[axis]) for r in cells.rows))
+    color_of = {v: PALETTE[i % len(PALETTE)] for i, v in enumerate(values)}
+    colors = {cid: color_of[fmt_setting(r[axis])] for cid, r in zip(cells.ids, cells.rows)}
+    return colors, {f"{axis}={v}": (c, "") for v, c in color_of.items()}
+
+
+def bar_label(cells: Cells, cid: str) -> str:
+    return clip(cell_title(cells, cid), LABEL_CHARS)
+
+
+def metric_charts(cells: Cells, metrics: list[Metric], colors: dict[str, str]) -> list[str]:
+    charts = []
+    for m in metrics:
+        bars = []
+        for cid, row in zip(cells.ids, cells.rows):
+            value = finite(row.get(m.column))
+            low = finite(row.get(m.low)) if m.has_ci else None
+            high = finite(row.get(m.high)) if m.has_ci else None
+            interval = f" [{fmt_metric(low)}, {fmt_metric(high)}]" if low is not None else ""
+            bars.append(Bar(cid, bar_label(cells, cid),
+                            f"{cell_title(cells, cid)}: {m.label} {fmt_metric(value)}{interval}",
+                            value, low, high, colors[cid]))
+        charts.append(figure(m.label, bar_chart(bars, m.label), tall=len(bars) > 40))
+    return charts
+
+
+def axis_charts(summary: pl.DataFrame, cells: Cells, metrics: list[Metric]) -> list[str]:
+    """Score against each numeric axis that varies, one line per combination of the others."""
+    numeric = [a for a in cells.varying if is_numeric_axis(summary, a)]
+    charts = []
+    for axis in numeric:
+        others = [a for a in cells.varying if a != axis]
+        keys = {cid: " · ".join(f"{a}={fmt_setting(r[a])}" for a in others)
+                for cid, r in zip(cells.ids, cells.rows)}
+        names = list(dict.fromkeys(keys.values()))
+        colors = series_style(names)
+        for m in metrics:
+            series: dict[str, list[Point]] = {n: [] for n in names}
+            for cid, row in zip(cells.ids, cells.rows):
+                xv = finite(row[axis])
+                if xv is None:
+                    continue
+                value = finite(row.get(m.column))
+                low = finite(row.get(m.low)) if m.has_ci else None
+                high = finite(row.get(m.high)) if m.has_ci else None
+                series[keys[cid]].append(Point(
+                    xv, value, low, high,
+                    f"{cell_title(cells, cid)}: {m.label} {fmt_metric(value)}"))
+            chart = line_chart(series, colors, axis, m.label)
+            drawn = any(p.y is not None for ps in series.values() for p in ps)
+            charts.append(figure(f"{m.label} against {axis}",
+                                 chart + (legend(colors) if drawn else "")))
+    return charts
+
+
+def cost_charts(cells: Cells, colors: dict[str, str]) -> list[str]:
+    charts = []
+    for column, label, fmt in (("completion_tokens", "completion tokens", fmt_amount),
+                               ("wall_time_s", "wall seconds", lambda v: fmt_amount(v, 1))):
+        bars = []
+        for cid, row in zip(cells.ids, cells.rows):
+            value = finite(row.get(column))
+            bars.append(Bar(cid, bar_label(cells, cid),
+                            f"{cell_title(cells, cid)}: {fmt(value)} {label}", value,
+                            color=colors[cid]))
+        domain = None
+        values = [b.value for b in bars if b.value is not None]
+        if values:
+            domain = nice_scale(min(0.0, min(values)), max(max(values), 1e-9))
+        charts.append(figure(label, bar_chart(bars, label, fmt, domain, plot_w=240,
+                                              points=False), tall=len(bars) > 40))
+    return charts
+
+
+def figure(caption: str, body: str, tall: bool = False) -> str:
+    cls = "figure tall" if tall else "figure"
+    return f'<figure class="{cls}"><figcaption>{e(caption)}</figcaption>{body}</figure>'
+
+
+def per_example_scores(results: pl.DataFrame, column: str) -> pl.DataFrame:
+    """(cell, id, score): each cell's mean score over an example's choices."""
+    return (results.select(pl.col("cell").cast(pl.String), pl.col("id").cast(pl.String),
+                           pl.col(column).cast(pl.Float64).fill_nan(None).alias("score"))
+            .group_by("cell", "id").agg(pl.col("score").mean()))
+
+
+def disagreements(results: pl.DataFrame, column: str, top: int = TOP_DISAGREEMENTS
+                  ) -> pl.DataFrame:
+    """The examples whose per-example score differs most across cells: id, spread (max − min
+    of the cells' per-example means), std, and how many cells scored it. Only examples at
+    least two cells scored and that some pair of cells scored differently."""
+    scores = per_example_scores(results, column).drop_nulls("score")
+    return (scores.group_by("id")
+            .agg(spread=pl.col("score").max() - pl.col("score").min(),
+                 std=pl.col("score").std(), cells=pl.len())
+            .filter((pl.col("cells") >= 2) & (pl.col("spread") > 0))
+            .sort(["spread", "std", "id"], descending=[True, True, False], nulls_last=True)
+            .head(top))
+
+
+def truncated(text: str | None, limit: int = MAX_OUTPUT_CHARS) -> str:
+    """Escaped model text, cut at `limit` characters with a note of what was left out."""
+    if text is None:
+        return '<span class="muted">(no output)</span>'
+    if len(text) <= limit:
+        return e(text)
+    more = len(text) - limit
+    return e(text[:limit]) + f'<span class="muted">… ({more:,} more characters)</span>'
+
+
+def disagreement_section(results: pl.DataFrame, cells: Cells) -> str:
+    columns = score_columns(results)
+    if not columns:
+        return '<p class="muted">No scorer columns in the results.</p>'
+    if len(cells.ids) < 2:
+        return '<p class="muted">One cell: there is nothing to disagree with.</p>'
+    order = {cid: i for i, cid in enumerate(cells.ids)}
+    out = []
+    for column in columns:
+        name = column[len(SCORE_PREFIX):]
+        out.append(f'<h3>{e(name)}</h3>')
+        if results[column].cast(pl.Float64).fill_nan(None).null_count() == results.height:
+            out.append('<p class="muted">No per-example scores: the scorer raised (or gave '
+                       'no number) for every row.</p>')
+            continue
+        top = disagreements(results, column)
+        if top.height == 0:
+            out.append('<p class="muted">The cells agree on every example.</p>')
+            continue
+        out.append(f'<p class="muted">The {top.height} examples whose mean {e(name)} differs '
+                   'most across cells (spread = highest − lowest cell).</p>')
+        means = per_example_scores(results, column)
+        shown = results.filter(pl.col("id").cast(pl.String).is_in(top["id"].to_list()))
+        for ex in top.iter_rows(named=True):
+            rows = (shown.filter(pl.col("id").cast(pl.String) == ex["id"])
+                    .with_columns(pl.col("cell").cast(pl.String)))
+            mean_of = {r["cell"]: r["score"] for r in
+                       means.filter(pl.col("id") == ex["id"]).iter_rows(named=True)}
+            by_cell: dict[str, list[dict]] = {}
+            for r in rows.sort("choice").iter_rows(named=True):
+                by_cell.setdefault(r["cell"], []).append(r)
+            ordered = sorted(by_cell, key=lambda c: order.get(c, len(order)))
+            is_open = " open" if len(ordered) <= OPEN_DETAILS_UP_TO else ""
+            out.append(f'<details class="example"{is_open}><summary><code>{e(ex["id"])}'
+                       f'</code> spread {fmt_metric(ex["spread"])}, {ex["cells"]} cells</summary>')
+            out.append('<table class="outputs"><thead><tr><th>cell</th><th>settings</th>'
+                       f'<th>{e(name)}</th><th>output</th></tr></thead><tbody>')
+            for cid in ordered:
+                choices = by_cell[cid]
+                parts = []
+                for r in choices[:MAX_CHOICES_SHOWN]:
+                    head = []
+                    if len(choices) > 1:
+                        head.append(f"choice {r['choice']}")
+                    score = finite(r.get(column))
+                    if len(choices) > 1:
+                        head.append(f"score {fmt_metric(score)}")
+                    if r.get("finish_reason") not in (None, "stop"):
+                        head.append(f"finish: {r['finish_reason']}")
+                    meta = (f'<div class="meta">{e(" · ".join(head))}</div>' if head else "")
+                    error = (f'<div class="bad">error: {truncated(r["error"], 300)}</div>'
+                             if r.get("error") else "")
+                    parts.append(f'{meta}{error}<pre>{truncated(r.get("output"))}</pre>')
+                if len(choices) > MAX_CHOICES_SHOWN:
+                    parts.append(f'<div class="muted">+{len(choices) - MAX_CHOICES_SHOWN} more '
+                                 'choices</div>')
+                out.append(f'<tr><td><code>{e(cid)}</code></td><td>{e(cells.labels.get(cid, ""))}'
+                           f'</td><td class="num">{fmt_metric(mean_of.get(cid))}</td>'
+                           f'<td class="output">{"".join(parts)}</td></tr>')
+            out.append("</tbody></table></details>")
+    return "".join(out)
+
+
+# ---------------------------------------------------------------------------------- the page
+
+CSS = """
+:root { color-scheme: light; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", "DejaVu Sans", sans-serif;
+       margin: 24px auto; max-width: 1500px; padding: 0 24px; color: #1d2330; background: #fff; }
+h1 { font-size: 22px; margin: 0 0 4px; }
+h2 { font-size: 18px; margin: 32px 0 8px; border-bottom: 1px solid #e3e6ea; padding-bottom: 4px; }
+h3 { font-size: 15px; margin: 18px 0 6px; }
+.muted { color: #6b7380; } .bad { color: #b3261e; }
+.facts { display: flex; flex-wrap: wrap; gap: 6px 18px; margin: 8px 0; }
+.facts span b { font-weight: 600; }
+.table-wrap { overflow-x: auto; max-height: 80vh; overflow-y: auto; border: 1px solid #e3e6ea; }
+table { border-collapse: collapse; font-size: 13px; }
+th, td { padding: 4px 8px; border-bottom: 1px solid #eef0f3; text-align: left;
+         vertical-align: top; }
+thead th { position: sticky; top: 0; background: #f3f5f8; cursor: pointer; white-space: nowrap; }
+thead th[data-dir="asc"]::after { content: " ▲"; }
+thead th[data-dir="desc"]::after { content: " ▼"; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.cell { font-family: ui-monospace, "DejaVu Sans Mono", monospace; }
+.ci { color: #6b7380; font-size: 12px; }
+.charts { display: flex; flex-wrap: wrap; gap: 16px; }
+figure { margin: 0; padding: 8px; border: 1px solid #e3e6ea; border-radius: 4px; max-width: 100%;
+         overflow-x: auto; }
+figure.tall { max-height: 75vh; overflow-y: auto; }
+figcaption { font-weight: 600; margin-bottom: 4px; }
+svg.chart { display: block; font: 11px system-ui, "DejaVu Sans", sans-serif; }
+svg .grid { stroke: #e6e8ec; } svg .axis { stroke: #9aa1ab; } svg .err { stroke: #222; fill: none; }
+svg .tick { fill: #5b6270; } svg .label { fill: #1d2330; } svg .value { fill: #1d2330; }
+svg .muted { fill: #8a919c; } svg .axis-label { fill: #1d2330; font-weight: 600; }
+.legend { display: flex; flex-wrap: wrap; gap: 4px 14px; max-width: 640px; font-size: 12px;
+          margin-top: 4px; }
+.key { white-space: nowrap; } .swatch { display: inline-block; width: 18px; height: 0;
+       border-top: 3px solid; margin-right: 5px; vertical-align: middle; }
+.swatch.dashed { border-top-style: dashed; }
+details.example { margin: 8px 0; } details.example > summary { cursor: pointer; }
+table.outputs { width: 100%; table-layout: fixed; }
+table.outputs th:nth-child(1) { width: 60px; } table.outputs th:nth-child(2) { width: 260px; }
+table.outputs th:nth-child(3) { width: 96px; }
+td.output pre { white-space: pre-wrap; word-break: break-word; margin: 0 0 6px;
+                font: 12px/1.4 ui-monospace, "DejaVu Sans Mono", monospace; max-height: 18em;
+                overflow-y: auto; background: #f8f9fb; padding: 4px 6px; }
+.meta { font-size: 12px; color: #6b7380; }
+details.spec pre { white-space: pre-wrap; background: #f8f9fb; padding: 8px; }
+"""
+
+# Sorting by a header's column: numbers by data-v as numbers, text as text, blanks last. The
+# page is complete without it.
+SCRIPT = """
+document.querySelectorAll('table.sortable').forEach(function (table) {
+  var heads = table.tHead.rows[0].cells;
+  Array.prototype.forEach.call(heads, function (th, col) {
+    th.addEventListener('click', function () {
+      var asc = th.getAttribute('data-dir') !== 'asc';
+      Array.prototype.forEach.call(heads, function (h) { h.removeAttribute('data-dir'); });
+      th.setAttribute('data-dir', asc ? 'asc' : 'desc');
+      var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+      rows.sort(function (a, b) {
+        var x = a.cells[col].getAttribute('data-v'), y = b.cells[col].getAttribute('data-v');
+        if (x === '' || y === '') { return (x === '') - (y === ''); }
+        var nx = parseFloat(x), ny = parseFloat(y), c;
+        c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+        return asc ? c : -c;
+      });
+      rows.forEach(function (r) { body.appendChild(r); });
+    });
+  });
+});
+"""
+
+
+def render_report(results: pl.DataFrame, summary: pl.DataFrame, axes: list[str], title: str,
+                  spec_text: str | None = None) -> str:
+    """The sweep's report as one self-contained HTML page."""
+    axes = [a for a in axes if a in summary.columns]
+    metrics = metric_columns(summary.columns, axes)
+    cells = cells_of(summary, axes)
+    errors: dict[str, int] = {}
+    if "error" in results.columns and "cell" in results.columns:
+        counts = (results.filter(pl.col("error").is_not_null())
+                  .group_by(pl.col("cell").cast(pl.String)).agg(pl.len()))
+        errors = dict(counts.iter_rows())
+    colors, color_legend = cell_colors(summary, cells)
+    examples = results["id"].n_unique() if "id" in results.columns else 0
+
+    facts = [("cells", f"{len(cells.ids):,}"), ("examples", f"{examples:,}"),
+             ("rows", f"{results.height:,}"), ("rows with an error", f"{sum(errors.values()):,}")]
+    facts += [(a, fmt_setting(v)) for a, v in cells.fixed.items()]
+    parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+             f"<title>{e(title)}</title><style>{CSS}</style></head><body>",
+             f"<h1>{e(title)}</h1>",
+             '<div class="facts">' + "".join(f"<span>{e(k)}: <b>{e(v)}</b></span>"
+                                             for k, v in facts) + "</div>"]
+    if cells.varying:
+        parts.append(f'<p class="muted">Grid axes that vary: {e(", ".join(cells.varying))}. '
+                     "Intervals are 95% confidence intervals.</p>")
+    if spec_text:
+        parts.append(f'<details class="spec"><summary>Sweep spec</summary><pre>{e(spec_text)}'
+                     "</pre></details>")
+
+    parts.append('<h2 id="summary-table">Summary</h2>')
+    parts.append(summary_table(summary, cells, axes, metrics, errors))
+
+    parts.append('<h2 id="scores">Scores per cell</h2>')
+    if metrics:
+        parts.append(legend(color_legend))
+        parts.append('<div class="charts">' + "".join(metric_charts(cells, metrics, colors))
+                     + "</div>")
+    else:
+        parts.append('<p class="muted">The summary has no scorer metrics.</p>')
+
+    parts.append('<h2 id="axes">Scores against the numeric settings</h2>')
+    charts = axis_charts(summary, cells, metrics)
+    if charts:
+        parts.append('<div class="charts">' + "".join(charts) + "</div>")
+    else:
+        reason = ("no scorer metrics" if not metrics else
+                  "no numeric grid axis takes more than one value")
+        parts.append(f'<p class="muted">Nothing to plot: {reason}.</p>')
+
+    parts.append('<h2 id="cost">Cost per cell</h2>')
+    parts.append('<div class="charts">' + "".join(cost_charts(cells, colors)) + "</div>")
+
+    parts.append('<h2 id="disagreements">Examples the cells disagree on most</h2>')
+    parts.append(disagreement_section(results, cells))
+
+    parts.append(f"<script>{SCRIPT}</script></body></html>\n")
+    return "".join(parts)
+
+
+def expected_chart_count(summary: pl.DataFrame, axes: Sequence[str]) -> int:
+    """How many <svg> charts render_report draws: one per metric, one per metric and varying
+    numeric axis, and the two cost charts."""
+    axes = [a for a in axes if a in summary.columns]
+    metrics = metric_columns(summary.columns, axes)
+    numeric = [a for a in varying(summary, axes) if is_numeric_axis(summary, a)]
+    return len(metrics) * (1 + len(numeric)) + 2
+
+
+# ---------------------------------------------------------------------------------- files
+
+def _filesystem(folder: str | os.PathLike):
+    from fsspec.core import url_to_fs
+
+    return url_to_fs(os.fspath(folder))
+
+
+def _is_local(fs) -> bool:
+    from fsspec.implementations.local import LocalFileSystem
+
+    return isinstance(fs, LocalFileSystem)
+
+
+def read_sweep(folder: str | os.PathLike) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
+    """The results and summary tables of a sweep's output folder and its sweep.json ({} when
+    there is none: then the axes are the summary's columns that are neither totals nor
+    metrics)."""
+    fs, root = _filesystem(folder)
+    tables = []
+    for name in ("results.parquet", "summary.parquet"):
+        path = f"{root.rstrip('/')}/{name}"
+        if not fs.exists(path):
+            raise FileNotFoundError(f"{folder}: no {name} (is it a sweep's output folder?)")
+        with fs.open(path, "rb") as f:
+            tables.append(pl.read_parquet(f))
+    meta_path = f"{root.rstrip('/')}/sweep.json"
+    meta = json.loads(fs.cat_file(meta_path)) if fs.exists(meta_path) else {}
+    results, summary = tables
+    if "axes" not in meta:
+        metric_cols = set()
+        for m in metric_columns(summary.columns):
+            metric_cols |= {m.column, m.low, m.high}
+        meta["axes"] = [c for c in summary.columns
+                        if c != "cell" and c not in TOTALS and c not in metric_cols]
+    return results, summary, meta
+
+
+def write_report(folder: str | os.PathLike) -> Path | str:
+    """Render the sweep in `folder` (a local path or fsspec URL) to `folder/report.html`.
+
+    Locally the page is written to a temporary file beside it and moved into place, so a
+    reader never sees half a report; an object store's put is whole already. Returns the
+    report's Path (its URL for a remote folder)."""
+    results, summary, meta = read_sweep(folder)
+    title = str(meta.get("name") or Path(os.fspath(folder).rstrip("/")).name or "sweep")
+    page = render_report(results, summary, list(meta["axes"]), title, meta.get("spec"))
+    fs, root = _filesystem(folder)
+    target = f"{root.rstrip('/')}/report.html"
+    if not _is_local(fs):
+        fs.pipe_file(target, page.encode("utf-8"))
+        return f"{os.fspath(folder).rstrip('/')}/report.html"
+    final = Path(target)
+    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html.tmp", dir=final.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(page)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return final
+
+
+def report_command(folder: str | os.PathLike) -> Path | str:
+    """`batchrun sweep report DIR`: (re)write DIR/report.html and say where it is."""
+    try:
+        path = write_report(folder)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"batchrun sweep report: {exc}") from None
+    print(f"wrote {path}", file=sys.stderr)
+    return path
