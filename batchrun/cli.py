@@ -1,6 +1,7 @@
 """Command line: assembles the commands, nothing else (nothing imports this module).
 
     batchrun run | validate | job | plan   batch/commands.py
+    batchrun sweep [report]                sweep/commands.py
     batchrun serve                         server/cli.py
     batchrun models ...                    models/cli.py
 
@@ -21,6 +22,7 @@ from batchrun import __version__
 from batchrun.batch.commands import COMMANDS
 from batchrun.models.cli import models
 from batchrun.server.cli import serve
+from batchrun.sweep.commands import sweep
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -31,5 +33,5 @@ def main() -> None:
                         stream=sys.stderr)
 
 
-for command in (*COMMANDS, serve, models):
+for command in (*COMMANDS, sweep, serve, models):
     main.add_command(command)

@@ -1,0 +1,171 @@
+"""Run a sweep: per model, one batch job of all its cells' requests through one engine (shared
+prompts are computed once by the prefix cache), then the scorers, then the tables and the
+report. Everything lands in the spec's output folder:
+
+    requests/<model>.jsonl      the model's batch input (rewritten only when it changes)
+    generations/<model>.jsonl   its results (+ .errors.jsonl, .metrics.json, and a staging
+                                folder while it runs: a killed sweep resumes there)
+    scores/<model>.parquet      its scored rows (kept: a resumed sweep re-scores nothing)
+    results.parquet  summary.parquet  summary.csv  sweep.json  report.html
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from batchrun.batch import io
+from batchrun.batch.plan import make_plan
+from batchrun.batch.runner import run_batch
+from batchrun.batch.storage import Storage
+from batchrun.batch.validate import tokenizer_model
+from batchrun.options.job import InputOptions, JobOptions
+from batchrun.options.openai import OpenAIOptions
+from batchrun.options.run import RunOptions
+from batchrun.sweep import cells as grid
+from batchrun.sweep import dataset, requests, tables
+from batchrun.sweep.scorers import build as build_scorer
+from batchrun.sweep.scorers.loglikelihood import LoglikelihoodChoice
+from batchrun.sweep.spec import SweepSpec
+
+log = logging.getLogger("batchrun.sweep")
+
+
+@dataclass
+class SweepResult:
+    status: str  # completed | interrupted
+    output: str
+    cells: int
+    models: list[str] = field(default_factory=list)
+    summary: list[dict[str, Any]] = field(default_factory=list)
+
+
+def slug(model: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", model).strip("_") or "model"
+
+
+def _write_if_changed(path: str, text: str) -> None:
+    """Keep the file (and its modification time: the run's input fingerprint) when unchanged."""
+    data = text.encode("utf-8")
+    if io.is_local(path):
+        try:
+            with open(io.local_path(path), "rb") as f:
+                if f.read() == data:
+                    return
+        except FileNotFoundError:
+            pass
+    io.write_bytes_atomic(path, data)
+
+
+def _read_records(path: str, storage: Storage) -> tuple[dict[str, dict], dict[str, str]]:
+    """custom_id -> response body and custom_id -> error message, from a run's files."""
+    bodies, errors = {}, {}
+    for name in (path, io.sibling_path(path, ".errors.jsonl")):
+        if not storage.exists(name):
+            continue
+        with storage.open_read(name) as f:
+            for raw in f:
+                record = json.loads(raw)
+                cid = record.get("custom_id")
+                if record.get("error"):
+                    errors[cid] = record["error"].get("message", "error")
+                elif record.get("response"):
+                    bodies[cid] = record["response"]["body"]
+    return bodies, errors
+
+
+def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any], Any],
+              resume: bool = False, restart: bool = False, stop: Any = None,
+              on_stage: Callable[[str], None] = lambda text: None) -> SweepResult:
+    """Raises sweep.spec.SpecError and batch.plan.BatchConfigError for what the user must fix."""
+    import polars as pl
+
+    out, storage = spec.output.rstrip("/"), Storage(spec.dataset.storage_options)
+    rows = dataset.read_rows(spec.dataset)
+    prompts = {t.name: t for t in dataset.templates(spec.dataset, spec.grid.get("prompt"))}
+    examples = dataset.examples(spec.dataset, rows, list(prompts.values()))
+    scorers = [build_scorer(c, base_dir=spec.folder or None) for c in spec.scorers]
+    choosers = [s for s in scorers if isinstance(s, LoglikelihoodChoice)]
+    generators = [s for s in scorers if not isinstance(s, LoglikelihoodChoice)]
+    cells = grid.cells(spec.grid)
+    axes = grid.axes(spec.grid)
+    engine = spec.engine_config()
+    models = list(dict.fromkeys(c.model for c in cells))
+    result = SweepResult("completed", out, len(cells), models)
+    on_stage(f"{len(cells)} cells x {len(examples)} examples, {len(models)} model(s), "
+             f"scorers: {', '.join(s.name for s in scorers)}")
+
+    scored: list[dict[str, Any]] = []
+    wall_by_model: dict[str, float] = {}
+    for number, model in enumerate(models, start=1):
+        model_cells = [c for c in cells if c.model == model]
+        name = slug(model)
+        served = tokenizer_model(model, engine.max_model_len)  # tokenizer only, no weights
+        reqs = requests.build(model_cells, examples, prompts, bool(generators), choosers,
+                              served.tokenizer, spec.dataset.endpoint)
+        request_path = f"{out}/requests/{name}.jsonl"
+        _write_if_changed(request_path, "".join(line + "\n" for line in reqs.lines))
+        generation_path = f"{out}/generations/{name}.jsonl"
+        scores_path = f"{out}/scores/{name}.parquet"
+        plan = make_plan(RunOptions(
+            inputs=InputOptions(input=[request_path], storage_options=spec.dataset.storage_options),
+            job=JobOptions(output=generation_path, resume=resume, restart=restart, overwrite=True,
+                           progress="auto"),
+            engine=engine, openai=OpenAIOptions(ignore_model_field=True)))
+        if plan.start == "done" and storage.exists(scores_path):
+            on_stage(f"model {number}/{len(models)} {model}: already run and scored")
+            with storage.open_read(scores_path) as f:
+                scored.extend(pl.read_parquet(f).to_dicts())
+            wall_by_model[model] = plan.previous.get("wall_time_s", 0.0)
+            continue
+        if plan.start == "done":
+            summary = plan.previous
+        else:
+            on_stage(f"model {number}/{len(models)} {model}: {len(model_cells)} cells, "
+                     f"{len(reqs.lines)} requests ({plan.start})")
+            loaded = load(model, engine)
+            summary = run_batch(loaded, plan, stop=stop)
+            del loaded
+            gc.collect()
+            if summary["status"] != "completed":
+                result.status = "interrupted"
+                return result
+        wall_by_model[model] = summary.get("wall_time_s", 0.0)
+        on_stage(f"scoring {model}")
+        bodies, errors = _read_records(generation_path, storage)
+        errors.update(reqs.errors)
+        model_rows = tables.score_rows(model_cells, axes, examples, bodies, errors,
+                                       reqs.context_tokens, generators, choosers)
+        _write_parquet(pl.DataFrame(model_rows, infer_schema_length=None), scores_path)
+        scored.extend(model_rows)
+
+    result.summary = tables.summarize(scored, cells, axes, scorers, wall_by_model)
+    _write_outputs(out, spec, spec_text, axes, scored, result.summary)
+    return result
+
+
+def _write_parquet(frame: Any, path: str) -> None:
+    import io as _io
+
+    buffer = _io.BytesIO()
+    frame.write_parquet(buffer)
+    io.write_bytes_atomic(path, buffer.getvalue())
+
+
+def _write_outputs(out: str, spec: SweepSpec, spec_text: str, axes: list[str],
+                   rows: list[dict], summary: list[dict]) -> None:
+    import polars as pl
+
+    from batchrun.sweep.report import write_report
+
+    results = pl.DataFrame(rows, infer_schema_length=None)
+    table = pl.DataFrame(summary, infer_schema_length=None)
+    _write_parquet(results, f"{out}/results.parquet")
+    _write_parquet(table, f"{out}/summary.parquet")
+    io.write_bytes_atomic(f"{out}/summary.csv", table.write_csv().encode())
+    io.write_json(f"{out}/sweep.json", {"name": spec.name, "axes": axes, "spec": spec_text})
+    write_report(out)
