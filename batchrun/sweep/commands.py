@@ -75,7 +75,11 @@ def _summary_text(result) -> str:
     for row in result.summary:
         metrics = [f"{k} {v:.3f}" for k, v in row.items()
                    if ":" in k and not k.endswith(("_ci_low", "_ci_high")) and v is not None]
-        lines.append(f"  {row['cell']}: " + ", ".join(metrics))
+        errors = f" ({row['errors']} of its rows have errors: see results.parquet)" \
+            if row.get("errors") else ""
+        lines.append(f"  {row['cell']}: " + (", ".join(metrics) or "no scores") + errors)
+    if result.first_error:
+        lines.append(f"first error: {result.first_error}")
     return "\n".join(lines)
 
 

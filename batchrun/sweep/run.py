@@ -42,6 +42,7 @@ class SweepResult:
     cells: int
     models: list[str] = field(default_factory=list)
     summary: list[dict[str, Any]] = field(default_factory=list)
+    first_error: str | None = None
 
 
 def slug(model: str) -> str:
@@ -144,6 +145,8 @@ def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any],
         scored.extend(model_rows)
 
     result.summary = tables.summarize(scored, cells, axes, scorers, wall_by_model)
+    result.first_error = next((f"{r['cell']}/{r['id']}: {r['error']}" for r in scored
+                               if r.get("error")), None)
     _write_outputs(out, spec, spec_text, axes, scored, result.summary)
     return result
 

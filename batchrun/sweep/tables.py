@@ -3,11 +3,24 @@ summarised per cell (each scorer's metrics with their 95% intervals, tokens, tim
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 from batchrun.sweep.cells import Cell
 from batchrun.sweep.scorers import Example, ScoreError
+
+
+def axis_value(value: Any) -> Any:
+    """A setting as a table cell: lists and tables (a stop list) as their JSON text."""
+    if isinstance(value, (list, dict, tuple)):
+        return json.dumps(value, ensure_ascii=False)
+    return value
+
+
+def _settings(cell: Cell, axes: list[str]) -> dict[str, Any]:
+    settings = dict(cell.settings)
+    return {a: axis_value(settings.get(a, cell.model if a == "model" else None)) for a in axes}
 
 
 def _choice_text(choice: dict[str, Any]) -> str:
@@ -30,9 +43,7 @@ def score_rows(cells: list[Cell], axes: list[str], examples: list[Example],
     picked = _pick_choices(cells, examples, outputs, errors, context_tokens, choosers)
     rows = []
     for cell in cells:
-        settings = dict(cell.settings)
-        base = {"cell": cell.id, **{a: settings.get(a, cell.model if a == "model" else None)
-                                    for a in axes}}
+        base = {"cell": cell.id, **_settings(cell, axes)}
         for ex in examples:
             key = f"{cell.id}/{ex.id}"
             pick = picked.get((cell.prompt, ex.id))  # (index, text) or an error message
@@ -129,14 +140,13 @@ def summarize(rows: list[dict[str, Any]], cells: list[Cell], axes: list[str], sc
     out = []
     for cell in cells:
         cell_rows = by_cell[cell.id]
-        settings = dict(cell.settings)
         share = tokens[cell.id] / model_tokens[cell.model] if model_tokens[cell.model] else \
             1 / sum(1 for c in cells if c.model == cell.model)
         wall = wall_by_model.get(cell.model, 0.0) * share
         completion = sum(r["completion_tokens"] for r in cell_rows)
-        summary = {"cell": cell.id, **{a: settings.get(a, cell.model if a == "model" else None)
-                                       for a in axes},
+        summary = {"cell": cell.id, **_settings(cell, axes),
                    "examples": len({r["id"] for r in cell_rows}),
+                   "errors": sum(1 for r in cell_rows if r.get("error")),
                    "prompt_tokens": sum(r["prompt_tokens"] for r in cell_rows),
                    "completion_tokens": completion, "wall_time_s": wall,
                    "output_tokens_per_s": completion / wall if wall > 0 else 0.0}

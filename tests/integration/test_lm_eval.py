@@ -111,3 +111,40 @@ def test_chat_generation_gives_the_same_text(offline, server, model_dir):
                    apply_chat_template=True, batch_size=4)
     assert [s["resps"] for s in samples(ours, "br_gen")] == \
         [s["resps"] for s in samples(ref, "br_gen")]
+
+
+def test_a_sweeps_loglikelihood_choice_picks_what_lm_evals_hf_backend_picks(hf_results,
+                                                                             tmp_path):
+    """The same documents and prompt as br_mc, through `batchrun sweep` (loglikelihood_choice,
+    no server): per document the same pick as lm-eval's `hf` backend, and the same accuracy."""
+    import polars as pl
+
+    from batchrun.sweep.run import run_sweep
+    from batchrun.sweep.spec import load
+    from batchrun.usage import load_model
+
+    spec = tmp_path / "mc.toml"
+    spec.write_text(f'''name = "br_mc"
+output = "out"
+[dataset]
+path = "{TASKS / 'mc.jsonl'}"
+prompt = "Question: {{{{question}}}}\\nAnswer:"
+reference = "answer"
+[[scorers]]
+type = "loglikelihood_choice"
+choices_column = "choices"
+''')
+    parsed, text = load(str(spec))
+    result = run_sweep(parsed, text, load_model)
+    rows = pl.read_parquet(tmp_path / "out" / "results.parquet").sort(
+        pl.col("id").cast(pl.Int64))
+    ref = samples(hf_results, "br_mc")
+    assert rows.height == len(ref) == 6
+    for row, sample in zip(rows.iter_rows(named=True), ref):
+        lls = [float(ll) for ll, _ in sample["filtered_resps"]]
+        best = sorted(lls, reverse=True)
+        if best[0] - best[1] > TIE:
+            picked = sample["doc"]["choices"][lls.index(max(lls))]
+            assert row["output"].strip() == picked.strip(), f"document {sample['doc_id']}"
+    assert result.summary[0]["loglikelihood_choice:mean"] == pytest.approx(
+        hf_results["results"]["br_mc"]["acc,none"])
