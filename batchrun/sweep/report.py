@@ -16,12 +16,14 @@ import json
 import math
 import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import polars as pl
+
+from batchrun.batch import io
+from batchrun.batch.storage import NO_OPTIONS, Storage
 
 CI_LOW = "_ci_low"
 CI_HIGH = "_ci_high"
@@ -770,32 +772,21 @@ def expected_chart_count(summary: pl.DataFrame, axes: Sequence[str]) -> int:
 
 # ---------------------------------------------------------------------------------- files
 
-def _filesystem(folder: str | os.PathLike):
-    from fsspec.core import url_to_fs
-
-    return url_to_fs(os.fspath(folder))
-
-
-def _is_local(fs) -> bool:
-    from fsspec.implementations.local import LocalFileSystem
-
-    return isinstance(fs, LocalFileSystem)
-
-
-def read_sweep(folder: str | os.PathLike) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
+def read_sweep(folder: str | os.PathLike, storage: Storage = NO_OPTIONS
+               ) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
     """The results and summary tables of a sweep's output folder and its sweep.json ({} when
     there is none: then the axes are the summary's columns that are neither totals nor
     metrics)."""
-    fs, root = _filesystem(folder)
+    root = os.fspath(folder).rstrip("/")
     tables = []
     for name in ("results.parquet", "summary.parquet"):
-        path = f"{root.rstrip('/')}/{name}"
-        if not fs.exists(path):
+        path = f"{root}/{name}"
+        if not storage.exists(path):
             raise FileNotFoundError(f"{folder}: no {name} (is it a sweep's output folder?)")
-        with fs.open(path, "rb") as f:
+        with storage.open_read(path) as f:
             tables.append(pl.read_parquet(f))
-    meta_path = f"{root.rstrip('/')}/sweep.json"
-    meta = json.loads(fs.cat_file(meta_path)) if fs.exists(meta_path) else {}
+    meta_path = f"{root}/sweep.json"
+    meta = storage.read_json(meta_path) if storage.exists(meta_path) else {}
     results, summary = tables
     if "axes" not in meta:
         metric_cols = set()
@@ -806,34 +797,17 @@ def read_sweep(folder: str | os.PathLike) -> tuple[pl.DataFrame, pl.DataFrame, d
     return results, summary, meta
 
 
-def write_report(folder: str | os.PathLike) -> Path | str:
-    """Render the sweep in `folder` (a local path or fsspec URL) to `folder/report.html`.
-
-    Locally the page is written to a temporary file beside it and moved into place, so a
-    reader never sees half a report; an object store's put is whole already. Returns the
-    report's Path (its URL for a remote folder)."""
-    results, summary, meta = read_sweep(folder)
-    title = str(meta.get("name") or Path(os.fspath(folder).rstrip("/")).name or "sweep")
+def write_report(folder: str | os.PathLike, storage: Storage = NO_OPTIONS) -> str:
+    """Render the sweep in `folder` (a local path or fsspec URL) to `folder/report.html`,
+    written whole (batch.io's atomic write: a reader never sees half a report). Returns the
+    report's path."""
+    results, summary, meta = read_sweep(folder, storage)
+    root = os.fspath(folder).rstrip("/")
+    title = str(meta.get("name") or Path(root).name or "sweep")
     page = render_report(results, summary, list(meta["axes"]), title, meta.get("spec"))
-    fs, root = _filesystem(folder)
-    target = f"{root.rstrip('/')}/report.html"
-    if not _is_local(fs):
-        fs.pipe_file(target, page.encode("utf-8"))
-        return f"{os.fspath(folder).rstrip('/')}/report.html"
-    final = Path(target)
-    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html.tmp", dir=final.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(page)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, final)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return final
+    target = f"{root}/report.html"
+    io.write_bytes_atomic(target, page.encode("utf-8"), storage.options)
+    return target
 
 
 def report_command(folder: str | os.PathLike) -> Path | str:

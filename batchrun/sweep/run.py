@@ -49,17 +49,17 @@ def slug(model: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", model).strip("_") or "model"
 
 
-def _write_if_changed(path: str, text: str) -> None:
-    """Keep the file (and its modification time: the run's input fingerprint) when unchanged."""
+def _write_if_changed(path: str, text: str, storage: Storage) -> None:
+    """Keep the file (and its version: mtime or ETag, part of the run's input fingerprint)
+    when its content is unchanged."""
     data = text.encode("utf-8")
-    if io.is_local(path):
-        try:
-            with open(io.local_path(path), "rb") as f:
-                if f.read() == data:
-                    return
-        except FileNotFoundError:
-            pass
-    io.write_bytes_atomic(path, data)
+    try:
+        with storage.open_read(path) as f:
+            if f.read() == data:
+                return
+    except (FileNotFoundError, OSError):
+        pass
+    io.write_bytes_atomic(path, data, storage.options)
 
 
 def _read_records(path: str, storage: Storage) -> tuple[dict[str, dict], dict[str, str]]:
@@ -109,7 +109,7 @@ def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any],
         reqs = requests.build(model_cells, examples, prompts, bool(generators), choosers,
                               served.tokenizer, spec.dataset.endpoint)
         request_path = f"{out}/requests/{name}.jsonl"
-        _write_if_changed(request_path, "".join(line + "\n" for line in reqs.lines))
+        _write_if_changed(request_path, "".join(line + "\n" for line in reqs.lines), storage)
         generation_path = f"{out}/generations/{name}.jsonl"
         scores_path = f"{out}/scores/{name}.parquet"
         plan = make_plan(RunOptions(
@@ -141,34 +141,34 @@ def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any],
         errors.update(reqs.errors)
         model_rows = tables.score_rows(model_cells, axes, examples, bodies, errors,
                                        reqs.context_tokens, generators, choosers)
-        _write_parquet(pl.DataFrame(model_rows, infer_schema_length=None), scores_path)
+        _write_parquet(pl.DataFrame(model_rows, infer_schema_length=None), scores_path, storage)
         scored.extend(model_rows)
 
     result.summary = tables.summarize(scored, cells, axes, scorers, wall_by_model)
     result.first_error = next((f"{r['cell']}/{r['id']}: {r['error']}" for r in scored
                                if r.get("error")), None)
-    _write_outputs(out, spec, spec_text, axes, scored, result.summary)
+    _write_outputs(out, spec, spec_text, axes, scored, result.summary, storage)
     return result
 
 
-def _write_parquet(frame: Any, path: str) -> None:
+def _write_parquet(frame: Any, path: str, storage: Storage) -> None:
     import io as _io
 
     buffer = _io.BytesIO()
     frame.write_parquet(buffer)
-    io.write_bytes_atomic(path, buffer.getvalue())
+    io.write_bytes_atomic(path, buffer.getvalue(), storage.options)
 
 
 def _write_outputs(out: str, spec: SweepSpec, spec_text: str, axes: list[str],
-                   rows: list[dict], summary: list[dict]) -> None:
+                   rows: list[dict], summary: list[dict], storage: Storage) -> None:
     import polars as pl
 
     from batchrun.sweep.report import write_report
 
     results = pl.DataFrame(rows, infer_schema_length=None)
     table = pl.DataFrame(summary, infer_schema_length=None)
-    _write_parquet(results, f"{out}/results.parquet")
-    _write_parquet(table, f"{out}/summary.parquet")
-    io.write_bytes_atomic(f"{out}/summary.csv", table.write_csv().encode())
-    io.write_json(f"{out}/sweep.json", {"name": spec.name, "axes": axes, "spec": spec_text})
-    write_report(out)
+    _write_parquet(results, f"{out}/results.parquet", storage)
+    _write_parquet(table, f"{out}/summary.parquet", storage)
+    io.write_bytes_atomic(f"{out}/summary.csv", table.write_csv().encode(), storage.options)
+    storage.write_json(f"{out}/sweep.json", {"name": spec.name, "axes": axes, "spec": spec_text})
+    write_report(out, storage)

@@ -268,3 +268,16 @@ def test_the_cli_runs_on_a_fake_engine_and_resumes_after_a_kill(tmp_path):
     assert sorted(rows["id"].to_list(), key=int) == [str(i) for i in range(300)]
     assert rows["score:contains"].to_list() == [1.0] * 300
     shutil.rmtree(tmp_path / "out")
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_datasets_read_as_jsonl_csv_or_parquet_with_a_limit(tmp_path, fmt):
+    from batchrun.sweep.dataset import read_rows
+    from batchrun.sweep.spec import DatasetSpec
+
+    frame = pl.DataFrame({"id": ["a", "b", "c"], "q": ["x", "y", "z"], "n": [1, 2, 3]})
+    path = tmp_path / f"d.{fmt}"
+    {"jsonl": frame.write_ndjson, "csv": frame.write_csv, "parquet": frame.write_parquet}[fmt](
+        path)
+    rows = read_rows(DatasetSpec(path=str(path), prompt="{{ q }}", limit=2))
+    assert rows == [{"id": "a", "q": "x", "n": 1}, {"id": "b", "q": "y", "n": 2}]

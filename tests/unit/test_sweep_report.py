@@ -156,12 +156,13 @@ def test_write_report_reads_the_folder_and_replaces_report_html_atomically(tmp_p
         {"name": "temps", "axes": AXES, "spec": "[grid]\ntemperature = [0.0, 0.7, 1.2]\n"}))
     (tmp_path / "report.html").write_text("old")
     path = report_command(str(tmp_path))
-    assert path == tmp_path / "report.html" and "wrote" in capsys.readouterr().err
-    page = path.read_text()
+    assert path == str(tmp_path / "report.html") and "wrote" in capsys.readouterr().err
+    page = (tmp_path / "report.html").read_text()
     assert "<h1>temps</h1>" in page and "temperature = [0.0, 0.7, 1.2]" in page
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "report.html", "results.parquet", "summary.parquet", "sweep.json"]  # no temp file left
-    assert write_report(f"file://{tmp_path}") == tmp_path / "report.html"
+    assert write_report(f"file://{tmp_path}") == f"file://{tmp_path}/report.html"
+    assert sorted(p.name for p in tmp_path.iterdir())[0] == "report.html"  # still no temp file
     with pytest.raises(SystemExit, match="no results.parquet"):
         report_command(str(tmp_path / "missing"))
 
