@@ -58,16 +58,20 @@ def _section(model, values: dict, where: str):
         raise JobSpecError(f"{where}: {exc}") from None
 
 
-def _substitute(text: str, variables: dict[str, str], where: str) -> str:
+def substitute(text: str, variables: dict[str, str], where: str,
+               error: type[ValueError] = JobSpecError) -> str:
+    """`{name}` in a spec's path from `variables`; `error` names the one that has no value."""
     names = [name for _, name, _, _ in string.Formatter().parse(text) if name]
     missing = [n for n in names if n not in variables]
     if missing:
-        raise JobSpecError(f"{where}: no value for {{{missing[0]}}}; pass --var {missing[0]}=...")
+        raise error(f"{where}: no value for {{{missing[0]}}}; pass --var {missing[0]}=...")
     return text.format_map(variables)
 
 
-def _resolve(path: str, base: str) -> str:
-    if path == io.STDIO or io.protocol(path) or os.path.isabs(path):
+def resolve(path: str, base: str) -> str:
+    """A spec's relative local path, relative to the spec's folder `base` (so a spec works
+    from any working directory); URLs, absolute paths, `-` and `pkg:` paths as they are."""
+    if path == io.STDIO or io.protocol(path) or os.path.isabs(path) or path.startswith("pkg:"):
         return path
     return os.path.normpath(os.path.join(base, path))
 
@@ -103,10 +107,10 @@ def load(path: str, variables: dict[str, str] | None = None) -> RunOptions:
     inputs = [inputs] if isinstance(inputs, str) else inputs
     if not inputs or not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
         raise JobSpecError(f"{path}: input must be a path or a list of paths")
-    top["input"] = [_resolve(_substitute(i, values, f"{path}: input"), base) for i in inputs]
+    top["input"] = [resolve(substitute(i, values, f"{path}: input"), base) for i in inputs]
     for key in _PATHS:
         if isinstance(top.get(key), str):
-            top[key] = _resolve(_substitute(top[key], values, f"{path}: {key}"), base)
+            top[key] = resolve(substitute(top[key], values, f"{path}: {key}"), base)
     sections = [_section(m, {k: v for k, v in top.items() if k in _cli_keys(m)}, path)
                 for m in _TOP_MODELS]
     return RunOptions(inputs=sections[0], job=sections[1], openai=sections[2],

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import string
 import tomllib
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from batchrun.batch import io
+from batchrun.batch.jobspec import resolve, substitute
 from batchrun.openai.requests import ChatCompletionRequest
 from batchrun.options.engine import EngineConfig
 from batchrun.options.fields import OptionsError, validate
@@ -113,20 +112,6 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(problems)
 
 
-def _substitute(text: str, values: dict[str, str], where: str) -> str:
-    names = [n for _, n, _, _ in string.Formatter().parse(text) if n]
-    missing = [n for n in names if n not in values]
-    if missing:
-        raise SpecError(f"{where}: no value for {{{missing[0]}}}; pass --var {missing[0]}=...")
-    return text.format_map(values)
-
-
-def _resolve(path: str, base: str) -> str:
-    if path == io.STDIO or io.protocol(path) or os.path.isabs(path) or path.startswith("pkg:"):
-        return path
-    return os.path.normpath(os.path.join(base, path))
-
-
 def load(path: str, variables: dict[str, str] | None = None) -> tuple[SweepSpec, str]:
     """The validated spec and its TOML text. Paths are relative to the spec's folder; `{name}`
     and `{date}` (and --var NAME=VALUE) are substituted in `output` and `dataset.path`."""
@@ -146,9 +131,9 @@ def load(path: str, variables: dict[str, str] | None = None) -> tuple[SweepSpec,
     spec._folder = base
     values = {"date": _dt.datetime.now(_dt.timezone.utc).date().isoformat(), "name": spec.name,
               **(variables or {})}
-    spec.output = _resolve(_substitute(spec.output, values, f"{path}: output"), base)
-    spec.dataset.path = _resolve(_substitute(spec.dataset.path, values,
-                                             f"{path}: dataset.path"), base)
+    spec.output = resolve(substitute(spec.output, values, f"{path}: output", SpecError), base)
+    spec.dataset.path = resolve(substitute(spec.dataset.path, values, f"{path}: dataset.path",
+                                           SpecError), base)
     if (spec.dataset.prompt is None) == (spec.dataset.messages is None) and \
             "prompt" not in spec.grid:
         raise SpecError(f"{path}: [dataset] needs exactly one of prompt or messages (or a "
