@@ -93,6 +93,7 @@ class _InFlight:
     line: int
     digest: int
     outputs: dict  # engine request id -> finished RequestOutput
+    admitted: float = 0.0  # time.monotonic() when its requests went to the engine
 
 
 class Job:
@@ -214,7 +215,8 @@ class Job:
             log.exception("line %d: preparing the request failed", item.line)
             self.fail(item, internal_error(item, "preparing the request", exc), retryable=True)
             return
-        entry = _InFlight(p, item.position, item.source, item.line, item.digest, {})
+        entry = _InFlight(p, item.position, item.source, item.line, item.digest, {},
+                          time.monotonic())
         try:
             prompt_tokens = 0
             for request_id, prompt in p.engine_requests:
@@ -286,7 +288,10 @@ class Job:
                     retryable=True)
                 continue
             request_id = req.prepared.request_id
-            self._record(req, OK, batch_output_line(custom_id, request_id, body))
+            record = batch_output_line(custom_id, request_id, body)
+            if self.config.record_latency:
+                record["latency_s"] = round(time.monotonic() - req.admitted, 6)
+            self._record(req, OK, record)
             params = req.prepared.params
             self.metrics.record_ok(parts[0] if len(parts) == 1 else dataclasses.replace(
                 parts[0], prompt_token_ids=[t for p in parts for t in p.prompt_token_ids],

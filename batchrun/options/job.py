@@ -70,6 +70,9 @@ class JobOptions(BaseModel):
     commit_every: int = option(1000, "Records per committed part at most.", cli=False, ge=1)
     merge_on_stop: bool = option(False, "After a stop, still write what is done (the server's "
                                  "cancel).", cli=False)
+    record_latency: bool = option(
+        False, "Add latency_s (seconds from admission to the engine to the last output) to "
+        "each result record, beside OpenAI's fields (sweeps' own files).", cli=False)
     progress: Literal["auto", "bar", "log", "none"] = option(
         "auto", "A bar, or plain log lines without carriage returns (for scheduler logs); auto = "
         "bar on a terminal, log lines otherwise.")

@@ -15,11 +15,13 @@ import gc
 import json
 import logging
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from batchrun.batch import io
 from batchrun.batch.plan import make_plan
+from batchrun.batch.progress import format_duration
 from batchrun.batch.runner import run_batch
 from batchrun.batch.storage import Storage
 from batchrun.batch.validate import tokenizer_model
@@ -62,9 +64,10 @@ def _write_if_changed(path: str, text: str, storage: Storage) -> None:
     io.write_bytes_atomic(path, data, storage.options)
 
 
-def _read_records(path: str, storage: Storage) -> tuple[dict[str, dict], dict[str, str]]:
-    """custom_id -> response body and custom_id -> error message, from a run's files."""
-    bodies, errors = {}, {}
+def _read_records(path: str, storage: Storage
+                  ) -> tuple[dict[str, dict], dict[str, str], dict[str, float]]:
+    """custom_id -> response body, error message and latency, from a run's files."""
+    bodies, errors, latency = {}, {}, {}
     for name in (path, io.sibling_path(path, ".errors.jsonl")):
         if not storage.exists(name):
             continue
@@ -76,7 +79,9 @@ def _read_records(path: str, storage: Storage) -> tuple[dict[str, dict], dict[st
                     errors[cid] = record["error"].get("message", "error")
                 elif record.get("response"):
                     bodies[cid] = record["response"]["body"]
-    return bodies, errors
+                    if record.get("latency_s") is not None:
+                        latency[cid] = record["latency_s"]
+    return bodies, errors, latency
 
 
 def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any], Any],
@@ -102,6 +107,7 @@ def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any],
 
     scored: list[dict[str, Any]] = []
     wall_by_model: dict[str, float] = {}
+    started, cells_done = time.monotonic(), 0
     for number, model in enumerate(models, start=1):
         model_cells = [c for c in cells if c.model == model]
         name = slug(model)
@@ -115,13 +121,14 @@ def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any],
         plan = make_plan(RunOptions(
             inputs=InputOptions(input=[request_path], storage_options=spec.dataset.storage_options),
             job=JobOptions(output=generation_path, resume=resume, restart=restart, overwrite=True,
-                           progress="auto"),
+                           progress="auto", record_latency=True),
             engine=engine, openai=OpenAIOptions(ignore_model_field=True)))
         if plan.start == "done" and storage.exists(scores_path):
             on_stage(f"model {number}/{len(models)} {model}: already run and scored")
             with storage.open_read(scores_path) as f:
                 scored.extend(pl.read_parquet(f).to_dicts())
             wall_by_model[model] = plan.previous.get("wall_time_s", 0.0)
+            cells_done += len(model_cells)
             continue
         if plan.start == "done":
             summary = plan.previous
@@ -137,12 +144,17 @@ def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any],
                 return result
         wall_by_model[model] = summary.get("wall_time_s", 0.0)
         on_stage(f"scoring {model}")
-        bodies, errors = _read_records(generation_path, storage)
+        bodies, errors, latency = _read_records(generation_path, storage)
         errors.update(reqs.errors)
         model_rows = tables.score_rows(model_cells, axes, examples, bodies, errors,
-                                       reqs.context_tokens, generators, choosers)
+                                       reqs.context_tokens, generators, choosers, latency)
         _write_parquet(pl.DataFrame(model_rows, infer_schema_length=None), scores_path, storage)
         scored.extend(model_rows)
+        cells_done += len(model_cells)
+        elapsed = time.monotonic() - started
+        left = elapsed / cells_done * (len(cells) - cells_done)
+        on_stage(f"cells done {cells_done}/{len(cells)} in {format_duration(elapsed)}"
+                 + (f", about {format_duration(left)} left" if cells_done < len(cells) else ""))
 
     result.summary = tables.summarize(scored, cells, axes, scorers, wall_by_model)
     result.first_error = next((f"{r['cell']}/{r['id']}: {r['error']}" for r in scored

@@ -36,7 +36,8 @@ def _continuation_logprob(body: dict[str, Any], n_context: int) -> float:
 
 def score_rows(cells: list[Cell], axes: list[str], examples: list[Example],
                outputs: dict[str, dict], errors: dict[str, str], context_tokens: dict[str, int],
-               generators: list[Any], choosers: list[Any]) -> list[dict[str, Any]]:
+               generators: list[Any], choosers: list[Any],
+               latency: dict[str, float] | None = None) -> list[dict[str, Any]]:
     """`outputs`: custom_id -> response body; `errors`: custom_id (or cell/example) -> message.
     `generators` score generated text; `choosers` (loglikelihood_choice) pick a choice by the
     log-probabilities of the `ll/...` requests."""
@@ -77,7 +78,7 @@ def score_rows(cells: list[Cell], axes: list[str], examples: list[Example],
                        # usage is per request: on its first choice, so sums stay right
                        "prompt_tokens": usage.get("prompt_tokens", 0) if j == 0 else 0,
                        "completion_tokens": usage.get("completion_tokens", 0) if j == 0 else 0,
-                       "latency_s": None, "error": None, **choice_scores}
+                       "latency_s": (latency or {}).get(key), "error": None, **choice_scores}
                 problems = []
                 for s in generators:
                     row[f"score:{s.name}"], problem = _score(s, ex, text)

@@ -118,6 +118,7 @@ def test_pass_at_k_agrees_with_human_evals_own_evaluator(tmp_path, smol_tokenize
 
     results = pl.read_parquet(tmp_path / "out" / "results.parquet")
     assert results.height == 100 and results["score:pass_at_k"].null_count() == 0
+    assert results["latency_s"].null_count() == 0 and results["latency_s"].min() >= 0
     samples = tmp_path / "samples.jsonl"
     samples.write_text("".join(json.dumps({"task_id": r["id"], "completion": r["output"]}) + "\n"
                                for r in results.iter_rows(named=True)))
