@@ -13,6 +13,7 @@ dtype, not the size of the GGUF file.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -136,3 +137,24 @@ def _gguf_config(gguf: Path, AutoConfig):
     if (converted / "config.json").is_file():
         return AutoConfig.from_pretrained(converted)
     return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> SimpleNamespace:
+    """What prepare_line needs of a model (tokenizer, names, context length, generation
+    defaults), without its weights."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from batchrun.llm import read_generation_config
+    from batchrun.models.resolve import resolve_model
+
+    files = resolve_model(spec)
+    config = json.loads((files.path / "config.json").read_text())
+    context = config.get("max_position_embeddings") or max_model_len or 2048
+    if max_model_len:
+        context = min(context, max_model_len)
+    defaults, _ = read_generation_config(files.path)
+    return SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(files.path), name=files.name,
+                           aliases=files.aliases, max_model_len=context,
+                           generation_defaults=defaults)

@@ -66,7 +66,8 @@ class FakeEngine:
                 del self.running[rid]
                 if self.record:
                     self.added_when_finished[rid] = len(self.added)
-                error = "too big for the KV cache" if "KVFAIL" in bytes(prompt).decode() else None
+                text = bytes(t % 256 for t in prompt).decode("latin-1")
+                error = "too big for the KV cache" if "KVFAIL" in text else None
                 self.stats.requests_finished += 1
                 self.stats.prompt_tokens += len(prompt)
                 self.stats.cached_tokens += 2

@@ -13,6 +13,7 @@ from batchrun.options.engine import EngineConfig
 from batchrun.options.fields import OptionsError
 from batchrun.options.job import InputOptions, JobOptions, PlanOptions
 from batchrun.options.openai import OpenAIOptions, RequestDefaults
+from batchrun.options.ray import RayOptions
 from batchrun.options.run import RunOptions, from_cli
 from batchrun.usage import UsageError, model_loader
 
@@ -35,7 +36,8 @@ def _options(build):
 
 @click.command(epilog=EXIT_CODES_HELP)
 @click.argument("inputs", metavar="INPUT...", nargs=-1, required=True)
-@click_options(JobOptions, InputOptions, EngineConfig, OpenAIOptions, RequestDefaults)
+@click_options(JobOptions, InputOptions, EngineConfig, OpenAIOptions, RequestDefaults,
+               RayOptions)
 @click.pass_context
 def run(ctx, inputs, **kwargs):
     """Run the batch files INPUT... (JSONL, JSONL.gz/.zst or Parquet; files, folders, globs,
@@ -100,7 +102,7 @@ def validate(inputs, check_prompts, max_model_len, as_json, quiet, **kwargs):
 
 
 def _tokenizer_model(model, max_model_len):
-    from batchrun.batch.validate import tokenizer_model
+    from batchrun.footprint import tokenizer_model
     from batchrun.models.loader import ModelNotFoundError
 
     try:
@@ -136,7 +138,7 @@ def job(ctx, spec, variables, restart, dry_run):
 @click.command()
 @click.argument("inputs", metavar="INPUT...", nargs=-1, required=True)
 @click_options(PlanOptions, JobOptions, InputOptions, EngineConfig, OpenAIOptions,
-               RequestDefaults, optional=("output",))
+               RequestDefaults, RayOptions, optional=("output",))
 def plan(inputs, **kwargs):
     """Show what `batchrun run INPUT... [options]` would do, without loading the model's
     weights: lines (valid and invalid), prompt and completion tokens, the prefix cache's

@@ -26,7 +26,8 @@ from batchrun.batch.prefix_sharing import PrefixSharing
 from batchrun.batch.progress import format_duration
 from batchrun.batch.runner import prepare_line
 from batchrun.batch.throughput import WorkloadShape
-from batchrun.batch.validate import tokenizer_model, validate
+from batchrun.batch.validate import validate
+from batchrun.footprint import tokenizer_model
 from batchrun.openai.serving import OpenAIServing
 
 CALIBRATIONS = ("auto", "last-run", "benchmark")

@@ -29,10 +29,11 @@ from batchrun.options.engine import EngineConfig
 from batchrun.options.fields import OptionsError, public_fields, validate
 from batchrun.options.job import InputOptions, JobOptions
 from batchrun.options.openai import OpenAIOptions, RequestDefaults
+from batchrun.options.ray import RayOptions
 from batchrun.options.run import RunOptions
 
 # Top-level keys are the options of these models; [engine] and [defaults] are tables.
-_TOP_MODELS = (InputOptions, JobOptions, OpenAIOptions)
+_TOP_MODELS = (InputOptions, JobOptions, OpenAIOptions, RayOptions)
 _TABLES = {"engine": EngineConfig, "defaults": RequestDefaults}
 _DICT_TABLES = ("storage_options", "columns", "vars")
 _PATHS = ("output", "errors", "metrics", "staging", "chat_template")
@@ -113,7 +114,7 @@ def load(path: str, variables: dict[str, str] | None = None) -> RunOptions:
             top[key] = resolve(substitute(top[key], values, f"{path}: {key}"), base)
     sections = [_section(m, {k: v for k, v in top.items() if k in _cli_keys(m)}, path)
                 for m in _TOP_MODELS]
-    return RunOptions(inputs=sections[0], job=sections[1], openai=sections[2],
+    return RunOptions(inputs=sections[0], job=sections[1], openai=sections[2], ray=sections[3],
                       engine=_section(EngineConfig, spec.get("engine", {}), f"{path} [engine]"),
                       defaults=_section(RequestDefaults, spec.get("defaults", {}),
                                         f"{path} [defaults]"))

@@ -63,6 +63,10 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
     from batchrun.batch.runner import run_batch
 
     quiet = opts.job.quiet
+    if opts.ray.ray:
+        from batchrun.distributed.client import ray_loader
+
+        load = ray_loader(opts.ray, load)
     if quiet:
         logging.getLogger().setLevel(logging.WARNING)
     try:
@@ -89,7 +93,12 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
                 click.echo(f"running {len(plan.sources)} input file(s) on {loaded.name} "
                            f"({'resuming' if plan.start == 'resume' else 'fresh start'})",
                            err=True)
-            result = run_batch(loaded, plan, stop=stop)
+            try:
+                result = run_batch(loaded, plan, stop=stop)
+            finally:
+                shutdown = getattr(loaded.engine, "shutdown", None)
+                if opts.ray.ray and shutdown is not None:
+                    shutdown()
         except (BatchConfigError, ChangedInputError) as exc:
             raise UsageError(str(exc)) from exc
         except InputReadError as exc:

@@ -191,6 +191,9 @@ def _run(model: Any, engine: Any, plan: JobPlan, staging: Staging, committed: Co
     result["resumed"] = counts.resumed
     result["this_run"] = {"ok": metrics.ok, "failed": metrics.failed}
     result["input_fingerprint"] = plan.fingerprint_json
+    replicas = getattr(engine, "replica_stats", None)  # an engine on Ray: per replica
+    if replicas is not None:
+        result["replicas"] = replicas()
     if merged is not None and sum(merged.values()) != counts.done:
         log.warning("the merged output has %d records for %d input lines",
                     sum(merged.values()), counts.done)

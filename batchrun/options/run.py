@@ -9,6 +9,7 @@ from batchrun.options.engine import EngineConfig
 from batchrun.options.fields import OptionsError, flat_values, public_fields, take, validate
 from batchrun.options.job import InputOptions, JobOptions
 from batchrun.options.openai import OpenAIOptions, RequestDefaults
+from batchrun.options.ray import RayOptions
 
 
 def cli_name(name: str, models: tuple = ()) -> str:
@@ -36,6 +37,7 @@ class RunOptions:
     engine: EngineConfig = field(default_factory=EngineConfig)
     openai: OpenAIOptions = field(default_factory=OpenAIOptions)
     defaults: RequestDefaults = field(default_factory=RequestDefaults)
+    ray: RayOptions = field(default_factory=RayOptions)
 
     @classmethod
     def from_cli(cls, inputs: list[str], kwargs: dict[str, Any]) -> "RunOptions":
@@ -43,7 +45,7 @@ class RunOptions:
         opts = cls(inputs=from_cli(InputOptions, kwargs, {"input": list(inputs)}),
                    job=from_cli(JobOptions, kwargs), engine=from_cli(EngineConfig, kwargs),
                    openai=from_cli(OpenAIOptions, kwargs),
-                   defaults=from_cli(RequestDefaults, kwargs))
+                   defaults=from_cli(RequestDefaults, kwargs), ray=from_cli(RayOptions, kwargs))
         if kwargs:
             raise TypeError(f"options without a schema: {', '.join(kwargs)}")
         return opts
@@ -51,7 +53,8 @@ class RunOptions:
     def as_dict(self) -> dict[str, Any]:
         """Public name -> value of every option (`batchrun job --dry-run`)."""
         out: dict[str, Any] = {}
-        for section in (self.inputs, self.job, self.engine, self.openai, self.defaults):
+        for section in (self.inputs, self.job, self.engine, self.openai, self.defaults,
+                        self.ray):
             out.update(flat_values(section))
         return out
 

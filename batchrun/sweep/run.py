@@ -24,7 +24,7 @@ from batchrun.batch.plan import make_plan
 from batchrun.batch.progress import format_duration
 from batchrun.batch.runner import run_batch
 from batchrun.batch.storage import Storage
-from batchrun.batch.validate import tokenizer_model
+from batchrun.footprint import tokenizer_model
 from batchrun.options.job import InputOptions, JobOptions
 from batchrun.options.openai import OpenAIOptions
 from batchrun.options.run import RunOptions
