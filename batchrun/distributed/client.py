@@ -2,9 +2,9 @@
 engine (add_request / step / abort_request), so reading, validation, commits, resume and the
 output files are the local run's own.
 
-Routing: a request goes to the replica chosen by a hash of its first KV block of prompt tokens
-(the system prompt, a few-shot block), so requests that share a prefix share a replica and its
-prefix cache. Adds are buffered and sent one remote call per replica per step; each replica has
+Routing (distributed/routing.py): a request goes to the replica that was sent the longest
+prefix of its prompt (whole KV blocks), unless that one is clearly busier than the least loaded:
+requests that share a few-shot block share a replica and its prefix cache. Adds are buffered and sent one remote call per replica per step; each replica has
 one `collect` call outstanding at a time, and step() returns what the first ones to answer
 finished.
 
@@ -16,21 +16,15 @@ when its output arrives, so a line is never lost and never written twice.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import time
 from typing import Any, Callable, Sequence
 
+from batchrun.distributed.routing import PrefixRouter
 from batchrun.engine.client import EngineStats
 from batchrun.options.ray import RayOptions
 
 log = logging.getLogger("batchrun.distributed")
-ROUTE_TOKENS = 16  # the engine's KV block: requests sharing it share a replica
-
-
-def route(prompt: Sequence[int], replicas: int) -> int:
-    head = ",".join(map(str, prompt[:ROUTE_TOKENS])).encode()
-    return int.from_bytes(hashlib.blake2b(head, digest_size=8).digest(), "little") % replicas
 
 
 def init_ray(options: RayOptions, env: dict[str, str] | None = None) -> None:
@@ -70,6 +64,7 @@ class RayEngineClient:
         self._adding: dict[Any, tuple[int, Any]] = {}  # add ref -> (index, actor)
         self._open: dict[str, tuple[int, tuple]] = {}  # request id -> (replica, its request)
         self.restarts = 0
+        self.router = PrefixRouter(len(self.replicas))
         self._stats: list[EngineStats] = [EngineStats() for _ in self.replicas]
         self._stats_at = 0.0
 
@@ -78,7 +73,7 @@ class RayEngineClient:
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: Any,
                     arrival_time: float | None = None, stream: bool = False,
                     priority: int | None = None) -> None:
-        index = route(prompt_token_ids, len(self.replicas))
+        index = self.router.choose(prompt_token_ids)
         request = (request_id, list(prompt_token_ids), params)
         self._open[request_id] = (index, request)
         self._pending[index].append(request)
@@ -86,6 +81,7 @@ class RayEngineClient:
     def abort_request(self, request_id: str) -> None:
         entry = self._open.pop(request_id, None)
         if entry is not None:
+            self.router.done(entry[0])
             self._pending[entry[0]] = [r for r in self._pending[entry[0]] if r[0] != request_id]
             self.replicas[entry[0]].abort.remote([request_id])
 
@@ -114,7 +110,9 @@ class RayEngineClient:
                 self._replace(index, actor, exc)
                 continue
             for out in finished:
-                if self._open.pop(out.request_id, None) is not None:
+                entry = self._open.pop(out.request_id, None)
+                if entry is not None:
+                    self.router.done(entry[0])
                     outputs.append(out)
         self._check_adds()
         return outputs
@@ -193,6 +191,7 @@ class RayEngineClient:
         self._adding = {r: v for r, v in self._adding.items() if v[0] != index}
         self._pending[index] = [request for i, request in self._open.values() if i == index]
         self._stats[index] = EngineStats()
+        self.router.forget(index)
 
 
 class RayModel:
