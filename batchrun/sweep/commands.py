@@ -52,7 +52,12 @@ def run(ctx, spec, variables, resume, restart):
     stop = StopRequest()
     with Signals(stop):
         try:
-            result = run_sweep(parsed, text, model_loader(ctx), resume=resume, restart=restart,
+            load = model_loader(ctx)
+            if parsed.ray.ray:
+                from batchrun.distributed.client import ray_loader
+
+                load = ray_loader(parsed.ray, load)
+            result = run_sweep(parsed, text, load, resume=resume, restart=restart,
                                stop=stop, on_stage=lambda m: click.echo(m, err=True))
         except (SpecError, BatchConfigError, ChangedInputError) as exc:
             raise UsageError(str(exc)) from None

@@ -9,6 +9,7 @@ like job specs: an unknown key or a wrong value names the key and the file.
     [[scorers]] type = "exact_match" | "contains" | "regex" | "choice" | "numeric" |
                 "json_schema" | "loglikelihood_choice" | "pass_at_k" | "python", + its options
     [engine]    the engine options of `batchrun run` (max_num_seqs, kv_cache_memory, ...)
+    ray = true, replicas = 2, ...   the --ray options of `batchrun run`, as in job specs
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from batchrun.batch.jobspec import resolve, substitute
 from batchrun.openai.requests import ChatCompletionRequest
 from batchrun.options.engine import EngineConfig
 from batchrun.options.fields import OptionsError, validate
+from batchrun.options.ray import RayOptions
 from batchrun.sweep.scorers import SCORER_SPECS
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
@@ -69,6 +71,7 @@ class SweepSpec(BaseModel):
     grid: dict[str, Any] = Field(default_factory=dict)
     scorers: list[SCORER_SPECS] = Field(min_length=1)  # type: ignore[valid-type]
     engine: dict[str, Any] = Field(default_factory=dict)  # validated as EngineConfig
+    ray: RayOptions = Field(default_factory=RayOptions)  # top-level keys, as in job specs
     _folder: str = PrivateAttr("")  # the spec file's folder (python scorers' files are there)
 
     @property
@@ -122,6 +125,11 @@ def load(path: str, variables: dict[str, str] | None = None) -> tuple[SweepSpec,
     except FileNotFoundError:
         raise SpecError(f"no sweep spec at {path}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: {exc}") from None
+    ray_keys = {k: raw.pop(k) for k in list(raw) if k in RayOptions.model_fields}
+    try:
+        raw["ray"] = validate(RayOptions, ray_keys)
+    except OptionsError as exc:
         raise SpecError(f"{path}: {exc}") from None
     try:
         spec = SweepSpec.model_validate(raw)
