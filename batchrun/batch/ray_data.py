@@ -35,11 +35,18 @@ resume, and error rows carry no line number (a Dataset row has none).
 
 Each `map_batches` call pushes its whole batch into the replica's engine at once and steps until
 every request has finished: the engine's continuous batching (max_num_seqs, the KV cache) decides
-what runs together; `batch_size` only bounds how many rows a replica holds at a time.
+what runs together; `batch_size` bounds how many rows a replica holds at a time, and Ray hands
+out about that many rows per call, so a dataset of fewer than replicas x batch_size rows leaves
+replicas idle: give a small one a smaller batch_size.
+
+The replicas reserve `cpus_per_replica` each; the dataset's reads and writes reserve a CPU per
+task by default, so when the replicas hold every CPU give those `ray_remote_args={"num_cpus":
+0}` (they are I/O), or they wait forever (a warning says so).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -50,6 +57,7 @@ from batchrun.engine.errors import PromptTooLongError
 from batchrun.openai.protocol import LineError, RequestError, peek_custom_id
 from batchrun.openai.response import batch_error_line, batch_output_line, engine_error
 
+log = logging.getLogger("batchrun.ray_data")
 WHERE = "the dataset"  # how schema errors name the input
 
 
@@ -239,15 +247,33 @@ class Processor:
             raise ValueError(f"carry: {WHERE} has no column {missing[0]!r} (it has: "
                              f"{', '.join(names)})")
 
+    def check_cpus(self) -> None:
+        """Warn when the replicas would hold every CPU of the cluster: the dataset's other tasks
+        (reading, writing, preprocess) reserve a CPU each by default and would wait forever."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        total = ray.cluster_resources().get("CPU", 0)
+        if total and self.replicas * self.cpus_per_replica > total - 1:
+            log.warning("%d replicas x %g CPUs leave under one CPU of %g for the dataset's "
+                        "other tasks: give the reads and writes ray_remote_args={'num_cpus': 0} "
+                        "(or fewer cpus_per_replica), or they may wait forever",
+                        self.replicas, self.cpus_per_replica, total)
+
     def __call__(self, ds: Any) -> Any:
+        self.check_cpus()
         if self.preprocess is not None:
             ds = ds.map(self.preprocess)
         schema = ds.schema(fetch_if_missing=False)  # known without running anything, or None
         if schema is not None:
             self.check_schema(list(schema.names))
+        import ray
+
         ds = ds.map_batches(
             _Stage, batch_format="pyarrow", batch_size=self.batch_size,
-            concurrency=self.replicas, num_cpus=self.cpus_per_replica,
+            compute=ray.data.ActorPoolStrategy(size=self.replicas),  # `concurrency=` before 2.51
+            num_cpus=self.cpus_per_replica,
             num_gpus=self.gpus_per_replica or None,
             fn_constructor_kwargs=dict(
                 load=self.load, model=self.model, engine_config=self.engine_config,
