@@ -101,6 +101,18 @@ def row_to_line(row: dict[str, Any], mapping: dict[str, str]) -> dict[str, Any]:
             "url": get.get("url", "/v1/chat/completions"), "body": body}
 
 
+def row_text(row: dict[str, Any], mapping: dict[str, str]) -> str:
+    """One table row -> the JSON text of its batch line (what a JSONL file would hold), so it is
+    validated like a JSONL line. Raises RequestError for an unreadable cell."""
+    return json.dumps(row_to_line(row, mapping), ensure_ascii=False, default=str)
+
+
+def row_custom_id(row: dict[str, Any], mapping: dict[str, str]) -> str | None:
+    """The row's custom_id when it is a string (for the error of a row that did not convert)."""
+    cid = row.get(mapping["custom_id"])
+    return cid if isinstance(cid, str) else None
+
+
 def _seekable(f: IO[bytes]) -> IO[bytes]:
     """Parquet needs random access; stdin is read into memory (the one non-streaming case)."""
     try:
@@ -122,14 +134,11 @@ def read_parquet(source: Source, storage: Storage,
             for row in batch.to_pylist():
                 number += 1
                 try:
-                    line = row_to_line(row, mapping)
+                    text = row_text(row, mapping)
                 except RequestError as exc:
-                    cid = row.get(mapping["custom_id"])
-                    yield InputLine(source.index, number, None, exc,
-                                    cid if isinstance(cid, str) else None,
+                    yield InputLine(source.index, number, None, exc, row_custom_id(row, mapping),
                                     line_digest(repr(row).encode()))
                     continue
-                text = json.dumps(line, ensure_ascii=False, default=str)
                 yield InputLine(source.index, number, text, digest=line_digest(text.encode()))
 
 
