@@ -65,6 +65,8 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         if params.n < 1:
             raise ValueError("n must be at least 1")
+        if params.pooling is not None and (params.max_tokens != 0 or params.n != 1):
+            raise ValueError("a pooling request is prefill-only: it needs max_tokens=0 and n=1")
         prompt_len = len(prompt_token_ids)
         if prompt_len == 0:
             raise ValueError("the prompt is empty")

@@ -55,10 +55,13 @@ class Group:
         scores = leader.scores
         prompt_logprobs = scores.output() if finished and scores is not None and scores.done \
             else None
+        pooled = leader.pooled
+        embedding = pooled.result() if finished and pooled is not None and pooled.done \
+            and self.error is None else None
         return RequestOutput(self.request_id, leader.prompt_token_ids, outputs, finished=finished,
                              num_cached_tokens=max(leader.num_cached_tokens, 0),
                              metrics=leader.metrics, error=self.error if finished else None,
-                             prompt_logprobs=prompt_logprobs)
+                             prompt_logprobs=prompt_logprobs, embedding=embedding)
 
     def final_output(self) -> RequestOutput:
         return self.output([self.done[i] for i in sorted(self.done)], finished=True)

@@ -57,3 +57,5 @@ class RequestOutput:
     error: str | None = None
     # With SamplingParams.prompt_logprobs, on the finished output.
     prompt_logprobs: PromptLogprobs | None = None
+    # With SamplingParams.pooling, on the finished output: the pooled vector (float32 values).
+    embedding: list[float] | None = None

@@ -6,6 +6,7 @@ import enum
 import time
 
 from batchrun.engine.outputs import RequestMetrics
+from batchrun.engine.pooling import PooledState
 from batchrun.engine.prompt_logprobs import PromptScores
 from batchrun.engine.sampling_params import SamplingParams
 
@@ -45,6 +46,10 @@ class Request:
         self.scores: PromptScores | None = None
         if params.prompt_logprobs is not None and index == 0:
             self.scores = PromptScores(self.prompt_token_ids, params.prompt_logprobs)
+        # The pooled vector of an embedding request (engine/pooling.py).
+        self.pooled: PooledState | None = None
+        if params.pooling is not None and index == 0:
+            self.pooled = PooledState(params.pooling, self.num_prompt_tokens)
         # This step also recomputes the position before num_computed_tokens (a prefix-cache hit
         # holds no logits for it) without writing its K/V.
         self.rescore = False

@@ -71,6 +71,7 @@ class ModelRunner:
         samplers: list[Request] = []
         scoring: list[tuple[Request, int, int, int]] = []  # (req, first row, rows, first token)
         scratch_rows: list[int] = []
+        pooling: list[tuple[Request, int, int, int]] = []  # (req, first row, rows, first position)
         for req, n in ordered:
             c = req.num_computed_tokens
             if req.rescore:
@@ -83,6 +84,8 @@ class ModelRunner:
                 if last > first:
                     assert first == req.scores.filled - 1, "a gap in the prompt entries"
                     scoring.append((req, len(tokens) + first - c, last - first, first + 1))
+            if req.pooled is not None:
+                pooling.append((req, len(tokens), n, c))
             tokens.extend(req.all_token_ids[c:c + n])
             starts.append(c)
             counts.append(n)
@@ -108,7 +111,8 @@ class ModelRunner:
             meta.decode_tables = table[:len(decodes)].contiguous()
             meta.decode_lens = torch.tensor([starts[i] + 1 for i in range(len(decodes))], device=dev)
             meta.triton = self.triton
-            if self.graphs is not None and not prefills and len(decodes) <= self.graphs.max_batch:
+            if self.graphs is not None and not prefills and not pooling \
+                    and len(decodes) <= self.graphs.max_batch:
                 logits = self.graphs.run(torch.tensor(tokens, device=dev), positions, slot_mapping,
                                          meta.decode_tables, meta.decode_lens)
                 return logits, samplers, []
@@ -132,6 +136,8 @@ class ModelRunner:
 
         input_ids = torch.tensor(tokens, dtype=torch.long, device=dev)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        for req, row, rows, first in pooling:
+            req.pooled.add(first, hidden[row:row + rows])
         scored = []
         for req, row, rows, first in scoring:
             c = first - 1  # the position of the first scored row

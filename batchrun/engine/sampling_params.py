@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchrun.engine.pooling import PoolingParams
+
 
 @dataclass(frozen=True)
 class GrammarSpec:
@@ -54,6 +56,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     grammar: GrammarSpec | None = None
+    # A prefill-only request (max_tokens=0) whose result is a pooled hidden-state vector
+    # (engine/pooling.py); RequestOutput.embedding.
+    pooling: PoolingParams | None = None
 
     @property
     def greedy(self) -> bool:

@@ -79,10 +79,13 @@ class Scheduler:
                 step.rejected.append(req)
                 continue
             if req.num_computed_tokens == 0:
-                cached = self.kv.match_prefix(req, self._scored_blocks(req))
+                # Mean / cls pooling needs every position's hidden state, which a cached block
+                # does not hold: such a request computes its whole prompt (engine/pooling.py).
+                all_positions = req.pooled is not None and req.pooled.params.needs_all_positions
+                cached = 0 if all_positions else self.kv.match_prefix(req, self._scored_blocks(req))
                 if in_flight is None:
                     in_flight = self._blocks_in_flight()
-                if self._waits_for_prefix(req, cached, in_flight):
+                if not all_positions and self._waits_for_prefix(req, cached, in_flight):
                     self.kv.free_request(req)
                     break
                 req.num_computed_tokens = cached

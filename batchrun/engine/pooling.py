@@ -1,0 +1,84 @@
+"""Pooling (embeddings): a prefill-only request whose result is one vector made from the
+model's final hidden states (the output of the final norm) over its prompt.
+
+    SamplingParams(max_tokens=0, pooling=PoolingParams("mean"))
+
+`last` takes the last prompt position (what decoder-only embedding models are trained for, and
+vLLM's default for them), `mean` averages every position, `cls` takes the first. `normalize`
+scales the vector to unit L2 norm.
+
+The prefix cache keeps K/V, not hidden states. `last` is computed at the last prompt token,
+which a cache hit never covers (the last token is always computed), so a `last` request takes
+cached blocks like any other. `mean` and `cls` need hidden states of positions a hit would skip,
+so those requests take no cached blocks (Scheduler): they compute every position, and the
+vector never depends on what the cache held. Their blocks are still cached for others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+PoolingType = Literal["last", "mean", "cls"]
+POOLING_TYPES = ("last", "mean", "cls")
+
+
+@dataclass(frozen=True)
+class PoolingParams:
+    pooling: PoolingType = "last"
+    normalize: bool = True
+
+    def __post_init__(self):
+        if self.pooling not in POOLING_TYPES:
+            raise ValueError(f"pooling must be one of {', '.join(POOLING_TYPES)}, "
+                             f"got {self.pooling!r}")
+
+    @property
+    def needs_all_positions(self) -> bool:
+        """Whether positions before the last are needed (so a prefix-cache hit cannot serve)."""
+        return self.pooling != "last"
+
+
+class PooledState:
+    """One request's pooled vector, built chunk by chunk as its prompt is computed."""
+
+    def __init__(self, params: PoolingParams, num_prompt_tokens: int):
+        self.params = params
+        self.n = num_prompt_tokens
+        self.acc: torch.Tensor | None = None  # float32 [hidden]: the sum, first or last row
+        self.upto = 0  # positions accumulated (mean / cls)
+
+    def add(self, start: int, hidden: torch.Tensor) -> None:
+        """The final hidden states of prompt positions start .. start + len(hidden) - 1."""
+        kind = self.params.pooling
+        end = start + hidden.shape[0]
+        if kind == "last":
+            if end == self.n:
+                self.acc = hidden[-1].float().cpu()
+            return
+        if start == 0:  # a fresh start (or recomputing after preemption)
+            self.acc, self.upto = None, 0
+        assert start == self.upto, "pooled positions must be computed in order"
+        if kind == "cls":
+            if start == 0:
+                self.acc = hidden[0].float().cpu()
+        else:
+            part = hidden.float().sum(dim=0).cpu()
+            self.acc = part if self.acc is None else self.acc + part
+        self.upto = end
+
+    @property
+    def done(self) -> bool:
+        if self.params.pooling == "last":
+            return self.acc is not None
+        return self.upto >= self.n and self.acc is not None
+
+    def result(self) -> list[float]:
+        v = self.acc
+        if self.params.pooling == "mean":
+            v = v / self.n
+        if self.params.normalize:
+            v = torch.nn.functional.normalize(v, dim=0)
+        return v.tolist()
