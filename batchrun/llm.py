@@ -35,6 +35,12 @@ class LoadedModel:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    @property
+    def hidden_size(self) -> int | None:
+        """The width of the model's final hidden states (its embeddings' dimensions)."""
+        model = getattr(getattr(self.engine, "runner", None), "model", None)
+        return getattr(getattr(model, "config", None), "hidden_size", None)
+
 
 def pick_device(name: str) -> torch.device:
     if name == "auto":

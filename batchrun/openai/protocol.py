@@ -13,15 +13,20 @@ import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from batchrun.openai.requests import (ChatCompletionRequest, ChatMessage,  # noqa: F401
-                                      CompletionRequest, ContentPart, StrictModel)
+                                      CompletionRequest, ContentPart, EmbeddingRequest,
+                                      StrictModel)
 
 log = logging.getLogger(__name__)
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
-SUPPORTED_URLS = (CHAT_URL, COMPLETIONS_URL)
+EMBEDDINGS_URL = "/v1/embeddings"
+SUPPORTED_URLS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL)
 # Endpoints OpenAI's Batch API takes that this runner does not serve (yet).
-UNSUPPORTED_URLS = ("/v1/embeddings", "/v1/responses", "/v1/moderations")
+UNSUPPORTED_URLS = ("/v1/responses", "/v1/moderations")
+RequestBody = ChatCompletionRequest | CompletionRequest | EmbeddingRequest
+_BODY_MODELS = {CHAT_URL: ChatCompletionRequest, COMPLETIONS_URL: CompletionRequest,
+                EMBEDDINGS_URL: EmbeddingRequest}
 # Nesting a request body may have. orjson stops at 1024 levels without recursing; this lower
 # bound keeps every later step (pydantic, Jinja's tojson, grammar compilers) far from any
 # recursion limit. OpenAI's own structured-output schemas nest at most 10 levels.
@@ -154,7 +159,7 @@ def check_depth(value: Any, limit: int = MAX_BODY_DEPTH) -> None:
                      if isinstance(child, (dict, list)))
 
 
-def parse_body(url: str, body: Any) -> ChatCompletionRequest | CompletionRequest:
+def parse_body(url: str, body: Any) -> RequestBody:
     """Validate a request body for an endpoint; raise RequestError naming the field."""
     if url in UNSUPPORTED_URLS:
         raise RequestError(f"url: the endpoint {url} is not supported by batchrun "
@@ -163,7 +168,7 @@ def parse_body(url: str, body: Any) -> ChatCompletionRequest | CompletionRequest
     if url not in SUPPORTED_URLS:
         raise RequestError(f"url: unsupported url {url!r} (supported: {', '.join(SUPPORTED_URLS)})",
                            code="invalid_url", param="url")
-    model = ChatCompletionRequest if url == CHAT_URL else CompletionRequest
+    model = _BODY_MODELS[url]
     if isinstance(body, model):
         return body
     check_depth(body)
@@ -213,7 +218,7 @@ def peek_custom_id(text: str | None) -> str | None:
 
 
 def parse_batch_line(raw: str, line_number: int
-                     ) -> tuple[BatchInputLine, ChatCompletionRequest | CompletionRequest]:
+                     ) -> tuple[BatchInputLine, RequestBody]:
     """Validate one input line; raise LineError naming the line and the field."""
     line = parse_envelope(raw, line_number)
     try:

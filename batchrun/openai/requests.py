@@ -267,3 +267,41 @@ class CompletionRequest(_SamplingFields):
                              "with stream")
         _warn_unknown_fields(self, "the request body")
         return self
+
+
+# OpenAI's limit on the inputs of one /v1/embeddings request.
+MAX_EMBEDDING_INPUTS = 2048
+
+EmbeddingInput = Annotated[
+    Union[Annotated[str, Tag("str")], Annotated[list[str], Tag("strs")],
+          Annotated[list[int], Tag("ids")], Annotated[list[list[int]], Tag("ids_list")]],
+    Discriminator(_prompt_kind, custom_error_type="invalid_type", custom_error_message=(
+        "input must be a string, an array of strings, an array of token ids or an array of "
+        "token id arrays")),
+]
+
+
+class EmbeddingRequest(StrictModel):
+    """/v1/embeddings. `dimensions` keeps the first N values of each vector, renormalised."""
+    model_config = ConfigDict(strict=True, extra="allow")
+    input: EmbeddingInput
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = Field(None, ge=1, le=INT32_MAX)
+    user: str | None = None
+
+    @property
+    def stream(self) -> bool:  # what the adapter asks of every request
+        return False
+
+    @model_validator(mode="after")
+    def _check(self) -> "EmbeddingRequest":
+        if isinstance(self.input, list):
+            if len(self.input) == 0:
+                raise ValueError("input: must not be empty")
+            many = self.input and not isinstance(self.input[0], int)
+            if many and len(self.input) > MAX_EMBEDDING_INPUTS:
+                raise ValueError(f"input: at most {MAX_EMBEDDING_INPUTS} inputs per request, "
+                                 f"got {len(self.input)}")
+        _warn_unknown_fields(self, "the request body")
+        return self

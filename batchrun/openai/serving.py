@@ -22,15 +22,17 @@ from typing import Any, Literal, Sequence
 from batchrun import __version__
 from batchrun.engine import structured as engine_structured
 from batchrun.engine.outputs import RequestOutput
+from batchrun.engine.pooling import PoolingParams
 from batchrun.engine.sampling_params import GrammarSpec, SamplingParams
 from batchrun.openai.chat import ChatChunks, ChatFormatter
 from batchrun.openai.completions import CompletionChunks, CompletionFormatter
+from batchrun.openai.embeddings import EmbeddingFormatter, resolve_pooling
 from batchrun.openai.logprobs import TokenText
 from batchrun.openai.params import check_model_field, to_sampling_params
 from batchrun.openai.parsers import (ToolParser, detect_tool_parser, reasoning_parser,
                                      tool_parser)
-from batchrun.openai.protocol import (ChatCompletionRequest, CompletionRequest, RequestError,
-                                      parse_body)
+from batchrun.openai.protocol import (ChatCompletionRequest, CompletionRequest,
+                                      EmbeddingRequest, RequestError, parse_body)
 from batchrun.openai.render import load_chat_template, render_prompt, tokenize_prompt
 from batchrun.openai.structured import (after_reasoning, response_format_grammar,
                                         tool_choice_grammar)
@@ -66,11 +68,11 @@ class ServingOptions:
 
 @dataclass
 class PreparedRequest:
-    kind: Literal["chat", "completion"]
-    request: ChatCompletionRequest | CompletionRequest
+    kind: Literal["chat", "completion", "embedding"]
+    request: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
     prompts: list[list[int]]  # one engine request per prompt
     params: SamplingParams  # params.n choices per prompt
-    formatter: ChatFormatter | CompletionFormatter
+    formatter: ChatFormatter | CompletionFormatter | EmbeddingFormatter
 
     @property
     def stream(self) -> bool:
@@ -87,6 +89,8 @@ class PreparedRequest:
 
     def chunks(self) -> ChatChunks | CompletionChunks:
         """Per-request stream state: start(), update(output[, prompt_index]), end()."""
+        if self.kind == "embedding":
+            raise TypeError("embeddings do not stream")
         opts = self.request.stream_options
         include = bool(opts and opts.include_usage)
         continuous = bool(opts and opts.continuous_usage_stats)
@@ -120,6 +124,7 @@ class OpenAIServing:
             self.vocab_size = None
         self.system_fingerprint = fingerprint(model)
         self._grammar_error: str | None = None  # None = not checked yet, "" = fine
+        self._pooling: PoolingParams | None = None  # read on the first embedding request
 
     def prepare(self, url: str, body: Any, *, allow_stream: bool = True) -> PreparedRequest:
         """Validate and prepare one request; RequestError (with status and param) if it is bad."""
@@ -131,7 +136,18 @@ class OpenAIServing:
                           self.options.ignore_model_field)
         if isinstance(request, ChatCompletionRequest):
             return self._chat(request)
+        if isinstance(request, EmbeddingRequest):
+            return self._embedding(request)
         return self._completion(request)
+
+    @property
+    def pooling(self) -> PoolingParams:
+        """--pooling / --normalize, else the model folder's sentence-transformers config."""
+        if self._pooling is None:
+            opts = self.options.openai
+            self._pooling = resolve_pooling(opts.pooling, opts.normalize,
+                                            getattr(self.model, "path", None))
+        return self._pooling
 
     def _check_grammar_support(self) -> None:
         if self._grammar_error is None:
@@ -216,21 +232,9 @@ class OpenAIServing:
         texts = None  # the prompts as text, for echo
         if isinstance(prompt, str):
             texts = [prompt]
-            prompts = [tokenize_prompt(self.tokenizer, prompt)]
         elif prompt and isinstance(prompt[0], str):
             texts = list(prompt)
-            prompts = [tokenize_prompt(self.tokenizer, p) for p in prompt]
-        elif prompt and isinstance(prompt[0], list):
-            prompts = [list(p) for p in prompt]
-        else:
-            prompts = [list(prompt)]
-        for i, ids in enumerate(prompts):
-            if not ids:
-                raise RequestError(f"prompt: prompt {i} is empty", code="invalid_value",
-                                   param="prompt")
-            if self.vocab_size is not None and any(t < 0 or t >= self.vocab_size for t in ids):
-                raise RequestError(f"prompt: prompt {i} has a token id outside the vocabulary",
-                                   code="invalid_value", param="prompt")
+        prompts = self._token_prompts(prompt, "prompt")
         params = self._params(request, prompts, response_format_grammar(request.response_format))
         echo = None
         if request.echo:
@@ -239,6 +243,48 @@ class OpenAIServing:
                                   self.system_fingerprint, echo=echo,
                                   prompt_logprobs=request.prompt_logprobs)
         return PreparedRequest("completion", request, prompts, params, fmt)
+
+
+    def _token_prompts(self, value, field: str) -> list[list[int]]:
+        """A completions `prompt` or embeddings `input` (string, strings, ids, id lists) as
+        token id lists; RequestError naming `field` for an empty one or an id outside the
+        vocabulary."""
+        if isinstance(value, str):
+            prompts = [tokenize_prompt(self.tokenizer, value)]
+        elif value and isinstance(value[0], str):
+            prompts = [tokenize_prompt(self.tokenizer, p) for p in value]
+        elif value and isinstance(value[0], list):
+            prompts = [list(p) for p in value]
+        else:
+            prompts = [list(value)]
+        for i, ids in enumerate(prompts):
+            if not ids:
+                raise RequestError(f"{field}: {field} {i} is empty", code="invalid_value",
+                                   param=field)
+            if self.vocab_size is not None and any(t < 0 or t >= self.vocab_size for t in ids):
+                raise RequestError(f"{field}: {field} {i} has a token id outside the vocabulary",
+                                   code="invalid_value", param=field)
+        return prompts
+
+    def _embedding(self, request: EmbeddingRequest) -> PreparedRequest:
+        prompts = self._token_prompts(request.input, "input")
+        limit = self.model.max_model_len
+        for i, ids in enumerate(prompts):
+            if len(ids) > limit:
+                raise RequestError(
+                    f"This model's maximum context length is {limit} tokens, however input {i} "
+                    f"has {len(ids)} tokens. Please reduce the length of the input.",
+                    code="context_length_exceeded", param="input")
+        width = getattr(self.model, "hidden_size", None)  # None: unknown (checked after)
+        if request.dimensions is not None and width is not None and request.dimensions > width:
+            raise RequestError(f"dimensions: this model's embeddings have {width} dimensions, "
+                               f"got {request.dimensions}", code="invalid_value",
+                               param="dimensions")
+        pooling = self.pooling
+        params = SamplingParams(max_tokens=0, pooling=pooling)
+        fmt = EmbeddingFormatter(self.model.name, request.encoding_format or "float",
+                                 request.dimensions, pooling.normalize)
+        return PreparedRequest("embedding", request, prompts, params, fmt)
 
 
 def _check_tool_schema(parameters: dict[str, Any] | None, index: int) -> None:

@@ -13,6 +13,8 @@ _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 # The parsers batchrun.openai.parsers registers (it checks, on import, that they are these).
 ToolParserName = Literal["hermes", "llama3", "llama3_json", "mistral", "qwen"]
 ReasoningParserName = Literal["deepseek_r1", "qwen3", "think"]
+# How /v1/embeddings pools the final hidden states (batchrun.engine.pooling).
+PoolingName = Literal["last", "mean", "cls"]
 
 
 class RequestDefaults(BaseModel):
@@ -42,3 +44,11 @@ class OpenAIOptions(BaseModel):
     reasoning_parser: ReasoningParserName | None = option(
         None, "Move <think>...</think> into message.reasoning_content [default: leave it in "
         "content].")
+    pooling: PoolingName | None = option(
+        None, "How /v1/embeddings pools the final hidden states over an input: the last "
+        "token's, their mean, or the first token's (cls) [default: the model folder's "
+        "sentence-transformers config (modules.json, 1_Pooling/config.json), else last].")
+    normalize: bool | None = option(
+        None, "Scale embeddings to unit length (--no-normalize: the raw pooled vector) "
+        "[default: the sentence-transformers config's Normalize module when it has one, "
+        "else normalize].")

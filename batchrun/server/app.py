@@ -1,6 +1,6 @@
 """The FastAPI application: OpenAI-compatible routes on one shared engine.
 
-    /v1/chat/completions  /v1/models  /v1/files...  /v1/batches...   (API key when set)
+    /v1/chat/completions  /v1/completions  /v1/embeddings  /v1/models  /v1/files...  /v1/batches...   (API key when set)
     /docs  /redoc  /openapi.json                                     (API key when set)
     /health  /metrics  /version
 """

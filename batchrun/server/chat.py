@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions and /v1/completions: JSON or SSE, through the OpenAI adapter that
+"""POST /v1/chat/completions, /v1/completions and /v1/embeddings: JSON or SSE, through the OpenAI adapter that
 batch lines use (openai/serving.py): prepare -> engine -> finalize, or chunks for a stream."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from batchrun.engine.async_engine import RequestStream
 from batchrun.engine.errors import EngineDeadError
 from batchrun.engine.outputs import RequestOutput
-from batchrun.openai.protocol import CHAT_URL, COMPLETIONS_URL, RequestError
+from batchrun.openai.protocol import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, RequestError
 from batchrun.openai.response import completion_id, engine_error, error_body
 from batchrun.openai.serving import PreparedRequest
 from batchrun.server.errors import as_request_error
@@ -44,6 +44,11 @@ async def create_chat_completion(request: Request):
 @router.post(COMPLETIONS_URL)
 async def create_completion(request: Request):
     return await _serve(request, COMPLETIONS_URL)
+
+
+@router.post(EMBEDDINGS_URL)
+async def create_embedding(request: Request):
+    return await _serve(request, EMBEDDINGS_URL)
 
 
 async def _serve(request: Request, url: str):

@@ -100,7 +100,7 @@ def test_malformed_file_gives_error_records_and_its_valid_lines_succeed(malforme
     assert by_line[4]["error"]["message"] == "line 4: body.messages: field required"
     assert by_line[4]["custom_id"] == "no-messages"
     assert by_line[4]["response"]["status_code"] == 400
-    assert "/v1/embeddings" in by_line[5]["error"]["message"]
+    assert "/v1/moderations" in by_line[5]["error"]["message"]
     assert by_line[6]["error"]["message"].startswith("line 6: body.temperature:")
     assert by_line[7]["error"]["message"].startswith("line 7: body.max_tokens:")
     assert by_line[8]["error"]["param"] == "stream"

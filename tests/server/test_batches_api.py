@@ -103,7 +103,7 @@ def test_bad_batch_requests_are_refused(api):
         client.batches.create(input_file_id="file-nope", endpoint="/v1/chat/completions",
                               completion_window="24h")
     with pytest.raises(openai.BadRequestError) as e:
-        client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
+        client.batches.create(input_file_id=f.id, endpoint="/v1/moderations",
                               completion_window="24h")
     assert e.value.body["param"] == "endpoint"
     with pytest.raises(openai.BadRequestError):

@@ -35,7 +35,7 @@ LINES = [  # (custom_id, url, body, scripted answer)
     ("complete", "/v1/completions", {"prompt": ["Roses are", "The sky is blue and"],
                                      "max_tokens": 8}, None),
     ("streamed", "/v1/chat/completions", chat("hi", stream=True), None),
-    ("embed", "/v1/embeddings", {"input": "x"}, None),
+    ("moderate", "/v1/moderations", {"input": "x"}, None),
 ]
 
 
@@ -85,4 +85,4 @@ def test_batch_file_with_tools_reasoning_and_completions(tmp_path, smol_tokenize
     errors = {e["custom_id"]: e["error"] for e in map(
         json.loads, (tmp_path / "out.errors.jsonl").read_text().splitlines())}
     assert errors["streamed"]["param"] == "stream"
-    assert errors["embed"]["code"] == "unsupported_endpoint"
+    assert errors["moderate"]["code"] == "unsupported_endpoint"

@@ -38,7 +38,7 @@ CORPUS = [
     (line("wrong-type", {"messages": msgs(), "max_tokens": "10"}), "invalid_type"),
     (line(12345), "invalid_type"),
     (line("unknown-url", url="/v1/nowhere"), "invalid_url"),
-    (line("embeddings", url="/v1/embeddings"), "unsupported_endpoint"),
+    (line("moderations", url="/v1/moderations"), "unsupported_endpoint"),
     (line("get", method="GET"), "invalid_value"),
     (line("ok-1"), "duplicate_custom_id"),
     (line("too-long", {"messages": msgs("x" * 1000), "max_tokens": 2}),
