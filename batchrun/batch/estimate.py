@@ -101,6 +101,8 @@ def scan(plan: JobPlan, model: Any, sharing: PrefixSharing, shape: WorkloadShape
 
 
 def _fills_context(prepared: Any) -> bool:
+    if prepared.request.kind == "embedding":  # prefill only: nothing to generate
+        return False
     request = prepared.request.request
     return getattr(request, "max_tokens", None) is None and \
         getattr(request, "max_completion_tokens", None) is None

@@ -1,4 +1,5 @@
-"""Pydantic models of OpenAI request bodies: /v1/chat/completions and /v1/completions.
+"""Pydantic models of OpenAI request bodies: /v1/chat/completions, /v1/completions and
+/v1/embeddings.
 
 Strict about types (`"max_tokens": "100"` is an error, as it is for OpenAI), value ranges as
 OpenAI documents them, and open to unknown fields: each unknown field name is logged once, so

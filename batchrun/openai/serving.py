@@ -244,7 +244,6 @@ class OpenAIServing:
                                   prompt_logprobs=request.prompt_logprobs)
         return PreparedRequest("completion", request, prompts, params, fmt)
 
-
     def _token_prompts(self, value, field: str) -> list[list[int]]:
         """A completions `prompt` or embeddings `input` (string, strings, ids, id lists) as
         token id lists; RequestError naming `field` for an empty one or an id outside the
@@ -275,7 +274,8 @@ class OpenAIServing:
                     f"This model's maximum context length is {limit} tokens, however input {i} "
                     f"has {len(ids)} tokens. Please reduce the length of the input.",
                     code="context_length_exceeded", param="input")
-        width = getattr(self.model, "hidden_size", None)  # None: unknown (checked after)
+        # Unknown (an engine on Ray): a larger `dimensions` gives the whole vector.
+        width = getattr(self.model, "hidden_size", None)
         if request.dimensions is not None and width is not None and request.dimensions > width:
             raise RequestError(f"dimensions: this model's embeddings have {width} dimensions, "
                                f"got {request.dimensions}", code="invalid_value",

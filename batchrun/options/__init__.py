@@ -5,7 +5,8 @@ and --help is their descriptions. Adding an option means adding a field here and
 uses it.
 
     engine.py   EngineConfig (cache, scheduler, device): what the engine is built with
-    openai.py   OpenAIOptions (template, parsers, model-field check), RequestDefaults
+    openai.py   OpenAIOptions (template, parsers, model-field check, embedding pooling),
+                RequestDefaults
     job.py      InputOptions (what is read), JobOptions (where results go, resume, reporting)
     server.py   ServerOptions (listener, limits, authentication, data dir)
     run.py      RunOptions: one run's options by concern, from the CLI or a job spec

@@ -149,7 +149,8 @@ def test_batch_file_mixes_embeddings_and_chat(real_model, tmp_path):
     import numpy as np
 
     v = np.frombuffer(base64.b64decode(out["emb-b64"]["data"][0]["embedding"]), dtype="<f4")
-    truncated = torch.nn.functional.normalize(torch.tensor(want["data"][3]["embedding"][:32]), dim=0)
+    truncated = torch.nn.functional.normalize(torch.tensor(want["data"][3]["embedding"][:32]),
+                                              dim=0)
     assert v.shape == (32,) and cosine(v.tolist(), truncated) > 0.999999
     errors = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
     assert [(e["custom_id"], e["error"]["param"], e["error"]["line"]) for e in errors] == \

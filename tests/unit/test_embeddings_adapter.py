@@ -119,8 +119,9 @@ def test_a_bad_batch_line_names_line_and_field(tiny):
 
 
 def st_folder(tmp_path, modes: dict, normalize: bool):
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    st = "sentence_transformers.models."
+    modules = [{"idx": 0, "name": "0", "path": "", "type": st + "Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": st + "Pooling"}]
     if normalize:
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
                         "type": "sentence_transformers.models.Normalize"})
@@ -145,6 +146,6 @@ def test_sentence_transformers_config_sets_the_defaults(tmp_path):
 def test_sentence_transformers_cls_with_normalize(tmp_path):
     st = st_folder(tmp_path, {"pooling_mode_cls_token": True}, normalize=True)
     assert resolve_pooling(None, None, st) == PoolingParams("cls", True)
-    unsupported = st_folder(tmp_path / "max", {"pooling_mode_max_tokens": True}, normalize=True) \
-        if (tmp_path / "max").mkdir() is None else None
+    (tmp_path / "max").mkdir()
+    unsupported = st_folder(tmp_path / "max", {"pooling_mode_max_tokens": True}, normalize=True)
     assert resolve_pooling(None, None, unsupported) == PoolingParams("last", True)
