@@ -94,7 +94,7 @@ def click_option(f: PublicField, required: bool = True) -> Callable:
     if extra.get("envvar"):
         kw.update(envvar=extra["envvar"], show_envvar=True)
     if kind is bool:
-        if info.get_default() is True:
+        if info.get_default() is not False:  # on by default, or unset (None): both spellings
             names = [f"{f.flag}/--no-{f.flag[2:]}"]
         else:
             kw["is_flag"] = True

@@ -149,3 +149,24 @@ def test_sentence_transformers_cls_with_normalize(tmp_path):
     (tmp_path / "max").mkdir()
     unsupported = st_folder(tmp_path / "max", {"pooling_mode_max_tokens": True}, normalize=True)
     assert resolve_pooling(None, None, unsupported) == PoolingParams("last", True)
+
+
+def test_pooling_options_on_the_command_line():
+    from batchrun.options.click_options import click_options
+    from batchrun.options.run import from_cli
+    import click
+    from click.testing import CliRunner
+
+    seen = {}
+
+    @click.command()
+    @click_options(OpenAIOptions)
+    def cmd(**kwargs):
+        seen["opts"] = from_cli(OpenAIOptions, kwargs)
+
+    cases = [([], (None, None)), (["--pooling", "mean", "--no-normalize"], ("mean", False)),
+             (["--normalize"], (None, True))]
+    for args, want in cases:
+        assert CliRunner().invoke(cmd, args).exit_code == 0
+        assert (seen["opts"].pooling, seen["opts"].normalize) == want
+    assert CliRunner().invoke(cmd, ["--pooling", "max"]).exit_code == 2
