@@ -81,6 +81,20 @@ def test_a_batch_file_of_responses_lines(real_model, tmp_path):
     assert errors["streamed"]["error"]["param"] == "stream"
 
 
+def test_validate_checks_responses_lines_without_a_tokenizer():
+    from types import SimpleNamespace
+
+    from batchrun.batch.runner import check_line
+    from batchrun.openai.protocol import LineError
+    from batchrun.options.openai import OpenAIOptions
+
+    model = SimpleNamespace(name=MODEL, aliases=())
+    raw = json.dumps(line("x", {"input": [{"type": "function_call_output", "output": "1"}]}))
+    with pytest.raises(LineError) as e:
+        check_line(raw, 3, model, OpenAIOptions())
+    assert e.value.param == "input.0.call_id" and str(e.value).startswith("line 3: ")
+
+
 # --- the HTTP API -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
