@@ -14,14 +14,16 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from batchrun.openai.requests import (ChatCompletionRequest, ChatMessage,  # noqa: F401
                                       CompletionRequest, ContentPart, StrictModel)
+from batchrun.openai.responses_request import ResponsesRequest
 
 log = logging.getLogger(__name__)
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
-SUPPORTED_URLS = (CHAT_URL, COMPLETIONS_URL)
+RESPONSES_URL = "/v1/responses"
+SUPPORTED_URLS = (CHAT_URL, COMPLETIONS_URL, RESPONSES_URL)
 # Endpoints OpenAI's Batch API takes that this runner does not serve (yet).
-UNSUPPORTED_URLS = ("/v1/embeddings", "/v1/responses", "/v1/moderations")
+UNSUPPORTED_URLS = ("/v1/embeddings", "/v1/moderations")
 # Nesting a request body may have. orjson stops at 1024 levels without recursing; this lower
 # bound keeps every later step (pydantic, Jinja's tojson, grammar compilers) far from any
 # recursion limit. OpenAI's own structured-output schemas nest at most 10 levels.
@@ -163,7 +165,8 @@ def parse_body(url: str, body: Any) -> ChatCompletionRequest | CompletionRequest
     if url not in SUPPORTED_URLS:
         raise RequestError(f"url: unsupported url {url!r} (supported: {', '.join(SUPPORTED_URLS)})",
                            code="invalid_url", param="url")
-    model = ChatCompletionRequest if url == CHAT_URL else CompletionRequest
+    model = ChatCompletionRequest if url == CHAT_URL else \
+        ResponsesRequest if url == RESPONSES_URL else CompletionRequest
     if isinstance(body, model):
         return body
     check_depth(body)
