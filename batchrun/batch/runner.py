@@ -27,6 +27,8 @@ from batchrun.engine.sampling_params import SamplingParams
 from batchrun.openai.params import check_model_field
 from batchrun.openai.protocol import LineError, RequestError, parse_batch_line, parse_envelope
 from batchrun.openai.response import new_request_id
+from batchrun.openai.responses import to_chat_request
+from batchrun.openai.responses_request import ResponsesRequest
 from batchrun.openai.serving import OpenAIServing, PreparedRequest
 from batchrun.options.openai import OpenAIOptions
 
@@ -59,6 +61,8 @@ def check_line(raw: str, line_number: int, model: Any, openai: OpenAIOptions):
             raise RequestError("stream: streaming is not available in a batch file",
                                code="unsupported_value", param="stream")
         check_model_field(request.model, model.name, model.aliases, openai.ignore_model_field)
+        if isinstance(request, ResponsesRequest):  # its input items, tools, text.format
+            to_chat_request(request)
     except RequestError as exc:
         raise LineError(line_number, exc, line.custom_id) from None
     return line, request

@@ -15,18 +15,20 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from batchrun.openai.requests import (ChatCompletionRequest, ChatMessage,  # noqa: F401
                                       CompletionRequest, ContentPart, EmbeddingRequest,
                                       StrictModel)
+from batchrun.openai.responses_request import ResponsesRequest
 
 log = logging.getLogger(__name__)
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
+RESPONSES_URL = "/v1/responses"
 EMBEDDINGS_URL = "/v1/embeddings"
-SUPPORTED_URLS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL)
+SUPPORTED_URLS = (CHAT_URL, COMPLETIONS_URL, RESPONSES_URL, EMBEDDINGS_URL)
 # Endpoints OpenAI's Batch API takes that this runner does not serve (yet).
-UNSUPPORTED_URLS = ("/v1/responses", "/v1/moderations")
-RequestBody = ChatCompletionRequest | CompletionRequest | EmbeddingRequest
+UNSUPPORTED_URLS = ("/v1/moderations",)
+RequestBody = ChatCompletionRequest | CompletionRequest | ResponsesRequest | EmbeddingRequest
 _BODY_MODELS = {CHAT_URL: ChatCompletionRequest, COMPLETIONS_URL: CompletionRequest,
-                EMBEDDINGS_URL: EmbeddingRequest}
+                RESPONSES_URL: ResponsesRequest, EMBEDDINGS_URL: EmbeddingRequest}
 # Nesting a request body may have. orjson stops at 1024 levels without recursing; this lower
 # bound keeps every later step (pydantic, Jinja's tojson, grammar compilers) far from any
 # recursion limit. OpenAI's own structured-output schemas nest at most 10 levels.

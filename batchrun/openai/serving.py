@@ -33,6 +33,8 @@ from batchrun.openai.parsers import (ToolParser, detect_tool_parser, reasoning_p
                                      tool_parser)
 from batchrun.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                       EmbeddingRequest, RequestError, parse_body)
+from batchrun.openai.responses import prepare_response
+from batchrun.openai.responses_request import ResponsesRequest
 from batchrun.openai.render import load_chat_template, render_prompt, tokenize_prompt
 from batchrun.openai.structured import (after_reasoning, response_format_grammar,
                                         tool_choice_grammar)
@@ -68,7 +70,8 @@ class ServingOptions:
 
 @dataclass
 class PreparedRequest:
-    kind: Literal["chat", "completion", "embedding"]
+    # response: chat, answered as /v1/responses; embedding: pooled, prefill only
+    kind: Literal["chat", "completion", "response", "embedding"]
     request: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
     prompts: list[list[int]]  # one engine request per prompt
     params: SamplingParams  # params.n choices per prompt
@@ -83,7 +86,7 @@ class PreparedRequest:
         """The response body from the finished outputs (one per prompt, in prompt order)."""
         if isinstance(outputs, RequestOutput):
             outputs = [outputs]
-        if self.kind == "chat":
+        if self.kind not in ("completion", "embedding"):  # one prompt
             return self.formatter.body(outputs[0], created)
         return self.formatter.body(outputs, created)
 
@@ -94,7 +97,7 @@ class PreparedRequest:
         opts = self.request.stream_options
         include = bool(opts and opts.include_usage)
         continuous = bool(opts and opts.continuous_usage_stats)
-        if self.kind == "chat":
+        if self.kind != "completion":
             return self.formatter.stream(self.params.n, include, continuous)
         return self.formatter.stream(len(self.prompts), include, continuous)
 
@@ -134,6 +137,8 @@ class OpenAIServing:
                                code="unsupported_value", param="stream")
         check_model_field(request.model, self.model.name, self.model.aliases,
                           self.options.ignore_model_field)
+        if isinstance(request, ResponsesRequest):
+            return prepare_response(request, self._chat, self.reasoning)
         if isinstance(request, ChatCompletionRequest):
             return self._chat(request)
         if isinstance(request, EmbeddingRequest):

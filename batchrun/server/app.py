@@ -1,6 +1,7 @@
 """The FastAPI application: OpenAI-compatible routes on one shared engine.
 
-    /v1/chat/completions  /v1/completions  /v1/embeddings  /v1/models  /v1/files...  /v1/batches...   (API key when set)
+    /v1/chat/completions  /v1/completions  /v1/responses  /v1/embeddings  /v1/models
+    /v1/files...  /v1/batches...                                     (API key when set)
     /docs  /redoc  /openapi.json                                     (API key when set)
     /health  /metrics  /version
 """
@@ -13,7 +14,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from batchrun import __version__
-from batchrun.server import batches_api, chat, files_api
+from batchrun.server import batches_api, chat, files_api, responses_api
 from batchrun.server.error_log import ClientErrorLogMiddleware
 from batchrun.server.errors import install_handlers, not_found
 from batchrun.server.middleware import GuardMiddleware
@@ -81,6 +82,7 @@ def create_app(state: ServerState, manage_state: bool = True) -> FastAPI:
     install_handlers(app)
     for router in (info, chat.router, files_api.router, batches_api.router):
         app.include_router(router)
+    app.include_router(responses_api.router)
     cfg = state.config
     app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_size,
                        max_upload_bytes=cfg.max_upload_size, metrics=state.metrics)

@@ -1,5 +1,5 @@
-"""POST /v1/chat/completions, /v1/completions and /v1/embeddings: JSON or SSE, through the OpenAI adapter that
-batch lines use (openai/serving.py): prepare -> engine -> finalize, or chunks for a stream."""
+"""POST /v1/chat/completions, /v1/completions and /v1/embeddings: JSON or SSE, through the
+OpenAI adapter that batch lines use (openai/serving.py): prepare -> engine -> finalize, or chunks for a stream."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ def test_missing_messages_names_the_field():
     assert err.custom_id == "req-1" and err.param == "messages"
 
 
-@pytest.mark.parametrize("url", ["/v1/moderations", "/v1/responses"])
+@pytest.mark.parametrize("url", ["/v1/moderations"])
 def test_known_but_unsupported_endpoints(url):
     err = error_of(line(url=url))
     assert err.code == "unsupported_endpoint" and err.param == "url"
