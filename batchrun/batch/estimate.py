@@ -113,7 +113,7 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     """Everything `batchrun plan` prints. `calibration`: auto (the last run of this model on
     this machine, else the micro-benchmark), last-run (fail over to the benchmark with a note),
     benchmark."""
-    from batchrun.batch import throughput
+    from batchrun.batch import run_store, throughput
     from batchrun import footprint
 
     spec = plan.inputs.model
@@ -125,7 +125,7 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     sharing = PrefixSharing(engine.cache.block_size, blocks,
                             enabled=engine.cache.enable_prefix_caching)
     key = run_key(model.name, engine)
-    last = throughput.load_last_run(key) if calibration in ("auto", "last-run") else None
+    last = run_store.load_last_run(key) if calibration in ("auto", "last-run") else None
     summary = (last or {}).get("summary", {})
     generated, requested = summary.get("completion_tokens"), \
         summary.get("requested_completion_tokens")
@@ -154,7 +154,7 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
 
 
 def run_key(model_name: str, engine: Any) -> str:
-    """What a run's calibration is kept under (with the machine: throughput.save_run)."""
+    """What a run's calibration is kept under (with the machine: run_store.save_run)."""
     return f"{model_name}|{engine.device.dtype}|kv={engine.cache.kv_cache_dtype}"
 
 

@@ -130,7 +130,7 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
 def _remember_run(result: dict, model_name: str, opts: RunOptions) -> None:
     """Keep the run's metrics: `batchrun plan` calibrates its time estimate by them."""
     from batchrun.batch.estimate import run_key
-    from batchrun.batch.throughput import save_run
+    from batchrun.batch.run_store import save_run
 
     if result.get("this_run", {}).get("ok"):
         try:

@@ -30,7 +30,7 @@ of a scenario are reduced to their median (a shared machine stalls single steps)
 prefill attention pair cost is tied to the per-token cost by their FLOPs (`pair_token_ratio`)
 rather than fitted: the two rise together in every prefill step. Or
 `calibration_from_run()` rescales a cost model to a finished run's wall time on this machine
-(`save_run` / `load_last_run` keep the last run per model and machine).
+(batch/run_store.py keeps the last run per model and machine).
 
 What it does not see: requests that stop early (the plan counts the requested max_tokens, so
 its estimate is an upper bound on the decode part), preemption under KV pressure, the batch
@@ -42,15 +42,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 import os
-import platform
-import re
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from batchrun.options.engine import EngineConfig
@@ -541,69 +536,3 @@ def calibration_from_run(summary: dict, engine_config: EngineConfig, model_confi
     source += f" over {os.path.basename(str(where))}" if where else ""
     source += f" ({n} requests, {wall:.1f} s)"
     return base.scaled(wall / predicted, source)
-
-
-def machine_info() -> dict[str, Any]:
-    """What a calibration depends on: CPU model, cores, torch threads, GPU if any."""
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    info: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads()}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-    return info
-
-
-def machine_key(info: dict[str, Any] | None = None) -> str:
-    import hashlib
-
-    info = info or machine_info()
-    return hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def runs_dir() -> Path:
-    """$BATCHRUN_RUNS_DIR (the test suite points it elsewhere), else <cache>/runs."""
-    from batchrun.paths import cache_dir
-
-    env = os.environ.get("BATCHRUN_RUNS_DIR")
-    return Path(env) if env else cache_dir() / "runs"
-
-
-def _run_path(model_key: str, info: dict[str, Any] | None = None) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", model_key).strip("_") or "model"
-    return runs_dir() / f"{safe[:80]}--{machine_key(info)}.json"
-
-
-def save_run(summary: dict, model_key: str) -> Path:
-    """Keep `summary` (a run's metrics) as the last run of model_key on this machine."""
-    info = machine_info()
-    path = _run_path(model_key, info)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"model": model_key, "machine": info,
-              "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "summary": summary}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, default=str))
-    os.replace(tmp, path)
-    return path
-
-
-def load_last_run(model_key: str) -> dict | None:
-    """The record save_run kept for model_key on this machine ({"summary", "machine",
-    "saved_at", "model"}), or None (none, another machine's, unreadable)."""
-    info = machine_info()
-    try:
-        record = json.loads(_run_path(model_key, info).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("machine") != info:
-        return None
-    return record

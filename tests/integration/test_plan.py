@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from batchrun.batch.commands import plan, validate
 from batchrun.batch.estimate import run_key
-from batchrun.batch.throughput import save_run
+from batchrun.batch.run_store import save_run
 from batchrun.options.engine import EngineConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -146,7 +146,7 @@ def test_plan_reads_s3_inputs(s3):
 
     from batchrun.batch.commands import plan
     from batchrun.batch.estimate import run_key
-    from batchrun.batch.throughput import save_run
+    from batchrun.batch.run_store import save_run
     from batchrun.options.engine import EngineConfig
 
     save_run({"status": "completed", "requests": {"total": 1, "ok": 1, "failed": 0},

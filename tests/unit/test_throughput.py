@@ -6,9 +6,10 @@ import time
 import pytest
 from transformers import AutoConfig
 
-from batchrun.batch import throughput
+from batchrun.batch import run_store, throughput
+from batchrun.batch.run_store import load_last_run, save_run
 from batchrun.batch.throughput import (Calibration, WorkloadShape, calibrate, calibration_from_run,
-                                       estimate_seconds, estimate_steps, load_last_run, save_run)
+                                       estimate_seconds, estimate_steps)
 from batchrun.options.engine import EngineConfig
 from batchrun.models.llama import ModelConfig
 from tests.tiny_models import make_tiny
@@ -135,8 +136,8 @@ def test_store_keys_by_model_and_machine(tmp_path, monkeypatch, tiny_config):
     assert load_last_run("other/model") is None
     save_run(summary(wall=50.0), "smollm2-135m")
     assert load_last_run("smollm2-135m")["summary"]["wall_time_s"] == 50.0
-    real = throughput.machine_info()
-    monkeypatch.setattr(throughput, "machine_info", lambda: {**real, "cpu": "another CPU"})
+    real = run_store.machine_info()
+    monkeypatch.setattr(run_store, "machine_info", lambda: {**real, "cpu": "another CPU"})
     assert load_last_run("smollm2-135m") is None  # another machine's run does not calibrate
-    monkeypatch.setattr(throughput, "machine_info", lambda: {**real, "threads": real["threads"] + 1})
+    monkeypatch.setattr(run_store, "machine_info", lambda: {**real, "threads": real["threads"] + 1})
     assert load_last_run("smollm2-135m") is None
