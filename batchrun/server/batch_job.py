@@ -74,6 +74,14 @@ def run_job(state, client: SyncEngineClient, options, stop, on_progress) -> dict
                      engine=client)
 
 
+def output_usage(path: Path) -> dict:
+    """The batch's usage, summed over its output file's records (after a resume too)."""
+    from batchrun.openai.batch_usage import batch_usage
+
+    with open(path, "rb") as f:
+        return batch_usage(orjson.loads(raw) for raw in f if raw.strip())
+
+
 def committed_summary(work_dir: Path) -> dict | None:
     """The summary of a run that finished merging before the server stopped, if any."""
     path = work_dir / "metrics.json"

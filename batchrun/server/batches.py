@@ -18,13 +18,16 @@ from pathlib import Path
 from types import NoneType
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from typing_extensions import Annotated
 
 from batchrun.engine.async_engine import BATCH_PRIORITY
 from batchrun.engine.errors import EngineDeadError
 from batchrun.engine.sync_client import SyncEngineClient
+from batchrun.openai.batch_usage import empty_usage
 from batchrun.openai.protocol import SUPPORTED_URLS, from_validation_error
 from batchrun.server.errors import APIError, not_found
+from batchrun.server.files import ExpiresAfter
 from batchrun.server.stored import load_objects, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,9 @@ BATCH_FIELDS = {"id": str, "status": str, "endpoint": str, "input_file_id": str,
                 "created_at": int, "in_progress_at": (int, NoneType), "request_counts": dict}
 COMPLETION_WINDOWS = ("24h",)
 MAX_ERRORS_LISTED = 10
+# OpenAI's metadata: at most 16 pairs, keys up to 64 characters, values up to 512.
+MetadataKey = Annotated[str, StringConstraints(max_length=64)]
+MetadataValue = Annotated[str, StringConstraints(max_length=512)]
 
 
 class CreateBatch(BaseModel):
@@ -43,7 +49,8 @@ class CreateBatch(BaseModel):
     input_file_id: str
     endpoint: str
     completion_window: str
-    metadata: dict[str, str] | None = Field(None, max_length=16)
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(None, max_length=16)
+    output_expires_after: ExpiresAfter | None = None
 
 
 class BatchManager:
@@ -114,7 +121,9 @@ class BatchManager:
             "finalizing_at": None, "completed_at": None, "failed_at": None, "expired_at": None,
             "cancelling_at": None, "cancelled_at": None,
             "request_counts": {"total": 0, "completed": 0, "failed": 0},
-            "metadata": req.metadata,
+            "usage": empty_usage(), "metadata": req.metadata,
+            "output_expires_after": (req.output_expires_after.model_dump()
+                                     if req.output_expires_after else None),
         }
         with self._lock:
             self._batches[obj["id"]] = obj
@@ -246,16 +255,21 @@ class BatchManager:
         completed = summary["status"] == "completed"
         if completed:
             self._set(batch_id, status="finalizing", finalizing_at=_now())
+        from batchrun.server.batch_job import output_usage
+
         ok, failed = summary["requests"]["ok"], summary["requests"]["failed"]
         files = self.state.files
         out_path, err_path = work_dir / "output.jsonl", work_dir / "errors.jsonl"
+        expiry = self.get(batch_id).get("output_expires_after")
+        expires_after = ExpiresAfter.model_validate(expiry) if expiry else None
         fields: dict[str, Any] = {}
         if ok and out_path.exists():
+            fields["usage"] = output_usage(out_path)
             fields["output_file_id"] = files.adopt(out_path, f"{batch_id}_output.jsonl",
-                                                   "batch_output")["id"]
+                                                   "batch_output", expires_after)["id"]
         if failed and err_path.exists():
             fields["error_file_id"] = files.adopt(err_path, f"{batch_id}_error.jsonl",
-                                                  "batch_output")["id"]
+                                                  "batch_output", expires_after)["id"]
         total = max(self.get(batch_id)["request_counts"]["total"], ok + failed)
         fields["request_counts"] = {"total": total, "completed": ok, "failed": failed}
         if completed:

@@ -10,6 +10,7 @@ from fastapi.responses import FileResponse
 from starlette.datastructures import UploadFile
 
 from batchrun.server.errors import APIError
+from batchrun.server.files import ExpiresAfter
 
 router = APIRouter()
 
@@ -30,8 +31,21 @@ async def upload_file(request: Request):
         if not isinstance(purpose, str):
             raise APIError("purpose: a form field 'purpose' is required",
                            code="missing_required_parameter", param="purpose")
+        expires_after = _expires_after(form)
         return await asyncio.to_thread(_store(request).upload, file.file,
-                                       file.filename or "upload.jsonl", purpose)
+                                       file.filename or "upload.jsonl", purpose, expires_after)
+
+
+def _expires_after(form) -> ExpiresAfter | None:
+    """The optional expires_after policy; the openai client sends it as the form fields
+    `expires_after[anchor]` and `expires_after[seconds]`."""
+    fields = {key[len("expires_after["):-1]: value for key, value in form.multi_items()
+              if key.startswith("expires_after[") and key.endswith("]")}
+    if not fields:
+        return None
+    if isinstance(fields.get("seconds"), str) and fields["seconds"].strip().isdigit():
+        fields["seconds"] = int(fields["seconds"])
+    return ExpiresAfter.parse(fields, "expires_after")
 
 
 @router.get("/v1/files")

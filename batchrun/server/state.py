@@ -40,8 +40,10 @@ class ServerState:
 
     def start(self) -> None:
         self.engine.start()
+        self.files.start()
         self.batches.start()
 
     def stop(self) -> None:
         self.batches.stop()
+        self.files.stop()
         self.engine.shutdown()

@@ -198,3 +198,63 @@ def test_a_batch_worker_survives_a_failure_it_cannot_record(api, monkeypatch, ca
     first, second = two_batches(client)
     assert poll(client, second.id).status == "completed"
     assert f"could not mark batch {first.id} failed" in caplog.text
+
+
+def test_the_batch_reports_usage_summed_over_its_outputs(api):
+    client = api.client()
+    lines = [line("a", "Name a colour.", max_tokens=5), line("b", "Name a fruit.", max_tokens=7),
+             line("bad", "Hello", temperature=9)]
+    batch = poll(client, create(client, upload(client, lines).id).id)
+    assert batch.status == "completed"
+    bodies = [r["response"]["body"] for r in records(client, batch.output_file_id)]
+    usage = batch.usage  # parsed by the client as openai.types.BatchUsage
+    assert isinstance(usage, openai.types.BatchUsage)
+    assert usage.input_tokens == sum(b["usage"]["prompt_tokens"] for b in bodies) > 0
+    assert usage.output_tokens == sum(b["usage"]["completion_tokens"] for b in bodies) > 0
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+    assert usage.input_tokens_details.cached_tokens == sum(
+        b["usage"]["prompt_tokens_details"]["cached_tokens"] for b in bodies)
+    assert usage.output_tokens_details.reasoning_tokens == 0
+
+
+def test_metadata_is_limited_as_openai_limits_it(api):
+    client = api.client()
+    f = upload(client, [line("a", "Hi")])
+    for metadata, param in (({f"k{i}": "v" for i in range(17)}, "metadata"),
+                            ({"k" * 65: "v"}, "metadata"), ({"k": "v" * 513}, "metadata"),
+                            ({"k": 1}, "metadata.k")):
+        with pytest.raises(openai.BadRequestError) as e:
+            create(client, f.id, metadata=metadata)
+        assert e.value.body["param"].startswith(param), (metadata, e.value.body)
+    ok = {f"key{i:02d}": "v" * 512 for i in range(16)}
+    assert create(client, f.id, metadata=ok).metadata == ok
+
+
+def test_output_files_expire_when_the_batch_says(api):
+    client = api.client()
+    f = client.files.create(file=("in.jsonl", io.BytesIO(jsonl([line("a", "Hi")]))),
+                            purpose="batch", expires_after={"anchor": "created_at",
+                                                            "seconds": 7200})
+    assert f.expires_at == f.created_at + 7200
+    default = upload(client, [line("a", "Hi")])
+    assert default.expires_at == default.created_at + 30 * 24 * 3600  # OpenAI's default
+    batch = create(client, f.id, output_expires_after={"anchor": "created_at", "seconds": 3600})
+    batch = poll(client, batch.id)
+    out = client.files.retrieve(batch.output_file_id)
+    assert out.expires_at == out.created_at + 3600
+    for bad in ({"anchor": "created_at", "seconds": 60}, {"anchor": "last_active_at",
+                                                          "seconds": 3600}):
+        with pytest.raises(openai.BadRequestError) as e:
+            create(client, f.id, output_expires_after=bad)
+        assert e.value.body["param"].startswith("output_expires_after")
+        with pytest.raises(openai.BadRequestError) as e:
+            client.files.create(file=("x.jsonl", io.BytesIO(b"{}\n")), purpose="batch",
+                                expires_after=bad)
+        assert e.value.body["param"].startswith("expires_after")
+    # Past its time the file is gone, from the listing, the API and the disk.
+    store = api.state.files
+    assert store.delete_expired(now=out.expires_at - 1) == []
+    assert out.id in store.delete_expired(now=out.expires_at + 1)
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(out.id)
+    assert not (store.root / out.id).exists()
