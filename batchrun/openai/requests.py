@@ -270,8 +270,9 @@ class CompletionRequest(_SamplingFields):
         return self
 
 
-# OpenAI's limit on the inputs of one /v1/embeddings request.
+# OpenAI's limits on one /v1/embeddings request: its inputs, and the tokens summed over them.
 MAX_EMBEDDING_INPUTS = 2048
+MAX_EMBEDDING_REQUEST_TOKENS = 300_000
 
 EmbeddingInput = Annotated[
     Union[Annotated[str, Tag("str")], Annotated[list[str], Tag("strs")],

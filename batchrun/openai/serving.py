@@ -33,6 +33,7 @@ from batchrun.openai.parsers import (ToolParser, detect_tool_parser, reasoning_p
                                      tool_parser)
 from batchrun.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                       EmbeddingRequest, RequestError, parse_body)
+from batchrun.openai.requests import MAX_EMBEDDING_REQUEST_TOKENS
 from batchrun.openai.responses import prepare_response
 from batchrun.openai.responses_request import ResponsesRequest
 from batchrun.openai.render import load_chat_template, render_prompt, tokenize_prompt
@@ -279,6 +280,11 @@ class OpenAIServing:
                     f"This model's maximum context length is {limit} tokens, however input {i} "
                     f"has {len(ids)} tokens. Please reduce the length of the input.",
                     code="context_length_exceeded", param="input")
+        total = sum(map(len, prompts))
+        if total > MAX_EMBEDDING_REQUEST_TOKENS:
+            raise RequestError(
+                f"input: at most {MAX_EMBEDDING_REQUEST_TOKENS} tokens summed over all inputs of "
+                f"one request, got {total}", code="max_tokens_per_request", param="input")
         # Unknown (an engine on Ray): a larger `dimensions` gives the whole vector.
         width = getattr(self.model, "hidden_size", None)
         if request.dimensions is not None and width is not None and request.dimensions > width:

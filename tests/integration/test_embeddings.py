@@ -91,6 +91,24 @@ def test_context_length_exceeded(real_model):
     assert len(at_limit["data"][0]["embedding"]) == real_model.hidden_size
 
 
+def test_openai_limits_on_one_request(real_model):
+    from batchrun.openai.protocol import RequestError
+
+    serving = OpenAIServing(real_model)
+    with pytest.raises(RequestError) as e:  # 2,048 inputs at most
+        serving.prepare("/v1/embeddings", {"input": ["x"] * 2049})
+    assert e.value.param == "input" and "2048" in str(e.value)
+    # 300,000 tokens summed over the inputs at most (checked before any engine work)
+    per_input = real_model.max_model_len
+    many = [[1] * per_input] * (300_000 // per_input + 1)
+    with pytest.raises(RequestError) as e:
+        serving.prepare("/v1/embeddings", {"input": many})
+    assert (e.value.code, e.value.param) == ("max_tokens_per_request", "input")
+    assert "300000" in str(e.value)
+    fits = serving.prepare("/v1/embeddings", {"input": [[1] * per_input] * (300_000 // per_input)})
+    assert len(fits.prompts) == 300_000 // per_input
+
+
 def test_openai_client_against_serve(real_model, tmp_path):
     want, _ = embed(real_model, {"input": INPUTS[:4]}, pooling="mean")
     with serve(real_model, tmp_path, pooling="mean") as running:
@@ -104,6 +122,15 @@ def test_openai_client_against_serve(real_model, tmp_path):
         with pytest.raises(openai.BadRequestError) as e:
             client.embeddings.create(model="smollm2-135m", input=[])
         assert e.value.body["param"] == "input"
+        batch, records = _embeddings_batch(client, INPUTS[:4])
+    assert batch.status == "completed" and batch.request_counts.completed == 2
+    assert batch.usage.input_tokens == want["usage"]["prompt_tokens"] and \
+        batch.usage.output_tokens == 0
+    assert [r["custom_id"] for r in records] == ["first-two", "last-two"]
+    for r, offset in zip(records, (0, 2)):
+        got = CreateEmbeddingResponse.model_validate(r["response"]["body"])
+        for i, item in enumerate(got.data):
+            assert cosine(item.embedding, want["data"][offset + i]["embedding"]) > 0.999999
     assert default.usage.prompt_tokens == want["usage"]["prompt_tokens"]
     for i in range(4):
         w = want["data"][i]["embedding"]
@@ -116,6 +143,27 @@ def test_openai_client_against_serve(real_model, tmp_path):
         assert len(short.data[i].embedding) == 64
         assert cosine(short.data[i].embedding, truncated) > 0.999999
         assert abs(float(torch.tensor(short.data[i].embedding).norm()) - 1) < 1e-5
+
+
+def _embeddings_batch(client, inputs):
+    """An /v1/embeddings batch of two lines (two inputs each) through the Batches API, done;
+    and its output records."""
+    import io
+    import time
+
+    lines = [{"custom_id": cid, "method": "POST", "url": "/v1/embeddings",
+              "body": {"model": "smollm2-135m", "input": part, "encoding_format": "float"}}
+             for cid, part in (("first-two", inputs[:2]), ("last-two", inputs[2:4]))]
+    f = client.files.create(file=("emb.jsonl", io.BytesIO(
+        "".join(json.dumps(x) + "\n" for x in lines).encode())), purpose="batch")
+    batch = client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
+                                  completion_window="24h")
+    deadline = time.time() + 120
+    while batch.status not in ("completed", "failed", "cancelled") and time.time() < deadline:
+        time.sleep(0.1)
+        batch = client.batches.retrieve(batch.id)
+    return batch, [json.loads(x) for x in
+                   client.files.content(batch.output_file_id).text.splitlines()]
 
 
 def test_batch_file_mixes_embeddings_and_chat(real_model, tmp_path):

@@ -268,6 +268,9 @@ def test_the_batches_api_takes_responses_batches(api):
     assert batch.request_counts.completed == 1 and batch.request_counts.failed == 1
     (ok,) = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
     assert ok["custom_id"] == "a" and valid(ok["response"]["body"]).output_text
+    usage = ok["response"]["body"]["usage"]
+    assert (batch.usage.input_tokens, batch.usage.output_tokens) == (
+        usage["input_tokens"], usage["output_tokens"])
     (bad,) = [json.loads(x) for x in client.files.content(batch.error_file_id).text.splitlines()]
     assert bad["custom_id"] == "b" and bad["error"]["param"] == "background"
     # one batch, one endpoint: a chat line in a /v1/responses batch fails the batch
@@ -279,6 +282,7 @@ def test_the_batches_api_takes_responses_batches(api):
                                                 completion_window="24h").id)
     assert batch.status == "failed" and batch.errors.data[0].line == 2
     assert batch.errors.data[0].code == "invalid_url"
+    assert batch.usage.total_tokens == 0  # nothing ran
 
 
 def _poll(client, batch_id, timeout=120):

@@ -73,3 +73,46 @@ def test_tools_without_a_parser_are_a_400(real_model, tmp_path):
                 model="smollm2-135m", tools=[WEATHER], max_tokens=4,
                 messages=[{"role": "user", "content": "Weather in Paris?"}])
         assert e.value.body["param"] == "tools"
+
+
+def responses_answer(api, body, text):
+    prepared = api.state.serving.prepare("/v1/responses", body)
+    script(api.state.model, prepared.prompts[0], text)
+
+
+def test_responses_split_a_thought_into_a_reasoning_item(tools_api):
+    from openai.types.responses import Response
+
+    body = {"model": "scripted", "input": "Weather in Paris?"}
+    responses_answer(tools_api, body, THOUGHT + "It is sunny in Paris.")
+    response = tools_api.client().responses.create(**body)
+    assert isinstance(response, Response) and response.status == "completed"
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    thought = response.output[0]
+    assert thought.id.startswith("rs") and thought.status == "completed"
+    assert [c.text for c in thought.content] == ["The user wants the weather. Call the tool."]
+    assert response.output_text == "It is sunny in Paris."
+    assert response.usage.output_tokens_details.reasoning_tokens > 0
+    assert response.usage.output_tokens > response.usage.output_tokens_details.reasoning_tokens
+
+
+def test_streamed_responses_carry_the_reasoning_item_then_the_tool_call(tools_api):
+    body = {"model": "scripted", "input": "Weather in Rome?",
+            "tools": [{"type": "function", **WEATHER["function"]}]}
+    responses_answer(tools_api, body, THOUGHT + CALL.replace("Paris", "Rome"))
+    events = list(tools_api.client().responses.create(stream=True, **body))
+    types = [e.type for e in events]
+    assert types[0] == "response.created" and types[-1] == "response.completed"
+    reasoning = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert reasoning == "The user wants the weather. Call the tool."
+    added = [e.item.type for e in events if e.type == "response.output_item.added"]
+    assert added == ["reasoning", "function_call"]
+    # each item's events come between its added and done, in output order
+    first_call = types.index("response.function_call_arguments.delta")
+    assert types.index("response.reasoning_text.done") < first_call
+    final = events[-1].response
+    assert [item.type for item in final.output] == ["reasoning", "function_call"]
+    call = final.output[1]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Rome"}
+    assert final.output[0].content[0].text == reasoning
+    assert final.usage.output_tokens_details.reasoning_tokens > 0
