@@ -3,8 +3,11 @@
 Decode attention on the CPU runs a small C kernel that reads KV blocks in place (see
 kernels/); elsewhere, or without a compiler, it gathers the blocks and calls SDPA. The KV cache of a layer is a flat tensor of slots [num_blocks * block_size, kv_heads, head_dim];
 slot = block_id * block_size + offset. A step's tokens are laid out decode tokens first (one per
-sequence), then the prefill chunks. Decode attention is batched over sequences; each prefill
-chunk is one SDPA call with a causal mask offset by its cached context.
+sequence), then the prefill chunks. Decode attention is batched over sequences. Fresh prefill
+chunks (no cached context) come sorted by length, so a run of them of one length is one batched
+causal SDPA call over views of the step's rows (an embedding run's many short prompts would
+otherwise cost a call each per layer); each other prefill chunk is one SDPA call with a causal
+mask offset by its cached context.
 """
 
 from __future__ import annotations
@@ -23,6 +26,27 @@ class PrefillChunk:
     q_len: int
     ctx_len: int  # tokens of context after this chunk (cached prefix + chunk)
     slots: torch.Tensor | None  # [ctx_len] KV slots to read; None when the chunk is its whole context
+    batched: bool = False  # in one of AttentionMetadata.same_length runs
+
+
+def same_length_runs(prefills: list[PrefillChunk]) -> list[tuple[int, int, int]]:
+    """(first row, chunks, length) of each run of 2+ adjacent fresh chunks (no cached context)
+    of one length; marks those chunks `batched`."""
+    runs, current = [], []
+    for chunk in prefills:
+        if chunk.slots is not None:
+            continue
+        if current and (chunk.q_len != current[0].q_len
+                        or chunk.q_start != current[-1].q_start + current[-1].q_len):
+            runs.append(current)
+            current = []
+        current.append(chunk)
+    runs.append(current)
+    runs = [r for r in runs if len(r) > 1]
+    for run in runs:
+        for chunk in run:
+            chunk.batched = True
+    return [(r[0].q_start, len(r), r[0].q_len) for r in runs]
 
 
 @dataclass
@@ -38,6 +62,7 @@ class AttentionMetadata:
     triton: bool = False  # use the Triton kernel (CUDA)
     block_size: int = 16
     prefills: list[PrefillChunk] = field(default_factory=list)
+    same_length: list[tuple[int, int, int]] = field(default_factory=list)  # same_length_runs
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -81,7 +106,17 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_bias, scale=scale)
         out[:b] = od.reshape(b, num_heads, head_dim)
 
+    for s, count, n in meta.same_length:
+        shape = (count, n)
+        qg = q[s:s + count * n].view(*shape, num_heads, head_dim).transpose(1, 2)  # [B, H, n, D]
+        kg = k[s:s + count * n].view(*shape, num_kv_heads, head_dim).transpose(1, 2)
+        vg = v[s:s + count * n].view(*shape, num_kv_heads, head_dim).transpose(1, 2)
+        og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, scale=scale,
+                                            enable_gqa=group > 1)
+        out[s:s + count * n] = og.transpose(1, 2).reshape(count * n, num_heads, head_dim)
     for chunk in meta.prefills:
+        if chunk.batched:
+            continue
         s, n = chunk.q_start, chunk.q_len
         qp = q[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         if chunk.slots is None:

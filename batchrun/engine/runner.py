@@ -7,7 +7,7 @@ import torch
 import importlib.util
 
 from batchrun.engine import kernels
-from batchrun.engine.attention import AttentionMetadata, PrefillChunk
+from batchrun.engine.attention import AttentionMetadata, PrefillChunk, same_length_runs
 from batchrun.engine.prompt_logprobs import score_rows
 from batchrun.engine.request import Request
 
@@ -59,7 +59,9 @@ class ModelRunner:
             return n == 1 and r.num_computed_tokens == r.num_tokens - 1 and not r.rescore
 
         decodes = [(r, n) for r, n in work if is_decode(r, n)]
-        prefills = [(r, n) for r, n in work if not is_decode(r, n)]
+        # Fresh prompts sorted by length: runs of one length share an attention call.
+        prefills = sorted((w for w in work if not is_decode(*w)),
+                          key=lambda w: (w[0].num_computed_tokens > 0 or w[0].rescore, w[1]))
         ordered = decodes + prefills
         dev, bs = self.device, self.block_size
 
@@ -133,6 +135,7 @@ class ModelRunner:
                 slots = table[i, pos // bs] * bs + pos % bs
             meta.prefills.append(PrefillChunk(q_start=row, q_len=n, ctx_len=c + n, slots=slots))
             row += n
+        meta.same_length = same_length_runs(meta.prefills)
 
         input_ids = torch.tensor(tokens, dtype=torch.long, device=dev)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
