@@ -1,6 +1,7 @@
 """/v1/responses on the chat path: a Responses request becomes a chat request (rendered, parsed
 and constrained exactly as /v1/chat/completions is), and the chat result or stream becomes a
-`response` object or the Responses event stream.
+`response` object (responses_body.py) or the Responses event stream (responses_events.py).
+This module maps the request.
 
     chat = to_chat_request(request)                      # RequestError naming the Responses field
     prepared = prepare_response(request, serving._chat)  # the chat PreparedRequest, re-dressed
@@ -16,27 +17,18 @@ dropped (a chat template shows earlier turns without their thoughts).
 
 from __future__ import annotations
 
-import json
 import re
-import time
-import uuid
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pydantic import ValidationError
 
-from batchrun.engine.outputs import RequestOutput
-from batchrun.openai.chat import ChatChunks, ChatFormatter
 from batchrun.openai.protocol import RequestError, from_validation_error
 from batchrun.openai.requests import ChatCompletionRequest
+from batchrun.openai.responses_events import StreamingResponseFormatter
 from batchrun.openai.responses_request import ResponsesRequest
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 ROLES = ("user", "assistant", "system", "developer")
-
-
-def _id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
 
 
 def _bad(param: str, message: str, code: str = "invalid_value") -> RequestError:
@@ -233,267 +225,7 @@ def prepare_response(request: ResponsesRequest, prepare_chat: Callable, reasonin
     except RequestError as exc:
         raise responses_error(exc) from None
     prepared.kind = "response"
-    prepared.formatter = ResponseFormatter(prepared.formatter, request,
-                                           prepared.params.temperature, prepared.params.top_p)
+    params = prepared.params
+    prepared.formatter = StreamingResponseFormatter(prepared.formatter, request,
+                                                    params.temperature, params.top_p)
     return prepared
-
-
-# --- chat result -> response ------------------------------------------------------------------
-
-def _echo_tools(request: ResponsesRequest) -> list[dict[str, Any]]:
-    return [{"type": "function", "name": t["name"], "description": t.get("description"),
-             "parameters": t.get("parameters"), "strict": t.get("strict")}
-            for t in request.tools or []]
-
-
-def _echo_text(request: ResponsesRequest) -> dict[str, Any]:
-    fmt = request.text.format if request.text else None
-    if fmt is None or fmt.type != "json_schema":
-        return {"format": {"type": fmt.type if fmt else "text"}}
-    return {"format": {"type": "json_schema", "name": fmt.name, "schema": fmt.json_schema,
-                       "description": fmt.description, "strict": fmt.strict}}
-
-
-def response_usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
-    details = chat_usage.get("completion_tokens_details") or {}
-    return {"input_tokens": chat_usage["prompt_tokens"],
-            # cache_write_tokens (newer clients require it): OpenAI's billed cache writes;
-            # batchrun's prefix cache bills nothing, so 0.
-            "input_tokens_details": {
-                "cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"],
-                "cache_write_tokens": 0},
-            "output_tokens": chat_usage["completion_tokens"],
-            "output_tokens_details": {"reasoning_tokens": details.get("reasoning_tokens", 0)},
-            "total_tokens": chat_usage["total_tokens"]}
-
-
-def reasoning_item(id_: str, text: str, status: str) -> dict[str, Any]:
-    return {"id": id_, "type": "reasoning", "summary": [], "status": status,
-            "content": [{"type": "reasoning_text", "text": text}] if text else []}
-
-
-def message_item(id_: str, text: str, status: str) -> dict[str, Any]:
-    return {"id": id_, "type": "message", "role": "assistant", "status": status,
-            "content": [{"type": "output_text", "text": text, "annotations": [],
-                         "logprobs": []}]}
-
-
-def call_item(id_: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {"id": id_, "type": "function_call", "call_id": call_id, "name": name,
-            "arguments": arguments, "status": status}
-
-
-@dataclass
-class ResponseFormatter:
-    """Wraps the request's ChatFormatter: the same parse, a Response body."""
-    chat: ChatFormatter
-    request: ResponsesRequest
-    temperature: float | None = None  # what the engine samples with, echoed
-    top_p: float | None = None
-
-    def response(self, id_: str, created: int, status: str, output: list[dict],
-                 usage: dict | None, finish: str | None = None) -> dict[str, Any]:
-        r = self.request
-        incomplete = status == "incomplete"
-        return {
-            "id": id_, "object": "response", "created_at": created, "status": status,
-            "completed_at": int(time.time()) if status in ("completed", "incomplete") else None,
-            "error": None,
-            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "instructions": r.instructions, "max_output_tokens": r.max_output_tokens,
-            "model": self.chat.model_name, "output": output,
-            "parallel_tool_calls": r.parallel_tool_calls is not False,
-            "previous_response_id": None,
-            "reasoning": {"effort": r.reasoning.effort, "summary": r.reasoning.summary}
-            if r.reasoning else None,
-            "store": False, "background": False,
-            "temperature": self.temperature if r.temperature is None else r.temperature,
-            "top_p": self.top_p if r.top_p is None else r.top_p,
-            "text": _echo_text(r),
-            "tool_choice": r.tool_choice if r.tool_choice is not None else "auto",
-            "tools": _echo_tools(r), "truncation": "disabled",
-            "usage": usage, "user": r.user, "metadata": r.metadata or {},
-        }
-
-    def body(self, output: RequestOutput, created: int | None = None) -> dict[str, Any]:
-        chat = self.chat.body(output, created)
-        (choice,) = chat["choices"]
-        message = choice["message"]
-        status = "incomplete" if choice["finish_reason"] == "length" else "completed"
-        items: list[dict[str, Any]] = []
-        if message.get("reasoning_content"):
-            items.append(reasoning_item(_id("rs"), message["reasoning_content"], "completed"))
-        calls = message.get("tool_calls") or []
-        if message.get("content") or not calls:
-            items.append(message_item(_id("msg"), message.get("content") or "", "completed"))
-        for call in calls:
-            items.append(call_item(_id("fc"), call["id"], call["function"]["name"],
-                                   call["function"]["arguments"], "completed"))
-        items[-1]["status"] = status  # as in the stream: only the item cut short is incomplete
-        return self.response(_id("resp"), chat["created"], status, items,
-                             response_usage(chat["usage"]))
-
-    def stream(self, n: int, include_usage: bool = False,
-               continuous_usage: bool = False) -> "ResponseEvents":
-        return ResponseEvents(self, self.chat.stream(1, True, False))
-
-
-# --- chat chunks -> response events -----------------------------------------------------------
-
-@dataclass
-class _Item:
-    kind: str  # "reasoning" | "message" | "function_call"
-    index: int  # output_index
-    id: str
-    text: str = ""  # the text, or a call's arguments
-    call_id: str = ""
-    name: str = ""
-
-
-@dataclass
-class ResponseEvents:
-    """The Responses event stream from the chat adapter's chunks: start(), update(out), end().
-    Every event carries a sequence_number; the last is response.completed or
-    response.incomplete with the whole Response."""
-    fmt: ResponseFormatter
-    chunks: ChatChunks
-    id: str = field(default_factory=lambda: _id("resp"))
-    created: int = field(default_factory=lambda: int(time.time()))
-    seq: int = 0
-    output: list[dict[str, Any]] = field(default_factory=list)  # finished items
-    current: _Item | None = None
-    calls: dict[int, _Item] = field(default_factory=dict)  # chat tool-call index -> item
-    done: bool = False
-
-    def _event(self, type_: str, **fields) -> dict[str, Any]:
-        event = {"type": type_, "sequence_number": self.seq, **fields}
-        self.seq += 1
-        return event
-
-    def _snapshot(self, status: str, usage: dict | None = None) -> dict[str, Any]:
-        return self.fmt.response(self.id, self.created, status, list(self.output), usage)
-
-    def start(self) -> list[dict]:
-        return [self._event("response.created", response=self._snapshot("in_progress")),
-                self._event("response.in_progress", response=self._snapshot("in_progress"))]
-
-    def _item(self, item: _Item, status: str) -> dict[str, Any]:
-        if item.kind == "reasoning":
-            return reasoning_item(item.id, item.text, status)
-        if item.kind == "message":
-            return message_item(item.id, item.text, status)
-        return call_item(item.id, item.call_id, item.name, item.text, status)
-
-    def _open(self, kind: str, **fields) -> list[dict]:
-        events = self._close("completed")
-        prefix = {"reasoning": "rs", "message": "msg", "function_call": "fc"}[kind]
-        item = _Item(kind, len(self.output), _id(prefix), **fields)
-        self.current = item
-        added = self._item(item, "in_progress")
-        if kind == "message":
-            added["content"] = []
-        events.append(self._event("response.output_item.added", output_index=item.index,
-                                  item=added))
-        if kind != "function_call":
-            events.append(self._event("response.content_part.added", **self._where(item),
-                                      part=self._part(item, "")))
-        return events
-
-    @staticmethod
-    def _where(item: _Item) -> dict[str, Any]:
-        return {"item_id": item.id, "output_index": item.index, "content_index": 0}
-
-    @staticmethod
-    def _part(item: _Item, text: str) -> dict[str, Any]:
-        if item.kind == "reasoning":
-            return {"type": "reasoning_text", "text": text}
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-    def _close(self, status: str) -> list[dict]:
-        item, self.current = self.current, None
-        if item is None:
-            return []
-        events = []
-        if item.kind == "message":
-            events += [self._event("response.output_text.done", **self._where(item),
-                                   text=item.text, logprobs=[]),
-                       self._event("response.content_part.done", **self._where(item),
-                                   part=self._part(item, item.text))]
-        elif item.kind == "reasoning":
-            events += [self._event("response.reasoning_text.done", **self._where(item),
-                                   text=item.text),
-                       self._event("response.content_part.done", **self._where(item),
-                                   part=self._part(item, item.text))]
-        else:
-            events.append(self._event("response.function_call_arguments.done",
-                                      item_id=item.id, output_index=item.index,
-                                      name=item.name, arguments=item.text))
-        done = self._item(item, status)
-        self.output.append(done)
-        events.append(self._event("response.output_item.done", output_index=item.index,
-                                  item=done))
-        return events
-
-    def _text(self, kind: str, text: str) -> list[dict]:
-        events = []
-        if self.current is None or self.current.kind != kind:
-            events += self._open(kind)
-        item = self.current
-        item.text += text
-        name = "response.output_text.delta" if kind == "message" else \
-            "response.reasoning_text.delta"
-        extra = {"logprobs": []} if kind == "message" else {}
-        events.append(self._event(name, **self._where(item), delta=text, **extra))
-        return events
-
-    def _call(self, delta: dict[str, Any]) -> list[dict]:
-        events = []
-        fn = delta.get("function") or {}
-        item = self.calls.get(delta["index"])
-        if item is None:
-            events += self._open("function_call", call_id=delta.get("id") or "",
-                                 name=fn.get("name") or "")
-            item = self.calls[delta["index"]] = self.current
-        if fn.get("arguments"):
-            item.text += fn["arguments"]
-            events.append(self._event("response.function_call_arguments.delta",
-                                      item_id=item.id, output_index=item.index,
-                                      delta=fn["arguments"]))
-        return events
-
-    def update(self, output: RequestOutput) -> list[dict]:
-        if self.done:
-            return []
-        events = []
-        for chunk in self.chunks.update(output):
-            for choice in chunk["choices"]:
-                delta = choice["delta"]
-                if delta.get("reasoning_content"):
-                    events += self._text("reasoning", delta["reasoning_content"])
-                if delta.get("content"):
-                    events += self._text("message", delta["content"])
-                for call in delta.get("tool_calls") or []:
-                    events += self._call(call)
-                if choice["finish_reason"] is not None:
-                    events += self._finish(choice["finish_reason"])
-        return events
-
-    def _finish(self, reason: str) -> list[dict]:
-        self.done = True
-        status = "incomplete" if reason == "length" else "completed"
-        events = []
-        if not self.output and self.current is None:  # nothing said: an empty message
-            events += self._open("message")
-        events += self._close(status)
-        usage = response_usage(self.chunks.usage())
-        events.append(self._event(f"response.{status}",
-                                  response=self._snapshot(status, usage)))
-        return events
-
-    def end(self) -> list[dict]:
-        return []
-
-    def error(self, error: RequestError) -> dict[str, Any]:
-        """The `error` event for a request that failed mid-stream."""
-        self.done = True
-        return self._event("error", code=error.code, message=error.message, param=error.param)

@@ -181,7 +181,7 @@ def test_stream_helper_gets_the_final_response(api):
 def test_forced_tool_call(api):
     body = create_raw(api, model=MODEL, input="What is the weather in Paris?", tools=[WEATHER],
                       tool_choice={"type": "function", "name": "get_weather"},
-                      max_output_tokens=60)
+                      max_output_tokens=60, temperature=0)
     r = valid(body)
     assert r.status == "completed"
     calls = [o for o in r.output if o.type == "function_call"]
@@ -195,7 +195,7 @@ def test_forced_tool_call(api):
 def test_streamed_forced_tool_call(api):
     with api.client().responses.stream(
             model=MODEL, input="Weather in Rome?", tools=[WEATHER], tool_choice="required",
-            parallel_tool_calls=False, max_output_tokens=60) as stream:
+            parallel_tool_calls=False, max_output_tokens=60, temperature=0) as stream:
         events = list(stream)
         assert events[-1].type == "response.completed", [e.type for e in events]
         final = stream.get_final_response()
@@ -211,7 +211,7 @@ def test_streamed_forced_tool_call(api):
 def test_json_schema_text_format(api):
     fmt = {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}
     r = valid(create_raw(api, model=MODEL, input="Describe a person as JSON.",
-                         text={"format": fmt}, max_output_tokens=60))
+                         text={"format": fmt}, max_output_tokens=60, temperature=0))
     assert r.status == "completed"
     jsonschema.validate(json.loads(r.output_text), PERSON)
     assert r.text.format.type == "json_schema" and r.text.format.name == "person"
