@@ -119,14 +119,14 @@ def read_config(name: str, path: str, max_rank: int) -> tuple[int, float, tuple[
 def _header(data: bytes, total: int | None, name: str, path: str) -> dict:
     """The safetensors header (tensor name -> dtype, shape, offsets), its size checked."""
     if len(data) < 8:
-        raise _fail(name, path, f"{WEIGHTS_FILE} is not a safetensors file (too short)")
+        raise _fail(name, path, f"{WEIGHTS_FILE} is corrupt or not a safetensors file (too short)")
     (size,) = struct.unpack("<Q", data[:8])
     if size > 100 << 20 or len(data) < 8 + size:
-        raise _fail(name, path, f"{WEIGHTS_FILE} is not a safetensors file (bad header)")
+        raise _fail(name, path, f"{WEIGHTS_FILE} is corrupt or not a safetensors file (bad header)")
     try:
         header = json.loads(data[8:8 + size])
     except ValueError:
-        raise _fail(name, path, f"{WEIGHTS_FILE} is not a safetensors file (bad header)") from None
+        raise _fail(name, path, f"{WEIGHTS_FILE} is corrupt or not a safetensors file (bad header)") from None
     header.pop("__metadata__", None)
     end = max((v["data_offsets"][1] for v in header.values()), default=0)
     if total is not None and total != 8 + size + end:
