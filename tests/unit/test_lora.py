@@ -234,3 +234,32 @@ def test_lora_options_from_the_command_line_and_a_job_spec(tmp_path):
     assert validate(EngineConfig, {"lora": {"a": "/x"}}).lora.max_lora_rank == 64
     with pytest.raises(OptionsError, match="max_loras"):
         validate(EngineConfig, {"max_loras": 0})
+
+
+def test_a_job_spec_names_adapters_relative_to_its_folder(tmp_path):
+    from batchrun.batch.jobspec import load
+
+    (tmp_path / "job.toml").write_text(
+        'input = "in.jsonl"\noutput = "out.jsonl"\n[engine]\nmax_loras = 2\n'
+        '[engine.lora]\nsupport = "adapters/support"\nlegal = "s3://bucket/legal"\n')
+    opts = load(str(tmp_path / "job.toml"))
+    assert opts.engine.lora.adapters == {"support": str(tmp_path / "adapters" / "support"),
+                                         "legal": "s3://bucket/legal"}
+    assert opts.engine.lora.max_loras == 2
+
+
+def test_a_sweep_runs_adapters_on_the_grids_one_base_model():
+    from batchrun.sweep.requests import ModelRequests
+    from batchrun.sweep.run import lora_bases
+    from batchrun.sweep.spec import SpecError
+
+    adapters = {"support": "/a", "legal": "/b"}
+    assert lora_bases(["smollm2-135m", "support", "legal"], adapters) == {
+        "smollm2-135m": "smollm2-135m", "support": "smollm2-135m", "legal": "smollm2-135m"}
+    assert lora_bases(["support"], adapters) == {"support": "smollm2-135m"}
+    assert lora_bases(["m1", "m2"], adapters) == {"m1": "m1", "m2": "m2"}
+    with pytest.raises(SpecError, match="several base models"):
+        lora_bases(["m1", "m2", "legal"], adapters)
+    reqs = ModelRequests(model="legal")
+    reqs.add("c1/1", "/v1/chat/completions", {"messages": []})
+    assert json.loads(reqs.lines[0])["body"]["model"] == "legal"
