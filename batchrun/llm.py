@@ -30,6 +30,8 @@ class LoadedModel:
     # under SamplingParams names: temperature, top_p, top_k, min_p, repetition_penalty, max_tokens.
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    # The LoRA adapters served on it (--lora NAME=PATH): a request's `model` may name one.
+    adapters: tuple[str, ...] = ()
 
     @property
     def max_model_len(self) -> int:
@@ -87,15 +89,27 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
     eos = set(gen_eos)
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
-    engine = build_engine(model, tokenizer, config, sorted(eos), device, dtype)
-    return LoadedModel(engine, tokenizer, name or path.name, tuple(aliases), gen_defaults, path)
+    name = name or path.name
+    engine = build_engine(model, tokenizer, config, sorted(eos), device, dtype,
+                          base_names=(name, *aliases))
+    return LoadedModel(engine, tokenizer, name, tuple(aliases), gen_defaults, path,
+                       adapters=tuple(config.lora.adapters))
 
 
 def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: torch.device,
-                 dtype: torch.dtype) -> Engine:
+                 dtype: torch.dtype, base_names: tuple[str, ...] = ()) -> Engine:
+    """The engine over `model`, with the LoRA adapters config.lora names (checked now: a bad
+    one is a LoraError, a ValueError)."""
     num_blocks, max_model_len, kv_dtype = kv_layout(config, model.config, device, dtype)
+    adapters = None
+    if config.lora.adapters:
+        from batchrun.models.lora import LoraManager
+
+        lora = config.lora
+        adapters = LoraManager(model, lora.adapters, lora.max_loras, lora.max_lora_rank, device,
+                               dtype, base_names)
     return Engine(model, tokenizer, config, eos_token_ids, device, dtype, num_blocks, max_model_len,
-                  kv_dtype=kv_dtype)
+                  kv_dtype=kv_dtype, adapters=adapters)
 
 
 def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.dtype):

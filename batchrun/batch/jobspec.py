@@ -4,7 +4,8 @@
     output = "s3://bucket/out/{date}/results.jsonl"
     model = "smollm2-135m"
     resume = true                                  # a rerun continues where a failed one stopped
-    [engine]     max_num_seqs, max_batched_tokens, max_model_len, dtype, ... ("2GiB" sizes)
+    [engine]     max_num_seqs, max_batched_tokens, max_model_len, dtype, ... ("2GiB" sizes),
+                 lora = {NAME = "adapter folder"}, max_loras, max_lora_rank
     [defaults]   temperature, max_tokens
     [storage_options], [columns], [vars]
 
@@ -114,7 +115,11 @@ def load(path: str, variables: dict[str, str] | None = None) -> RunOptions:
             top[key] = resolve(substitute(top[key], values, f"{path}: {key}"), base)
     sections = [_section(m, {k: v for k, v in top.items() if k in _cli_keys(m)}, path)
                 for m in _TOP_MODELS]
+    engine = dict(spec.get("engine", {}))
+    if isinstance(engine.get("lora"), dict):  # adapter folders, relative to the spec's folder
+        engine["lora"] = {name: resolve(substitute(p, values, f"{path}: lora.{name}"), base)
+                          if isinstance(p, str) else p for name, p in engine["lora"].items()}
     return RunOptions(inputs=sections[0], job=sections[1], openai=sections[2], ray=sections[3],
-                      engine=_section(EngineConfig, spec.get("engine", {}), f"{path} [engine]"),
+                      engine=_section(EngineConfig, engine, f"{path} [engine]"),
                       defaults=_section(RequestDefaults, spec.get("defaults", {}),
                                         f"{path} [defaults]"))

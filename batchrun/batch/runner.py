@@ -60,7 +60,8 @@ def check_line(raw: str, line_number: int, model: Any, openai: OpenAIOptions):
         if request.stream:
             raise RequestError("stream: streaming is not available in a batch file",
                                code="unsupported_value", param="stream")
-        check_model_field(request.model, model.name, model.aliases, openai.ignore_model_field)
+        check_model_field(request.model, model.name, model.aliases, openai.ignore_model_field,
+                          getattr(model, "adapters", ()))
         if isinstance(request, ResponsesRequest):  # its input items, tools, text.format
             to_chat_request(request)
     except RequestError as exc:

@@ -203,6 +203,7 @@ class RayModel:
         self.tokenizer = served.tokenizer
         self.name = engine.name
         self.aliases = tuple(served.aliases)
+        self.adapters = tuple(engine.config.lora.adapters)
         self.generation_defaults = dict(served.generation_defaults)
         self.max_model_len = engine.max_model_len
 

@@ -13,6 +13,7 @@ from batchrun.engine.detokenizer import IncrementalDetokenizer
 from batchrun.engine.errors import PromptTooLongError
 from batchrun.engine.group import Group, choice_params
 from batchrun.engine.kv_cache import KVCacheManager
+from batchrun.engine.lora import AdapterSlots
 from batchrun.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from batchrun.engine.request import Request, Status
 from batchrun.engine.runner import ModelRunner
@@ -35,17 +36,20 @@ class Engine:
 
     def __init__(self, model, tokenizer, config: EngineConfig, eos_token_ids: Sequence[int],
                  device: torch.device, dtype: torch.dtype, num_blocks: int, max_model_len: int,
-                 kv_dtype: torch.dtype | None = None):
+                 kv_dtype: torch.dtype | None = None, adapters: AdapterSlots | None = None):
         self.tokenizer = tokenizer
         self.config = config
         self.eos_token_ids = set(eos_token_ids)
         self.max_model_len = max_model_len
         bs = config.cache.block_size
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.kv)
+        # LoRA adapters served on this model (engine/lora.py); None = none.
+        self.adapters = adapters
+        self.scheduler = Scheduler(config.scheduler, self.kv,
+                                   adapters.max_loras if adapters is not None else None)
         self.runner = ModelRunner(model, num_blocks, bs, device, dtype, kv_dtype,
                                   config.scheduler.max_num_seqs, max_model_len,
-                                  cuda_graphs=config.device.cuda_graphs)
+                                  cuda_graphs=config.device.cuda_graphs, adapters=adapters)
         self.sampler = Sampler(device, tokenizer, self.eos_token_ids)
         self.groups: dict[str, Group] = {}
         self.stats = EngineStats(num_kv_blocks=num_blocks)
@@ -65,6 +69,8 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         if params.n < 1:
             raise ValueError("n must be at least 1")
+        if params.lora is not None and (self.adapters is None or not self.adapters.known(params.lora)):
+            raise ValueError(f"unknown LoRA adapter {params.lora!r}")
         if params.pooling is not None and (params.max_tokens != 0 or params.n != 1):
             raise ValueError("a pooling request is prefill-only: it needs max_tokens=0 and n=1")
         prompt_len = len(prompt_token_ids)
@@ -118,6 +124,9 @@ class Engine:
             req.group.error = (f"the request needs {self.kv.blocks_needed(req.num_tokens)} KV "
                                f"blocks but the pool holds {self.kv.num_blocks}; raise --kv-cache-memory")
             outputs += self._finish_group(req.group, "abort")
+        if self.adapters is not None and plan.work:
+            work = self._activate_adapters(plan.work, outputs)
+            plan.work[:] = work
         if not plan.work:
             return outputs
         now = time.time()
@@ -160,6 +169,20 @@ class Engine:
                     outputs += self._fail_group(req.group, "decoding", exc)
         self.stats.peak_kv_usage = self.kv.peak_used / self.kv.num_blocks
         return outputs
+
+    def _activate_adapters(self, work: list[tuple[Request, int]],
+                           outputs: list[RequestOutput]) -> list[tuple[Request, int]]:
+        """Make the running requests' adapters resident; the work of requests whose adapter
+        could not be loaded is dropped and those requests end with the load's error."""
+        errors = self.adapters.activate({r.adapter for r in self.scheduler.running
+                                         if r.adapter is not None})
+        if not errors:
+            return work
+        for req in list(self.scheduler.running):
+            if req.adapter in errors and req.status != Status.FINISHED:
+                req.group.error = errors[req.adapter]
+                outputs += self._finish_group(req.group, "abort")
+        return [(r, n) for r, n in work if r.status != Status.FINISHED]
 
     def _sample(self, logits: torch.Tensor, rows: list[Request]) -> list:
         """(token, logprobs) per row. Should the batched sampler fail, each row is sampled on

@@ -1,6 +1,8 @@
 """Paged KV block pool with automatic prefix caching.
 
-Full blocks are keyed by a hash chained over (parent block hash, the block's token ids). A freed
+Full blocks are keyed by a hash chained over (parent block hash, the block's token ids); the
+first block's parent is the request's cache salt (its LoRA adapter's, None for the base model),
+so the same prompt under two adapters never shares a block. A freed
 block keeps its hash and sits in an LRU free list, so a later request with the same prefix can
 take it back; allocating a new block evicts the least recently freed one.
 """
@@ -56,7 +58,7 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return 0
         tokens, bs = req.all_token_ids, self.block_size
-        parent = None
+        parent = req.cache_salt
         matched: list[int] = []
         hashes: list[bytes] = []
         for i in range((len(tokens) - 1) // bs):
@@ -82,7 +84,8 @@ class KVCacheManager:
             hashes: list[bytes] = []
             tokens, bs = req.prompt_token_ids, self.block_size
             for i in range(len(tokens) // bs):
-                hashes.append(block_hash(hashes[-1] if hashes else None, tokens[i * bs:(i + 1) * bs]))
+                hashes.append(block_hash(hashes[-1] if hashes else req.cache_salt,
+                                         tokens[i * bs:(i + 1) * bs]))
             req.prompt_hashes = hashes
         return req.prompt_hashes
 
@@ -141,7 +144,7 @@ class KVCacheManager:
         full = min(req.num_computed_tokens, req.num_tokens) // bs
         tokens = req.all_token_ids
         for i in range(len(req.block_hashes), full):
-            parent = req.block_hashes[-1] if req.block_hashes else None
+            parent = req.block_hashes[-1] if req.block_hashes else req.cache_salt
             h = block_hash(parent, tokens[i * bs:(i + 1) * bs])
             req.block_hashes.append(h)
             block = req.block_ids[i]

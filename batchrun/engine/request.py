@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 
+from batchrun.engine.lora import cache_salt
 from batchrun.engine.outputs import RequestMetrics
 from batchrun.engine.pooling import PooledState
 from batchrun.engine.prompt_logprobs import PromptScores
@@ -30,6 +31,8 @@ class Request:
         self.params = params
         self.max_tokens = max_tokens
         self.priority = priority
+        self.adapter = params.lora  # the LoRA adapter's name; None = the base model
+        self.cache_salt = cache_salt(params.lora)  # the parent hash of the first KV block
         # Prompt plus generated tokens: a preempted request recomputes all of them.
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)

@@ -8,6 +8,7 @@ import importlib.util
 
 from batchrun.engine import kernels
 from batchrun.engine.attention import AttentionMetadata, PrefillChunk, same_length_runs
+from batchrun.engine.lora import segments
 from batchrun.engine.prompt_logprobs import score_rows
 from batchrun.engine.request import Request
 
@@ -15,9 +16,10 @@ from batchrun.engine.request import Request
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, device: torch.device,
                  dtype: torch.dtype, kv_dtype: torch.dtype | None = None, max_num_seqs: int = 64,
-                 max_model_len: int = 2048, cuda_graphs: bool = True):
+                 max_model_len: int = 2048, cuda_graphs: bool = True, adapters=None):
         cfg = model.config
         self.model = model
+        self.adapters = adapters  # engine.lora.AdapterSlots, or None
         self.device = device
         self.block_size = block_size
         self.dtype = dtype
@@ -48,6 +50,13 @@ class ModelRunner:
             k[dst * bs:(dst + 1) * bs] = k[src * bs:(src + 1) * bs]
             v[dst * bs:(dst + 1) * bs] = v[src * bs:(src + 1) * bs]
 
+    def _adapter_slots(self, work: list[tuple[Request, int]]) -> dict[str, int]:
+        """The slot of each adapter in this step's work (resident: the engine activated them)."""
+        if self.adapters is None:
+            return {}
+        names = {r.adapter for r, _ in work if r.adapter is not None}
+        return {name: self.adapters.slot_of(name) for name in names}
+
     @torch.inference_mode()
     def execute(self, work: list[tuple[Request, int]]
                 ) -> tuple[torch.Tensor, list[Request], list[tuple]]:
@@ -62,6 +71,10 @@ class ModelRunner:
         # Fresh prompts sorted by length: runs of one length share an attention call.
         prefills = sorted((w for w in work if not is_decode(*w)),
                           key=lambda w: (w[0].num_computed_tokens > 0 or w[0].rescore, w[1]))
+        slot_of = self._adapter_slots(work)
+        if slot_of:  # rows of one adapter together (a stable sort: by length within each)
+            decodes.sort(key=lambda w: slot_of.get(w[0].adapter, -1))
+            prefills.sort(key=lambda w: slot_of.get(w[0].adapter, -1))
         ordered = decodes + prefills
         dev, bs = self.device, self.block_size
 
@@ -113,7 +126,7 @@ class ModelRunner:
             meta.decode_tables = table[:len(decodes)].contiguous()
             meta.decode_lens = torch.tensor([starts[i] + 1 for i in range(len(decodes))], device=dev)
             meta.triton = self.triton
-            if self.graphs is not None and not prefills and not pooling \
+            if self.graphs is not None and not prefills and not pooling and not slot_of \
                     and len(decodes) <= self.graphs.max_batch:
                 logits = self.graphs.run(torch.tensor(tokens, device=dev), positions, slot_mapping,
                                          meta.decode_tables, meta.decode_lens)
@@ -138,7 +151,14 @@ class ModelRunner:
         meta.same_length = same_length_runs(meta.prefills)
 
         input_ids = torch.tensor(tokens, dtype=torch.long, device=dev)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        if slot_of:
+            rows = [slot_of.get(r.adapter, -1) for (r, _), n in zip(ordered, counts) for _ in range(n)]
+            self.adapters.set_segments(segments(rows))
+        try:
+            hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        finally:
+            if slot_of:
+                self.adapters.set_segments([])
         for req, row, rows, first in pooling:
             req.pooled.add(first, hidden[row:row + rows])
         scored = []

@@ -59,6 +59,9 @@ class SamplingParams:
     # A prefill-only request (max_tokens=0) whose result is a pooled hidden-state vector
     # (engine/pooling.py); RequestOutput.embedding.
     pooling: PoolingParams | None = None
+    # The LoRA adapter the request runs on, by the name it was registered under (--lora NAME=);
+    # None = the base model (engine/lora.py).
+    lora: str | None = None
 
     @property
     def greedy(self) -> bool:

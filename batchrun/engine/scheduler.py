@@ -8,6 +8,10 @@ pool (keeping their prefix-cache hashes) and it is recomputed later.
 Requests carry a priority (lower = sooner; interactive traffic ahead of Batches-API work): running
 requests are served and waiting ones admitted in priority order, and preemption takes the newest
 request of the lowest priority first.
+
+With LoRA adapters, the running requests use at most max_loras adapters (all resident at once):
+a waiting request of another adapter is passed over, and stays at the front of the queue, until
+one of those adapters has no running request left.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_loras: int | None = None):
         self.config = config
         self.kv = kv
+        self.max_loras = max_loras
         self.waiting = WaitingQueue(config.group_by_prefix)
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -72,8 +77,16 @@ class Scheduler:
             break  # req itself was preempted
 
         in_flight: set[bytes] | None = None
+        adapters = {r.adapter for r in self.running if r.adapter is not None}
+        passed_over: list[Request] = []
         while len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.peek()
+            if req.adapter is not None and req.adapter not in adapters and \
+                    self.max_loras is not None and len(adapters) >= self.max_loras:
+                if len(passed_over) >= self.config.max_num_seqs:
+                    break
+                passed_over.append(self.waiting.popleft())
+                continue
             if self.kv.blocks_needed(req.num_tokens) > self.kv.num_blocks:
                 self.waiting.popleft()
                 step.rejected.append(req)
@@ -119,6 +132,10 @@ class Scheduler:
             step.work.append((req, n))
             req.rescore = bool(extra)
             budget -= n + extra
+            if req.adapter is not None:
+                adapters.add(req.adapter)
+        for req in reversed(passed_over):
+            self.waiting.appendleft(req)
         return step
 
     def _scored_blocks(self, req: Request):

@@ -15,11 +15,17 @@ COMPLETIONS_MAX_TOKENS = 16
 
 
 def check_model_field(requested: str | None, name: str, aliases: Sequence[str] = (),
-                      ignore: bool = False) -> None:
+                      ignore: bool = False, adapters: Sequence[str] = ()) -> str | None:
+    """The LoRA adapter a request's `model` names, None for the base model; RequestError for a
+    model this run does not serve (with `ignore`, anything but an adapter is the base)."""
+    if requested is not None and requested in adapters:
+        return requested
     if ignore or requested in (None, "", "default", name) or requested in aliases:
-        return
+        return None
+    served = f"{name!r}" + (f" and its LoRA adapters {', '.join(map(repr, adapters))}"
+                            if adapters else "")
     raise RequestError(
-        f"model: the model {requested!r} is not loaded; this run serves {name!r} "
+        f"model: the model {requested!r} is not loaded; this run serves {served} "
         "(omit the field, use \"default\", or pass --ignore-model-field for files written for "
         "another provider)", code="model_not_found", param="model", status_code=404)
 

@@ -112,7 +112,8 @@ def _text(content: Any) -> str:
 class OpenAIServing:
     def __init__(self, model: Any, options: ServingOptions = ServingOptions()):
         """`model`: a batchrun.llm.LoadedModel (tokenizer, name, aliases, max_model_len,
-        generation_defaults, engine)."""
+        generation_defaults, engine; adapters: the LoRA adapters a request's `model` may
+        name)."""
         self.model = model
         self.options = options
         self.tokenizer = model.tokenizer
@@ -136,15 +137,17 @@ class OpenAIServing:
         if request.stream and not allow_stream:
             raise RequestError("stream: streaming is not available in a batch file",
                                code="unsupported_value", param="stream")
-        check_model_field(request.model, self.model.name, self.model.aliases,
-                          self.options.ignore_model_field)
+        adapter = check_model_field(request.model, self.model.name, self.model.aliases,
+                                    self.options.ignore_model_field,
+                                    getattr(self.model, "adapters", ()))
         if isinstance(request, ResponsesRequest):
-            return prepare_response(request, self._chat, self.reasoning)
+            return prepare_response(request, functools.partial(self._chat, adapter=adapter),
+                                    self.reasoning)
         if isinstance(request, ChatCompletionRequest):
-            return self._chat(request)
+            return self._chat(request, adapter)
         if isinstance(request, EmbeddingRequest):
-            return self._embedding(request)
-        return self._completion(request)
+            return self._embedding(request, adapter)
+        return self._completion(request, adapter)
 
     @property
     def pooling(self) -> PoolingParams:
@@ -170,13 +173,16 @@ class OpenAIServing:
                                f"available for this model's tokenizer ({self._grammar_error})",
                                code="unsupported_value", param="response_format")
 
-    def _params(self, request, prompts: list[list[int]], grammar) -> SamplingParams:
+    def _params(self, request, prompts: list[list[int]], grammar,
+                adapter: str | None) -> SamplingParams:
         if grammar is not None:
             self._check_grammar_support()
         longest = max(prompts, key=len)
-        return to_sampling_params(request, len(longest), self.model.max_model_len,
-                                  self.model.generation_defaults, self.options.defaults,
-                                  vocab_size=self.vocab_size, grammar=grammar)
+        params = to_sampling_params(request, len(longest), self.model.max_model_len,
+                                    self.model.generation_defaults, self.options.defaults,
+                                    vocab_size=self.vocab_size, grammar=grammar)
+        params.lora = adapter
+        return params
 
     def _tools(self, request: ChatCompletionRequest):
         """(tools for the template, tool parser, forcing grammar, named) for a chat request."""
@@ -205,7 +211,7 @@ class OpenAIServing:
         named = choice not in (None, "auto", "required")
         return tools, self.tool_parser, grammar, named
 
-    def _chat(self, request: ChatCompletionRequest) -> PreparedRequest:
+    def _chat(self, request: ChatCompletionRequest, adapter: str | None = None) -> PreparedRequest:
         tools, parser, tool_grammar, named = self._tools(request)
         prompt = render_prompt(
             self.tokenizer, request.messages, tools=tools, chat_template=self.options.chat_template,
@@ -215,7 +221,7 @@ class OpenAIServing:
         grammar = tool_grammar or response_format_grammar(request.response_format)
         if grammar is not None and self.reasoning is not None:
             grammar = after_reasoning(grammar, self.reasoning)
-        params = self._params(request, [prompt], grammar)
+        params = self._params(request, [prompt], grammar, adapter)
         if parser is not None and parser.needs_special_tokens:
             params.skip_special_tokens = False
         if parser is not None and request.parallel_tool_calls is False:
@@ -223,14 +229,14 @@ class OpenAIServing:
         last = request.messages[-1]
         echo = _text(last.content) if request.echo and last.role == "assistant" else ""
         fmt = ChatFormatter(
-            self.model.name, self.tokenizer, self.texts, reasoning=self.reasoning, tools=parser,
+            adapter or self.model.name, self.tokenizer, self.texts, reasoning=self.reasoning, tools=parser,
             named_tool=named, echo=echo,
             top_logprobs=params.logprobs, system_fingerprint=self.system_fingerprint,
             skip_special_tokens=params.skip_special_tokens,
             prompt_logprobs=request.prompt_logprobs)
         return PreparedRequest("chat", request, [prompt], params, fmt)
 
-    def _completion(self, request: CompletionRequest) -> PreparedRequest:
+    def _completion(self, request: CompletionRequest, adapter: str | None) -> PreparedRequest:
         if request.suffix:
             raise RequestError("suffix: not supported (no fill-in-the-middle)",
                                code="unsupported_value", param="suffix")
@@ -241,11 +247,12 @@ class OpenAIServing:
         elif prompt and isinstance(prompt[0], str):
             texts = list(prompt)
         prompts = self._token_prompts(prompt, "prompt")
-        params = self._params(request, prompts, response_format_grammar(request.response_format))
+        params = self._params(request, prompts, response_format_grammar(request.response_format),
+                              adapter)
         echo = None
         if request.echo:
             echo = texts or [self.tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
-        fmt = CompletionFormatter(self.model.name, self.texts, params.n, params.logprobs,
+        fmt = CompletionFormatter(adapter or self.model.name, self.texts, params.n, params.logprobs,
                                   self.system_fingerprint, echo=echo,
                                   prompt_logprobs=request.prompt_logprobs)
         return PreparedRequest("completion", request, prompts, params, fmt)
@@ -271,7 +278,7 @@ class OpenAIServing:
                                    code="invalid_value", param=field)
         return prompts
 
-    def _embedding(self, request: EmbeddingRequest) -> PreparedRequest:
+    def _embedding(self, request: EmbeddingRequest, adapter: str | None) -> PreparedRequest:
         prompts = self._token_prompts(request.input, "input")
         limit = self.model.max_model_len
         for i, ids in enumerate(prompts):
@@ -292,8 +299,8 @@ class OpenAIServing:
                                f"got {request.dimensions}", code="invalid_value",
                                param="dimensions")
         pooling = self.pooling
-        params = SamplingParams(max_tokens=0, pooling=pooling)
-        fmt = EmbeddingFormatter(self.model.name, request.encoding_format or "float",
+        params = SamplingParams(max_tokens=0, pooling=pooling, lora=adapter)
+        fmt = EmbeddingFormatter(adapter or self.model.name, request.encoding_format or "float",
                                  request.dimensions, pooling.normalize)
         return PreparedRequest("embedding", request, prompts, params, fmt)
 

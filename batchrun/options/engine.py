@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ByteSize, ConfigDict
 
 from batchrun.options.fields import OptionsError, option, public_fields, validate
+from batchrun.options.lora import LoraConfig
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 _STRICT = ConfigDict(extra="forbid", strict=True)
@@ -61,6 +62,7 @@ class EngineConfig(BaseModel):
     cache: CacheConfig = option(CacheConfig, "")
     scheduler: SchedulerConfig = option(SchedulerConfig, "")
     device: DeviceConfig = option(DeviceConfig, "")
+    lora: LoraConfig = option(LoraConfig, "")
     max_model_len: int | None = option(None, "Context length [default: the model's].", ge=2)
 
     @classmethod

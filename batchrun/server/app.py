@@ -44,20 +44,26 @@ async def metrics(request: Request):
 
 
 def _model_card(state: ServerState, name: str) -> dict:
+    """The base model's card, or a LoRA adapter's: `parent` names its base (as vLLM's)."""
+    adapters = state.lora_paths
     return {"id": name, "object": "model", "created": state.created, "owned_by": "batchrun",
-            "root": str(state.model.path or state.model.name), "parent": None,
+            "root": adapters[name] if name in adapters else str(state.model.path or state.model.name),
+            "parent": state.served_name if name in adapters else None,
             "max_model_len": state.model.max_model_len}
 
 
 @info.get("/v1/models")
 async def list_models(request: Request):
     state = request.app.state.server
-    return {"object": "list", "data": [_model_card(state, state.served_name)]}
+    return {"object": "list", "data": [_model_card(state, name)
+                                       for name in (state.served_name, *state.lora_paths)]}
 
 
 @info.get("/v1/models/{model_id:path}")
 async def retrieve_model(request: Request, model_id: str):
     state = request.app.state.server
+    if model_id in state.lora_paths:
+        return _model_card(state, model_id)
     if model_id != state.served_name and model_id not in state.model_aliases:
         raise not_found("model", model_id, "model")
     return _model_card(state, state.served_name)

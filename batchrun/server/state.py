@@ -28,6 +28,10 @@ class ServerState:
         # The model as the API names it: responses say served_name, requests may use any alias.
         self.served_model = dataclasses.replace(model, name=self.served_name,
                                                 aliases=self.model_aliases)
+        # LoRA adapter name -> its path (--lora); requests may name them as their `model`.
+        engine_config = getattr(model.engine, "config", None)
+        lora = getattr(engine_config, "lora", None)
+        self.lora_paths: dict[str, str] = dict(lora.adapters) if lora is not None else {}
         self.serving_options = serving or ServingOptions()
         self.serving = OpenAIServing(self.served_model, self.serving_options)
         self.metrics = ServerMetrics()

@@ -27,8 +27,11 @@ class ModelRequests:
     context_tokens: dict[str, int] = field(default_factory=dict)
     # (custom_id or cell/example, message): rows whose prompt could not be rendered
     errors: dict[str, str] = field(default_factory=dict)
+    model: str | None = None  # every body's `model` (a LoRA adapter's name); None = left out
 
     def add(self, custom_id: str, url: str, body: dict[str, Any]) -> None:
+        if self.model is not None:
+            body = {"model": self.model, **body}
         self.lines.append(json.dumps({"custom_id": custom_id, "method": "POST", "url": url,
                                       "body": body}, ensure_ascii=False))
 
@@ -46,10 +49,11 @@ def encode_pair(tokenizer: Any, context: str, continuation: str) -> tuple[list[i
 
 def build(cells: list[Cell], examples: list[Example], templates: dict[str, Template],
           generate: bool, choice_scorers: list[Any], tokenizer: Any,
-          endpoint: str = "chat") -> ModelRequests:
+          endpoint: str = "chat", adapter: str | None = None) -> ModelRequests:
     """The requests of `cells` (all of one model). `choice_scorers`: the loglikelihood_choice
-    scorers (the first one's choices are asked; scorers of a sweep share its dataset)."""
-    out = ModelRequests()
+    scorers (the first one's choices are asked; scorers of a sweep share its dataset).
+    `adapter`: the LoRA adapter the cells' model is, named in every body."""
+    out = ModelRequests(model=adapter)
     if generate:
         for cell in cells:
             template = templates[cell.prompt]

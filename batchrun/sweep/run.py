@@ -32,7 +32,7 @@ from batchrun.sweep import cells as grid
 from batchrun.sweep import dataset, requests, tables
 from batchrun.sweep.scorers import build as build_scorer
 from batchrun.sweep.scorers.loglikelihood import LoglikelihoodChoice
-from batchrun.sweep.spec import SweepSpec
+from batchrun.sweep.spec import SpecError, SweepSpec
 
 log = logging.getLogger("batchrun.sweep")
 
@@ -105,15 +105,19 @@ def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any],
     on_stage(f"{len(cells)} cells x {len(examples)} examples, {len(models)} model(s), "
              f"scorers: {', '.join(s.name for s in scorers)}")
 
+    base_of = lora_bases(models, engine.lora.adapters)
+    models.sort(key=lambda m: list(base_of.values()).index(base_of[m]))  # a base, its adapters
     scored: list[dict[str, Any]] = []
     wall_by_model: dict[str, float] = {}
     started, cells_done = time.monotonic(), 0
+    loaded, loaded_base = None, None
     for number, model in enumerate(models, start=1):
         model_cells = [c for c in cells if c.model == model]
-        name = slug(model)
-        served = tokenizer_model(model, engine.max_model_len)  # tokenizer only, no weights
+        name, base = slug(model), base_of[model]
+        served = tokenizer_model(base, engine.max_model_len)  # tokenizer only, no weights
         reqs = requests.build(model_cells, examples, prompts, bool(generators), choosers,
-                              served.tokenizer, spec.dataset.endpoint)
+                              served.tokenizer, spec.dataset.endpoint,
+                              adapter=model if model != base else None)
         request_path = f"{out}/requests/{name}.jsonl"
         _write_if_changed(request_path, "".join(line + "\n" for line in reqs.lines), storage)
         generation_path = f"{out}/generations/{name}.jsonl"
@@ -135,10 +139,11 @@ def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any],
         else:
             on_stage(f"model {number}/{len(models)} {model}: {len(model_cells)} cells, "
                      f"{len(reqs.lines)} requests ({plan.start})")
-            loaded = load(model, engine)
+            if loaded_base != base:  # a base model's adapters run on its engine, not reloaded
+                loaded = None
+                gc.collect()
+                loaded, loaded_base = load(base, engine), base
             summary = run_batch(loaded, plan, stop=stop)
-            del loaded
-            gc.collect()
             if summary["status"] != "completed":
                 result.status = "interrupted"
                 return result
@@ -161,6 +166,18 @@ def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any],
                                if r.get("error")), None)
     _write_outputs(out, spec, spec_text, axes, scored, result.summary, storage)
     return result
+
+
+def lora_bases(models: list[str], adapters: dict[str, str]) -> dict[str, str]:
+    """model -> the model loaded to run it: itself, or for a LoRA adapter ([engine] lora) the
+    grid's one base model (the default model when the grid names only adapters)."""
+    bases = [m for m in models if m not in adapters]
+    named = [m for m in models if m in adapters]
+    if named and len(bases) > 1:
+        raise SpecError(f"grid.model names LoRA adapters ({', '.join(named)}) and several base "
+                        f"models ({', '.join(bases)}): adapters run on one base model")
+    base = bases[0] if bases else grid.DEFAULT_MODEL
+    return {m: base if m in adapters else m for m in models}
 
 
 def _write_parquet(frame: Any, path: str, storage: Storage) -> None:

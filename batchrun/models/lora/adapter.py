@@ -1,0 +1,207 @@
+"""A PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors), local or an
+fsspec URL: its config read and checked against what batchrun runs and against the base model's
+shapes, its weights read into (layer, module) -> (A [r, in], B [out, r]).
+
+Checked up front (`read_adapter(..., weights=False)` reads only the config and the safetensors
+header, so a start-up check of many adapters costs no weight reads): PEFT type LoRA, no DoRA, no
+bias, no modules_to_save, no rank or alpha patterns, only the q/k/v/o and gate/up/down
+projections, the rank at most max_lora_rank, every tensor's shape that of the base's projection.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from dataclasses import dataclass, field
+
+import torch
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+# A projection of a decoder layer -> its attribute path on our layers.
+MODULES = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
+           "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
+# Config fields whose non-default value changes what the adapter computes, and so is refused.
+_REFUSED = {"use_dora": "DoRA (use_dora)", "modules_to_save": "modules_to_save",
+            "rank_pattern": "per-module ranks (rank_pattern)",
+            "alpha_pattern": "per-module alphas (alpha_pattern)",
+            "fan_in_fan_out": "fan_in_fan_out", "lora_bias": "lora_bias",
+            "target_parameters": "target_parameters", "use_qalora": "QA-LoRA",
+            "layer_replication": "layer_replication"}
+
+
+class LoraError(ValueError):
+    """An adapter batchrun cannot run; the message names the adapter and what is wrong."""
+
+
+@dataclass
+class LoraAdapter:
+    name: str
+    path: str
+    rank: int
+    scaling: float  # lora_alpha / r, or / sqrt(r) with use_rslora
+    modules: tuple[str, ...]  # the projections it targets (q_proj, ...)
+    # (layer, module) -> (A [r, in], B [out, r]); empty when read without weights.
+    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+
+def _join(path: str, name: str) -> str:
+    return path.rstrip("/") + "/" + name
+
+
+def _read(path: str, limit: int | None = None) -> bytes:
+    import fsspec
+
+    with fsspec.open(path, "rb") as f:
+        return f.read() if limit is None else f.read(limit)
+
+
+def _fail(name: str, path: str, what: str) -> LoraError:
+    return LoraError(f"LoRA adapter {name!r} ({path}): {what}")
+
+
+def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
+    """module -> (in features, out features) of the base model's projections (ModelConfig)."""
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+
+def _target_modules(raw, name: str, path: str) -> tuple[str, ...]:
+    targets = raw.get("target_modules")
+    if isinstance(targets, str):  # PEFT: a regex over the full module names
+        found = tuple(m for m in MODULES if re.fullmatch(targets, f"model.layers.0.{MODULES[m]}.{m}"))
+    elif isinstance(targets, list) and targets:
+        found = tuple(t.rsplit(".", 1)[-1] for t in targets)
+    else:
+        raise _fail(name, path, f"target_modules must name modules, got {targets!r}")
+    unsupported = sorted(set(found) - set(MODULES))
+    if unsupported:
+        raise _fail(name, path, f"target module(s) {', '.join(unsupported)} are not supported; "
+                                f"batchrun applies LoRA to {', '.join(MODULES)}")
+    if not found:
+        raise _fail(name, path, f"target_modules {targets!r} matches none of {', '.join(MODULES)}")
+    return tuple(dict.fromkeys(found))
+
+
+def read_config(name: str, path: str, max_rank: int) -> tuple[int, float, tuple[str, ...]]:
+    """(rank, scaling, target modules) from the folder's adapter_config.json."""
+    try:
+        raw = json.loads(_read(_join(path, CONFIG_FILE)))
+    except FileNotFoundError:
+        raise _fail(name, path, f"no {CONFIG_FILE}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _fail(name, path, f"{CONFIG_FILE} is not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise _fail(name, path, f"{CONFIG_FILE} is not a JSON object")
+    kind = raw.get("peft_type", "LORA")
+    if str(kind).upper() != "LORA":
+        raise _fail(name, path, f"peft_type {kind!r} is not supported (LORA only)")
+    for key, what in _REFUSED.items():
+        if raw.get(key):
+            raise _fail(name, path, f"{what} is not supported")
+    if raw.get("bias", "none") != "none":
+        raise _fail(name, path, f"bias={raw['bias']!r} is not supported (bias='none' only)")
+    rank = raw.get("r")
+    if not isinstance(rank, int) or rank < 1:
+        raise _fail(name, path, f"r must be a positive integer, got {rank!r}")
+    if rank > max_rank:
+        raise _fail(name, path, f"rank {rank} is above --max-lora-rank {max_rank}")
+    alpha = raw.get("lora_alpha", 8)
+    scaling = alpha / (math.sqrt(rank) if raw.get("use_rslora") else rank)
+    return rank, float(scaling), _target_modules(raw, name, path)
+
+
+def _header(data: bytes, total: int | None, name: str, path: str) -> dict:
+    """The safetensors header (tensor name -> dtype, shape, offsets), its size checked."""
+    if len(data) < 8:
+        raise _fail(name, path, f"{WEIGHTS_FILE} is corrupt or not a safetensors file (too short)")
+    (size,) = struct.unpack("<Q", data[:8])
+    if size > 100 << 20 or len(data) < 8 + size:
+        raise _fail(name, path, f"{WEIGHTS_FILE} is corrupt or not a safetensors file (bad header)")
+    try:
+        header = json.loads(data[8:8 + size])
+    except ValueError:
+        raise _fail(name, path, f"{WEIGHTS_FILE} is corrupt or not a safetensors file (bad header)") from None
+    header.pop("__metadata__", None)
+    end = max((v["data_offsets"][1] for v in header.values()), default=0)
+    if total is not None and total != 8 + size + end:
+        raise _fail(name, path, f"{WEIGHTS_FILE} is truncated or corrupt ({total} bytes, its "
+                                f"header says {8 + size + end})")
+    return header
+
+
+def _check_shapes(shapes: dict[str, list[int]], rank: int, modules: tuple[str, ...], base,
+                  name: str, path: str) -> dict[tuple[int, str], dict[str, str]]:
+    """(layer, module) -> {"A": key, "B": key}, every shape checked against the base."""
+    expect = projection_shapes(base)
+    found: dict[tuple[int, str], dict[str, str]] = {}
+    for key, shape in shapes.items():
+        m = _KEY.search(key)
+        if m is None:
+            raise _fail(name, path, f"tensor {key!r} is not a LoRA weight of a supported "
+                                    "projection (DoRA magnitudes, embeddings and biases are not "
+                                    "supported)")
+        layer, parent, module, ab = int(m[1]), m[2], m[3], m[4]
+        if module not in MODULES or MODULES[module] != parent:
+            raise _fail(name, path, f"tensor {key!r}: module {module!r} is not supported")
+        if module not in modules:
+            raise _fail(name, path, f"tensor {key!r}: {module} is not in target_modules")
+        if layer >= base.num_layers:
+            raise _fail(name, path, f"tensor {key!r}: the base model has {base.num_layers} "
+                                    "layers (an adapter for another base model?)")
+        fan_in, fan_out = expect[module]
+        want = [rank, fan_in] if ab == "A" else [fan_out, rank]
+        if list(shape) != want:
+            raise _fail(name, path, f"tensor {key!r} has shape {list(shape)}, the base model "
+                                    f"needs {want} (an adapter for another base model?)")
+        found.setdefault((layer, module), {})[ab] = key
+    if not found:
+        raise _fail(name, path, f"{WEIGHTS_FILE} holds no LoRA weights")
+    for (layer, module), pair in found.items():
+        if set(pair) != {"A", "B"}:
+            raise _fail(name, path, f"layer {layer} {module}: lora_A and lora_B must both be "
+                                    "present")
+    return found
+
+
+def read_adapter(name: str, path: str, base, max_rank: int, weights: bool = True) -> LoraAdapter:
+    """The adapter at `path`, checked against the base model's ModelConfig. weights=False reads
+    only the config and the weights' header (a start-up check); LoraError for anything wrong."""
+    path = str(path)
+    rank, scaling, modules = read_config(name, path, max_rank)
+    file = _join(path, WEIGHTS_FILE)
+    try:
+        data = _read(file) if weights else _read(file, 1 << 20)
+        total = len(data) if weights else _size(file)
+    except FileNotFoundError:
+        raise _fail(name, path, f"no {WEIGHTS_FILE} (only safetensors weights are read)") from None
+    if not weights and len(data) >= 8:
+        (size,) = struct.unpack("<Q", data[:8])
+        if 8 + size > len(data) and size <= 100 << 20:
+            data = _read(file, 8 + size)
+    header = _header(data, total, name, path)
+    keys = _check_shapes({k: v["shape"] for k, v in header.items()}, rank, modules, base,
+                         name, path)
+    adapter = LoraAdapter(name, path, rank, scaling, modules)
+    if weights:
+        from safetensors.torch import load
+
+        try:
+            tensors = load(data)
+        except Exception as exc:  # safetensors raises its own error types
+            raise _fail(name, path, f"{WEIGHTS_FILE} cannot be read: {exc}") from None
+        adapter.weights = {where: (tensors[pair["A"]], tensors[pair["B"]])
+                           for where, pair in keys.items()}
+    return adapter
+
+
+def _size(path: str) -> int:
+    import fsspec
+
+    fs, _, (local,) = fsspec.get_fs_token_paths(path)
+    return int(fs.size(local))

@@ -1,0 +1,27 @@
+"""LoRA adapters served on the one loaded base model (engine/lora.py, models/lora/)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from batchrun.options.fields import option
+
+
+class LoraConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    adapters: dict[str, str] = option(
+        dict, "A LoRA adapter served beside the base model: a PEFT folder (adapter_config.json "
+        "+ adapter_model.safetensors), local or an fsspec URL; a request whose `model` is NAME "
+        "runs on it. Repeatable.", name="lora", flag="--lora", metavar="NAME=PATH")
+    max_loras: int = option(4, "LoRA adapters resident at once (and in one step); the others "
+                            "are loaded on demand, least recently used evicted.", ge=1)
+    max_lora_rank: int = option(64, "The highest adapter rank accepted.", ge=1)
+
+    @field_validator("adapters")
+    @classmethod
+    def _names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, path in value.items():
+            if not name or not path:
+                raise ValueError(f"{name}={path}: use NAME=PATH")
+        return value
