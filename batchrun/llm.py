@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import os
 from dataclasses import dataclass, field
@@ -63,6 +64,11 @@ def load(model: str | None, config: EngineConfig | None = None) -> LoadedModel:
     """Resolve `model` (registry name, HF folder, .gguf, hub id; None = default) and start an engine."""
     from batchrun.models.resolve import resolve_model
 
+    config = config or EngineConfig.default()
+    device = pick_device(config.device.device)
+    if device.type == "cpu" and pick_dtype(config.device.dtype, device) in (torch.float32,
+                                                                            torch.bfloat16):
+        _kernels_in_background()  # a first build overlaps a first GGUF conversion too
     files = resolve_model(model)
     phases.mark("model files (a .gguf converted once)")
     return load_from_path(files.path, config, name=files.name, aliases=files.aliases)
@@ -145,9 +151,10 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     return model.eval()
 
 
+@functools.lru_cache(maxsize=1)
 def _kernels_in_background():
-    """A future of the CPU kernel library: its first build (a C compiler run of a few seconds,
-    outside the GIL) overlaps loading the weights."""
+    """The future of the CPU kernel library (one per process): its first build (a C compiler
+    run of a few seconds, outside the GIL) overlaps converting and loading the weights."""
     from concurrent.futures import ThreadPoolExecutor
 
     from batchrun.engine import kernels
