@@ -92,13 +92,18 @@ def model_config_for(model: str | None) -> ModelConfig:
     default model) without loading, converting or downloading its weights: config.json of the
     folder or of the GGUF's cached conversion, else the GGUF's metadata (a few seconds for the
     bundled model), else the hub's config.json."""
+    return ModelConfig.from_hf(_hf_config(model))
+
+
+def _auto_config(*args, **kwargs):
     from transformers import AutoConfig
 
-    return ModelConfig.from_hf(_hf_config(model, AutoConfig))
+    return AutoConfig.from_pretrained(*args, **kwargs)
 
 
-def _hf_config(model: str | None, AutoConfig):
+def _hf_config(model: str | None):
     from batchrun.models import registry
+    from batchrun.models.hf_config import read_config
     from batchrun.models.loader import ModelNotFoundError
     from batchrun.models.resolve import HUB_ID, from_folder
 
@@ -110,17 +115,17 @@ def _hf_config(model: str | None, AutoConfig):
         gguf = registry.find_gguf(entry)
         if gguf is None:
             raise ModelNotFoundError(registry.missing_message(entry))
-        return _gguf_config(gguf, AutoConfig)
+        return _gguf_config(gguf)
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             from_folder(path, spec)  # raises the loader's explanation
-        return AutoConfig.from_pretrained(path)  # a *.bin folder is not converted for this
+        return read_config(path)  # a *.bin folder is not converted for this
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return _gguf_config(path, AutoConfig)
+        return _gguf_config(path)
     if not path.exists() and HUB_ID.match(spec):
         try:
-            return AutoConfig.from_pretrained(spec)
+            return _auto_config(spec)
         except Exception as exc:  # offline, unknown or gated repo
             raise ModelNotFoundError(f"could not read the config of hub model {spec!r}: "
                                      f"{type(exc).__name__}: {exc}") from exc
@@ -130,13 +135,14 @@ def _hf_config(model: str | None, AutoConfig):
     raise ModelNotFoundError(f"unknown model {spec!r}")  # pragma: no cover
 
 
-def _gguf_config(gguf: Path, AutoConfig):
+def _gguf_config(gguf: Path):
+    from batchrun.models.hf_config import read_config
     from batchrun.models.loader import gguf_cache_path
 
     converted = gguf_cache_path(gguf)
     if (converted / "config.json").is_file():
-        return AutoConfig.from_pretrained(converted)
-    return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        return read_config(converted)
+    return _auto_config(gguf.parent, gguf_file=gguf.name)
 
 
 def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> SimpleNamespace:
@@ -144,10 +150,9 @@ def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> Simpl
     defaults), without its weights."""
     import json
 
-    from transformers import AutoTokenizer
-
     from batchrun.llm import read_generation_config
     from batchrun.models.resolve import resolve_model
+    from batchrun.models.tokenizer import load_tokenizer
 
     files = resolve_model(spec)
     config = json.loads((files.path / "config.json").read_text())
@@ -155,6 +160,6 @@ def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> Simpl
     if max_model_len:
         context = min(context, max_model_len)
     defaults, _ = read_generation_config(files.path)
-    return SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(files.path), name=files.name,
+    return SimpleNamespace(tokenizer=load_tokenizer(files.path), name=files.name,
                            aliases=files.aliases, max_model_len=context,
                            generation_defaults=defaults)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import glob
 import os
 from dataclasses import dataclass, field
@@ -10,6 +12,7 @@ from typing import Any
 
 import torch
 
+from batchrun import phases
 from batchrun.options.engine import EngineConfig
 from batchrun.engine.engine import Engine
 
@@ -23,7 +26,7 @@ CPU_DEFAULT_KV_BYTES = 4 << 30
 @dataclass
 class LoadedModel:
     engine: Engine
-    tokenizer: Any  # transformers PreTrainedTokenizerBase
+    tokenizer: Any  # models.tokenizer.Tokenizer, or a transformers tokenizer
     name: str  # served model name, e.g. "smollm2-135m"
     aliases: tuple[str, ...]
     # Sampling defaults from the model's generation_config.json, only the fields it sets,
@@ -63,15 +66,21 @@ def load(model: str | None, config: EngineConfig | None = None) -> LoadedModel:
     """Resolve `model` (registry name, HF folder, .gguf, hub id; None = default) and start an engine."""
     from batchrun.models.resolve import resolve_model
 
+    config = config or EngineConfig.default()
+    device = pick_device(config.device.device)
+    if device.type == "cpu" and pick_dtype(config.device.dtype, device) in (torch.float32,
+                                                                            torch.bfloat16):
+        _kernels_in_background()  # a first build overlaps a first GGUF conversion too
     files = resolve_model(model)
+    phases.mark("model files (a .gguf converted once)")
     return load_from_path(files.path, config, name=files.name, aliases=files.aliases)
 
 
 def load_from_path(path: str | Path, config: EngineConfig | None = None, name: str | None = None,
                    aliases: tuple[str, ...] = ()) -> LoadedModel:
-    from transformers import AutoConfig, AutoTokenizer
-
+    from batchrun.models.hf_config import read_config
     from batchrun.models.llama import LlamaModel, ModelConfig
+    from batchrun.models.tokenizer import load_tokenizer
 
     config = config or EngineConfig.default()
     path = Path(path)
@@ -81,10 +90,11 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
         threads = config.device.threads or int(os.environ.get("BATCHRUN_THREADS", 0)) or os.cpu_count()
         torch.set_num_threads(threads or 1)
 
-    model_cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(path))
+    model_cfg = ModelConfig.from_hf(read_config(path))
     model = build_model(LlamaModel, model_cfg, path, device, dtype)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path)
     gen_defaults, gen_eos = read_generation_config(path)
+    phases.mark("tokenizer and chat template")
 
     eos = set(gen_eos)
     if tokenizer.eos_token_id is not None:
@@ -92,6 +102,7 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
     name = name or path.name
     engine = build_engine(model, tokenizer, config, sorted(eos), device, dtype,
                           base_names=(name, *aliases))
+    phases.mark("engine (KV cache)")
     return LoadedModel(engine, tokenizer, name, tuple(aliases), gen_defaults, path,
                        adapters=tuple(config.lora.adapters))
 
@@ -113,6 +124,8 @@ def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: 
 
 
 def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.dtype):
+    """The model with its weights (memory-mapped safetensors), its linears packed for oneDNN
+    and, on the CPU, its C kernels, which build (once per machine) while the weights load."""
     from safetensors import safe_open
 
     from batchrun.models import packed_linear
@@ -120,10 +133,17 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     files = sorted(glob.glob(str(path / "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {path}")
-    with torch.device("meta"):
+    kernels = None
+    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+        kernels = _kernels_in_background()
+    # Allocated, not initialised: every parameter is overwritten by the checkpoint. (Building on
+    # the meta device instead runs its ops as Python references, whose first call imports
+    # torch._dynamo: half a second.)
+    with _no_init(), (contextlib.nullcontext() if device.type == "cpu" else device):
         model = cls(model_cfg)
-    model = model.to_empty(device=device).to(dtype)
-    model.rope = type(model.rope)(model_cfg).to(device)  # buffers are computed, not loaded
+    model = model.to(dtype)
+    if device.type != "cpu" or dtype != torch.float32:  # float32 tables computed on the CPU
+        model.rope = type(model.rope)(model_cfg).to(device)
 
     def tensors():
         for f in files:
@@ -138,11 +158,39 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
                                             device="meta")
             model.lm_head.weight = model.embed_tokens.weight
         packed_linear.pack_linears(model)
-    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
-        from batchrun.engine import kernels
-
-        model.cpu_kernels = kernels.library()
+    phases.mark("weights (load, pack)")
+    if kernels is not None:
+        model.cpu_kernels = kernels.result()
+        phases.mark("CPU kernels (built once, beside the weights)")
     return model.eval()
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels_in_background():
+    """The future of the CPU kernel library (one per process): its first build (a C compiler
+    run of a few seconds, outside the GIL) overlaps converting and loading the weights."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from batchrun.engine import kernels
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="batchrun-kernels")
+    future = pool.submit(kernels.library)
+    pool.shutdown(wait=False)
+    return future
+
+
+@contextlib.contextmanager
+def _no_init():
+    """nn.Module constructors allocate their parameters without the random initialisation."""
+    names = ("normal_", "uniform_", "kaiming_uniform_", "zeros_", "ones_", "trunc_normal_")
+    saved = {n: getattr(torch.nn.init, n) for n in names}
+    for n in names:
+        setattr(torch.nn.init, n, lambda tensor, *a, **k: tensor)
+    try:
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(torch.nn.init, n, fn)
 
 
 def read_generation_config(path: Path) -> tuple[dict[str, Any], list[int]]:

@@ -26,6 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from benchmarks import machine, step_timers  # noqa: E402
+from benchmarks.cli_run import run_cli  # noqa: E402
 from benchmarks.workloads import fewshot_lines, read_batch_file, workload_path  # noqa: E402
 
 
@@ -45,6 +47,10 @@ class Result:
     outputs: list[list[int]]
     cache_hit_rate: float | None = None
     peak_rss_mib: float | None = None  # the process's peak while this system ran
+    texts: list[str] | None = None  # the outputs as text (what a CLI run's file holds)
+    timers: dict[str, float] | None = None  # benchmarks/step_timers.py seconds
+    steps: int | None = None  # engine steps
+    process_seconds: float | None = None  # a CLI run: the whole process, start-up included
 
     @property
     def output_tps(self) -> float:
@@ -71,29 +77,53 @@ def load_workload(path: str, tokenizer, limit: int | None) -> Workload:
     return workload_of(path, read_batch_file(path), tokenizer, limit)
 
 
+def humaneval_problems(humaneval_path: str) -> list[str]:
+    """The problems of a HumanEval chat batch file (the text after its instruction paragraph)."""
+    return [line["body"]["messages"][-1]["content"].split("\n\n", 1)[1]
+            for line in read_batch_file(humaneval_path)]
+
+
 def fewshot_workload(humaneval_path: str, tokenizer, limit: int | None = None) -> Workload:
     """The few-shot sweep (benchmarks/workloads.py: 20 prefixes x 8 requests) built from the
-    problems of a HumanEval chat batch file (the text after its instruction paragraph)."""
-    problems = [line["body"]["messages"][-1]["content"].split("\n\n", 1)[1]
-                for line in read_batch_file(humaneval_path)]
-    return workload_of(f"fewshot({humaneval_path})", fewshot_lines(problems), tokenizer, limit)
+    problems of a HumanEval chat batch file."""
+    return workload_of(f"fewshot({humaneval_path})", fewshot_lines(humaneval_problems(humaneval_path)),
+                       tokenizer, limit)
+
+
+def cli_options(args) -> list[str]:
+    """The bench's engine options as `batchrun run` options."""
+    out = []
+    for flag, value in (("--max-num-seqs", args.max_num_seqs), ("--threads", args.threads),
+                        ("--max-batched-tokens", args.max_batched_tokens),
+                        ("--dtype", args.dtype), ("--model", args.model)):
+        if value is not None:
+            out += [flag, str(value)]
+    return out
 
 
 def run_batchrun(loaded, work: Workload, label: str = "batchrun") -> Result:
+    """The engine in this process (engine.generate on the rendered prompts), step timers on."""
     from batchrun.engine import SamplingParams
+    from benchmarks import step_timers
 
     engine = loaded.engine
+    if not getattr(engine, "_bench_timed", False):
+        step_timers.install(engine)
+        engine._bench_timed = True
+    step_timers.reset()
     engine.kv.reset_prefix_cache()  # every system starts cold
     params = [SamplingParams(temperature=0, max_tokens=m) for m in work.max_tokens]
-    before = engine.stats.cached_tokens, engine.stats.prompt_tokens
+    before = engine.stats.cached_tokens, engine.stats.prompt_tokens, engine.stats.steps
     start = time.perf_counter()
     outs = engine.generate(work.prompts, params)
     seconds = time.perf_counter() - start
     cached = engine.stats.cached_tokens - before[0]
     prompt = engine.stats.prompt_tokens - before[1]
     tokens = [o.outputs[0].token_ids for o in outs]
+    texts = [loaded.tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
     return Result(label, seconds, sum(map(len, work.prompts)), sum(map(len, tokens)), tokens,
-                  cached / prompt if prompt else 0.0)
+                  cached / prompt if prompt else 0.0, texts=texts,
+                  timers=dict(step_timers.SECONDS), steps=engine.stats.steps - before[2])
 
 
 def run_hf_static(hf_model, work: Workload, eos_id: int, batch_size: int = 32) -> Result:
@@ -136,8 +166,13 @@ def run_hf_paged(hf_model, work: Workload, eos_id: int) -> Result:
     return Result("hf-paged-cb", seconds, sum(map(len, work.prompts)), sum(map(len, outputs)), outputs)
 
 
-def agreement(a: list[list[int]], b: list[list[int]]) -> float:
-    return sum(x == y for x, y in zip(a, b)) / max(1, len(a))
+def agreement(a: Result, b: Result) -> float | None:
+    """Share of requests with the same output: token ids, or text where one side has only text."""
+    x, y = (a.outputs, b.outputs) if a.outputs is not None and b.outputs is not None else (
+        a.texts, b.texts)
+    if x is None or y is None:
+        return None
+    return sum(p == q for p, q in zip(x, y)) / max(1, len(x))
 
 
 def reset_peak_rss() -> None:
@@ -165,8 +200,9 @@ def report(results: list[Result], baseline: str = "hf-static-32") -> str:
     for r in results:
         ratio = f"{r.output_tps / base.output_tps:.2f}" if base else "-"
         hit = f"{r.cache_hit_rate:.1%}" if r.cache_hit_rate is not None else "-"
+        same = agreement(r, results[0])
         lines.append(f"{r.system:<22}{r.seconds:>9.1f}{r.output_tps:>11.1f}{r.total_tps:>13.1f}"
-                     f"{ratio:>18}{hit:>11}{agreement(r.outputs, results[0].outputs):>15.0%}"
+                     f"{ratio:>18}{hit:>11}{'-' if same is None else f'{same:.0%}':>15}"
                      f"{r.peak_rss_mib or 0:>14.0f}")
     return "\n".join(lines)
 
@@ -190,7 +226,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, help="first N requests only")
     ap.add_argument("--model", default=None)
     ap.add_argument("--systems", default="batchrun,hf-static", help="comma list of "
-                    "batchrun, batchrun-no-prefix-cache, hf-static, hf-paged; a batchrun entry "
+                    "batchrun, batchrun-run (the whole `batchrun run` CLI in a subprocess, files in and "
+                    "out), batchrun-no-prefix-cache, hf-static, hf-paged; a batchrun entry "
                     "may override engine options: 'batchrun[max_num_seqs=64;kv_cache_dtype=float16]'")
     ap.add_argument("--max-num-seqs", type=int, default=None, help="[engine default]")
     ap.add_argument("--max-batched-tokens", type=int, default=None, help="[engine default]")
@@ -220,8 +257,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"model loaded in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     if build_fewshot:
         work = fewshot_workload(args.workload, loaded.tokenizer, args.limit)
+        lines = fewshot_lines(humaneval_problems(args.workload))
     else:
         work = load_workload(args.workload, loaded.tokenizer, args.limit)
+        lines = read_batch_file(args.workload)
+    lines = lines[:args.limit] if args.limit else lines
     if args.fewshot:
         lengths = sorted(map(len, work.prompts))
         print(f"few-shot prompts: {lengths[0]}-{lengths[-1]} tokens", file=sys.stderr)
@@ -239,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
             variant = llm.load(args.model, EngineConfig.default(**base, **parse_overrides(system)))
             results.append(run_batchrun(variant, work, system))
             del variant
+        elif system == "batchrun-run":
+            results.append(run_cli(lines, cli_options(args)))
         elif system == "batchrun-no-prefix-cache":
             loaded.engine.kv.enable_prefix_caching = False
             results.append(run_batchrun(loaded, work, system))
@@ -256,6 +298,15 @@ def main(argv: list[str] | None = None) -> None:
         results[-1].peak_rss_mib = peak_rss_mib()
         print(f"  {results[-1].system}: {results[-1].output_tps:.1f} output tok/s", file=sys.stderr)
     print(report(results))
+    print(step_timers.shares_table(results))
+    engine_run = next((r for r in results if r.system == "batchrun"), None)
+    cli_run = next((r for r in results if r.system == "batchrun-run"), None)
+    if engine_run and cli_run:
+        print(f"batchrun-run: {cli_run.output_tps / engine_run.output_tps:.1%} of the in-process "
+              f"engine's output tok/s; its whole process took {cli_run.process_seconds:.1f} s")
+    print(machine.limits_report(loaded.engine.runner.model.config, list(map(len, work.prompts)),
+                                [len(o) for o in (engine_run or results[0]).outputs or []]
+                                or work.max_tokens, results, getattr(torch, args.dtype)))
     print(f"peak RSS is the whole process's while each system ran, models of earlier systems "
           f"included; torch threads {torch.get_num_threads()}; dtype {args.dtype}")
 

@@ -1,7 +1,7 @@
 """Where an engine step's wall time goes, over a whole workload.
 
-Wraps the hot calls of the CPU path (packed linears, the C kernels, prefill SDPA, RMSNorm) with
-wall-clock timers, runs the workload greedily through the engine, and prints each call's share
+Wraps the hot calls of the CPU path (packed linears, the C kernels, prefill SDPA, RMSNorm, the
+sampler) with wall-clock timers (benchmarks/step_timers.py), runs the workload greedily through the engine, and prints each call's share
 of the total. The timers add a few microseconds per call, so shares are approximate.
 
     python benchmarks/step_breakdown.py [WORKLOAD] [--dtype bfloat16]
@@ -12,47 +12,18 @@ WORKLOAD defaults to the generated benchmarks/data/humaneval_chat.jsonl (benchma
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch.nn.functional as F  # noqa: E402
-
-import batchrun.engine.attention as attention  # noqa: E402
-import batchrun.models.llama as llama  # noqa: E402
 from batchrun import llm  # noqa: E402
 from batchrun.options.engine import EngineConfig  # noqa: E402
 from batchrun.engine import SamplingParams  # noqa: E402
-from batchrun.models import packed_linear  # noqa: E402
+from benchmarks import step_timers  # noqa: E402
 from benchmarks.bench import load_workload  # noqa: E402
 from benchmarks.workloads import read_batch_file, workload_path  # noqa: E402
-
-SECONDS: collections.Counter = collections.Counter()
-CALLS: collections.Counter = collections.Counter()
-
-
-def timed(name, fn):
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            SECONDS[name] += time.perf_counter() - start
-            CALLS[name] += 1
-    return wrapper
-
-
-class TimedLibrary:
-    """The ctypes kernel library with every function timed."""
-
-    def __init__(self, lib):
-        self._lib = lib
-
-    def __getattr__(self, name):
-        return timed(name, getattr(self._lib, name))
 
 
 def main() -> None:
@@ -67,14 +38,7 @@ def main() -> None:
 
     loaded = llm.load(None, EngineConfig.default(dtype=args.dtype))
     engine = loaded.engine
-    model = engine.runner.model
-    if model.cpu_kernels is not None:
-        model.cpu_kernels = engine.runner.kernel = TimedLibrary(model.cpu_kernels)
-    packed_linear.PackedLinear.forward = timed("linear (packed)", packed_linear.PackedLinear.forward)
-    attention.F = type("F", (), {"scaled_dot_product_attention": staticmethod(
-        timed("prefill attention (SDPA)", F.scaled_dot_product_attention))})
-    llama.F.rms_norm = timed("rms_norm", F.rms_norm)
-    engine.runner.execute = timed("model step (runner.execute)", engine.runner.execute)
+    step_timers.install(engine)
 
     work = load_workload(args.workload, loaded.tokenizer, args.limit)
     params = [SamplingParams(temperature=0, max_tokens=m) for m in work.max_tokens]
@@ -85,9 +49,9 @@ def main() -> None:
     print(f"{len(work.prompts)} requests, {generated} output tokens in {total:.1f} s "
           f"({generated / total:.1f} output tok/s), dtype {args.dtype}")
     print(f"{'call':32}{'calls':>8}{'seconds':>10}{'share':>8}")
-    for name, sec in SECONDS.most_common():
-        print(f"{name:32}{CALLS[name]:>8}{sec:>10.2f}{sec / total:>8.1%}")
-    rest = total - SECONDS["model step (runner.execute)"]
+    for name, sec in step_timers.SECONDS.most_common():
+        print(f"{name:32}{step_timers.CALLS[name]:>8}{sec:>10.2f}{sec / total:>8.1%}")
+    rest = total - step_timers.SECONDS[step_timers.MODEL_STEP]
     print(f"{'engine outside the model step':32}{'':>8}{rest:>10.2f}{rest / total:>8.1%}")
 
 

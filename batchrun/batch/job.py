@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from batchrun import phases
 from batchrun.batch.idset import IdSet
 from batchrun.batch.metrics import RunMetrics
 from batchrun.batch.progress import Counts, Reporter
@@ -136,7 +137,9 @@ class Job:
                 if not self.engine.has_unfinished_requests():
                     raise RuntimeError(f"the engine dropped {len(self.in_flight)} requests "
                                        "without returning their outputs")
+                phases.mark("first lines read and rendered", once=True)
                 self.collect(self.engine.step())
+                phases.mark("first engine step", once=True)
             self.commit()
             if self.read_error is not None:
                 raise self.read_error

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import click
 
+from batchrun import phases
 from batchrun.options.run import RunOptions
 from batchrun.usage import UsageError, load_model
 
@@ -56,23 +57,25 @@ class Signals:
 def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_model) -> int:
     """One run: plan it (usage errors before any model loads), load the model with `load`,
     run the plan, report; the exit code."""
+    quiet = opts.job.quiet
+    set_log_level(opts.job.log_level or ("warning" if quiet else "info"))
+    phases.mark("start-up and command-line imports")
     from batchrun.batch.job import ChangedInputError, StopRequest
     from batchrun.batch.metrics import summary_text
     from batchrun.batch.plan import BatchConfigError, make_plan
     from batchrun.batch.lines import InputReadError
     from batchrun.batch.runner import run_batch
 
-    quiet = opts.job.quiet
+    phases.mark("imports of the batch job (torch)")
     if opts.ray.ray:
         from batchrun.distributed.client import ray_loader
 
         load = ray_loader(opts.ray, load)
-    if quiet:
-        logging.getLogger().setLevel(logging.WARNING)
     try:
         plan = make_plan(opts)
     except BatchConfigError as exc:
         raise UsageError(str(exc)) from exc
+    phases.mark("plan (inputs, outputs, preflight)")
     if plan.start == "done":
         if not quiet:
             click.echo(f"already completed: {plan.targets.output} holds this job's results over "
@@ -86,6 +89,7 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
                 click.echo(f"loading model {opts.inputs.model or '(default: smollm2-135m)'} ...",
                            err=True)
             loaded = load(opts.inputs.model, opts.engine)
+            phases.mark("model loaded")
             if stop.is_set():
                 log.warning("interrupted before the run started")
                 return EXIT_INTERRUPTED
@@ -108,6 +112,7 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
             log.warning("interrupted; what finished is committed: rerun with --resume")
             return EXIT_INTERRUPTED
 
+    phases.mark("run (engine steps, commits, merge)")
     if result["status"] == "completed":
         _remember_run(result, loaded.name, opts)
     requests = result["requests"]
@@ -125,6 +130,13 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
             written.append(f"metrics: {t.metrics}")
         click.echo("; ".join(written), err=True)
     return _exit_code(result, opts)
+
+
+def set_log_level(name: str) -> None:
+    """batchrun's loggers at `name`; other libraries' stay at info or above (no debug noise)."""
+    level = getattr(logging, name.upper())
+    logging.getLogger().setLevel(max(level, logging.INFO))
+    logging.getLogger("batchrun").setLevel(level)
 
 
 def _remember_run(result: dict, model_name: str, opts: RunOptions) -> None:

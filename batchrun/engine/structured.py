@@ -54,14 +54,21 @@ def validate(spec: GrammarSpec) -> str | None:
 
 
 def ll_tokenizer(tokenizer: Any, eos_token_ids: Iterable[int]):
-    """llguidance's view of a Hugging Face fast tokenizer (about 0.3 s to build, so cached)."""
-    import llguidance.hf
+    """llguidance's view of a tokenizer with a `tokenizers` backend (batchrun's own or a
+    transformers fast tokenizer; about 0.3 s to build, so cached). Built from the backend's
+    JSON as llguidance.hf.from_tokenizer does, without importing transformers."""
+    from copy import copy
+
+    from llguidance import LLTokenizer
 
     eos = tuple(sorted(eos_token_ids))
     key = (id(tokenizer), eos)
     if key not in _tokenizers:
-        _tokenizers[key] = (tokenizer, llguidance.hf.from_tokenizer(
-            tokenizer, eos_token=list(eos) or None))
+        backend = copy(tokenizer.backend_tokenizer)
+        backend.no_padding()
+        backend.no_truncation()
+        _tokenizers[key] = (tokenizer, LLTokenizer(
+            backend.to_str(), eos_token=list(eos) or tokenizer.eos_token_id))
     return _tokenizers[key][1]
 
 

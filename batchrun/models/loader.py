@@ -89,6 +89,26 @@ def _build_once(target: Path, build, what: str) -> Path:
 
 
 def _dequantise_gguf(gguf: Path, out: Path) -> None:
+    from batchrun.models import gguf_weights
+
+    if not gguf_weights.supports(gguf):
+        return _dequantise_gguf_transformers(gguf, out)
+    from concurrent.futures import ThreadPoolExecutor
+
+    # The tokenizer (transformers' GGUF tokenizer conversion) beside the weights (numpy).
+    with ThreadPoolExecutor(1) as pool:
+        tokenizer = pool.submit(_gguf_tokenizer, gguf, out)
+        gguf_weights.convert(gguf, out)
+        tokenizer.result()
+
+
+def _gguf_tokenizer(gguf: Path, out: Path) -> None:
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+
+
+def _dequantise_gguf_transformers(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils.quantization_config import GgufConfig

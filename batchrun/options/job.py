@@ -78,6 +78,9 @@ class JobOptions(BaseModel):
         "bar on a terminal, log lines otherwise.")
     log_interval: float = option(30.0, "Seconds between progress log lines.", ge=0)
     quiet: bool = option(False, "No progress and no summary; warnings only.", short="-q")
+    log_level: Literal["debug", "info", "warning", "error"] | None = option(
+        None, "Log level of batchrun's messages; debug adds the start-up phase timings "
+        "(imports, weights, tokenizer, kernels, first step) [default: info; warning with -q].")
 
 
 class PlanOptions(BaseModel):

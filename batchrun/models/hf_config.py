@@ -1,0 +1,55 @@
+"""A model folder's config.json read as plain JSON, without transformers' AutoConfig (which
+imports the model's transformers code: about a second of every cold start).
+
+`read_config(folder)` gives an object with the attributes ModelConfig.from_hf and the RoPE table
+read, with the defaults transformers' Llama / Mistral / Qwen2 / Qwen3 configs give the keys
+config.json may leave out. A config it cannot promise to read the same (another model type, a
+RoPE variant other than the default, keys whose defaults differ between those classes left
+out) goes through AutoConfig. tests/unit/test_hf_config.py compares both.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+PLAIN_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+# Keys whose transformers default differs between those classes (or that every real config sets).
+REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "vocab_size", "max_position_embeddings")
+DEFAULTS = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+            "attention_bias": False, "rope_theta": 10000.0}
+
+
+def plain_config(folder: Path) -> SimpleNamespace | None:
+    """config.json as attributes, or None when AutoConfig must read it."""
+    raw = json.loads((Path(folder) / "config.json").read_text())
+    model_type = raw.get("model_type", "llama")
+    if model_type not in PLAIN_TYPES or any(raw.get(k) is None for k in REQUIRED):
+        return None
+    if model_type == "qwen3" and raw.get("head_dim") is None:  # Qwen3's default is 128
+        return None
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        return None
+    values = {**DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
+    theta = rope.get("rope_theta", values["rope_theta"])
+    values["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+    values["rope_theta"] = theta
+    values.setdefault("num_key_value_heads", values["num_attention_heads"])
+    values.setdefault("head_dim", values["hidden_size"] // values["num_attention_heads"])
+    values.setdefault("architectures", None)
+    values["model_type"] = model_type
+    return SimpleNamespace(**values)
+
+
+def read_config(folder: str | Path) -> Any:
+    """plain_config(folder), else transformers' AutoConfig."""
+    config = plain_config(Path(folder))
+    if config is not None:
+        return config
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(folder)

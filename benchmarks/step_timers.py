@@ -1,0 +1,110 @@
+"""Wall-clock timers on the hot calls of an engine (packed linears, the C kernels, prefill SDPA,
+RMSNorm, the sampler, the model step), and the shares they add up to: what step_breakdown.py
+prints call by call and bench.py per system (linear layers, attention, sampling, the engine
+itself). Each timer adds a few microseconds per call, so shares are approximate.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+SECONDS: collections.Counter = collections.Counter()
+CALLS: collections.Counter = collections.Counter()
+MODEL_STEP = "model step (runner.execute)"
+# Share groups: the calls each is made of (kernel function names as the C library spells them).
+GROUPS = {
+    "linear": ("linear (packed)",),
+    "attention": ("paged_decode_attention", "prefill attention (SDPA)"),
+    "sampling": ("sampler",),
+}
+
+
+def timed(name, fn):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            SECONDS[name] += time.perf_counter() - start
+            CALLS[name] += 1
+    return wrapper
+
+
+class TimedLibrary:
+    """The ctypes kernel library with every function timed."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def __getattr__(self, name):
+        return timed(name, getattr(self._lib, name))
+
+
+_patched = False
+
+
+def install(engine) -> None:
+    """Time the calls of `engine` (and, once per process, the model classes' forward calls)."""
+    global _patched
+    import torch.nn.functional as F
+
+    import batchrun.engine.attention as attention
+    import batchrun.models.llama as llama
+    from batchrun.models import packed_linear
+
+    model = engine.runner.model
+    if model.cpu_kernels is not None and not isinstance(model.cpu_kernels, TimedLibrary):
+        model.cpu_kernels = engine.runner.kernel = TimedLibrary(model.cpu_kernels)
+    if not _patched:
+        _patched = True
+        packed_linear.PackedLinear.forward = timed("linear (packed)", packed_linear.PackedLinear.forward)
+        attention.F = type("F", (), {"scaled_dot_product_attention": staticmethod(
+            timed("prefill attention (SDPA)", F.scaled_dot_product_attention))})
+        llama.F.rms_norm = timed("rms_norm", F.rms_norm)
+    engine.runner.execute = timed(MODEL_STEP, engine.runner.execute)
+    engine.sampler = _TimedSampler(engine.sampler)
+
+
+class _TimedSampler:
+    def __init__(self, sampler):
+        self._sampler = sampler
+        self._call = timed("sampler", sampler.__call__)
+
+    def __call__(self, *args, **kwargs):
+        return self._call(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._sampler, name)
+
+
+def reset() -> None:
+    SECONDS.clear()
+    CALLS.clear()
+
+
+def shares(total: float) -> dict[str, float]:
+    """Fractions of `total` seconds: linear, attention, sampling, the rest of the model step
+    (norms, RoPE, KV writes, batch preparation) and the engine outside the model step and the
+    sampler (scheduling, detokenising, and for a CLI run: reading, rendering, committing)."""
+    out = {g: sum(SECONDS[n] for n in names) / total for g, names in GROUPS.items()}
+    step = SECONDS[MODEL_STEP]
+    out["model other"] = (step - SECONDS["linear (packed)"] - SECONDS["paged_decode_attention"]
+                          - SECONDS["prefill attention (SDPA)"]) / total
+    out["engine"] = (total - step - SECONDS["sampler"]) / total
+    return out
+
+
+def shares_table(results) -> str:
+    """Per system with timers: the share of its seconds in each group."""
+    names = [*GROUPS, "model other", "engine"]
+    lines = [f"{'time shares':<22}" + "".join(f"{n:>13}" for n in names)]
+    for r in results:
+        if not r.timers:
+            continue
+        SECONDS.clear()
+        SECONDS.update(r.timers)
+        row = shares(r.seconds)
+        lines.append(f"{r.system:<22}" + "".join(f"{row[n]:>13.1%}" for n in names))
+    SECONDS.clear()
+    return "\n".join(lines)
