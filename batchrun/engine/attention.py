@@ -1,10 +1,12 @@
 """Attention over the paged KV cache.
 
-Decode attention on the CPU runs a small C kernel that reads KV blocks in place (see
-kernels/); elsewhere, or without a compiler, it gathers the blocks and calls SDPA. The KV cache of a layer is a flat tensor of slots [num_blocks * block_size, kv_heads, head_dim];
-slot = block_id * block_size + offset. A step's tokens are laid out decode tokens first (one per
-sequence), then the prefill chunks. Decode attention is batched over sequences; each prefill
-chunk is one SDPA call with a causal mask offset by its cached context.
+On the CPU a small C kernel reads KV blocks in place (kernels/paged_attention.c): decode tokens,
+grouped so that sequences sharing prefix blocks read them once per step (cascade), and prefill
+chunks over a cached context (`KernelRows`). Elsewhere, or without a compiler, decode gathers
+the blocks and calls SDPA. The KV cache of a layer is a flat tensor of slots
+[num_blocks * block_size, kv_heads, head_dim]; slot = block_id * block_size + offset. A step's
+tokens are laid out decode tokens first (one per sequence), then the prefill chunks. A prefill
+chunk the kernel does not take is one SDPA call with a causal mask offset by its cached context.
 """
 
 from __future__ import annotations
@@ -23,6 +25,25 @@ class PrefillChunk:
     q_len: int
     ctx_len: int  # tokens of context after this chunk (cached prefix + chunk)
     slots: torch.Tensor | None  # [ctx_len] KV slots to read; None when the chunk is its whole context
+    in_kernel: bool = False  # attended by the C kernel through KernelRows (slots unused)
+
+
+@dataclass
+class KernelRows:
+    """The rows of a step the C kernel attends (paged_attention in paged_attention.c): row r
+    (a token of the step) reads table row_table[r] of `tables` up to position row_len[r]; rows
+    are attended in groups (order[group_start[g]:group_start[g + 1]]) that read their first
+    group_shared[g] blocks once for the whole group."""
+    tables: torch.Tensor  # [N, max_blocks] int64
+    row_table: torch.Tensor  # [T] int64
+    row_len: torch.Tensor  # [T] int64
+    order: torch.Tensor  # [rows in groups] int32
+    group_start: torch.Tensor  # [groups + 1] int32
+    group_shared: torch.Tensor  # [groups] int32
+
+    @property
+    def groups(self) -> int:
+        return self.group_shared.shape[0]
 
 
 @dataclass
@@ -38,6 +59,23 @@ class AttentionMetadata:
     triton: bool = False  # use the Triton kernel (CUDA)
     block_size: int = 16
     prefills: list[PrefillChunk] = field(default_factory=list)
+    rows: KernelRows | None = None  # set: the kernel attends these rows (decode + some prefill)
+
+
+def kernel_attention(lib, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     rows: KernelRows, block_size: int, scale: float) -> torch.Tensor:
+    """The C kernel's attention for `rows` of q [T, H, D] over the paged cache, as float32
+    [T, H, D] (rows outside the groups are left uninitialised)."""
+    qf = q.float().contiguous()  # the kernel computes in float32 whatever the model's dtype
+    of = torch.empty_like(qf)
+    rc = lib.paged_attention(
+        qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), rows.tables.data_ptr(),
+        rows.tables.shape[1], rows.row_table.data_ptr(), rows.row_len.data_ptr(), of.data_ptr(),
+        q.shape[1], k_cache.shape[1], q.shape[2], block_size, scale, kind(k_cache.dtype),
+        torch.get_num_threads(), rows.groups, rows.order.data_ptr(), rows.group_start.data_ptr(),
+        rows.group_shared.data_ptr())
+    assert rc == 0, "paged_attention failed"
+    return of
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -55,7 +93,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
 
-    if meta.num_decode and meta.kernel is not None:
+    if meta.rows is not None:
+        of = kernel_attention(meta.kernel, q, k_cache, v_cache, meta.rows, meta.block_size, scale)
+        out = of if of.dtype == q.dtype else of.to(q.dtype)
+    elif meta.num_decode and meta.kernel is not None:
         b = meta.num_decode
         qd = q[:b].float().contiguous()  # the kernel computes in float32 whatever the model's dtype
         od = torch.empty_like(qd)
@@ -82,6 +123,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         out[:b] = od.reshape(b, num_heads, head_dim)
 
     for chunk in meta.prefills:
+        if chunk.in_kernel:
+            continue
         s, n = chunk.q_start, chunk.q_len
         qp = q[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         if chunk.slots is None:
