@@ -54,20 +54,33 @@ typedef struct {  // one row's query heads of one KV head
 
 int simd_path(void) { return SIMD_PATH; }
 
+// p[g][t] for nt <= VW keys from element row0 (a literal nt keeps the accumulators in registers).
+SIMD_INLINE void score_keys(const Job *j, const State *s, int64_t row0, const int nt, float *p,
+                            const int G, const int CH) {
+    const int D = CH * VW;
+    const int64_t stride = (int64_t)j->Hkv * D;
+    for (int g = 0; g < G; g++) {
+        vf acc[VW];
+        for (int t = 0; t < VW; t++) acc[t] = vzero();
+        for (int c = 0; c < CH; c++) {
+            const vf qc = vload(s->q + g * D + c * VW);
+            for (int t = 0; t < nt; t++)
+                acc[t] = vfma(vload_kv(j->kind, j->k, row0 + t * stride + c * VW), qc, acc[t]);
+        }
+        vstore(p + g * MAX_BS, vhsums(acc));
+    }
+}
+
 // Fold the n rows of one block (starting at element row0 of the pools) into a row's state.
 SIMD_INLINE void attend_block(const Job *j, State *s, int64_t row0, int n, float *p, const int G,
                               const int CH) {
     const int D = CH * VW;
     const int64_t stride = (int64_t)j->Hkv * D;
-    for (int t = 0; t < n; t++) {  // scores p[g][t] = q_g . k_t (q is pre-scaled)
-        vf acc[MAX_G];
-        const int64_t r = row0 + t * stride;
-        for (int g = 0; g < G; g++) acc[g] = vzero();
-        for (int c = 0; c < CH; c++) {
-            const vf kc = vload_kv(j->kind, j->k, r + c * VW);
-            for (int g = 0; g < G; g++) acc[g] = vfma(kc, vload(s->q + g * D + c * VW), acc[g]);
-        }
-        for (int g = 0; g < G; g++) p[g * MAX_BS + t] = vhsum(acc[g]);
+    // Scores p[g][t] = q_g . k_t (q is pre-scaled), VW keys at a time: one accumulator per key,
+    // then one transpose-and-add tree (vhsums) gives the VW scores as a vector.
+    for (int t0 = 0; t0 < n; t0 += VW) {
+        if (n - t0 >= VW) score_keys(j, s, row0 + t0 * stride, VW, p + t0, G, CH);
+        else score_keys(j, s, row0 + t0 * stride, n - t0, p + t0, G, CH);
     }
     const int padded = (n + VW - 1) / VW * VW;
     for (int g = 0; g < G; g++) {  // online softmax: rescale to the new max, exponentiate
@@ -92,14 +105,24 @@ SIMD_INLINE void attend_block(const Job *j, State *s, int64_t row0, int n, float
         }
         s->l[g] += vhsum(sum);
     }
-    for (int c = 0; c < CH; c++) {  // acc_g += sum_t p[g][t] v_t, one VW-wide column at a time
-        vf a[MAX_G];
-        for (int g = 0; g < G; g++) a[g] = vload(s->acc + g * D + c * VW);
+    // acc_g += sum_t p[g][t] v_t, CB vector columns at a time (G * CB accumulators in registers,
+    // each p[g][t] broadcast once per CB columns).
+    const int CB = G * CH <= 12 ? CH : 12 / G > 0 ? 12 / G : 1;
+    for (int c0 = 0; c0 < CH; c0 += CB) {
+        const int cb = CH - c0 < CB ? CH - c0 : CB;
+        vf a[MAX_G * 12];
+        for (int g = 0; g < G; g++)
+            for (int c = 0; c < cb; c++) a[g * CB + c] = vload(s->acc + g * D + (c0 + c) * VW);
         for (int t = 0; t < n; t++) {
-            const vf vc = vload_kv(j->kind, j->v, row0 + t * stride + c * VW);
-            for (int g = 0; g < G; g++) a[g] = vfma(vset1(p[g * MAX_BS + t]), vc, a[g]);
+            vf vc[12];
+            for (int c = 0; c < cb; c++) vc[c] = vload_kv(j->kind, j->v, row0 + t * stride + (c0 + c) * VW);
+            for (int g = 0; g < G; g++) {
+                const vf pg = vset1(p[g * MAX_BS + t]);
+                for (int c = 0; c < cb; c++) a[g * CB + c] = vfma(pg, vc[c], a[g * CB + c]);
+            }
         }
-        for (int g = 0; g < G; g++) vstore(s->acc + g * D + c * VW, a[g]);
+        for (int g = 0; g < G; g++)
+            for (int c = 0; c < cb; c++) vstore(s->acc + g * D + (c0 + c) * VW, a[g * CB + c]);
     }
 }
 
