@@ -22,20 +22,23 @@
 #endif
 
 #define SIMD_INLINE static inline __attribute__((always_inline))
+// The operations AVX-512 and AVX2 spell alike but for the prefix (_mm512 / _mm256).
+#define SIMD_BASIC_OPS(P)                                                         \
+    SIMD_INLINE vf vzero(void) { return P##_setzero_ps(); }                       \
+    SIMD_INLINE vf vset1(float x) { return P##_set1_ps(x); }                      \
+    SIMD_INLINE vf vload(const float *p) { return P##_loadu_ps(p); }              \
+    SIMD_INLINE void vstore(float *p, vf x) { P##_storeu_ps(p, x); }              \
+    SIMD_INLINE vf vadd(vf a, vf b) { return P##_add_ps(a, b); }                  \
+    SIMD_INLINE vf vsub(vf a, vf b) { return P##_sub_ps(a, b); }                  \
+    SIMD_INLINE vf vmul(vf a, vf b) { return P##_mul_ps(a, b); }                  \
+    SIMD_INLINE vf vfma(vf a, vf b, vf c) { return P##_fmadd_ps(a, b, c); }       \
+    SIMD_INLINE vf vmax(vf a, vf b) { return P##_max_ps(a, b); }                  \
+    SIMD_INLINE vf vmin(vf a, vf b) { return P##_min_ps(a, b); }
 
 #if defined(__AVX512F__)
 enum { VW = 16, SIMD_PATH = 2 };
 typedef __m512 vf;
-SIMD_INLINE vf vzero(void) { return _mm512_setzero_ps(); }
-SIMD_INLINE vf vset1(float x) { return _mm512_set1_ps(x); }
-SIMD_INLINE vf vload(const float *p) { return _mm512_loadu_ps(p); }
-SIMD_INLINE void vstore(float *p, vf x) { _mm512_storeu_ps(p, x); }
-SIMD_INLINE vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
-SIMD_INLINE vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
-SIMD_INLINE vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
-SIMD_INLINE vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
-SIMD_INLINE vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
-SIMD_INLINE vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
+SIMD_BASIC_OPS(_mm512)
 SIMD_INLINE vf vfloor(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
 SIMD_INLINE float vhsum(vf x) { return _mm512_reduce_add_ps(x); }
 SIMD_INLINE float vhmax(vf x) { return _mm512_reduce_max_ps(x); }
@@ -71,16 +74,7 @@ SIMD_INLINE vf vload_kv(int kind, const void *pool, int64_t i) {
 #elif defined(__AVX2__) && defined(__FMA__)
 enum { VW = 8, SIMD_PATH = 1 };
 typedef __m256 vf;
-SIMD_INLINE vf vzero(void) { return _mm256_setzero_ps(); }
-SIMD_INLINE vf vset1(float x) { return _mm256_set1_ps(x); }
-SIMD_INLINE vf vload(const float *p) { return _mm256_loadu_ps(p); }
-SIMD_INLINE void vstore(float *p, vf x) { _mm256_storeu_ps(p, x); }
-SIMD_INLINE vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
-SIMD_INLINE vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
-SIMD_INLINE vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
-SIMD_INLINE vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-SIMD_INLINE vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
-SIMD_INLINE vf vmin(vf a, vf b) { return _mm256_min_ps(a, b); }
+SIMD_BASIC_OPS(_mm256)
 SIMD_INLINE vf vfloor(vf x) { return _mm256_floor_ps(x); }
 SIMD_INLINE float vhsum(vf x) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
