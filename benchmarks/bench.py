@@ -83,11 +83,13 @@ def humaneval_problems(humaneval_path: str) -> list[str]:
             for line in read_batch_file(humaneval_path)]
 
 
-def fewshot_workload(humaneval_path: str, tokenizer, limit: int | None = None) -> Workload:
-    """The few-shot sweep (benchmarks/workloads.py: 20 prefixes x 8 requests) built from the
-    problems of a HumanEval chat batch file."""
-    return workload_of(f"fewshot({humaneval_path})", fewshot_lines(humaneval_problems(humaneval_path)),
-                       tokenizer, limit)
+def fewshot_workload(humaneval_path: str, tokenizer, limit: int | None = None,
+                     prefixes: int = 20) -> Workload:
+    """The few-shot sweep (benchmarks/workloads.py: `prefixes` prefixes x 8 requests) built from
+    the problems of a HumanEval chat batch file."""
+    return workload_of(f"fewshot({humaneval_path})",
+                       fewshot_lines(humaneval_problems(humaneval_path), prefixes), tokenizer,
+                       limit)
 
 
 def cli_options(args) -> list[str]:
@@ -207,6 +209,29 @@ def report(results: list[Result], baseline: str = "hf-static-32") -> str:
     return "\n".join(lines)
 
 
+def machine_line() -> str:
+    """The CPU model, its vector extensions and the path the attention kernel was built for."""
+    model, flags = "unknown CPU", set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name") and model == "unknown CPU":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    isa = "AVX-512" if "avx512f" in flags else "AVX2+FMA, no AVX-512" if {"avx2", "fma"} <= flags \
+        else "no AVX2"
+    if "avx512f" in flags:
+        isa += " (" + ", ".join(f for f in ("avx512bw", "avx512_vnni", "avx512_bf16", "amx_bf16")
+                                if f in flags) + ")"
+    from batchrun.engine import kernels
+
+    lib = kernels.library()
+    path = kernels.SIMD_PATHS[lib.simd_path()] if lib is not None else "none (PyTorch ops)"
+    return f"CPU: {model}, {os.cpu_count()} cores, {isa}; attention kernel path: {path}"
+
+
 def parse_overrides(system: str) -> dict:
     """'batchrun[max_num_seqs=64;kv_cache_dtype=float16]' -> engine option overrides."""
     out = {}
@@ -224,6 +249,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fewshot", action="store_true", help="shared-prefix workload: 20 few-shot "
                     "prefixes (800-2,000 tokens) x 8 requests, max_tokens 64")
     ap.add_argument("--limit", type=int, help="first N requests only")
+    ap.add_argument("--fewshot-prefixes", type=int, default=None, help="with --fewshot: this many "
+                    "few-shot prefixes (x 8 requests each) instead of 20; a shorter run that keeps "
+                    "the sharing (--limit takes one request per prefix first)")
     ap.add_argument("--model", default=None)
     ap.add_argument("--systems", default="batchrun,hf-static", help="comma list of "
                     "batchrun, batchrun-run (the whole `batchrun run` CLI in a subprocess, files in and "
@@ -237,8 +265,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     # --fewshot over a given HumanEval chat file builds the sweep from it; without a file the
     # generated sweep file runs as it is.
-    build_fewshot = args.fewshot and args.workload is not None
-    if args.workload is None:
+    build_fewshot = args.fewshot and (args.workload is not None or args.fewshot_prefixes)
+    if build_fewshot and args.workload is None:
+        args.workload = workload_path("humaneval_chat.jsonl")
+    elif args.workload is None:
         args.workload = workload_path("humaneval_fewshot.jsonl" if args.fewshot
                                       else "humaneval_chat.jsonl")
     else:
@@ -256,8 +286,9 @@ def main(argv: list[str] | None = None) -> None:
     loaded = llm.load(args.model, config)
     print(f"model loaded in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     if build_fewshot:
-        work = fewshot_workload(args.workload, loaded.tokenizer, args.limit)
-        lines = fewshot_lines(humaneval_problems(args.workload))
+        work = fewshot_workload(args.workload, loaded.tokenizer, args.limit,
+                                args.fewshot_prefixes or 20)
+        lines = fewshot_lines(humaneval_problems(args.workload), args.fewshot_prefixes or 20)
     else:
         work = load_workload(args.workload, loaded.tokenizer, args.limit)
         lines = read_batch_file(args.workload)
@@ -309,6 +340,7 @@ def main(argv: list[str] | None = None) -> None:
                                 or work.max_tokens, results, getattr(torch, args.dtype)))
     print(f"peak RSS is the whole process's while each system ran, models of earlier systems "
           f"included; torch threads {torch.get_num_threads()}; dtype {args.dtype}")
+    print(machine_line())
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
 """Attention over the paged KV cache.
 
-Decode attention on the CPU runs a small C kernel that reads KV blocks in place (see
-kernels/); elsewhere, or without a compiler, it gathers the blocks and calls SDPA. The KV cache of a layer is a flat tensor of slots [num_blocks * block_size, kv_heads, head_dim];
-slot = block_id * block_size + offset. A step's tokens are laid out decode tokens first (one per
-sequence), then the prefill chunks. Decode attention is batched over sequences. Fresh prefill
-chunks (no cached context) come sorted by length, so a run of them of one length is one batched
-causal SDPA call over views of the step's rows (an embedding run's many short prompts would
-otherwise cost a call each per layer); each other prefill chunk is one SDPA call with a causal
-mask offset by its cached context.
+On the CPU a small C kernel reads KV blocks in place (kernels/paged_attention.c): decode tokens,
+grouped so that sequences sharing prefix blocks read them once per step (cascade), and prefill
+chunks over a cached context (`KernelRows`). Elsewhere, or without a compiler, decode gathers
+the blocks and calls SDPA. The KV cache of a layer is a flat tensor of slots
+[num_blocks * block_size, kv_heads, head_dim]; slot = block_id * block_size + offset. A step's
+tokens are laid out decode tokens first (one per sequence), then the prefill chunks. Fresh
+prefill chunks (no cached context) come sorted by length, so a run of them of one length is one
+batched causal SDPA call over views of the step's rows (an embedding run's many short prompts
+would otherwise cost a call each per layer). A prefill chunk the kernel does not take is one
+SDPA call with a causal mask offset by its cached context.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class PrefillChunk:
     ctx_len: int  # tokens of context after this chunk (cached prefix + chunk)
     slots: torch.Tensor | None  # [ctx_len] KV slots to read; None when the chunk is its whole context
     batched: bool = False  # in one of AttentionMetadata.same_length runs
+    in_kernel: bool = False  # attended by the C kernel through KernelRows (slots unused)
 
 
 def same_length_runs(prefills: list[PrefillChunk]) -> list[tuple[int, int, int]]:
@@ -34,7 +37,7 @@ def same_length_runs(prefills: list[PrefillChunk]) -> list[tuple[int, int, int]]
     of one length; marks those chunks `batched`."""
     runs, current = [], []
     for chunk in prefills:
-        if chunk.slots is not None:
+        if chunk.slots is not None or chunk.in_kernel:
             continue
         if current and (chunk.q_len != current[0].q_len
                         or chunk.q_start != current[-1].q_start + current[-1].q_len):
@@ -47,6 +50,24 @@ def same_length_runs(prefills: list[PrefillChunk]) -> list[tuple[int, int, int]]
         for chunk in run:
             chunk.batched = True
     return [(r[0].q_start, len(r), r[0].q_len) for r in runs]
+
+
+@dataclass
+class KernelRows:
+    """The rows of a step the C kernel attends (paged_attention in paged_attention.c): row r
+    (a token of the step) reads table row_table[r] of `tables` up to position row_len[r]; rows
+    are attended in groups (order[group_start[g]:group_start[g + 1]]) that read their first
+    group_shared[g] blocks once for the whole group."""
+    tables: torch.Tensor  # [N, max_blocks] int64
+    row_table: torch.Tensor  # [T] int64
+    row_len: torch.Tensor  # [T] int64
+    order: torch.Tensor  # [rows in groups] int32
+    group_start: torch.Tensor  # [groups + 1] int32
+    group_shared: torch.Tensor  # [groups] int32
+
+    @property
+    def groups(self) -> int:
+        return self.group_shared.shape[0]
 
 
 @dataclass
@@ -63,6 +84,23 @@ class AttentionMetadata:
     block_size: int = 16
     prefills: list[PrefillChunk] = field(default_factory=list)
     same_length: list[tuple[int, int, int]] = field(default_factory=list)  # same_length_runs
+    rows: KernelRows | None = None  # set: the kernel attends these rows (decode + some prefill)
+
+
+def kernel_attention(lib, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     rows: KernelRows, block_size: int, scale: float) -> torch.Tensor:
+    """The C kernel's attention for `rows` of q [T, H, D] over the paged cache, as float32
+    [T, H, D] (rows outside the groups are left uninitialised)."""
+    qf = q.float().contiguous()  # the kernel computes in float32 whatever the model's dtype
+    of = torch.empty_like(qf)
+    rc = lib.paged_attention(
+        qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), rows.tables.data_ptr(),
+        rows.tables.shape[1], rows.row_table.data_ptr(), rows.row_len.data_ptr(), of.data_ptr(),
+        q.shape[1], k_cache.shape[1], q.shape[2], block_size, scale, kind(k_cache.dtype),
+        torch.get_num_threads(), rows.groups, rows.order.data_ptr(), rows.group_start.data_ptr(),
+        rows.group_shared.data_ptr())
+    assert rc == 0, "paged_attention failed"
+    return of
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -80,7 +118,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
 
-    if meta.num_decode and meta.kernel is not None:
+    if meta.rows is not None:
+        of = kernel_attention(meta.kernel, q, k_cache, v_cache, meta.rows, meta.block_size, scale)
+        out = of if of.dtype == q.dtype else of.to(q.dtype)
+    elif meta.num_decode and meta.kernel is not None:
         b = meta.num_decode
         qd = q[:b].float().contiguous()  # the kernel computes in float32 whatever the model's dtype
         od = torch.empty_like(qd)
@@ -115,7 +156,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                                             enable_gqa=group > 1)
         out[s:s + count * n] = og.transpose(1, 2).reshape(count * n, num_heads, head_dim)
     for chunk in meta.prefills:
-        if chunk.batched:
+        if chunk.batched or chunk.in_kernel:
             continue
         s, n = chunk.q_start, chunk.q_len
         qp = q[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]

@@ -49,7 +49,8 @@ class Engine:
                                    adapters.max_loras if adapters is not None else None)
         self.runner = ModelRunner(model, num_blocks, bs, device, dtype, kv_dtype,
                                   config.scheduler.max_num_seqs, max_model_len,
-                                  cuda_graphs=config.device.cuda_graphs, adapters=adapters)
+                                  cuda_graphs=config.device.cuda_graphs, adapters=adapters,
+                                  attention_kernel=config.device.attention_kernel)
         self.sampler = Sampler(device, tokenizer, self.eos_token_ids)
         self.groups: dict[str, Group] = {}
         self.stats = EngineStats(num_kv_blocks=num_blocks)

@@ -6,7 +6,7 @@ import torch
 
 import importlib.util
 
-from batchrun.engine import kernels
+from batchrun.engine import cascade, kernels
 from batchrun.engine.attention import AttentionMetadata, PrefillChunk, same_length_runs
 from batchrun.engine.lora import segments
 from batchrun.engine.prompt_logprobs import score_rows
@@ -16,7 +16,8 @@ from batchrun.engine.request import Request
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, device: torch.device,
                  dtype: torch.dtype, kv_dtype: torch.dtype | None = None, max_num_seqs: int = 64,
-                 max_model_len: int = 2048, cuda_graphs: bool = True, adapters=None):
+                 max_model_len: int = 2048, cuda_graphs: bool = True, adapters=None,
+                 attention_kernel: str = "cascade"):
         cfg = model.config
         self.model = model
         self.adapters = adapters  # engine.lora.AdapterSlots, or None
@@ -26,6 +27,11 @@ class ModelRunner:
         kv_ok = str(kv_dtype or dtype) in kernels.KINDS
         self.kernel = kernels.library() if device.type == "cpu" and kv_ok else None
         self.triton = device.type == "cuda" and importlib.util.find_spec("triton") is not None
+        # Cascade decode groups and prefill chunks in the kernel (engine/cascade.py); "legacy"
+        # keeps each decode sequence on its own and prefill chunks on SDPA.
+        self.cascade = (self.kernel is not None and attention_kernel == "cascade"
+                        and cascade.supported(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                              block_size))
         # One block more than the pool hands out: padding rows of CUDA graphs write into it.
         shape = ((num_blocks + 1) * block_size, cfg.num_kv_heads, cfg.head_dim)
         # Also where a recomputed position whose K/V is already cached writes (Request.rescore).
@@ -139,10 +145,18 @@ class ModelRunner:
             meta.decode_slots = slots.masked_fill(~valid, 0)
             meta.decode_bias = torch.zeros(valid.shape, device=dev, dtype=self.dtype).masked_fill(
                 ~valid, float("-inf"))[:, None, None, :]
+        in_kernel = [False] * len(prefills)
+        if self.cascade:
+            meta.rows, in_kernel = cascade.plan_rows(self.kernel, table, starts, counts,
+                                                     len(decodes), bs)
         row = len(decodes)
         for i in range(len(decodes), len(ordered)):
             c, n = starts[i], counts[i]
             slots = None
+            if in_kernel[i - len(decodes)]:
+                meta.prefills.append(PrefillChunk(row, n, c + n, None, in_kernel=True))
+                row += n
+                continue
             if c > 0:
                 pos = torch.arange(c + n, device=dev)
                 slots = table[i, pos // bs] * bs + pos % bs

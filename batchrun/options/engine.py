@@ -54,6 +54,11 @@ class DeviceConfig(BaseModel):
     threads: int | None = option(None, "CPU threads [default: all cores].", ge=1)
     cuda_graphs: bool = option(True, "Capture decode steps in CUDA graphs (CUDA only).",
                                cli=False)
+    attention_kernel: Literal["cascade", "legacy"] = option(
+        "cascade", "CPU attention. cascade: decoding sequences that share prefix KV blocks read "
+        "them once per step as a group, and prefill chunks over a cached context read the paged "
+        "cache in place; legacy: each sequence reads its whole context, prefill chunks run SDPA "
+        "over a gathered copy (the earlier path, kept for comparison).")
 
 
 class EngineConfig(BaseModel):

@@ -3,6 +3,11 @@
 No torch headers are involved, so a build takes about five seconds; the shared object is cached
 under $BATCHRUN_CACHE/kernels keyed by the source, the flags and the CPU. Without a compiler
 (or if the build fails) callers fall back to pure PyTorch.
+
+`library()` is the build for this CPU (-march=native). `library(VARIANTS["avx2"])` and
+`library(VARIANTS["portable"])` add flags that turn off AVX-512 (and AVX2/FMA), so the vector
+paths of simd.h other than this CPU's own are built and tested here too; `simd_path()` in a
+library says which one it took (2 AVX-512, 1 AVX2+FMA, 0 portable).
 """
 
 from __future__ import annotations
@@ -22,13 +27,17 @@ log = logging.getLogger(__name__)
 # Tensor element types the kernels read and write, and their codes (dtypes.h).
 KINDS = {"torch.float32": 0, "torch.float16": 1, "torch.bfloat16": 2}
 SOURCES = [Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c")]
-HEADERS = [Path(__file__).with_name(n) for n in ("dtypes.h", "parallel.h")]
+HEADERS = [Path(__file__).with_name(n) for n in ("dtypes.h", "parallel.h", "simd.h")]
 # -ffast-math's parts, not the flag: with it (or -funsafe-math-optimizations) GCC before 13 links
 # crtfastmath.o into the library, whose constructor turns on flush-to-zero for the whole process
 # once it is loaded (every denormal in numpy, torch and Python then reads as 0).
 FAST_MATH = ["-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math",
              "-freciprocal-math", "-ffinite-math-only"]
 FLAGS = ["-O3", "-march=native", *FAST_MATH, "-fopenmp-simd", "-shared", "-fPIC"]
+# Extra flags that force simd.h's other paths on a CPU that has more.
+VARIANTS = {"native": (), "avx2": ("-mno-avx512f",),
+            "portable": ("-mno-avx2", "-mno-avx512f", "-mno-fma")}
+SIMD_PATHS = {2: "avx512", 1: "avx2", 0: "portable"}
 
 
 def _cpu_signature() -> str:
@@ -39,14 +48,14 @@ def _cpu_signature() -> str:
     return platform.machine() + flags
 
 
-def _build(target: Path) -> None:
+def _build(target: Path, flags: list[str]) -> None:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
         raise RuntimeError("no C compiler found")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        base = [compiler, *FLAGS, "-o", str(out), *map(str, SOURCES), "-lpthread", "-lm"]
+        base = [compiler, *flags, "-o", str(out), *map(str, SOURCES), "-lpthread", "-lm"]
         try:  # OpenMP shares PyTorch's thread pool; without it the kernels start pthreads
             subprocess.run(base + ["-fopenmp"], check=True, capture_output=True, text=True)
         except subprocess.CalledProcessError:
@@ -54,27 +63,32 @@ def _build(target: Path) -> None:
         os.replace(out, target)
 
 
-@lru_cache(maxsize=1)
-def library():
-    """The loaded kernel library, or None when it cannot be built here."""
+@lru_cache(maxsize=None)
+def library(extra_flags: tuple[str, ...] = ()):
+    """The loaded kernel library (built with FLAGS + extra_flags), or None when it cannot be
+    built here."""
     if os.environ.get("BATCHRUN_DISABLE_KERNELS"):
         return None
     from batchrun.paths import cache_dir
 
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES + HEADERS) + " ".join(FLAGS).encode()
+    flags = FLAGS + list(extra_flags)
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES + HEADERS) + " ".join(flags).encode()
                          + _cpu_signature().encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"cpu_kernels-{key}.so"
     try:
         if not target.exists():
-            _build(target)
+            _build(target, flags)
         lib = ctypes.CDLL(str(target))
     except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", "") or exc
         log.warning("CPU kernels unavailable, using PyTorch ops: %s", detail)
         return None
-    p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    p, i, i64, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     signatures = {
-        "paged_decode_attention": (i, [p] * 6 + [i] * 6 + [ctypes.c_float] + [i] * 2),
+        "simd_path": (i, []),
+        "paged_decode_attention": (i, [p] * 6 + [i] * 6 + [f] + [i] * 2),
+        "paged_attention": (i, [p] * 4 + [i] + [p] * 3 + [i] * 4 + [f] + [i] * 3 + [p] * 3),
+        "cascade_groups": (i, [p, p] + [i] * 4 + [p] * 3),
         "silu_mul": (None, [p, p, i64, i64, i, i]),
         "rope_inplace": (i, [p, p, p, p, i64, i64, i, i, i, i]),
         "kv_write": (None, [p] * 5 + [i64] * 3 + [i] * 2),

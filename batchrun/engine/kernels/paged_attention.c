@@ -1,206 +1,325 @@
-// Decode attention that reads the paged KV cache in place (no gather copy).
+// Attention that reads the paged KV cache in place (no gather copy), for decode tokens and for
+// prefill chunks over a cached context, with shared-prefix ("cascade") grouping.
 //
-// One query token per sequence. Work is split over (sequence, kv head) pairs across a few
-// threads. Each pair walks its blocks once with an online softmax: per block it scores the
-// block's keys for the group's query heads, rescales the running sums, and adds the block's
-// values. KV elements are float32, float16 or bfloat16 (widened to float32 on load).
+// A call attends query rows (tokens; each has H heads) given per row a block table and a context
+// length (the row sees positions [0, len)). Rows come in groups: a group's rows share the first
+// `shared` blocks of their tables (the same physical blocks), and for each KV head the group
+// walks those blocks once, scoring every row of the group against each block while it is in L1,
+// then each row walks its own remaining blocks. A row's running state is an online softmax
+// (max m, sum l, weighted values acc): the shared part and the tail are merged exactly by the
+// usual log-sum-exp rescaling as the walk goes from one block to the next.
 //
-// The AVX-512 path keeps each key row in registers and does one horizontal sum per query head
-// and row. (Software prefetch of the next block was tried and measured no gain.)
-#include <immintrin.h>
-#include <math.h>
-#include <stdint.h>
+//   decode: a group is a set of sequences whose block tables begin with the same blocks
+//           (prefix-cache hits, n > 1 forks), found by cascade_groups below; a sequence that
+//           shares nothing is a group of one (the plain kernel).
+//   prefill chunk over a cached context: a group is a tile of up to MAX_GROUP consecutive
+//           tokens of one chunk; the blocks every token of the tile sees fully are shared, the
+//           last one or two (the causal diagonal) are each token's own.
+//
+// Work is split over (group, kv head) items across threads by estimated cost. KV elements are
+// float32, float16 or bfloat16, widened to float32 on load; arithmetic is float32. The vector
+// width comes from simd.h (AVX-512, AVX2+FMA or portable); G (query heads per KV head) and D
+// are compile-time constants for the common shapes so the loops unroll into registers.
+#include <stdlib.h>
 #include <string.h>
 
-#include "dtypes.h"
 #include "parallel.h"
+#include "simd.h"
 
 #define MAX_D 256
 #define MAX_G 16
 #define MAX_BS 256
+#define MAX_GROUP 16  // rows attended together over shared blocks
+#define NEG (-1e30f)  // "minus infinity" that stays finite (the library is built -ffinite-math-only)
 
 typedef struct {
-    const float *q;          // [B, H, D]
-    const void *k, *v;       // [slots, Hkv, D]
-    const int64_t *tables;   // [B, max_blocks]
-    const int64_t *lens;     // [B]
-    float *out;              // [B, H, D]
-    int B, H, Hkv, D, block_size, max_blocks, kind;  // kind: 0 f32, 1 f16, 2 bf16
+    const float *q;            // [rows, H, D], any rows not in a group are left alone
+    const void *k, *v;         // [slots, Hkv, D]
+    const int64_t *tables;     // [tables, max_blocks]
+    const int64_t *row_table;  // [rows] which table a row reads
+    const int64_t *row_len;    // [rows] context length the row sees
+    float *out;                // [rows, H, D]
+    const int32_t *order;      // rows in group order
+    const int32_t *group_start;  // [groups + 1] into order
+    const int32_t *group_shared; // [groups] leading blocks read once for the group (NULL: none)
+    int H, Hkv, D, bs, max_blocks, kind;
     float scale;
-    int first, last;         // range of (b * Hkv + kvh) work items
+    int first, last;           // range of (group * Hkv + kvh) work items
 } Job;
 
-// Row `r` of a KV pool widened to float32 into `dst` (or returned in place when float32).
-static inline const float *load_row(const Job *j, const void *pool, int64_t r, float *dst) {
-    if (j->kind == F32) return (const float *)pool + r;
-    for (int d = 0; d < j->D; d++) dst[d] = load_elt(j->kind, pool, r + d);
-    return dst;
-}
+typedef struct {  // one row's query heads of one KV head
+    float *q, *acc;
+    float m[MAX_G], l[MAX_G];
+} State;
 
-#if defined(__AVX512F__)
-#define INLINE static inline __attribute__((always_inline))
+int simd_path(void) { return SIMD_PATH; }
 
-// 16 consecutive KV elements starting at element i, as float32.
-INLINE __m512 load16(int kind, const void *pool, int64_t i) {
-    if (kind == F32) return _mm512_loadu_ps((const float *)pool + i);
-    const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)pool + i));
-    if (kind == F16) return _mm512_cvtph_ps(raw);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-// scores[g * MAX_BS + t] = q_g . k_t for the n rows of one block (q already scaled). G and
-// CH = D / 16 are compile-time constants at each call site, so the row stays in registers.
-INLINE void block_scores(const Job *j, int64_t row0, int n, const float *q, float *scores,
-                         const int G, const int CH) {
-    const int64_t stride = (int64_t)j->Hkv * CH * 16;
-    for (int t = 0; t < n; t++) {
-        __m512 acc[MAX_G];
-        const int64_t r = row0 + t * stride;
-        for (int c = 0; c < CH; c++) {
-            const __m512 kc = load16(j->kind, j->k, r + 16 * c);
-            for (int g = 0; g < G; g++)
-                acc[g] = c == 0 ? _mm512_mul_ps(kc, _mm512_loadu_ps(q + (g * CH + c) * 16))
-                                : _mm512_fmadd_ps(kc, _mm512_loadu_ps(q + (g * CH + c) * 16), acc[g]);
-        }
-        for (int g = 0; g < G; g++) scores[g * MAX_BS + t] = _mm512_reduce_add_ps(acc[g]);
-    }
-}
-
-// acc_g += sum_t p[g][t] * v_t over the n rows of one block.
-INLINE void block_values(const Job *j, int64_t row0, int n, const float *p, float *acc,
-                         const int G, const int CH) {
-    const int64_t stride = (int64_t)j->Hkv * CH * 16;
-    __m512 a[MAX_G * 8];
-    for (int i = 0; i < G * CH; i++) a[i] = _mm512_loadu_ps(acc + 16 * i);
-    for (int t = 0; t < n; t++) {
-        const int64_t r = row0 + t * stride;
-        for (int c = 0; c < CH; c++) {
-            const __m512 vc = load16(j->kind, j->v, r + 16 * c);
-            for (int g = 0; g < G; g++)
-                a[g * CH + c] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * MAX_BS + t]), vc, a[g * CH + c]);
-        }
-    }
-    for (int i = 0; i < G * CH; i++) _mm512_storeu_ps(acc + 16 * i, a[i]);
-}
-#endif
-
-static inline void block_scores_generic(const Job *j, int64_t row0, int n, const float *q,
-                                        float *scores) {
-    const int G = j->H / j->Hkv, D = j->D;
+// p[g][t] for nt <= VW keys from element row0 (a literal nt keeps the accumulators in registers).
+SIMD_INLINE void score_keys(const Job *j, const State *s, int64_t row0, const int nt, float *p,
+                            const int G, const int CH) {
+    const int D = CH * VW;
     const int64_t stride = (int64_t)j->Hkv * D;
-    float buf[MAX_D];
-    for (int t = 0; t < n; t++) {
-        const float *k = load_row(j, j->k, row0 + t * stride, buf);
-        for (int g = 0; g < G; g++) {
-            float s = 0.f;
-#pragma omp simd reduction(+ : s)
-            for (int d = 0; d < D; d++) s += q[g * D + d] * k[d];
-            scores[g * MAX_BS + t] = s;
-        }
-    }
-}
-
-static inline void block_values_generic(const Job *j, int64_t row0, int n, const float *p,
-                                        float *acc) {
-    const int G = j->H / j->Hkv, D = j->D;
-    const int64_t stride = (int64_t)j->Hkv * D;
-    float buf[MAX_D];
-    for (int t = 0; t < n; t++) {
-        const float *v = load_row(j, j->v, row0 + t * stride, buf);
-        for (int g = 0; g < G; g++) {
-            const float w = p[g * MAX_BS + t];
-#pragma omp simd
-            for (int d = 0; d < D; d++) acc[g * D + d] += w * v[d];
-        }
-    }
-}
-
-// One (sequence, kv head) pair. G and CH are literals where the AVX-512 path is taken (see
-// run_item), 0 for the portable path.
-static inline __attribute__((always_inline)) void attend(const Job *j, int item, const int G_fast,
-                                                         const int CH) {
-    const int b = item / j->Hkv, kvh = item % j->Hkv;
-    const int G = G_fast ? G_fast : j->H / j->Hkv, D = j->D, bs = j->block_size;
-    const int64_t L = j->lens[b];
-    const int64_t *table = j->tables + (int64_t)b * j->max_blocks;
-    const float *q_in = j->q + ((int64_t)b * j->H + (int64_t)kvh * G) * D;
-    float *out = j->out + ((int64_t)b * j->H + (int64_t)kvh * G) * D;
-    float q[MAX_G * MAX_D], acc[MAX_G * MAX_D], p[MAX_G * MAX_BS], m[MAX_G], l[MAX_G];
-    for (int i = 0; i < G * D; i++) { q[i] = q_in[i] * j->scale; acc[i] = 0.f; }
-    for (int g = 0; g < G; g++) { m[g] = -INFINITY; l[g] = 0.f; }
-
-    const int64_t blocks = (L + bs - 1) / bs;
-    for (int64_t blk = 0; blk < blocks; blk++) {
-        const int n = (int)(blk == blocks - 1 ? L - blk * bs : bs);
-        const int64_t row0 = (table[blk] * bs * j->Hkv + kvh) * D;
-#if defined(__AVX512F__)
-        if (G_fast) block_scores(j, row0, n, q, p, G_fast, CH);
-        else
-#endif
-            block_scores_generic(j, row0, n, q, p);
-        for (int g = 0; g < G; g++) {
-            float *pg = p + g * MAX_BS, mx = m[g];
-            for (int t = 0; t < n; t++) mx = pg[t] > mx ? pg[t] : mx;
-            if (mx > m[g]) {  // rescale what has been summed so far to the new maximum
-                const float c = expf(m[g] - mx);
-                l[g] *= c;
-                for (int d = 0; d < D; d++) acc[g * D + d] *= c;
-                m[g] = mx;
-            }
-            float sum = 0.f;
-            for (int t = 0; t < n; t++) { pg[t] = expf(pg[t] - mx); sum += pg[t]; }
-            l[g] += sum;
-        }
-#if defined(__AVX512F__)
-        if (G_fast) block_values(j, row0, n, p, acc, G_fast, CH);
-        else
-#endif
-            block_values_generic(j, row0, n, p, acc);
-    }
     for (int g = 0; g < G; g++) {
-        const float inv = 1.f / l[g];
-        for (int d = 0; d < D; d++) out[g * D + d] = acc[g * D + d] * inv;
+        vf acc[VW];
+        for (int t = 0; t < VW; t++) acc[t] = vzero();
+        for (int c = 0; c < CH; c++) {
+            const vf qc = vload(s->q + g * D + c * VW);
+            for (int t = 0; t < nt; t++)
+                acc[t] = vfma(vload_kv(j->kind, j->k, row0 + t * stride + c * VW), qc, acc[t]);
+        }
+        vstore(p + g * MAX_BS, vhsums(acc));
     }
 }
 
-#define CASE(g, ch) case (g) * 16 + (ch): attend(j, item, g, ch); return;
-static void run_item(const Job *j, int item) {
-#if defined(__AVX512F__)
-    const int G = j->H / j->Hkv;
-    if (j->D % 16 == 0) switch (G * 16 + j->D / 16) {
-        CASE(1, 4) CASE(2, 4) CASE(3, 4) CASE(4, 4) CASE(5, 4) CASE(6, 4) CASE(7, 4) CASE(8, 4)
-        CASE(1, 8) CASE(2, 8) CASE(3, 8) CASE(4, 8) CASE(5, 8) CASE(6, 8) CASE(7, 8) CASE(8, 8)
+// Fold the n rows of one block (starting at element row0 of the pools) into a row's state.
+SIMD_INLINE void attend_block(const Job *j, State *s, int64_t row0, int n, float *p, const int G,
+                              const int CH) {
+    const int D = CH * VW;
+    const int64_t stride = (int64_t)j->Hkv * D;
+    // Scores p[g][t] = q_g . k_t (q is pre-scaled), VW keys at a time: one accumulator per key,
+    // then one transpose-and-add tree (vhsums) gives the VW scores as a vector.
+    for (int t0 = 0; t0 < n; t0 += VW) {
+        if (n - t0 >= VW) score_keys(j, s, row0 + t0 * stride, VW, p + t0, G, CH);
+        else score_keys(j, s, row0 + t0 * stride, n - t0, p + t0, G, CH);
     }
-#endif
-    attend(j, item, 0, 0);
+    const int padded = (n + VW - 1) / VW * VW;
+    for (int g = 0; g < G; g++) {  // online softmax: rescale to the new max, exponentiate
+        float *pg = p + g * MAX_BS;
+        for (int t = n; t < padded; t++) pg[t] = NEG;
+        vf vm = vset1(NEG);
+        for (int t = 0; t < padded; t += VW) vm = vmax(vm, vload(pg + t));
+        const float mx = vhmax(vm);
+        if (mx > s->m[g]) {
+            const float c = expf(s->m[g] - mx);
+            s->l[g] *= c;
+            const vf vc = vset1(c);
+            for (int d = 0; d < D; d += VW) vstore(s->acc + g * D + d, vmul(vload(s->acc + g * D + d), vc));
+            s->m[g] = mx;
+        }
+        const vf vmx = vset1(s->m[g]);
+        vf sum = vzero();
+        for (int t = 0; t < padded; t += VW) {
+            const vf e = vexp(vsub(vload(pg + t), vmx));
+            vstore(pg + t, e);
+            sum = vadd(sum, e);
+        }
+        s->l[g] += vhsum(sum);
+    }
+    // acc_g += sum_t p[g][t] v_t, CB vector columns at a time (G * CB accumulators in registers,
+    // each p[g][t] broadcast once per CB columns).
+    const int CB = G * CH <= 12 ? CH : 12 / G > 0 ? 12 / G : 1;
+    for (int c0 = 0; c0 < CH; c0 += CB) {
+        const int cb = CH - c0 < CB ? CH - c0 : CB;
+        vf a[MAX_G * 12];
+        for (int g = 0; g < G; g++)
+            for (int c = 0; c < cb; c++) a[g * CB + c] = vload(s->acc + g * D + (c0 + c) * VW);
+        for (int t = 0; t < n; t++) {
+            vf vc[12];
+            for (int c = 0; c < cb; c++) vc[c] = vload_kv(j->kind, j->v, row0 + t * stride + (c0 + c) * VW);
+            for (int g = 0; g < G; g++) {
+                const vf pg = vset1(p[g * MAX_BS + t]);
+                for (int c = 0; c < cb; c++) a[g * CB + c] = vfma(pg, vc[c], a[g * CB + c]);
+            }
+        }
+        for (int g = 0; g < G; g++)
+            for (int c = 0; c < cb; c++) vstore(s->acc + g * D + (c0 + c) * VW, a[g * CB + c]);
+    }
+}
+
+// One (group, kv head) item. G_lit and CH_lit are literals for the specialised shapes, 0 else.
+SIMD_INLINE void run_group(const Job *j, int item, float *buf, const int G_lit, const int CH_lit) {
+    const int grp = item / j->Hkv, kvh = item % j->Hkv;
+    const int G = G_lit ? G_lit : j->H / j->Hkv, CH = CH_lit ? CH_lit : j->D / VW;
+    const int D = CH * VW, bs = j->bs, first = j->group_start[grp];
+    const int count = j->group_start[grp + 1] - first;
+    const int64_t shared = j->group_shared ? j->group_shared[grp] : 0;
+    State st[MAX_GROUP];
+    float p[MAX_G * MAX_BS + 16];
+    for (int s = 0; s < count; s++) {
+        const int64_t row = j->order[first + s];
+        const float *q = j->q + (row * j->H + (int64_t)kvh * G) * D;
+        st[s].q = buf + (int64_t)s * 2 * G * D;
+        st[s].acc = st[s].q + G * D;
+        for (int i = 0; i < G * D; i++) { st[s].q[i] = q[i] * j->scale; st[s].acc[i] = 0.f; }
+        for (int g = 0; g < G; g++) { st[s].m[g] = NEG; st[s].l[g] = 0.f; }
+    }
+    const int64_t *table0 = j->tables + j->row_table[j->order[first]] * j->max_blocks;
+    for (int64_t blk = 0; blk < shared; blk++) {  // the shared blocks: one pass for the group
+        const int64_t row0 = (table0[blk] * bs * j->Hkv + kvh) * D;
+        for (int s = 0; s < count; s++) attend_block(j, &st[s], row0, bs, p, G, CH);
+    }
+    for (int s = 0; s < count; s++) {  // each row's own blocks, then out = acc / l
+        const int64_t row = j->order[first + s], L = j->row_len[row];
+        const int64_t *table = j->tables + j->row_table[row] * j->max_blocks;
+        const int64_t blocks = (L + bs - 1) / bs;
+        for (int64_t blk = shared; blk < blocks; blk++) {
+            const int n = (int)(blk == blocks - 1 ? L - blk * bs : bs);
+            attend_block(j, &st[s], (table[blk] * bs * j->Hkv + kvh) * D, n, p, G, CH);
+        }
+        float *out = j->out + (row * j->H + (int64_t)kvh * G) * D;
+        for (int g = 0; g < G; g++) {
+            const float inv = 1.f / st[s].l[g];
+            for (int d = 0; d < D; d++) out[g * D + d] = st[s].acc[g * D + d] * inv;
+        }
+    }
+}
+
+#define CASE(g, d) case (g) * 1024 + (d): run_group(j, item, buf, g, (d) / VW); return;
+static void run_item(const Job *j, int item, float *buf) {
+    switch ((j->H / j->Hkv) * 1024 + j->D) {
+        CASE(1, 64) CASE(2, 64) CASE(3, 64) CASE(4, 64) CASE(5, 64) CASE(6, 64) CASE(7, 64)
+        CASE(8, 64) CASE(1, 128) CASE(2, 128) CASE(3, 128) CASE(4, 128) CASE(5, 128)
+        CASE(6, 128) CASE(7, 128) CASE(8, 128)
+    }
+    run_group(j, item, buf, 0, 0);
 }
 
 static void run_range(const void *arg, int i) {
     const Job *j = (const Job *)arg + i;
-    for (int item = j->first; item < j->last; item++) run_item(j, item);
+    if (j->first >= j->last) return;
+    float *buf = malloc(sizeof(float) * MAX_GROUP * 2 * j->H / j->Hkv * j->D);
+    if (!buf) return;
+    for (int item = j->first; item < j->last; item++) run_item(j, item, buf);
+    free(buf);
 }
 
-int paged_decode_attention(const float *q, const void *k, const void *v, const int64_t *tables,
-                           const int64_t *lens, float *out, int B, int H, int Hkv, int D,
-                           int block_size, int max_blocks, float scale, int kind, int threads) {
-    if (D > MAX_D || H / Hkv > MAX_G || block_size > MAX_BS) return -1;
-    const int items = B * Hkv;
+// Attention for the rows of `groups` groups (see the top of the file). Returns 0, or -1 for
+// shapes the kernel does not take (the caller then uses PyTorch).
+int paged_attention(const float *q, const void *k, const void *v, const int64_t *tables,
+                    int max_blocks, const int64_t *row_table, const int64_t *row_len, float *out,
+                    int H, int Hkv, int D, int block_size, float scale, int kind, int threads,
+                    int groups, const int32_t *order, const int32_t *group_start,
+                    const int32_t *group_shared) {
+    if (D > MAX_D || D % VW || H % Hkv || H / Hkv > MAX_G || block_size > MAX_BS) return -1;
+    for (int g = 0; g < groups; g++)
+        if (group_start[g + 1] - group_start[g] > MAX_GROUP) return -1;
+    const int items = groups * Hkv;
     if (threads < 1) threads = 1;
     if (threads > items) threads = items;
     if (threads > 64) threads = 64;
+    if (threads < 1) return 0;
+    // Split by estimated cost: every row's context is computed on, shared blocks are read once.
+    int64_t *cost = malloc(sizeof(int64_t) * (groups + 1)), total = 0;
+    if (!cost) return -1;
+    for (int g = 0; g < groups; g++) {
+        const int64_t shared_rows = (group_shared ? group_shared[g] : 0) * (int64_t)block_size;
+        int64_t c = shared_rows;
+        for (int s = group_start[g]; s < group_start[g + 1]; s++)
+            c += 2 * row_len[order[s]] - shared_rows;
+        cost[g] = c;
+        total += c * Hkv;
+    }
     Job jobs[64];
-    // Split by total context length so threads get similar amounts of KV to read.
-    int64_t total = 0;
-    for (int b = 0; b < B; b++) total += lens[b] * Hkv;
     int item = 0;
     int64_t acc = 0;
     for (int i = 0; i < threads; i++) {
         const int64_t goal = total * (i + 1) / threads;
-        jobs[i] = (Job){q, k, v, tables, lens, out, B, H, Hkv, D, block_size, max_blocks, kind,
-                        scale, item, item};
-        while (item < items && (acc < goal || i == threads - 1)) acc += lens[item++ / Hkv];
+        jobs[i] = (Job){q, k, v, tables, row_table, row_len, out, order, group_start, group_shared,
+                        H, Hkv, D, block_size, max_blocks, kind, scale, item, item};
+        while (item < items && (acc < goal || i == threads - 1)) acc += cost[item++ / Hkv];
         jobs[i].last = item;
     }
+    free(cost);
     parallel_tasks(run_range, jobs, threads);
     return 0;
+}
+
+// Decode attention, one query token per sequence, each sequence on its own (no grouping): the
+// interface benchmarks/decode_attention.py and the plain path use.
+int paged_decode_attention(const float *q, const void *k, const void *v, const int64_t *tables,
+                           const int64_t *lens, float *out, int B, int H, int Hkv, int D,
+                           int block_size, int max_blocks, float scale, int kind, int threads) {
+    int64_t *rows = malloc(sizeof(int64_t) * (B + 1));
+    int32_t *idx = malloc(sizeof(int32_t) * (B + 1));
+    int rc = -1;
+    if (rows && idx) {
+        for (int b = 0; b <= B; b++) { rows[b] = b; idx[b] = b; }
+        rc = paged_attention(q, k, v, tables, max_blocks, rows, lens, out, H, Hkv, D, block_size,
+                             scale, kind, threads, B, idx, idx, NULL);
+    }
+    free(rows);
+    free(idx);
+    return rc;
+}
+
+// ---- Grouping decode sequences by shared leading blocks -------------------------------------
+
+typedef struct {
+    const int64_t *tables, *lens;
+    int max_blocks, bs;
+} Tables;
+
+static int64_t full_blocks(const Tables *t, int b) {  // blocks wholly inside b's context
+    const int64_t f = t->lens[b] / t->bs;
+    return f < t->max_blocks ? f : t->max_blocks;
+}
+
+static int64_t common_blocks(const Tables *t, int a, int b) {
+    const int64_t n = full_blocks(t, a) < full_blocks(t, b) ? full_blocks(t, a) : full_blocks(t, b);
+    const int64_t *ta = t->tables + (int64_t)a * t->max_blocks, *tb = t->tables + (int64_t)b * t->max_blocks;
+    int64_t i = 0;
+    while (i < n && ta[i] == tb[i]) i++;
+    return i;
+}
+
+static int table_less(const Tables *t, int a, int b) {  // lexicographic on full blocks, then index
+    const int64_t i = common_blocks(t, a, b), fa = full_blocks(t, a), fb = full_blocks(t, b);
+    if (i < fa && i < fb) return t->tables[(int64_t)a * t->max_blocks + i] < t->tables[(int64_t)b * t->max_blocks + i];
+    if (fa != fb) return fa < fb;
+    return a < b;
+}
+
+static void merge_sort(const Tables *t, int32_t *x, int32_t *tmp, int n) {
+    if (n < 2) return;
+    const int h = n / 2;
+    merge_sort(t, x, tmp, h);
+    merge_sort(t, x + h, tmp, n - h);
+    int i = 0, k = h, o = 0;
+    while (i < h && k < n) tmp[o++] = table_less(t, x[k], x[i]) ? x[k++] : x[i++];
+    while (i < h) tmp[o++] = x[i++];
+    while (k < n) tmp[o++] = x[k++];
+    memcpy(x, tmp, sizeof(int32_t) * n);
+}
+
+// Groups the B sequences (block tables [B, max_blocks], context lengths lens) so that blocks
+// read once for a group save the most reads: sequences sorted by their tables, then cut into
+// runs of at most max_group maximising sum over groups of (size - 1) * shared blocks (dynamic
+// programming over the sorted order). Writes order [B], group_start [groups + 1] and
+// shared [groups] (0 for a sequence alone) and returns the number of groups, or -1.
+int cascade_groups(const int64_t *tables, const int64_t *lens, int B, int max_blocks,
+                   int block_size, int max_group, int32_t *order, int32_t *group_start,
+                   int32_t *shared) {
+    const Tables t = {tables, lens, max_blocks, block_size};
+    if (max_group > MAX_GROUP) max_group = MAX_GROUP;
+    int32_t *tmp = malloc(sizeof(int32_t) * (B + 1)), *from = malloc(sizeof(int32_t) * (B + 1));
+    int64_t *lcp = malloc(sizeof(int64_t) * (B + 1)), *best = malloc(sizeof(int64_t) * (B + 1));
+    int groups = -1;
+    if (!tmp || !from || !lcp || !best) goto done;
+    for (int b = 0; b < B; b++) order[b] = b;
+    merge_sort(&t, order, tmp, B);
+    for (int i = 1; i < B; i++) lcp[i] = common_blocks(&t, order[i - 1], order[i]);
+    best[0] = 0;  // best[j]: most blocks saved by grouping the first j sorted sequences
+    for (int j = 1; j <= B; j++) {
+        best[j] = best[j - 1];
+        from[j] = j - 1;
+        int64_t mn = INT64_MAX;
+        for (int i = j - 2; i >= 0 && j - i <= max_group; i--) {  // group = sorted[i, j)
+            if (lcp[i + 1] < mn) mn = lcp[i + 1];
+            if (mn == 0) break;
+            if (best[i] + (j - i - 1) * mn > best[j]) { best[j] = best[i] + (j - i - 1) * mn; from[j] = i; }
+        }
+    }
+    groups = 0;  // backtrack: group starts from the end, then reverse
+    for (int j = B; j > 0; j = from[j]) tmp[groups++] = from[j];
+    for (int g = 0; g < groups; g++) {
+        const int start = tmp[groups - 1 - g], end = g + 1 < groups ? tmp[groups - 2 - g] : B;
+        group_start[g] = start;
+        int64_t mn = end - start > 1 ? INT64_MAX : 0;
+        for (int i = start + 1; i < end; i++) mn = lcp[i] < mn ? lcp[i] : mn;
+        shared[g] = (int32_t)mn;
+    }
+    group_start[groups] = B;
+done:
+    free(tmp); free(from); free(lcp); free(best);
+    return groups;
 }

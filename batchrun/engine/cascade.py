@@ -1,0 +1,84 @@
+"""Which rows of a step the C attention kernel takes, and in which groups (once per step).
+
+Decode sequences are grouped by the C function cascade_groups (sorted block tables, then runs
+that share the most leading physical blocks): a group reads its shared blocks once per step and
+layer for all its sequences. A prefill chunk over a cached context becomes groups of up to
+TILE consecutive tokens that read the blocks every token of the tile sees once. A step where
+nothing is shared and no chunk has a cached context returns None: the plain decode kernel runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from batchrun.engine.attention import KernelRows
+
+TILE = 16  # MAX_GROUP in paged_attention.c
+
+
+def supported(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> bool:
+    """Shapes paged_attention takes on every vector path (head_dim a multiple of 16)."""
+    return (head_dim % 16 == 0 and head_dim <= 256 and num_heads % num_kv_heads == 0
+            and num_heads // num_kv_heads <= 16 and block_size <= 256)
+
+
+def decode_groups(kernel, tables: torch.Tensor, lens: torch.Tensor, block_size: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(order, group_start, shared) for decode sequences with block tables [B, W] (int64,
+    contiguous) and context lengths [B] (int64)."""
+    b = tables.shape[0]
+    order = np.empty(b, np.int32)
+    start = np.empty(b + 1, np.int32)
+    shared = np.empty(b, np.int32)
+    if b == 1:
+        order[0], start[:], shared[0] = 0, (0, 1), 0
+        return order, start, shared
+    groups = kernel.cascade_groups(tables.data_ptr(), lens.data_ptr(), b, tables.shape[1],
+                                   block_size, TILE, order.ctypes.data, start.ctypes.data,
+                                   shared.ctypes.data)
+    assert groups > 0, "cascade_groups failed"
+    return order, start[:groups + 1], shared[:groups]
+
+
+def plan_rows(kernel, table: torch.Tensor, starts: list[int], counts: list[int], num_decode: int,
+              block_size: int) -> tuple[KernelRows | None, list[bool]]:
+    """The kernel's rows for a step laid out as the runner does (decodes first, then chunks;
+    request i has `table[i]`, starts[i] computed tokens and counts[i] scheduled), and for each
+    prefill chunk whether the kernel attends it."""
+    bs = block_size
+    orders, group_starts, shareds = [], [], []
+    total = sum(counts)
+    row_table = np.zeros(total, np.int64)
+    row_len = np.zeros(total, np.int64)
+    shared_any = False
+    if num_decode:
+        lens = torch.tensor(starts[:num_decode], dtype=torch.long) + 1
+        order, start, shared = decode_groups(kernel, table[:num_decode], lens, bs)
+        row_table[:num_decode] = np.arange(num_decode)
+        row_len[:num_decode] = lens.numpy()
+        orders.append(order)
+        group_starts.append(start[:-1])
+        shareds.append(shared)
+        shared_any = bool(shared.any())
+    in_kernel = []
+    row = num_decode
+    for i in range(num_decode, len(counts)):
+        c, n = starts[i], counts[i]
+        in_kernel.append(c > 0)
+        if c > 0:
+            j = np.arange(n)
+            row_table[row:row + n] = i
+            row_len[row:row + n] = c + j + 1
+            tiles = j[::TILE]
+            orders.append((row + j).astype(np.int32))
+            group_starts.append((sum(map(len, orders[:-1])) + tiles).astype(np.int32))
+            shareds.append(((c + tiles + 1) // bs).astype(np.int32))
+        row += n
+    if not shared_any and not any(in_kernel):
+        return None, in_kernel
+    order = np.concatenate(orders)
+    group_start = np.concatenate(group_starts + [np.array([len(order)], np.int32)])
+    return KernelRows(table, torch.from_numpy(row_table), torch.from_numpy(row_len),
+                      torch.from_numpy(order), torch.from_numpy(group_start),
+                      torch.from_numpy(np.concatenate(shareds))), in_kernel
