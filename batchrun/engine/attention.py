@@ -121,7 +121,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     if meta.rows is not None:
         of = kernel_attention(meta.kernel, q, k_cache, v_cache, meta.rows, meta.block_size, scale)
         out = of if of.dtype == q.dtype else of.to(q.dtype)
-    elif meta.num_decode and meta.kernel is not None:
+    elif meta.num_decode and meta.decode_tables is not None and not meta.triton:
         b = meta.num_decode
         qd = q[:b].float().contiguous()  # the kernel computes in float32 whatever the model's dtype
         od = torch.empty_like(qd)

@@ -29,9 +29,11 @@ class ModelRunner:
         self.triton = device.type == "cuda" and importlib.util.find_spec("triton") is not None
         # Cascade decode groups and prefill chunks in the kernel (engine/cascade.py); "legacy"
         # keeps each decode sequence on its own and prefill chunks on SDPA.
-        self.cascade = (self.kernel is not None and attention_kernel == "cascade"
-                        and cascade.supported(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                              block_size))
+        # The attention kernel takes these shapes (else decode gathers the blocks for SDPA; the
+        # other kernels, kv_write among them, run whatever the shape).
+        self.attention_in_kernel = self.kernel is not None and cascade.supported(
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, block_size)
+        self.cascade = self.attention_in_kernel and attention_kernel == "cascade"
         # One block more than the pool hands out: padding rows of CUDA graphs write into it.
         shape = ((num_blocks + 1) * block_size, cfg.num_kv_heads, cfg.head_dim)
         # Also where a recomputed position whose K/V is already cached writes (Request.rescore).
@@ -128,7 +130,7 @@ class ModelRunner:
 
         meta = AttentionMetadata(slot_mapping=slot_mapping, num_decode=len(decodes),
                                  kernel=self.kernel, block_size=bs)
-        if decodes and (self.kernel is not None or self.triton):
+        if decodes and (self.attention_in_kernel or self.triton):
             meta.decode_tables = table[:len(decodes)].contiguous()
             meta.decode_lens = torch.tensor([starts[i] + 1 for i in range(len(decodes))], device=dev)
             meta.triton = self.triton
