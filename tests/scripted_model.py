@@ -24,7 +24,7 @@ class ScriptedModel(torch.nn.Module):
         super().__init__()
         self.vocab_size = vocab_size
         self.scripts: dict[int, list[int]] = {}
-        self.config = SimpleNamespace(num_kv_heads=1, head_dim=1, num_layers=0,
+        self.config = SimpleNamespace(num_heads=1, num_kv_heads=1, head_dim=1, num_layers=0,
                                       vocab_size=vocab_size, max_position_embeddings=max_len,
                                       kv_bytes_per_token=2)
 
