@@ -89,8 +89,8 @@ def shares(total: float) -> dict[str, float]:
     sampler (scheduling, detokenising, and for a CLI run: reading, rendering, committing)."""
     out = {g: sum(SECONDS[n] for n in names) / total for g, names in GROUPS.items()}
     step = SECONDS[MODEL_STEP]
-    out["model other"] = (step - SECONDS["linear (packed)"] - SECONDS["paged_decode_attention"]
-                          - SECONDS["prefill attention (SDPA)"]) / total
+    inside = sum(SECONDS[n] for n in (*GROUPS["linear"], *GROUPS["attention"]))
+    out["model other"] = (step - inside) / total
     out["engine"] = (total - step - SECONDS["sampler"]) / total
     return out
 
