@@ -67,10 +67,6 @@ def load(model: str | None, config: EngineConfig | None = None) -> LoadedModel:
     from batchrun.models.resolve import resolve_model
 
     config = config or EngineConfig.default()
-    device = pick_device(config.device.device)
-    if device.type == "cpu" and pick_dtype(config.device.dtype, device) in (torch.float32,
-                                                                            torch.bfloat16):
-        _kernels_in_background()  # a first build overlaps a first GGUF conversion too
     files = resolve_model(model)
     phases.mark("model files (a .gguf converted once)")
     return load_from_path(files.path, config, name=files.name, aliases=files.aliases)
@@ -133,9 +129,11 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     files = sorted(glob.glob(str(path / "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {path}")
+    from batchrun.engine import kernels as cpu_kernels
+
     kernels = None
-    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
-        kernels = _kernels_in_background()
+    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and cpu_kernels.enabled():
+        kernels = _kernels_in_background(kernel_flags(model_cfg))
     # Allocated, not initialised: every parameter is overwritten by the checkpoint. (Building on
     # the meta device instead runs its ops as Python references, whose first call imports
     # torch._dynamo: half a second.)
@@ -165,16 +163,23 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     return model.eval()
 
 
-@functools.lru_cache(maxsize=1)
-def _kernels_in_background():
-    """The future of the CPU kernel library (one per process): its first build (a C compiler
-    run of a few seconds, outside the GIL) overlaps converting and loading the weights."""
+def kernel_flags(model_cfg) -> tuple[str, ...]:
+    """The CPU kernel build for this model's attention shape (engine.kernels.shape_flags)."""
+    from batchrun.engine import kernels
+
+    return kernels.shape_flags(model_cfg.num_heads, model_cfg.num_kv_heads, model_cfg.head_dim)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels_in_background(flags: tuple[str, ...]):
+    """The future of the CPU kernel library for `flags` (one per process): its first build (a
+    C compiler run of about two seconds, outside the GIL) overlaps loading the weights."""
     from concurrent.futures import ThreadPoolExecutor
 
     from batchrun.engine import kernels
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="batchrun-kernels")
-    future = pool.submit(kernels.library)
+    future = pool.submit(kernels.library, flags)
     pool.shutdown(wait=False)
     return future
 

@@ -275,7 +275,8 @@ def _bench_model(model_cfg, layers: int, device, dtype):
     if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
         from batchrun.engine import kernels
 
-        model.cpu_kernels = kernels.library()
+        model.cpu_kernels = kernels.library(kernels.shape_flags(
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
     return model.eval()
 
 

@@ -25,7 +25,9 @@ class ModelRunner:
         self.block_size = block_size
         self.dtype = dtype
         kv_ok = str(kv_dtype or dtype) in kernels.KINDS
-        self.kernel = kernels.library() if device.type == "cpu" and kv_ok else None
+        self.kernel = kernels.library(kernels.shape_flags(
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)) if device.type == "cpu" and kv_ok \
+            else None
         self.triton = device.type == "cuda" and importlib.util.find_spec("triton") is not None
         # Cascade decode groups and prefill chunks in the kernel (engine/cascade.py); "legacy"
         # keeps each decode sequence on its own and prefill chunks on SDPA.

@@ -116,6 +116,25 @@ def test_cascade_decode_matches_reference(lib, kv_dtype, H, Hkv, D, bs):
     torch.testing.assert_close(got, reference(q, pool, tables, lens, D ** -0.5), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("H,Hkv,D,bs", [(9, 3, 64, 16), (12, 4, 48, 16)])
+def test_a_build_for_one_models_shape_matches_the_reference(H, Hkv, D, bs):
+    """What the engine loads: the kernel specialised for its model's shape only (9/3 heads of
+    64: SmolLM2's), or none (head_dim 48: the generic loop)."""
+    flags = kernels.shape_flags(H, Hkv, D)
+    assert flags == (("-DONLY_G=3", "-DONLY_D=64") if D == 64 else ("-DNO_SPECIALISED",))
+    lib = kernels.library(flags)
+    assert lib is not None and lib is not kernels.library()
+    g = torch.Generator().manual_seed(7)
+    pool = Pool(600, bs, Hkv, D, torch.float32, g)
+    tables, lens = shared_prefix_batch(g, pool, bs, prefixes=3, per_prefix=4, loners=4)
+    rows, _ = cascade.plan_rows(lib, tables_tensor(tables), [n - 1 for n in lens],
+                                [1] * len(lens), len(lens), bs)
+    q = torch.randn(len(lens), H, D, generator=g)
+    got = kernel_attention(lib, q, pool.k, pool.v, rows, bs, D ** -0.5)
+    torch.testing.assert_close(got, reference(q, pool, tables, lens, D ** -0.5), atol=2e-5,
+                               rtol=2e-5)
+
+
 def test_groups_share_only_whole_equal_blocks():
     lib, bs = kernels.library(), 4
     g = torch.Generator().manual_seed(1)

@@ -40,9 +40,7 @@ def test_batched_greedy_matches_transformers(arch, path, tmp_path, monkeypatch):
     """Mixed-length prompts decoded together (chunked prefill, paged KV) vs one-at-a-time HF,
     with the C kernels and packed linears, and with the plain PyTorch fallback they replace."""
     if path == "pytorch-only":
-        from batchrun.engine import kernels
-
-        monkeypatch.setattr(kernels, "library", lambda: None)
+        monkeypatch.setenv("BATCHRUN_DISABLE_KERNELS", "1")
         monkeypatch.setenv("BATCHRUN_PACKED_LINEAR", "0")
     hf, engine = tiny_engine(arch, tmp_path, max_num_batched_tokens=32)
     assert (engine.runner.model.cpu_kernels is None) == (path == "pytorch-only")

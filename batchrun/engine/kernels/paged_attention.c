@@ -167,9 +167,13 @@ SIMD_INLINE void run_group(const Job *j, int item, float *buf, const int G_lit, 
 #define CASE(g, d) case (g) * 1024 + (d): run_group(j, item, buf, g, (d) / VW); return;
 static void run_item(const Job *j, int item, float *buf) {
     switch ((j->H / j->Hkv) * 1024 + j->D) {
+#if defined(ONLY_G) && defined(ONLY_D)  // one model's shape: a build in a tenth of the time
+        CASE(ONLY_G, ONLY_D)
+#elif !defined(NO_SPECIALISED)
         CASE(1, 64) CASE(2, 64) CASE(3, 64) CASE(4, 64) CASE(5, 64) CASE(6, 64) CASE(7, 64)
         CASE(8, 64) CASE(1, 128) CASE(2, 128) CASE(3, 128) CASE(4, 128) CASE(5, 128)
         CASE(6, 128) CASE(7, 128) CASE(8, 128)
+#endif
     }
     run_group(j, item, buf, 0, 0);
 }
