@@ -4,7 +4,7 @@
 // `-mno-avx2 -mno-avx512f -mno-fma` variants so tests run every path on any x86-64 machine.
 //
 //   vf                   a vector of VW float32 lanes
-//   vzero/vset1/vload/vstore/vadd/vmul/vfma/vmax
+//   vzero/vset1/vload/vstore/vadd/vsub/vmul/vdiv/vfma/vmax/vmin
 //   vhsum(x), vhmax(x)   horizontal sum / max
 //   vhsums(a)            lane i = horizontal sum of a[i], for VW vectors at once
 //   vexp(x)              e^x, lanes below -87 give exactly 0 (a 5th-degree polynomial after
@@ -31,6 +31,7 @@
     SIMD_INLINE vf vadd(vf a, vf b) { return P##_add_ps(a, b); }                  \
     SIMD_INLINE vf vsub(vf a, vf b) { return P##_sub_ps(a, b); }                  \
     SIMD_INLINE vf vmul(vf a, vf b) { return P##_mul_ps(a, b); }                  \
+    SIMD_INLINE vf vdiv(vf a, vf b) { return P##_div_ps(a, b); }                  \
     SIMD_INLINE vf vfma(vf a, vf b, vf c) { return P##_fmadd_ps(a, b, c); }       \
     SIMD_INLINE vf vmax(vf a, vf b) { return P##_max_ps(a, b); }                  \
     SIMD_INLINE vf vmin(vf a, vf b) { return P##_min_ps(a, b); }
@@ -130,6 +131,7 @@ SIMD_INLINE void vstore(float *p, vf x) { *p = x; }
 SIMD_INLINE vf vadd(vf a, vf b) { return a + b; }
 SIMD_INLINE vf vsub(vf a, vf b) { return a - b; }
 SIMD_INLINE vf vmul(vf a, vf b) { return a * b; }
+SIMD_INLINE vf vdiv(vf a, vf b) { return a / b; }
 SIMD_INLINE vf vfma(vf a, vf b, vf c) { return a * b + c; }
 SIMD_INLINE vf vmax(vf a, vf b) { return a > b ? a : b; }
 SIMD_INLINE vf vmin(vf a, vf b) { return a < b ? a : b; }
