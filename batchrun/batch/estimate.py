@@ -113,7 +113,7 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     """Everything `batchrun plan` prints. `calibration`: auto (the last run of this model on
     this machine, else the micro-benchmark), last-run (fail over to the benchmark with a note),
     benchmark."""
-    from batchrun.batch import run_store, throughput
+    from batchrun.batch import calibrate, run_store, throughput
     from batchrun import footprint
 
     spec = plan.inputs.model
@@ -144,7 +144,7 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     cal = throughput.calibration_from_run(last, engine, cfg) if last is not None else None
     if cal is None:
         on_stage("calibrating: a few seconds of this engine on a 2-layer copy of the model")
-        cal = throughput.calibrate(cfg, engine)
+        cal = calibrate.calibrate(cfg, engine)
         if calibration == "last-run":
             cal = cal.scaled(1.0, f"{cal.source}; no last run of {model.name} on this machine")
     estimate.calibration = cal.source

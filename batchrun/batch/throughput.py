@@ -22,13 +22,14 @@ the KV pool holds) running) on identical requests of the workload's mean lengths
 (eight) are simulated step by step, and the steady state's steps per request extrapolate the
 rest (within ~2% of simulating everything).
 
-Calibration: `calibrate()` times the real engine on a random-weight model of the same
+Calibration: `calibrate()` (batch/calibrate.py) times the real engine on a random-weight model of the same
 architecture cut to 2 layers (1 for a 1-layer model), with every decoder layer timed, so the
 per-layer part of each coefficient is measured directly and scaled to the real depth; the rest
 (embedding, lm_head at the real vocabulary, sampling, Python) is measured as is. Decode steps
 of a scenario are reduced to their median (a shared machine stalls single steps), and the
-prefill attention pair cost is tied to the per-token cost by their FLOPs (`pair_token_ratio`)
-rather than fitted: the two rise together in every prefill step. Or
+prefill attention pair cost is tied to the per-token cost by their FLOPs
+(`calibrate.pair_token_ratio`) rather than fitted: the two rise together in every prefill
+step. Or
 `calibration_from_run()` rescales a cost model to a finished run's wall time on this machine
 (batch/run_store.py keeps the last run per model and machine).
 
@@ -44,9 +45,7 @@ import dataclasses
 import itertools
 import math
 import os
-import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from batchrun.options.engine import EngineConfig
 
@@ -234,253 +233,6 @@ def _simulate(n: int, width: int, prefill: int, decode: int, budget: int) -> lis
         if not running and not waiting:
             return finish
     raise AssertionError("unreachable")
-
-
-# ---- the micro-benchmark ---------------------------------------------------------------------
-
-
-class _NoTokenizer:
-    eos_token_id = None
-
-    def decode(self, ids, skip_special_tokens=True):
-        return ""
-
-
-def _bench_model(model_cfg, layers: int, device, dtype):
-    """A random-weight model of model_cfg's architecture with `layers` decoder layers, made
-    ready for the engine as llm.build_model makes a loaded one (packed linears, CPU kernels)."""
-    import torch
-
-    from batchrun.models import packed_linear
-    from batchrun.models.llama import LlamaModel
-
-    cfg = dataclasses.replace(model_cfg, num_layers=layers)
-    with torch.device("meta"):
-        model = LlamaModel(cfg)
-    model = model.to_empty(device=device).to(dtype)
-    model.rope = type(model.rope)(cfg).to(device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
-    # As llm.build_model does after loading the weights.
-    if device.type == "cpu" and packed_linear.available(dtype):
-        if model.lm_head is None:
-            model.lm_head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device="meta")
-            model.lm_head.weight = model.embed_tokens.weight
-        packed_linear.pack_linears(model)
-    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
-        from batchrun.engine import kernels
-
-        model.cpu_kernels = kernels.library(kernels.shape_flags(
-            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
-    return model.eval()
-
-
-class _StepRecorder:
-    """Wraps an engine's step, runner and decoder layers: per step, its features, the time in
-    decoder layers and the step's whole time."""
-
-    def __init__(self, engine):
-        self.rows: list[tuple] = []  # (tokens, context, pairs, sampled, layer_s, step_s)
-        self._layer_s = 0.0
-        runner = engine.runner
-        execute = runner.execute
-
-        def timed_execute(work):
-            tokens = context = pairs = sampled = 0
-            for req, n in work:
-                c = req.num_computed_tokens
-                tokens += n
-                if n == 1 and c == req.num_tokens - 1:
-                    context += c + 1
-                else:
-                    pairs += n * c + n * (n + 1) // 2
-                if c + n == req.num_tokens and req.max_tokens > 0:
-                    sampled += 1
-            self._layer_s = 0.0
-            start = time.perf_counter()
-            out = execute(work)
-            self.rows.append((tokens, context, pairs, sampled, self._layer_s,
-                              time.perf_counter() - start))
-            return out
-
-        runner.execute = timed_execute
-        step = engine.step
-
-        def timed_step():
-            # The whole step: scheduling and sampling happen outside runner.execute.
-            before = len(self.rows)
-            start = time.perf_counter()
-            out = step()
-            if len(self.rows) > before:
-                self.rows[-1] = self.rows[-1][:5] + (time.perf_counter() - start,)
-            return out
-
-        engine.step = timed_step
-        for layer in runner.model.layers:
-            forward = layer.forward
-
-            def timed_forward(*args, _forward=forward, **kwargs):
-                start = time.perf_counter()
-                try:
-                    return _forward(*args, **kwargs)
-                finally:
-                    self._layer_s += time.perf_counter() - start
-
-            layer.forward = timed_forward
-
-
-def _robust_rows(groups: list[list[tuple]]) -> list[tuple]:
-    """One row per prefill step, and per scenario one row for its decode steps (features
-    averaged, times their median): a shared machine's stalls hit single steps."""
-    import statistics
-
-    rows = []
-    for steps in groups:
-        decodes = [r for r in steps if r[2] == 0]
-        rows += [r for r in steps if r[2] != 0]
-        if decodes:
-            rows.append(tuple(statistics.fmean(r[k] for r in decodes) for k in range(4))
-                        + tuple(statistics.median(r[k] for r in decodes) for k in (4, 5)))
-    return rows
-
-
-def _nonneg_fit(rows: list[list[float]], target: list[float]) -> list[float]:
-    """Least squares with coefficients >= 0, relative residuals (each row weighted by 1/target):
-    the best of the non-negative unconstrained fits over subsets of the columns."""
-    import numpy as np
-
-    a = np.asarray(rows, dtype=float)
-    y = np.asarray(target, dtype=float)
-    w = 1.0 / np.maximum(y, 1e-6)
-    a, y = a * w[:, None], y * w
-    best, best_err = np.zeros(a.shape[1]), float(np.sum(y ** 2))
-    cols = range(a.shape[1])
-    for k in range(1, a.shape[1] + 1):
-        for subset in itertools.combinations(cols, k):
-            sub = a[:, subset]
-            coef, *_ = np.linalg.lstsq(sub, y, rcond=None)
-            if np.any(coef < 0):
-                continue
-            err = float(np.sum((sub @ coef - y) ** 2))
-            if err < best_err:
-                best_err = err
-                best = np.zeros(a.shape[1])
-                best[list(subset)] = coef
-    return best.tolist()
-
-
-def pair_token_ratio(model_config, inefficiency: float = 2.0) -> float:
-    """Cost of one prefill attention (query, key) pair relative to one token's pass through a
-    decoder layer's matmuls, from their FLOPs (QK^T and PV: 4 x heads x head_dim)."""
-    cfg = model_config
-    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    layer_params = cfg.hidden_size * (2 * q + 2 * kv) + 3 * cfg.hidden_size * cfg.intermediate_size
-    return inefficiency * 4 * q / (2 * layer_params)
-
-
-def calibrate(model_config, engine_config: EngineConfig | None = None,
-              seconds: float = 3.0) -> Calibration:
-    """Time this engine on this machine for `model_config`'s architecture (random weights,
-    2 decoder layers, real vocabulary), within about `seconds`; see the module docstring."""
-    import torch
-
-    from batchrun.engine.engine import Engine
-    from batchrun.engine.sampling_params import SamplingParams
-    from batchrun.llm import pick_device, pick_dtype
-
-    start = time.perf_counter()
-    config = engine_config or EngineConfig.default()
-    device = pick_device(config.device.device)
-    dtype = pick_dtype(config.device.dtype, device)
-    threads_before = torch.get_num_threads()
-    if device.type == "cpu":  # as llm.load_from_path sets them
-        threads = config.device.threads or int(os.environ.get("BATCHRUN_THREADS", 0)) or os.cpu_count()
-        torch.set_num_threads(threads or 1)
-    try:
-        layers = min(2, model_config.num_layers)
-        model = _bench_model(model_config, layers, device, dtype)
-        sched = config.scheduler
-        max_seqs = sched.max_num_seqs
-        budget = sched.max_num_batched_tokens
-        bs = config.cache.block_size
-        max_len = min(config.max_model_len or model_config.max_position_embeddings,
-                      model_config.max_position_embeddings)
-        long_ctx = max(8, min(512, max_len - 64))
-        bench_config = config.model_copy(update={
-            "cache": config.cache.model_copy(update={
-                "num_blocks": max(64, (min(64, max_seqs) + 2) * -(-(long_ctx + 64) // bs)),
-                "kv_cache_memory": None, "enable_prefix_caching": True}),
-            "max_model_len": max_len})
-        engine = Engine(model, _NoTokenizer(), bench_config, [], device, dtype,
-                        bench_config.cache.num_blocks, max_len)
-        recorder = _StepRecorder(engine)
-        gen = torch.Generator().manual_seed(1)
-        vocab = model_config.vocab_size
-
-        def tokens(n):
-            return torch.randint(0, vocab, (n,), generator=gen).tolist()
-
-        def run(batch, prompt_len, max_tokens, shared=0):
-            prefix = tokens(shared)
-            prompts = [prefix + tokens(prompt_len - shared) for _ in range(batch)]
-            params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-            t0 = time.perf_counter()
-            engine.generate(prompts, params)
-            return time.perf_counter() - t0
-
-        big = min(64, max_seqs)
-        mid = min(16, max_seqs)
-        short = min(128, long_ctx)
-        scenarios = [  # (batch, prompt, max_tokens, shared prefix)
-            (1, 32, 4, 0),  # warm-up, discarded
-            (1, short, 10, 0),
-            (mid, max(8, min(24, budget // mid)), 8, 0),
-            (big, max(8, min(8, budget // big)), 5, 0),
-            (mid, long_ctx, 5, long_ctx - 16),
-            (big, short, 4, short - 8),
-        ]
-        outside, groups = [], []
-        for i, (batch, prompt_len, max_tokens, shared) in enumerate(scenarios):
-            if i > 3 and time.perf_counter() - start > seconds:
-                break
-            first = len(recorder.rows)
-            wall = run(batch, prompt_len, max_tokens, shared)
-            steps_s = sum(r[5] for r in recorder.rows[first:])
-            if i == 0:
-                del recorder.rows[:]
-            else:
-                outside.append((wall - steps_s) / batch)
-                groups.append(recorder.rows[first:])
-        rows = _robust_rows(groups)
-        # A prefill attention pair costs what its FLOPs are worth in matmul time (twice, for
-        # the kernel's lower efficiency): fitted freely it soaks up the per-token cost, the two
-        # rising together in every prefill step.
-        ratio = pair_token_ratio(model_config)
-        fit = _nonneg_fit([[1.0, r[0] + ratio * r[2], r[1]] for r in rows],
-                          [r[4] / layers for r in rows])
-        per_layer = [fit[0], fit[1], fit[2], fit[1] * ratio]
-        rest = _nonneg_fit([[1.0, r[0], r[3]] for r in rows], [r[5] - r[4] for r in rows])
-        depth = model_config.num_layers
-        elapsed = time.perf_counter() - start
-        return Calibration(
-            source=f"micro-benchmark ({elapsed:.1f} s, {len(recorder.rows)} steps, {layers}-layer "
-                   f"random-weight model scaled to {depth} layers)",
-            step_s=rest[0] + depth * per_layer[0],
-            token_s=rest[1] + depth * per_layer[1],
-            context_s=depth * per_layer[2],
-            pair_s=depth * per_layer[3],
-            sample_s=rest[2],
-            request_s=max(0.0, sorted(outside)[len(outside) // 2]) if outside else 0.0,
-            details={"layers_timed": layers, "depth": depth, "per_layer": per_layer,
-                     "outside_layers": rest, "steps": len(recorder.rows), "seconds": elapsed,
-                     "threads": torch.get_num_threads(), "dtype": str(dtype)})
-    finally:
-        torch.set_num_threads(threads_before)
 
 
 # ---- calibration from the last run -----------------------------------------------------------

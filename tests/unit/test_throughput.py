@@ -8,7 +8,8 @@ from transformers import AutoConfig
 
 from batchrun.batch import run_store, throughput
 from batchrun.batch.run_store import load_last_run, save_run
-from batchrun.batch.throughput import (Calibration, WorkloadShape, calibrate, calibration_from_run,
+from batchrun.batch.calibrate import calibrate
+from batchrun.batch.throughput import (Calibration, WorkloadShape, calibration_from_run,
                                        estimate_seconds, estimate_steps)
 from batchrun.options.engine import EngineConfig
 from batchrun.models.llama import ModelConfig
