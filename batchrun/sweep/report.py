@@ -11,140 +11,21 @@ the page is complete. Everything that comes from the data (model outputs above a
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Sequence
 
 import polars as pl
 
 from batchrun.batch import io
 from batchrun.batch.storage import NO_OPTIONS, Storage
+from batchrun.sweep.disagreements import disagreement_section
+from batchrun.sweep.report_parts import (TOTAL_LABELS, TOTALS, Cells, Metric, cell_title,
+                                         cells_of, fmt_amount, fmt_setting, is_numeric_axis,
+                                         metric_columns, sort_key, td, varying)
 from batchrun.sweep.svg import (LABEL_CHARS, PALETTE, Bar, Point, bar_chart, clip, e, finite,
                                 fmt_metric, legend, line_chart, nice_scale, series_style)
-
-CI_LOW = "_ci_low"
-CI_HIGH = "_ci_high"
-SCORE_PREFIX = "score:"
-# Summary columns the sweep always writes besides the axes and the scorer metrics.
-TOTALS = ("examples", "prompt_tokens", "completion_tokens", "wall_time_s", "output_tokens_per_s")
-TOTAL_LABELS = {"examples": "examples", "prompt_tokens": "prompt tokens",
-                "completion_tokens": "completion tokens", "wall_time_s": "wall s",
-                "output_tokens_per_s": "output tok/s"}
-TOP_DISAGREEMENTS = 10
-MAX_OUTPUT_CHARS = 600      # an output shown in the disagreements, before "… N more characters"
-MAX_CHOICES_SHOWN = 3       # choices shown per cell and example (n > 1)
-OPEN_DETAILS_UP_TO = 16     # cells; with more, each disagreement's table starts folded
-
-
-# ---------------------------------------------------------------------------------- the data
-
-@dataclass(frozen=True)
-class Metric:
-    """One scorer's metric in the summary: `<scorer>:<metric>` and its 95% interval columns."""
-
-    scorer: str
-    metric: str
-    has_ci: bool = True
-
-    @property
-    def column(self) -> str:
-        return f"{self.scorer}:{self.metric}"
-
-    @property
-    def low(self) -> str:
-        return self.column + CI_LOW
-
-    @property
-    def high(self) -> str:
-        return self.column + CI_HIGH
-
-    @property
-    def label(self) -> str:
-        return f"{self.scorer} {self.metric}"
-
-
-def metric_columns(columns: Iterable[str], axes: Iterable[str] = ()) -> list[Metric]:
-    """The (scorer, metric) pairs of a summary's column names, in column order.
-
-    `<scorer>:<metric>` is a metric; `<scorer>:<metric>_ci_low`/`_ci_high` its interval when
-    that metric's column exists (a lone `x:y_ci_low` is a metric of its own). The metric is
-    what follows the last colon (`pass@1`, `mean`); axis columns are never metrics."""
-    columns = list(columns)
-    present, skip = set(columns), set(axes)
-    found = []
-    for col in columns:
-        if col in skip or ":" not in col or col.startswith(SCORE_PREFIX):
-            continue
-        base = next((col[:-len(s)] for s in (CI_LOW, CI_HIGH) if col.endswith(s)), None)
-        if base is not None and base in present:
-            continue
-        scorer, _, metric = col.rpartition(":")
-        if scorer and metric:
-            found.append(Metric(scorer, metric, f"{col}{CI_LOW}" in present
-                                and f"{col}{CI_HIGH}" in present))
-    return found
-
-
-def score_columns(results: pl.DataFrame) -> list[str]:
-    """The per-row scorer columns of the results (`score:<name>`)."""
-    return [c for c in results.columns if c.startswith(SCORE_PREFIX)]
-
-
-def is_numeric_axis(frame: pl.DataFrame, axis: str) -> bool:
-    dtype = frame.schema[axis]
-    return dtype.is_numeric() and dtype != pl.Boolean
-
-
-def varying(frame: pl.DataFrame, axes: Sequence[str]) -> list[str]:
-    """The axes that take more than one value across the summary's cells."""
-    return [a for a in axes if a in frame.columns and frame[a].n_unique() > 1]
-
-
-def fmt_setting(value: Any) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return "–" if not math.isfinite(value) else f"{value:g}"
-    return str(value)
-
-
-def fmt_amount(value: Any, digits: int = 0) -> str:
-    number = finite(value)
-    if number is None:
-        return "–"
-    return f"{number:,.{digits}f}"
-
-
-@dataclass
-class Cells:
-    """The summary's cells in its order, each with its label (the settings that vary)."""
-
-    ids: list[str]
-    rows: list[dict]
-    labels: dict[str, str]      # cell -> "model=a · temperature=0.7"
-    fixed: dict[str, Any]       # axis -> its one value, for the axes that do not vary
-    varying: list[str]
-
-
-def cells_of(summary: pl.DataFrame, axes: Sequence[str]) -> Cells:
-    axes = [a for a in axes if a in summary.columns]
-    moving = varying(summary, axes)
-    rows = summary.to_dicts()
-    ids = [str(r["cell"]) for r in rows]
-    labels = {}
-    for cid, row in zip(ids, rows):
-        settings = " · ".join(f"{a}={fmt_setting(row[a])}" for a in moving)
-        labels[cid] = settings
-    fixed = {a: rows[0][a] for a in axes if a not in moving} if rows else {}
-    return Cells(ids, rows, labels, fixed, moving)
-
-
-def cell_title(cells: Cells, cid: str) -> str:
-    return f"{cid} {cells.labels[cid]}".strip()
 
 
 # ---------------------------------------------------------------------------------- sections
@@ -191,18 +72,6 @@ def summary_table(summary: pl.DataFrame, cells: Cells, axes: Sequence[str],
         out.append("<tr>" + "".join(tds) + "</tr>")
     out.append("</tbody></table></div>")
     return "".join(out)
-
-
-def sort_key(value: Any) -> str:
-    number = finite(value)
-    return "" if number is None else repr(number)
-
-
-def td(text: str, key: str, cls: str = "", raw: bool = False) -> str:
-    """A table cell; `key` is what the sorting script compares ("" sorts last)."""
-    body = text if raw else e(text)
-    cls_attr = f' class="{cls}"' if cls else ""
-    return f'<td data-v="{e(key)}"{cls_attr}>{body}</td>'
 
 
 def cell_colors(summary: pl.DataFrame, cells: Cells) -> tuple[dict[str, str], dict]:
@@ -287,100 +156,6 @@ def cost_charts(cells: Cells, colors: dict[str, str]) -> list[str]:
 def figure(caption: str, body: str, tall: bool = False) -> str:
     cls = "figure tall" if tall else "figure"
     return f'<figure class="{cls}"><figcaption>{e(caption)}</figcaption>{body}</figure>'
-
-
-def per_example_scores(results: pl.DataFrame, column: str) -> pl.DataFrame:
-    """(cell, id, score): each cell's mean score over an example's choices."""
-    return (results.select(pl.col("cell").cast(pl.String), pl.col("id").cast(pl.String),
-                           pl.col(column).cast(pl.Float64).fill_nan(None).alias("score"))
-            .group_by("cell", "id").agg(pl.col("score").mean()))
-
-
-def disagreements(results: pl.DataFrame, column: str, top: int = TOP_DISAGREEMENTS
-                  ) -> pl.DataFrame:
-    """The examples whose per-example score differs most across cells: id, spread (max − min
-    of the cells' per-example means), std, and how many cells scored it. Only examples at
-    least two cells scored and that some pair of cells scored differently."""
-    scores = per_example_scores(results, column).drop_nulls("score")
-    return (scores.group_by("id")
-            .agg(spread=pl.col("score").max() - pl.col("score").min(),
-                 std=pl.col("score").std(), cells=pl.len())
-            .filter((pl.col("cells") >= 2) & (pl.col("spread") > 0))
-            .sort(["spread", "std", "id"], descending=[True, True, False], nulls_last=True)
-            .head(top))
-
-
-def truncated(text: str | None, limit: int = MAX_OUTPUT_CHARS) -> str:
-    """Escaped model text, cut at `limit` characters with a note of what was left out."""
-    if text is None:
-        return '<span class="muted">(no output)</span>'
-    if len(text) <= limit:
-        return e(text)
-    more = len(text) - limit
-    return e(text[:limit]) + f'<span class="muted">… ({more:,} more characters)</span>'
-
-
-def disagreement_section(results: pl.DataFrame, cells: Cells) -> str:
-    columns = score_columns(results)
-    if not columns:
-        return '<p class="muted">No scorer columns in the results.</p>'
-    if len(cells.ids) < 2:
-        return '<p class="muted">One cell: there is nothing to disagree with.</p>'
-    order = {cid: i for i, cid in enumerate(cells.ids)}
-    out = []
-    for column in columns:
-        name = column[len(SCORE_PREFIX):]
-        out.append(f'<h3>{e(name)}</h3>')
-        if results[column].cast(pl.Float64).fill_nan(None).null_count() == results.height:
-            out.append('<p class="muted">No per-example scores: the scorer raised (or gave '
-                       'no number) for every row.</p>')
-            continue
-        top = disagreements(results, column)
-        if top.height == 0:
-            out.append('<p class="muted">The cells agree on every example.</p>')
-            continue
-        out.append(f'<p class="muted">The {top.height} examples whose mean {e(name)} differs '
-                   'most across cells (spread = highest − lowest cell).</p>')
-        means = per_example_scores(results, column)
-        shown = results.filter(pl.col("id").cast(pl.String).is_in(top["id"].to_list()))
-        for ex in top.iter_rows(named=True):
-            rows = (shown.filter(pl.col("id").cast(pl.String) == ex["id"])
-                    .with_columns(pl.col("cell").cast(pl.String)))
-            mean_of = {r["cell"]: r["score"] for r in
-                       means.filter(pl.col("id") == ex["id"]).iter_rows(named=True)}
-            by_cell: dict[str, list[dict]] = {}
-            for r in rows.sort("choice").iter_rows(named=True):
-                by_cell.setdefault(r["cell"], []).append(r)
-            ordered = sorted(by_cell, key=lambda c: order.get(c, len(order)))
-            is_open = " open" if len(ordered) <= OPEN_DETAILS_UP_TO else ""
-            out.append(f'<details class="example"{is_open}><summary><code>{e(ex["id"])}'
-                       f'</code> spread {fmt_metric(ex["spread"])}, {ex["cells"]} cells</summary>')
-            out.append('<table class="outputs"><thead><tr><th>cell</th><th>settings</th>'
-                       f'<th>{e(name)}</th><th>output</th></tr></thead><tbody>')
-            for cid in ordered:
-                choices = by_cell[cid]
-                parts = []
-                for r in choices[:MAX_CHOICES_SHOWN]:
-                    head = []
-                    if len(choices) > 1:
-                        head.append(f"choice {r['choice']}")
-                    score = finite(r.get(column))
-                    if len(choices) > 1:
-                        head.append(f"score {fmt_metric(score)}")
-                    if r.get("finish_reason") not in (None, "stop"):
-                        head.append(f"finish: {r['finish_reason']}")
-                    meta = (f'<div class="meta">{e(" · ".join(head))}</div>' if head else "")
-                    error = (f'<div class="bad">error: {truncated(r["error"], 300)}</div>'
-                             if r.get("error") else "")
-                    parts.append(f'{meta}{error}<pre>{truncated(r.get("output"))}</pre>')
-                if len(choices) > MAX_CHOICES_SHOWN:
-                    parts.append(f'<div class="muted">+{len(choices) - MAX_CHOICES_SHOWN} more '
-                                 'choices</div>')
-                out.append(f'<tr><td><code>{e(cid)}</code></td><td>{e(cells.labels.get(cid, ""))}'
-                           f'</td><td class="num">{fmt_metric(mean_of.get(cid))}</td>'
-                           f'<td class="output">{"".join(parts)}</td></tr>')
-            out.append("</tbody></table></details>")
-    return "".join(out)
 
 
 # ---------------------------------------------------------------------------------- the page
