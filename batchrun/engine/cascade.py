@@ -62,7 +62,7 @@ def plan_rows(kernel, table: torch.Tensor, starts: list[int], counts: list[int],
         shareds.append(shared)
         shared_any = bool(shared.any())
     in_kernel = []
-    row = num_decode
+    row, ordered = num_decode, num_decode  # ordered: rows in `orders` so far
     for i in range(num_decode, len(counts)):
         c, n = starts[i], counts[i]
         in_kernel.append(c > 0)
@@ -72,7 +72,8 @@ def plan_rows(kernel, table: torch.Tensor, starts: list[int], counts: list[int],
             row_len[row:row + n] = c + j + 1
             tiles = j[::TILE]
             orders.append((row + j).astype(np.int32))
-            group_starts.append((sum(map(len, orders[:-1])) + tiles).astype(np.int32))
+            group_starts.append((ordered + tiles).astype(np.int32))
+            ordered += n
             shareds.append(((c + tiles + 1) // bs).astype(np.int32))
         row += n
     if not shared_any and not any(in_kernel):
