@@ -117,3 +117,37 @@ def job_plan(**options):
     return make_plan(RunOptions(inputs=sections[InputOptions], job=sections[JobOptions],
                                 engine=sections[EngineConfig], openai=sections[OpenAIOptions],
                                 defaults=defaults))
+
+
+TERMINAL_BATCH = ("completed", "failed", "cancelled", "expired")
+
+
+def jsonl(lines) -> bytes:
+    import json
+
+    return "".join(json.dumps(x) + "\n" for x in lines).encode()
+
+
+def upload_batch_file(client, lines, name="input.jsonl"):
+    """Batch lines uploaded through the openai client's Files API (purpose batch)."""
+    import io
+
+    return client.files.create(file=(name, io.BytesIO(jsonl(lines))), purpose="batch")
+
+
+def poll_batch(client, batch_id, until=TERMINAL_BATCH, timeout=120):
+    """The batch once its status is one of `until`."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in until:
+            return batch
+        time.sleep(0.1)
+    raise AssertionError(f"batch {batch_id} still {batch.status}")
+
+
+def file_records(client, file_id) -> list[dict]:
+    """The JSON lines of a stored file."""
+    import json
+
+    return [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x.strip()]

@@ -15,7 +15,7 @@ from batchrun.batch.commands import validate
 from batchrun.batch.runner import run_batch
 from batchrun.openai.serving import OpenAIServing, ServingOptions
 from batchrun.options.openai import OpenAIOptions
-from tests.helpers import job_plan
+from tests.helpers import file_records, job_plan, poll_batch, upload_batch_file
 from tests.server.conftest import serve
 
 STEM = ("The following passage describes the history of the lighthouse on the northern cape, "
@@ -146,24 +146,15 @@ def test_openai_client_against_serve(real_model, tmp_path):
 
 
 def _embeddings_batch(client, inputs):
-    """An /v1/embeddings batch of two lines (two inputs each) through the Batches API, done;
+    """An /v1/embeddings batch of two lines (two inputs each) through the Batches API, done,
     and its output records."""
-    import io
-    import time
-
     lines = [{"custom_id": cid, "method": "POST", "url": "/v1/embeddings",
               "body": {"model": "smollm2-135m", "input": part, "encoding_format": "float"}}
              for cid, part in (("first-two", inputs[:2]), ("last-two", inputs[2:4]))]
-    f = client.files.create(file=("emb.jsonl", io.BytesIO(
-        "".join(json.dumps(x) + "\n" for x in lines).encode())), purpose="batch")
-    batch = client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
-                                  completion_window="24h")
-    deadline = time.time() + 120
-    while batch.status not in ("completed", "failed", "cancelled") and time.time() < deadline:
-        time.sleep(0.1)
-        batch = client.batches.retrieve(batch.id)
-    return batch, [json.loads(x) for x in
-                   client.files.content(batch.output_file_id).text.splitlines()]
+    f = upload_batch_file(client, lines, "emb.jsonl")
+    batch = poll_batch(client, client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
+                                                     completion_window="24h").id)
+    return batch, file_records(client, batch.output_file_id)
 
 
 def test_batch_file_mixes_embeddings_and_chat(real_model, tmp_path):

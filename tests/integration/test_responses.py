@@ -5,7 +5,6 @@ validates as openai.types.responses.Response."""
 
 import io
 import json
-import time
 
 import jsonschema
 import openai
@@ -13,6 +12,7 @@ import pytest
 from openai.types.responses import Response
 
 from batchrun.openai.render import load_chat_template
+from tests.helpers import poll_batch
 from tests.server.conftest import serve
 
 pytestmark = pytest.mark.slow
@@ -263,7 +263,7 @@ def test_the_batches_api_takes_responses_batches(api):
         "".join(json.dumps(x) + "\n" for x in lines).encode())), purpose="batch")
     batch = client.batches.create(input_file_id=f.id, endpoint="/v1/responses",
                                   completion_window="24h")
-    batch = _poll(client, batch.id)
+    batch = poll_batch(client, batch.id)
     assert batch.status == "completed", batch
     assert batch.request_counts.completed == 1 and batch.request_counts.failed == 1
     (ok,) = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
@@ -278,18 +278,9 @@ def test_the_batches_api_takes_responses_batches(api):
                             url="/v1/chat/completions")]
     f = client.files.create(file=("mixed.jsonl", io.BytesIO(
         "".join(json.dumps(x) + "\n" for x in mixed).encode())), purpose="batch")
-    batch = _poll(client, client.batches.create(input_file_id=f.id, endpoint="/v1/responses",
-                                                completion_window="24h").id)
+    batch = poll_batch(client, client.batches.create(input_file_id=f.id,
+                                                     endpoint="/v1/responses",
+                                                     completion_window="24h").id)
     assert batch.status == "failed" and batch.errors.data[0].line == 2
     assert batch.errors.data[0].code == "invalid_url"
     assert batch.usage.total_tokens == 0  # nothing ran
-
-
-def _poll(client, batch_id, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in ("completed", "failed", "cancelled", "expired"):
-            return batch
-        time.sleep(0.1)
-    raise AssertionError(f"batch {batch_id} still {batch.status}")

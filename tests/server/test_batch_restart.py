@@ -6,7 +6,8 @@ import json
 import pytest
 
 from tests.server.conftest import engine_idle, serve, wait_for
-from tests.server.test_batches_api import create, line, poll, records, upload
+from tests.helpers import file_records, poll_batch, upload_batch_file
+from tests.server.test_batches_api import create, line
 
 pytestmark = pytest.mark.slow
 
@@ -15,7 +16,7 @@ def test_a_restarted_server_resumes_a_batch(real_model, tmp_path):
     lines = [line(f"r{i}", f"Tell me about the number {i}.", max_tokens=16) for i in range(16)]
     with serve(real_model, tmp_path, batch_max_in_flight=2) as srv:
         client = srv.client()
-        batch = create(client, upload(client, lines).id)
+        batch = create(client, upload_batch_file(client, lines).id)
         assert wait_for(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 2,
                         timeout=60)
     assert engine_idle(real_model.engine)
@@ -23,9 +24,9 @@ def test_a_restarted_server_resumes_a_batch(real_model, tmp_path):
     assert stored["status"] == "in_progress"
     with serve(real_model, tmp_path, batch_max_in_flight=8) as srv:
         client = srv.client()
-        done = poll(client, batch.id)
+        done = poll_batch(client, batch.id)
         assert done.status == "completed" and done.request_counts.completed == 16
-        out = records(client, done.output_file_id)
+        out = file_records(client, done.output_file_id)
         assert [r["custom_id"] for r in out] == [f"r{i}" for i in range(16)]
 
 

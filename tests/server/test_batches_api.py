@@ -1,41 +1,20 @@
 """Files + Batches API through the official openai client, on the bundled model."""
 
 import io
-import json
-import time
 
 import openai
 import pytest
 
+from tests.helpers import TERMINAL_BATCH, file_records, jsonl, poll_batch, upload_batch_file
 from tests.server.conftest import engine_idle, wait_for
 
 pytestmark = pytest.mark.slow
-
-TERMINAL = ("completed", "failed", "cancelled", "expired")
 
 
 def line(custom_id, content, max_tokens=6, **body):
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
             "body": {"model": "smollm2-135m", "max_tokens": max_tokens, "temperature": 0,
                      "messages": [{"role": "user", "content": content}], **body}}
-
-
-def jsonl(lines) -> bytes:
-    return "".join(json.dumps(x) + "\n" for x in lines).encode()
-
-
-def upload(client, lines, name="input.jsonl"):
-    return client.files.create(file=(name, io.BytesIO(jsonl(lines))), purpose="batch")
-
-
-def poll(client, batch_id, until=TERMINAL, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in until:
-            return batch
-        time.sleep(0.1)
-    raise AssertionError(f"batch {batch_id} still {batch.status}")
 
 
 def create(client, file_id, endpoint="/v1/chat/completions", **kw):
@@ -45,20 +24,16 @@ def create(client, file_id, endpoint="/v1/chat/completions", **kw):
 
 def two_batches(client):
     """Two batches of one line each over the same uploaded file, created back to back."""
-    f = upload(client, [line("a", "Hi")])
+    f = upload_batch_file(client, [line("a", "Hi")])
     return create(client, f.id), create(client, f.id)
 
 
 def running_batch(client, prompt, n, max_tokens):
     """A batch of `n` lines r0.. (`prompt` formatted with the line's number), once it runs."""
     lines = [line(f"r{i}", prompt.format(i), max_tokens=max_tokens) for i in range(n)]
-    batch = create(client, upload(client, lines).id)
-    poll(client, batch.id, until=("in_progress",) + TERMINAL)
+    batch = create(client, upload_batch_file(client, lines).id)
+    poll_batch(client, batch.id, until=("in_progress",) + TERMINAL_BATCH)
     return batch
-
-
-def records(client, file_id):
-    return [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x.strip()]
 
 
 def test_batch_runs_to_completion_with_output_and_error_files(api):
@@ -66,7 +41,7 @@ def test_batch_runs_to_completion_with_output_and_error_files(api):
     lines = [line("capital", "What is the capital of France?", max_tokens=10),
              line("bad", "Hello", temperature=9),
              line("count", "Count to three.")]
-    f = upload(client, lines)
+    f = upload_batch_file(client, lines)
     assert f.purpose == "batch" and f.bytes == len(jsonl(lines)) and f.filename == "input.jsonl"
     assert client.files.retrieve(f.id).id == f.id
     assert f.id in [x.id for x in client.files.list(purpose="batch").data]
@@ -74,17 +49,17 @@ def test_batch_runs_to_completion_with_output_and_error_files(api):
     batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
                                   completion_window="24h", metadata={"job": "test"})
     assert batch.status in ("validating", "in_progress") and batch.metadata == {"job": "test"}
-    batch = poll(client, batch.id)
+    batch = poll_batch(client, batch.id)
     assert batch.status == "completed", batch
     assert batch.request_counts.total == 3
     assert (batch.request_counts.completed, batch.request_counts.failed) == (2, 1)
     assert batch.in_progress_at and batch.finalizing_at and batch.completed_at
 
-    out = records(client, batch.output_file_id)
+    out = file_records(client, batch.output_file_id)
     assert [r["custom_id"] for r in out] == ["capital", "count"]  # input order
     assert "Paris" in out[0]["response"]["body"]["choices"][0]["message"]["content"]
     assert out[0]["response"]["status_code"] == 200
-    errs = records(client, batch.error_file_id)
+    errs = file_records(client, batch.error_file_id)
     assert [r["custom_id"] for r in errs] == ["bad"]
     assert errs[0]["response"]["status_code"] == 400
     assert client.files.retrieve(batch.output_file_id).purpose == "batch_output"
@@ -98,7 +73,7 @@ def test_batch_runs_to_completion_with_output_and_error_files(api):
 
 def test_bad_batch_requests_are_refused(api):
     client = api.client()
-    f = upload(client, [line("a", "Hi")])
+    f = upload_batch_file(client, [line("a", "Hi")])
     with pytest.raises(openai.NotFoundError):
         client.batches.create(input_file_id="file-nope", endpoint="/v1/chat/completions",
                               completion_window="24h")
@@ -115,8 +90,8 @@ def test_bad_batch_requests_are_refused(api):
 def test_a_line_for_another_endpoint_fails_validation(api):
     client = api.client()
     other = dict(line("b", "Hi"), url="/v1/completions")
-    f = upload(client, [line("a", "Hi"), other])
-    batch = poll(client, create(client, f.id).id)
+    f = upload_batch_file(client, [line("a", "Hi"), other])
+    batch = poll_batch(client, create(client, f.id).id)
     assert batch.status == "failed" and batch.failed_at
     assert batch.errors.data[0].line == 2 and batch.errors.data[0].code == "invalid_url"
 
@@ -126,7 +101,7 @@ def test_cancel_keeps_what_finished_and_frees_the_engine(api):
     batch = running_batch(client, "Write a long story about the number {}.", 40, max_tokens=300)
     cancelled = client.batches.cancel(batch.id)
     assert cancelled.status in ("cancelling", "cancelled")
-    batch = poll(client, batch.id)
+    batch = poll_batch(client, batch.id)
     assert batch.status == "cancelled" and batch.cancelled_at
     assert batch.request_counts.completed < 40
     assert wait_for(lambda: engine_idle(api.state.model.engine), timeout=20)
@@ -142,7 +117,7 @@ def test_interactive_requests_run_while_a_batch_fills_the_engine(api):
     assert r.choices[0].message.content
     # The interactive answer did not wait for the whole batch.
     assert client.batches.retrieve(batch.id).status in ("in_progress", "finalizing", "completed")
-    assert poll(client, batch.id).status == "completed"
+    assert poll_batch(client, batch.id).status == "completed"
 
 
 def _crash_first_run(monkeypatch, leave_request=False):
@@ -172,14 +147,14 @@ def test_a_batch_that_crashes_fails_alone(api, monkeypatch):
     _crash_first_run(monkeypatch, leave_request=True)
     client = api.client()
     first, second = two_batches(client)
-    first = poll(client, first.id)
+    first = poll_batch(client, first.id)
     assert first.status == "failed" and first.failed_at
     assert first.errors.data[0].code == "internal_error"
     assert "the runner tripped" in first.errors.data[0].message
     # Its request is gone from the shared engine (it would run 2000 tokens otherwise).
     engine = api.state.model.engine
     assert wait_for(lambda: "left-behind" not in engine.groups, timeout=5)
-    assert poll(client, second.id).status == "completed"
+    assert poll_batch(client, second.id).status == "completed"
     assert httpx.get(api.url + "/health").status_code == 200
     assert wait_for(lambda: engine_idle(engine), timeout=20)
 
@@ -196,7 +171,7 @@ def test_a_batch_worker_survives_a_failure_it_cannot_record(api, monkeypatch, ca
     monkeypatch.setattr(manager, "_fail", fail)
     client = api.client()
     first, second = two_batches(client)
-    assert poll(client, second.id).status == "completed"
+    assert poll_batch(client, second.id).status == "completed"
     assert f"could not mark batch {first.id} failed" in caplog.text
 
 
@@ -204,9 +179,9 @@ def test_the_batch_reports_usage_summed_over_its_outputs(api):
     client = api.client()
     lines = [line("a", "Name a colour.", max_tokens=5), line("b", "Name a fruit.", max_tokens=7),
              line("bad", "Hello", temperature=9)]
-    batch = poll(client, create(client, upload(client, lines).id).id)
+    batch = poll_batch(client, create(client, upload_batch_file(client, lines).id).id)
     assert batch.status == "completed"
-    bodies = [r["response"]["body"] for r in records(client, batch.output_file_id)]
+    bodies = [r["response"]["body"] for r in file_records(client, batch.output_file_id)]
     usage = batch.usage  # parsed by the client as openai.types.BatchUsage
     assert isinstance(usage, openai.types.BatchUsage)
     assert usage.input_tokens == sum(b["usage"]["prompt_tokens"] for b in bodies) > 0
@@ -219,7 +194,7 @@ def test_the_batch_reports_usage_summed_over_its_outputs(api):
 
 def test_metadata_is_limited_as_openai_limits_it(api):
     client = api.client()
-    f = upload(client, [line("a", "Hi")])
+    f = upload_batch_file(client, [line("a", "Hi")])
     for metadata, param in (({f"k{i}": "v" for i in range(17)}, "metadata"),
                             ({"k" * 65: "v"}, "metadata"), ({"k": "v" * 513}, "metadata"),
                             ({"k": 1}, "metadata.k")):
@@ -236,10 +211,10 @@ def test_output_files_expire_when_the_batch_says(api):
                             purpose="batch", expires_after={"anchor": "created_at",
                                                             "seconds": 7200})
     assert f.expires_at == f.created_at + 7200
-    default = upload(client, [line("a", "Hi")])
+    default = upload_batch_file(client, [line("a", "Hi")])
     assert default.expires_at == default.created_at + 30 * 24 * 3600  # OpenAI's default
     batch = create(client, f.id, output_expires_after={"anchor": "created_at", "seconds": 3600})
-    batch = poll(client, batch.id)
+    batch = poll_batch(client, batch.id)
     out = client.files.retrieve(batch.output_file_id)
     assert out.expires_at == out.created_at + 3600
     for bad in ({"anchor": "created_at", "seconds": 60}, {"anchor": "last_active_at",

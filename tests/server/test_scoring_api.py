@@ -11,7 +11,7 @@ import pytest
 from batchrun.batch.runner import run_batch
 from tests.helpers import job_plan
 from tests.server.conftest import API_KEY
-from tests.server.test_batches_api import poll, records, upload
+from tests.helpers import file_records, poll_batch, upload_batch_file
 
 pytestmark = pytest.mark.slow
 
@@ -102,13 +102,13 @@ def test_http_batch_file_and_batches_api_agree(batch_file_results, api):
         close(comparable(r["response"]["body"]), comparable(http[r["custom_id"]]))
 
     client = api.client()
-    batch = client.batches.create(input_file_id=upload(client, lines()).id, endpoint=URL,
+    batch = client.batches.create(input_file_id=upload_batch_file(client, lines()).id, endpoint=URL,
                                   completion_window="24h")
-    batch = poll(client, batch.id)
+    batch = poll_batch(client, batch.id)
     assert batch.status == "completed" and batch.request_counts.failed == len(BAD)
-    for r in records(client, batch.output_file_id):
+    for r in file_records(client, batch.output_file_id):
         close(comparable(r["response"]["body"]), comparable(http[r["custom_id"]]))
-    check_errors(records(client, batch.error_file_id))
+    check_errors(file_records(client, batch.error_file_id))
 
     scored = http["echo_text"]["choices"][0]
     assert scored["text"] == GOOD["echo_text"]["prompt"]
