@@ -8,7 +8,7 @@ cache per step: what this run's path read, and what the legacy path (each decode
 whole context, each prefill chunk a gathered copy of its cached context) reads for the same steps.
 
     python benchmarks/step_breakdown.py [WORKLOAD] [--dtype bfloat16] [--fewshot]
-        [--fewshot-prefixes N] [--attention-kernel cascade|legacy]
+        [--fewshot-prefixes N] [--attention-kernel cascade|legacy] [--max-tokens N]
 
 WORKLOAD defaults to the generated benchmarks/data/humaneval_chat.jsonl (benchmarks/workloads.py).
 """
@@ -72,6 +72,8 @@ def main() -> None:
     ap.add_argument("--fewshot-prefixes", type=int, default=20, help="with --fewshot: prefixes "
                     "(x 8 requests each)")
     ap.add_argument("--attention-kernel", default="cascade", choices=["cascade", "legacy"])
+    ap.add_argument("--max-tokens", type=int, help="every request's max_tokens instead of the "
+                    "workload's (1: the prompts' prefill alone)")
     args = ap.parse_args()
     if args.workload is None:
         args.workload = workload_path()
@@ -87,7 +89,7 @@ def main() -> None:
         work = fewshot_workload(args.workload, loaded.tokenizer, args.limit, args.fewshot_prefixes)
     else:
         work = load_workload(args.workload, loaded.tokenizer, args.limit)
-    params = [SamplingParams(temperature=0, max_tokens=m) for m in work.max_tokens]
+    params = [SamplingParams(temperature=0, max_tokens=args.max_tokens or m) for m in work.max_tokens]
     start = time.perf_counter()
     outs = engine.generate(work.prompts, params)
     total = time.perf_counter() - start
@@ -100,7 +102,7 @@ def main() -> None:
         print(f"{name:32}{step_timers.CALLS[name]:>8}{sec:>10.2f}{sec / total:>8.1%}")
     rest = total - step_timers.SECONDS[step_timers.MODEL_STEP]
     print(f"{'engine outside the model step':32}{'':>8}{rest:>10.2f}{rest / total:>8.1%}")
-    steps = CALLS["model step (runner.execute)"]
+    steps = step_timers.CALLS[step_timers.MODEL_STEP]
     mb = KV_ROWS["bytes per row"] / 1e6 / max(1, steps)
     print(f"KV read from the paged cache per step (all layers): {KV_ROWS['read'] * mb:.1f} MB "
           f"this path, {KV_ROWS['legacy'] * mb:.1f} MB the legacy path "

@@ -16,7 +16,12 @@
 //           tokens of one chunk; the blocks every token of the tile sees fully are shared, the
 //           last one or two (the causal diagonal) are each token's own.
 //
-// Work is split over (group, kv head) items across threads by estimated cost. KV elements are
+// Work is split across threads by estimated cost over items: a group with all its KV heads (a
+// block's rows hold the heads side by side, so a tile's memory is read in one sweep), or a
+// (group, KV head) when there are too few groups to keep the threads busy. A row walks its
+// blocks in tiles of about TILE_KEYS keys: all the tile's scores, then one online-softmax
+// update, while the next tile is prefetched (the blocks lie anywhere in the pool, where the
+// hardware prefetchers do not look). KV elements are
 // float32, float16 or bfloat16, widened to float32 on load; arithmetic is float32. The vector
 // width comes from simd.h (AVX-512, AVX2+FMA or portable); G (query heads per KV head) and D
 // are compile-time constants for the common shapes so the loops unroll into registers.
@@ -29,6 +34,10 @@
 #define MAX_D 256
 #define MAX_G 16
 #define MAX_BS 256
+#define MAX_TILE 256  // keys per softmax update (p's row length; >= MAX_BS)
+#ifndef TILE_KEYS
+#define TILE_KEYS 64  // keys a tile aims at: 4 blocks of 16 (their K and V fit in L1)
+#endif
 #define MAX_GROUP 16  // rows attended together over shared blocks
 #define NEG (-1e30f)  // "minus infinity" that stays finite (the library is built -ffinite-math-only)
 
@@ -43,8 +52,9 @@ typedef struct {
     const int32_t *group_start;  // [groups + 1] into order
     const int32_t *group_shared; // [groups] leading blocks read once for the group (NULL: none)
     int H, Hkv, D, bs, max_blocks, kind;
+    int per_item;              // KV heads per work item (all of them, or 1 when there are few groups)
     float scale;
-    int first, last;           // range of (group * Hkv + kvh) work items
+    int first, last;           // range of (group, first head) work items
 } Job;
 
 typedef struct {  // one row's query heads of one KV head
@@ -67,24 +77,32 @@ SIMD_INLINE void score_keys(const Job *j, const State *s, int64_t row0, const in
             for (int t = 0; t < nt; t++)
                 acc[t] = vfma(vload_kv(j->kind, j->k, row0 + t * stride + c * VW), qc, acc[t]);
         }
-        vstore(p + g * MAX_BS, vhsums(acc));
+        vstore(p + g * MAX_TILE, vhsums(acc));
     }
 }
 
-// Fold the n rows of one block (starting at element row0 of the pools) into a row's state.
-SIMD_INLINE void attend_block(const Job *j, State *s, int64_t row0, int n, float *p, const int G,
-                              const int CH) {
-    const int D = CH * VW;
+// Fold a tile of nblk blocks into a row's state: block b's rows start at element row0[b] of the
+// pools and hold bs keys, the last one last_n. The tile's scores are all computed before one
+// online-softmax update (one max, one rescale per query head per tile, not per block: the
+// update is a chain of dependent reductions that a single 16-key block cannot hide).
+SIMD_INLINE void attend_tile(const Job *j, State *s, const int64_t *row0, int nblk, int last_n,
+                             float *p, const int G, const int CH) {
+    const int D = CH * VW, bs = j->bs;
     const int64_t stride = (int64_t)j->Hkv * D;
+    const int n = (nblk - 1) * bs + last_n;
     // Scores p[g][t] = q_g . k_t (q is pre-scaled), VW keys at a time: one accumulator per key,
-    // then one transpose-and-add tree (vhsums) gives the VW scores as a vector.
-    for (int t0 = 0; t0 < n; t0 += VW) {
-        if (n - t0 >= VW) score_keys(j, s, row0 + t0 * stride, VW, p + t0, G, CH);
-        else score_keys(j, s, row0 + t0 * stride, n - t0, p + t0, G, CH);
+    // then one transpose-and-add tree (vhsums) gives the VW scores as a vector. A store past a
+    // block's end is overwritten by the next block's scores (or padded below).
+    for (int b = 0; b < nblk; b++) {
+        const int nb = b == nblk - 1 ? last_n : bs;
+        for (int t0 = 0; t0 < nb; t0 += VW) {
+            if (nb - t0 >= VW) score_keys(j, s, row0[b] + t0 * stride, VW, p + b * bs + t0, G, CH);
+            else score_keys(j, s, row0[b] + t0 * stride, nb - t0, p + b * bs + t0, G, CH);
+        }
     }
     const int padded = (n + VW - 1) / VW * VW;
     for (int g = 0; g < G; g++) {  // online softmax: rescale to the new max, exponentiate
-        float *pg = p + g * MAX_BS;
+        float *pg = p + g * MAX_TILE;
         for (int t = n; t < padded; t++) pg[t] = NEG;
         vf vm = vset1(NEG);
         for (int t = 0; t < padded; t += VW) vm = vmax(vm, vload(pg + t));
@@ -105,20 +123,25 @@ SIMD_INLINE void attend_block(const Job *j, State *s, int64_t row0, int n, float
         }
         s->l[g] += vhsum(sum);
     }
-    // acc_g += sum_t p[g][t] v_t, CB vector columns at a time (G * CB accumulators in registers,
-    // each p[g][t] broadcast once per CB columns).
-    const int CB = G * CH <= 12 ? CH : 12 / G > 0 ? 12 / G : 1;
+    // acc_g += sum_t p[g][t] v_t, CB vector columns at a time (G * CB accumulators in registers
+    // for the whole tile, each p[g][t] broadcast once per CB columns).
+    const int CB = VW == 1 || G * CH <= 12 ? CH : 12 / G > 0 ? 12 / G : 1;
     for (int c0 = 0; c0 < CH; c0 += CB) {
         const int cb = CH - c0 < CB ? CH - c0 : CB;
-        vf a[MAX_G * 12];
+        vf a[VW == 1 ? MAX_G * MAX_D : MAX_G * 12];
         for (int g = 0; g < G; g++)
             for (int c = 0; c < cb; c++) a[g * CB + c] = vload(s->acc + g * D + (c0 + c) * VW);
-        for (int t = 0; t < n; t++) {
-            vf vc[12];
-            for (int c = 0; c < cb; c++) vc[c] = vload_kv(j->kind, j->v, row0 + t * stride + (c0 + c) * VW);
-            for (int g = 0; g < G; g++) {
-                const vf pg = vset1(p[g * MAX_BS + t]);
-                for (int c = 0; c < cb; c++) a[g * CB + c] = vfma(pg, vc[c], a[g * CB + c]);
+        for (int b = 0; b < nblk; b++) {
+            const int nb = b == nblk - 1 ? last_n : bs;
+            const float *pb = p + b * bs;
+            for (int t = 0; t < nb; t++) {
+                vf vc[VW == 1 ? MAX_D : 12];
+                for (int c = 0; c < cb; c++)
+                    vc[c] = vload_kv(j->kind, j->v, row0[b] + t * stride + (c0 + c) * VW);
+                for (int g = 0; g < G; g++) {
+                    const vf pg = vset1(pb[g * MAX_TILE + t]);
+                    for (int c = 0; c < cb; c++) a[g * CB + c] = vfma(pg, vc[c], a[g * CB + c]);
+                }
             }
         }
         for (int g = 0; g < G; g++)
@@ -126,46 +149,92 @@ SIMD_INLINE void attend_block(const Job *j, State *s, int64_t row0, int n, float
     }
 }
 
-// One (group, kv head) item. G_lit and CH_lit are literals for the specialised shapes, 0 else.
-SIMD_INLINE void run_group(const Job *j, int item, float *buf, const int G_lit, const int CH_lit) {
-    const int grp = item / j->Hkv, kvh = item % j->Hkv;
-    const int G = G_lit ? G_lit : j->H / j->Hkv, CH = CH_lit ? CH_lit : j->D / VW;
-    const int D = CH * VW, bs = j->bs, first = j->group_start[grp];
-    const int count = j->group_start[grp + 1] - first;
-    const int64_t shared = j->group_shared ? j->group_shared[grp] : 0;
-    State st[MAX_GROUP];
-    float p[MAX_G * MAX_BS + 16];
-    for (int s = 0; s < count; s++) {
-        const int64_t row = j->order[first + s];
-        const float *q = j->q + (row * j->H + (int64_t)kvh * G) * D;
-        st[s].q = buf + (int64_t)s * 2 * G * D;
-        st[s].acc = st[s].q + G * D;
-        for (int i = 0; i < G * D; i++) { st[s].q[i] = q[i] * j->scale; st[s].acc[i] = 0.f; }
-        for (int g = 0; g < G; g++) { st[s].m[g] = NEG; st[s].l[g] = 0.f; }
-    }
-    const int64_t *table0 = j->tables + j->row_table[j->order[first]] * j->max_blocks;
-    for (int64_t blk = 0; blk < shared; blk++) {  // the shared blocks: one pass for the group
-        const int64_t row0 = (table0[blk] * bs * j->Hkv + kvh) * D;
-        for (int s = 0; s < count; s++) attend_block(j, &st[s], row0, bs, p, G, CH);
-    }
-    for (int s = 0; s < count; s++) {  // each row's own blocks, then out = acc / l
-        const int64_t row = j->order[first + s], L = j->row_len[row];
-        const int64_t *table = j->tables + j->row_table[row] * j->max_blocks;
-        const int64_t blocks = (L + bs - 1) / bs;
-        for (int64_t blk = shared; blk < blocks; blk++) {
-            const int n = (int)(blk == blocks - 1 ? L - blk * bs : bs);
-            attend_block(j, &st[s], (table[blk] * bs * j->Hkv + kvh) * D, n, p, G, CH);
-        }
-        float *out = j->out + (row * j->H + (int64_t)kvh * G) * D;
-        for (int g = 0; g < G; g++) {
-            const float inv = 1.f / st[s].l[g];
-            for (int d = 0; d < D; d++) out[g * D + d] = st[s].acc[g * D + d] * inv;
-        }
+// Asks the memory system for the K and V rows of heads [h0, h0 + per) of n blocks of a table,
+// from block b0. The blocks of a table lie anywhere in the pool, which the hardware prefetchers
+// cannot guess: without this the kernel waits on memory at the first touch of every block.
+static inline void prefetch_blocks(const Job *j, const int64_t *table, int64_t b0, int64_t n,
+                                   int h0, int per) {
+    const int elt = elt_size(j->kind), per_line = 64 / elt, D = j->D;
+    const int64_t stride = (int64_t)j->Hkv * D;
+    for (int64_t b = b0; b < b0 + n; b++) {
+        const int64_t base = table[b] * j->bs * stride + (int64_t)h0 * D;
+        for (int t = 0; t < j->bs; t++)
+            for (int d = 0; d < per * D; d += per_line) {
+                __builtin_prefetch((const char *)j->k + (base + t * stride + d) * elt);
+                __builtin_prefetch((const char *)j->v + (base + t * stride + d) * elt);
+            }
     }
 }
 
-#define CASE(g, d) case (g) * 1024 + (d): run_group(j, item, buf, g, (d) / VW); return;
-static void run_item(const Job *j, int item, float *buf) {
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// One item: a group's rows for KV heads [h0, h0 + per). G_lit and CH_lit are literals for the
+// specialised shapes, 0 else. A tile's blocks are walked for every head of the item while they
+// are in cache (a block's rows hold all the heads side by side), and while one tile is
+// computed the next one (of the same walk, or the next row's first) is prefetched.
+SIMD_INLINE void run_group(const Job *j, int item, float *buf, State *st, const int G_lit,
+                           const int CH_lit) {
+    const int per = j->per_item, grp = item / (j->Hkv / per), h0 = item % (j->Hkv / per) * per;
+    const int G = G_lit ? G_lit : j->H / j->Hkv, CH = CH_lit ? CH_lit : j->D / VW;
+    const int D = CH * VW, bs = j->bs, first = j->group_start[grp];
+    const int tile = TILE_KEYS / bs > 1 ? TILE_KEYS / bs : 1;  // blocks per tile
+    const int count = j->group_start[grp + 1] - first;
+    const int64_t shared = j->group_shared ? j->group_shared[grp] : 0;
+    float p[MAX_G * MAX_TILE + 16];
+    int64_t row0[MAX_TILE];
+    for (int s = 0; s < count; s++) {  // state s * per + h: row s, head h0 + h
+        const int64_t row = j->order[first + s];
+        for (int h = 0; h < per; h++) {
+            State *x = &st[s * per + h];
+            const float *q = j->q + (row * j->H + (int64_t)(h0 + h) * G) * D;
+            x->q = buf + (int64_t)(s * per + h) * 2 * G * D;
+            x->acc = x->q + G * D;
+            for (int i = 0; i < G * D; i++) { x->q[i] = q[i] * j->scale; x->acc[i] = 0.f; }
+            for (int g = 0; g < G; g++) { x->m[g] = NEG; x->l[g] = 0.f; }
+        }
+    }
+#define TABLE(s) (j->tables + j->row_table[j->order[first + (s)]] * j->max_blocks)
+#define BLOCKS(s) ((j->row_len[j->order[first + (s)]] + bs - 1) / bs)
+    const int64_t *table0 = TABLE(0);
+    prefetch_blocks(j, table0, 0, min64(tile, shared > 0 ? shared : BLOCKS(0)), h0, per);
+    for (int64_t b0 = 0; b0 < shared; b0 += tile) {  // the shared blocks: one pass for the group
+        const int nblk = (int)min64(shared - b0, tile);
+        if (b0 + nblk < shared) prefetch_blocks(j, table0, b0 + nblk, min64(tile, shared - b0 - nblk), h0, per);
+        else prefetch_blocks(j, table0, shared, min64(tile, BLOCKS(0) - shared), h0, per);
+        for (int h = 0; h < per; h++) {
+            for (int b = 0; b < nblk; b++) row0[b] = (table0[b0 + b] * bs * j->Hkv + h0 + h) * D;
+            for (int s = 0; s < count; s++) attend_tile(j, &st[s * per + h], row0, nblk, bs, p, G, CH);
+        }
+    }
+    for (int s = 0; s < count; s++) {  // each row's own blocks, then out = acc / l
+        const int64_t row = j->order[first + s], L = j->row_len[row];
+        const int64_t *table = TABLE(s);
+        const int64_t blocks = BLOCKS(s);
+        for (int64_t b0 = shared; b0 < blocks; b0 += tile) {
+            const int nblk = (int)min64(blocks - b0, tile);
+            if (b0 + nblk < blocks) prefetch_blocks(j, table, b0 + nblk, min64(tile, blocks - b0 - nblk), h0, per);
+            else if (s + 1 < count) prefetch_blocks(j, TABLE(s + 1), shared, min64(tile, BLOCKS(s + 1) - shared), h0, per);
+            const int last_n = (int)(b0 + nblk == blocks ? L - (blocks - 1) * bs : bs);
+            for (int h = 0; h < per; h++) {
+                for (int b = 0; b < nblk; b++) row0[b] = (table[b0 + b] * bs * j->Hkv + h0 + h) * D;
+                attend_tile(j, &st[s * per + h], row0, nblk, last_n, p, G, CH);
+            }
+        }
+        for (int h = 0; h < per; h++) {
+            const State *x = &st[s * per + h];
+            float *out = j->out + (row * j->H + (int64_t)(h0 + h) * G) * D;
+            for (int g = 0; g < G; g++) {
+                const float inv = 1.f / x->l[g];
+                for (int d = 0; d < D; d++) out[g * D + d] = x->acc[g * D + d] * inv;
+            }
+        }
+    }
+#undef TABLE
+#undef BLOCKS
+}
+
+#define CASE(g, d) case (g) * 1024 + (d): run_group(j, item, buf, st, g, (d) / VW); return;
+static void run_item(const Job *j, int item, float *buf, State *st) {
     switch ((j->H / j->Hkv) * 1024 + j->D) {
 #if defined(ONLY_G) && defined(ONLY_D)  // one model's shape: a build in a tenth of the time
         CASE(ONLY_G, ONLY_D)
@@ -175,16 +244,19 @@ static void run_item(const Job *j, int item, float *buf) {
         CASE(6, 128) CASE(7, 128) CASE(8, 128)
 #endif
     }
-    run_group(j, item, buf, 0, 0);
+    run_group(j, item, buf, st, 0, 0);
 }
 
 static void run_range(const void *arg, int i) {
     const Job *j = (const Job *)arg + i;
     if (j->first >= j->last) return;
-    float *buf = malloc(sizeof(float) * MAX_GROUP * 2 * j->H / j->Hkv * j->D);
-    if (!buf) return;
-    for (int item = j->first; item < j->last; item++) run_item(j, item, buf);
+    const int states = MAX_GROUP * j->per_item;
+    float *buf = malloc(sizeof(float) * states * 2 * j->H / j->Hkv * j->D);
+    State *st = malloc(sizeof(State) * states);
+    if (buf && st)
+        for (int item = j->first; item < j->last; item++) run_item(j, item, buf, st);
     free(buf);
+    free(st);
 }
 
 // Attention for the rows of `groups` groups (see the top of the file). Returns 0, or -1 for
@@ -197,10 +269,12 @@ int paged_attention(const float *q, const void *k, const void *v, const int64_t 
     if (D > MAX_D || D % VW || H % Hkv || H / Hkv > MAX_G || block_size > MAX_BS) return -1;
     for (int g = 0; g < groups; g++)
         if (group_start[g + 1] - group_start[g] > MAX_GROUP) return -1;
-    const int items = groups * Hkv;
     if (threads < 1) threads = 1;
-    if (threads > items) threads = items;
     if (threads > 64) threads = 64;
+    // An item takes all the KV heads of a group (their rows lie side by side in a block) unless
+    // that leaves too few items to spread over the threads.
+    const int per = groups >= 4 * threads ? Hkv : 1, items = groups * (Hkv / per);
+    if (threads > items) threads = items;
     if (threads < 1) return 0;
     // Split by estimated cost: every row's context is computed on, shared blocks are read once.
     int64_t *cost = malloc(sizeof(int64_t) * (groups + 1)), total = 0;
@@ -211,7 +285,7 @@ int paged_attention(const float *q, const void *k, const void *v, const int64_t 
         for (int s = group_start[g]; s < group_start[g + 1]; s++)
             c += 2 * row_len[order[s]] - shared_rows;
         cost[g] = c;
-        total += c * Hkv;
+        total += c * (Hkv / per);
     }
     Job jobs[64];
     int item = 0;
@@ -219,8 +293,8 @@ int paged_attention(const float *q, const void *k, const void *v, const int64_t 
     for (int i = 0; i < threads; i++) {
         const int64_t goal = total * (i + 1) / threads;
         jobs[i] = (Job){q, k, v, tables, row_table, row_len, out, order, group_start, group_shared,
-                        H, Hkv, D, block_size, max_blocks, kind, scale, item, item};
-        while (item < items && (acc < goal || i == threads - 1)) acc += cost[item++ / Hkv];
+                        H, Hkv, D, block_size, max_blocks, kind, per, scale, item, item};
+        while (item < items && (acc < goal || i == threads - 1)) acc += cost[item++ / (Hkv / per)];
         jobs[i].last = item;
     }
     free(cost);
