@@ -80,6 +80,16 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
+    def add_forward(self, x: torch.Tensor | None, residual: torch.Tensor, cpu_kernels) -> torch.Tensor:
+        """residual += x in place (x None: nothing added), and the norm of the sum: one pass of the
+        CPU kernel (float32 only, the stream's dtype on the kernel path)."""
+        out = torch.empty_like(residual)
+        x = None if x is None else x.contiguous()
+        cpu_kernels.add_rms_norm(None if x is None else x.data_ptr(), residual.data_ptr(),
+                                 self.weight.data_ptr(), out.data_ptr(), residual.shape[0],
+                                 residual.shape[1], self.eps, torch.get_num_threads())
+        return out
+
 
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for every position, computed as transformers does (all RoPE variants)."""
@@ -199,6 +209,13 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), rope, kv, meta)
         return x + self.mlp(self.post_attention_layernorm(x), rope.kernels)
 
+    def forward_fused(self, h, residual, rope: StepRope, kv, meta) -> torch.Tensor:
+        """The CPU kernels' float32 path: h is this layer's normed input and residual the stream,
+        updated in place; returns the MLP's output, which the next norm adds to the stream."""
+        attn = self.self_attn(h, rope, kv, meta)
+        return self.mlp(self.post_attention_layernorm.add_forward(attn, residual, rope.kernels),
+                        rope.kernels)
+
 
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -218,6 +235,13 @@ class LlamaModel(nn.Module):
         """Hidden states [T, hidden] for the flat row of tokens of one step."""
         x = self.embed_tokens(input_ids)
         rope = StepRope(positions, self.rope, x.dtype, self.cpu_kernels)
+        if self.cpu_kernels is not None and x.dtype == torch.float32:
+            # Each residual add runs inside the norm that follows it (x is the stream, in place).
+            norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+            h = self.layers[0].input_layernorm.add_forward(None, x, self.cpu_kernels)
+            for layer, kv, norm in zip(self.layers, kv_caches, norms):
+                h = norm.add_forward(layer.forward_fused(h, x, rope, kv, meta), x, self.cpu_kernels)
+            return h
         for layer, kv in zip(self.layers, kv_caches):
             x = layer(x, rope, kv, meta)
         return self.norm(x)

@@ -1,4 +1,5 @@
-"""The fused CPU elementwise kernels (SiLU-mul, in-place RoPE) against the PyTorch ops they replace."""
+"""The fused CPU elementwise kernels (SiLU-mul, in-place RoPE, residual add + RMSNorm) against the
+PyTorch ops they replace."""
 
 import pytest
 import torch
@@ -21,6 +22,20 @@ def test_silu_mul(dtype, rows, n, path):
     kernels.library(kernels.VARIANTS.get(path, ())).silu_mul(x.data_ptr(), out.data_ptr(), rows, n, kernels.kind(dtype), 2)
     expected = (F.silu(x[:, :n].float()) * x[:, n:].float()).to(dtype)
     torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("path", ["native", "avx2", "portable"])
+@pytest.mark.parametrize("add", [True, False])
+@pytest.mark.parametrize("rows,n", [(1, 8), (3, 576), (700, 200), (2, 37)])  # 700 x 200: threaded
+def test_add_rms_norm(rows, n, add, path):
+    x, residual, weight = torch.randn(rows, n), torch.randn(rows, n) * 3, torch.randn(n)
+    stream = residual + x if add else residual.clone()
+    out = torch.empty(rows, n)
+    kernels.library(kernels.VARIANTS.get(path, ())).add_rms_norm(
+        x.data_ptr() if add else None, residual.data_ptr(), weight.data_ptr(), out.data_ptr(),
+        rows, n, 1e-5, 2)
+    assert torch.equal(residual, stream)  # the stream gets the add, in place
+    torch.testing.assert_close(out, F.rms_norm(stream, (n,), weight, 1e-5), **TOLERANCE[torch.float32])
 
 
 @pytest.mark.parametrize("dtype", list(TOLERANCE))

@@ -1,5 +1,6 @@
 // Fused elementwise ops of a decoder layer: SiLU-and-multiply, rotary embedding applied in place,
-// and writing a step's K/V rows into the paged cache. Each replaces several PyTorch ops (and
+// the residual add fused with the RMSNorm after it, and writing a step's K/V rows into the paged
+// cache. Each replaces several PyTorch ops (and
 // their temporaries) with one pass over the data. Tensors are float32 or bfloat16 (kind 0 / 2);
 // arithmetic is float32.
 #include <math.h>
@@ -64,6 +65,42 @@ static void silu_mul_rows(const void *arg, int64_t first, int64_t last) {
 void silu_mul(const void *x, void *out, int64_t rows, int64_t n, int kind, int threads) {
     const SiluMul a = {x, out, n, kind};
     parallel_rows(silu_mul_rows, &a, rows, n, threads);
+}
+
+// res[r, :] += x[r, :] (x NULL: nothing added), then out[r, :] = res[r, :] / rms(res[r, :]) * w,
+// float32: the residual stream's add and the RMSNorm that reads it, in one pass over the rows
+// instead of PyTorch's add, square, mean, rsqrt and two multiplies (each its own op and pass).
+typedef struct { const float *x, *w; float *res, *out; int64_t n; float eps; } AddNorm;
+
+static void add_rms_norm_rows(const void *arg, int64_t first, int64_t last) {
+    const AddNorm *a = (const AddNorm *)arg;
+    const int64_t n = a->n;
+    for (int64_t r = first; r < last; r++) {
+        float *res = a->res + r * n, *out = a->out + r * n;
+        const float *x = a->x ? a->x + r * n : NULL;
+        vf ss = vzero();
+        float tail = 0.f;
+        int64_t i = 0;
+        for (; i + VW <= n; i += VW) {
+            vf h = vload(res + i);
+            if (x) { h = vadd(h, vload(x + i)); vstore(res + i, h); }
+            ss = vfma(h, h, ss);
+        }
+        for (; i < n; i++) {
+            if (x) res[i] += x[i];
+            tail += res[i] * res[i];
+        }
+        const float inv = 1.f / sqrtf((vhsum(ss) + tail) / (float)n + a->eps);
+        const vf vinv = vset1(inv);
+        for (i = 0; i + VW <= n; i += VW) vstore(out + i, vmul(vmul(vload(res + i), vinv), vload(a->w + i)));
+        for (; i < n; i++) out[i] = res[i] * inv * a->w[i];
+    }
+}
+
+void add_rms_norm(const float *x, float *res, const float *w, float *out, int64_t rows, int64_t n,
+                  float eps, int threads) {
+    const AddNorm a = {x, w, res, out, n, eps};
+    parallel_rows(add_rms_norm_rows, &a, rows, n, threads);
 }
 
 // Rotary embedding (rotate-half form) in place on the q and k heads of each row of a fused qkv
