@@ -102,7 +102,7 @@ def shared_prefix_batch(g, pool, bs, prefixes, per_prefix, loners):
 
 @pytest.mark.parametrize("kv_dtype", list(TOLERANCE))
 @pytest.mark.parametrize("H,Hkv,D,bs", [(9, 3, 64, 16), (8, 2, 128, 16), (4, 4, 64, 8),
-                                        (6, 1, 32, 4), (12, 4, 48, 16)])
+                                        (6, 1, 32, 4), (12, 4, 48, 16), (9, 3, 64, 6)])
 def test_cascade_decode_matches_reference(lib, kv_dtype, H, Hkv, D, bs):
     g = torch.Generator().manual_seed(H * 100 + D)
     pool = Pool(600, bs, Hkv, D, kv_dtype, g)

@@ -21,7 +21,9 @@
 // (group, KV head) when there are too few groups to keep the threads busy. A row walks its
 // blocks in tiles of about TILE_KEYS keys: all the tile's scores, then one online-softmax
 // update, while the next tile is prefetched (the blocks lie anywhere in the pool, where the
-// hardware prefetchers do not look). KV elements are
+// hardware prefetchers do not look). Over a group's shared blocks (AVX-512 and AVX2 paths) all
+// its query vectors are scored at once as a small GEMM against the tile's keys (group_tile).
+// KV elements are
 // float32, float16 or bfloat16, widened to float32 on load; arithmetic is float32. The vector
 // width comes from simd.h (AVX-512, AVX2+FMA or portable); G (query heads per KV head) and D
 // are compile-time constants for the common shapes so the loops unroll into registers.
@@ -149,6 +151,108 @@ SIMD_INLINE void attend_tile(const Job *j, State *s, const int64_t *row0, int nb
     }
 }
 
+// ---- The shared blocks of a group of rows, scored as one small GEMM -------------------------
+//
+// A group's rows see its shared blocks alike, so all its query vectors (row s, head g: vector
+// r = s * G + g) are scored together: with the queries transposed once per group (qt[d][r]),
+// the scores of NK keys against VW query vectors are NK x (VW-wide) accumulators fed by one
+// broadcast key element and one query vector per step of d, no horizontal sums; the scores come
+// out as sc[t][r], so the softmax of every query vector is elementwise across the keys.
+
+// sc[kk][rv0 .. rv0 + RB vectors) = keys krow + kk * stride (kk < NK) against qt's vectors.
+SIMD_INLINE void group_scores(const Job *j, const float *qt, int RP, int rv0, int64_t krow,
+                              float *sc, const int NK, const int RB, const int D) {
+    const int64_t stride = (int64_t)j->Hkv * D;
+    vf a[4][4];
+    for (int kk = 0; kk < NK; kk++)
+        for (int i = 0; i < RB; i++) a[kk][i] = vzero();
+    for (int d = 0; d < D; d++) {
+        vf q[4];
+        for (int i = 0; i < RB; i++) q[i] = vload(qt + (int64_t)d * RP + (rv0 + i) * VW);
+        for (int kk = 0; kk < NK; kk++) {
+            const vf kd = vset1(load_elt(j->kind, j->k, krow + kk * stride + d));
+            for (int i = 0; i < RB; i++) a[kk][i] = vfma(kd, q[i], a[kk][i]);
+        }
+    }
+    for (int kk = 0; kk < NK; kk++)
+        for (int i = 0; i < RB; i++) vstore(sc + (int64_t)kk * RP + (rv0 + i) * VW, a[kk][i]);
+}
+
+// acc[r] += sum_t p[t][r] v_t for NR query vectors from r0 (acc[r]: that vector's accumulator).
+SIMD_INLINE void group_values(const Job *j, float *const *acc, const float *sc, int RP, int r0,
+                              const int64_t *row0, int n, const int NR, const int CH) {
+    const int D = CH * VW, bs = j->bs;
+    const int64_t stride = (int64_t)j->Hkv * D;
+    const int CB = VW == 1 || NR * CH <= 12 ? CH : 12 / NR > 0 ? 12 / NR : 1;
+    for (int c0 = 0; c0 < CH; c0 += CB) {
+        const int cb = CH - c0 < CB ? CH - c0 : CB;
+        vf a[VW == 1 ? 4 * MAX_D : 12];
+        for (int r = 0; r < NR; r++)
+            for (int c = 0; c < cb; c++) a[r * CB + c] = vload(acc[r0 + r] + (c0 + c) * VW);
+        for (int t = 0; t < n; t++) {
+            const int64_t vrow = row0[t / bs] + (t % bs) * stride;
+            vf vc[VW == 1 ? MAX_D : 12];
+            for (int c = 0; c < cb; c++) vc[c] = vload_kv(j->kind, j->v, vrow + (c0 + c) * VW);
+            for (int r = 0; r < NR; r++) {
+                const vf pr = vset1(sc[(int64_t)t * RP + r0 + r]);
+                for (int c = 0; c < cb; c++) a[r * CB + c] = vfma(pr, vc[c], a[r * CB + c]);
+            }
+        }
+        for (int r = 0; r < NR; r++)
+            for (int c = 0; c < cb; c++) vstore(acc[r0 + r] + (c0 + c) * VW, a[r * CB + c]);
+    }
+}
+
+// Folds the tile of nblk full blocks at row0[] into the states of all the group's query vectors
+// (m, l, acc[r]; RV vectors of VW query vectors, padded with zero queries).
+SIMD_INLINE void group_tile(const Job *j, const float *qt, float *sc, float *m, float *l,
+                            float *const *acc, int R, const int64_t *row0, int nblk, const int G,
+                            const int CH) {
+    const int D = CH * VW, bs = j->bs, n = nblk * bs, RV = (R + VW - 1) / VW, RP = RV * VW;
+    for (int b = 0; b < nblk; b++)
+        for (int t = 0; t < bs; t += 4) {
+            const int64_t krow = row0[b] + t * (int64_t)j->Hkv * D;
+            float *out = sc + (int64_t)(b * bs + t) * RP;
+            int rv0 = 0;
+            if (bs - t >= 4) {  // RB literal: 4 keys x up to 4 vectors of query vectors per call
+                for (; rv0 + 4 <= RV; rv0 += 4) group_scores(j, qt, RP, rv0, krow, out, 4, 4, D);
+                if (RV - rv0 == 3) group_scores(j, qt, RP, rv0, krow, out, 4, 3, D);
+                else if (RV - rv0 == 2) group_scores(j, qt, RP, rv0, krow, out, 4, 2, D);
+                else if (RV - rv0 == 1) group_scores(j, qt, RP, rv0, krow, out, 4, 1, D);
+            } else {
+                for (int kk = 0; kk < bs - t; kk++)
+                    for (rv0 = 0; rv0 < RV; rv0++)
+                        group_scores(j, qt, RP, rv0, krow + kk * (int64_t)j->Hkv * D, out + (int64_t)kk * RP, 1, 1, D);
+            }
+        }
+    float c[MAX_GROUP * MAX_G + VW];
+    for (int rv = 0; rv < RV; rv++) {  // online softmax of every query vector, across the keys
+        vf mx = vset1(NEG);
+        for (int t = 0; t < n; t++) mx = vmax(mx, vload(sc + (int64_t)t * RP + rv * VW));
+        const vf mo = vload(m + rv * VW), mn = vmax(mo, mx);
+        vstore(c + rv * VW, vexp(vsub(mo, mn)));
+        vstore(m + rv * VW, mn);
+        vf sum = vzero();
+        for (int t = 0; t < n; t++) {
+            float *x = sc + (int64_t)t * RP + rv * VW;
+            const vf e = vexp(vsub(vload(x), mn));
+            vstore(x, e);
+            sum = vadd(sum, e);
+        }
+        vstore(l + rv * VW, vadd(vmul(vload(l + rv * VW), vload(c + rv * VW)), sum));
+    }
+    for (int r = 0; r < R; r++)
+        if (c[r] != 1.f) {
+            const vf vc = vset1(c[r]);
+            for (int d = 0; d < D; d += VW) vstore(acc[r] + d, vmul(vload(acc[r] + d), vc));
+        }
+    const int NR = VW == 1 ? 1 : 12 / CH > 0 ? 12 / CH : 1;
+    int r0 = 0;
+    for (; r0 + NR <= R; r0 += NR) group_values(j, acc, sc, RP, r0, row0, n, NR, CH);
+    for (; r0 < R; r0++) group_values(j, acc, sc, RP, r0, row0, n, 1, CH);
+    (void)G;
+}
+
 // Asks the memory system for the K and V rows of heads [h0, h0 + per) of n blocks of a table,
 // from block b0. The blocks of a table lie anywhere in the pool, which the hardware prefetchers
 // cannot guess: without this the kernel waits on memory at the first touch of every block.
@@ -172,8 +276,8 @@ static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 // specialised shapes, 0 else. A tile's blocks are walked for every head of the item while they
 // are in cache (a block's rows hold all the heads side by side), and while one tile is
 // computed the next one (of the same walk, or the next row's first) is prefetched.
-SIMD_INLINE void run_group(const Job *j, int item, float *buf, State *st, const int G_lit,
-                           const int CH_lit) {
+SIMD_INLINE void run_group(const Job *j, int item, float *buf, State *st, float *gbuf,
+                           const int G_lit, const int CH_lit) {
     const int per = j->per_item, grp = item / (j->Hkv / per), h0 = item % (j->Hkv / per) * per;
     const int G = G_lit ? G_lit : j->H / j->Hkv, CH = CH_lit ? CH_lit : j->D / VW;
     const int D = CH * VW, bs = j->bs, first = j->group_start[grp];
@@ -196,6 +300,21 @@ SIMD_INLINE void run_group(const Job *j, int item, float *buf, State *st, const 
 #define TABLE(s) (j->tables + j->row_table[j->order[first + (s)]] * j->max_blocks)
 #define BLOCKS(s) ((j->row_len[j->order[first + (s)]] + bs - 1) / bs)
     const int64_t *table0 = TABLE(0);
+    // Rows sharing blocks: their query vectors scored together (group_tile), per head h with
+    // m, l and the transposed queries at gbuf + h * (D + 2) * RP and scores at sc.
+    const int R = count * G, RP = (R + VW - 1) / VW * VW, grouped = VW > 1 && count > 1 && shared > 0;
+    float *const sc = gbuf + (int64_t)per * (D + 2) * RP;
+    float *acc[MAX_GROUP * MAX_G];
+    if (grouped)
+        for (int h = 0; h < per; h++) {
+            float *gm = gbuf + (int64_t)h * (D + 2) * RP, *qt = gm + 2 * RP;
+            for (int r = 0; r < RP; r++) {
+                gm[r] = NEG;
+                gm[RP + r] = 0.f;
+                const State *x = &st[(r < R ? r / G : 0) * per + h];
+                for (int d = 0; d < D; d++) qt[(int64_t)d * RP + r] = r < R ? x->q[(r % G) * D + d] : 0.f;
+            }
+        }
     prefetch_blocks(j, table0, 0, min64(tile, shared > 0 ? shared : BLOCKS(0)), h0, per);
     for (int64_t b0 = 0; b0 < shared; b0 += tile) {  // the shared blocks: one pass for the group
         const int nblk = (int)min64(shared - b0, tile);
@@ -203,9 +322,22 @@ SIMD_INLINE void run_group(const Job *j, int item, float *buf, State *st, const 
         else prefetch_blocks(j, table0, shared, min64(tile, BLOCKS(0) - shared), h0, per);
         for (int h = 0; h < per; h++) {
             for (int b = 0; b < nblk; b++) row0[b] = (table0[b0 + b] * bs * j->Hkv + h0 + h) * D;
-            for (int s = 0; s < count; s++) attend_tile(j, &st[s * per + h], row0, nblk, bs, p, G, CH);
+            if (grouped) {
+                float *const gm = gbuf + (int64_t)h * (D + 2) * RP;
+                for (int r = 0; r < R; r++) acc[r] = st[(r / G) * per + h].acc + (r % G) * D;
+                group_tile(j, gm + 2 * RP, sc, gm, gm + RP, acc, R, row0, nblk, G, CH);
+            } else {
+                for (int s = 0; s < count; s++) attend_tile(j, &st[s * per + h], row0, nblk, bs, p, G, CH);
+            }
         }
     }
+    if (grouped)  // the group's m and l back into its rows' states
+        for (int h = 0; h < per; h++)
+            for (int r = 0; r < R; r++) {
+                const float *gm = gbuf + (int64_t)h * (D + 2) * RP;
+                st[(r / G) * per + h].m[r % G] = gm[r];
+                st[(r / G) * per + h].l[r % G] = gm[RP + r];
+            }
     for (int s = 0; s < count; s++) {  // each row's own blocks, then out = acc / l
         const int64_t row = j->order[first + s], L = j->row_len[row];
         const int64_t *table = TABLE(s);
@@ -233,8 +365,8 @@ SIMD_INLINE void run_group(const Job *j, int item, float *buf, State *st, const 
 #undef BLOCKS
 }
 
-#define CASE(g, d) case (g) * 1024 + (d): run_group(j, item, buf, st, g, (d) / VW); return;
-static void run_item(const Job *j, int item, float *buf, State *st) {
+#define CASE(g, d) case (g) * 1024 + (d): run_group(j, item, buf, st, gbuf, g, (d) / VW); return;
+static void run_item(const Job *j, int item, float *buf, State *st, float *gbuf) {
     switch ((j->H / j->Hkv) * 1024 + j->D) {
 #if defined(ONLY_G) && defined(ONLY_D)  // one model's shape: a build in a tenth of the time
         CASE(ONLY_G, ONLY_D)
@@ -244,7 +376,7 @@ static void run_item(const Job *j, int item, float *buf, State *st) {
         CASE(6, 128) CASE(7, 128) CASE(8, 128)
 #endif
     }
-    run_group(j, item, buf, st, 0, 0);
+    run_group(j, item, buf, st, gbuf, 0, 0);
 }
 
 static void run_range(const void *arg, int i) {
@@ -253,10 +385,14 @@ static void run_range(const void *arg, int i) {
     const int states = MAX_GROUP * j->per_item;
     float *buf = malloc(sizeof(float) * states * 2 * j->H / j->Hkv * j->D);
     State *st = malloc(sizeof(State) * states);
-    if (buf && st)
-        for (int item = j->first; item < j->last; item++) run_item(j, item, buf, st);
+    // group_tile's scratch: per head of an item m, l and the transposed queries, then the scores
+    const int64_t RP = (MAX_GROUP * (j->H / j->Hkv) + VW - 1) / VW * VW;
+    float *gbuf = malloc(sizeof(float) * RP * ((int64_t)j->per_item * (j->D + 2) + MAX_TILE));
+    if (buf && st && gbuf)
+        for (int item = j->first; item < j->last; item++) run_item(j, item, buf, st, gbuf);
     free(buf);
     free(st);
+    free(gbuf);
 }
 
 // Attention for the rows of `groups` groups (see the top of the file). Returns 0, or -1 for
