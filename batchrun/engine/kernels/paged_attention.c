@@ -206,8 +206,7 @@ SIMD_INLINE void group_values(const Job *j, float *const *acc, const float *sc, 
 // Folds the tile of nblk full blocks at row0[] into the states of all the group's query vectors
 // (m, l, acc[r]; RV vectors of VW query vectors, padded with zero queries).
 SIMD_INLINE void group_tile(const Job *j, const float *qt, float *sc, float *m, float *l,
-                            float *const *acc, int R, const int64_t *row0, int nblk, const int G,
-                            const int CH) {
+                            float *const *acc, int R, const int64_t *row0, int nblk, const int CH) {
     const int D = CH * VW, bs = j->bs, n = nblk * bs, RV = (R + VW - 1) / VW, RP = RV * VW;
     for (int b = 0; b < nblk; b++)
         for (int t = 0; t < bs; t += 4) {
@@ -250,7 +249,6 @@ SIMD_INLINE void group_tile(const Job *j, const float *qt, float *sc, float *m, 
     int r0 = 0;
     for (; r0 + NR <= R; r0 += NR) group_values(j, acc, sc, RP, r0, row0, n, NR, CH);
     for (; r0 < R; r0++) group_values(j, acc, sc, RP, r0, row0, n, 1, CH);
-    (void)G;
 }
 
 // Asks the memory system for the K and V rows of heads [h0, h0 + per) of n blocks of a table,
@@ -325,7 +323,7 @@ SIMD_INLINE void run_group(const Job *j, int item, float *buf, State *st, float 
             if (grouped) {
                 float *const gm = gbuf + (int64_t)h * (D + 2) * RP;
                 for (int r = 0; r < R; r++) acc[r] = st[(r / G) * per + h].acc + (r % G) * D;
-                group_tile(j, gm + 2 * RP, sc, gm, gm + RP, acc, R, row0, nblk, G, CH);
+                group_tile(j, gm + 2 * RP, sc, gm, gm + RP, acc, R, row0, nblk, CH);
             } else {
                 for (int s = 0; s < count; s++) attend_tile(j, &st[s * per + h], row0, nblk, bs, p, G, CH);
             }
