@@ -133,7 +133,8 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
 
     kernels = None
     if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and cpu_kernels.enabled():
-        kernels = _kernels_in_background(kernel_flags(model_cfg))
+        kernels = _kernels_in_background(cpu_kernels.shape_flags(
+            model_cfg.num_heads, model_cfg.num_kv_heads, model_cfg.head_dim))
     # Allocated, not initialised: every parameter is overwritten by the checkpoint. (Building on
     # the meta device instead runs its ops as Python references, whose first call imports
     # torch._dynamo: half a second.)
@@ -161,13 +162,6 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
         model.cpu_kernels = kernels.result()
         phases.mark("CPU kernels (built once, beside the weights)")
     return model.eval()
-
-
-def kernel_flags(model_cfg) -> tuple[str, ...]:
-    """The CPU kernel build for this model's attention shape (engine.kernels.shape_flags)."""
-    from batchrun.engine import kernels
-
-    return kernels.shape_flags(model_cfg.num_heads, model_cfg.num_kv_heads, model_cfg.head_dim)
 
 
 @functools.lru_cache(maxsize=None)

@@ -83,6 +83,39 @@ SIMD_INLINE void score_keys(const Job *j, const State *s, int64_t row0, const in
     }
 }
 
+// acc[r] += sum_t p[r * ps + t * pt] v_t for NR query vectors r over the n keys of a tile of
+// nblk blocks (rows from element row0[b]; bs keys each, the last one last_n), CB vector columns
+// at a time: NR * CB accumulators in registers for the whole tile, each weight broadcast once
+// per CB columns.
+SIMD_INLINE void add_values(const Job *j, float *const *acc, const float *p, int64_t ps,
+                            int64_t pt, const int64_t *row0, int nblk, int last_n, const int NR,
+                            const int CH) {
+    const int bs = j->bs;
+    const int64_t stride = (int64_t)j->Hkv * CH * VW;
+    const int CB = VW == 1 || NR * CH <= 12 ? CH : 12 / NR > 0 ? 12 / NR : 1;
+    for (int c0 = 0; c0 < CH; c0 += CB) {
+        const int cb = CH - c0 < CB ? CH - c0 : CB;
+        vf a[VW == 1 ? MAX_G * MAX_D : MAX_G * 12];
+        for (int r = 0; r < NR; r++)
+            for (int c = 0; c < cb; c++) a[r * CB + c] = vload(acc[r] + (c0 + c) * VW);
+        for (int b = 0; b < nblk; b++) {
+            const int nb = b == nblk - 1 ? last_n : bs;
+            for (int t = 0; t < nb; t++) {
+                const float *pk = p + (int64_t)(b * bs + t) * pt;
+                vf vc[VW == 1 ? MAX_D : 12];
+                for (int c = 0; c < cb; c++)
+                    vc[c] = vload_kv(j->kind, j->v, row0[b] + t * stride + (c0 + c) * VW);
+                for (int r = 0; r < NR; r++) {
+                    const vf w = vset1(pk[r * ps]);
+                    for (int c = 0; c < cb; c++) a[r * CB + c] = vfma(w, vc[c], a[r * CB + c]);
+                }
+            }
+        }
+        for (int r = 0; r < NR; r++)
+            for (int c = 0; c < cb; c++) vstore(acc[r] + (c0 + c) * VW, a[r * CB + c]);
+    }
+}
+
 // Fold a tile of nblk blocks into a row's state: block b's rows start at element row0[b] of the
 // pools and hold bs keys, the last one last_n. The tile's scores are all computed before one
 // online-softmax update (one max, one rescale per query head per tile, not per block: the
@@ -125,30 +158,9 @@ SIMD_INLINE void attend_tile(const Job *j, State *s, const int64_t *row0, int nb
         }
         s->l[g] += vhsum(sum);
     }
-    // acc_g += sum_t p[g][t] v_t, CB vector columns at a time (G * CB accumulators in registers
-    // for the whole tile, each p[g][t] broadcast once per CB columns).
-    const int CB = VW == 1 || G * CH <= 12 ? CH : 12 / G > 0 ? 12 / G : 1;
-    for (int c0 = 0; c0 < CH; c0 += CB) {
-        const int cb = CH - c0 < CB ? CH - c0 : CB;
-        vf a[VW == 1 ? MAX_G * MAX_D : MAX_G * 12];
-        for (int g = 0; g < G; g++)
-            for (int c = 0; c < cb; c++) a[g * CB + c] = vload(s->acc + g * D + (c0 + c) * VW);
-        for (int b = 0; b < nblk; b++) {
-            const int nb = b == nblk - 1 ? last_n : bs;
-            const float *pb = p + b * bs;
-            for (int t = 0; t < nb; t++) {
-                vf vc[VW == 1 ? MAX_D : 12];
-                for (int c = 0; c < cb; c++)
-                    vc[c] = vload_kv(j->kind, j->v, row0[b] + t * stride + (c0 + c) * VW);
-                for (int g = 0; g < G; g++) {
-                    const vf pg = vset1(pb[g * MAX_TILE + t]);
-                    for (int c = 0; c < cb; c++) a[g * CB + c] = vfma(pg, vc[c], a[g * CB + c]);
-                }
-            }
-        }
-        for (int g = 0; g < G; g++)
-            for (int c = 0; c < cb; c++) vstore(s->acc + g * D + (c0 + c) * VW, a[g * CB + c]);
-    }
+    float *acc[MAX_G];  // acc_g += sum_t p[g][t] v_t
+    for (int g = 0; g < G; g++) acc[g] = s->acc + g * D;
+    add_values(j, acc, p, MAX_TILE, 1, row0, nblk, last_n, G, CH);
 }
 
 // ---- The shared blocks of a group of rows, scored as one small GEMM -------------------------
@@ -176,31 +188,6 @@ SIMD_INLINE void group_scores(const Job *j, const float *qt, int RP, int rv0, in
     }
     for (int kk = 0; kk < NK; kk++)
         for (int i = 0; i < RB; i++) vstore(sc + (int64_t)kk * RP + (rv0 + i) * VW, a[kk][i]);
-}
-
-// acc[r] += sum_t p[t][r] v_t for NR query vectors from r0 (acc[r]: that vector's accumulator).
-SIMD_INLINE void group_values(const Job *j, float *const *acc, const float *sc, int RP, int r0,
-                              const int64_t *row0, int n, const int NR, const int CH) {
-    const int D = CH * VW, bs = j->bs;
-    const int64_t stride = (int64_t)j->Hkv * D;
-    const int CB = VW == 1 || NR * CH <= 12 ? CH : 12 / NR > 0 ? 12 / NR : 1;
-    for (int c0 = 0; c0 < CH; c0 += CB) {
-        const int cb = CH - c0 < CB ? CH - c0 : CB;
-        vf a[VW == 1 ? 4 * MAX_D : 12];
-        for (int r = 0; r < NR; r++)
-            for (int c = 0; c < cb; c++) a[r * CB + c] = vload(acc[r0 + r] + (c0 + c) * VW);
-        for (int t = 0; t < n; t++) {
-            const int64_t vrow = row0[t / bs] + (t % bs) * stride;
-            vf vc[VW == 1 ? MAX_D : 12];
-            for (int c = 0; c < cb; c++) vc[c] = vload_kv(j->kind, j->v, vrow + (c0 + c) * VW);
-            for (int r = 0; r < NR; r++) {
-                const vf pr = vset1(sc[(int64_t)t * RP + r0 + r]);
-                for (int c = 0; c < cb; c++) a[r * CB + c] = vfma(pr, vc[c], a[r * CB + c]);
-            }
-        }
-        for (int r = 0; r < NR; r++)
-            for (int c = 0; c < cb; c++) vstore(acc[r0 + r] + (c0 + c) * VW, a[r * CB + c]);
-    }
 }
 
 // Folds the tile of nblk full blocks at row0[] into the states of all the group's query vectors
@@ -247,8 +234,8 @@ SIMD_INLINE void group_tile(const Job *j, const float *qt, float *sc, float *m, 
         }
     const int NR = VW == 1 ? 1 : 12 / CH > 0 ? 12 / CH : 1;
     int r0 = 0;
-    for (; r0 + NR <= R; r0 += NR) group_values(j, acc, sc, RP, r0, row0, n, NR, CH);
-    for (; r0 < R; r0++) group_values(j, acc, sc, RP, r0, row0, n, 1, CH);
+    for (; r0 + NR <= R; r0 += NR) add_values(j, acc + r0, sc + r0, 1, RP, row0, nblk, bs, NR, CH);
+    for (; r0 < R; r0++) add_values(j, acc + r0, sc + r0, 1, RP, row0, nblk, bs, 1, CH);
 }
 
 // Asks the memory system for the K and V rows of heads [h0, h0 + per) of n blocks of a table,
