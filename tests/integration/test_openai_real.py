@@ -132,7 +132,9 @@ def test_cli_forced_tool_calls_and_completions(tmp_path):
         ("required", CHAT, {"messages": weather, "tools": [WEATHER, TIME],
                             "tool_choice": "required", "parallel_tool_calls": False,
                             "max_tokens": 60, "temperature": 0}),
+        # Greedy too: sampled at temperature 1, the zone string ran to max_tokens once.
         ("named", CHAT, {"messages": weather, "tools": [WEATHER, TIME], "max_tokens": 60,
+                         "temperature": 0,
                          "tool_choice": {"type": "function", "function": {"name": "get_time"}}}),
         ("complete", "/v1/completions", {"prompt": ["The capital of France is", "1, 2, 3,"],
                                          "n": 2, "max_tokens": 5, "logprobs": 2, "seed": 3}),
