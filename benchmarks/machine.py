@@ -6,9 +6,40 @@ cache decode attention reads, at that bandwidth)."""
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 import torch
+
+
+# Environment that makes PyTorch's own kernels, oneDNN, MKL and batchrun's C kernels use no more
+# than an instruction set (read when each library loads): an AVX2-only (or pre-AVX2) CPU's code
+# paths on this one. The memory system and the core stay this machine's.
+ISA_CAPS = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "MKL_ENABLE_INSTRUCTIONS": "AVX2", "BATCHRUN_SIMD": "avx2"},
+    "portable": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
+                 "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "BATCHRUN_SIMD": "portable"},
+}
+
+
+def cap_isa(name: str) -> None:
+    """Re-execute this process with ISA_CAPS[name] in its environment (once; the libraries read
+    it when they load, so setting it after `import torch` would be too late)."""
+    caps = ISA_CAPS[name]
+    if all(os.environ.get(k) == v for k, v in caps.items()):
+        return
+    os.environ.update(caps)
+    os.execv(sys.executable, [sys.executable, *sys.argv])
+
+
+def isa_cap_note() -> str:
+    """', instruction set capped at ...' when ISA_CAPS are in force, else ''."""
+    for name, caps in ISA_CAPS.items():
+        if all(os.environ.get(k) == v for k, v in caps.items()):
+            return f", instruction set capped at {name} ({', '.join(f'{k}={v}' for k, v in caps.items())})"
+    return ""
 
 
 def _best(fn, repeat: int = 5) -> float:

@@ -46,6 +46,15 @@ def test_native_build_takes_this_cpus_best_path():
     assert path == expected
 
 
+def test_batchrun_simd_caps_every_library(monkeypatch):
+    monkeypatch.setenv("BATCHRUN_SIMD", "portable")
+    assert kernels.SIMD_PATHS[kernels.library().simd_path()] == "portable"
+    assert kernels.SIMD_PATHS[kernels.library(("-DNO_SPECIALISED",)).simd_path()] == "portable"
+    monkeypatch.setenv("BATCHRUN_SIMD", "avx3")
+    with pytest.raises(ValueError, match="BATCHRUN_SIMD='avx3'"):
+        kernels.library()
+
+
 class Pool:
     """A KV pool handing out shuffled physical blocks."""
 

@@ -83,10 +83,18 @@ def enabled() -> bool:
     return not os.environ.get("BATCHRUN_DISABLE_KERNELS")
 
 
+def simd_cap() -> tuple[str, ...]:
+    """The flags of BATCHRUN_SIMD's vector path (none when unset)."""
+    name = os.environ.get("BATCHRUN_SIMD") or "native"
+    if name not in VARIANTS:
+        raise ValueError(f"BATCHRUN_SIMD={name!r}: expected one of {', '.join(VARIANTS)}")
+    return VARIANTS[name]
+
+
 def library(extra_flags: tuple[str, ...] = ()):
-    """The loaded kernel library (built with FLAGS + extra_flags), or None when it cannot be
-    built here or kernels are disabled."""
-    return _library(tuple(extra_flags)) if enabled() else None
+    """The loaded kernel library (built with FLAGS + BATCHRUN_SIMD's flags + extra_flags), or
+    None when it cannot be built here or kernels are disabled."""
+    return _library(simd_cap() + tuple(extra_flags)) if enabled() else None
 
 
 @lru_cache(maxsize=None)
