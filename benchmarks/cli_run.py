@@ -33,6 +33,31 @@ def package_at(revision: str, into: Path) -> Path:
     return into
 
 
+def capped_kernels_env(tmp: Path) -> dict[str, str]:
+    """For a revision older than BATCHRUN_SIMD, with the cap set: a C compiler that adds the
+    cap's flags, and a cache folder of its own for the kernels (the rest linked to this cache),
+    so that revision's kernels are built under the cap too. Empty without a cap."""
+    import shutil
+
+    from batchrun.engine import kernels
+    from batchrun.paths import cache_dir
+
+    flags = kernels.simd_cap()
+    if not flags:
+        return {}
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    wrapper = tmp / "cc"
+    wrapper.write_text(f'#!/bin/sh\nexec {compiler} "$@" {" ".join(flags)}\n')
+    wrapper.chmod(0o755)
+    cache = tmp / "cache"
+    cache.mkdir()
+    real = cache_dir()
+    for entry in real.iterdir() if real.exists() else ():
+        if entry.name != "kernels":
+            (cache / entry.name).symlink_to(entry)
+    return {"CC": str(wrapper), "BATCHRUN_CACHE": str(cache)}
+
+
 def run_cli(lines: list[dict], cli_options: list[str], label: str = "batchrun-run",
             revision: str | None = None):
     """Run `lines` (chat batch lines, greedy) through `batchrun run` in a subprocess (this
@@ -46,8 +71,9 @@ def run_cli(lines: list[dict], cli_options: list[str], label: str = "batchrun-ru
             for line in lines:
                 f.write(json.dumps({**line, "body": {**line["body"], "temperature": 0}}) + "\n")
         code = [str(package_at(revision, Path(tmp, "code")))] if revision else []
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [*code, str(ROOT), os.environ.get("PYTHONPATH")]))}
+        env = {**os.environ, **(capped_kernels_env(Path(tmp)) if revision else {}),
+               "PYTHONPATH": os.pathsep.join(filter(None, [*code, str(ROOT),
+                                                           os.environ.get("PYTHONPATH")]))}
         start = time.perf_counter()
         # Run as a script, not with -m: -m would put the working directory (this checkout)
         # ahead of PYTHONPATH's revision.

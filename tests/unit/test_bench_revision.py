@@ -35,3 +35,24 @@ def test_isa_cap_note_names_the_caps_in_force(monkeypatch):
     for key, value in machine.ISA_CAPS["avx2"].items():
         monkeypatch.setenv(key, value)
     assert machine.isa_cap_note().startswith(", instruction set capped at avx2 (")
+
+
+def test_an_older_revisions_kernels_are_built_under_the_cap(tmp_path, monkeypatch):
+    """A revision that predates BATCHRUN_SIMD gets the cap from the compiler wrapper instead."""
+    from batchrun.engine import kernels
+
+    if kernels.library() is None:
+        pytest.skip("no C compiler here")
+    monkeypatch.setenv("BATCHRUN_CACHE", str(tmp_path / "real-cache"))
+    (tmp_path / "real-cache" / "models").mkdir(parents=True)
+    monkeypatch.setenv("BATCHRUN_SIMD", "portable")
+    env = cli_run.capped_kernels_env(tmp_path)
+    assert (tmp_path / "cache" / "models").resolve() == tmp_path / "real-cache" / "models"
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("BATCHRUN_SIMD")  # what an older revision does: no cap of its own
+    lib = kernels.library(("-DNO_SPECIALISED", "-DCAPPED_COMPILER_TEST"))
+    assert kernels.SIMD_PATHS[lib.simd_path()] == "portable"
+    assert list((tmp_path / "cache" / "kernels").glob("*.so"))
+    monkeypatch.delenv("BATCHRUN_SIMD", raising=False)
+    assert cli_run.capped_kernels_env(tmp_path / "none") == {}
