@@ -1,5 +1,5 @@
-"""Wall-clock timers on the hot calls of an engine (packed linears, the logits matrix, the C
-kernels, prefill SDPA, RMSNorm, the sampler, the model step), and the shares they add up to: what step_breakdown.py
+"""Wall-clock timers on the hot calls of an engine (packed linears, the C kernels, prefill SDPA,
+RMSNorm, the sampler, the model step), and the shares they add up to: what step_breakdown.py
 prints call by call and bench.py per system (linear layers, attention, sampling, the engine
 itself). Each timer adds a few microseconds per call, so shares are approximate.
 """
@@ -14,7 +14,7 @@ CALLS: collections.Counter = collections.Counter()
 MODEL_STEP = "model step (runner.execute)"
 # Share groups: the calls each is made of (kernel function names as the C library spells them).
 GROUPS = {
-    "linear": ("linear (packed)", "logits (lm_head)"),
+    "linear": ("linear (packed)",),
     "attention": ("paged_decode_attention", "paged_attention", "prefill attention (SDPA)"),
     "sampling": ("sampler",),
 }
@@ -62,20 +62,8 @@ def install(engine) -> None:
         attention.F = type("F", (), {"scaled_dot_product_attention": staticmethod(
             timed("prefill attention (SDPA)", F.scaled_dot_product_attention))})
         llama.F.rms_norm = timed("rms_norm", F.rms_norm)
-    if not isinstance(model.compute_logits, _Timed):
-        model.compute_logits = _Timed("logits (lm_head)", model.compute_logits)
     engine.runner.execute = timed(MODEL_STEP, engine.runner.execute)
     engine.sampler = _TimedSampler(engine.sampler)
-
-
-class _Timed:
-    """A timed bound method, recognisable so an engine's model is timed once."""
-
-    def __init__(self, name, fn):
-        self._call = timed(name, fn)
-
-    def __call__(self, *args, **kwargs):
-        return self._call(*args, **kwargs)
 
 
 class _TimedSampler:
