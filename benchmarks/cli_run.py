@@ -37,17 +37,14 @@ def capped_kernels_env(tmp: Path) -> dict[str, str]:
     """For a revision older than BATCHRUN_SIMD, with the cap set: a C compiler that adds the
     cap's flags, and a cache folder of its own for the kernels (the rest linked to this cache),
     so that revision's kernels are built under the cap too. Empty without a cap."""
-    import shutil
-
     from batchrun.engine import kernels
     from batchrun.paths import cache_dir
 
     flags = kernels.simd_cap()
     if not flags:
         return {}
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     wrapper = tmp / "cc"
-    wrapper.write_text(f'#!/bin/sh\nexec {compiler} "$@" {" ".join(flags)}\n')
+    wrapper.write_text(f'#!/bin/sh\nexec {kernels.compiler()} "$@" {" ".join(flags)}\n')
     wrapper.chmod(0o755)
     cache = tmp / "cache"
     cache.mkdir()

@@ -24,22 +24,27 @@ ISA_CAPS = {
 }
 
 
+def isa_cap_in_force() -> str | None:
+    """The name of the ISA_CAPS entry this process's environment holds, if any."""
+    return next((name for name, caps in ISA_CAPS.items()
+                 if all(os.environ.get(k) == v for k, v in caps.items())), None)
+
+
 def cap_isa(name: str) -> None:
     """Re-execute this process with ISA_CAPS[name] in its environment (once; the libraries read
     it when they load, so setting it after `import torch` would be too late)."""
-    caps = ISA_CAPS[name]
-    if all(os.environ.get(k) == v for k, v in caps.items()):
+    if isa_cap_in_force() == name:
         return
-    os.environ.update(caps)
+    os.environ.update(ISA_CAPS[name])
     os.execv(sys.executable, [sys.executable, *sys.argv])
 
 
 def isa_cap_note() -> str:
     """', instruction set capped at ...' when ISA_CAPS are in force, else ''."""
-    for name, caps in ISA_CAPS.items():
-        if all(os.environ.get(k) == v for k, v in caps.items()):
-            return f", instruction set capped at {name} ({', '.join(f'{k}={v}' for k, v in caps.items())})"
-    return ""
+    name = isa_cap_in_force()
+    if name is None:
+        return ""
+    return f", instruction set capped at {name} ({', '.join(f'{k}={v}' for k, v in ISA_CAPS[name].items())})"
 
 
 def _best(fn, repeat: int = 5) -> float:

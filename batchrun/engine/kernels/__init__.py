@@ -50,14 +50,19 @@ def _cpu_signature() -> str:
     return platform.machine() + flags
 
 
+def compiler() -> str | None:
+    """The C compiler the kernels are built with: $CC, else cc or gcc on PATH."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
 def _build(target: Path, flags: list[str]) -> None:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
+    compiler_path = compiler()
+    if not compiler_path:
         raise RuntimeError("no C compiler found")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        base = [compiler, *flags, "-o", str(out), *map(str, SOURCES), "-lpthread", "-lm"]
+        base = [compiler_path, *flags, "-o", str(out), *map(str, SOURCES), "-lpthread", "-lm"]
         try:  # OpenMP shares PyTorch's thread pool; without it the kernels start pthreads
             subprocess.run(base + ["-fopenmp"], check=True, capture_output=True, text=True)
         except subprocess.CalledProcessError:
