@@ -19,7 +19,7 @@ import sys
 import click
 
 from batchrun import __version__
-from batchrun.batch.commands import COMMANDS
+from batchrun.batch.shell.commands import COMMANDS
 from batchrun.models.cli import models
 from batchrun.server.cli import serve
 from batchrun.sweep.commands import sweep

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from batchrun.batch.metrics import percentile  # noqa: E402
+from batchrun.batch.job.metrics import percentile  # noqa: E402
 from benchmarks.workloads import read_batch_file, workload_path  # noqa: E402
 
 SHORT = "short"  # --workload short: DEFAULT_PROMPTS

@@ -98,7 +98,7 @@ def job_plan(**options):
     """The JobPlan of a run, from keywords: `input=` (a path or a list), `output=`, any option
     by its public name (resume=True, max_in_flight=8, tool_parser="hermes", ...), and
     `defaults=RequestDefaults(...)`. Raises BatchConfigError as the run would."""
-    from batchrun.batch.plan import make_plan
+    from batchrun.batch.job.plan import make_plan
     from batchrun.options.engine import EngineConfig
     from batchrun.options.fields import public_fields, validate
     from batchrun.options.job import InputOptions, JobOptions

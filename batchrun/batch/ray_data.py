@@ -51,7 +51,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from batchrun.batch.parquet import (RESULT_SCHEMA, request_fields, resolve_columns, result_row,
+from batchrun.batch.storage.parquet import (RESULT_SCHEMA, request_fields, resolve_columns, result_row,
                                     row_custom_id, row_text)
 from batchrun.engine.errors import PromptTooLongError
 from batchrun.openai.protocol import LineError, RequestError, peek_custom_id
@@ -138,7 +138,7 @@ class BatchEngine:
 
     def run(self, lines: Sequence[tuple[str | None, RequestError | None, str | None]]
             ) -> list[dict]:
-        from batchrun.batch.runner import prepare_line
+        from batchrun.batch.job.runner import prepare_line
 
         records: list[dict | None] = [None] * len(lines)
         prepared: dict[int, Any] = {}

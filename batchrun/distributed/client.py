@@ -209,7 +209,7 @@ class RayModel:
 
 
 def ray_loader(options: RayOptions, load: Callable) -> Callable[[str | None, Any], RayModel]:
-    """A model loader (as batch.launch.execute takes) that starts the replicas on Ray, each
+    """A model loader (as batch.shell.launch.execute takes) that starts the replicas on Ray, each
     loading the model with `load`, and gives the driver the tokenizer only."""
 
     def load_on_ray(model: str | None, engine_config: Any) -> RayModel:

@@ -63,11 +63,11 @@ def run_options(state, input_path: Path, work_dir: Path):
 
 
 def run_job(state, client: SyncEngineClient, options, stop, on_progress) -> dict:
-    """Run one batch on `client` (see batchrun.batch.runner.run_batch for stop / on_progress);
+    """Run one batch on `client` (see batchrun.batch.job.runner.run_batch for stop / on_progress);
     returns the runner's summary: status "completed" or "interrupted". The plan is made here,
     in the worker, right before the run: a restarted batch resumes from its staging."""
-    from batchrun.batch.plan import make_plan
-    from batchrun.batch.runner import run_batch
+    from batchrun.batch.job.plan import make_plan
+    from batchrun.batch.job.runner import run_batch
 
     Path(options.job.output).parent.mkdir(parents=True, exist_ok=True)
     return run_batch(state.served_model, make_plan(options), stop=stop, on_progress=on_progress,

@@ -289,12 +289,12 @@ class _Running:
     """A batch in the runner: its engine client, runner config, stop flag and latest counts."""
 
     def __init__(self, client: SyncEngineClient, options):
-        from batchrun.batch.job import StopRequest
+        from batchrun.batch.job.loop import StopRequest
 
         self.client = client
         self.options = options  # batchrun.options.run.RunOptions
         self.stop = StopRequest()
-        self.counts = None  # batchrun.batch.progress.Counts, once the runner reports
+        self.counts = None  # batchrun.batch.job.progress.Counts, once the runner reports
 
     def run(self, state) -> dict:
         from batchrun.server.batch_job import run_job

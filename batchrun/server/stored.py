@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import orjson
 
-from batchrun.batch.io import atomic_local_file
+from batchrun.batch.storage.io import atomic_local_file
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from batchrun.batch.launch import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, Signals
+from batchrun.batch.shell.launch import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, Signals
 from batchrun.options.click_options import pairs
 from batchrun.usage import UsageError, model_loader
 
@@ -40,8 +40,8 @@ def sweep() -> None:
 @click.pass_context
 def run(ctx, spec, variables, resume, restart):
     """Run the sweep SPEC (TOML): every cell of its grid over its dataset, scored."""
-    from batchrun.batch.job import ChangedInputError, StopRequest
-    from batchrun.batch.plan import BatchConfigError
+    from batchrun.batch.job.loop import ChangedInputError, StopRequest
+    from batchrun.batch.job.plan import BatchConfigError
     from batchrun.sweep.run import run_sweep
     from batchrun.sweep.spec import SpecError, load
 

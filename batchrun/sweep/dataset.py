@@ -10,7 +10,7 @@ import jinja2
 import jinja2.meta
 import jinja2.sandbox
 
-from batchrun.batch.storage import Storage
+from batchrun.batch.storage.store import Storage
 from batchrun.sweep.scorers import Example
 from batchrun.sweep.spec import DatasetSpec, SpecError
 
@@ -55,7 +55,7 @@ def read_rows(spec: DatasetSpec) -> list[dict[str, Any]]:
     """The rows (the first `limit`), as plain dicts."""
     import polars as pl
 
-    from batchrun.batch.formats import decompress, detect
+    from batchrun.batch.storage.formats import decompress, detect
 
     fmt = _format(spec)
     storage = Storage(spec.storage_options)

@@ -18,8 +18,8 @@ from typing import Sequence
 
 import polars as pl
 
-from batchrun.batch import io
-from batchrun.batch.storage import NO_OPTIONS, Storage
+from batchrun.batch.storage import io
+from batchrun.batch.storage.store import NO_OPTIONS, Storage
 from batchrun.sweep.disagreements import disagreement_section
 from batchrun.sweep.report_parts import (TOTAL_LABELS, TOTALS, Cells, Metric, cell_title,
                                          cells_of, fmt_amount, fmt_setting, is_numeric_axis,

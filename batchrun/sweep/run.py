@@ -19,11 +19,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from batchrun.batch import io
-from batchrun.batch.plan import make_plan
-from batchrun.batch.progress import format_duration
-from batchrun.batch.runner import run_batch
-from batchrun.batch.storage import Storage
+from batchrun.batch.storage import io
+from batchrun.batch.job.plan import make_plan
+from batchrun.batch.job.progress import format_duration
+from batchrun.batch.job.runner import run_batch
+from batchrun.batch.storage.store import Storage
 from batchrun.footprint import tokenizer_model
 from batchrun.options.job import InputOptions, JobOptions
 from batchrun.options.openai import OpenAIOptions

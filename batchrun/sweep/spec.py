@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from batchrun.batch.jobspec import resolve, substitute
+from batchrun.batch.shell.jobspec import resolve, substitute
 from batchrun.openai.requests import ChatCompletionRequest
 from batchrun.options.engine import EngineConfig
 from batchrun.options.fields import OptionsError, validate

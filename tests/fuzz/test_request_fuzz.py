@@ -29,9 +29,9 @@ from hypothesis_jsonschema import from_schema
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from batchrun.batch import validate as v
-from batchrun.batch.readers import open_sources
-from batchrun.batch.runner import prepare_line, run_batch
+from batchrun.batch.job import validate as v
+from batchrun.batch.storage.readers import open_sources
+from batchrun.batch.job.runner import prepare_line, run_batch
 from batchrun.options.engine import EngineConfig
 from batchrun.llm import LoadedModel, build_engine, build_model
 from batchrun.models.llama import LlamaModel, ModelConfig

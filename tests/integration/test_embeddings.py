@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from openai.types import CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 
-from batchrun.batch.commands import validate
-from batchrun.batch.runner import run_batch
+from batchrun.batch.shell.commands import validate
+from batchrun.batch.job.runner import run_batch
 from batchrun.openai.serving import OpenAIServing, ServingOptions
 from batchrun.options.openai import OpenAIOptions
 from tests.helpers import file_records, job_plan, poll_batch, upload_batch_file

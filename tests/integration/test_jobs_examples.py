@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from batchrun.batch.jobspec import load
+from batchrun.batch.shell.jobspec import load
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = ROOT / "jobs"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from batchrun.batch.commands import plan, validate
-from batchrun.batch.estimate import run_key
-from batchrun.batch.run_store import save_run
+from batchrun.batch.shell.commands import plan, validate
+from batchrun.batch.estimate.job_estimate import run_key
+from batchrun.batch.estimate.run_store import save_run
 from batchrun.options.engine import EngineConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from batchrun.batch.runner import run_batch  # noqa: E402
+from batchrun.batch.job.runner import run_batch  # noqa: E402
 from batchrun.distributed.client import RayEngineClient, RayModel  # noqa: E402
 from batchrun.options.engine import EngineConfig  # noqa: E402
 from batchrun.options.ray import RayOptions  # noqa: E402

@@ -10,8 +10,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from batchrun.batch.parquet import RESULT_SCHEMA  # noqa: E402
-from batchrun.batch.runner import run_batch  # noqa: E402
+from batchrun.batch.storage.parquet import RESULT_SCHEMA  # noqa: E402
+from batchrun.batch.job.runner import run_batch  # noqa: E402
 from batchrun.batch.ray_data import build_processor  # noqa: E402
 from batchrun.options.fields import OptionsError  # noqa: E402
 from tests import fake_engine  # noqa: E402

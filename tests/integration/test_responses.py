@@ -49,8 +49,8 @@ def read_jsonl(path):
 # --- batch files through the runner (before the server takes the engine) ----------------------
 
 def test_a_batch_file_of_responses_lines(real_model, tmp_path):
-    from batchrun.batch.plan import make_plan
-    from batchrun.batch.runner import run_batch
+    from batchrun.batch.job.plan import make_plan
+    from batchrun.batch.job.runner import run_batch
     from batchrun.options.job import InputOptions, JobOptions
     from batchrun.options.run import RunOptions
 
@@ -84,7 +84,7 @@ def test_a_batch_file_of_responses_lines(real_model, tmp_path):
 def test_validate_checks_responses_lines_without_a_tokenizer():
     from types import SimpleNamespace
 
-    from batchrun.batch.runner import check_line
+    from batchrun.batch.job.runner import check_line
     from batchrun.openai.protocol import LineError
     from batchrun.options.openai import OpenAIOptions
 

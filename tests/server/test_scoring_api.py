@@ -8,7 +8,7 @@ import math
 import httpx
 import pytest
 
-from batchrun.batch.runner import run_batch
+from batchrun.batch.job.runner import run_batch
 from tests.helpers import job_plan
 from tests.server.conftest import API_KEY
 from tests.helpers import file_records, poll_batch, upload_batch_file

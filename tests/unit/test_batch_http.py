@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from batchrun.batch.runner import run_batch
+from batchrun.batch.job.runner import run_batch
 from tests.helpers import job_plan
 from tests.fake_engine import fake_model
 

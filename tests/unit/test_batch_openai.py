@@ -9,7 +9,7 @@ import json
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from batchrun.batch.runner import run_batch
+from batchrun.batch.job.runner import run_batch
 from batchrun.openai.render import load_chat_template
 from batchrun.openai.serving import OpenAIServing, ServingOptions
 from batchrun.options.openai import OpenAIOptions

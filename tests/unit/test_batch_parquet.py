@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchrun.batch.parquet import RESULT_SCHEMA, ParquetRecordWriter
-from batchrun.batch.runner import BatchConfigError, run_batch
+from batchrun.batch.storage.parquet import RESULT_SCHEMA, ParquetRecordWriter
+from batchrun.batch.job.runner import BatchConfigError, run_batch
 from batchrun.openai.params import RequestDefaults
 from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model

@@ -5,9 +5,9 @@ import threading
 
 import pytest
 
-from batchrun.batch.job import StopRequest
-from batchrun.batch.runner import BatchConfigError, run_batch
-from batchrun.batch.staging import Staging
+from batchrun.batch.job.loop import StopRequest
+from batchrun.batch.job.runner import BatchConfigError, run_batch
+from batchrun.batch.job.staging import Staging
 from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model
 
@@ -159,7 +159,7 @@ def test_a_line_edited_in_place_is_run_again_on_resume(tmp_path):
 
 
 def test_on_changed_input_fail_refuses_naming_the_line(tmp_path):
-    from batchrun.batch.job import ChangedInputError
+    from batchrun.batch.job.loop import ChangedInputError
 
     src, committed = interrupted_run(tmp_path, LINES)
     victim = int(committed[0][1:])
@@ -224,7 +224,7 @@ class HealedEngine(FakeEngine):
 
 def commit_all_then_crash(tmp_path, src, monkeypatch):
     """A run whose every line is committed but that dies before the merge."""
-    import batchrun.batch.runner as runner
+    import batchrun.batch.job.runner as runner
 
     def crash(*args):
         raise RuntimeError("killed before the merge")

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from batchrun.batch.runner import run_batch
+from batchrun.batch.job.runner import run_batch
 from batchrun.openai.params import RequestDefaults
 from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model

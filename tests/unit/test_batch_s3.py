@@ -10,8 +10,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from batchrun.batch.job import StopRequest
-from batchrun.batch.runner import run_batch
+from batchrun.batch.job.loop import StopRequest
+from batchrun.batch.job.runner import run_batch
 from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model
 
@@ -144,9 +144,9 @@ def test_cli_with_storage_options(s3):
 def test_plan_reads_s3_inputs(s3):
     from click.testing import CliRunner
 
-    from batchrun.batch.commands import plan
-    from batchrun.batch.estimate import run_key
-    from batchrun.batch.run_store import save_run
+    from batchrun.batch.shell.commands import plan
+    from batchrun.batch.estimate.job_estimate import run_key
+    from batchrun.batch.estimate.run_store import save_run
     from batchrun.options.engine import EngineConfig
 
     save_run({"status": "completed", "requests": {"total": 1, "ok": 1, "failed": 0},

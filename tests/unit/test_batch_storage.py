@@ -7,15 +7,17 @@ from io import BytesIO
 
 import pytest
 
-from batchrun.batch import io, staging as staging_mod
-from batchrun.batch.formats import (Format, compress, decompress, detect, parse_format,
+from batchrun.batch.storage import io
+
+from batchrun.batch.job import staging as staging_mod
+from batchrun.batch.storage.formats import (Format, compress, decompress, detect, parse_format,
                                     stream_errors)
-from batchrun.batch.idset import IdSet
-from batchrun.batch.lines import position, split_position
-from batchrun.batch.readers import open_sources, read_all
-from batchrun.batch.sinks import RecordSink
-from batchrun.batch.staging import FAILED, OK, RETRYABLE, Record, Staging, StagingError
-from batchrun.batch.storage import Storage
+from batchrun.batch.job.idset import IdSet
+from batchrun.batch.storage.lines import position, split_position
+from batchrun.batch.storage.readers import open_sources, read_all
+from batchrun.batch.storage.sinks import RecordSink
+from batchrun.batch.job.staging import FAILED, OK, RETRYABLE, Record, Staging, StagingError
+from batchrun.batch.storage.store import Storage
 
 
 @pytest.mark.parametrize("path,fmt", [

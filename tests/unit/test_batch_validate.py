@@ -3,11 +3,11 @@ lines succeed, and `validate` reports exactly what the run rejects."""
 
 import json
 
-from batchrun.batch.readers import open_sources
+from batchrun.batch.storage.readers import open_sources
 from batchrun.openai.serving import OpenAIServing
 from batchrun.options.openai import OpenAIOptions
-from batchrun.batch.runner import check_line, prepare_line, run_batch
-from batchrun.batch.validate import served_names, summary, validate
+from batchrun.batch.job.runner import check_line, prepare_line, run_batch
+from batchrun.batch.job.validate import served_names, summary, validate
 from tests.helpers import job_plan
 from tests.fake_engine import fake_model
 

@@ -58,7 +58,7 @@ def test_bad_options_are_usage_errors(tmp_path):
 
 
 def test_job_spec_takes_the_openai_options(tmp_path):
-    from batchrun.batch import jobspec
+    from batchrun.batch.shell import jobspec
 
     (tmp_path / "t.jinja").write_text("{{ messages }}")
     spec = tmp_path / "job.toml"

@@ -12,7 +12,7 @@ import pytest
 import torch
 from openai.types import CreateEmbeddingResponse
 
-from batchrun.batch.runner import prepare_line
+from batchrun.batch.job.runner import prepare_line
 from batchrun.engine.pooling import PoolingParams
 from batchrun.openai.embeddings import resolve_pooling, sentence_transformers_pooling, truncate
 from batchrun.openai.protocol import LineError, RequestError

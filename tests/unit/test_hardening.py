@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from batchrun.batch import io
-from batchrun.batch.lines import InputReadError
-from batchrun.batch.runner import BatchConfigError, run_batch
-from batchrun.batch.sinks import RecordSink
-from batchrun.batch.formats import Format
+from batchrun.batch.storage import io
+from batchrun.batch.storage.lines import InputReadError
+from batchrun.batch.job.runner import BatchConfigError, run_batch
+from batchrun.batch.storage.sinks import RecordSink
+from batchrun.batch.storage.formats import Format
 from batchrun.openai.protocol import LineError, RequestError, parse_batch_line, parse_body
 from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model

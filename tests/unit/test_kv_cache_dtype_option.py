@@ -3,7 +3,7 @@
 import torch
 from click.testing import CliRunner
 
-from batchrun.batch.jobspec import load
+from batchrun.batch.shell.jobspec import load
 from batchrun.cli import main
 from batchrun.engine import SamplingParams
 from tests.helpers import tiny_engine

@@ -237,7 +237,7 @@ def test_lora_options_from_the_command_line_and_a_job_spec(tmp_path):
 
 
 def test_a_job_spec_names_adapters_relative_to_its_folder(tmp_path):
-    from batchrun.batch.jobspec import load
+    from batchrun.batch.shell.jobspec import load
 
     (tmp_path / "job.toml").write_text(
         'input = "in.jsonl"\noutput = "out.jsonl"\n[engine]\nmax_loras = 2\n'

@@ -4,8 +4,8 @@ options of run/plan/serve/validate, job specs and --help all come from it."""
 import pytest
 from click.testing import CliRunner
 
-from batchrun.batch.commands import plan, run, validate
-from batchrun.batch.jobspec import JobSpecError, load
+from batchrun.batch.shell.commands import plan, run, validate
+from batchrun.batch.shell.jobspec import JobSpecError, load
 from batchrun.options.engine import EngineConfig
 from batchrun.options.fields import OptionsError, public_fields, validate as validate_options
 from batchrun.options.job import InputOptions, JobOptions
@@ -49,7 +49,7 @@ def test_the_command_line_lands_in_each_concern_and_leaves_the_rest_at_defaults(
         seen["opts"] = opts
         return 0
 
-    import batchrun.batch.commands as commands
+    import batchrun.batch.shell.commands as commands
 
     real, commands.execute = commands.execute, fake_execute
     try:

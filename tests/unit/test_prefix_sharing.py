@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from batchrun.batch.prefix_sharing import PrefixSharing
+from batchrun.batch.estimate.prefix_sharing import PrefixSharing
 from batchrun.engine import SamplingParams
 from tests.unit.test_native_model import tiny_engine
 

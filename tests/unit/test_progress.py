@@ -1,4 +1,4 @@
-"""batchrun.batch.progress: the token-based ETA, one final line, logging while a bar is up."""
+"""batchrun.batch.job.progress: the token-based ETA, one final line, logging while a bar is up."""
 
 import contextlib
 import io
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from batchrun.batch.metrics import RunMetrics
-from batchrun.batch.progress import Counts, Reporter
+from batchrun.batch.job.metrics import RunMetrics
+from batchrun.batch.job.progress import Counts, Reporter
 
 
 def _metrics(seconds: float, ok: int, prompt: int, completion: int, failed: int = 0):

@@ -1,6 +1,6 @@
 """summary_text: the paragraph a run prints at its end."""
 
-from batchrun.batch.metrics import RunMetrics, summary_text
+from batchrun.batch.job.metrics import RunMetrics, summary_text
 
 
 def _summary(ok, failed, resumed, job_ok, job_failed, wall=120.0):

@@ -6,10 +6,12 @@ import time
 import pytest
 from transformers import AutoConfig
 
-from batchrun.batch import run_store, throughput
-from batchrun.batch.run_store import load_last_run, save_run
-from batchrun.batch.calibrate import calibrate
-from batchrun.batch.throughput import (Calibration, WorkloadShape, calibration_from_run,
+from batchrun.batch.estimate import run_store
+
+from batchrun.batch.estimate import throughput
+from batchrun.batch.estimate.run_store import load_last_run, save_run
+from batchrun.batch.estimate.calibrate import calibrate
+from batchrun.batch.estimate.throughput import (Calibration, WorkloadShape, calibration_from_run,
                                        estimate_seconds, estimate_steps)
 from batchrun.options.engine import EngineConfig
 from batchrun.models.llama import ModelConfig

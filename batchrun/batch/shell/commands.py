@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from batchrun.batch.launch import EXIT_OK, EXIT_TOO_MANY_FAILED, execute
+from batchrun.batch.shell.launch import EXIT_OK, EXIT_TOO_MANY_FAILED, execute
 from batchrun.options.click_options import click_options, pairs
 from batchrun.options.engine import EngineConfig
 from batchrun.options.fields import OptionsError
@@ -60,10 +60,10 @@ def validate(inputs, check_prompts, max_model_len, as_json, quiet, **kwargs):
     run would reject, with counts, without running a model."""
     from types import SimpleNamespace
 
-    from batchrun.batch import validate as v
-    from batchrun.batch.readers import check_sources, open_sources
-    from batchrun.batch.storage import Storage
-    from batchrun.batch.runner import check_line, prepare_line
+    from batchrun.batch.job import validate as v
+    from batchrun.batch.storage.readers import check_sources, open_sources
+    from batchrun.batch.storage.store import Storage
+    from batchrun.batch.job.runner import check_line, prepare_line
     from batchrun.openai.response import batch_error_line
     from batchrun.openai.serving import OpenAIServing, ServingOptions
 
@@ -121,7 +121,7 @@ def _tokenizer_model(model, max_model_len):
 def job(ctx, spec, variables, restart, dry_run):
     """Run the job spec SPEC (jobs/NAME.toml): the options of `batchrun run` in a TOML file. With
     `resume = true` in the spec, rerunning a failed or interrupted job continues it."""
-    from batchrun.batch.jobspec import JobSpecError, load
+    from batchrun.batch.shell.jobspec import JobSpecError, load
 
     try:
         opts = load(spec, variables)
@@ -144,8 +144,8 @@ def plan(inputs, **kwargs):
     weights: lines (valid and invalid), prompt and completion tokens, the prefix cache's
     expected hit rate, the memory it reserves and an estimated wall time. With -o, also whether
     the run starts afresh, resumes, or has nothing to do."""
-    from batchrun.batch.estimate import estimate_plan, report_text
-    from batchrun.batch.plan import BatchConfigError, make_plan
+    from batchrun.batch.estimate.job_estimate import estimate_plan, report_text
+    from batchrun.batch.job.plan import BatchConfigError, make_plan
 
     shown = _options(lambda: from_cli(PlanOptions, kwargs))
     given_output = kwargs.get("output") is not None

@@ -8,10 +8,10 @@ import codecs
 import re
 from typing import Iterator
 
-from batchrun.batch import io
-from batchrun.batch.storage import NO_OPTIONS, Storage
-from batchrun.batch.formats import check_available, decompress, detect, stream_errors
-from batchrun.batch.lines import InputLine, InputReadError, Source, line_digest
+from batchrun.batch.storage import io
+from batchrun.batch.storage.store import NO_OPTIONS, Storage
+from batchrun.batch.storage.formats import check_available, decompress, detect, stream_errors
+from batchrun.batch.storage.lines import InputLine, InputReadError, Source, line_digest
 from batchrun.openai.protocol import RequestError, peek_custom_id
 
 
@@ -35,7 +35,7 @@ def check_sources(sources: list[Source], storage: Storage = NO_OPTIONS,
     """Fail early (ValueError) on a Parquet input whose columns cannot make requests."""
     for source in sources:
         if source.format.kind == "parquet" and source.path != io.STDIO:
-            from batchrun.batch.parquet import check_schema
+            from batchrun.batch.storage.parquet import check_schema
 
             check_schema(source, storage, columns or {})
 
@@ -43,7 +43,7 @@ def check_sources(sources: list[Source], storage: Storage = NO_OPTIONS,
 def read_source(source: Source, storage: Storage = NO_OPTIONS,
                 columns: dict[str, str] | None = None) -> Iterator[InputLine]:
     if source.format.kind == "parquet":
-        from batchrun.batch.parquet import read_parquet
+        from batchrun.batch.storage.parquet import read_parquet
 
         yield from read_parquet(source, storage, columns or {})
     else:
@@ -124,7 +124,7 @@ def count_records(sources: list[Source], storage: Storage = NO_OPTIONS) -> int |
     total = 0
     for source in sources:
         if source.format.kind == "parquet":
-            from batchrun.batch.parquet import count_rows
+            from batchrun.batch.storage.parquet import count_rows
 
             n = count_rows(source, storage)
         elif source.format.compression is None and io.is_local(source.path):

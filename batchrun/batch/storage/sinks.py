@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import IO
 
-from batchrun.batch import io
-from batchrun.batch.formats import Format, compress
-from batchrun.batch.storage import Storage
+from batchrun.batch.storage import io
+from batchrun.batch.storage.formats import Format, compress
+from batchrun.batch.storage.store import Storage
 
 
 class RecordSink:
@@ -32,7 +32,7 @@ class RecordSink:
             fs, p = storage.filesystem(path)
             self._raw = fs.open(p, "wb")
         if fmt.kind == "parquet":
-            from batchrun.batch.parquet import ParquetRecordWriter
+            from batchrun.batch.storage.parquet import ParquetRecordWriter
 
             self._parquet: ParquetRecordWriter | None = ParquetRecordWriter(self._raw)
             self._stream: IO[bytes] = self._raw

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, IO
 
-from batchrun.batch.metrics import RunMetrics
+from batchrun.batch.job.metrics import RunMetrics
 
 log = logging.getLogger("batchrun.progress")
 MODES = ("auto", "bar", "log", "none")

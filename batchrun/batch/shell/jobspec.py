@@ -25,7 +25,7 @@ import os
 import string
 import tomllib
 
-from batchrun.batch import io
+from batchrun.batch.storage import io
 from batchrun.options.engine import EngineConfig
 from batchrun.options.fields import OptionsError, public_fields, validate
 from batchrun.options.job import InputOptions, JobOptions

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from batchrun import phases
-from batchrun.batch.idset import IdSet
-from batchrun.batch.metrics import RunMetrics
-from batchrun.batch.progress import Counts, Reporter
-from batchrun.batch.lines import InputLine, InputReadError
-from batchrun.batch.staging import FAILED, OK, RETRYABLE, Committed, Record, Staging
+from batchrun.batch.job.idset import IdSet
+from batchrun.batch.job.metrics import RunMetrics
+from batchrun.batch.job.progress import Counts, Reporter
+from batchrun.batch.storage.lines import InputLine, InputReadError
+from batchrun.batch.job.staging import FAILED, OK, RETRYABLE, Committed, Record, Staging
 from batchrun.engine.errors import PromptTooLongError
 from batchrun.openai.protocol import LineError, RequestError, peek_custom_id
 from batchrun.openai.response import batch_error_line, batch_output_line, engine_error

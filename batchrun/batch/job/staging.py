@@ -25,9 +25,9 @@ from array import array
 from dataclasses import dataclass
 from typing import IO, Callable, Iterator
 
-from batchrun.batch import io
-from batchrun.batch.storage import NO_OPTIONS, Storage
-from batchrun.batch.lines import split_position
+from batchrun.batch.storage import io
+from batchrun.batch.storage.store import NO_OPTIONS, Storage
+from batchrun.batch.storage.lines import split_position
 
 OK, FAILED, RETRYABLE = 1, 2, 3  # committed states of an input line
 FAN_IN = 32

@@ -16,13 +16,13 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from batchrun.batch.job import Job
-from batchrun.batch.metrics import RunMetrics
-from batchrun.batch.plan import BatchConfigError, JobPlan
-from batchrun.batch.progress import Counts, Reporter, resolve_mode
-from batchrun.batch.readers import count_records, read_all
-from batchrun.batch.sinks import RecordSink
-from batchrun.batch.staging import Committed, Staging, StagingError
+from batchrun.batch.job.loop import Job
+from batchrun.batch.job.metrics import RunMetrics
+from batchrun.batch.job.plan import BatchConfigError, JobPlan
+from batchrun.batch.job.progress import Counts, Reporter, resolve_mode
+from batchrun.batch.storage.readers import count_records, read_all
+from batchrun.batch.storage.sinks import RecordSink
+from batchrun.batch.job.staging import Committed, Staging, StagingError
 from batchrun.engine.sampling_params import SamplingParams
 from batchrun.openai.params import check_model_field
 from batchrun.openai.protocol import LineError, RequestError, parse_batch_line, parse_envelope

@@ -9,7 +9,7 @@ import itertools
 import os
 import time
 
-from batchrun.batch.throughput import Calibration
+from batchrun.batch.estimate.throughput import Calibration
 from batchrun.options.engine import EngineConfig
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from batchrun.batch.formats import Format
+from batchrun.batch.storage.formats import Format
 from batchrun.openai.protocol import RequestError
 
 _LINE_BITS = 40  # a position is (source index << 40) | line number

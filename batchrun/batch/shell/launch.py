@@ -60,11 +60,11 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
     quiet = opts.job.quiet
     set_log_level(opts.job.log_level or ("warning" if quiet else "info"))
     phases.mark("start-up and command-line imports")
-    from batchrun.batch.job import ChangedInputError, StopRequest
-    from batchrun.batch.metrics import summary_text
-    from batchrun.batch.plan import BatchConfigError, make_plan
-    from batchrun.batch.lines import InputReadError
-    from batchrun.batch.runner import run_batch
+    from batchrun.batch.job.loop import ChangedInputError, StopRequest
+    from batchrun.batch.job.metrics import summary_text
+    from batchrun.batch.job.plan import BatchConfigError, make_plan
+    from batchrun.batch.storage.lines import InputReadError
+    from batchrun.batch.job.runner import run_batch
 
     phases.mark("imports of the batch job (torch)")
     if opts.ray.ray:
@@ -141,8 +141,8 @@ def set_log_level(name: str) -> None:
 
 def _remember_run(result: dict, model_name: str, opts: RunOptions) -> None:
     """Keep the run's metrics: `batchrun plan` calibrates its time estimate by them."""
-    from batchrun.batch.estimate import run_key
-    from batchrun.batch.run_store import save_run
+    from batchrun.batch.estimate.job_estimate import run_key
+    from batchrun.batch.estimate.run_store import save_run
 
     if result.get("this_run", {}).get("ok"):
         try:

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from batchrun.batch.idset import IdSet
-from batchrun.batch.storage import NO_OPTIONS, Storage
-from batchrun.batch.job import check_item, internal_error
-from batchrun.batch.lines import InputLine, InputReadError, Source
-from batchrun.batch.readers import read_all
+from batchrun.batch.job.idset import IdSet
+from batchrun.batch.storage.store import NO_OPTIONS, Storage
+from batchrun.batch.job.loop import check_item, internal_error
+from batchrun.batch.storage.lines import InputLine, InputReadError, Source
+from batchrun.batch.storage.readers import read_all
 from batchrun.openai.protocol import LineError
 
 

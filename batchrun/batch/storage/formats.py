@@ -11,7 +11,7 @@ from typing import IO
 
 from fsspec.compression import compr
 
-from batchrun.batch.io import STDIO
+from batchrun.batch.storage.io import STDIO
 from batchrun.options.job import FormatName
 
 _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2", ".xz": "xz"}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from batchrun.batch import io
+from batchrun.batch.storage import io
 
 
 def check_outputs(where: Any, job: Any, storage: Any, input_paths: list[str]) -> None:
@@ -84,7 +84,7 @@ def _belongs_to_job(where: Any, storage: Any, input_paths: list[str]) -> bool:
                 and [_identity(i[0]) for i in old.get("input_fingerprint") or []] == names):
             return True
     if where.staging:
-        from batchrun.batch.staging import Staging, StagingError
+        from batchrun.batch.job.staging import Staging, StagingError
 
         staging = Staging(where.staging, storage)
         try:

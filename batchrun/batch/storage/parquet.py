@@ -19,9 +19,9 @@ from typing import IO, Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchrun.batch import io
-from batchrun.batch.storage import Storage
-from batchrun.batch.lines import InputLine, Source, line_digest
+from batchrun.batch.storage import io
+from batchrun.batch.storage.store import Storage
+from batchrun.batch.storage.lines import InputLine, Source, line_digest
 from batchrun.openai.protocol import (ChatCompletionRequest, RequestError, json_error_message,
                                       loads)
 

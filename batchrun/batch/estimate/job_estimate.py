@@ -20,13 +20,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from batchrun.batch import io
-from batchrun.batch.plan import JobPlan
-from batchrun.batch.prefix_sharing import PrefixSharing
-from batchrun.batch.progress import format_duration
-from batchrun.batch.runner import prepare_line
-from batchrun.batch.throughput import WorkloadShape
-from batchrun.batch.validate import validate
+from batchrun.batch.storage import io
+from batchrun.batch.job.plan import JobPlan
+from batchrun.batch.estimate.prefix_sharing import PrefixSharing
+from batchrun.batch.job.progress import format_duration
+from batchrun.batch.job.runner import prepare_line
+from batchrun.batch.estimate.throughput import WorkloadShape
+from batchrun.batch.job.validate import validate
 from batchrun.footprint import tokenizer_model
 from batchrun.openai.serving import OpenAIServing
 
@@ -113,7 +113,7 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     """Everything `batchrun plan` prints. `calibration`: auto (the last run of this model on
     this machine, else the micro-benchmark), last-run (fail over to the benchmark with a note),
     benchmark."""
-    from batchrun.batch import calibrate, run_store, throughput
+    from batchrun.batch.estimate import calibrate, run_store, throughput
     from batchrun import footprint
 
     spec = plan.inputs.model

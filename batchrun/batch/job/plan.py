@@ -14,13 +14,13 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from batchrun.batch import io
-from batchrun.batch.formats import Format, detect
-from batchrun.batch.preflight import check_outputs
-from batchrun.batch.lines import Source
-from batchrun.batch.readers import check_sources, open_sources
-from batchrun.batch.staging import Staging, StagingError
-from batchrun.batch.storage import Storage
+from batchrun.batch.storage import io
+from batchrun.batch.storage.formats import Format, detect
+from batchrun.batch.job.preflight import check_outputs
+from batchrun.batch.storage.lines import Source
+from batchrun.batch.storage.readers import check_sources, open_sources
+from batchrun.batch.job.staging import Staging, StagingError
+from batchrun.batch.storage.store import Storage
 from batchrun.options.engine import EngineConfig
 from batchrun.options.job import InputOptions, JobOptions
 from batchrun.openai.serving import ServingOptions

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import IO, Any
 
-from batchrun.batch import io
+from batchrun.batch.storage import io
 
 
 @dataclass(frozen=True)
