@@ -13,11 +13,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import jinja2
-
 from batchrun.sweep.cells import Cell
 from batchrun.sweep.dataset import Template
 from batchrun.sweep.scorers import Example, ScoreError
+from batchrun.sweep.templating import RenderError
 
 
 @dataclass
@@ -61,7 +60,7 @@ def build(cells: list[Cell], examples: list[Example], templates: dict[str, Templ
                 key = f"{cell.id}/{ex.id}"
                 try:
                     rendered = template.render(ex.row)
-                except jinja2.TemplateError as exc:
+                except RenderError as exc:
                     out.errors[key] = f"the prompt cannot be rendered for this row: {exc}"
                     continue
                 if endpoint == "completions":
@@ -79,7 +78,7 @@ def build(cells: list[Cell], examples: list[Example], templates: dict[str, Templ
             for ex in examples:
                 try:
                     context = template.render(ex.row)
-                except jinja2.TemplateError as exc:
+                except RenderError as exc:
                     out.errors[f"ll/{variant}/{ex.id}"] = f"the prompt cannot be rendered: {exc}"
                     continue
                 if not isinstance(context, str):
