@@ -16,6 +16,7 @@ import pytest
 
 from batchrun.sweep.scorers import build, run_program
 from batchrun.sweep.scorers import code as code_scorer
+from batchrun.sweep.scorers import sandbox
 from batchrun.sweep.scorers.sandbox import sandbox_level
 
 NAMESPACED = sandbox_level()[0] == "namespaced"
@@ -85,6 +86,20 @@ FORGERIES = {
         os.symlink("/proc/self/mem", "m")
         open("m", "rb")
     """,
+    "the launcher's memory through a link opened relative to a folder": """
+        import os
+        os.mkdir("d")
+        os.symlink("/dev/fd/../mem", "d/m")
+        folder = os.open("d", os.O_RDONLY | os.O_DIRECTORY)
+        os.read(os.open("m", os.O_RDONLY, dir_fd=folder), 1)
+    """,
+    "the launcher's memory through its /proc folder": """
+        import os
+        folder = os.open("/dev/fd/..", os.O_RDONLY | os.O_DIRECTORY)
+        for name in os.listdir(folder):
+            if name.startswith("m") and name.endswith("m"):
+                os.read(os.open(name, os.O_RDONLY, dir_fd=folder), 1)
+    """,
     "ctypes": """
         import ctypes
         ctypes.string_at(id(object()), 16)
@@ -140,6 +155,17 @@ def test_a_program_cannot_forge_its_pass(attack, namespaced):
                          namespaced=namespaced)
     assert not result.passed, result
     assert result.status in ("failed", "killed"), result
+
+
+REACHING_THE_TOKEN = [k for k in FORGERIES if k.startswith(("16-byte", "the launcher's", "ctypes",
+                                                            "a trace"))]
+
+
+@pytest.mark.parametrize("attack", REACHING_THE_TOKEN, ids=REACHING_THE_TOKEN)
+def test_the_ways_to_the_launchers_token_are_refused(attack):
+    # without the failing test: the access itself must fail, not only the forged verdict
+    result = run_program(textwrap.dedent(FORGERIES[attack]), timeout=5, unsafe_sandbox=True)
+    assert not result.passed and "the sandbox refuses" in result.stderr, result
 
 
 @pytest.mark.parametrize("namespaced", LEVELS)
@@ -202,7 +228,7 @@ def test_the_file_system_is_read_only_outside_the_programs_folder(tmp_path):
             try:
                 open(path, "w")
             except OSError as exc:
-                assert exc.errno == 30, exc  # EROFS
+                assert exc.errno in (30, 2), exc  # EROFS; ENOENT in a hidden folder
             else:
                 raise SystemExit("wrote " + path)
         print(open("/etc/passwd").read()[:4])  # reading is allowed
@@ -210,6 +236,26 @@ def test_the_file_system_is_read_only_outside_the_programs_folder(tmp_path):
     result = run_program(program)
     assert result.passed, result
     assert not outside.exists() and not os.path.exists(repo_file)
+
+
+@needs_namespaces
+def test_the_users_files_and_other_temp_folders_are_hidden(tmp_path):
+    secret = tmp_path / "credentials"
+    secret.write_text("hunter2")
+    home = os.path.expanduser("~")
+    program = textwrap.dedent(f"""
+        import os, sys
+        assert not os.path.exists({str(secret)!r})
+        assert os.listdir(os.path.dirname(os.getcwd())) == [os.path.basename(os.getcwd())]
+        print(sorted(os.listdir({home!r})))
+        import json  # the interpreter and its packages are still there
+    """)
+    result = run_program(program)
+    assert result.passed, result
+    visible = eval(result.stdout.strip().splitlines()[-1])
+    assert set(visible) <= {os.path.relpath(p, home).split(os.sep)[0]
+                            for p in sandbox._kept(None) if p.startswith(home + os.sep)}
+    assert secret.read_text() == "hunter2"
 
 
 @needs_namespaces

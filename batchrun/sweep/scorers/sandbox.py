@@ -7,8 +7,10 @@ Two levels, detected once per process (sandbox_level()):
 - "namespaced" (Linux, where unprivileged user namespaces are allowed, or as root): the runner
   is PID 1 of fresh user, PID, network, mount, IPC and UTS namespaces (`unshare`). Every
   process the program starts dies with it (setsid and double forks included); it has no
-  network but its own loopback; every mount is read-only but its temporary folder; it holds no
-  capability; it cannot trace, signal or read the runner.
+  network but its own loopback; every mount is read-only but its temporary folder; the home
+  folders and /tmp are empty tmpfs but for what _kept() binds back; it holds no capability;
+  it cannot trace, signal or read the runner; its processes are capped (RLIMIT_NPROC, or as
+  root a pids cgroup).
 - "process" (anything else, only with unsafe_sandbox = true): the program's process group is
   killed, and on Linux the runner is a child subreaper that kills re-parented descendants too;
   the file system, the network and the user's processes are the program's to use.
@@ -45,6 +47,27 @@ UNSHARE = ["--user", "--map-root-user", "--net", "--mount", "--pid", "--ipc", "-
 # the sandbox's own tasks in the namespace, counted by RLIMIT_NPROC and pids.max: the runner,
 # the launcher and the launcher's program thread
 _NAMESPACE_TASKS = 3
+
+
+# Folders the namespaced program sees empty (but for what _kept() binds back): the user's files
+# and credentials (~/.aws, ~/.ssh, ...), other users', and every other program's temp folder.
+HIDDEN = sorted({os.path.expanduser("~"), "/root", "/home", "/tmp", "/var/tmp",
+                 tempfile.gettempdir()})
+
+
+def _kept(python: str | None) -> list[str]:
+    """What the program needs from the hidden folders: the interpreters (batchrun's and the
+    configured one), their packages, the launcher."""
+    import site
+
+    interpreter = os.path.realpath(python or sys.executable)
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(interpreter),
+             os.path.dirname(os.path.dirname(interpreter)), str(_HERE)}
+    try:
+        paths.update(site.getsitepackages())
+    except AttributeError:  # a virtualenv's old site.py
+        pass
+    return sorted(paths)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -220,7 +243,7 @@ def _run(program: str, *, namespaced: bool, timeout: float, memory: int, file_si
                "TMPDIR": str(home), "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
                "MKL_NUM_THREADS": "1"}
         cgroup = _make_cgroup(nproc) if nproc and namespaced and os.geteuid() == 0 else None
-        config = {"cgroup": cgroup, "dir": str(root), "python": python or sys.executable,
+        config = {"cgroup": cgroup, "hide": HIDDEN, "keep": _kept(python), "dir": str(root), "python": python or sys.executable,
                   "site_packages": site_packages, "launcher": LAUNCHER, "env": env,
                   "namespaced": namespaced, "timeout": timeout, "memory": memory,
                   "cpu": int(math.ceil(timeout)) + 1, "file_size": file_size,

@@ -7,8 +7,8 @@ read its memory or trace it), sets the resource limits, and runs program.py in a
 own. The token stays in the main thread's frame, which the program's thread has no frame chain
 to; an audit hook refuses the ways around that: gc.get_objects / get_referrers /
 get_referents, sys._current_frames, tracing and profiling hooks, new audit hooks, ctypes,
-hand-made code objects, opening /proc/*/mem, and any frame access from the main
-thread once the program started.
+hand-made code objects, opening /proc/*/mem (by any name: links into /proc are refused too), and
+any frame access from the main thread once the program started.
 
 Where program.py raises, the process exits 1 at once. Where it runs to its end, the program's
 thread clears its globals (its finalizers run now, not later), stops collections (no gc
@@ -111,7 +111,8 @@ def main():
 
     def guard(event, args, started=started, main_thread=main_thread, get_ident=_thread.get_ident,
               isinstance_=isinstance, fsdecode=os.fsdecode, realpath=os.path.realpath,
-              basename=os.path.basename, str_bytes=(str, bytes), refusal=RuntimeError,
+              basename=os.path.basename, dirname=os.path.dirname, abspath=os.path.abspath,
+              join=os.path.join, str_bytes=(str, bytes), refusal=RuntimeError,
               refused=frozenset((
                   "gc.get_objects", "gc.get_referrers", "gc.get_referents",
                   "sys._current_frames", "sys.settrace", "sys.setprofile", "sys.addaudithook",
@@ -123,6 +124,13 @@ def main():
             path = fsdecode(args[0])
             if basename(path) == "mem" or basename(realpath(path)) == "mem":
                 raise refusal(f"the sandbox refuses to open {path}")
+        if event == "os.symlink":  # a link to /proc/*/mem opened relative to a dir_fd
+            source, link, dir_fd = args
+            if dir_fd is not None:
+                raise refusal("the sandbox refuses os.symlink with dir_fd")
+            target = realpath(join(dirname(abspath(fsdecode(link))), fsdecode(source)))
+            if target.startswith("/proc/") or basename(target) == "mem":
+                raise refusal(f"the sandbox refuses a link to {target}")
         if started and event in in_main and get_ident() == main_thread:
             raise refusal(f"the sandbox refuses {event} in the launcher's thread")
 

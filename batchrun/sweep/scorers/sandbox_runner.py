@@ -5,8 +5,9 @@ as one JSON line on its stdout, which the program cannot reach.
 
 Namespaced (config "namespaced", started by `unshare --user --map-root-user --net --mount
 --pid --ipc --uts --fork --kill-child --mount-proc`): the runner is PID 1 of a new PID
-namespace, so every process the program starts dies when it exits; before forking it makes
-every mount read-only but the sandbox folder (a bind mount of itself). The program process
+namespace, so every process the program starts dies when it exits; before forking it hides
+the user's folders (hide()) and makes every mount read-only but the sandbox folder (a bind
+mount of itself). The program process
 then drops every capability (and can never regain one: securebits NOROOT, an empty bounding
 set, no_new_privs) before it execs the launcher.
 
@@ -67,10 +68,32 @@ def _unescape(path):
     return "".join(out)
 
 
+def hide(folders, keep):
+    """An empty tmpfs over each of `folders` (the user's home, /tmp...), with the paths of
+    `keep` under it (the interpreter, its packages, the sandbox folder) bound back where they
+    were. Runs before read_only_but, which makes all of it read-only."""
+    folders = [f for f in dict.fromkeys(os.path.realpath(f) for f in folders)
+               if os.path.isdir(f) and f != "/"]
+    keep = [k for k in dict.fromkeys(os.path.realpath(k) for k in keep) if os.path.isdir(k)]
+    # a folder inside another hidden one is hidden with it
+    folders = [f for f in folders if not any(f != g and f.startswith(g + "/") for g in folders)]
+    held = {}
+    for path in keep:
+        if any(path == f or path.startswith(f + "/") for f in folders):
+            held[path] = os.open(path, os.O_PATH | os.O_DIRECTORY)
+    for folder in folders:
+        _call("mount", b"tmpfs", folder.encode(), b"tmpfs", ctypes.c_ulong(MS_NOSUID | MS_NODEV),
+              b"mode=755")
+    # outer paths first, so a kept folder inside another kept one is bound on top of it
+    for path, fd in sorted(held.items()):
+        os.makedirs(path, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", path, MS_BIND | MS_REC)
+        os.close(fd)
+
+
 def read_only_but(folder):
     """Every mount read-only, `folder` (bound onto itself) writable. Mounts under a mount
     point this process cannot reach are not visible to the program either."""
-    _mount(None, "/", MS_REC | MS_PRIVATE)
     _mount(folder, folder, MS_BIND | MS_REC)
     with open("/proc/self/mountinfo") as f:
         mounts = [line.split() for line in f]
@@ -211,6 +234,8 @@ def main():
             with open(os.path.join(config["cgroup"], "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
         if config["namespaced"]:
+            _mount(None, "/", MS_REC | MS_PRIVATE)
+            hide(config["hide"], [*config["keep"], config["dir"]])
             read_only_but(config["dir"])
         elif LINUX:
             _call("prctl", PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
