@@ -108,3 +108,28 @@ def test_time_and_output_size_are_bounded(monkeypatch):
         render("{% for i in range(5000) %}{{ q }}{% endfor %}", q="ab")
     assert render("{% for i in range(3) %}{{ q }}{% endfor %} {{ n * 2 }}", q="ab", n=21) == \
         "ababab 42"
+
+
+def test_pass_at_k_where_its_sandbox_cannot_hold_stops_the_sweep(tmp_path, monkeypatch):
+    from batchrun.sweep.run import run_sweep
+    from batchrun.sweep.scorers import code as code_scorer
+    from batchrun.sweep.spec import SpecError, load
+
+    monkeypatch.setattr(code_scorer, "sandbox_level", lambda: ("process", "no user namespaces"))
+    (tmp_path / "d.jsonl").write_text('{"prompt": "def f():\\n", "test": "def check(f): pass",'
+                                      ' "entry_point": "f"}\n')
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "p"\noutput = "out"\n[dataset]\npath = "d.jsonl"\n'
+                    'prompt = "{{ prompt }}"\nendpoint = "completions"\n[[scorers]]\n'
+                    'type = "pass_at_k"\n')
+
+    def never(*args):
+        raise AssertionError("the model must not load")
+
+    parsed, text = load(str(spec))
+    with pytest.raises(SpecError, match=r"scorers\[0\] \(pass_at_k\).*no user namespaces.*"
+                                        r"unsafe_sandbox = true"):
+        run_sweep(parsed, text, never)
+    spec.write_text(spec.read_text() + "unsafe_sandbox = true\n")
+    parsed, text = load(str(spec))
+    assert parsed.scorers[0].unsafe_sandbox is True

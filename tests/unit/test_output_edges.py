@@ -177,3 +177,36 @@ def test_a_lora_adapter_with_nan_weights_is_refused_at_load(tmp_path):
     assert outs[0].error and "'poisoned'" in outs[0].error and "non-finite" in outs[0].error
     assert outs[1].error is None and len(outs[1].outputs[0].token_ids) == 3
 
+
+
+# --- the edges the validation lets through, through the real sampler -------------------------
+
+@pytest.mark.parametrize("fields", [
+    {"temperature": 1e-38}, {"temperature": GREEDY_BELOW}, {"temperature": 2, "top_p": 1e-300},
+    {"repetition_penalty": 0.01, "temperature": 0}, {"repetition_penalty": 0.01},
+    {"presence_penalty": 2, "frequency_penalty": -2, "logit_bias": {"5": 100, "6": -100}},
+    {"min_p": 1.0, "top_k": 2 ** 31 - 1},
+])
+def test_every_accepted_edge_samples_a_real_token(serving, fields):
+    from dataclasses import dataclass, field as default
+
+    from batchrun.engine.sampler import Sampler
+
+    @dataclass
+    class Row:
+        params: object
+        all_token_ids: list = default(default_factory=lambda: [5, 6, 7, 5])
+        num_prompt_tokens: int = 2
+        request_id: str = "r"
+
+        @property
+        def num_output_tokens(self):
+            return len(self.all_token_ids) - self.num_prompt_tokens
+
+    params = serving.prepare(CHAT, chat(**fields)).params
+    vocab = 64
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(1)) * 40  # big logits
+    tokens = Sampler(torch.device("cpu"), None, [2])(logits, [Row(params)] * 3).token_ids
+    assert all(0 <= t < vocab for t in tokens), tokens
+    if params.temperature == 0 and params.repetition_penalty == 1.0:
+        assert tokens == logits.argmax(dim=-1).tolist()

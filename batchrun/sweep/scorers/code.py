@@ -9,6 +9,7 @@ sandbox's runner, a process the program cannot reach.
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Literal
 
@@ -19,6 +20,7 @@ from .sandbox import GiB, MiB, ProgramResult, run_program, sandbox_level
 from .stats import pass_at_k_summary
 
 __all__ = ["PassAtK", "PassAtKConfig", "ProgramResult", "run_program"]
+log = logging.getLogger("batchrun.sweep")
 
 
 class PassAtKConfig(ScorerConfig):
@@ -57,6 +59,9 @@ class PassAtK:
                              f"({why}); set unsafe_sandbox = true in this scorer to run the "
                              "programs with process-level limits only (no file system or "
                              "network isolation)")
+        if level != "namespaced":
+            log.warning("%s: unsafe_sandbox: programs run with process-level limits only, "
+                        "with the user's files and network (%s)", config.scorer_name, why)
         self.config = config
         self.name = config.scorer_name
         self.last_result: ProgramResult | None = None
