@@ -323,3 +323,15 @@ def test_pass_at_k_refuses_to_run_without_its_sandbox(monkeypatch):
     with pytest.raises(ValueError, match="unsafe_sandbox = true.*|.*no namespaces here"):
         build({"type": "pass_at_k"})
     assert build({"type": "pass_at_k", "unsafe_sandbox": True}).config.unsafe_sandbox
+
+
+@needs_namespaces
+def test_an_interpreter_in_a_hidden_folder_still_runs(tmp_path):
+    import subprocess
+    import sys
+
+    venv = tmp_path / "venv"  # under /tmp, which the program sees empty but for what it needs
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    result = run_program("import sys, json\nprint(sys.prefix)", python=str(venv / "bin" / "python"))
+    assert result.passed, result
+    assert result.stdout.strip() == str(venv)

@@ -60,9 +60,19 @@ def _kept(python: str | None) -> list[str]:
     configured one), their packages, the launcher."""
     import site
 
-    interpreter = os.path.realpath(python or sys.executable)
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(interpreter),
-             os.path.dirname(os.path.dirname(interpreter)), str(_HERE)}
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(_HERE)}
+    given = os.path.abspath(python or sys.executable)
+    for interpreter in (given, os.path.realpath(given)):  # a venv's link, and its target
+        prefix = os.path.dirname(os.path.dirname(interpreter))
+        paths.update((os.path.dirname(interpreter), prefix))
+        try:  # a virtualenv: its base interpreter's prefix too
+            with open(os.path.join(prefix, "pyvenv.cfg")) as f:
+                for line in f:
+                    key, _, value = line.partition("=")
+                    if key.strip() == "home" and value.strip():
+                        paths.add(os.path.dirname(value.strip()))
+        except OSError:
+            pass
     try:
         paths.update(site.getsitepackages())
     except AttributeError:  # a virtualenv's old site.py

@@ -23,7 +23,6 @@ where its process exits 0 and the launcher wrote back exactly that token on the 
 import ctypes
 import json
 import os
-import secrets
 import signal
 import sys
 import time
@@ -243,7 +242,7 @@ def main():
         verdict["error"] = f"the sandbox cannot be set up: {exc}"
         print(json.dumps(verdict), flush=True)
         return 3
-    token = secrets.token_bytes(16)
+    token = os.urandom(16)
     token_r, token_w = os.pipe()
     report_r, report_w = os.pipe()
     os.write(token_w, token)
