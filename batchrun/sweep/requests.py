@@ -16,6 +16,7 @@ from typing import Any
 from batchrun.sweep.cells import Cell
 from batchrun.sweep.dataset import Template
 from batchrun.sweep.scorers import Example, ScoreError
+from batchrun.sweep.spec import SpecError
 from batchrun.sweep.templating import RenderError
 
 
@@ -65,8 +66,8 @@ def build(cells: list[Cell], examples: list[Example], templates: dict[str, Templ
                     continue
                 if endpoint == "completions":
                     if not isinstance(rendered, str):
-                        raise ValueError("endpoint = \"completions\" sends a text prompt: give "
-                                         "[dataset] prompt (not messages)")
+                        raise SpecError("endpoint = \"completions\" sends a text prompt: give "
+                                        "[dataset] prompt (not messages)")
                     out.add(key, "/v1/completions", {"prompt": rendered, **cell.sampling})
                     continue
                 messages = rendered if isinstance(rendered, list) else \
@@ -82,8 +83,8 @@ def build(cells: list[Cell], examples: list[Example], templates: dict[str, Templ
                     out.errors[f"ll/{variant}/{ex.id}"] = f"the prompt cannot be rendered: {exc}"
                     continue
                 if not isinstance(context, str):
-                    raise ValueError("loglikelihood_choice scores a text prompt: give "
-                                     "[dataset] prompt (not messages)")
+                    raise SpecError("loglikelihood_choice scores a text prompt: give "
+                                    "[dataset] prompt (not messages)")
                 try:
                     continuations = choice_scorers[0].continuations(ex)
                 except ScoreError as exc:

@@ -133,3 +133,16 @@ def test_pass_at_k_where_its_sandbox_cannot_hold_stops_the_sweep(tmp_path, monke
     spec.write_text(spec.read_text() + "unsafe_sandbox = true\n")
     parsed, text = load(str(spec))
     assert parsed.scorers[0].unsafe_sandbox is True
+
+
+def test_messages_sent_to_the_completions_endpoint_are_a_usage_error(tmp_path):
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "m"\noutput = "out"\n[dataset]\npath = "d.jsonl"\nid = "id"\n'
+                    'endpoint = "completions"\nmessages = [{role = "user", content = '
+                    '"{{ question }}"}]\nreference = "question"\n[[scorers]]\ntype = "contains"\n')
+    done = subprocess.run([sys.executable, "-m", "tests.fake_batchrun", "sweep", str(spec)],
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "sends a text prompt" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
