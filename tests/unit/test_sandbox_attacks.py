@@ -175,6 +175,18 @@ def test_honest_programs_with_threads_and_collections_pass(namespaced):
                        namespaced=namespaced).passed
 
 
+def test_honest_programs_importing_data_libraries_pass():
+    # pandas starts a native thread of its own, warnings and dataclasses walk frames,
+    # numpy loads ctypes: none of it is the program reaching for the token
+    pytest.importorskip("pandas")
+    result = run_program("import warnings, dataclasses, typing, numpy, pandas\n"
+                         "warnings.warn('x')\n@dataclasses.dataclass\nclass P:\n    x: int\n"
+                         "class Q(typing.NamedTuple):\n    a: int\n"
+                         "assert pandas.Series([1, 2]).sum() == 3\n", timeout=30,
+                         unsafe_sandbox=True)
+    assert result.passed, result
+
+
 def _alive(marker: str) -> list[int]:
     found = []
     for name in os.listdir("/proc"):

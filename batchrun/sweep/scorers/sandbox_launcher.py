@@ -12,8 +12,9 @@ any frame access from the main thread once the program started.
 
 Where program.py raises, the process exits 1 at once. Where it runs to its end, the program's
 thread clears its globals (its finalizers run now, not later), stops collections (no gc
-callback can run after that), checks that no other thread of the program is left and that
-its pipe is still the launcher's, and writes one P to it. Only then, and only where the pipe
+callback can run after that), checks that no other Python thread of the program is left
+(_thread._count: threads a native library starts for itself, as pandas does, run no Python
+code of the program) and that its pipe is still the launcher's, and writes one P to it. Only then, and only where the pipe
 holds exactly one P (a P the program wrote itself makes two) and no other thread is left, does
 the main thread write the token back to the runner. Exiting early (os._exit, sys.exit, a
 signal) is a failure. Everything the two threads call after the program started is bound
@@ -21,8 +22,8 @@ before it started: the program may replace module attributes and builtins, not l
 """
 
 
-def run(code, outcome, pipe_id, exec_, exc_type, oom_type, isinstance_, len_, exit_, write,
-        fstat, listdir, gc_disable, flushes, print_exc, clear_frames, tasks, sleep, monotonic):
+def run(code, outcome, pipe_id, exec_, exc_type, oom_type, isinstance_, exit_, write, fstat,
+        threads, gc_disable, flushes, print_exc, clear_frames, sleep, monotonic):
     """The program's thread. Only its arguments: nothing the program can rebind."""
     g = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
@@ -54,10 +55,10 @@ def run(code, outcome, pipe_id, exec_, exc_type, oom_type, isinstance_, len_, ex
         # a thread the program joined may take a moment to be gone; once only this one and
         # the main thread are left, no other code of the program can start
         deadline = monotonic() + 1.0
-        while len_(listdir(tasks)) > 2 and monotonic() < deadline:
+        while threads() > 1 and monotonic() < deadline:
             sleep(0.0005)
         stat = fstat(outcome)
-        ok = len_(listdir(tasks)) == 2 and (stat.st_dev, stat.st_ino) == pipe_id and \
+        ok = threads() == 1 and (stat.st_dev, stat.st_ino) == pipe_id and \
             write(outcome, b"P") == 1
     finally:
         if not ok:
@@ -81,12 +82,9 @@ def main():
         os.set_inheritable(fd, False)
     token = os.read(token_fd, 64)
     os.close(token_fd)
-    tasks = "/proc/self/task"
     if sys.platform.startswith("linux"):
         import ctypes
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
-    else:
-        tasks = None
 
     def limit(what, value):
         try:
@@ -143,14 +141,13 @@ def main():
     del source
     outcome_r, outcome_w = os.pipe()
     stat = os.fstat(outcome_w)
-    count = (lambda _: [None] * (_thread._count() + 1)) if tasks is None else os.listdir
     args = (code, outcome_w, (stat.st_dev, stat.st_ino), builtins.exec, BaseException,
-            MemoryError, isinstance, len, os._exit, os.write, os.fstat, count, gc.disable,
+            MemoryError, isinstance, os._exit, os.write, os.fstat, _thread._count, gc.disable,
             (sys.stdout.flush, sys.stderr.flush), traceback.print_exc, traceback.clear_frames,
-            tasks, time.sleep, time.monotonic)
+            time.sleep, time.monotonic)
     del code, stat
-    read, write, exit_, sleep, set_blocking, len_ = (os.read, os.write, os._exit, time.sleep,
-                                                     os.set_blocking, len)
+    read, write, exit_, sleep, set_blocking, threads = (
+        os.read, os.write, os._exit, time.sleep, os.set_blocking, _thread._count)
     blocking_error, base_exception = BlockingIOError, BaseException
     started.append(True)
     try:
@@ -158,7 +155,7 @@ def main():
         del args
         first = read(outcome_r, 1)
         # the program's thread is done once it wrote: wait for it to be gone
-        while len_(count(tasks)) > 1:
+        while threads() > 0:
             sleep(0.0005)
         set_blocking(outcome_r, False)
         try:
