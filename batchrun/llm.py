@@ -148,7 +148,11 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
         for f in files:
             with safe_open(f, framework="pt") as sf:
                 for key in sf.keys():
-                    yield key, sf.get_tensor(key)
+                    tensor = sf.get_tensor(key)
+                    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                        raise ValueError(f"{f}: weight {key!r} holds non-finite values (NaN "
+                                         "or inf): the checkpoint is damaged")
+                    yield key, tensor
 
     model.load_weights(tensors())
     if device.type == "cpu" and packed_linear.available(dtype):

@@ -12,6 +12,9 @@ from batchrun.options.openai import RequestDefaults
 OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0}
 # /v1/completions (the legacy endpoint) generates 16 tokens unless told otherwise.
 COMPLETIONS_MAX_TOKENS = 16
+# A temperature below this is greedy, as in vLLM (_SAMPLING_EPS): dividing logits by 1e-38
+# overflows float32 and leaves nothing to sample.
+GREEDY_BELOW = 1e-5
 
 
 def check_model_field(requested: str | None, name: str, aliases: Sequence[str] = (),
@@ -70,6 +73,11 @@ def _max_tokens(request: Any, prompt_len: int, max_model_len: int, user: dict, m
     return min(default, room) if default else room
 
 
+def _temperature(value: Any) -> float:
+    value = float(value)
+    return 0.0 if value < GREEDY_BELOW else value
+
+
 def _token_ids(ids: Mapping[int, Any] | Sequence[int], vocab_size: int | None, param: str) -> None:
     bad = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
     if bad:
@@ -119,7 +127,7 @@ def to_sampling_params(request: ChatCompletionRequest | CompletionRequest, promp
     stop = request.stop if isinstance(request.stop, list) else [request.stop] if request.stop else []
     params = SamplingParams(
         n=request.n or 1,
-        temperature=float(_pick("temperature", request, user, model, OPENAI_DEFAULTS)),
+        temperature=_temperature(_pick("temperature", request, user, model, OPENAI_DEFAULTS)),
         top_p=float(_pick("top_p", request, user, model, OPENAI_DEFAULTS)),
         max_tokens=max_tokens,
         min_tokens=request.min_tokens or 0,

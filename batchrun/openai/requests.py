@@ -42,6 +42,9 @@ INT32_MAX = 2 ** 31 - 1
 MAX_TOOLS = 128  # OpenAI's limit
 MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGIT_BIAS = 1024
+# The smallest repetition_penalty: a logit of 100 divided by it stays far inside float32
+# (vLLM asks only > 0, and 1e-300 turns every logit it touches into inf).
+MIN_REPETITION_PENALTY = 0.01
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 # OpenAI's metadata: 16 pairs, keys up to 64 characters, values up to 512.
@@ -165,7 +168,8 @@ class _SamplingFields(StrictModel):
     # vLLM's extensions, which the engine supports as well.
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
     min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0, le=2)
+    # Divides positive logits: below MIN_REPETITION_PENALTY they leave float32's range.
+    repetition_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=2)
     min_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool | None = None

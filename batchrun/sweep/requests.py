@@ -13,11 +13,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import jinja2
-
 from batchrun.sweep.cells import Cell
 from batchrun.sweep.dataset import Template
 from batchrun.sweep.scorers import Example, ScoreError
+from batchrun.sweep.spec import SpecError
+from batchrun.sweep.templating import RenderError
 
 
 @dataclass
@@ -61,13 +61,13 @@ def build(cells: list[Cell], examples: list[Example], templates: dict[str, Templ
                 key = f"{cell.id}/{ex.id}"
                 try:
                     rendered = template.render(ex.row)
-                except jinja2.TemplateError as exc:
+                except RenderError as exc:
                     out.errors[key] = f"the prompt cannot be rendered for this row: {exc}"
                     continue
                 if endpoint == "completions":
                     if not isinstance(rendered, str):
-                        raise ValueError("endpoint = \"completions\" sends a text prompt: give "
-                                         "[dataset] prompt (not messages)")
+                        raise SpecError("endpoint = \"completions\" sends a text prompt: give "
+                                        "[dataset] prompt (not messages)")
                     out.add(key, "/v1/completions", {"prompt": rendered, **cell.sampling})
                     continue
                 messages = rendered if isinstance(rendered, list) else \
@@ -79,12 +79,12 @@ def build(cells: list[Cell], examples: list[Example], templates: dict[str, Templ
             for ex in examples:
                 try:
                     context = template.render(ex.row)
-                except jinja2.TemplateError as exc:
+                except RenderError as exc:
                     out.errors[f"ll/{variant}/{ex.id}"] = f"the prompt cannot be rendered: {exc}"
                     continue
                 if not isinstance(context, str):
-                    raise ValueError("loglikelihood_choice scores a text prompt: give "
-                                     "[dataset] prompt (not messages)")
+                    raise SpecError("loglikelihood_choice scores a text prompt: give "
+                                    "[dataset] prompt (not messages)")
                 try:
                     continuations = choice_scorers[0].continuations(ex)
                 except ScoreError as exc:

@@ -94,7 +94,12 @@ def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any],
     rows = dataset.read_rows(spec.dataset)
     prompts = {t.name: t for t in dataset.templates(spec.dataset, spec.grid.get("prompt"))}
     examples = dataset.examples(spec.dataset, rows, list(prompts.values()))
-    scorers = [build_scorer(c, base_dir=spec.folder or None) for c in spec.scorers]
+    scorers = []
+    for number, config in enumerate(spec.scorers):
+        try:
+            scorers.append(build_scorer(config, base_dir=spec.folder or None))
+        except ValueError as exc:  # an unimportable function, a missing file, no sandbox...
+            raise SpecError(f"scorers[{number}] ({config.scorer_name}): {exc}") from None
     choosers = [s for s in scorers if isinstance(s, LoglikelihoodChoice)]
     generators = [s for s in scorers if not isinstance(s, LoglikelihoodChoice)]
     cells = grid.cells(spec.grid)

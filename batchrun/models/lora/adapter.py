@@ -195,6 +195,9 @@ def read_adapter(name: str, path: str, base, max_rank: int, weights: bool = True
             tensors = load(data)
         except Exception as exc:  # safetensors raises its own error types
             raise _fail(name, path, f"{WEIGHTS_FILE} cannot be read: {exc}") from None
+        for key, tensor in tensors.items():  # NaN or inf would turn every output it touches
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise _fail(name, path, f"tensor {key!r} holds non-finite values (NaN or inf)")
         adapter.weights = {where: (tensors[pair["A"]], tensors[pair["B"]])
                            for where, pair in keys.items()}
     return adapter
