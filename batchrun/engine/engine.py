@@ -134,7 +134,8 @@ class Engine:
         for req, _ in plan.work:
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = now
-        logits, samplers, scored = self.runner.execute(plan.work)
+        out = self.runner.execute(plan.work)
+        logits, samplers, scored = out.logits, out.samplers, out.scored
         self.stats.steps += 1
         self.stats.num_preemptions = self.scheduler.num_preemptions
         for req, first, *entries in scored:
