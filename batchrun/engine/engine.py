@@ -20,6 +20,7 @@ from batchrun.engine.runner import ModelRunner
 from batchrun.engine.sampler import Sampler
 from batchrun.engine.sampling_params import SamplingParams
 from batchrun.engine.scheduler import Scheduler
+from batchrun.engine.score_cache import ScoreCache
 from batchrun.options.engine import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,8 @@ class Engine:
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
         # LoRA adapters served on this model (engine/lora.py); None = none.
         self.adapters = adapters
-        self.scheduler = Scheduler(config.scheduler, self.kv,
+        self.scores = ScoreCache(self.kv)
+        self.scheduler = Scheduler(config.scheduler, self.kv, self.scores,
                                    adapters.max_loras if adapters is not None else None)
         self.runner = ModelRunner(model, num_blocks, bs, device, dtype, kv_dtype,
                                   config.scheduler.max_num_seqs, max_model_len,
@@ -148,7 +150,7 @@ class Engine:
             req.rescore = False
             self.kv.cache_full_blocks(req)
             if req.scores is not None:
-                self._publish_scores(req)
+                self.scores.publish(req)
             if req.max_tokens == 0 and req.num_computed_tokens >= req.num_prompt_tokens:
                 prompt_only.append(req)
         for req in prompt_only:  # max_tokens=0: the prompt is all there is to compute
@@ -212,18 +214,6 @@ class Engine:
                   type(exc).__name__, exc, exc_info=exc)
         group.error = f"internal error while {stage}: {type(exc).__name__}: {exc}"
         return self._finish_group(group, "abort")
-
-    def _publish_scores(self, req: Request) -> None:
-        """Offer the prompt entries of req's newly full blocks to the prefix cache, so a later
-        hit on those blocks still knows them (engine/prompt_logprobs.py)."""
-        scores, bs = req.scores, self.kv.block_size
-        full = min(len(req.block_hashes), scores.filled // bs)
-        for i in range(scores.published, full):
-            h = req.block_hashes[i]
-            old = self.kv.block_scores.get(h)
-            if h in self.kv.cached and (old is None or old.k < scores.k):
-                self.kv.block_scores[h] = scores.block(i, bs)
-        scores.published = max(scores.published, full)
 
     def _fork_groups(self, samplers: list[Request]) -> tuple[list[Request], list[int]]:
         """Leaders whose prompt just finished spawn their n-1 siblings, which sample their first
