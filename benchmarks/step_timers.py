@@ -66,7 +66,7 @@ def install(engine) -> None:
         chunks.F = sdpa.F = timed_sdpa
         llama.F.rms_norm = timed("rms_norm", F.rms_norm)
     engine.runner.execute = timed(MODEL_STEP, engine.runner.execute)
-    engine.sampler = _TimedSampler(engine.sampler)
+    engine.sampler = engine.updater.sampler = _TimedSampler(engine.sampler)
 
 
 class _TimedSampler:
