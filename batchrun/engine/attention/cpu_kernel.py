@@ -103,5 +103,7 @@ class CpuKernelBackend:
             if b:
                 out[:b] = decode_attention(meta.lib, q[:b], k_cache, v_cache, meta.decode_tables,
                                            meta.decode_lens, meta.block_size, scale)
-        prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, meta.same_length, scale)
+        if meta.prefills:
+            prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, meta.same_length,
+                              scale)
         return out

@@ -55,5 +55,7 @@ class TritonBackend:
             out[:b] = paged_decode_attention(q[:b].contiguous(), k_cache, v_cache,
                                              meta.decode_tables, meta.decode_lens,
                                              meta.block_size, scale)
-        prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, meta.same_length, scale)
+        if meta.prefills:
+            prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, meta.same_length,
+                              scale)
         return out

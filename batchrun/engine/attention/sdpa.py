@@ -65,5 +65,7 @@ class SdpaBackend:
             vd = v_cache[meta.decode_slots].to(q.dtype).transpose(1, 2)
             od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_bias, scale=scale)
             out[:b] = od.reshape(b, num_heads, head_dim)
-        prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, meta.same_length, scale)
+        if meta.prefills:
+            prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, meta.same_length,
+                              scale)
         return out
