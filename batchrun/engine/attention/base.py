@@ -50,6 +50,12 @@ class StepLayout:
                    context_lens=start_t + count_t, block_size=bs, num_decode=num_decode,
                    starts=starts, counts=counts)
 
+    def metadata_fields(self) -> dict[str, Any]:
+        """The AttentionMetadata base fields of this layout."""
+        return dict(slot_mapping=self.slot_mapping, block_size=self.block_size,
+                    block_tables=self.block_tables, query_start=self.query_start,
+                    context_lens=self.context_lens, positions=self.positions)
+
 
 @dataclass
 class AttentionMetadata:
@@ -60,13 +66,6 @@ class AttentionMetadata:
     query_start: torch.Tensor  # [S + 1]
     context_lens: torch.Tensor  # [S]
     positions: torch.Tensor  # [T]
-
-    @classmethod
-    def generic(cls, layout: StepLayout) -> dict[str, Any]:
-        """The base fields of a metadata built from `layout`."""
-        return dict(slot_mapping=layout.slot_mapping, block_size=layout.block_size,
-                    block_tables=layout.block_tables, query_start=layout.query_start,
-                    context_lens=layout.context_lens, positions=layout.positions)
 
 
 @dataclass(frozen=True)

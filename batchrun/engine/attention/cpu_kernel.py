@@ -79,7 +79,7 @@ class CpuKernelBackend:
 
     def build(self, layout: StepLayout) -> CpuKernelMetadata:
         b = layout.num_decode
-        meta = CpuKernelMetadata(**AttentionMetadata.generic(layout), lib=self.lib, num_decode=b)
+        meta = CpuKernelMetadata(**layout.metadata_fields(), lib=self.lib, num_decode=b)
         if b:
             meta.decode_tables = layout.block_tables[:b].contiguous()
             meta.decode_lens = layout.context_lens[:b]

@@ -36,7 +36,7 @@ class TritonBackend:
 
     def build(self, layout: StepLayout) -> TritonMetadata:
         b = layout.num_decode
-        meta = TritonMetadata(**AttentionMetadata.generic(layout), num_decode=b)
+        meta = TritonMetadata(**layout.metadata_fields(), num_decode=b)
         if b:
             meta.decode_tables = layout.block_tables[:b].contiguous()
             meta.decode_lens = layout.context_lens[:b]

@@ -37,7 +37,7 @@ class SdpaBackend:
         return cls(env.dtype, env.lib if env.device.type == "cpu" else None)
 
     def build(self, layout: StepLayout) -> SdpaMetadata:
-        meta = SdpaMetadata(**AttentionMetadata.generic(layout), num_decode=layout.num_decode,
+        meta = SdpaMetadata(**layout.metadata_fields(), num_decode=layout.num_decode,
                             lib=self.lib)
         b, bs = layout.num_decode, layout.block_size
         if b:
