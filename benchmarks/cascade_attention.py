@@ -15,8 +15,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from batchrun.engine import cascade, kernels  # noqa: E402
-from batchrun.engine.attention import kernel_attention  # noqa: E402
+from batchrun.engine import kernels  # noqa: E402
+from batchrun.engine.attention import cascade  # noqa: E402
+from batchrun.engine.attention.cpu_kernel import kernel_attention  # noqa: E402
 
 
 def main() -> None:

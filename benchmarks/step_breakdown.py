@@ -39,9 +39,10 @@ KV_ROWS = collections.Counter()  # KV rows (one token, all KV heads, K and V) re
 
 def kv_rows_read(meta) -> tuple[int, int]:
     """(rows this layer's attention read from the paged cache, rows the legacy path reads)."""
-    legacy = int(meta.decode_lens.sum()) if meta.decode_lens is not None else 0
+    decode_lens = getattr(meta, "decode_lens", None)  # the kernel backends' metadata
+    legacy = int(decode_lens.sum()) if decode_lens is not None else 0
     legacy += sum(c.ctx_len for c in meta.prefills if c.ctx_len > c.q_len)
-    if meta.rows is None:
+    if getattr(meta, "rows", None) is None:
         return legacy, legacy
     r, bs = meta.rows, meta.block_size
     read = sum(c.ctx_len for c in meta.prefills if not c.in_kernel and c.ctx_len > c.q_len)

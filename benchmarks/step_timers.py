@@ -49,21 +49,24 @@ def install(engine) -> None:
     global _patched
     import torch.nn.functional as F
 
-    import batchrun.engine.attention as attention
+    from batchrun.engine.attention import chunks, sdpa
     import batchrun.models.llama as llama
     from batchrun.models import packed_linear
 
     model = engine.runner.model
     if model.cpu_kernels is not None and not isinstance(model.cpu_kernels, TimedLibrary):
-        model.cpu_kernels = engine.runner.kernel = TimedLibrary(model.cpu_kernels)
+        model.cpu_kernels = TimedLibrary(model.cpu_kernels)
+        if getattr(engine.runner.attention, "lib", None) is not None:
+            engine.runner.attention.lib = model.cpu_kernels
     if not _patched:
         _patched = True
         packed_linear.PackedLinear.forward = timed("linear (packed)", packed_linear.PackedLinear.forward)
-        attention.F = type("F", (), {"scaled_dot_product_attention": staticmethod(
+        timed_sdpa = type("F", (), {"scaled_dot_product_attention": staticmethod(
             timed("prefill attention (SDPA)", F.scaled_dot_product_attention))})
+        chunks.F = sdpa.F = timed_sdpa
         llama.F.rms_norm = timed("rms_norm", F.rms_norm)
     engine.runner.execute = timed(MODEL_STEP, engine.runner.execute)
-    engine.sampler = _TimedSampler(engine.sampler)
+    engine.sampler = engine.updater.sampler = _TimedSampler(engine.sampler)
 
 
 class _TimedSampler:

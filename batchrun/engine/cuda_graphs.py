@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from batchrun.engine.attention import AttentionMetadata
+from batchrun.engine.attention import StepLayout
+from batchrun.engine.attention.cuda_triton import TritonMetadata
 
 SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
@@ -27,6 +28,7 @@ class DecodeGraphs:
         self.slots = torch.full((n,), scratch_slot, dtype=torch.long, device=device)
         self.tables = torch.zeros((n, max_blocks), dtype=torch.long, device=device)
         self.lens = torch.zeros(n, dtype=torch.long, device=device)
+        self.query_start = torch.arange(n + 1, device=device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         pool = None
         for size in reversed(self.sizes):  # largest first, so smaller graphs reuse its pool
@@ -40,9 +42,12 @@ class DecodeGraphs:
             self.graphs[size] = (graph, logits)
 
     def _forward(self, size: int) -> torch.Tensor:
-        meta = AttentionMetadata(slot_mapping=self.slots[:size], num_decode=size,
-                                 decode_tables=self.tables[:size], decode_lens=self.lens[:size],
-                                 triton=True, block_size=self.block_size)
+        meta = TritonMetadata(slot_mapping=self.slots[:size], block_size=self.block_size,
+                              block_tables=self.tables[:size],
+                              query_start=self.query_start[:size + 1],
+                              context_lens=self.lens[:size], positions=self.positions[:size],
+                              num_decode=size, decode_tables=self.tables[:size],
+                              decode_lens=self.lens[:size])
         hidden = self.model(self.input_ids[:size], self.positions[:size], self.kv_caches, meta)
         return self.model.compute_logits(hidden)
 
@@ -50,7 +55,18 @@ class DecodeGraphs:
     def max_batch(self) -> int:
         return self.sizes[-1]
 
-    def run(self, input_ids, positions, slots, tables, lens) -> torch.Tensor:
+    def takes(self, batch) -> bool:
+        """Whether a step_batch.StepBatch is one of the captured steps: decodes only, no pooling,
+        no adapter rows (graphs are captured without them), few enough."""
+        b = batch.layout.num_decode
+        return (0 < b <= self.max_batch and batch.decode_only and not batch.pooling
+                and not batch.adapter_slots)
+
+    def run(self, layout: StepLayout, tokens: list[int]) -> torch.Tensor:
+        """The logits of a decode-only step's rows."""
+        input_ids = torch.tensor(tokens, device=self.input_ids.device)
+        positions, slots = layout.positions, layout.slot_mapping
+        tables, lens = layout.block_tables, layout.context_lens
         b = input_ids.shape[0]
         size = next(s for s in self.sizes if s >= b)
         self.input_ids[:b].copy_(input_ids)

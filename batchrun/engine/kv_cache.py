@@ -32,10 +32,15 @@ class KVCacheManager:
         self.hash_of: list[bytes | None] = [None] * num_blocks
         self.cached: dict[bytes, int] = {}  # hash -> block id
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        # Prompt-logprob entries of cached blocks (engine/prompt_logprobs.py), keyed and evicted
-        # with the block's hash.
-        self.block_scores: dict[bytes, object] = {}
+        # Called with each hash the cache forgets (engine/score_cache.py keeps data beside it).
+        self._eviction_listeners: list[Callable[[bytes], None]] = []
         self.peak_used = 0
+
+    def add_eviction_listener(self, listener: Callable[[bytes], None]) -> None:
+        self._eviction_listeners.append(listener)
+
+    def is_cached(self, block_hash: bytes) -> bool:
+        return block_hash in self.cached
 
     @property
     def num_free_blocks(self) -> int:
@@ -133,7 +138,8 @@ class KVCacheManager:
         if old is not None:
             if self.cached.get(old) == block:
                 del self.cached[old]
-                self.block_scores.pop(old, None)
+                for listener in self._eviction_listeners:
+                    listener(old)
             self.hash_of[block] = None
 
     def cache_full_blocks(self, req: Request) -> None:
@@ -164,8 +170,10 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> None:
         """Forget every cached block hash (all blocks must be free)."""
         assert len(self.free) == self.num_blocks, "reset_prefix_cache with blocks in use"
+        for listener in self._eviction_listeners:
+            for h in self.cached:
+                listener(h)
         self.cached.clear()
-        self.block_scores.clear()
         self.hash_of = [None] * self.num_blocks
 
     def _note_usage(self) -> None:

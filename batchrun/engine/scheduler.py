@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from batchrun.options.engine import SchedulerConfig
 from batchrun.engine.kv_cache import KVCacheManager
 from batchrun.engine.request import Request, Status
+from batchrun.engine.score_cache import ScoreCache
 from batchrun.engine.waiting import WaitingQueue
 
 
@@ -33,9 +34,11 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_loras: int | None = None):
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, scores: ScoreCache,
+                 max_loras: int | None = None):
         self.config = config
         self.kv = kv
+        self.scores = scores  # prompt entries of cached blocks, for scoring requests' matches
         self.max_loras = max_loras
         self.waiting = WaitingQueue(config.group_by_prefix)
         self.running: list[Request] = []
@@ -95,7 +98,7 @@ class Scheduler:
                 # Mean / cls pooling needs every position's hidden state, which a cached block
                 # does not hold: such a request computes its whole prompt (engine/pooling.py).
                 all_positions = req.pooled is not None and req.pooled.params.needs_all_positions
-                cached = 0 if all_positions else self.kv.match_prefix(req, self._scored_blocks(req))
+                cached = 0 if all_positions else self.kv.match_prefix(req, self.scores.prefix_filter(req))
                 if in_flight is None:
                     in_flight = self._blocks_in_flight()
                 if not all_positions and self._waits_for_prefix(req, cached, in_flight):
@@ -137,14 +140,6 @@ class Scheduler:
         for req in reversed(passed_over):
             self.waiting.appendleft(req)
         return step
-
-    def _scored_blocks(self, req: Request):
-        """For a request that scores its prompt: a cached block counts as a hit only if its
-        prompt entries are known too (engine/prompt_logprobs.py)."""
-        if req.scores is None:
-            return None
-        bs = self.kv.block_size
-        return lambda i, h: req.scores.adopt(i, bs, self.kv.block_scores.get(h))
 
     @staticmethod
     def _rescore_rows(req: Request) -> int:

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from batchrun.engine import kernels
-from batchrun.engine.attention import AttentionMetadata, paged_attention
+from batchrun.engine.attention import paged_attention
+from batchrun.engine.attention.cpu_kernel import CpuKernelMetadata
+from batchrun.engine.attention.sdpa import SdpaMetadata
 
 pytestmark = pytest.mark.skipif(kernels.library() is None, reason="no C compiler here")
 
@@ -34,9 +36,11 @@ def paged_problem(kv_dtype, B=7, H=6, Hkv=2, D=32, bs=4, seed=0):
     valid = grid < lens[:, None]
     slots = (tables.gather(1, (grid // bs).expand(B, -1)) * bs + grid % bs).masked_fill(~valid, 0)
     bias = torch.zeros(valid.shape).masked_fill(~valid, float("-inf"))[:, None, None, :]
-    reference = AttentionMetadata(slot_mapping, B, slots, bias)
-    kernel = AttentionMetadata(slot_mapping, B, decode_tables=tables, decode_lens=lens.clone(),
-                               kernel=kernels.library(), block_size=bs)
+    layout = dict(slot_mapping=slot_mapping, block_size=bs, block_tables=tables,
+                  query_start=torch.arange(B + 1), context_lens=lens, positions=pos)
+    reference = SdpaMetadata(**layout, num_decode=B, decode_slots=slots, decode_bias=bias)
+    kernel = CpuKernelMetadata(**layout, num_decode=B, decode_tables=tables,
+                               decode_lens=lens.clone(), lib=kernels.library())
     return q, k, v, k_cache, v_cache, reference, kernel
 
 

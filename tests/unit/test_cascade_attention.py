@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from batchrun.engine import cascade, kernels
-from batchrun.engine.attention import kernel_attention
+from batchrun.engine import kernels
+from batchrun.engine.attention import cascade
+from batchrun.engine.attention.cpu_kernel import kernel_attention
 
 pytestmark = pytest.mark.skipif(kernels.library() is None, reason="no C compiler here")
 PATHS = {"avx512": 2, "avx2": 1, "portable": 0}

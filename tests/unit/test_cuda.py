@@ -29,15 +29,18 @@ def cuda_engine(tmp_path, dtype=torch.float32, **overrides):
 
 def test_triton_kernel_matches_gather_path():
     from batchrun.engine.attention import paged_attention
+    from batchrun.engine.attention.cuda_triton import TritonMetadata
     from tests.unit.test_attention_kernel import paged_problem
 
     q, k, v, kc, vc, reference, kernel = paged_problem(torch.float32)
     to = lambda t: t.cuda()  # noqa: E731
     reference.slot_mapping, reference.decode_slots, reference.decode_bias = map(
         to, (reference.slot_mapping, reference.decode_slots, reference.decode_bias))
-    kernel.slot_mapping, kernel.decode_tables, kernel.decode_lens = map(
-        to, (kernel.slot_mapping, kernel.decode_tables, kernel.decode_lens))
-    kernel.kernel, kernel.triton, kernel.block_size = None, True, 4
+    kernel = TritonMetadata(
+        slot_mapping=to(kernel.slot_mapping), block_size=4, block_tables=to(kernel.block_tables),
+        query_start=to(kernel.query_start), context_lens=to(kernel.context_lens),
+        positions=to(kernel.positions), num_decode=kernel.num_decode,
+        decode_tables=to(kernel.decode_tables), decode_lens=to(kernel.decode_lens))
     q, k, v, kc, vc = map(to, (q, k, v, kc, vc))
     expected = paged_attention(q, k, v, kc.clone(), vc.clone(), reference, 32 ** -0.5)
     got = paged_attention(q, k, v, kc, vc, kernel, 32 ** -0.5)

@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "batchrun"
 
 CONTRACTS = ["layers", "cli-on-top", "engine-knows-no-callers", "options-are-a-schema",
-             "openai-knows-no-scheduling", "models-use-attention-only", "no-cycles",
-             "batch-by-concern"]
+             "openai-knows-no-scheduling", "models-use-attention-only",
+             "attention-backends-independent", "no-cycles", "batch-by-concern"]
 
 
 def lint(contract: str) -> subprocess.CompletedProcess:

@@ -9,12 +9,30 @@ nothing is shared and no chunk has a cached context returns None: the plain deco
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
-from batchrun.engine.attention import KernelRows
-
 TILE = 16  # MAX_GROUP in paged_attention.c
+
+
+@dataclass
+class KernelRows:
+    """The rows of a step the C kernel attends (paged_attention in paged_attention.c): row r
+    (a token of the step) reads table row_table[r] of `tables` up to position row_len[r]; rows
+    are attended in groups (order[group_start[g]:group_start[g + 1]]) that read their first
+    group_shared[g] blocks once for the whole group."""
+    tables: torch.Tensor  # [N, max_blocks] int64
+    row_table: torch.Tensor  # [T] int64
+    row_len: torch.Tensor  # [T] int64
+    order: torch.Tensor  # [rows in groups] int32
+    group_start: torch.Tensor  # [groups + 1] int32
+    group_shared: torch.Tensor  # [groups] int32
+
+    @property
+    def groups(self) -> int:
+        return self.group_shared.shape[0]
 
 
 def supported(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> bool:

@@ -1,0 +1,99 @@
+"""What every attention backend shares: the step's row layout, the metadata base and the
+backend interface.
+
+The KV cache of a layer is a flat tensor of slots [num_blocks * block_size, kv_heads, head_dim];
+slot = block_id * block_size + offset. A step's rows (tokens) are laid out sequence after
+sequence, decodes (one row each) first, then prefill chunks; sequence i owns rows
+query_start[i]:query_start[i + 1] and, after this step, sees context_lens[i] tokens read
+through block_tables[i].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import torch
+
+
+@dataclass
+class StepLayout:
+    """A step's rows as the runner laid them out; what a backend's builder reads."""
+    slot_mapping: torch.Tensor  # [T] slot each row's K/V is written to
+    positions: torch.Tensor  # [T] position of each row in its sequence
+    block_tables: torch.Tensor  # [S, max_blocks] int64
+    query_start: torch.Tensor  # [S + 1] first row of each sequence
+    context_lens: torch.Tensor  # [S] tokens of context after this step (cached + new)
+    block_size: int
+    num_decode: int  # the first num_decode sequences are decodes (one row each)
+    starts: list[int]  # [S] tokens of context before this step
+    counts: list[int]  # [S] rows of each sequence
+
+    @classmethod
+    def of(cls, tables: list[list[int]], starts: list[int], counts: list[int], num_decode: int,
+           block_size: int, device: torch.device) -> StepLayout:
+        """The layout of sequences with block ids `tables`, starts[i] tokens of context before
+        this step and counts[i] rows in it, laid out in this order."""
+        bs = block_size
+        width = max(len(t) for t in tables)
+        table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long,
+                             device=device)
+        count_t = torch.tensor(counts, device=device)
+        start_t = torch.tensor(starts, device=device)
+        seq = torch.repeat_interleave(torch.arange(len(counts), device=device), count_t)
+        ends = torch.cumsum(count_t, 0)
+        positions = (torch.arange(sum(counts), device=device) - (ends - count_t)[seq]
+                     + start_t[seq])
+        return cls(slot_mapping=table[seq, positions // bs] * bs + positions % bs,
+                   positions=positions, block_tables=table,
+                   query_start=torch.cat([ends.new_zeros(1), ends]),
+                   context_lens=start_t + count_t, block_size=bs, num_decode=num_decode,
+                   starts=starts, counts=counts)
+
+    def metadata_fields(self) -> dict[str, Any]:
+        """The AttentionMetadata base fields of this layout."""
+        return dict(slot_mapping=self.slot_mapping, block_size=self.block_size,
+                    block_tables=self.block_tables, query_start=self.query_start,
+                    context_lens=self.context_lens, positions=self.positions)
+
+
+@dataclass
+class AttentionMetadata:
+    """The generic layout every backend's metadata carries (reference.py works on it alone)."""
+    slot_mapping: torch.Tensor  # [T]
+    block_size: int
+    block_tables: torch.Tensor  # [S, max_blocks] int64
+    query_start: torch.Tensor  # [S + 1]
+    context_lens: torch.Tensor  # [S]
+    positions: torch.Tensor  # [T]
+
+
+@dataclass(frozen=True)
+class BackendEnv:
+    """What a backend may look at when the engine starts, to decide whether it runs here."""
+    device: torch.device
+    dtype: torch.dtype  # the model's
+    kv_dtype: torch.dtype
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    lib: Any = None  # the CPU kernels' ctypes library, None without one
+    kernel_mode: str = "cascade"  # --attention-kernel: "cascade" or "legacy"
+
+
+class AttentionBackend(Protocol):
+    name: ClassVar[str]
+    metadata_type: ClassVar[type[AttentionMetadata]]
+
+    @classmethod
+    def create(cls, env: BackendEnv) -> AttentionBackend | None:
+        """The backend for this engine, or None when it does not run here."""
+
+    def build(self, layout: StepLayout) -> AttentionMetadata:
+        """The step's metadata (once per step, never per layer)."""
+
+    @staticmethod
+    def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """Write k/v [T, Hkv, D] into the cache, attend q [T, H, D]; returns [T, H, D]."""

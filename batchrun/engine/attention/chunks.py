@@ -1,0 +1,103 @@
+"""Prefill chunks attended by torch SDPA, shared by every backend for the chunks it leaves.
+
+Fresh chunks (no cached context) come sorted by length, so a run of them of one length is one
+batched causal SDPA call over views of the step's rows (an embedding run's many short prompts
+would otherwise cost a call each per layer). A chunk over a cached context is one SDPA call over
+its gathered context with a causal mask offset by that context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from batchrun.engine.attention.base import StepLayout
+
+
+@dataclass
+class PrefillChunk:
+    q_start: int  # offset of the chunk's first token in the step's flat row
+    q_len: int
+    ctx_len: int  # tokens of context after this chunk (cached prefix + chunk)
+    slots: torch.Tensor | None  # [ctx_len] KV slots to read; None when the chunk is its whole context
+    batched: bool = False  # in one of the same_length runs
+    in_kernel: bool = False  # attended by the backend's own kernel (slots unused)
+
+
+def same_length_runs(prefills: list[PrefillChunk]) -> list[tuple[int, int, int]]:
+    """(first row, chunks, length) of each run of 2+ adjacent fresh chunks (no cached context)
+    of one length; marks those chunks `batched`."""
+    runs, current = [], []
+    for chunk in prefills:
+        if chunk.slots is not None or chunk.in_kernel:
+            continue
+        if current and (chunk.q_len != current[0].q_len
+                        or chunk.q_start != current[-1].q_start + current[-1].q_len):
+            runs.append(current)
+            current = []
+        current.append(chunk)
+    runs.append(current)
+    runs = [r for r in runs if len(r) > 1]
+    for run in runs:
+        for chunk in run:
+            chunk.batched = True
+    return [(r[0].q_start, len(r), r[0].q_len) for r in runs]
+
+
+def plan_prefills(layout: StepLayout, in_kernel: list[bool] | None = None
+                  ) -> tuple[list[PrefillChunk], list[tuple[int, int, int]]]:
+    """The step's prefill chunks (the sequences after the decodes) and their same-length runs;
+    in_kernel[j] marks chunk j as attended elsewhere."""
+    prefills = []
+    bs, table = layout.block_size, layout.block_tables
+    row = layout.num_decode
+    for j, i in enumerate(range(layout.num_decode, len(layout.counts))):
+        c, n = layout.starts[i], layout.counts[i]
+        if in_kernel is not None and in_kernel[j]:
+            prefills.append(PrefillChunk(row, n, c + n, None, in_kernel=True))
+        else:
+            slots = None
+            if c > 0:
+                pos = torch.arange(c + n, device=table.device)
+                slots = table[i, pos // bs] * bs + pos % bs
+            prefills.append(PrefillChunk(q_start=row, q_len=n, ctx_len=c + n, slots=slots))
+        row += n
+    return prefills, same_length_runs(prefills)
+
+
+def prefill_attention(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      prefills: list[PrefillChunk], same_length: list[tuple[int, int, int]],
+                      scale: float) -> None:
+    """Attention of the chunks not `in_kernel` into their rows of `out`."""
+    num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    group = num_heads // num_kv_heads
+    for s, count, n in same_length:
+        shape = (count, n)
+        qg = q[s:s + count * n].view(*shape, num_heads, head_dim).transpose(1, 2)  # [B, H, n, D]
+        kg = k[s:s + count * n].view(*shape, num_kv_heads, head_dim).transpose(1, 2)
+        vg = v[s:s + count * n].view(*shape, num_kv_heads, head_dim).transpose(1, 2)
+        og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, scale=scale,
+                                            enable_gqa=group > 1)
+        out[s:s + count * n] = og.transpose(1, 2).reshape(count * n, num_heads, head_dim)
+    for chunk in prefills:
+        if chunk.batched or chunk.in_kernel:
+            continue
+        s, n = chunk.q_start, chunk.q_len
+        qp = q[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+        if chunk.slots is None:
+            kp, vp = k[s:s + n], v[s:s + n]
+            mask, causal = None, True
+        else:
+            kp = k_cache[chunk.slots].to(q.dtype)
+            vp = v_cache[chunk.slots].to(q.dtype)
+            q_pos = torch.arange(chunk.ctx_len - n, chunk.ctx_len, device=q.device)
+            mask = torch.arange(chunk.ctx_len, device=q.device)[None, :] <= q_pos[:, None]
+            causal = False
+        kp = kp.transpose(0, 1).unsqueeze(0)
+        vp = vp.transpose(0, 1).unsqueeze(0)
+        op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, is_causal=causal,
+                                            scale=scale, enable_gqa=group > 1)
+        out[s:s + n] = op[0].transpose(0, 1)

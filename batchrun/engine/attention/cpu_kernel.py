@@ -1,0 +1,109 @@
+"""The CPU C kernels (kernels/paged_attention.c) reading KV blocks in place.
+
+With cascade (the default), decode tokens are attended in groups that read the prefix blocks
+they share once per step, and prefill chunks over a cached context by tiles (cascade.py plans
+the rows once per step); a step where nothing is shared and no chunk has a cached context runs
+the plain per-sequence decode kernel. `--attention-kernel legacy` keeps every decode on its own
+and every prefill chunk on SDPA. Chunks the kernel leaves go to chunks.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from batchrun.engine.attention.base import AttentionMetadata, BackendEnv, StepLayout
+from batchrun.engine.attention.cascade import KernelRows, plan_rows, supported
+from batchrun.engine.attention.chunks import PrefillChunk, plan_prefills, prefill_attention
+from batchrun.engine.attention.kv_write import write_kv
+from batchrun.engine.kernels import kind
+
+
+@dataclass
+class CpuKernelMetadata(AttentionMetadata):
+    lib: object = None  # the ctypes library
+    num_decode: int = 0
+    decode_tables: torch.Tensor | None = None  # [B, max_blocks] int64, contiguous
+    decode_lens: torch.Tensor | None = None  # [B] int64
+    rows: KernelRows | None = None  # set: the kernel attends these rows (decode + some prefill)
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    same_length: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+def kernel_attention(lib, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     rows: KernelRows, block_size: int, scale: float) -> torch.Tensor:
+    """The C kernel's attention for `rows` of q [T, H, D] over the paged cache, as float32
+    [T, H, D] (rows outside the groups are left uninitialised)."""
+    qf = q.float().contiguous()  # the kernel computes in float32 whatever the model's dtype
+    of = torch.empty_like(qf)
+    rc = lib.paged_attention(
+        qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), rows.tables.data_ptr(),
+        rows.tables.shape[1], rows.row_table.data_ptr(), rows.row_len.data_ptr(), of.data_ptr(),
+        q.shape[1], k_cache.shape[1], q.shape[2], block_size, scale, kind(k_cache.dtype),
+        torch.get_num_threads(), rows.groups, rows.order.data_ptr(), rows.group_start.data_ptr(),
+        rows.group_shared.data_ptr())
+    assert rc == 0, "paged_attention failed"
+    return of
+
+
+def decode_attention(lib, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     tables: torch.Tensor, lens: torch.Tensor, block_size: int,
+                     scale: float) -> torch.Tensor:
+    """The plain decode kernel: q [B, H, D], one row per sequence; float32 [B, H, D]."""
+    qd = q.float().contiguous()  # the kernel computes in float32 whatever the model's dtype
+    od = torch.empty_like(qd)
+    rc = lib.paged_decode_attention(
+        qd.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+        lens.data_ptr(), od.data_ptr(), q.shape[0], q.shape[1], k_cache.shape[1], q.shape[2],
+        block_size, tables.shape[1], scale, kind(k_cache.dtype), torch.get_num_threads())
+    assert rc == 0, "paged_decode_attention failed"
+    return od
+
+
+class CpuKernelBackend:
+    name: ClassVar[str] = "cpu-kernel"
+    metadata_type: ClassVar[type] = CpuKernelMetadata
+
+    def __init__(self, lib, cascade: bool = True):
+        self.lib = lib
+        self.cascade = cascade
+
+    @classmethod
+    def create(cls, env: BackendEnv) -> CpuKernelBackend | None:
+        if env.device.type != "cpu" or env.lib is None or not supported(
+                env.num_heads, env.num_kv_heads, env.head_dim, env.block_size):
+            return None
+        return cls(env.lib, cascade=env.kernel_mode == "cascade")
+
+    def build(self, layout: StepLayout) -> CpuKernelMetadata:
+        b = layout.num_decode
+        meta = CpuKernelMetadata(**layout.metadata_fields(), lib=self.lib, num_decode=b)
+        if b:
+            meta.decode_tables = layout.block_tables[:b].contiguous()
+            meta.decode_lens = layout.context_lens[:b]
+        in_kernel = None
+        if self.cascade:
+            meta.rows, in_kernel = plan_rows(self.lib, layout.block_tables, layout.starts,
+                                             layout.counts, b, layout.block_size)
+        meta.prefills, meta.same_length = plan_prefills(layout, in_kernel)
+        return meta
+
+    @staticmethod
+    def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, meta: CpuKernelMetadata, scale: float) -> torch.Tensor:
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.lib)
+        if meta.rows is not None:
+            of = kernel_attention(meta.lib, q, k_cache, v_cache, meta.rows, meta.block_size, scale)
+            out = of if of.dtype == q.dtype else of.to(q.dtype)
+        else:
+            out = torch.empty_like(q)
+            b = meta.num_decode
+            if b:
+                out[:b] = decode_attention(meta.lib, q[:b], k_cache, v_cache, meta.decode_tables,
+                                           meta.decode_lens, meta.block_size, scale)
+        if meta.prefills:
+            prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, meta.same_length,
+                              scale)
+        return out

@@ -1,0 +1,21 @@
+"""Writing a step's K/V rows into the paged cache (every backend's first step)."""
+
+from __future__ import annotations
+
+import torch
+
+from batchrun.engine.kernels import kind
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor, lib=None) -> None:
+    """k/v [T, Hkv, D] into the cache's slots; through the C kernel `lib` (one pass, converting
+    the dtype) when given and the rows' layout allows it, else index_copy_ (same result)."""
+    if lib is not None and k.stride()[1:] == v.stride()[1:] == (k.shape[2], 1) \
+            and k.stride(0) == v.stride(0):
+        lib.kv_write(k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                     slot_mapping.data_ptr(), k.shape[0], k.stride(0), k.shape[1] * k.shape[2],
+                     kind(k.dtype), kind(k_cache.dtype))
+    else:
+        k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))

@@ -1,0 +1,33 @@
+"""The attention backends, in order of preference: the first that runs here is the engine's,
+chosen once at start-up. A new backend is a module with its metadata type and builder
+(base.AttentionBackend) plus one entry in BACKENDS."""
+
+from __future__ import annotations
+
+import torch
+
+from batchrun.engine.attention.base import AttentionBackend, AttentionMetadata, BackendEnv
+from batchrun.engine.attention.cpu_kernel import CpuKernelBackend
+from batchrun.engine.attention.cuda_triton import TritonBackend
+from batchrun.engine.attention.sdpa import SdpaBackend
+
+BACKENDS: tuple[type, ...] = (TritonBackend, CpuKernelBackend, SdpaBackend)
+
+# Each metadata type's forward: what paged_attention dispatches on.
+_FORWARD = {backend.metadata_type: backend.forward for backend in BACKENDS}
+
+
+def select_backend(env: BackendEnv) -> AttentionBackend:
+    for backend in BACKENDS:
+        chosen = backend.create(env)
+        if chosen is not None:
+            return chosen
+    raise RuntimeError("no attention backend runs here")
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """One layer's attention for the step: q [T, H, D], k/v [T, Hkv, D] of the step's rows (written
+    into k_cache/v_cache at meta.slot_mapping); returns [T, H, D]. Runs the backend whose
+    builder made `meta`."""
+    return _FORWARD[type(meta)](q, k, v, k_cache, v_cache, meta, scale)

@@ -1,0 +1,71 @@
+"""The portable backend: decode gathers each sequence's KV blocks and calls torch SDPA with a
+padding mask; prefill chunks as in chunks.py. Runs on any device and any head shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from batchrun.engine.attention.base import AttentionMetadata, BackendEnv, StepLayout
+from batchrun.engine.attention.chunks import PrefillChunk, plan_prefills, prefill_attention
+from batchrun.engine.attention.kv_write import write_kv
+
+
+@dataclass
+class SdpaMetadata(AttentionMetadata):
+    num_decode: int = 0
+    decode_slots: torch.Tensor | None = None  # [B, L] slots to read per decode sequence (padded)
+    decode_bias: torch.Tensor | None = None  # [B, 1, 1, L] 0 where valid, -inf on padding
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    same_length: list[tuple[int, int, int]] = field(default_factory=list)
+    lib: object = None  # the CPU kernels, for the K/V write only
+
+
+class SdpaBackend:
+    name: ClassVar[str] = "sdpa"
+    metadata_type: ClassVar[type] = SdpaMetadata
+
+    def __init__(self, dtype: torch.dtype, lib=None):
+        self.dtype = dtype  # of the decode mask
+        self.lib = lib
+
+    @classmethod
+    def create(cls, env: BackendEnv) -> SdpaBackend:
+        return cls(env.dtype, env.lib if env.device.type == "cpu" else None)
+
+    def build(self, layout: StepLayout) -> SdpaMetadata:
+        meta = SdpaMetadata(**layout.metadata_fields(), num_decode=layout.num_decode,
+                            lib=self.lib)
+        b, bs = layout.num_decode, layout.block_size
+        if b:
+            ctx = layout.context_lens[:b]
+            grid = torch.arange(int(ctx.max()), device=ctx.device)[None, :]
+            valid = grid < ctx[:, None]
+            slots = layout.block_tables[:b].gather(1, (grid // bs).expand(b, -1)) * bs + grid % bs
+            meta.decode_slots = slots.masked_fill(~valid, 0)
+            meta.decode_bias = torch.zeros(valid.shape, device=ctx.device, dtype=self.dtype
+                                           ).masked_fill(~valid, float("-inf"))[:, None, None, :]
+        meta.prefills, meta.same_length = plan_prefills(layout)
+        return meta
+
+    @staticmethod
+    def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, meta: SdpaMetadata, scale: float) -> torch.Tensor:
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.lib)
+        out = torch.empty_like(q)
+        b = meta.num_decode
+        if b:
+            num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+            # The query heads of one KV group act as `group` query rows against that group's keys.
+            qd = q[:b].view(b, num_kv_heads, num_heads // num_kv_heads, head_dim)
+            kd = k_cache[meta.decode_slots].to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
+            vd = v_cache[meta.decode_slots].to(q.dtype).transpose(1, 2)
+            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_bias, scale=scale)
+            out[:b] = od.reshape(b, num_heads, head_dim)
+        if meta.prefills:
+            prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, meta.same_length,
+                              scale)
+        return out

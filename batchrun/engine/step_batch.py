@@ -1,0 +1,98 @@
+"""A step's rows, laid out once: which request owns which rows, the attention layout, and the
+rows whose outputs are wanted (sampling, prompt scoring, pooling).
+
+Decodes (one new token on top of computed context) come first, then prefill chunks: fresh
+prompts sorted by length (runs of one length share an attention call), then chunks over a
+cached context. With LoRA adapters, the rows of one adapter are kept together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from batchrun.engine.attention import StepLayout
+from batchrun.engine.lora import segments
+from batchrun.engine.request import Request
+
+# (request, first row, rows, first position or token) of a request's rows in the step.
+Span = tuple[Request, int, int, int]
+
+
+@dataclass
+class StepBatch:
+    requests: list[Request]  # in row order
+    layout: StepLayout
+    tokens: list[int]  # [T] input ids
+    sample_rows: list[int]  # rows whose logits are sampled, one per sampling request...
+    samplers: list[Request]  # ...these
+    scoring: list[Span]  # rows that score prompt tokens: (req, first row, rows, first token)
+    pooling: list[Span]  # rows of pooled requests: (req, first row, rows, first position)
+    adapter_slots: dict[str, int]  # the slot of each adapter in the step
+
+    @property
+    def decode_only(self) -> bool:
+        return self.layout.num_decode == len(self.requests)
+
+    def adapter_segments(self) -> list:
+        rows = [self.adapter_slots.get(r.adapter, -1)
+                for r, n in zip(self.requests, self.layout.counts) for _ in range(n)]
+        return segments(rows)
+
+
+def is_decode(req: Request, n: int) -> bool:
+    return n == 1 and req.num_computed_tokens == req.num_tokens - 1 and not req.rescore
+
+
+def row_order(work: list[tuple[Request, int]], adapter_slots: dict[str, int]
+              ) -> tuple[list[tuple[Request, int]], int]:
+    """The work in row order, and how many of it are decodes."""
+    decodes = [(r, n) for r, n in work if is_decode(r, n)]
+    prefills = sorted((w for w in work if not is_decode(*w)),
+                      key=lambda w: (w[0].num_computed_tokens > 0 or w[0].rescore, w[1]))
+    if adapter_slots:  # rows of one adapter together (a stable sort: by length within each)
+        decodes.sort(key=lambda w: adapter_slots.get(w[0].adapter, -1))
+        prefills.sort(key=lambda w: adapter_slots.get(w[0].adapter, -1))
+    return decodes + prefills, len(decodes)
+
+
+def prepare_batch(work: list[tuple[Request, int]], block_size: int, scratch_slot: int,
+                  adapter_slots: dict[str, int], device: torch.device) -> StepBatch:
+    ordered, num_decode = row_order(work, adapter_slots)
+    tokens: list[int] = []
+    starts: list[int] = []
+    counts: list[int] = []
+    tables: list[list[int]] = []
+    sample_rows: list[int] = []
+    samplers: list[Request] = []
+    scoring: list[Span] = []
+    scratch_rows: list[int] = []
+    pooling: list[Span] = []
+    for req, n in ordered:
+        c = req.num_computed_tokens
+        if req.rescore:
+            scratch_rows.append(len(tokens))
+            c, n = c - 1, n + 1
+        if req.scores is not None and not req.scores.done:
+            # Row p scores prompt token p + 1; rows for known entries are skipped.
+            first = max(c, req.scores.filled - 1)
+            last = min(c + n, req.num_prompt_tokens - 1)
+            if last > first:
+                assert first == req.scores.filled - 1, "a gap in the prompt entries"
+                scoring.append((req, len(tokens) + first - c, last - first, first + 1))
+        if req.pooled is not None:
+            pooling.append((req, len(tokens), n, c))
+        tokens.extend(req.all_token_ids[c:c + n])
+        starts.append(c)
+        counts.append(n)
+        tables.append(req.block_ids)
+        if c + n == req.num_tokens and req.max_tokens > 0:
+            sample_rows.append(len(tokens) - 1)
+            samplers.append(req)
+    layout = StepLayout.of(tables, starts, counts, num_decode, block_size, device)
+    if scratch_rows:
+        # The recomputed position's K/V is already cached: write it where no request reads.
+        layout.slot_mapping[torch.tensor(scratch_rows, device=device)] = scratch_slot
+    return StepBatch([r for r, _ in ordered], layout, tokens, sample_rows, samplers, scoring,
+                     pooling, adapter_slots)
