@@ -54,7 +54,11 @@ def prompt_text(serving, **fields):
 
 @pytest.mark.parametrize("name", ["smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", None])
 def test_model_served_name_or_alias(chat, name):
-    chat.prepare(CHAT, body(model=name))
+    prepared = chat.prepare(CHAT, body(model=name))
+    # The base model (no LoRA adapter), answered under its served name whatever alias was asked.
+    assert prepared.kind == "chat" and prepared.params.lora is None
+    assert prepared.formatter.model_name == "smollm2-135m"
+    assert chat.tokenizer.decode(prepared.prompts[0]).rstrip().endswith("assistant")
 
 
 def test_unknown_model_is_a_line_error(chat):
