@@ -55,6 +55,12 @@ class Engine:
         self.groups: dict[str, Group] = {}
         self.stats = EngineStats(num_kv_blocks=num_blocks)
 
+    @property
+    def hidden_size(self) -> int | None:
+        """The width of the model's final hidden states (a pooled embedding's dimensions);
+        None when the model's config does not say."""
+        return getattr(self.runner.model.config, "hidden_size", None)
+
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
                     params: SamplingParams, arrival_time: float | None = None,
                     stream: bool = False, priority: int | None = None) -> None:

@@ -42,7 +42,7 @@ def batch_in_flight(state) -> int:
     request for a waiting interactive one."""
     if state.config.batch_max_in_flight:
         return state.config.batch_max_in_flight
-    seqs = state.model.engine.config.scheduler.max_num_seqs
+    seqs = state.model.engine_config.scheduler.max_num_seqs
     share = (seqs - max(1, seqs // 8)) // max(1, state.config.max_concurrent_batches)
     return max(1, share)
 

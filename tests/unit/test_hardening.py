@@ -235,12 +235,10 @@ def test_a_full_disk_leaves_no_scratch_file(tmp_path, monkeypatch):
 
 
 def test_an_unknown_field_named_like_another_endpoints_field_is_only_ignored(smol_tokenizer):
-    from types import SimpleNamespace
-
     from batchrun.openai.serving import OpenAIServing
+    from batchrun.served_model import TokenizerModel
 
-    model = SimpleNamespace(tokenizer=smol_tokenizer, name="m", aliases=(), max_model_len=64,
-                            generation_defaults={}, engine=None)
+    model = TokenizerModel(smol_tokenizer, "m", max_model_len=64)
     # max_completion_tokens and metadata are chat fields: on /v1/completions they are unknown.
     prepared = OpenAIServing(model).prepare("/v1/completions", {
         "prompt": "hi", "max_completion_tokens": {"a": 1}, "metadata": [1, 2]})

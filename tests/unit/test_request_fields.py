@@ -3,8 +3,8 @@ the engine's SamplingParams) or rejected with a 400 naming it. No engine needed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from types import SimpleNamespace
 
 import pytest
 
@@ -12,6 +12,7 @@ from batchrun.openai.protocol import RequestError
 from batchrun.openai.render import load_chat_template
 from batchrun.openai.serving import OpenAIServing, ServingOptions
 from batchrun.options.openai import OpenAIOptions
+from batchrun.served_model import TokenizerModel
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 TOOLS_TEMPLATE = "batchrun/openai/templates/chatml_tools.jinja"
@@ -21,9 +22,8 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 
 @pytest.fixture(scope="module")
 def model(smol_tokenizer):
-    return SimpleNamespace(tokenizer=smol_tokenizer, name="smollm2-135m",
-                           aliases=("HuggingFaceTB/SmolLM2-135M-Instruct",), max_model_len=2048,
-                           generation_defaults={}, engine=None)
+    return TokenizerModel(smol_tokenizer, "smollm2-135m",
+                          aliases=("HuggingFaceTB/SmolLM2-135M-Instruct",), max_model_len=2048)
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +216,7 @@ def test_structured_output_needs_a_tokenizer_llguidance_reads(model):
                                 return_dict=False, **kwargs):
             return {"input_ids": [1, 2, 3]} if tokenize else "x"
 
-    slow = OpenAIServing(SimpleNamespace(**{**vars(model), "tokenizer": Slow()}))
+    slow = OpenAIServing(dataclasses.replace(model, tokenizer=Slow()))
     err = rejected(slow, response_format={"type": "json_object"})
     assert err.param == "response_format" and "not available" in err.message
     slow.prepare(CHAT, body())  # everything else still works

@@ -1,5 +1,3 @@
-from types import SimpleNamespace
-
 import pytest
 from openai.types.chat import ChatCompletion
 
@@ -8,6 +6,7 @@ from batchrun.openai.protocol import LineError, RequestError
 from batchrun.openai.response import (batch_error_line, batch_output_line, engine_error,
                                       new_request_id)
 from batchrun.openai.serving import OpenAIServing
+from batchrun.served_model import TokenizerModel
 
 BATCH_KEYS = {"id", "custom_id", "response", "error"}
 
@@ -20,9 +19,7 @@ def output(text="Paris.", tokens=(5, 6, 7), finish="stop", cached=4, error=None)
 
 @pytest.fixture(scope="module")
 def serving(smol_tokenizer):
-    model = SimpleNamespace(tokenizer=smol_tokenizer, name="smollm2-135m", aliases=(),
-                            max_model_len=2048, generation_defaults={}, adapters=())
-    return OpenAIServing(model)
+    return OpenAIServing(TokenizerModel(smol_tokenizer, "smollm2-135m"))
 
 
 def chat_body(serving, out, created=None):
