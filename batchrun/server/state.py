@@ -30,8 +30,7 @@ class ServerState:
         self.served_model = dataclasses.replace(model, name=self.served_name,
                                                 aliases=self.model_aliases)
         # LoRA adapter name -> its path (--lora); requests may name them as their `model`.
-        config = model.engine_config
-        self.lora_paths: dict[str, str] = dict(config.lora.adapters) if config is not None else {}
+        self.lora_paths: dict[str, str] = dict(model.engine_config.lora.adapters)
         self.serving_options = serving or ServingOptions()
         self.serving = OpenAIServing(self.served_model, self.serving_options)
         self.metrics = ServerMetrics()

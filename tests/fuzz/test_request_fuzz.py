@@ -215,7 +215,7 @@ def test_validate_run_and_serve_agree_on_every_line(corpus, fuzz_models, tmp_pat
 
     result = run_batch(batch_model, job_plan(input=str(src), output=str(tmp / "out.jsonl"),
                                               progress="none"))
-    assert result["status"] == "completed"
+    assert result.status == "completed"
     ran, statuses = {}, {}
     for text in (tmp / "out.errors.jsonl").read_text().splitlines():
         record = json.loads(text)

@@ -113,7 +113,7 @@ def test_a_file_of_hostile_lines_completes_with_an_error_record_each(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(HOSTILE) + "\n")
     result = run_batch(fake_model(), config(tmp_path, src))
-    assert result["status"] == "completed"
+    assert result.status == "completed"
     out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     errors = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
     assert [o["custom_id"] for o in out] == ["ok1", "ok2"]
@@ -157,7 +157,7 @@ def test_a_truncated_compressed_input_commits_its_complete_lines_then_names_the_
     src.write_bytes(packed)
     again = FakeEngine()
     result = run_batch(fake_model(again), config(tmp_path, src, resume=True))
-    assert result["status"] == "completed" and len(again.added) == N - complete
+    assert result.status == "completed" and len(again.added) == N - complete
     out = [json.loads(x)["custom_id"] for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert out == [f"r{i}" for i in range(N)]
 
@@ -259,7 +259,7 @@ def test_a_line_that_crashes_the_engine_on_admission_fails_alone(tmp_path):
         "custom_id": "b", "method": "POST", "url": CHAT,
         "body": {"messages": [{"role": "user", "content": "boom"}]}}), line("c")]) + "\n")
     result = run_batch(fake_model(Refusing()), config(tmp_path, src))
-    assert result["status"] == "completed"
+    assert result.status == "completed"
     out = [json.loads(x)["custom_id"] for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     (error,) = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
     assert out == ["a", "c"] and error["custom_id"] == "b"

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import click
 
 from batchrun import phases
+from batchrun.batch.job.result import RunResult
 from batchrun.options.run import RunOptions
 from batchrun.usage import UsageError, load_model
 
@@ -113,17 +114,17 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
             return EXIT_INTERRUPTED
 
     phases.mark("run (engine steps, commits, merge)")
-    if result["status"] == "completed":
-        _remember_run(result, loaded.name, opts)
-    requests = result["requests"]
-    if result["status"] != "completed":
+    if result.completed:
+        _remember_run(result.summary, loaded.name, opts)
+    requests = result.requests
+    if not result.completed:
         if not quiet:
-            click.echo(f"interrupted: {requests['total']} lines done ({requests['ok']} ok, "
-                       f"{requests['failed']} failed) and committed; rerun with --resume to "
+            click.echo(f"interrupted: {requests.total} lines done ({requests.ok} ok, "
+                       f"{requests.failed} failed) and committed; rerun with --resume to "
                        "finish", err=True)
         return EXIT_INTERRUPTED
     if not quiet:
-        click.echo(summary_text(result), err=True)  # it says what earlier attempts did
+        click.echo(summary_text(result.summary), err=True)  # it says what earlier attempts did
         t = plan.targets
         written = [f"output: {_shown(t.output)}", f"errors: {_shown(t.errors)}"]
         if t.metrics:
@@ -139,14 +140,14 @@ def set_log_level(name: str) -> None:
     logging.getLogger("batchrun").setLevel(level)
 
 
-def _remember_run(result: dict, model_name: str, opts: RunOptions) -> None:
+def _remember_run(summary: Mapping[str, Any], model_name: str, opts: RunOptions) -> None:
     """Keep the run's metrics: `batchrun plan` calibrates its time estimate by them."""
     from batchrun.batch.estimate.job_estimate import run_key
     from batchrun.batch.estimate.run_store import save_run
 
-    if result.get("this_run", {}).get("ok"):
+    if summary.get("this_run", {}).get("ok"):
         try:
-            save_run(result, run_key(model_name, opts.engine))
+            save_run(summary, run_key(model_name, opts.engine))
         except OSError as exc:  # a read-only home must not fail a finished run
             log.warning("could not keep this run's metrics for `batchrun plan`: %s", exc)
 
@@ -155,11 +156,11 @@ def _shown(path: str) -> str:
     return "stdout" if path == "-" else path
 
 
-def _exit_code(result: dict, opts: RunOptions) -> int:
-    requests = result["requests"]
+def _exit_code(result: RunResult, opts: RunOptions) -> int:
+    requests = result.requests
     limit = opts.job.max_failed_fraction
-    if limit is not None and requests["total"] and requests["failed"] / requests["total"] > limit:
-        click.echo(f"error: {requests['failed']} of {requests['total']} lines failed, more than "
+    if limit is not None and requests.total and requests.failed / requests.total > limit:
+        click.echo(f"error: {requests.failed} of {requests.total} lines failed, more than "
                    f"--max-failed-fraction {limit}", err=True)
         return EXIT_TOO_MANY_FAILED
     return EXIT_OK
