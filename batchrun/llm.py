@@ -66,6 +66,13 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def set_cpu_threads(config: EngineConfig) -> None:
+    """torch's intra-op threads for a CPU engine: --threads, else $BATCHRUN_THREADS, else one
+    per core."""
+    threads = config.device.threads or int(os.environ.get("BATCHRUN_THREADS", 0)) or os.cpu_count()
+    torch.set_num_threads(threads or 1)
+
+
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -96,8 +103,7 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
     device = pick_device(config.device.device)
     dtype = pick_dtype(config.device.dtype, device)
     if device.type == "cpu":
-        threads = config.device.threads or int(os.environ.get("BATCHRUN_THREADS", 0)) or os.cpu_count()
-        torch.set_num_threads(threads or 1)
+        set_cpu_threads(config)
 
     model_cfg = ModelConfig.from_hf(read_config(path))
     model = build_model(LlamaModel, model_cfg, path, device, dtype)
