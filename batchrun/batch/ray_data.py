@@ -306,7 +306,7 @@ def build_processor(model: str | None = None, *, engine: dict[str, Any] | None =
     carry: input columns copied to each result row. preprocess / postprocess: row functions
     run (ds.map) before and after, like Ray Data LLM's.
     load: how a replica loads the model, `(model, EngineConfig) -> LoadedModel`
-    (default batchrun.usage.load_model; the tests pass their fake engine's).
+    (default batchrun.commandkit.load_model; the tests pass their fake engine's).
     """
     from batchrun.openai.serving import ServingOptions
     from batchrun.options.engine import EngineConfig
@@ -331,7 +331,7 @@ def build_processor(model: str | None = None, *, engine: dict[str, Any] | None =
     if clash:
         raise ValueError(f"carry: {clash[0]!r} is a result column")
     if load is None:
-        from batchrun.usage import load_model as load
+        from batchrun.commandkit import load_model as load
     return Processor(load, model, engine_config, serving, shape.replicas,
                      shape.cpus_per_replica, shape.gpus_per_replica, batch_size, columns,
                      text_column, tuple(carry), preprocess, postprocess)

@@ -111,7 +111,7 @@ def test_a_replica_killed_mid_job_loses_no_line_and_duplicates_none(tmp_path):
 
 
 def test_the_greedy_output_of_the_bundled_model_is_the_local_one(tmp_path, real_model):
-    from batchrun.usage import load_model
+    from batchrun.commandkit import load_model
 
     src = tmp_path / "in.jsonl"
     lines = (SAMPLES / "chat.jsonl").read_text().splitlines()[:6]

@@ -13,49 +13,20 @@ Exit codes:
 from __future__ import annotations
 
 import logging
-import signal
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import click
 
 from batchrun import phases
 from batchrun.batch.job.result import RunResult
+from batchrun.commandkit import (EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, EXIT_TOO_MANY_FAILED,
+                                 Loader, Signals, UsageError, interrupted, load_model, on_ray)
 from batchrun.options.run import RunOptions
-from batchrun.usage import UsageError, load_model
 
-EXIT_OK, EXIT_CRASH, EXIT_USAGE, EXIT_TOO_MANY_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 75
 log = logging.getLogger("batchrun.batch")
 
 
-class Signals:
-    """SIGINT/SIGTERM: the first stops admitting and lets in-flight requests finish within the
-    grace period, the second drops them, the third raises KeyboardInterrupt."""
-
-    def __init__(self, stop: Any):
-        self.stop = stop
-        self._old: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        name = signal.Signals(signum).name
-        if self.stop.immediate:
-            raise KeyboardInterrupt
-        self.stop.set()
-        if self.stop.immediate:
-            log.warning("%s again: dropping the requests in flight", name)
-        else:
-            log.warning("%s: stopping (send it again to stop at once)", name)
-
-    def __enter__(self) -> "Signals":
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-
-def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_model) -> int:
+def execute(opts: RunOptions, load: Loader = load_model) -> int:
     """One run: plan it (usage errors before any model loads), load the model with `load`,
     run the plan, report; the exit code."""
     quiet = opts.job.quiet
@@ -68,10 +39,7 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
     from batchrun.batch.job.runner import run_batch
 
     phases.mark("imports of the batch job (torch)")
-    if opts.ray.ray:
-        from batchrun.distributed.client import ray_loader
-
-        load = ray_loader(opts.ray, load)
+    load = on_ray(opts.ray, load)
     try:
         plan = make_plan(opts)
     except BatchConfigError as exc:
@@ -84,7 +52,7 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
         return _exit_code(run_batch(None, plan), opts)
 
     stop = StopRequest()
-    with Signals(stop):
+    with Signals(stop, log):
         try:
             if not quiet:
                 click.echo(f"loading model {opts.inputs.model or '(default: smollm2-135m)'} ...",
@@ -110,8 +78,7 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
             click.echo(f"error: {exc}", err=True)
             return EXIT_CRASH
         except KeyboardInterrupt:
-            log.warning("interrupted; what finished is committed: rerun with --resume")
-            return EXIT_INTERRUPTED
+            return interrupted(log)
 
     phases.mark("run (engine steps, commits, merge)")
     if result.completed:
