@@ -54,8 +54,8 @@ from typing import Any, Callable, Sequence
 from batchrun.batch.storage.parquet import (RESULT_SCHEMA, request_fields, resolve_columns, result_row,
                                     row_custom_id, row_text)
 from batchrun.engine.errors import PromptTooLongError
-from batchrun.openai.protocol import LineError, RequestError, peek_custom_id
-from batchrun.openai.response import batch_error_line, batch_output_line, engine_error
+from batchrun.openai.wire import LineError, RequestError, peek_custom_id
+from batchrun.openai.bodies import batch_error_line, batch_output_line, engine_error
 
 log = logging.getLogger("batchrun.ray_data")
 WHERE = "the dataset"  # how schema errors name the input

@@ -29,8 +29,8 @@ from batchrun.openai.logprobs import TokenText
 from batchrun.openai.params import check_model_field, to_sampling_params
 from batchrun.openai.parsers import (ToolParser, detect_tool_parser, reasoning_parser,
                                      tool_parser)
-from batchrun.openai.protocol import (ChatCompletionRequest, CompletionRequest,
-                                      EmbeddingRequest, RequestError, parse_body)
+from batchrun.openai.wire import RequestError, parse_body
+from batchrun.openai.requests import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from batchrun.openai.requests import MAX_EMBEDDING_REQUEST_TOKENS
 from batchrun.openai.responses import prepare_response
 from batchrun.openai.responses_request import ResponsesRequest

@@ -26,7 +26,7 @@ from batchrun.engine.errors import EngineDeadError
 from batchrun.batch.job.result import RunResult
 from batchrun.engine.sync_client import SyncEngineClient
 from batchrun.openai.batch_usage import empty_usage
-from batchrun.openai.protocol import SUPPORTED_URLS, from_validation_error
+from batchrun.openai.wire import SUPPORTED_URLS, from_validation_error
 from batchrun.server.errors import APIError, not_found
 from batchrun.server.files import ExpiresAfter
 from batchrun.server.stored import load_objects, write_json_atomic

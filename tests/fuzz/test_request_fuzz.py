@@ -34,9 +34,9 @@ from batchrun.batch.job.runner import prepare_line, run_batch
 from batchrun.options.engine import EngineConfig
 from batchrun.llm import LoadedModel, build_engine, build_model
 from batchrun.models.llama import LlamaModel, ModelConfig
-from batchrun.openai.protocol import RequestError
+from batchrun.openai.wire import RequestError
 from batchrun.openai.requests import ChatCompletionRequest, CompletionRequest
-from batchrun.openai.response import engine_error
+from batchrun.openai.bodies import engine_error
 from batchrun.openai.serving import OpenAIServing
 from batchrun.served_model import TokenizerModel
 from tests.helpers import job_plan

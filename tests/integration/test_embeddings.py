@@ -83,7 +83,7 @@ def test_token_id_inputs_equal_text_inputs(real_model):
 
 
 def test_context_length_exceeded(real_model):
-    from batchrun.openai.protocol import RequestError
+    from batchrun.openai.wire import RequestError
 
     with pytest.raises(RequestError) as e:
         embed(real_model, {"input": [1] * (real_model.max_model_len + 1)})
@@ -93,7 +93,7 @@ def test_context_length_exceeded(real_model):
 
 
 def test_openai_limits_on_one_request(real_model):
-    from batchrun.openai.protocol import RequestError
+    from batchrun.openai.wire import RequestError
 
     serving = OpenAIServing(real_model)
     with pytest.raises(RequestError) as e:  # 2,048 inputs at most

@@ -85,7 +85,7 @@ def test_validate_checks_responses_lines_without_a_tokenizer():
     from types import SimpleNamespace
 
     from batchrun.batch.job.runner import check_line
-    from batchrun.openai.protocol import LineError
+    from batchrun.openai.wire import LineError
     from batchrun.options.openai import OpenAIOptions
 
     model = SimpleNamespace(name=MODEL, aliases=())

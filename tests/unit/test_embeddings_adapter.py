@@ -15,7 +15,7 @@ from batchrun.batch.job.runner import prepare_line
 from batchrun.engine.pooling import PoolingParams
 from batchrun.llm import LoadedModel
 from batchrun.openai.embeddings import resolve_pooling, sentence_transformers_pooling, truncate
-from batchrun.openai.protocol import LineError, RequestError
+from batchrun.openai.wire import LineError, RequestError
 from batchrun.openai.serving import OpenAIServing, ServingOptions
 from batchrun.options.openai import OpenAIOptions
 from tests.helpers import tiny_engine

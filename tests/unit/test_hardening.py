@@ -13,7 +13,7 @@ from batchrun.batch.storage.lines import InputReadError
 from batchrun.batch.job.runner import BatchConfigError, run_batch
 from batchrun.batch.storage.sinks import RecordSink
 from batchrun.batch.storage.formats import Format
-from batchrun.openai.protocol import LineError, RequestError, parse_batch_line, parse_body
+from batchrun.openai.wire import LineError, RequestError, parse_batch_line, parse_body
 from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model
 

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from batchrun.openai.protocol import RequestError
+from batchrun.openai.wire import RequestError
 from batchrun.openai.render import load_chat_template
 from batchrun.openai.serving import OpenAIServing, ServingOptions
 from batchrun.options.openai import OpenAIOptions

@@ -24,8 +24,8 @@ from batchrun.batch.storage.lines import InputLine, InputReadError
 from batchrun.batch.job.staging import FAILED, OK, RETRYABLE, Committed, Record, Staging
 from batchrun.engine.client import EngineClient
 from batchrun.engine.errors import PromptTooLongError
-from batchrun.openai.protocol import LineError, RequestError, peek_custom_id
-from batchrun.openai.response import batch_error_line, batch_output_line, engine_error
+from batchrun.openai.wire import LineError, RequestError, peek_custom_id
+from batchrun.openai.bodies import batch_error_line, batch_output_line, engine_error
 
 log = logging.getLogger("batchrun.batch")
 

@@ -27,8 +27,8 @@ from batchrun.batch.job.staging import Committed, Staging, StagingError
 from batchrun.engine.client import EngineClient
 from batchrun.engine.sampling_params import SamplingParams
 from batchrun.openai.params import check_model_field
-from batchrun.openai.protocol import LineError, RequestError, parse_batch_line, parse_envelope
-from batchrun.openai.response import new_request_id
+from batchrun.openai.wire import LineError, RequestError, parse_batch_line, parse_envelope
+from batchrun.openai.bodies import new_request_id
 from batchrun.openai.responses import to_chat_request
 from batchrun.openai.responses_request import ResponsesRequest
 from batchrun.openai.serving import OpenAIServing, PreparedRequest

@@ -64,7 +64,7 @@ def validate(inputs, check_prompts, max_model_len, as_json, quiet, **kwargs):
     from batchrun.batch.storage.readers import check_sources, open_sources
     from batchrun.batch.storage.store import Storage
     from batchrun.batch.job.runner import check_line, prepare_line
-    from batchrun.openai.response import batch_error_line
+    from batchrun.openai.bodies import batch_error_line
     from batchrun.openai.serving import OpenAIServing, ServingOptions
 
     read = _options(lambda: from_cli(InputOptions, kwargs, {"input": list(inputs)}))

@@ -8,8 +8,8 @@ import uuid
 from typing import Any
 
 from batchrun.engine.outputs import RequestOutput
-from batchrun.openai.protocol import (BatchLineError, BatchOutputLine, BatchResponse, ErrorBody,
-                                      LineError, RequestError)
+from batchrun.openai.wire import (BatchLineError, BatchOutputLine, BatchResponse, ErrorBody,
+                                  LineError, RequestError)
 
 
 def new_request_id() -> str:

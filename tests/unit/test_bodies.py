@@ -2,9 +2,8 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from batchrun.engine.outputs import CompletionOutput, RequestOutput
-from batchrun.openai.protocol import LineError, RequestError
-from batchrun.openai.response import (batch_error_line, batch_output_line, engine_error,
-                                      new_request_id)
+from batchrun.openai.wire import LineError, RequestError
+from batchrun.openai.bodies import batch_error_line, batch_output_line, engine_error, new_request_id
 from batchrun.openai.serving import OpenAIServing
 from batchrun.served_model import TokenizerModel
 
