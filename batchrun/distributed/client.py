@@ -221,8 +221,8 @@ class RayModel:
 
 
 def ray_loader(options: RayOptions, load: Callable) -> Callable[[str | None, Any], RayModel]:
-    """A model loader (as batch.shell.launch.execute takes) that starts the replicas on Ray, each
-    loading the model with `load`, and gives the driver the tokenizer only."""
+    """A model loader (what commandkit.on_ray gives run and sweep for --ray) that starts the
+    replicas on Ray, each loading the model with `load`, and gives the driver the tokenizer only."""
 
     def load_on_ray(model: str | None, engine_config: Any) -> RayModel:
         from batchrun.footprint import tokenizer_model
