@@ -13,12 +13,12 @@ dtype, not the size of the GGUF file.
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from batchrun.options.engine import EngineConfig
 from batchrun.models.llama import ModelConfig
+from batchrun.served_model import TokenizerModel
 
 
 def parameter_count(cfg: ModelConfig) -> int:
@@ -145,7 +145,7 @@ def _gguf_config(gguf: Path):
     return _auto_config(gguf.parent, gguf_file=gguf.name)
 
 
-def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> SimpleNamespace:
+def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> TokenizerModel:
     """What prepare_line needs of a model (tokenizer, names, context length, generation
     defaults), without its weights."""
     import json
@@ -160,6 +160,5 @@ def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> Simpl
     if max_model_len:
         context = min(context, max_model_len)
     defaults, _ = read_generation_config(files.path)
-    return SimpleNamespace(tokenizer=load_tokenizer(files.path), name=files.name,
-                           aliases=files.aliases, max_model_len=context,
-                           generation_defaults=defaults)
+    return TokenizerModel(load_tokenizer(files.path), files.name, tuple(files.aliases),
+                          max_model_len=context, generation_defaults=defaults)

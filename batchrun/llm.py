@@ -15,6 +15,7 @@ import torch
 from batchrun import phases
 from batchrun.options.engine import EngineConfig
 from batchrun.engine.engine import Engine
+from batchrun.served_model import system_fingerprint
 
 # Sampling fields a model's generation_config.json may set, mapped to SamplingParams names.
 GENERATION_DEFAULT_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
@@ -25,6 +26,8 @@ CPU_DEFAULT_KV_BYTES = 4 << 30
 
 @dataclass
 class LoadedModel:
+    """The model and its engine in this process: a batchrun.served_model.ServedModel."""
+
     engine: Engine
     tokenizer: Any  # models.tokenizer.Tokenizer, or a transformers tokenizer
     name: str  # served model name, e.g. "smollm2-135m"
@@ -41,16 +44,33 @@ class LoadedModel:
         return self.engine.max_model_len
 
     @property
+    def engine_config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(sorted(self.engine.eos_token_ids))
+
+    @property
     def hidden_size(self) -> int | None:
-        """The width of the model's final hidden states (its embeddings' dimensions)."""
-        model = getattr(getattr(self.engine, "runner", None), "model", None)
-        return getattr(getattr(model, "config", None), "hidden_size", None)
+        return self.engine.hidden_size
+
+    @property
+    def fingerprint(self) -> str:
+        return system_fingerprint(self.name, self.engine.config)
 
 
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def set_cpu_threads(config: EngineConfig) -> None:
+    """torch's intra-op threads for a CPU engine: --threads, else $BATCHRUN_THREADS, else one
+    per core."""
+    threads = config.device.threads or int(os.environ.get("BATCHRUN_THREADS", 0)) or os.cpu_count()
+    torch.set_num_threads(threads or 1)
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -83,8 +103,7 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
     device = pick_device(config.device.device)
     dtype = pick_dtype(config.device.dtype, device)
     if device.type == "cpu":
-        threads = config.device.threads or int(os.environ.get("BATCHRUN_THREADS", 0)) or os.cpu_count()
-        torch.set_num_threads(threads or 1)
+        set_cpu_threads(config)
 
     model_cfg = ModelConfig.from_hf(read_config(path))
     model = build_model(LlamaModel, model_cfg, path, device, dtype)

@@ -42,7 +42,3 @@ def mark(phase: str, once: bool = False) -> float:
     took, _last = now - _last, now
     log.debug("%-34s %6.2f s  (%.2f s since the process started)", phase, took, now - _START)
     return took
-
-
-def since_start() -> float:
-    return time.monotonic() - _START

@@ -29,6 +29,7 @@ import torch  # noqa: E402
 
 from benchmarks import machine, step_timers  # noqa: E402
 from benchmarks.cli_run import run_cli  # noqa: E402
+from benchmarks.results import Result  # noqa: E402
 from benchmarks.workloads import fewshot_lines, read_batch_file, workload_path  # noqa: E402
 
 
@@ -37,29 +38,6 @@ class Workload:
     name: str
     prompts: list[list[int]]
     max_tokens: list[int]
-
-
-@dataclass
-class Result:
-    system: str
-    seconds: float
-    prompt_tokens: int
-    output_tokens: int
-    outputs: list[list[int]]
-    cache_hit_rate: float | None = None
-    peak_rss_mib: float | None = None  # the process's peak while this system ran
-    texts: list[str] | None = None  # the outputs as text (what a CLI run's file holds)
-    timers: dict[str, float] | None = None  # benchmarks/step_timers.py seconds
-    steps: int | None = None  # engine steps
-    process_seconds: float | None = None  # a CLI run: the whole process, start-up included
-
-    @property
-    def output_tps(self) -> float:
-        return self.output_tokens / self.seconds
-
-    @property
-    def total_tps(self) -> float:
-        return (self.prompt_tokens + self.output_tokens) / self.seconds
 
 
 def workload_of(name: str, lines: list[dict], tokenizer, limit: int | None) -> Workload:

@@ -60,7 +60,7 @@ def run_cli(lines: list[dict], cli_options: list[str], label: str = "batchrun-ru
     """Run `lines` (chat batch lines, greedy) through `batchrun run` in a subprocess (this
     checkout's package, or git `revision`'s); a bench Result (seconds: the run itself, from its
     metrics file) plus the process's seconds and the timer shares."""
-    from benchmarks.bench import Result
+    from benchmarks.results import Result
 
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
         src, out, timings = Path(tmp, "in.jsonl"), Path(tmp, "out.jsonl"), Path(tmp, "t.json")

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import time
-from types import SimpleNamespace
+from dataclasses import dataclass, field
+from typing import Any
 
 from batchrun.engine.client import EngineStats
 from batchrun.engine.errors import PromptTooLongError
 from batchrun.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from batchrun.served_model import system_fingerprint
 
 
 class FakeTokenizer:
@@ -87,12 +89,33 @@ class FakeEngine:
         self.running.pop(request_id, None)
 
 
+@dataclass
+class FakeModel:
+    """A batchrun.served_model.ServedModel around a fake (or scripted) engine."""
+
+    engine: Any
+    tokenizer: Any
+    name: str
+    aliases: tuple[str, ...] = ("fm",)
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
+    adapters: tuple[str, ...] = ()
+    path: None = None
+    engine_config: None = None
+    eos_token_ids: tuple[int, ...] = ()
+    hidden_size: int | None = None
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def fingerprint(self) -> str:
+        return system_fingerprint(self.name, self.engine_config)
+
+
 def fake_model(engine=None, name="fake-model"):
     """What batchrun.llm.load returns, around a fake engine (no torch needed)."""
-    engine = engine or FakeEngine()
-    return SimpleNamespace(engine=engine, tokenizer=FakeTokenizer(), name=name,
-                           aliases=("fm",), generation_defaults={},
-                           max_model_len=engine.max_model_len)
+    return FakeModel(engine or FakeEngine(), FakeTokenizer(), name)
 
 
 def load(model, engine_config):

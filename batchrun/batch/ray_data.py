@@ -54,8 +54,8 @@ from typing import Any, Callable, Sequence
 from batchrun.batch.storage.parquet import (RESULT_SCHEMA, request_fields, resolve_columns, result_row,
                                     row_custom_id, row_text)
 from batchrun.engine.errors import PromptTooLongError
-from batchrun.openai.protocol import LineError, RequestError, peek_custom_id
-from batchrun.openai.response import batch_error_line, batch_output_line, engine_error
+from batchrun.openai.wire import LineError, RequestError, peek_custom_id
+from batchrun.openai.bodies import batch_error_line, batch_output_line, engine_error
 
 log = logging.getLogger("batchrun.ray_data")
 WHERE = "the dataset"  # how schema errors name the input
@@ -306,7 +306,7 @@ def build_processor(model: str | None = None, *, engine: dict[str, Any] | None =
     carry: input columns copied to each result row. preprocess / postprocess: row functions
     run (ds.map) before and after, like Ray Data LLM's.
     load: how a replica loads the model, `(model, EngineConfig) -> LoadedModel`
-    (default batchrun.usage.load_model; the tests pass their fake engine's).
+    (default batchrun.commandkit.load_model; the tests pass their fake engine's).
     """
     from batchrun.openai.serving import ServingOptions
     from batchrun.options.engine import EngineConfig
@@ -331,7 +331,7 @@ def build_processor(model: str | None = None, *, engine: dict[str, Any] | None =
     if clash:
         raise ValueError(f"carry: {clash[0]!r} is a result column")
     if load is None:
-        from batchrun.usage import load_model as load
+        from batchrun.commandkit import load_model as load
     return Processor(load, model, engine_config, serving, shape.replicas,
                      shape.cpus_per_replica, shape.gpus_per_replica, batch_size, columns,
                      text_column, tuple(carry), preprocess, postprocess)

@@ -18,11 +18,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from batchrun.distributed.routing import PrefixRouter
 from batchrun.engine.client import EngineStats
 from batchrun.options.ray import RayOptions
+from batchrun.served_model import TokenizerModel, system_fingerprint
 
 log = logging.getLogger("batchrun.distributed")
 
@@ -195,11 +197,17 @@ class RayEngineClient:
 
 
 class RayModel:
-    """What the batch runner needs of a model, driver side: the tokenizer (no weights here)
+    """A ServedModel (batchrun/served_model.py) driver side: the tokenizer (no weights here)
     and the engine client over the replicas."""
 
-    def __init__(self, engine: RayEngineClient, served: Any):
+    # Known on the replicas only: the tokenizer's EOS and the full vector width apply here.
+    eos_token_ids: tuple[int, ...] = ()
+    hidden_size: int | None = None
+    path: Path | None = None
+
+    def __init__(self, engine: RayEngineClient, served: TokenizerModel):
         self.engine = engine
+        self.engine_config = engine.config
         self.tokenizer = served.tokenizer
         self.name = engine.name
         self.aliases = tuple(served.aliases)
@@ -207,10 +215,14 @@ class RayModel:
         self.generation_defaults = dict(served.generation_defaults)
         self.max_model_len = engine.max_model_len
 
+    @property
+    def fingerprint(self) -> str:
+        return system_fingerprint(self.name, self.engine_config)
+
 
 def ray_loader(options: RayOptions, load: Callable) -> Callable[[str | None, Any], RayModel]:
-    """A model loader (as batch.shell.launch.execute takes) that starts the replicas on Ray, each
-    loading the model with `load`, and gives the driver the tokenizer only."""
+    """A model loader (what commandkit.on_ray gives run and sweep for --ray) that starts the
+    replicas on Ray, each loading the model with `load`, and gives the driver the tokenizer only."""
 
     def load_on_ray(model: str | None, engine_config: Any) -> RayModel:
         from batchrun.footprint import tokenizer_model

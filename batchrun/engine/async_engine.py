@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from batchrun.engine.engine import Engine
 from batchrun.engine.errors import EngineDeadError, QueueFullError
@@ -35,6 +35,29 @@ MAX_FAILED_STEPS = 3
 # Engines (by id) that an AsyncEngine thread is driving: two drivers would corrupt one engine.
 _DRIVEN: set[int] = set()
 _DRIVEN_LOCK = threading.Lock()
+
+
+class OutputSink(Protocol):
+    """Where the engine thread hands a request's outputs (or the exception that ended it)."""
+
+    def push(self, item: RequestOutput | BaseException) -> None: ...
+
+
+@dataclass(frozen=True)
+class AddCommand:
+    """Queue a request in the engine; its outputs go to `sink`."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    stream: bool
+    priority: int
+    sink: OutputSink
+
+
+@dataclass(frozen=True)
+class AbortCommand:
+    request_id: str
 
 
 @dataclass
@@ -152,7 +175,7 @@ class AsyncEngine:
         self.on_finished = on_finished
         self.snapshot = EngineSnapshot(kv_blocks=engine.kv.num_blocks)
         self.dead: BaseException | None = None
-        self._inbox: deque[tuple] = deque()
+        self._inbox: deque[AddCommand | AbortCommand] = deque()
         self._cv = threading.Condition()
         self._sinks: dict[str, Any] = {}  # request id -> its sink; engine thread only
         self._num_async = 0  # async requests not yet finished; event loop side
@@ -207,13 +230,15 @@ class AsyncEngine:
                                  "flight; retry later")
         sink = _AsyncSink(asyncio.get_running_loop())
         self._num_async += 1
-        self._submit(("add", request_id, list(prompt_token_ids), params, stream, priority, sink))
+        self.submit(AddCommand(request_id, list(prompt_token_ids), params, stream, priority, sink))
         return RequestStream(self, request_id, sink)
 
     def abort(self, request_id: str) -> None:
-        self._submit(("abort", request_id))
+        self.submit(AbortCommand(request_id))
 
-    def _submit(self, command: tuple) -> None:
+    def submit(self, command: AddCommand | AbortCommand) -> None:
+        """Queue a command for the engine thread (a client with its own sink, such as
+        sync_client's, adds its requests this way)."""
         with self._cv:
             self._inbox.append(command)
             self._cv.notify()
@@ -260,17 +285,17 @@ class AsyncEngine:
         self._fail_all(EngineDeadError("the server is shutting down"))
         self._refresh_snapshot()
 
-    def _apply(self, command: tuple) -> None:
-        if command[0] == "abort":
-            sink = self._sinks.pop(command[1], None)
-            out = self.engine.abort_request(command[1])
+    def _apply(self, command: AddCommand | AbortCommand) -> None:
+        if isinstance(command, AbortCommand):
+            sink = self._sinks.pop(command.request_id, None)
+            out = self.engine.abort_request(command.request_id)
             if out is not None and sink is not None:
                 self._report(out, sink)
             return
-        _, request_id, prompt, params, stream, priority, sink = command
+        request_id, prompt, sink = command.request_id, command.prompt_token_ids, command.sink
         try:
-            self.engine.add_request(request_id, prompt, params, arrival_time=time.time(),
-                                    stream=stream, priority=priority)
+            self.engine.add_request(request_id, prompt, command.params, arrival_time=time.time(),
+                                    stream=command.stream, priority=command.priority)
         except ValueError as exc:
             # An async caller gets the exception; a sync client (the batch runner) expects
             # refusals as failed outputs from step(), so it gets one.
@@ -332,8 +357,8 @@ class AsyncEngine:
             commands = list(self._inbox)
             self._inbox.clear()
         for command in commands:
-            if command[0] == "add":
-                self._push(command[-1], error)
+            if isinstance(command, AddCommand):
+                self._push(command.sink, error)
 
     def _refresh_snapshot(self) -> None:
         sched = self.engine.scheduler

@@ -58,6 +58,12 @@ class Engine:
                                        self.sampler, self.runner.copy_block, self.stats,
                                        self.eos_token_ids, max_model_len)
 
+    @property
+    def hidden_size(self) -> int | None:
+        """The width of the model's final hidden states (a pooled embedding's dimensions);
+        None when the model's config does not say."""
+        return getattr(self.runner.model.config, "hidden_size", None)
+
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
                     params: SamplingParams, arrival_time: float | None = None,
                     stream: bool = False, priority: int | None = None) -> None:

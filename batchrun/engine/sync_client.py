@@ -11,7 +11,7 @@ from __future__ import annotations
 import queue
 from typing import Sequence
 
-from batchrun.engine.async_engine import BATCH_PRIORITY, AsyncEngine
+from batchrun.engine.async_engine import BATCH_PRIORITY, AddCommand, AsyncEngine
 from batchrun.engine.client import EngineStats
 from batchrun.engine.outputs import RequestOutput
 from batchrun.engine.sampling_params import SamplingParams
@@ -57,8 +57,8 @@ class SyncEngineClient:
         outputs with `error` set. arrival_time is ignored: the engine thread stamps it."""
         self.owner.check_alive()
         self._open.add(request_id)
-        self.owner._submit(("add", request_id, list(prompt_token_ids), params, stream,
-                            self.priority if priority is None else priority, self._sink))
+        self.owner.submit(AddCommand(request_id, list(prompt_token_ids), params, stream,
+                                     self.priority if priority is None else priority, self._sink))
 
     def abort_request(self, request_id: str) -> None:
         """Abort one of this client's requests (queued for the engine thread)."""

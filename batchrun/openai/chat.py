@@ -18,7 +18,7 @@ from batchrun.openai.parsers import Delta, ToolParser
 from batchrun.openai.parsers.base import ToolStream
 from batchrun.openai.parsers.reasoning import (ReasoningParser, ReasoningStream,
                                                reasoning_token_count)
-from batchrun.openai.response import chat_completion_body, completion_id, usage
+from batchrun.openai.bodies import chat_completion_body, completion_id, usage
 
 
 class ChoiceParser:

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from batchrun.engine.outputs import CompletionOutput, RequestOutput
 from batchrun.openai.logprobs import TokenText, completion_logprobs
 from batchrun.openai.prompt_logprobs import echo_logprobs, text_length, vllm_prompt_logprobs
-from batchrun.openai.response import completion_id, text_completion_body, usage
+from batchrun.openai.bodies import completion_id, text_completion_body, usage
 
 
 def _finish(c: CompletionOutput) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from batchrun.engine.sampling_params import GrammarSpec, SamplingParams
-from batchrun.openai.protocol import ChatCompletionRequest, CompletionRequest, RequestError
+from batchrun.openai.wire import RequestError
+from batchrun.openai.requests import ChatCompletionRequest, CompletionRequest
 from batchrun.options.openai import RequestDefaults
 
 # What OpenAI uses when neither the request, the user nor the model says otherwise.

@@ -8,7 +8,8 @@ from typing import Any, Literal, Sequence
 
 import orjson
 
-from batchrun.openai.protocol import ChatMessage, RequestError
+from batchrun.openai.wire import RequestError
+from batchrun.openai.requests import ChatMessage
 
 ContentFormat = Literal["string", "openai"]
 

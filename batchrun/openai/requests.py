@@ -53,7 +53,7 @@ Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, F
 
 
 class StrictModel(BaseModel):
-    """Base of the request models here and in protocol.py: strict types, no coercion."""
+    """Base of the request models here and in responses_request.py: strict types, no coercion."""
     model_config = ConfigDict(strict=True)
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
-from batchrun.openai.protocol import RequestError, from_validation_error
+from batchrun.openai.wire import RequestError, from_validation_error
 from batchrun.openai.requests import ChatCompletionRequest
 from batchrun.openai.responses_events import StreamingResponseFormatter
 from batchrun.openai.responses_request import ResponsesRequest

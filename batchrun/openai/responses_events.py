@@ -10,7 +10,7 @@ from typing import Any
 
 from batchrun.engine.outputs import RequestOutput
 from batchrun.openai.chat import ChatChunks
-from batchrun.openai.protocol import RequestError
+from batchrun.openai.wire import RequestError
 from batchrun.openai.responses_body import (ResponseFormatter, call_item, item_id,
                                             message_item, reasoning_item, response_usage)
 

@@ -14,12 +14,10 @@ parsers or grammars.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Sequence
 
-from batchrun import __version__
 from batchrun.engine import structured as engine_structured
 from batchrun.engine.outputs import RequestOutput
 from batchrun.engine.pooling import PoolingParams
@@ -31,8 +29,8 @@ from batchrun.openai.logprobs import TokenText
 from batchrun.openai.params import check_model_field, to_sampling_params
 from batchrun.openai.parsers import (ToolParser, detect_tool_parser, reasoning_parser,
                                      tool_parser)
-from batchrun.openai.protocol import (ChatCompletionRequest, CompletionRequest,
-                                      EmbeddingRequest, RequestError, parse_body)
+from batchrun.openai.wire import RequestError, parse_body
+from batchrun.openai.requests import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from batchrun.openai.requests import MAX_EMBEDDING_REQUEST_TOKENS
 from batchrun.openai.responses import prepare_response
 from batchrun.openai.responses_request import ResponsesRequest
@@ -40,6 +38,7 @@ from batchrun.openai.render import load_chat_template, render_prompt, tokenize_p
 from batchrun.openai.structured import (after_reasoning, check_satisfiable, completes,
                                         response_format_grammar, tool_choice_grammar)
 from batchrun.options.openai import OpenAIOptions, RequestDefaults
+from batchrun.served_model import ServedModel
 
 
 @dataclass(frozen=True)
@@ -129,10 +128,7 @@ def _text(content: Any) -> str:
 
 
 class OpenAIServing:
-    def __init__(self, model: Any, options: ServingOptions = ServingOptions()):
-        """`model`: a batchrun.llm.LoadedModel (tokenizer, name, aliases, max_model_len,
-        generation_defaults, engine; adapters: the LoRA adapters a request's `model` may
-        name)."""
+    def __init__(self, model: ServedModel, options: ServingOptions = ServingOptions()):
         self.model = model
         self.options = options
         self.tokenizer = model.tokenizer
@@ -146,7 +142,7 @@ class OpenAIServing:
             self.vocab_size: int | None = len(self.tokenizer)
         except TypeError:
             self.vocab_size = None
-        self.system_fingerprint = fingerprint(model)
+        self.system_fingerprint = model.fingerprint
         self._grammar_error: str | None = None  # None = not checked yet, "" = fine
         self._ll: Any = None  # llguidance's tokenizer, once a grammar is asked for
         self._eos: set[int] = set()
@@ -160,8 +156,7 @@ class OpenAIServing:
             raise RequestError("stream: streaming is not available in a batch file",
                                code="unsupported_value", param="stream")
         adapter = check_model_field(request.model, self.model.name, self.model.aliases,
-                                    self.options.ignore_model_field,
-                                    getattr(self.model, "adapters", ()))
+                                    self.options.ignore_model_field, self.model.adapters)
         if isinstance(request, ResponsesRequest):
             return prepare_response(request, functools.partial(self._chat, adapter=adapter),
                                     self.reasoning)
@@ -176,14 +171,12 @@ class OpenAIServing:
         """--pooling / --normalize, else the model folder's sentence-transformers config."""
         if self._pooling is None:
             opts = self.options.openai
-            self._pooling = resolve_pooling(opts.pooling, opts.normalize,
-                                            getattr(self.model, "path", None))
+            self._pooling = resolve_pooling(opts.pooling, opts.normalize, self.model.path)
         return self._pooling
 
     def _check_grammar_support(self) -> None:
         if self._grammar_error is None:
-            engine = getattr(self.model, "engine", None)
-            eos = sorted(getattr(engine, "eos_token_ids", None) or
+            eos = sorted(self.model.eos_token_ids or
                          [getattr(self.tokenizer, "eos_token_id", None) or 0])
             try:
                 self._ll = engine_structured.ll_tokenizer(self.tokenizer, eos)
@@ -339,7 +332,7 @@ class OpenAIServing:
                 f"input: at most {MAX_EMBEDDING_REQUEST_TOKENS} tokens summed over all inputs of "
                 f"one request, got {total}", code="max_tokens_per_request", param="input")
         # Unknown (an engine on Ray): a larger `dimensions` gives the whole vector.
-        width = getattr(self.model, "hidden_size", None)
+        width = self.model.hidden_size
         if request.dimensions is not None and width is not None and request.dimensions > width:
             raise RequestError(f"dimensions: this model's embeddings have {width} dimensions, "
                                f"got {request.dimensions}", code="invalid_value",
@@ -392,10 +385,3 @@ class _FirstCallOnly(ToolParser):
         parsed.calls = parsed.calls[:1]
         return parsed
 
-
-def fingerprint(model: Any) -> str:
-    """Model + batchrun version + engine configuration."""
-    engine = getattr(model, "engine", None)
-    config = repr(getattr(engine, "config", None))
-    digest = hashlib.sha256(f"{model.name}|{__version__}|{config}".encode()).hexdigest()
-    return f"fp_{digest[:12]}"

@@ -8,7 +8,7 @@ from typing import Any
 from batchrun.engine import structured as engine_structured
 from batchrun.engine.sampling_params import GrammarSpec
 from batchrun.openai.parsers import ReasoningParser, ToolParser
-from batchrun.openai.protocol import RequestError
+from batchrun.openai.wire import RequestError
 from batchrun.openai.requests import ResponseFormat
 
 

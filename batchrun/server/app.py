@@ -14,7 +14,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from batchrun import __version__
-from batchrun.server import batches_api, chat, files_api, responses_api
+from batchrun.server import batches_api, files_api, inference_api, responses_api
 from batchrun.server.error_log import ClientErrorLogMiddleware
 from batchrun.server.errors import install_handlers, not_found
 from batchrun.server.middleware import GuardMiddleware
@@ -86,7 +86,7 @@ def create_app(state: ServerState, manage_state: bool = True) -> FastAPI:
     app = FastAPI(title="batchrun", version=__version__, lifespan=lifespan)
     app.state.server = state
     install_handlers(app)
-    for router in (info, chat.router, files_api.router, batches_api.router):
+    for router in (info, inference_api.router, files_api.router, batches_api.router):
         app.include_router(router)
     app.include_router(responses_api.router)
     cfg = state.config

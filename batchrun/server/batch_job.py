@@ -12,6 +12,7 @@ from pathlib import Path
 
 import orjson
 
+from batchrun.batch.job.result import RunResult
 from batchrun.engine.sync_client import SyncEngineClient
 
 
@@ -42,7 +43,7 @@ def batch_in_flight(state) -> int:
     request for a waiting interactive one."""
     if state.config.batch_max_in_flight:
         return state.config.batch_max_in_flight
-    seqs = state.model.engine.config.scheduler.max_num_seqs
+    seqs = state.model.engine_config.scheduler.max_num_seqs
     share = (seqs - max(1, seqs // 8)) // max(1, state.config.max_concurrent_batches)
     return max(1, share)
 
@@ -62,9 +63,9 @@ def run_options(state, input_path: Path, work_dir: Path):
                       defaults=state.serving_options.defaults)
 
 
-def run_job(state, client: SyncEngineClient, options, stop, on_progress) -> dict:
+def run_job(state, client: SyncEngineClient, options, stop, on_progress) -> RunResult:
     """Run one batch on `client` (see batchrun.batch.job.runner.run_batch for stop / on_progress);
-    returns the runner's summary: status "completed" or "interrupted". The plan is made here,
+    returns the runner's result: status "completed" or "interrupted". The plan is made here,
     in the worker, right before the run: a restarted batch resumes from its staging."""
     from batchrun.batch.job.plan import make_plan
     from batchrun.batch.job.runner import run_batch
@@ -82,10 +83,10 @@ def output_usage(path: Path) -> dict:
         return batch_usage(orjson.loads(raw) for raw in f if raw.strip())
 
 
-def committed_summary(work_dir: Path) -> dict | None:
-    """The summary of a run that finished merging before the server stopped, if any."""
+def committed_result(work_dir: Path) -> RunResult | None:
+    """The result of a run that finished merging before the server stopped, if any."""
     path = work_dir / "metrics.json"
     if not path.exists():
         return None
     summary = json.loads(path.read_text())
-    return summary if summary.get("status") == "completed" else None
+    return RunResult.of(summary) if summary.get("status") == "completed" else None

@@ -23,9 +23,10 @@ from typing_extensions import Annotated
 
 from batchrun.engine.async_engine import BATCH_PRIORITY
 from batchrun.engine.errors import EngineDeadError
+from batchrun.batch.job.result import RunResult
 from batchrun.engine.sync_client import SyncEngineClient
 from batchrun.openai.batch_usage import empty_usage
-from batchrun.openai.protocol import SUPPORTED_URLS, from_validation_error
+from batchrun.openai.wire import SUPPORTED_URLS, from_validation_error
 from batchrun.server.errors import APIError, not_found
 from batchrun.server.files import ExpiresAfter
 from batchrun.server.stored import load_objects, write_json_atomic
@@ -197,7 +198,7 @@ class BatchManager:
                     log.exception("could not mark batch %s failed", batch_id)
 
     def _run(self, batch_id: str) -> None:
-        from batchrun.server.batch_job import committed_summary, run_options, validate_input
+        from batchrun.server.batch_job import committed_result, run_options, validate_input
 
         obj = self.get(batch_id)
         work_dir = self.root / batch_id
@@ -205,9 +206,9 @@ class BatchManager:
             self._set(batch_id, status="cancelled", cancelled_at=_now())
             return
         if obj["status"] == "finalizing":  # stopped between the runner's merge and our bookkeeping
-            summary = committed_summary(work_dir)
-            if summary is not None:
-                self._finalize(batch_id, work_dir, summary)
+            result = committed_result(work_dir)
+            if result is not None:
+                self._finalize(batch_id, work_dir, result)
                 return
         try:
             input_path = self.state.files.path(obj["input_file_id"])
@@ -238,7 +239,7 @@ class BatchManager:
             self._set(batch_id, status="cancelled", cancelled_at=_now())
             return
         try:
-            summary = running.run(self.state)
+            result = running.run(self.state)
         except EngineDeadError as exc:
             if not self._stopping.is_set():
                 self._fail(batch_id, "engine_error", str(exc))
@@ -247,17 +248,17 @@ class BatchManager:
             running.client.close()
             with self._lock:
                 self._running.pop(batch_id, None)
-        if summary["status"] != "completed" and self._stopping.is_set():
+        if not result.completed and self._stopping.is_set():
             return  # server shutdown: stays in_progress, resumes from staging on restart
-        self._finalize(batch_id, work_dir, summary)
+        self._finalize(batch_id, work_dir, result)
 
-    def _finalize(self, batch_id: str, work_dir: Path, summary: dict) -> None:
-        completed = summary["status"] == "completed"
+    def _finalize(self, batch_id: str, work_dir: Path, result: RunResult) -> None:
+        completed = result.completed
         if completed:
             self._set(batch_id, status="finalizing", finalizing_at=_now())
         from batchrun.server.batch_job import output_usage
 
-        ok, failed = summary["requests"]["ok"], summary["requests"]["failed"]
+        ok, failed = result.requests.ok, result.requests.failed
         files = self.state.files
         out_path, err_path = work_dir / "output.jsonl", work_dir / "errors.jsonl"
         expiry = self.get(batch_id).get("output_expires_after")
@@ -296,7 +297,7 @@ class _Running:
         self.stop = StopRequest()
         self.counts = None  # batchrun.batch.job.progress.Counts, once the runner reports
 
-    def run(self, state) -> dict:
+    def run(self, state) -> RunResult:
         from batchrun.server.batch_job import run_job
 
         def progress(counts) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
 
-from batchrun.server.chat import read_json
+from batchrun.server.inference_api import read_json
 
 router = APIRouter()
 

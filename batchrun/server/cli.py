@@ -15,7 +15,7 @@ from batchrun.options.job import InputOptions
 from batchrun.options.openai import OpenAIOptions, RequestDefaults
 from batchrun.options.run import from_cli
 from batchrun.options.server import ServerOptions
-from batchrun.usage import UsageError, model_loader
+from batchrun.commandkit import UsageError, model_loader
 
 
 def default_data_dir() -> Path:

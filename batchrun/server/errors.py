@@ -11,8 +11,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from batchrun.engine.errors import EngineDeadError, QueueFullError
-from batchrun.openai.protocol import RequestError
-from batchrun.openai.response import error_body
+from batchrun.openai.wire import RequestError
+from batchrun.openai.bodies import error_body
 
 log = logging.getLogger(__name__)
 

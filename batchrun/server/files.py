@@ -18,7 +18,7 @@ from typing import IO, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from batchrun.batch.storage.io import atomic_local_file
-from batchrun.openai.protocol import from_validation_error
+from batchrun.openai.wire import from_validation_error
 from batchrun.server.errors import APIError, not_found
 from batchrun.server.stored import load_objects, write_json_atomic
 

@@ -14,10 +14,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from batchrun.engine.async_engine import RequestStream
 from batchrun.engine.errors import EngineDeadError
-from batchrun.openai.protocol import RESPONSES_URL
-from batchrun.openai.response import engine_error
+from batchrun.openai.wire import RESPONSES_URL
+from batchrun.openai.bodies import engine_error
 from batchrun.openai.serving import PreparedRequest
-from batchrun.server.chat import read_json, until_disconnected
+from batchrun.server.inference_api import read_json, until_disconnected
 from batchrun.server.errors import as_request_error
 
 router = APIRouter()

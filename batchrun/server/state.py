@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
 
 from batchrun.engine.async_engine import AsyncEngine
+from batchrun.llm import LoadedModel
 from batchrun.openai.serving import OpenAIServing, ServingOptions
 from batchrun.options.server import ServerOptions
 from batchrun.server.metrics import ServerMetrics
 
 
 class ServerState:
-    def __init__(self, model: Any, config: ServerOptions, serving: ServingOptions | None = None):
+    def __init__(self, model: LoadedModel, config: ServerOptions,
+                 serving: ServingOptions | None = None):
         """`config.data_dir` must be set (the CLI fills in its default)."""
         from batchrun.server.batches import BatchManager
         from batchrun.server.files import FileStore
 
         self.config = config
-        self.model = model  # batchrun.llm.LoadedModel
+        self.model = model
         self.served_name = config.served_model_name or model.name
         self.created = int(time.time())
         # Every name a request's `model` field may use for this model.
@@ -29,9 +30,7 @@ class ServerState:
         self.served_model = dataclasses.replace(model, name=self.served_name,
                                                 aliases=self.model_aliases)
         # LoRA adapter name -> its path (--lora); requests may name them as their `model`.
-        engine_config = getattr(model.engine, "config", None)
-        lora = getattr(engine_config, "lora", None)
-        self.lora_paths: dict[str, str] = dict(lora.adapters) if lora is not None else {}
+        self.lora_paths: dict[str, str] = dict(model.engine_config.lora.adapters)
         self.serving_options = serving or ServingOptions()
         self.serving = OpenAIServing(self.served_model, self.serving_options)
         self.metrics = ServerMetrics()

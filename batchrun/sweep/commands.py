@@ -7,9 +7,9 @@ import sys
 
 import click
 
-from batchrun.batch.shell.launch import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, Signals
+from batchrun.commandkit import (EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, Signals, UsageError,
+                                 interrupted, model_loader, on_ray)
 from batchrun.options.click_options import pairs
-from batchrun.usage import UsageError, model_loader
 
 log = logging.getLogger("batchrun.sweep")
 
@@ -50,20 +50,15 @@ def run(ctx, spec, variables, resume, restart):
     except SpecError as exc:
         raise UsageError(str(exc)) from None
     stop = StopRequest()
-    with Signals(stop):
+    with Signals(stop, log):
         try:
-            load = model_loader(ctx)
-            if parsed.ray.ray:
-                from batchrun.distributed.client import ray_loader
-
-                load = ray_loader(parsed.ray, load)
+            load = on_ray(parsed.ray, model_loader(ctx))
             result = run_sweep(parsed, text, load, resume=resume, restart=restart,
                                stop=stop, on_stage=lambda m: click.echo(m, err=True))
         except (SpecError, BatchConfigError, ChangedInputError) as exc:
             raise UsageError(str(exc)) from None
         except KeyboardInterrupt:
-            log.warning("interrupted; what finished is committed: rerun with --resume")
-            sys.exit(EXIT_INTERRUPTED)
+            sys.exit(interrupted(log))
         except OSError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_CRASH)

@@ -12,7 +12,6 @@ the page is complete. Everything that comes from the data (model outputs above a
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -338,12 +337,3 @@ def write_report(folder: str | os.PathLike, storage: Storage = NO_OPTIONS) -> st
     io.write_bytes_atomic(target, page.encode("utf-8"), storage.options)
     return target
 
-
-def report_command(folder: str | os.PathLike) -> Path | str:
-    """`batchrun sweep report DIR`: (re)write DIR/report.html and say where it is."""
-    try:
-        path = write_report(folder)
-    except FileNotFoundError as exc:
-        raise SystemExit(f"batchrun sweep report: {exc}") from None
-    print(f"wrote {path}", file=sys.stderr)
-    return path

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from batchrun.batch.storage import io
 from batchrun.batch.job.plan import make_plan
 from batchrun.batch.job.progress import format_duration
+from batchrun.batch.job.result import RunResult
 from batchrun.batch.job.runner import run_batch
 from batchrun.batch.storage.store import Storage
 from batchrun.footprint import tokenizer_model
@@ -136,11 +137,11 @@ def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any],
             on_stage(f"model {number}/{len(models)} {model}: already run and scored")
             with storage.open_read(scores_path) as f:
                 scored.extend(pl.read_parquet(f).to_dicts())
-            wall_by_model[model] = plan.previous.get("wall_time_s", 0.0)
+            wall_by_model[model] = RunResult.of(plan.previous).wall_time_s
             cells_done += len(model_cells)
             continue
         if plan.start == "done":
-            summary = plan.previous
+            run = RunResult.of(plan.previous)
         else:
             on_stage(f"model {number}/{len(models)} {model}: {len(model_cells)} cells, "
                      f"{len(reqs.lines)} requests ({plan.start})")
@@ -148,11 +149,11 @@ def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any],
                 loaded = None
                 gc.collect()
                 loaded, loaded_base = load(base, engine), base
-            summary = run_batch(loaded, plan, stop=stop)
-            if summary["status"] != "completed":
+            run = run_batch(loaded, plan, stop=stop)
+            if not run.completed:
                 result.status = "interrupted"
                 return result
-        wall_by_model[model] = summary.get("wall_time_s", 0.0)
+        wall_by_model[model] = run.wall_time_s
         on_stage(f"scoring {model}")
         bodies, errors, latency = _read_records(generation_path, storage)
         errors.update(reqs.errors)

@@ -17,7 +17,6 @@ BATCHRUN_FUZZ_EXAMPLES scales every budget (default 1, a few seconds each in CI)
 import json
 import math
 import os
-from types import SimpleNamespace
 
 import httpx
 import orjson
@@ -35,10 +34,11 @@ from batchrun.batch.job.runner import prepare_line, run_batch
 from batchrun.options.engine import EngineConfig
 from batchrun.llm import LoadedModel, build_engine, build_model
 from batchrun.models.llama import LlamaModel, ModelConfig
-from batchrun.openai.protocol import RequestError
+from batchrun.openai.wire import RequestError
 from batchrun.openai.requests import ChatCompletionRequest, CompletionRequest
-from batchrun.openai.response import engine_error
+from batchrun.openai.bodies import engine_error
 from batchrun.openai.serving import OpenAIServing
+from batchrun.served_model import TokenizerModel
 from tests.helpers import job_plan
 from tests.server.conftest import API_KEY, serve
 from tests.tiny_models import make_tiny
@@ -154,8 +154,7 @@ def settle(engine):
 @given(body=bodies())
 def test_the_adapter_accepts_or_refuses_every_body_with_a_400(body, smol_tokenizer):
     url, payload = body
-    model = SimpleNamespace(tokenizer=smol_tokenizer, name="m", aliases=("smollm2-135m",),
-                            max_model_len=CONTEXT, generation_defaults={}, engine=None)
+    model = TokenizerModel(smol_tokenizer, "m", aliases=("smollm2-135m",), max_model_len=CONTEXT)
     try:
         _adapter(model).prepare(url, payload)
     except RequestError as exc:  # 400, or 404 for a model this server does not have
@@ -216,7 +215,7 @@ def test_validate_run_and_serve_agree_on_every_line(corpus, fuzz_models, tmp_pat
 
     result = run_batch(batch_model, job_plan(input=str(src), output=str(tmp / "out.jsonl"),
                                               progress="none"))
-    assert result["status"] == "completed"
+    assert result.status == "completed"
     ran, statuses = {}, {}
     for text in (tmp / "out.errors.jsonl").read_text().splitlines():
         record = json.loads(text)

@@ -13,6 +13,7 @@ from openai.types.chat import ChatCompletion
 
 from batchrun.batch.shell.commands import validate
 from batchrun.batch.job.runner import run_batch
+from batchrun.batch.job.result import RequestCounts
 from batchrun.openai.serving import OpenAIServing, ServingOptions
 from batchrun.options.openai import OpenAIOptions
 from tests.helpers import file_records, job_plan, poll_batch, upload_batch_file
@@ -82,7 +83,7 @@ def test_token_id_inputs_equal_text_inputs(real_model):
 
 
 def test_context_length_exceeded(real_model):
-    from batchrun.openai.protocol import RequestError
+    from batchrun.openai.wire import RequestError
 
     with pytest.raises(RequestError) as e:
         embed(real_model, {"input": [1] * (real_model.max_model_len + 1)})
@@ -92,7 +93,7 @@ def test_context_length_exceeded(real_model):
 
 
 def test_openai_limits_on_one_request(real_model):
-    from batchrun.openai.protocol import RequestError
+    from batchrun.openai.wire import RequestError
 
     serving = OpenAIServing(real_model)
     with pytest.raises(RequestError) as e:  # 2,048 inputs at most
@@ -176,7 +177,7 @@ def test_batch_file_mixes_embeddings_and_chat(real_model, tmp_path):
     assert [(p["error"]["line"], p["error"]["param"]) for p in problems] == [(4, "dimensions")]
     summary = run_batch(real_model, job_plan(input=str(src), output=str(tmp_path / "out.jsonl"),
                                              progress="none"))
-    assert summary["requests"] == {"total": 4, "ok": 3, "failed": 1}
+    assert summary.requests == RequestCounts(4, 3, 1)
     out = {o["custom_id"]: o["response"]["body"]
            for o in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
     assert "Paris" in ChatCompletion.model_validate(out["chat-1"]).choices[0].message.content

@@ -121,7 +121,7 @@ def test_a_sweeps_loglikelihood_choice_picks_what_lm_evals_hf_backend_picks(hf_r
 
     from batchrun.sweep.run import run_sweep
     from batchrun.sweep.spec import load
-    from batchrun.usage import load_model
+    from batchrun.commandkit import load_model
 
     spec = tmp_path / "mc.toml"
     spec.write_text(f'''name = "br_mc"

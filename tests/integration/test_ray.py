@@ -76,11 +76,11 @@ def test_two_replicas_give_the_single_process_output_bad_lines_included(tmp_path
         remote = run_batch(model, job_plan(input=str(src), output=str(tmp_path / "ray.jsonl")))
     finally:
         client.shutdown()
-    assert remote["requests"] == local["requests"] and local["requests"]["failed"] > 0
+    assert remote.requests == local.requests and local.requests.failed > 0
     for suffix in (".jsonl", ".errors.jsonl"):
         assert strip(records(tmp_path / f"ray{suffix}")) == \
             strip(records(tmp_path / f"local{suffix}"))
-    assert len(remote["replicas"]) == 2
+    assert len(remote.summary["replicas"]) == 2
 
 
 def test_a_replica_killed_mid_job_loses_no_line_and_duplicates_none(tmp_path):
@@ -105,13 +105,13 @@ def test_a_replica_killed_mid_job_loses_no_line_and_duplicates_none(tmp_path):
     finally:
         client.shutdown()
     assert killed.is_set() and client.restarts >= 1
-    assert result["status"] == "completed" and result["requests"]["ok"] == 400
+    assert result.status == "completed" and result.requests.ok == 400
     ids = [r["custom_id"] for r in records(tmp_path / "out.jsonl")]
     assert ids == [f"r{i}" for i in range(400)]  # each once, in input order
 
 
 def test_the_greedy_output_of_the_bundled_model_is_the_local_one(tmp_path, real_model):
-    from batchrun.usage import load_model
+    from batchrun.commandkit import load_model
 
     src = tmp_path / "in.jsonl"
     lines = (SAMPLES / "chat.jsonl").read_text().splitlines()[:6]

@@ -141,7 +141,7 @@ def test_schema_and_option_errors_come_before_any_work():
 
 @pytest.mark.slow
 def test_the_real_model_gives_the_local_runs_content(tmp_path, real_model):
-    from batchrun.usage import load_model
+    from batchrun.commandkit import load_model
 
     lines = []
     for text in (SAMPLES / "chat.jsonl").read_text().splitlines()[:4]:

@@ -68,7 +68,7 @@ def test_a_batch_file_of_responses_lines(real_model, tmp_path):
                                 job=JobOptions(output=str(out), errors=str(err),
                                                progress="none")))
     summary = run_batch(real_model, plan)
-    assert summary["requests"]["ok"] == 2 and summary["requests"]["failed"] == 2
+    assert summary.requests.ok == 2 and summary.requests.failed == 2
     results = {r["custom_id"]: r for r in read_jsonl(out)}
     plain = valid(results["plain"]["response"]["body"])
     assert plain.object == "response" and plain.id.startswith("resp_")
@@ -85,7 +85,7 @@ def test_validate_checks_responses_lines_without_a_tokenizer():
     from types import SimpleNamespace
 
     from batchrun.batch.job.runner import check_line
-    from batchrun.openai.protocol import LineError
+    from batchrun.openai.wire import LineError
     from batchrun.options.openai import OpenAIOptions
 
     model = SimpleNamespace(name=MODEL, aliases=())

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import polars as pl
 import pytest
@@ -18,6 +17,7 @@ from batchrun.engine.outputs import CompletionOutput, RequestMetrics, RequestOut
 from batchrun.sweep.commands import sweep
 from batchrun.sweep.run import run_sweep
 from batchrun.sweep.spec import SpecError, load
+from tests.fake_engine import FakeModel
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,8 +63,7 @@ def scripted_loader(tokenizer, answer, engines):
     def load(model, engine_config):
         engine = ScriptedEngine(tokenizer, answer)
         engines.append(engine)
-        return SimpleNamespace(engine=engine, tokenizer=tokenizer, name=model or "smollm2-135m",
-                               aliases=(), generation_defaults={}, max_model_len=2048)
+        return FakeModel(engine, tokenizer, model or "smollm2-135m", aliases=())
     return load
 
 

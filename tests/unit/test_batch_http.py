@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from batchrun.batch.job.runner import run_batch
+from batchrun.batch.job.result import RequestCounts
 from tests.helpers import job_plan
 from tests.fake_engine import fake_model
 
@@ -36,6 +37,6 @@ def test_http_input(tmp_path, http_root, name):
     config = job_plan(input=f"{http_root}/{name}", output=str(tmp_path / "out.jsonl"),
                        progress="none", ignore_model_field=True)
     result = run_batch(fake_model(), config)
-    assert result["requests"] == {"total": 30, "ok": 30, "failed": 0}
+    assert result.requests == RequestCounts(30, 30, 0)
     out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert out[0]["custom_id"] == "capital-france"

@@ -59,8 +59,8 @@ def test_batch_file_with_tools_reasoning_and_completions(tmp_path, smol_tokenize
     config = job_plan(input=str(src), output=str(tmp_path / "out.jsonl"), progress="none",
                        chat_template=template, reasoning_parser="qwen3")
     result = run_batch(model, config)
-    assert result["requests"]["ok"] == 4 and result["requests"]["failed"] == 2
-    assert result["this_run"] == {"ok": 4, "failed": 2}  # the two-prompt line counts once
+    assert result.requests.ok == 4 and result.requests.failed == 2
+    assert result.summary["this_run"] == {"ok": 4, "failed": 2}  # the two-prompt line counts once
 
     out = {o["custom_id"]: o["response"]["body"]
            for o in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
@@ -80,7 +80,7 @@ def test_batch_file_with_tools_reasoning_and_completions(tmp_path, smol_tokenize
     assert two["usage"]["completion_tokens"] == 2 * len(answers["two"])
     assert [c["text"] for c in out["complete"]["choices"]] == [" red", " so is"]
     completion_tokens = sum(b["usage"]["completion_tokens"] for b in out.values())
-    assert result["completion_tokens"] == completion_tokens  # a line counts once, all prompts
+    assert result.summary["completion_tokens"] == completion_tokens  # a line once, all prompts
 
     errors = {e["custom_id"]: e["error"] for e in map(
         json.loads, (tmp_path / "out.errors.jsonl").read_text().splitlines())}

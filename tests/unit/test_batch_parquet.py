@@ -10,6 +10,7 @@ import pytest
 
 from batchrun.batch.storage.parquet import RESULT_SCHEMA, ParquetRecordWriter
 from batchrun.batch.job.runner import BatchConfigError, run_batch
+from batchrun.batch.job.result import RequestCounts
 from batchrun.openai.params import RequestDefaults
 from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model
@@ -64,7 +65,7 @@ def test_struct_bodies_and_bad_json_bodies(tmp_path):
     assert [o["custom_id"] for o in read_jsonl(tmp_path / "out.jsonl")] == ["a", "b"]
     errors = read_jsonl(tmp_path / "out.errors.jsonl")
     assert errors[0]["error"]["line"] == 3 and errors[0]["error"]["param"] == "messages"
-    assert result["requests"] == {"total": 3, "ok": 2, "failed": 1}
+    assert result.requests == RequestCounts(3, 2, 1)
 
     src2 = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"custom_id": ["x", "y"],

@@ -7,6 +7,7 @@ import pytest
 
 from batchrun.batch.job.loop import StopRequest
 from batchrun.batch.job.runner import BatchConfigError, run_batch
+from batchrun.batch.job.result import RequestCounts
 from batchrun.batch.job.staging import Staging
 from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model
@@ -53,10 +54,10 @@ def test_stop_then_resume_gives_every_line_exactly_once(tmp_path):
     first = FakeEngine()
     result = run_batch(fake_model(first), config(tmp_path, src, max_in_flight=8, grace_period=0),
                        stop=stop, on_progress=stop_after_commits(2, stop))
-    assert result["status"] == "interrupted"
+    assert result.status == "interrupted"
     assert not (tmp_path / "out.jsonl").exists() and (tmp_path / STAGING).exists()
     assert first.aborted  # in-flight requests were dropped, not committed
-    done_first = result["requests"]["total"]
+    done_first = result.requests.total
     assert 0 < done_first < 60
 
     with pytest.raises(BatchConfigError, match="--resume"):
@@ -64,12 +65,12 @@ def test_stop_then_resume_gives_every_line_exactly_once(tmp_path):
 
     second = FakeEngine()
     result = run_batch(fake_model(second), config(tmp_path, src, resume=True))
-    assert result["status"] == "completed"
-    assert result["resumed"] == done_first
+    assert result.status == "completed"
+    assert result.summary["resumed"] == done_first
     assert len(second.added) == 60 - done_first
     out = read(tmp_path / "out.jsonl")
     assert [o["custom_id"] for o in out] == [f"r{i}" for i in range(60)]
-    assert result["requests"] == {"total": 60, "ok": 60, "failed": 0}
+    assert result.requests == RequestCounts(60, 60, 0)
     assert not (tmp_path / STAGING).exists()
 
 
@@ -80,9 +81,9 @@ def test_graceful_stop_lets_in_flight_requests_finish(tmp_path):
     result = run_batch(fake_model(engine), config(tmp_path, src, max_in_flight=8,
                                                   grace_period=60),
                        stop=stop, on_progress=stop_after_commits(1, stop))
-    assert result["status"] == "interrupted"
+    assert result.status == "interrupted"
     assert engine.aborted == [] and not engine.running
-    assert result["requests"]["total"] == len(engine.added)
+    assert result.requests.total == len(engine.added)
 
 
 def test_a_threading_event_cancels_and_merge_on_stop_writes_what_is_done(tmp_path):
@@ -96,9 +97,9 @@ def test_a_threading_event_cancels_and_merge_on_stop_writes_what_is_done(tmp_pat
             cancel.set()
     result = run_batch(fake_model(), config(tmp_path, src, grace_period=0, merge_on_stop=True),
                        stop=cancel, on_progress=on_progress)
-    assert result["status"] == "interrupted"
+    assert result.status == "interrupted"
     out = read(tmp_path / "out.jsonl")
-    assert 0 < len(out) == result["requests"]["ok"] < 60
+    assert 0 < len(out) == result.requests.ok < 60
     ids = [o["custom_id"] for o in out]
     assert ids == sorted(ids, key=lambda c: int(c[1:]))  # input order
     assert not (tmp_path / STAGING).exists()
@@ -112,7 +113,7 @@ def test_restart_discards_what_was_committed(tmp_path):
               on_progress=stop_after_commits(1, stop))
     engine = FakeEngine()
     result = run_batch(fake_model(engine), config(tmp_path, src, restart=True))
-    assert result["resumed"] == 0 and len(engine.added) == 60
+    assert result.summary["resumed"] == 0 and len(engine.added) == 60
 
 
 def test_resume_over_a_shrunk_input_keeps_no_record_past_its_end(tmp_path):
@@ -120,11 +121,11 @@ def test_resume_over_a_shrunk_input_keeps_no_record_past_its_end(tmp_path):
     stop = StopRequest()
     first = run_batch(fake_model(), config(tmp_path, src, grace_period=0, commit_every=1),
                       stop=stop, on_progress=stop_after_commits(45, stop))
-    assert first["requests"]["total"] > 30  # some committed lines lie past the new end
+    assert first.requests.total > 30  # some committed lines lie past the new end
     src.write_text("\n".join(LINES[:30]) + "\n")
     result = run_batch(fake_model(), config(tmp_path, src, resume=True))
     assert [o["custom_id"] for o in read(tmp_path / "out.jsonl")] == [f"r{i}" for i in range(30)]
-    assert result["requests"]["total"] == 30
+    assert result.requests.total == 30
 
 
 def interrupted_run(tmp_path, lines, n_commits=3):
@@ -152,10 +153,10 @@ def test_a_line_edited_in_place_is_run_again_on_resume(tmp_path):
     rerun = {rid for rid, _, _ in engine.added}
     assert len(rerun) == 60 - len(committed) + 1  # the uncommitted lines and the edited one
     out = {o["custom_id"]: o for o in read(tmp_path / "out.jsonl")}
-    assert len(out) == 60 and result["requests"]["total"] == 60
+    assert len(out) == 60 and result.requests.total == 60
     howdy = [ord(c) % 256 for c in "user:Howdy\nassistant:"]
     assert [p for _, p, _ in engine.added if p == howdy]  # the new content ran
-    assert result["resumed"] == len(committed) - 1
+    assert result.summary["resumed"] == len(committed) - 1
 
 
 def test_on_changed_input_fail_refuses_naming_the_line(tmp_path):
@@ -174,7 +175,7 @@ def test_on_changed_input_fail_refuses_naming_the_line(tmp_path):
 def test_resume_without_staging_starts_afresh(tmp_path):
     src = write_input(tmp_path, LINES[:5])
     result = run_batch(fake_model(), config(tmp_path, src, resume=True))
-    assert result["status"] == "completed" and len(read(tmp_path / "out.jsonl")) == 5
+    assert result.status == "completed" and len(read(tmp_path / "out.jsonl")) == 5
 
 
 def test_engine_crash_keeps_what_finished_and_resume_completes(tmp_path):
@@ -187,7 +188,7 @@ def test_engine_crash_keeps_what_finished_and_resume_completes(tmp_path):
     assert committed > 0
     engine = FakeEngine()
     result = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
-    assert result["resumed"] == committed and len(engine.added) == 60 - committed
+    assert result.summary["resumed"] == committed and len(engine.added) == 60 - committed
     assert [o["custom_id"] for o in read(tmp_path / "out.jsonl")] == [f"r{i}" for i in range(60)]
 
 
@@ -207,7 +208,7 @@ def test_crash_after_the_output_was_published_resumes_to_the_same_files(tmp_path
     monkeypatch.undo()
     engine = FakeEngine()
     result = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
-    assert engine.added == [] and result["already_completed"]
+    assert engine.added == [] and result.summary["already_completed"]
     assert read(tmp_path / "out.jsonl") == first and not (tmp_path / STAGING).exists()
     assert len(read(tmp_path / "out.errors.jsonl")) == 1
 
@@ -241,7 +242,7 @@ def test_retry_failed_reruns_only_retryable_errors(tmp_path, monkeypatch):
     commit_all_then_crash(tmp_path, src, monkeypatch)
     engine = HealedEngine()
     result = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
-    assert engine.added == [] and result["requests"]["failed"] == 2
+    assert engine.added == [] and result.requests.failed == 2
 
     # Same again, now with --retry-failed: the engine error is retried, the 400 is not.
     commit_all_then_crash(tmp_path, src, monkeypatch)
@@ -251,7 +252,7 @@ def test_retry_failed_reruns_only_retryable_errors(tmp_path, monkeypatch):
     assert [o["custom_id"] for o in read(tmp_path / "out.jsonl")] == ["a", "kv", "b"]
     errors = read(tmp_path / "out.errors.jsonl")
     assert [e["custom_id"] for e in errors] == ["hot"]
-    assert result["requests"] == {"total": 4, "ok": 3, "failed": 1}
+    assert result.requests == RequestCounts(4, 3, 1)
 
 
 def test_a_stop_after_the_last_line_was_read_and_finished_completes_the_job(tmp_path):
@@ -259,7 +260,7 @@ def test_a_stop_after_the_last_line_was_read_and_finished_completes_the_job(tmp_
     stop = StopRequest()
     result = run_batch(fake_model(), config(tmp_path, src, commit_every=1, grace_period=60),
                        stop=stop, on_progress=stop_after_commits(1, stop))
-    assert result["status"] == "completed" and len(read(tmp_path / "out.jsonl")) == 4
+    assert result.status == "completed" and len(read(tmp_path / "out.jsonl")) == 4
 
 
 def test_duplicate_custom_ids_are_line_errors_and_the_first_line_owns_the_id(tmp_path):
@@ -289,7 +290,7 @@ def test_several_inputs_are_one_job_and_errors_name_their_file(tmp_path):
     assert [e["error"]["line"] for e in errors] == [2, 1]
     assert errors[0]["error"]["message"].startswith(str(tmp_path / "in" / "1.jsonl") + ": line 2")
     assert errors[1]["error"]["code"] == "duplicate_custom_id"
-    assert result["requests"] == {"total": 4, "ok": 2, "failed": 2}
+    assert result.requests == RequestCounts(4, 2, 2)
 
 
 def test_parts_are_bounded_by_commit_every(tmp_path):
@@ -305,7 +306,7 @@ def test_empty_input(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("")
     result = run_batch(fake_model(), config(tmp_path, src))
-    assert result["requests"] == {"total": 0, "ok": 0, "failed": 0}
+    assert result.requests == RequestCounts(0, 0, 0)
     assert (tmp_path / "out.jsonl").read_text() == ""
     assert (tmp_path / "out.errors.jsonl").read_text() == ""
 
@@ -313,16 +314,16 @@ def test_empty_input(tmp_path):
 def test_resuming_a_completed_job_does_nothing_until_its_input_changes(tmp_path):
     src = write_input(tmp_path, LINES[:6])
     first = run_batch(fake_model(), config(tmp_path, src, resume=True))
-    assert first["status"] == "completed" and "already_completed" not in first
+    assert first.status == "completed" and "already_completed" not in first.summary
     engine = FakeEngine()
     again = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
-    assert engine.added == [] and again["already_completed"] is True
-    assert again["requests"] == first["requests"]
+    assert engine.added == [] and again.summary["already_completed"] is True
+    assert again.requests == first.requests
 
     src.write_text("\n".join(LINES[:7]) + "\n")  # new input: the job runs again
     engine = FakeEngine()
     third = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
-    assert len(engine.added) == 7 and "already_completed" not in third
+    assert len(engine.added) == 7 and "already_completed" not in third.summary
     engine = FakeEngine()
     run_batch(fake_model(engine), config(tmp_path, src, restart=True))
     assert len(engine.added) == 7
@@ -346,7 +347,7 @@ def test_killed_while_removing_staging_after_completing(tmp_path, monkeypatch):
     assert len(first) == 8 and (tmp_path / STAGING).exists()
     engine = FakeEngine()
     result = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
-    assert result["already_completed"] and engine.added == []
+    assert result.summary["already_completed"] and engine.added == []
     assert read(tmp_path / "out.jsonl") == first and not (tmp_path / STAGING).exists()
 
 
@@ -359,7 +360,7 @@ def test_a_fresh_run_drops_the_old_completion_marker(tmp_path):
     assert json.loads((tmp_path / "out.metrics.json").read_text())["status"] == "interrupted"
     engine = FakeEngine()
     result = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
-    assert "already_completed" not in result and 0 < len(engine.added) < 8
+    assert "already_completed" not in result.summary and 0 < len(engine.added) < 8
 
 
 def test_one_run_at_a_time_per_staging_folder(tmp_path):
@@ -372,4 +373,4 @@ def test_one_run_at_a_time_per_staging_folder(tmp_path):
         config(tmp_path, src, resume=True)
     other.unlock()
     result = run_batch(fake_model(), config(tmp_path, src, resume=True))
-    assert result["status"] == "completed" and not (tmp_path / STAGING).exists()
+    assert result.status == "completed" and not (tmp_path / STAGING).exists()

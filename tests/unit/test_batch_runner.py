@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from batchrun.batch.job.result import RequestCounts
 from batchrun.batch.job.runner import run_batch
 from batchrun.openai.params import RequestDefaults
 from tests.helpers import job_plan
@@ -31,8 +32,8 @@ def run(tmp_path, lines, **options):
     engine = options.pop("engine", None) or FakeEngine()
     options.setdefault("progress", "none")
     config = job_plan(input=str(src), output=str(tmp_path / "out.jsonl"), **options)
-    metrics = run_batch(model(engine), config)
-    return engine, metrics, read(tmp_path / "out.jsonl"), read(tmp_path / "out.errors.jsonl")
+    result = run_batch(model(engine), config)
+    return engine, result, read(tmp_path / "out.jsonl"), read(tmp_path / "out.errors.jsonl")
 
 
 def test_output_is_in_input_order_although_completion_is_not(tmp_path):
@@ -64,7 +65,7 @@ def test_bad_lines_go_to_the_error_file_in_order_and_the_job_goes_on(tmp_path):
         request("kv", content="KVFAIL", max_tokens=1),
         request("ok-3", max_tokens=2),
     ]
-    _, metrics, out, errors = run(tmp_path, lines, max_in_flight=4)
+    _, result, out, errors = run(tmp_path, lines, max_in_flight=4)
     assert [o["custom_id"] for o in out] == ["ok-1", "ok-2", "ok-3"]
     by_line = {e["error"]["line"]: e for e in errors}
     assert list(by_line) == [2, 4, 5, 7, 8, 9, 10]
@@ -78,7 +79,7 @@ def test_bad_lines_go_to_the_error_file_in_order_and_the_job_goes_on(tmp_path):
     assert by_line[9]["error"]["code"] == "context_length_exceeded"
     assert by_line[10]["response"]["status_code"] == 500
     assert all(set(e) == {"id", "custom_id", "response", "error"} for e in errors)
-    assert metrics["requests"] == {"total": 10, "ok": 3, "failed": 7}
+    assert result.requests == RequestCounts(10, 3, 7) and result.status == "completed"
 
 
 def test_model_field_can_be_ignored_and_aliases_pass(tmp_path):
@@ -109,7 +110,9 @@ def test_defaults_apply_to_requests_that_leave_fields_out(tmp_path):
 
 def test_metrics_file(tmp_path):
     lines = [request(f"r{i}", max_tokens=i + 1) for i in range(4)] + ["oops"]
-    _, metrics, _, _ = run(tmp_path, lines)
+    _, result, _, _ = run(tmp_path, lines)
+    metrics = result.summary
+    assert result.requests == RequestCounts(5, 4, 1)
     written = json.loads((tmp_path / "out.metrics.json").read_text())
     assert written == json.loads(json.dumps(metrics))
     assert metrics["requests"] == {"total": 5, "ok": 4, "failed": 1}

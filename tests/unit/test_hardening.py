@@ -13,7 +13,7 @@ from batchrun.batch.storage.lines import InputReadError
 from batchrun.batch.job.runner import BatchConfigError, run_batch
 from batchrun.batch.storage.sinks import RecordSink
 from batchrun.batch.storage.formats import Format
-from batchrun.openai.protocol import LineError, RequestError, parse_batch_line, parse_body
+from batchrun.openai.wire import LineError, RequestError, parse_batch_line, parse_body
 from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model
 
@@ -113,7 +113,7 @@ def test_a_file_of_hostile_lines_completes_with_an_error_record_each(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(HOSTILE) + "\n")
     result = run_batch(fake_model(), config(tmp_path, src))
-    assert result["status"] == "completed"
+    assert result.status == "completed"
     out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     errors = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
     assert [o["custom_id"] for o in out] == ["ok1", "ok2"]
@@ -157,7 +157,7 @@ def test_a_truncated_compressed_input_commits_its_complete_lines_then_names_the_
     src.write_bytes(packed)
     again = FakeEngine()
     result = run_batch(fake_model(again), config(tmp_path, src, resume=True))
-    assert result["status"] == "completed" and len(again.added) == N - complete
+    assert result.status == "completed" and len(again.added) == N - complete
     out = [json.loads(x)["custom_id"] for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert out == [f"r{i}" for i in range(N)]
 
@@ -235,12 +235,10 @@ def test_a_full_disk_leaves_no_scratch_file(tmp_path, monkeypatch):
 
 
 def test_an_unknown_field_named_like_another_endpoints_field_is_only_ignored(smol_tokenizer):
-    from types import SimpleNamespace
-
     from batchrun.openai.serving import OpenAIServing
+    from batchrun.served_model import TokenizerModel
 
-    model = SimpleNamespace(tokenizer=smol_tokenizer, name="m", aliases=(), max_model_len=64,
-                            generation_defaults={}, engine=None)
+    model = TokenizerModel(smol_tokenizer, "m", max_model_len=64)
     # max_completion_tokens and metadata are chat fields: on /v1/completions they are unknown.
     prepared = OpenAIServing(model).prepare("/v1/completions", {
         "prompt": "hi", "max_completion_tokens": {"a": 1}, "metadata": [1, 2]})
@@ -261,7 +259,7 @@ def test_a_line_that_crashes_the_engine_on_admission_fails_alone(tmp_path):
         "custom_id": "b", "method": "POST", "url": CHAT,
         "body": {"messages": [{"role": "user", "content": "boom"}]}}), line("c")]) + "\n")
     result = run_batch(fake_model(Refusing()), config(tmp_path, src))
-    assert result["status"] == "completed"
+    assert result.status == "completed"
     out = [json.loads(x)["custom_id"] for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     (error,) = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
     assert out == ["a", "c"] and error["custom_id"] == "b"

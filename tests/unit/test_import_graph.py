@@ -1,4 +1,6 @@
-"""The import contracts of .importlinter, and no private names imported across modules.
+"""The import contracts of .importlinter, and no private names used across modules: neither
+imported (`from batchrun.x import _name`) nor reached on another module's object
+(`self.owner._submit(...)`).
 
 A contract that breaks prints the import chain that breaks it.
 """
@@ -65,6 +67,86 @@ def private_imports() -> set[tuple[str, str, str]]:
 
 def test_no_private_imports_across_modules():
     assert private_imports() == set()
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _own_private_names(tree: ast.AST) -> set[str]:
+    """The private names a module defines: its functions, classes and module or class level
+    names, and the attributes it assigns on `self` / `cls` (a write to another object's `_x`
+    defines nothing)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
+                and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            names.add(node.attr)
+    return {n for n in names if _private(n)}
+
+
+def _third_party_names(tree: ast.AST) -> set[str]:
+    """Names bound by importing another package (`torch` of `import torch`): their private
+    attributes are that package's business, not a contract between batchrun's modules."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names
+                         if a.name.split(".")[0] != "batchrun")
+        elif isinstance(node, ast.ImportFrom) and not node.level \
+                and (node.module or "").split(".")[0] != "batchrun":
+            names.update(a.asname or a.name for a in node.names)
+    return names
+
+
+def _root(node: ast.expr) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def private_attribute_uses(source: str) -> list[str]:
+    """Each `<expr>._name` in `source` whose `_name` the module does not define itself (as
+    `code` at `line`): a reach into another module's object."""
+    tree = ast.parse(source)
+    own, foreign = _own_private_names(tree), _third_party_names(tree)
+    uses = [node for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and _private(node.attr)
+            and node.attr not in own and _root(node.value) not in foreign]
+    return [f"{ast.unparse(n)} at line {n.lineno}" for n in sorted(uses, key=lambda n: n.lineno)]
+
+
+def test_private_attribute_rule_catches_reach_ins():
+    source = """
+import torch
+from batchrun.engine.async_engine import AsyncEngine
+
+
+class Client:
+    def __init__(self, owner: AsyncEngine):
+        self.owner, self._open = owner, set()
+
+    def add(self, other: "Client"):
+        self.owner._submit(("add",))   # another module's private method
+        other._open.add(1)             # this module's own attribute: fine
+        owner_queue = self.owner._inbox  # another module's private attribute
+        self._open.clear()
+        torch.ops.mkldnn._linear_pointwise  # a third-party private op: not our contract
+        self.owner._stats = None       # writing another object's private is a reach-in too
+"""
+    assert private_attribute_uses(source) == [
+        "self.owner._submit at line 11", "self.owner._inbox at line 13",
+        "self.owner._stats at line 16"]
+
+
+def test_no_private_attributes_across_modules():
+    found = {path.relative_to(ROOT).as_posix(): private_attribute_uses(path.read_text())
+             for path in sorted(PACKAGE.rglob("*.py"))}
+    assert {path: uses for path, uses in found.items() if uses} == {}
 
 
 def test_no_import_cycle_between_any_two_modules():

@@ -11,7 +11,7 @@ import torch
 from batchrun.engine import SamplingParams
 from batchrun.models.lora import LoraError
 from batchrun.openai.params import check_model_field
-from batchrun.openai.protocol import RequestError
+from batchrun.openai.wire import RequestError
 from tests.helpers import tiny_engine
 from tests.lora_adapters import make_adapter, make_adapters, reference
 from tests.parity import assert_greedy_match

@@ -126,12 +126,10 @@ def test_validate_shares_the_adapter_options():
 
 
 def test_seed_default_reaches_requests_that_leave_it_out(smol_tokenizer):
-    from types import SimpleNamespace
-
     from batchrun.openai.serving import OpenAIServing, ServingOptions
+    from batchrun.served_model import TokenizerModel
 
-    model = SimpleNamespace(tokenizer=smol_tokenizer, name="m", aliases=(), max_model_len=64,
-                            generation_defaults={}, engine=None)
+    model = TokenizerModel(smol_tokenizer, "m", max_model_len=64)
     serving = OpenAIServing(model, ServingOptions(defaults=RequestDefaults(seed=7)))
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     assert serving.prepare("/v1/chat/completions", body).params.seed == 7

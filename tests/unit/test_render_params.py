@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 
 from batchrun.openai.params import RequestDefaults, check_model_field, to_sampling_params
-from batchrun.openai.protocol import ChatCompletionRequest, ChatMessage, RequestError
+from batchrun.openai.wire import RequestError
+from batchrun.openai.requests import ChatCompletionRequest, ChatMessage
 from batchrun.openai.render import content_format, render_prompt
 
 

@@ -3,15 +3,16 @@ the engine's SamplingParams) or rejected with a 400 naming it. No engine needed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from types import SimpleNamespace
 
 import pytest
 
-from batchrun.openai.protocol import RequestError
+from batchrun.openai.wire import RequestError
 from batchrun.openai.render import load_chat_template
 from batchrun.openai.serving import OpenAIServing, ServingOptions
 from batchrun.options.openai import OpenAIOptions
+from batchrun.served_model import TokenizerModel
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 TOOLS_TEMPLATE = "batchrun/openai/templates/chatml_tools.jinja"
@@ -21,9 +22,8 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 
 @pytest.fixture(scope="module")
 def model(smol_tokenizer):
-    return SimpleNamespace(tokenizer=smol_tokenizer, name="smollm2-135m",
-                           aliases=("HuggingFaceTB/SmolLM2-135M-Instruct",), max_model_len=2048,
-                           generation_defaults={}, engine=None)
+    return TokenizerModel(smol_tokenizer, "smollm2-135m",
+                          aliases=("HuggingFaceTB/SmolLM2-135M-Instruct",), max_model_len=2048)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,11 @@ def prompt_text(serving, **fields):
 
 @pytest.mark.parametrize("name", ["smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", None])
 def test_model_served_name_or_alias(chat, name):
-    chat.prepare(CHAT, body(model=name))
+    prepared = chat.prepare(CHAT, body(model=name))
+    # The base model (no LoRA adapter), answered under its served name whatever alias was asked.
+    assert prepared.kind == "chat" and prepared.params.lora is None
+    assert prepared.formatter.model_name == "smollm2-135m"
+    assert chat.tokenizer.decode(prepared.prompts[0]).rstrip().endswith("assistant")
 
 
 def test_unknown_model_is_a_line_error(chat):
@@ -212,7 +216,7 @@ def test_structured_output_needs_a_tokenizer_llguidance_reads(model):
                                 return_dict=False, **kwargs):
             return {"input_ids": [1, 2, 3]} if tokenize else "x"
 
-    slow = OpenAIServing(SimpleNamespace(**{**vars(model), "tokenizer": Slow()}))
+    slow = OpenAIServing(dataclasses.replace(model, tokenizer=Slow()))
     err = rejected(slow, response_format={"type": "json_object"})
     assert err.param == "response_format" and "not available" in err.message
     slow.prepare(CHAT, body())  # everything else still works

@@ -21,8 +21,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from batchrun.sweep.report import (expected_chart_count, metric_columns, render_report,
-                                   report_command, write_report)
+from click.testing import CliRunner
+
+from batchrun.sweep.commands import sweep
+from batchrun.sweep.report import expected_chart_count, metric_columns, render_report, write_report
 
 AXES = ["model", "temperature", "max_tokens", "n", "prompt"]
 XSS = "<script>alert(1)</script>"
@@ -148,23 +150,24 @@ def test_a_hundred_and_twenty_cells_stay_in_scrolling_figures():
     assert len(page) < 2_000_000
 
 
-def test_write_report_reads_the_folder_and_replaces_report_html_atomically(tmp_path, capsys):
+def test_write_report_reads_the_folder_and_replaces_report_html_atomically(tmp_path):
     results, summary = synthetic()
     results.write_parquet(tmp_path / "results.parquet")
     summary.write_parquet(tmp_path / "summary.parquet")
     (tmp_path / "sweep.json").write_text(json.dumps(
         {"name": "temps", "axes": AXES, "spec": "[grid]\ntemperature = [0.0, 0.7, 1.2]\n"}))
     (tmp_path / "report.html").write_text("old")
-    path = report_command(str(tmp_path))
-    assert path == str(tmp_path / "report.html") and "wrote" in capsys.readouterr().err
+    done = CliRunner().invoke(sweep, ["report", str(tmp_path)])
+    assert done.exit_code == 0 and done.output.strip() == str(tmp_path / "report.html")
     page = (tmp_path / "report.html").read_text()
     assert "<h1>temps</h1>" in page and "temperature = [0.0, 0.7, 1.2]" in page
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "report.html", "results.parquet", "summary.parquet", "sweep.json"]  # no temp file left
     assert write_report(f"file://{tmp_path}") == f"file://{tmp_path}/report.html"
     assert sorted(p.name for p in tmp_path.iterdir())[0] == "report.html"  # still no temp file
-    with pytest.raises(SystemExit, match="no results.parquet"):
-        report_command(str(tmp_path / "missing"))
+    missing = CliRunner().invoke(sweep, ["report", str(tmp_path / "missing")])
+    assert missing.exit_code == 2 and "holds no sweep results" in missing.output
+    assert "no results.parquet" in missing.output
 
 
 def test_write_report_to_an_fsspec_url():

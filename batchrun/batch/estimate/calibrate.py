@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import time
 
 from batchrun.batch.estimate.throughput import Calibration
@@ -165,7 +164,7 @@ def calibrate(model_config, engine_config: EngineConfig | None = None,
 
     from batchrun.engine.engine import Engine
     from batchrun.engine.sampling_params import SamplingParams
-    from batchrun.llm import pick_device, pick_dtype
+    from batchrun.llm import pick_device, pick_dtype, set_cpu_threads
 
     start = time.perf_counter()
     config = engine_config or EngineConfig.default()
@@ -173,8 +172,7 @@ def calibrate(model_config, engine_config: EngineConfig | None = None,
     dtype = pick_dtype(config.device.dtype, device)
     threads_before = torch.get_num_threads()
     if device.type == "cpu":  # as llm.load_from_path sets them
-        threads = config.device.threads or int(os.environ.get("BATCHRUN_THREADS", 0)) or os.cpu_count()
-        torch.set_num_threads(threads or 1)
+        set_cpu_threads(config)
     try:
         layers = min(2, model_config.num_layers)
         model = _bench_model(model_config, layers, device, dtype)

@@ -29,6 +29,8 @@ from batchrun.batch.estimate.throughput import WorkloadShape
 from batchrun.batch.job.validate import validate
 from batchrun.footprint import tokenizer_model
 from batchrun.openai.serving import OpenAIServing
+from batchrun.options.engine import EngineConfig
+from batchrun.served_model import ServedModel
 
 CALIBRATIONS = ("auto", "last-run", "benchmark")
 
@@ -65,7 +67,7 @@ class Estimate:
         return {**asdict(self), "cache_hit_rate": self.cache_hit_rate}
 
 
-def scan(plan: JobPlan, model: Any, sharing: PrefixSharing, shape: WorkloadShape,
+def scan(plan: JobPlan, model: ServedModel, sharing: PrefixSharing, shape: WorkloadShape,
          share: float = 1.0) -> Estimate:
     """The streaming pass: line counts, tokens, prefix sharing (into `sharing` and `shape`).
     `share`: the fraction of the requested completion tokens a request is expected to generate
@@ -153,12 +155,12 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     return estimate
 
 
-def run_key(model_name: str, engine: Any) -> str:
+def run_key(model_name: str, engine: EngineConfig) -> str:
     """What a run's calibration is kept under (with the machine: run_store.save_run)."""
     return f"{model_name}|{engine.device.dtype}|kv={engine.cache.kv_cache_dtype}"
 
 
-def _dtype_name(engine: Any) -> str:
+def _dtype_name(engine: EngineConfig) -> str:
     """The dtype the weights will have here (auto: float32 on the CPU, bfloat16 on CUDA)."""
     from batchrun.llm import pick_device, pick_dtype
 

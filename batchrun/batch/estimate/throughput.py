@@ -47,9 +47,8 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from batchrun.batch.job.plan import default_max_in_flight
 from batchrun.options.engine import EngineConfig
-
-DEFAULT_MAX_IN_FLIGHT = 256  # batch.runner.RunConfig.max_in_flight
 
 
 @dataclass
@@ -128,14 +127,6 @@ class Calibration:
     request_s: float = 0.0
     details: dict = field(default_factory=dict)  # what the fit saw (per-layer parts, residual)
 
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Calibration":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
     def scaled(self, factor: float, source: str) -> "Calibration":
         return dataclasses.replace(
             self, source=source, step_s=self.step_s * factor, token_s=self.token_s * factor,
@@ -148,7 +139,7 @@ class Calibration:
 
 
 def estimate_seconds(shape: WorkloadShape, calibration: Calibration, engine_config: EngineConfig,
-                     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                     max_in_flight: int | None = None,
                      num_blocks: int | None = None, steps: int | None = None) -> float:
     """Estimated wall time of running `shape` (see the module docstring). `num_blocks`: the KV
     pool (None = engine_config.cache.num_blocks, else unbounded); `steps`: the engine steps if
@@ -168,11 +159,13 @@ def estimate_seconds(shape: WorkloadShape, calibration: Calibration, engine_conf
 
 
 def concurrency(shape: WorkloadShape, engine_config: EngineConfig,
-                max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, num_blocks: int | None = None) -> int:
-    """Requests running at once: max_num_seqs, the in-flight window, the KV pool's room for
-    requests of the mean length, and the number of requests, whichever is smallest."""
+                max_in_flight: int | None = None, num_blocks: int | None = None) -> int:
+    """Requests running at once: max_num_seqs, the in-flight window (None: a run's default),
+    the KV pool's room for requests of the mean length, and the number of requests, whichever
+    is smallest."""
     sched = engine_config.scheduler
-    limit = min(sched.max_num_seqs, max_in_flight, shape.requests)
+    window = max_in_flight or default_max_in_flight(engine_config)
+    limit = min(sched.max_num_seqs, window, shape.requests)
     num_blocks = num_blocks if num_blocks is not None else engine_config.cache.num_blocks
     if num_blocks:
         bs = engine_config.cache.block_size
@@ -182,7 +175,7 @@ def concurrency(shape: WorkloadShape, engine_config: EngineConfig,
 
 
 def estimate_steps(shape: WorkloadShape, engine_config: EngineConfig,
-                   max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, num_blocks: int | None = None) -> int:
+                   max_in_flight: int | None = None, num_blocks: int | None = None) -> int:
     """Engine steps for `shape`: the scheduler simulated on identical requests of the mean
     lengths, eight waves of `concurrency` requests at most, the steady state (waves 4 to 7)
     extrapolated."""

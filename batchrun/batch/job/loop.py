@@ -18,12 +18,14 @@ from typing import Any, Callable, Iterator
 from batchrun import phases
 from batchrun.batch.job.idset import IdSet
 from batchrun.batch.job.metrics import RunMetrics
+from batchrun.batch.job.plan import JobPlan
 from batchrun.batch.job.progress import Counts, Reporter
 from batchrun.batch.storage.lines import InputLine, InputReadError
 from batchrun.batch.job.staging import FAILED, OK, RETRYABLE, Committed, Record, Staging
+from batchrun.engine.client import EngineClient
 from batchrun.engine.errors import PromptTooLongError
-from batchrun.openai.protocol import LineError, RequestError, peek_custom_id
-from batchrun.openai.response import batch_error_line, batch_output_line, engine_error
+from batchrun.openai.wire import LineError, RequestError, peek_custom_id
+from batchrun.openai.bodies import batch_error_line, batch_output_line, engine_error
 
 log = logging.getLogger("batchrun.batch")
 
@@ -98,11 +100,11 @@ class _InFlight:
 
 
 class Job:
-    def __init__(self, engine: Any, plan: Any, lines: Iterator[InputLine], staging: Staging,
-                 committed: Committed, counts: Counts, reporter: Reporter, metrics: RunMetrics,
-                 prepare: Callable[[str, int], Any], stop: Any = None,
+    def __init__(self, engine: EngineClient, plan: JobPlan, lines: Iterator[InputLine],
+                 staging: Staging, committed: Committed, counts: Counts, reporter: Reporter,
+                 metrics: RunMetrics, prepare: Callable[[str, int], Any], stop: Any = None,
                  on_progress: Callable[[Counts], None] | None = None):
-        """`plan`: the batch.plan.JobPlan; `prepare(text, line)` makes a line's request."""
+        """`prepare(text, line)` makes a line's request."""
         self.engine, self.config, self.max_in_flight = engine, plan.job, plan.max_in_flight
         self.lines, self.staging, self.committed = lines, staging, committed
         self.counts, self.reporter, self.metrics = counts, reporter, metrics

@@ -107,7 +107,13 @@ def make_plan(opts: RunOptions) -> JobPlan:
     start = "done" if previous is not None else _start(job, targets, storage, fingerprint)
     return JobPlan(opts.inputs, job, serving, opts.engine, storage, sources,
                    fingerprint, targets, start, previous,
-                   job.max_in_flight or 4 * opts.engine.scheduler.max_num_seqs)
+                   job.max_in_flight or default_max_in_flight(opts.engine))
+
+
+def default_max_in_flight(engine: EngineConfig) -> int:
+    """Lines in flight without --max-in-flight: enough queued work to keep every sequence
+    slot of the engine busy."""
+    return 4 * engine.scheduler.max_num_seqs
 
 
 def _start(job: JobOptions, targets: Targets, storage: Storage, fingerprint) -> str:

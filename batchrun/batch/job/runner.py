@@ -2,9 +2,9 @@
 merge them into input order at the end.
 
 Public entry point: `run_batch(loaded_model, make_plan(RunOptions(...)), stop=...,
-on_progress=...)`. It works on an already loaded model (the CLI loads one per run; the server
-passes a client of its shared engine), can be
-stopped from another thread with any object that has `is_set()` (a threading.Event, or
+on_progress=...)` -> RunResult (batch/job/result.py). It works on an already loaded model (the
+CLI loads one per run; the server passes a client of its shared engine), can be stopped from
+another thread with any object that has `is_set()` (a threading.Event, or
 job.StopRequest for a graceful-then-immediate stop), and reports request counts through
 `on_progress(Counts)` after every commit.
 """
@@ -20,17 +20,20 @@ from batchrun.batch.job.loop import Job
 from batchrun.batch.job.metrics import RunMetrics
 from batchrun.batch.job.plan import BatchConfigError, JobPlan
 from batchrun.batch.job.progress import Counts, Reporter, resolve_mode
+from batchrun.batch.job.result import RunResult
 from batchrun.batch.storage.readers import count_records, read_all
 from batchrun.batch.storage.sinks import RecordSink
 from batchrun.batch.job.staging import Committed, Staging, StagingError
+from batchrun.engine.client import EngineClient
 from batchrun.engine.sampling_params import SamplingParams
 from batchrun.openai.params import check_model_field
-from batchrun.openai.protocol import LineError, RequestError, parse_batch_line, parse_envelope
-from batchrun.openai.response import new_request_id
+from batchrun.openai.wire import LineError, RequestError, parse_batch_line, parse_envelope
+from batchrun.openai.bodies import new_request_id
 from batchrun.openai.responses import to_chat_request
 from batchrun.openai.responses_request import ResponsesRequest
 from batchrun.openai.serving import OpenAIServing, PreparedRequest
 from batchrun.options.openai import OpenAIOptions
+from batchrun.served_model import ServedModel
 
 log = logging.getLogger("batchrun.batch")
 
@@ -124,16 +127,15 @@ def _finalize(staging: Staging, plan: JobPlan,
     return counts
 
 
-def run_batch(model: Any, plan: JobPlan, stop: Any = None,
+def run_batch(model: ServedModel | None, plan: JobPlan, stop: Any = None,
               on_progress: Callable[[Counts], None] | None = None,
-              engine: Any = None) -> dict[str, Any]:
-    """Run the plan's inputs; return the metrics summary (also written to the metrics file).
-    `summary["status"]` is "completed", or "interrupted" after a stop (the committed results
-    stay in staging for --resume unless the job's merge_on_stop).
+              engine: EngineClient | None = None) -> RunResult:
+    """Run the plan's inputs; the result holds the metrics summary also written to the metrics
+    file. Its status is "completed", or "interrupted" after a stop (the committed results stay
+    in staging for --resume unless the job's merge_on_stop).
 
-    `model` is a batchrun.llm.LoadedModel (tokenizer, name, aliases, generation_defaults,
-    max_model_len, engine); `engine` (an engine.client.EngineClient) is the one to run on,
-    by default model.engine (the server passes a client of its shared engine).
+    `engine` is the client to run on, by default model.engine (the server passes a client of
+    its shared engine). A plan that starts "done" needs no model.
     """
     if plan.start == "done":
         log.info("this job already completed over the same inputs (%s); nothing to do "
@@ -145,15 +147,20 @@ def run_batch(model: Any, plan: JobPlan, stop: Any = None,
         if on_progress is not None:
             r = plan.previous["requests"]
             on_progress(Counts(r["total"], r["ok"], r["failed"], r["total"]))
-        return plan.previous
+        return RunResult.of(plan.previous)
+    if model is None:
+        raise ValueError("run_batch: this plan has work to do and needs a model")
+    engine = engine or model.engine
+    if engine is None:
+        raise ValueError(f"run_batch: {model.name} has no engine to run on")
     staging, committed = _open_staging(plan)
     try:
-        return _run(model, engine or model.engine, plan, staging, committed, stop, on_progress)
+        return _run(model, engine, plan, staging, committed, stop, on_progress)
     finally:
         staging.unlock()
 
 
-def _work_counter(engine: Any) -> Callable[[], tuple[int, float]]:
+def _work_counter(engine: EngineClient) -> Callable[[], tuple[int, float]]:
     """(tokens the engine computed since now, its cache hit rate since now), for the ETA."""
     start = engine.stats
     base = (start.computed_tokens, start.prompt_tokens, start.cached_tokens)
@@ -165,8 +172,9 @@ def _work_counter(engine: Any) -> Callable[[], tuple[int, float]]:
     return work
 
 
-def _run(model: Any, engine: Any, plan: JobPlan, staging: Staging, committed: Committed,
-         stop: Any, on_progress: Callable[[Counts], None] | None) -> dict[str, Any]:
+def _run(model: ServedModel, engine: EngineClient, plan: JobPlan, staging: Staging,
+         committed: Committed, stop: Any,
+         on_progress: Callable[[Counts], None] | None) -> RunResult:
     t, job = plan.targets, plan.job
     metrics = RunMetrics()
     mode = resolve_mode("none" if job.quiet else job.progress)
@@ -210,4 +218,4 @@ def _run(model: Any, engine: Any, plan: JobPlan, staging: Staging, committed: Co
         staging.remove()
     if on_progress is not None:
         on_progress(counts)
-    return result
+    return RunResult.of(result)

@@ -19,7 +19,7 @@ from batchrun.batch.storage.store import NO_OPTIONS, Storage
 from batchrun.batch.job.loop import check_item, internal_error
 from batchrun.batch.storage.lines import InputLine, InputReadError, Source
 from batchrun.batch.storage.readers import read_all
-from batchrun.openai.protocol import LineError
+from batchrun.openai.wire import LineError
 
 
 @dataclass

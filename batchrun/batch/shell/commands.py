@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from batchrun.batch.shell.launch import EXIT_OK, EXIT_TOO_MANY_FAILED, execute
+from batchrun.batch.shell.launch import execute
+from batchrun.commandkit import EXIT_OK, EXIT_TOO_MANY_FAILED, UsageError, model_loader
 from batchrun.options.click_options import click_options, pairs
 from batchrun.options.engine import EngineConfig
 from batchrun.options.fields import OptionsError
@@ -15,7 +16,6 @@ from batchrun.options.job import InputOptions, JobOptions, PlanOptions
 from batchrun.options.openai import OpenAIOptions, RequestDefaults
 from batchrun.options.ray import RayOptions
 from batchrun.options.run import RunOptions, from_cli
-from batchrun.usage import UsageError, model_loader
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -64,7 +64,7 @@ def validate(inputs, check_prompts, max_model_len, as_json, quiet, **kwargs):
     from batchrun.batch.storage.readers import check_sources, open_sources
     from batchrun.batch.storage.store import Storage
     from batchrun.batch.job.runner import check_line, prepare_line
-    from batchrun.openai.response import batch_error_line
+    from batchrun.openai.bodies import batch_error_line
     from batchrun.openai.serving import OpenAIServing, ServingOptions
 
     read = _options(lambda: from_cli(InputOptions, kwargs, {"input": list(inputs)}))

@@ -13,48 +13,20 @@ Exit codes:
 from __future__ import annotations
 
 import logging
-import signal
-from typing import Any, Callable
+from typing import Any, Mapping
 
 import click
 
 from batchrun import phases
+from batchrun.batch.job.result import RunResult
+from batchrun.commandkit import (EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, EXIT_TOO_MANY_FAILED,
+                                 Loader, Signals, UsageError, interrupted, load_model, on_ray)
 from batchrun.options.run import RunOptions
-from batchrun.usage import UsageError, load_model
 
-EXIT_OK, EXIT_CRASH, EXIT_USAGE, EXIT_TOO_MANY_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 75
 log = logging.getLogger("batchrun.batch")
 
 
-class Signals:
-    """SIGINT/SIGTERM: the first stops admitting and lets in-flight requests finish within the
-    grace period, the second drops them, the third raises KeyboardInterrupt."""
-
-    def __init__(self, stop: Any):
-        self.stop = stop
-        self._old: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        name = signal.Signals(signum).name
-        if self.stop.immediate:
-            raise KeyboardInterrupt
-        self.stop.set()
-        if self.stop.immediate:
-            log.warning("%s again: dropping the requests in flight", name)
-        else:
-            log.warning("%s: stopping (send it again to stop at once)", name)
-
-    def __enter__(self) -> "Signals":
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-
-def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_model) -> int:
+def execute(opts: RunOptions, load: Loader = load_model) -> int:
     """One run: plan it (usage errors before any model loads), load the model with `load`,
     run the plan, report; the exit code."""
     quiet = opts.job.quiet
@@ -67,10 +39,7 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
     from batchrun.batch.job.runner import run_batch
 
     phases.mark("imports of the batch job (torch)")
-    if opts.ray.ray:
-        from batchrun.distributed.client import ray_loader
-
-        load = ray_loader(opts.ray, load)
+    load = on_ray(opts.ray, load)
     try:
         plan = make_plan(opts)
     except BatchConfigError as exc:
@@ -83,7 +52,7 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
         return _exit_code(run_batch(None, plan), opts)
 
     stop = StopRequest()
-    with Signals(stop):
+    with Signals(stop, log):
         try:
             if not quiet:
                 click.echo(f"loading model {opts.inputs.model or '(default: smollm2-135m)'} ...",
@@ -109,21 +78,20 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
             click.echo(f"error: {exc}", err=True)
             return EXIT_CRASH
         except KeyboardInterrupt:
-            log.warning("interrupted; what finished is committed: rerun with --resume")
-            return EXIT_INTERRUPTED
+            return interrupted(log)
 
     phases.mark("run (engine steps, commits, merge)")
-    if result["status"] == "completed":
-        _remember_run(result, loaded.name, opts)
-    requests = result["requests"]
-    if result["status"] != "completed":
+    if result.completed:
+        _remember_run(result.summary, loaded.name, opts)
+    requests = result.requests
+    if not result.completed:
         if not quiet:
-            click.echo(f"interrupted: {requests['total']} lines done ({requests['ok']} ok, "
-                       f"{requests['failed']} failed) and committed; rerun with --resume to "
+            click.echo(f"interrupted: {requests.total} lines done ({requests.ok} ok, "
+                       f"{requests.failed} failed) and committed; rerun with --resume to "
                        "finish", err=True)
         return EXIT_INTERRUPTED
     if not quiet:
-        click.echo(summary_text(result), err=True)  # it says what earlier attempts did
+        click.echo(summary_text(result.summary), err=True)  # it says what earlier attempts did
         t = plan.targets
         written = [f"output: {_shown(t.output)}", f"errors: {_shown(t.errors)}"]
         if t.metrics:
@@ -139,14 +107,14 @@ def set_log_level(name: str) -> None:
     logging.getLogger("batchrun").setLevel(level)
 
 
-def _remember_run(result: dict, model_name: str, opts: RunOptions) -> None:
+def _remember_run(summary: Mapping[str, Any], model_name: str, opts: RunOptions) -> None:
     """Keep the run's metrics: `batchrun plan` calibrates its time estimate by them."""
     from batchrun.batch.estimate.job_estimate import run_key
     from batchrun.batch.estimate.run_store import save_run
 
-    if result.get("this_run", {}).get("ok"):
+    if summary.get("this_run", {}).get("ok"):
         try:
-            save_run(result, run_key(model_name, opts.engine))
+            save_run(summary, run_key(model_name, opts.engine))
         except OSError as exc:  # a read-only home must not fail a finished run
             log.warning("could not keep this run's metrics for `batchrun plan`: %s", exc)
 
@@ -155,11 +123,11 @@ def _shown(path: str) -> str:
     return "stdout" if path == "-" else path
 
 
-def _exit_code(result: dict, opts: RunOptions) -> int:
-    requests = result["requests"]
+def _exit_code(result: RunResult, opts: RunOptions) -> int:
+    requests = result.requests
     limit = opts.job.max_failed_fraction
-    if limit is not None and requests["total"] and requests["failed"] / requests["total"] > limit:
-        click.echo(f"error: {requests['failed']} of {requests['total']} lines failed, more than "
+    if limit is not None and requests.total and requests.failed / requests.total > limit:
+        click.echo(f"error: {requests.failed} of {requests.total} lines failed, more than "
                    f"--max-failed-fraction {limit}", err=True)
         return EXIT_TOO_MANY_FAILED
     return EXIT_OK

@@ -7,7 +7,7 @@ import hashlib
 from dataclasses import dataclass
 
 from batchrun.batch.storage.formats import Format
-from batchrun.openai.protocol import RequestError
+from batchrun.openai.wire import RequestError
 
 _LINE_BITS = 40  # a position is (source index << 40) | line number
 

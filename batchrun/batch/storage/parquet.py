@@ -22,8 +22,8 @@ import pyarrow.parquet as pq
 from batchrun.batch.storage import io
 from batchrun.batch.storage.store import Storage
 from batchrun.batch.storage.lines import InputLine, Source, line_digest
-from batchrun.openai.protocol import (ChatCompletionRequest, RequestError, json_error_message,
-                                      loads)
+from batchrun.openai.wire import RequestError, json_error_message, loads
+from batchrun.openai.requests import ChatCompletionRequest
 
 _LINE_FIELDS = ("custom_id", "method", "url", "body")
 _FLAT_FIELDS = ("messages", "prompt", "system")

@@ -12,7 +12,7 @@ from batchrun.batch.storage import io
 from batchrun.batch.storage.store import NO_OPTIONS, Storage
 from batchrun.batch.storage.formats import check_available, decompress, detect, stream_errors
 from batchrun.batch.storage.lines import InputLine, InputReadError, Source, line_digest
-from batchrun.openai.protocol import RequestError, peek_custom_id
+from batchrun.openai.wire import RequestError, peek_custom_id
 
 
 def open_sources(args: list[str], storage: Storage = NO_OPTIONS,

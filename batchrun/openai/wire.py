@@ -1,6 +1,8 @@
-"""The OpenAI wire format around the request bodies: errors, batch input lines, response models.
+"""The OpenAI wire format around the request bodies: the endpoints' URLs, request errors, batch
+input and output lines, and parsing a body or a batch line into its request model.
 
-Request bodies are in requests.py (re-exported here).
+The request models themselves are in requests.py (chat, completions, embeddings) and
+responses_request.py (/v1/responses).
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from batchrun.openai.requests import (ChatCompletionRequest, ChatMessage,  # noqa: F401
-                                      CompletionRequest, ContentPart, EmbeddingRequest,
+from batchrun.openai.requests import (ChatCompletionRequest, CompletionRequest, EmbeddingRequest,
                                       StrictModel)
 from batchrun.openai.responses_request import ResponsesRequest
 

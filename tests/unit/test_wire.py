@@ -3,7 +3,8 @@ import logging
 
 import pytest
 
-from batchrun.openai.protocol import ChatCompletionRequest, LineError, parse_batch_line
+from batchrun.openai.wire import LineError, parse_batch_line
+from batchrun.openai.requests import ChatCompletionRequest
 
 
 def line(body=None, **envelope):
@@ -120,7 +121,7 @@ def test_assistant_turn_with_tool_calls_and_extra_fields():
 
 
 def test_unknown_fields_are_kept_and_logged_once(caplog):
-    caplog.set_level(logging.WARNING, logger="batchrun.openai.protocol")
+    caplog.set_level(logging.WARNING, logger="batchrun.openai.wire")
     for _ in range(3):
         request = ChatCompletionRequest.model_validate(body(zz_unknown_option=1))
     assert request.model_extra == {"zz_unknown_option": 1}

@@ -8,8 +8,8 @@ import uuid
 from typing import Any
 
 from batchrun.engine.outputs import RequestOutput
-from batchrun.openai.protocol import (BatchLineError, BatchOutputLine, BatchResponse, ErrorBody,
-                                      LineError, RequestError)
+from batchrun.openai.wire import (BatchLineError, BatchOutputLine, BatchResponse, ErrorBody,
+                                  LineError, RequestError)
 
 
 def new_request_id() -> str:
@@ -56,17 +56,6 @@ def text_completion_body(choices: list[dict], usage_: dict, model_name: str,
     return {"id": id_ or completion_id("text"), "object": "text_completion",
             "created": int(time.time()) if created is None else created, "model": model_name,
             "choices": choices, "usage": usage_, "system_fingerprint": system_fingerprint}
-
-
-def chat_completion(output: RequestOutput, model_name: str, created: int | None = None) -> dict:
-    """A plain chat.completion (no parsers, no logprobs); the serving adapter does the rest."""
-    choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                "finish_reason": c.finish_reason or "stop", "logprobs": None}
-               for c in output.outputs]
-    completion_tokens = sum(len(c.token_ids) for c in output.outputs)
-    return chat_completion_body(choices, usage(len(output.prompt_token_ids), completion_tokens,
-                                               output.num_cached_tokens), model_name,
-                                created=created)
 
 
 def batch_output_line(custom_id: str, request_id: str, body: dict) -> dict:

@@ -1,9 +1,11 @@
+import pytest
 from openai.types.chat import ChatCompletion
 
 from batchrun.engine.outputs import CompletionOutput, RequestOutput
-from batchrun.openai.protocol import LineError, RequestError
-from batchrun.openai.response import (batch_error_line, batch_output_line, chat_completion,
-                                      engine_error, new_request_id)
+from batchrun.openai.wire import LineError, RequestError
+from batchrun.openai.bodies import batch_error_line, batch_output_line, engine_error, new_request_id
+from batchrun.openai.serving import OpenAIServing
+from batchrun.served_model import TokenizerModel
 
 BATCH_KEYS = {"id", "custom_id", "response", "error"}
 
@@ -14,8 +16,20 @@ def output(text="Paris.", tokens=(5, 6, 7), finish="stop", cached=4, error=None)
                          finished=True, num_cached_tokens=cached, error=error)
 
 
-def test_chat_completion_is_openai_shaped():
-    body = chat_completion(output(), "smollm2-135m", created=1700000000)
+@pytest.fixture(scope="module")
+def serving(smol_tokenizer):
+    return OpenAIServing(TokenizerModel(smol_tokenizer, "smollm2-135m"))
+
+
+def chat_body(serving, out, created=None):
+    """The body the batch runner and the server write for `out`: the adapter's finalize."""
+    prepared = serving.prepare("/v1/chat/completions",
+                               {"messages": [{"role": "user", "content": "Capital of France?"}]})
+    return prepared.finalize(out, created)
+
+
+def test_chat_completion_is_openai_shaped(serving):
+    body = chat_body(serving, output(), created=1700000000)
     parsed = ChatCompletion.model_validate(body)
     assert body["id"].startswith("chatcmpl-") and len(body["id"]) > 20
     assert body["object"] == "chat.completion" and body["created"] == 1700000000
@@ -27,9 +41,9 @@ def test_chat_completion_is_openai_shaped():
     assert parsed.usage.prompt_tokens_details.cached_tokens == 4
 
 
-def test_length_finish_and_fresh_ids():
-    a = chat_completion(output(finish="length"), "m")
-    b = chat_completion(output(), "m")
+def test_length_finish_and_fresh_ids(serving):
+    a = chat_body(serving, output(finish="length"))
+    b = chat_body(serving, output())
     assert a["choices"][0]["finish_reason"] == "length"
     assert a["id"] != b["id"] and isinstance(a["created"], int)
 

@@ -14,8 +14,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from batchrun.engine.async_engine import RequestStream
 from batchrun.engine.errors import EngineDeadError
 from batchrun.engine.outputs import RequestOutput
-from batchrun.openai.protocol import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, RequestError
-from batchrun.openai.response import completion_id, engine_error, error_body
+from batchrun.openai.wire import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, RequestError
+from batchrun.openai.bodies import completion_id, engine_error, error_body
 from batchrun.openai.serving import PreparedRequest
 from batchrun.server.errors import as_request_error
 
