@@ -147,7 +147,8 @@ def _gguf_config(gguf: Path):
 
 def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> SimpleNamespace:
     """What prepare_line needs of a model (tokenizer, names, context length, generation
-    defaults), without its weights."""
+    defaults, the embeddings' width), without its weights: `validate --check-prompts`, `plan`
+    and a Ray run's driver check lines exactly as `run` does."""
     import json
 
     from batchrun.llm import read_generation_config
@@ -162,4 +163,4 @@ def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> Simpl
     defaults, _ = read_generation_config(files.path)
     return SimpleNamespace(tokenizer=load_tokenizer(files.path), name=files.name,
                            aliases=files.aliases, max_model_len=context,
-                           generation_defaults=defaults)
+                           generation_defaults=defaults, hidden_size=config.get("hidden_size"))

@@ -292,7 +292,7 @@ class OpenAIServing:
             raise RequestError(
                 f"input: at most {MAX_EMBEDDING_REQUEST_TOKENS} tokens summed over all inputs of "
                 f"one request, got {total}", code="max_tokens_per_request", param="input")
-        # Unknown (an engine on Ray): a larger `dimensions` gives the whole vector.
+        # Unknown (a model without the attribute): a larger `dimensions` gives the whole vector.
         width = getattr(self.model, "hidden_size", None)
         if request.dimensions is not None and width is not None and request.dimensions > width:
             raise RequestError(f"dimensions: this model's embeddings have {width} dimensions, "
