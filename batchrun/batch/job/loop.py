@@ -130,6 +130,7 @@ class Job:
                     return self._wind_down()
                 self.admit()
                 self.maybe_commit()
+                self.reporter.tick()
                 if not self.in_flight:
                     if self.exhausted:
                         break
