@@ -65,9 +65,9 @@ class Reporter:
 
     The ETA is token-based: time on these engines goes with the tokens run through the model
     (prompt + completion), not with the number of requests. When the runner gives `work` (the
-    tokens the engine has run through the model this run: engine.stats.computed_tokens, and its
-    cache hit rate) and reports each admitted line's prompt and requested completion tokens
-    (`admitted`),
+    tokens the engine has run through the model this run, the prompt tokens among them, and its
+    cache hit rate: engine.stats) and reports each admitted line's prompt and requested
+    completion tokens (`admitted`),
 
         eta = (work left on the lines in flight + the lines not yet admitted) / recent tokens/s
 
@@ -87,10 +87,10 @@ class Reporter:
 
     def __init__(self, mode: str | bool, counts: Counts, metrics: RunMetrics,
                  log_interval: float = 30.0, file: IO[str] | None = None,
-                 work: Callable[[], tuple[int, float]] | None = None,
+                 work: Callable[[], tuple[int, int, float]] | None = None,
                  clock: Callable[[], float] = time.perf_counter):
-        """`work()`: (tokens computed by the engine since this run started, its cache hit
-        rate). `clock`: the clock metrics.start was taken on."""
+        """`work()`: (tokens computed by the engine since this run started, prompt tokens among
+        them, its cache hit rate). `clock`: the clock metrics.start was taken on."""
         self.mode = resolve_mode(mode)
         self.counts, self.metrics = counts, metrics
         self.work, self.clock = work, clock
@@ -100,7 +100,7 @@ class Reporter:
         self._logged: tuple | None = None  # the counts the last log line showed
         # (time, tokens computed) samples of this run, the oldest within the rate's window
         self._samples: deque[tuple[float, int]] = deque([(metrics.start, 0)])
-        self._hit = 0.0
+        self._prefilled, self._hit = 0, 0.0
         self._bar: Any = None
         self._redirect: contextlib.ExitStack | None = None
         self._lock = threading.Lock()
@@ -146,7 +146,7 @@ class Reporter:
         bar's timer thread only redraws)."""
         if self.work is None:
             return
-        done, self._hit = self.work()
+        done, self._prefilled, self._hit = self.work()
         now, samples = self.clock(), self._samples
         if done < samples[-1][1]:  # a counter that went back: start the window again
             samples.clear()
@@ -165,16 +165,19 @@ class Reporter:
         rate = self._work_rate()
         if rate is None or not self.admitted_lines or not c.total:
             return None
-        done, hit = self._samples[-1][1], self._hit
+        done, prefilled, hit = self._samples[-1][1], self._prefilled, self._hit
         in_flight = max(0, self.admitted_lines - m.ok)
+        # The lines in flight: their prompts not yet run (the cache hit rate taken off), and
+        # the tokens they generated (decode work, less the finished lines' decode rows: each
+        # line's first token comes with its prefill).
         prompt_if = max(0, self.admitted_prompt - m.prompt_tokens) * (1 - hit)
+        prefill_left = max(0.0, prompt_if - max(0, prefilled - (m.prompt_tokens - m.cached_tokens)))
         requested_if = max(0, self.admitted_requested - m.requested_completion_tokens)
-        work_if = max(0, done - (m.prompt_tokens - m.cached_tokens + m.completion_tokens))
-        generated_if = max(0.0, work_if - prompt_if)
+        generated_if = max(0, done - prefilled - max(0, m.completion_tokens - m.ok))
         per_line_requested = self.admitted_requested / self.admitted_lines
         # Tokens a line generates: generated / finished lines (the cap until a line finished).
         length = per_line_requested if not m.ok else (m.completion_tokens + generated_if) / m.ok
-        left_if = max(0.0, prompt_if - work_if) + (
+        left_if = prefill_left + (
             min(in_flight * length, max(0.0, requested_if - generated_if)) if in_flight else 0.0)
         finished = m.ok + m.failed
         ok_share = m.ok / finished if finished else 1.0
