@@ -67,7 +67,8 @@ def test_an_error_of_several_sources_names_the_file_in_the_body():
     err = LineError(2, RequestError("invalid JSON: x", code="invalid_json"), "c")
     line = batch_error_line(err, source="s3://b/in/2.jsonl")
     check_line(line)
-    assert line["response"]["body"]["error"]["message"] == "s3://b/in/2.jsonl: line 2: invalid JSON: x"
+    assert line["response"]["body"]["error"]["message"] == \
+        "s3://b/in/2.jsonl: line 2: invalid JSON: x"
     assert error_of(line)["line"] == 2
 
 

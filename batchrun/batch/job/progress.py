@@ -81,8 +81,8 @@ class Reporter:
     not yet admitted its prompt (less the cache hit rate) plus that length. "eta ?" until
     there is a rate to divide by.
 
-    Without `work` (or before the engine reported any) the ETA comes from finished requests: (lines left x tokens per finished
-    line) / tokens per second.
+    Without `work` (or before the engine reported any) the ETA comes from finished requests:
+    (lines left x tokens per finished line) / tokens per second.
     """
 
     def __init__(self, mode: str | bool, counts: Counts, metrics: RunMetrics,
