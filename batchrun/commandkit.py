@@ -28,10 +28,11 @@ def load_model(model: str | None, engine_config: Any) -> Any:
     """batchrun.llm.load; UsageError for an unknown model or a bad engine option."""
     from batchrun import llm
     from batchrun.models.loader import ModelNotFoundError
+    from batchrun.models.lora.adapter import LoraError
 
     try:
         return llm.load(model, engine_config)
-    except ModelNotFoundError as exc:
+    except (ModelNotFoundError, LoraError) as exc:  # a LoraError names the adapter and its path
         raise UsageError(str(exc)) from exc
     except (FileNotFoundError, ValueError) as exc:
         raise UsageError(f"cannot load model {model or '(default)'}: {exc}") from exc

@@ -147,7 +147,8 @@ def _gguf_config(gguf: Path):
 
 def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> TokenizerModel:
     """What prepare_line needs of a model (tokenizer, names, context length, generation
-    defaults), without its weights."""
+    defaults, the embeddings' width), without its weights: `validate --check-prompts`, `plan`
+    and a Ray run's driver check lines exactly as `run` does."""
     import json
 
     from batchrun.llm import read_generation_config
@@ -161,4 +162,5 @@ def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> Token
         context = min(context, max_model_len)
     defaults, _ = read_generation_config(files.path)
     return TokenizerModel(load_tokenizer(files.path), files.name, tuple(files.aliases),
-                          max_model_len=context, generation_defaults=defaults)
+                          max_model_len=context, generation_defaults=defaults,
+                          hidden_size=config.get("hidden_size"))

@@ -89,7 +89,22 @@ def load(model: str | None, config: EngineConfig | None = None) -> LoadedModel:
     config = config or EngineConfig.default()
     files = resolve_model(model)
     phases.mark("model files (a .gguf converted once)")
+    check_adapters(config.lora, (files.name, *files.aliases))
     return load_from_path(files.path, config, name=files.name, aliases=files.aliases)
+
+
+def check_adapters(lora, base_names) -> None:
+    """LoraError for an adapter named like the base model (a request naming it would run on
+    the adapter) or whose adapter_config.json is missing or refused: before the weights load,
+    so the mistake costs no load. The weights are checked against the base when it is built."""
+    from batchrun.models.lora.adapter import LoraError, read_config
+
+    clash = sorted(set(lora.adapters) & set(base_names))
+    if clash:
+        raise LoraError(f"--lora {clash[0]}={lora.adapters[clash[0]]}: {clash[0]!r} is the base "
+                        f"model's served name or alias; give the adapter another name")
+    for name, path in lora.adapters.items():
+        read_config(name, path, lora.max_lora_rank)
 
 
 def load_from_path(path: str | Path, config: EngineConfig | None = None, name: str | None = None,

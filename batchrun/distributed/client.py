@@ -69,6 +69,7 @@ class RayEngineClient:
         self.router = PrefixRouter(len(self.replicas))
         self._stats: list[EngineStats] = [EngineStats() for _ in self.replicas]
         self._stats_at = 0.0
+        self._delivered_since_stats = False  # outputs arrived after the last stats fetch
 
     # --- the EngineClient protocol ----------------------------------------------------------
 
@@ -116,17 +117,22 @@ class RayEngineClient:
                 if entry is not None:
                     self.router.done(entry[0])
                     outputs.append(out)
+                    self._delivered_since_stats = True
         self._check_adds()
         return outputs
 
     @property
     def stats(self) -> EngineStats:
-        """The replicas' counters added up (refreshed at most once a second)."""
+        """The replicas' counters added up: refreshed at most once a second while requests are
+        open, and once more when the last open one has finished, so what a run's metrics read
+        at its end counts every request (a replica counts an output before handing it over)."""
         import ray
 
-        if time.monotonic() - self._stats_at > 1.0:
+        settled = not self._open and self._delivered_since_stats
+        if settled or time.monotonic() - self._stats_at > 1.0:
             try:
                 self._stats = ray.get([r.stats.remote() for r in self.replicas], timeout=30)
+                self._delivered_since_stats = False
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                 pass
             self._stats_at = time.monotonic()

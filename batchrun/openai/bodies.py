@@ -65,26 +65,47 @@ def batch_output_line(custom_id: str, request_id: str, body: dict) -> dict:
         error=None).model_dump()
 
 
-def error_body(error: RequestError) -> dict:
-    return {"error": ErrorBody(message=error.message, type=error.type, param=error.param,
-                               code=error.code).model_dump()}
+def error_body(error: RequestError, message: str | None = None) -> dict:
+    return {"error": ErrorBody(message=error.message if message is None else message,
+                               type=error.type, param=error.param, code=error.code).model_dump()}
 
 
 def batch_error_line(error: RequestError, custom_id: str | None = None,
-                     request_id: str | None = None) -> dict:
-    """An error file line. `response` carries the HTTP answer an API would have given; it is null
-    when the line could not be read far enough to have a custom_id (OpenAI rejects such lines
-    before running anything).
+                     request_id: str | None = None, source: str | None = None) -> dict:
+    """An error file line, shaped as OpenAI's BatchRequestOutput. A line that got far enough to
+    have a custom_id failed with an HTTP answer: `response` carries it (the line number, and the
+    source file where a job reads several, lead its body's error message) and `error` is null,
+    as OpenAI sets `error` only for failures without an HTTP response. A line that could not be
+    read far enough to have a custom_id (OpenAI rejects such lines before running anything) has
+    a null `response` and `error` {code, message, param, line}, the fields of OpenAI's BatchError.
     """
     line = error.line_number if isinstance(error, LineError) else None
     if isinstance(error, LineError) and custom_id is None:
         custom_id = error.custom_id
-    response = None
-    if custom_id is not None:
-        response = BatchResponse(status_code=error.status_code,
-                                 request_id=request_id or new_request_id(),
-                                 body=error_body(error))
+    message = f"{source}: {error}" if source else str(error)
+    if custom_id is None:
+        return BatchOutputLine(
+            id=f"batch_req_{uuid.uuid4().hex}", custom_id=None, response=None,
+            error=BatchLineError(code=error.code, message=message, param=error.param, line=line),
+        ).model_dump()
+    body = error_body(error, message)
     return BatchOutputLine(
-        id=f"batch_req_{uuid.uuid4().hex}", custom_id=custom_id, response=response,
-        error=BatchLineError(code=error.code, message=str(error), param=error.param, line=line),
-    ).model_dump()
+        id=f"batch_req_{uuid.uuid4().hex}", custom_id=custom_id,
+        response=BatchResponse(status_code=error.status_code,
+                               request_id=request_id or new_request_id(), body=body),
+        error=None).model_dump()
+
+
+def line_error(record: dict) -> dict | None:
+    """The error of a batch output or error file line ({code, message, param, ...}), wherever
+    it is: the HTTP error body of its `response`, or its `error` (no HTTP answer); None for a
+    successful line. Also reads lines written before errors moved into the response body."""
+    if record.get("error"):
+        return record["error"]
+    response = record.get("response") or {}
+    if response.get("status_code", 200) != 200:
+        body = response.get("body")
+        error = body.get("error") if isinstance(body, dict) else None
+        return error if isinstance(error, dict) else {
+            "code": None, "message": f"HTTP {response.get('status_code')}"}
+    return None

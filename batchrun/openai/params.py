@@ -7,6 +7,7 @@ from typing import Any, Mapping, Sequence
 from batchrun.engine.sampling_params import GrammarSpec, SamplingParams
 from batchrun.openai.wire import RequestError
 from batchrun.openai.requests import ChatCompletionRequest, CompletionRequest
+from batchrun.options.lora import RESERVED_NAMES
 from batchrun.options.openai import RequestDefaults
 
 # What OpenAI uses when neither the request, the user nor the model says otherwise.
@@ -24,7 +25,7 @@ def check_model_field(requested: str | None, name: str, aliases: Sequence[str] =
     model this run does not serve (with `ignore`, anything but an adapter is the base)."""
     if requested is not None and requested in adapters:
         return requested
-    if ignore or requested in (None, "", "default", name) or requested in aliases:
+    if ignore or requested in (None, "", *RESERVED_NAMES, name) or requested in aliases:
         return None
     served = f"{name!r}" + (f" and its LoRA adapters {', '.join(map(repr, adapters))}"
                             if adapters else "")

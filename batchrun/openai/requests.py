@@ -248,6 +248,11 @@ Prompt = Annotated[
 ]
 
 
+# Each prompt of a /v1/completions request is its own engine request: as many as one
+# /v1/embeddings request may have inputs.
+MAX_COMPLETION_PROMPTS = 2048
+
+
 class CompletionRequest(_SamplingFields):
     prompt: Prompt
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
@@ -261,6 +266,10 @@ class CompletionRequest(_SamplingFields):
     def _check(self) -> "CompletionRequest":
         if isinstance(self.prompt, list) and len(self.prompt) == 0:
             raise ValueError("prompt: must not be empty")
+        many = isinstance(self.prompt, list) and not isinstance(self.prompt[0], int)
+        if many and len(self.prompt) > MAX_COMPLETION_PROMPTS:
+            raise ValueError(f"prompt: at most {MAX_COMPLETION_PROMPTS} prompts per request, "
+                             f"got {len(self.prompt)}")
         scores = self.echo or self.prompt_logprobs is not None
         if self.max_tokens == 0 and not scores:
             raise ValueError("max_tokens: 0 is only allowed with echo or prompt_logprobs "

@@ -6,6 +6,9 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from batchrun.options.fields import option
 
+# A request's `model` naming these runs on the base model (openai/params.py).
+RESERVED_NAMES = ("default",)
+
 
 class LoraConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -24,4 +27,7 @@ class LoraConfig(BaseModel):
         for name, path in value.items():
             if not name or not path:
                 raise ValueError(f"{name}={path}: use NAME=PATH")
+            if name in RESERVED_NAMES:
+                raise ValueError(f"{name}={path}: {name!r} names the base model in requests; "
+                                 f"give the adapter another name")
         return value

@@ -193,7 +193,10 @@ class BatchManager:
             except Exception as exc:  # a bug here must not kill the worker or leave it running
                 log.exception("batch %s failed", batch_id)
                 try:
-                    self._fail(batch_id, "internal_error", f"the batch failed: {exc!r}")
+                    # The API's clients see no server paths: the log has the whole error.
+                    message = str(exc).replace(str(self.root.parent), "<data-dir>")
+                    self._fail(batch_id, "internal_error",
+                               f"the batch failed: {type(exc).__name__}: {message}")
                 except Exception:
                     log.exception("could not mark batch %s failed", batch_id)
 
@@ -212,11 +215,10 @@ class BatchManager:
                 return
         try:
             input_path = self.state.files.path(obj["input_file_id"])
-        except APIError:
-            self._fail(batch_id, "missing_file",
-                       f"the input file {obj['input_file_id']} was deleted")
+            total, errors = validate_input(input_path, obj["endpoint"])
+        except (APIError, FileNotFoundError):  # deleted before, or while, we got to it
+            self._fail_deleted(batch_id, obj["input_file_id"])
             return
-        total, errors = validate_input(input_path, obj["endpoint"])
         if errors or total == 0:
             errors = errors or [{"code": "empty_file", "message": "the input file has no requests",
                                  "param": None, "line": None}]
@@ -243,6 +245,11 @@ class BatchManager:
         except EngineDeadError as exc:
             if not self._stopping.is_set():
                 self._fail(batch_id, "engine_error", str(exc))
+            return
+        except Exception:
+            if input_path.exists():
+                raise
+            self._fail_deleted(batch_id, obj["input_file_id"])  # the runner could not read it
             return
         finally:
             running.client.close()
@@ -279,6 +286,9 @@ class BatchManager:
             fields.update(status="cancelled", cancelled_at=_now())
         self._set(batch_id, **fields)
         shutil.rmtree(work_dir, ignore_errors=True)
+
+    def _fail_deleted(self, batch_id: str, file_id: str) -> None:
+        self._fail(batch_id, "missing_file", f"input file {file_id} was deleted")
 
     def _fail(self, batch_id: str, code: str, message: str) -> None:
         self._set(batch_id, status="failed", failed_at=_now(), errors={

@@ -56,6 +56,7 @@ async def _serve(request: Request, url: str):
     body = await read_json(request)
     # Chat templates and tokenizers take real time on long conversations: keep them off the loop.
     prepared = await asyncio.to_thread(state.serving.prepare, url, body)
+    _check_fits_queue(prepared, state.config.max_queued_requests)
     base = completion_id("chat" if prepared.kind == "chat" else "text")
     streams: list[RequestStream] = []
     try:
@@ -81,6 +82,17 @@ async def _serve(request: Request, url: str):
         if error is not None:
             raise error
     return JSONResponse(prepared.finalize(outs))
+
+
+def _check_fits_queue(prepared: PreparedRequest, limit: int) -> None:
+    """A 400 for a request of more prompts (each an engine request) than --max-queued-requests
+    lets in at once: a 429 would tell its client to retry what can never fit."""
+    if len(prepared.prompts) > limit:
+        field = "input" if prepared.kind == "embedding" else "prompt"
+        raise RequestError(f"{field}: {len(prepared.prompts)} prompts in one request, but this "
+                           f"server runs at most {limit} requests at once "
+                           f"(--max-queued-requests); send fewer per request",
+                           code="invalid_value", param=field)
 
 
 def _event(obj: dict) -> str:

@@ -26,6 +26,7 @@ from batchrun.batch.job.result import RunResult
 from batchrun.batch.job.runner import run_batch
 from batchrun.batch.storage.store import Storage
 from batchrun.footprint import tokenizer_model
+from batchrun.openai.bodies import line_error
 from batchrun.options.job import InputOptions, JobOptions
 from batchrun.options.openai import OpenAIOptions
 from batchrun.options.run import RunOptions
@@ -76,8 +77,9 @@ def _read_records(path: str, storage: Storage
             for raw in f:
                 record = json.loads(raw)
                 cid = record.get("custom_id")
-                if record.get("error"):
-                    errors[cid] = record["error"].get("message", "error")
+                error = line_error(record)
+                if error is not None:
+                    errors[cid] = error.get("message") or "error"
                 elif record.get("response"):
                     bodies[cid] = record["response"]["body"]
                     if record.get("latency_s") is not None:

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.openai_batch_shape import error_of
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -106,7 +108,7 @@ def check(out: Path, expected: dict) -> tuple[int, int, list[str]]:
     lost = len(expected["valid"] - set(ids))
     if set(ids) - expected["valid"]:
         problems.append(f"unexpected results: {sorted(set(ids) - expected['valid'])[:5]}")
-    lines = [e["error"]["line"] for e in errors]
+    lines = [error_of(e)["line"] for e in errors]
     duplicated += len(lines) - len(set(lines))
     lost += len(expected["error_lines"] - set(lines))
     if set(lines) - expected["error_lines"]:

@@ -42,6 +42,7 @@ from batchrun.served_model import TokenizerModel
 from tests.helpers import job_plan
 from tests.server.conftest import API_KEY, serve
 from tests.tiny_models import make_tiny
+from tests.openai_batch_shape import error_of
 
 SCALE = float(os.environ.get("BATCHRUN_FUZZ_EXAMPLES", "1"))
 CONTEXT = 160  # small: an accepted request can generate at most this many tokens
@@ -197,7 +198,7 @@ def test_accepted_bodies_run_to_the_end_side_by_side(batch, fuzz_models):
 
 
 def _verdict_of_record(record: dict) -> tuple:
-    return ("error", record["error"]["code"], record["error"].get("param"))
+    return ("error", error_of(record)["code"], error_of(record).get("param"))
 
 
 @budget(4)
@@ -219,9 +220,9 @@ def test_validate_run_and_serve_agree_on_every_line(corpus, fuzz_models, tmp_pat
     ran, statuses = {}, {}
     for text in (tmp / "out.errors.jsonl").read_text().splitlines():
         record = json.loads(text)
-        ran[record["error"]["line"]] = _verdict_of_record(record)
+        ran[error_of(record)["line"]] = _verdict_of_record(record)
         if record["response"] is not None:  # the HTTP answer an API would have given
-            statuses[record["error"]["line"]] = record["response"]["status_code"]
+            statuses[error_of(record)["line"]] = record["response"]["status_code"]
     for n in range(1, len(corpus) + 1):
         validated.setdefault(n, ("ok",))
         ran.setdefault(n, ("ok",))

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ENV, batchrun
+from tests.openai_batch_shape import error_of
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_data"
@@ -32,8 +33,8 @@ def test_stdin_to_stdout_in_input_order_with_errors_inline():
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(x) for x in proc.stdout.decode().splitlines()]
     assert len(records) == 9
-    assert [r["custom_id"] for r in records if r["error"] is None] == ["valid-1", "valid-2"]
-    assert [r["error"]["line"] for r in records if r["error"]] == [2, 3, 4, 5, 6, 7, 8]
+    assert [r["custom_id"] for r in records if error_of(r) is None] == ["valid-1", "valid-2"]
+    assert [error_of(r)["line"] for r in records if error_of(r)] == [2, 3, 4, 5, 6, 7, 8]
     assert proc.stderr == b""
 
 
@@ -110,7 +111,7 @@ def test_validate_command(tmp_path):
 
     proc = batchrun("validate", "--json", SAMPLES / "malformed.jsonl")
     records = [json.loads(x) for x in proc.stdout.decode().splitlines()]
-    assert [r["error"]["line"] for r in records] == [2, 3, 4, 5, 6, 7, 8]
+    assert [error_of(r)["line"] for r in records] == [2, 3, 4, 5, 6, 7, 8]
     assert set(records[0]) == {"id", "custom_id", "response", "error"}
 
     # Several inputs are one job: custom_ids must be unique across them.

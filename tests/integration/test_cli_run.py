@@ -9,6 +9,7 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from tests import helpers
+from tests.openai_batch_shape import error_of
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +63,7 @@ def test_every_output_line_is_an_openai_batch_line_with_a_chat_completion(chat_r
     out = read(tmp / "out.jsonl")
     assert [o["custom_id"] for o in out] == [line["custom_id"] for line in lines]
     for o in out:
-        assert set(o) == BATCH_KEYS and o["error"] is None
+        assert set(o) == BATCH_KEYS and error_of(o) is None
         assert o["id"].startswith("batch_req_")
         assert o["response"]["status_code"] == 200
         body = o["response"]["body"]
@@ -93,17 +94,17 @@ def test_malformed_file_gives_error_records_and_its_valid_lines_succeed(malforme
         ChatCompletion.model_validate(o["response"]["body"])
     errors = read(tmp / "errs.jsonl")
     assert all(set(e) == BATCH_KEYS for e in errors)
-    by_line = {e["error"]["line"]: e for e in errors}
+    by_line = {error_of(e)["line"]: e for e in errors}
     assert sorted(by_line) == [2, 3, 4, 5, 6, 7, 8]
-    assert by_line[2]["error"]["code"] == "invalid_json" and by_line[2]["response"] is None
-    assert by_line[3]["error"]["message"] == "line 3: custom_id: field required"
-    assert by_line[4]["error"]["message"] == "line 4: body.messages: field required"
+    assert error_of(by_line[2])["code"] == "invalid_json" and by_line[2]["response"] is None
+    assert error_of(by_line[3])["message"] == "line 3: custom_id: field required"
+    assert error_of(by_line[4])["message"] == "line 4: body.messages: field required"
     assert by_line[4]["custom_id"] == "no-messages"
     assert by_line[4]["response"]["status_code"] == 400
-    assert "/v1/moderations" in by_line[5]["error"]["message"]
-    assert by_line[6]["error"]["message"].startswith("line 6: body.temperature:")
-    assert by_line[7]["error"]["message"].startswith("line 7: body.max_tokens:")
-    assert by_line[8]["error"]["param"] == "stream"
+    assert "/v1/moderations" in error_of(by_line[5])["message"]
+    assert error_of(by_line[6])["message"].startswith("line 6: body.temperature:")
+    assert error_of(by_line[7])["message"].startswith("line 7: body.max_tokens:")
+    assert error_of(by_line[8])["param"] == "stream"
     metrics = json.loads((tmp / "m.json").read_text())
     assert metrics["requests"] == {"total": 9, "ok": 2, "failed": 7}
 

@@ -18,6 +18,7 @@ from batchrun.openai.serving import OpenAIServing, ServingOptions
 from batchrun.options.openai import OpenAIOptions
 from tests.helpers import file_records, job_plan, poll_batch, upload_batch_file
 from tests.server.conftest import serve
+from tests.openai_batch_shape import error_of
 
 STEM = ("The following passage describes the history of the lighthouse on the northern cape, "
         "which was built in 1871 after a series of shipwrecks along the rocky coast. ")
@@ -174,7 +175,7 @@ def test_batch_file_mixes_embeddings_and_chat(real_model, tmp_path):
     src.write_text("".join(json.dumps(x) + "\n" for x in lines))
     result = CliRunner().invoke(validate, [str(src), "--json"])
     problems = [json.loads(x) for x in result.stdout.splitlines() if x.strip()]
-    assert [(p["error"]["line"], p["error"]["param"]) for p in problems] == [(4, "dimensions")]
+    assert [(error_of(p)["line"], error_of(p)["param"]) for p in problems] == [(4, "dimensions")]
     summary = run_batch(real_model, job_plan(input=str(src), output=str(tmp_path / "out.jsonl"),
                                              progress="none"))
     assert summary.requests == RequestCounts(4, 3, 1)
@@ -193,5 +194,5 @@ def test_batch_file_mixes_embeddings_and_chat(real_model, tmp_path):
                                               dim=0)
     assert v.shape == (32,) and cosine(v.tolist(), truncated) > 0.999999
     errors = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
-    assert [(e["custom_id"], e["error"]["param"], e["error"]["line"]) for e in errors] == \
+    assert [(e["custom_id"], error_of(e)["param"], error_of(e)["line"]) for e in errors] == \
         [("emb-bad", "dimensions", 4)]

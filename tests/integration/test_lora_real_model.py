@@ -11,6 +11,7 @@ from batchrun.engine import SamplingParams
 from tests.integration.prompts import PARITY_CHATS, encode
 from tests.lora_adapters import make_adapters, reference
 from tests.parity import ParityReport, assert_greedy_match
+from tests.openai_batch_shape import error_of
 
 pytest.importorskip("peft")
 pytestmark = pytest.mark.slow
@@ -89,7 +90,7 @@ def test_a_batch_file_selects_adapters_by_model_and_an_unknown_one_is_its_lines_
     out = {r["custom_id"]: r for r in map(json.loads, (tmp_path / "out.jsonl").open())}
     errors = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").open()]
     assert [e["custom_id"] for e in errors] == ["r3"]
-    assert "'no-such-tune'" in errors[0]["error"]["message"]
+    assert "'no-such-tune'" in error_of(errors[0])["message"]
     bodies = {k: r["response"]["body"] for k, r in out.items()}
     assert [bodies[k]["model"] for k in ("r0", "r1", "r2", "r4")] == \
         ["tune0", "smollm2-135m", "tune2", "tune1"]

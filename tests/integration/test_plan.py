@@ -14,6 +14,7 @@ from batchrun.batch.shell.commands import plan, validate
 from batchrun.batch.estimate.job_estimate import run_key
 from batchrun.batch.estimate.run_store import save_run
 from batchrun.options.engine import EngineConfig
+from tests.openai_batch_shape import error_of
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_data"
@@ -56,7 +57,7 @@ def test_invalid_lines_are_counted_as_validate_counts_them():
     assert got["invalid"] == len(problems) > 0 and got["valid"] == got["lines"] - len(problems)
     codes = {}
     for p in problems:
-        codes[p["error"]["code"]] = codes.get(p["error"]["code"], 0) + 1
+        codes[error_of(p)["code"]] = codes.get(error_of(p)["code"], 0) + 1
     assert got["invalid_by_code"] == codes
 
 

@@ -81,6 +81,8 @@ def test_two_replicas_give_the_single_process_output_bad_lines_included(tmp_path
         assert strip(records(tmp_path / f"ray{suffix}")) == \
             strip(records(tmp_path / f"local{suffix}"))
     assert len(remote.summary["replicas"]) == 2
+    # Read at the end of the run, the replicas' counts add up to every request that ran.
+    assert sum(r["requests_finished"] for r in remote.summary["replicas"]) == remote.requests.ok
 
 
 def test_a_replica_killed_mid_job_loses_no_line_and_duplicates_none(tmp_path):

@@ -14,6 +14,7 @@ from openai.types.responses import Response
 from batchrun.openai.render import load_chat_template
 from tests.helpers import poll_batch
 from tests.server.conftest import serve
+from tests.openai_batch_shape import error_of
 
 pytestmark = pytest.mark.slow
 
@@ -76,9 +77,9 @@ def test_a_batch_file_of_responses_lines(real_model, tmp_path):
     person = valid(results["json"]["response"]["body"])
     jsonschema.validate(json.loads(person.output_text), PERSON)
     errors = {r["custom_id"]: r for r in read_jsonl(err)}
-    assert errors["bad"]["error"]["param"] == "tools.0.type"
-    assert "web_search" in errors["bad"]["error"]["message"]
-    assert errors["streamed"]["error"]["param"] == "stream"
+    assert error_of(errors["bad"])["param"] == "tools.0.type"
+    assert "web_search" in error_of(errors["bad"])["message"]
+    assert error_of(errors["streamed"])["param"] == "stream"
 
 
 def test_validate_checks_responses_lines_without_a_tokenizer():
@@ -272,7 +273,7 @@ def test_the_batches_api_takes_responses_batches(api):
     assert (batch.usage.input_tokens, batch.usage.output_tokens) == (
         usage["input_tokens"], usage["output_tokens"])
     (bad,) = [json.loads(x) for x in client.files.content(batch.error_file_id).text.splitlines()]
-    assert bad["custom_id"] == "b" and bad["error"]["param"] == "background"
+    assert bad["custom_id"] == "b" and error_of(bad)["param"] == "background"
     # one batch, one endpoint: a chat line in a /v1/responses batch fails the batch
     mixed = [lines[0], line("c", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
                             url="/v1/chat/completions")]

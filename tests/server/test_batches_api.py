@@ -6,6 +6,7 @@ import openai
 import pytest
 
 from tests.helpers import TERMINAL_BATCH, file_records, jsonl, poll_batch, upload_batch_file
+from tests.openai_batch_shape import error_of
 from tests.server.conftest import engine_idle, wait_for
 
 pytestmark = pytest.mark.slow
@@ -61,7 +62,9 @@ def test_batch_runs_to_completion_with_output_and_error_files(api):
     assert out[0]["response"]["status_code"] == 200
     errs = file_records(client, batch.error_file_id)
     assert [r["custom_id"] for r in errs] == ["bad"]
-    assert errs[0]["response"]["status_code"] == 400
+    assert errs[0]["response"]["status_code"] == 400 and errs[0]["error"] is None
+    assert error_of(errs[0])["param"] == "temperature" and error_of(errs[0])["line"] == 2
+    assert all(error_of(r) is None for r in out)
     assert client.files.retrieve(batch.output_file_id).purpose == "batch_output"
 
     assert batch.id in [b.id for b in client.batches.list().data]

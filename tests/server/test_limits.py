@@ -26,6 +26,11 @@ def test_body_limit_and_queue_bound(real_model, tmp_path):
         r = httpx.post(srv.base_url + "/chat/completions", content=iter([b"{" + b" " * 3000]),
                        headers={"Authorization": f"Bearer {API_KEY}"})
         assert r.status_code == 413
+        # Two prompts are two engine requests: never fitting one slot, they are a 400, not a
+        # 429 its client would retry forever.
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="smollm2-135m", prompt=["a", "b"], max_tokens=1)
+        assert e.value.body["param"] == "prompt" and "--max-queued-requests" in e.value.message
         body = {"model": "smollm2-135m", "messages": LONG, "max_tokens": 200, "stream": True}
         with httpx.stream("POST", srv.base_url + "/chat/completions", json=body,
                           headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as r:

@@ -15,6 +15,7 @@ from batchrun.openai.serving import OpenAIServing, ServingOptions
 from batchrun.options.openai import OpenAIOptions
 from tests.helpers import job_plan
 from tests.scripted_model import script, scripted_model
+from tests.openai_batch_shape import error_of
 
 TEMPLATE = "batchrun/openai/templates/chatml_tools.jinja"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -82,7 +83,7 @@ def test_batch_file_with_tools_reasoning_and_completions(tmp_path, smol_tokenize
     completion_tokens = sum(b["usage"]["completion_tokens"] for b in out.values())
     assert result.summary["completion_tokens"] == completion_tokens  # a line once, all prompts
 
-    errors = {e["custom_id"]: e["error"] for e in map(
+    errors = {e["custom_id"]: error_of(e) for e in map(
         json.loads, (tmp_path / "out.errors.jsonl").read_text().splitlines())}
     assert errors["streamed"]["param"] == "stream"
     assert errors["moderate"]["code"] == "unsupported_endpoint"

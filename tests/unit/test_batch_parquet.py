@@ -14,6 +14,7 @@ from batchrun.batch.job.result import RequestCounts
 from batchrun.openai.params import RequestDefaults
 from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model
+from tests.openai_batch_shape import error_of
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_data"
 
@@ -64,7 +65,7 @@ def test_struct_bodies_and_bad_json_bodies(tmp_path):
     result = run(tmp_path, src, defaults=RequestDefaults(max_tokens=3))
     assert [o["custom_id"] for o in read_jsonl(tmp_path / "out.jsonl")] == ["a", "b"]
     errors = read_jsonl(tmp_path / "out.errors.jsonl")
-    assert errors[0]["error"]["line"] == 3 and errors[0]["error"]["param"] == "messages"
+    assert error_of(errors[0])["line"] == 3 and error_of(errors[0])["param"] == "messages"
     assert result.requests == RequestCounts(3, 2, 1)
 
     src2 = tmp_path / "bad.parquet"
@@ -73,7 +74,7 @@ def test_struct_bodies_and_bad_json_bodies(tmp_path):
                                       '{"messages": ']}), src2)
     run(tmp_path, src2, "bad.jsonl", defaults=RequestDefaults(max_tokens=1))
     errors = read_jsonl(tmp_path / "bad.errors.jsonl")
-    assert [(e["custom_id"], e["error"]["line"], e["error"]["code"]) for e in errors] == [
+    assert [(e["custom_id"], error_of(e)["line"], error_of(e)["code"]) for e in errors] == [
         ("y", 2, "invalid_json")]
 
 

@@ -11,6 +11,7 @@ from batchrun.batch.job.result import RequestCounts
 from batchrun.batch.job.staging import Staging
 from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model
+from tests.openai_batch_shape import error_of
 
 
 def request(custom_id, content="Hello", **body):
@@ -270,11 +271,11 @@ def test_duplicate_custom_ids_are_line_errors_and_the_first_line_owns_the_id(tmp
     run_batch(fake_model(), config(tmp_path, src))
     assert [o["custom_id"] for o in read(tmp_path / "out.jsonl")] == ["a", "c"]
     errors = read(tmp_path / "out.errors.jsonl")
-    assert [(e["error"]["line"], e["error"]["code"]) for e in errors] == [
+    assert [(error_of(e)["line"], error_of(e)["code"]) for e in errors] == [
         (2, "invalid_value"), (3, "duplicate_custom_id"), (4, "duplicate_custom_id"),
         (6, "duplicate_custom_id")]
     assert errors[1]["custom_id"] == "a" and errors[1]["response"]["status_code"] == 400
-    assert "already used by an earlier line" in errors[1]["error"]["message"]
+    assert "already used by an earlier line" in error_of(errors[1])["message"]
 
 
 def test_several_inputs_are_one_job_and_errors_name_their_file(tmp_path):
@@ -287,9 +288,9 @@ def test_several_inputs_are_one_job_and_errors_name_their_file(tmp_path):
     result = run_batch(fake_model(), cfg)
     assert [o["custom_id"] for o in read(tmp_path / "out.jsonl")] == ["a", "b"]
     errors = read(tmp_path / "out.errors.jsonl")
-    assert [e["error"]["line"] for e in errors] == [2, 1]
-    assert errors[0]["error"]["message"].startswith(str(tmp_path / "in" / "1.jsonl") + ": line 2")
-    assert errors[1]["error"]["code"] == "duplicate_custom_id"
+    assert [error_of(e)["line"] for e in errors] == [2, 1]
+    assert error_of(errors[0])["message"].startswith(str(tmp_path / "in" / "1.jsonl") + ": line 2")
+    assert error_of(errors[1])["code"] == "duplicate_custom_id"
     assert result.requests == RequestCounts(4, 2, 2)
 
 

@@ -10,6 +10,7 @@ from batchrun.batch.job.runner import run_batch
 from batchrun.openai.params import RequestDefaults
 from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model
+from tests.openai_batch_shape import error_of
 
 
 def model(engine=None):
@@ -67,18 +68,19 @@ def test_bad_lines_go_to_the_error_file_in_order_and_the_job_goes_on(tmp_path):
     ]
     _, result, out, errors = run(tmp_path, lines, max_in_flight=4)
     assert [o["custom_id"] for o in out] == ["ok-1", "ok-2", "ok-3"]
-    by_line = {e["error"]["line"]: e for e in errors}
+    by_line = {error_of(e)["line"]: e for e in errors}
     assert list(by_line) == [2, 4, 5, 7, 8, 9, 10]
     assert by_line[2]["custom_id"] is None and by_line[2]["response"] is None
-    assert by_line[2]["error"]["code"] == "invalid_json"
-    assert by_line[4]["error"]["message"] == "line 4: body.messages: field required"
+    assert error_of(by_line[2])["code"] == "invalid_json"
+    assert error_of(by_line[4])["message"] == "line 4: body.messages: field required"
     assert by_line[4]["response"]["status_code"] == 400
-    assert by_line[5]["error"]["param"] == "temperature"
-    assert by_line[7]["error"]["param"] == "stream"
-    assert by_line[8]["error"]["code"] == "model_not_found"
-    assert by_line[9]["error"]["code"] == "context_length_exceeded"
+    assert error_of(by_line[5])["param"] == "temperature"
+    assert error_of(by_line[7])["param"] == "stream"
+    assert error_of(by_line[8])["code"] == "model_not_found"
+    assert error_of(by_line[9])["code"] == "context_length_exceeded"
     assert by_line[10]["response"]["status_code"] == 500
     assert all(set(e) == {"id", "custom_id", "response", "error"} for e in errors)
+    assert all(error_of(e)["line"] is not None for e in errors)
     assert result.requests == RequestCounts(10, 3, 7) and result.status == "completed"
 
 
@@ -134,7 +136,7 @@ def test_gzip_input_and_explicit_paths(tmp_path):
                        progress="none")
     run_batch(model(), config)
     assert [o["custom_id"] for o in read(tmp_path / "o" / "res.jsonl")] == ["a"]
-    assert read(tmp_path / "e.jsonl")[0]["error"]["line"] == 2
+    assert error_of(read(tmp_path / "e.jsonl")[0])["line"] == 2
     assert (tmp_path / "m.json").exists()
 
 

@@ -15,6 +15,7 @@ from batchrun.batch.job.runner import run_batch
 from batchrun.batch.job.result import RequestCounts
 from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model
+from tests.openai_batch_shape import error_of
 
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -70,8 +71,8 @@ def test_jsonl_glob_in_jsonl_out_on_s3(s3):
     out = lines(fs, "bkt/o1/out.jsonl")
     assert len(out) == 30 + 2 and out[0]["custom_id"] == "capital-france"
     errors = lines(fs, "bkt/o1/out.errors.jsonl")
-    assert [e["error"]["line"] for e in errors] == [2, 3, 4, 5, 6, 7, 8]
-    assert errors[0]["error"]["message"].startswith("s3://bkt/in/malformed.jsonl: line 2")
+    assert [error_of(e)["line"] for e in errors] == [2, 3, 4, 5, 6, 7, 8]
+    assert error_of(errors[0])["message"].startswith("s3://bkt/in/malformed.jsonl: line 2")
     metrics = json.loads(fs.cat("bkt/o1/out.metrics.json"))
     assert result.requests == RequestCounts(39, 32, 7)
     assert metrics == result.summary  # the metrics file holds the summary, key for key

@@ -10,6 +10,7 @@ from batchrun.batch.job.runner import check_line, prepare_line, run_batch
 from batchrun.batch.job.validate import served_names, summary, validate
 from tests.helpers import job_plan
 from tests.fake_engine import fake_model
+from tests.openai_batch_shape import error_of
 
 
 def line(custom_id, body=None, **envelope):
@@ -68,10 +69,10 @@ def test_every_bad_line_is_an_error_record_and_valid_lines_succeed(tmp_path):
     out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [o["custom_id"] for o in out] == ["ok-1", "ok-2"]
     errors = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
-    assert {e["error"]["line"]: e["error"]["code"] for e in errors} == expected()
+    assert {error_of(e)["line"]: error_of(e)["code"] for e in errors} == expected()
     for e in errors:
-        assert e["error"]["message"].startswith(f"line {e['error']['line']}: ")
-    by_code = {e["error"]["code"]: e for e in errors}
+        assert error_of(e)["message"].startswith(f"line {error_of(e)['line']}: ")
+    by_code = {error_of(e)["code"]: e for e in errors}
     assert by_code["invalid_encoding"]["custom_id"] == "bad-utf8"  # its readable custom_id
     assert by_code["duplicate_custom_id"]["custom_id"] == "ok-1"
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from batchrun.openai.serving import ServingOptions
+from tests.openai_batch_shape import error_of
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "batchrun/openai/templates/chatml_tools.jinja"
@@ -35,7 +36,7 @@ def test_tools_need_a_template_that_renders_them(tmp_path):
     proc, read = run(tmp_path)
     assert proc.returncode == 0, proc.stderr
     (error,) = read("out.errors.jsonl")
-    assert error["error"]["param"] == "tools" and "--chat-template" in error["error"]["message"]
+    assert error_of(error)["param"] == "tools" and "--chat-template" in error_of(error)["message"]
 
 
 def test_chat_template_and_parsers_are_taken(tmp_path):

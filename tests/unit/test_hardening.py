@@ -16,6 +16,7 @@ from batchrun.batch.storage.formats import Format
 from batchrun.openai.wire import LineError, RequestError, parse_batch_line, parse_body
 from tests.helpers import job_plan
 from tests.fake_engine import FakeEngine, fake_model
+from tests.openai_batch_shape import error_of
 
 CHAT = "/v1/chat/completions"
 
@@ -117,7 +118,7 @@ def test_a_file_of_hostile_lines_completes_with_an_error_record_each(tmp_path):
     out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     errors = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
     assert [o["custom_id"] for o in out] == ["ok1", "ok2"]
-    by_id = {e["custom_id"] or "deep": e["error"] for e in errors}  # not JSON: no custom_id
+    by_id = {e["custom_id"] or "deep": error_of(e) for e in errors}  # not JSON: no custom_id
     assert set(by_id) == {"seed", "bias", "deep", "schema"}
     assert by_id["seed"]["param"] == "seed" and by_id["bias"]["param"] == "logit_bias"
     assert by_id["schema"]["param"] == "tools.0.function.parameters"
@@ -129,7 +130,7 @@ def test_a_non_utf8_line_keeps_its_readable_custom_id(tmp_path):
     src.write_bytes(line("ascii-id").encode().replace(b'"hi"', b'"h\xff\xfei"') + b"\n")
     run_batch(fake_model(), config(tmp_path, src))
     (error,) = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
-    assert error["custom_id"] == "ascii-id" and error["error"]["code"] == "invalid_encoding"
+    assert error["custom_id"] == "ascii-id" and error_of(error)["code"] == "invalid_encoding"
 
 
 def _zstd(data: bytes) -> bytes:
@@ -263,4 +264,4 @@ def test_a_line_that_crashes_the_engine_on_admission_fails_alone(tmp_path):
     out = [json.loads(x)["custom_id"] for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     (error,) = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
     assert out == ["a", "c"] and error["custom_id"] == "b"
-    assert error["error"]["code"] == "internal_error" and error["response"]["status_code"] == 500
+    assert error_of(error)["code"] == "internal_error" and error["response"]["status_code"] == 500

@@ -12,7 +12,7 @@ import torch
 
 from batchrun.engine.outputs import CompletionOutput, RequestOutput
 from batchrun.openai.params import GREEDY_BELOW
-from batchrun.openai.protocol import RequestError
+from batchrun.openai.wire import RequestError
 from batchrun.openai.serving import OpenAIServing, ServingOptions
 from batchrun.options.openai import OpenAIOptions, RequestDefaults
 

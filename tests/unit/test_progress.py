@@ -22,7 +22,7 @@ def _metrics(seconds: float, ok: int, prompt: int, completion: int, failed: int 
 
 def test_no_eta_before_a_request_of_this_run_finished():
     r = Reporter("none", Counts(total=30, completed=17, resumed=17), _metrics(5, 0, 0, 0))
-    assert r.eta() is None and "eta" not in r.line()
+    assert r.eta() is None and r.line().endswith(", eta ?")
 
 
 def test_eta_from_tokens_leaves_out_lines_of_earlier_attempts():
@@ -141,7 +141,8 @@ def _bar_with_resumed_lines(term):
 def test_eta_counts_the_work_in_flight_before_any_request_finished():
     # 100 lines, all admitted (prompt 100, 100 requested tokens each), none finished after
     # 10 s, 5,000 tokens computed: 100 x 200 - 5,000 left at 500 tokens/s = 30 s.
-    r = Reporter("none", Counts(total=100), _metrics(10, 0, 0, 0), work=lambda: (5000, 0.0))
+    r = Reporter("none", Counts(total=100), _metrics(10, 0, 0, 0),
+                 work=lambda: (5000, 5000, 0.0))
     for _ in range(100):
         r.admitted(100, 100)
     assert r.eta() == pytest.approx(30.0, rel=0.01)
@@ -149,18 +150,80 @@ def test_eta_counts_the_work_in_flight_before_any_request_finished():
 
 def test_eta_from_work_takes_cache_hits_and_early_stops_into_account():
     # Half the prompt tokens come from the cache; the 40 finished lines (of 100 admitted)
-    # generated a quarter of what they asked for: a line costs 50 + 25 tokens.
+    # generated a quarter of what they asked for: a line costs 50 + 25 tokens. The 60 in
+    # flight have 1,500 of their 3,000 uncached prompt tokens run, nothing generated yet.
     m = _metrics(10, ok=40, prompt=4000, completion=1000)
     m.cached_tokens, m.requested_completion_tokens = 2000, 4000
-    done = (4000 - 2000 + 1000) + 1500  # finished lines' work, plus 1,500 on lines in flight
-    r = Reporter("none", Counts(total=100, completed=40), m, work=lambda: (done, 0.5))
+    prefilled = 2000 + 1500
+    done = prefilled + (1000 - 40)  # decode rows: each line's first token came with its prefill
+    r = Reporter("none", Counts(total=100, completed=40), m,
+                 work=lambda: (done, prefilled, 0.5))
     for _ in range(100):
         r.admitted(100, 100)
-    per_s = done / 10
-    assert r.eta() == pytest.approx((60 * 75 - 1500) / per_s, rel=0.01)
+    assert r.eta() == pytest.approx((1500 + 60 * 25) / (done / 10), rel=0.01)
 
 
 def test_without_engine_work_the_eta_falls_back_to_finished_requests():
     r = Reporter("none", Counts(total=20, completed=10), _metrics(10, 10, 1000, 1000),
-                 work=lambda: (0, 0.0))
+                 work=lambda: (0, 0, 0.0))
     assert r.eta() == pytest.approx(10.0, rel=0.01)
+
+
+# 40 lines admitted at once (prompt 60, max_tokens 128), stopping at these lengths: the short
+# ones finish first, as in any real run.
+LENGTHS = [6, 9, 12, 15, 18, 22, 26, 30, 35, 40, 45, 50, 60, 70, 80, 90, 100, 110, 120, 128] * 2
+
+
+def _simulated_run(step_s=0.5, token_s=0.02, prompt=60, requested=128):
+    """(time, tokens computed, prompt tokens computed, line that finished or None) after each
+    step of an engine whose step takes step_s + token_s per token (the prefill of every line,
+    and its first token, in the first), and the end."""
+    t, computed, running, events = 0.0, 0, {i: 0 for i in range(len(LENGTHS))}, []
+    prefilled = len(LENGTHS) * prompt
+    first = True
+    while running:
+        tokens = len(running) * (prompt if first else 1)
+        t, computed, first = t + step_s + token_s * tokens, computed + tokens, False
+        for i in list(running):
+            running[i] += 1
+            if running[i] >= LENGTHS[i]:
+                del running[i]
+                events.append((t, computed, prefilled, i))
+        events.append((t, computed, prefilled, None))
+    return events, t
+
+
+# The engine's cache hit rate comes from the few requests that finished: it may be far off.
+@pytest.mark.parametrize("reported_hit", [0.0, 0.9])
+def test_the_eta_follows_the_time_left_to_the_end_and_does_not_drop_to_zero_early(reported_hit):
+    events, end = _simulated_run()
+    now, work = [0.0], [(0, 0, 0.0)]
+    m, counts = RunMetrics(), Counts(total=len(LENGTHS))
+    m.start = 0.0
+    r = Reporter("none", counts, m, work=lambda: work[0], clock=lambda: now[0])
+    for _ in LENGTHS:
+        r.admitted(60, 128)
+    assert r.eta() is None and r.line().endswith(", eta ?")  # no rate to divide by yet
+    ratios = []
+    for t, computed, prefilled, line in events:
+        now[0], work[0] = t, (computed, prefilled, reported_hit)
+        if line is not None:
+            m.ok, m.prompt_tokens = m.ok + 1, m.prompt_tokens + 60
+            m.completion_tokens += LENGTHS[line]
+            m.requested_completion_tokens += 128
+            counts.completed += 1
+        eta = r.eta()
+        assert eta is not None
+        if end - t > 5:
+            ratios.append(eta / (end - t))
+    # Before: "eta 0s" from the 12th of 40 lines on, with 80 of the run's 154 s left.
+    assert 0.5 <= min(ratios) and max(ratios) <= 2.0, ratios
+
+
+def test_the_bar_clock_runs_between_completions(monkeypatch):
+    with terminal(monkeypatch) as (term, _):
+        r = Reporter("bar", Counts(total=3), RunMetrics(), file=term)
+        time.sleep(2.3)  # no line finishes: the bar is still redrawn every second
+        r.close()
+    frames = {f.split("[", 1)[1][:5] for f in term.getvalue().split("\r") if "[" in f}
+    assert {"00:01", "00:02"} <= frames, frames

@@ -143,3 +143,44 @@ def test_store_keys_by_model_and_machine(tmp_path, monkeypatch, tiny_config):
     assert load_last_run("smollm2-135m") is None  # another machine's run does not calibrate
     monkeypatch.setattr(run_store, "machine_info", lambda: {**real, "threads": real["threads"] + 1})
     assert load_last_run("smollm2-135m") is None
+
+
+# sample_data/chat.jsonl's kind of run: 30 lines sent at once, max_tokens 128 each, answers
+# that stop anywhere from 6 tokens to the cap, the short ones first.
+COMPLETIONS = [6, 9, 12, 15, 18, 22, 26, 30, 35, 40, 45, 50, 60, 70, 80, 90, 100, 110, 120, 128,
+               8, 14, 20, 28, 38, 48, 58, 75, 95, 128]
+PROMPTS = [30 + 3 * i for i in range(len(COMPLETIONS))]
+
+
+def _recorded_run(config):
+    """The run's metrics summary, its wall time from CAL on its exact requests and the steps a
+    batch of these requests takes: its prefill, then decode until its longest answer ends."""
+    exact = WorkloadShape()
+    for p, g in zip(PROMPTS, COMPLETIONS):
+        exact.add(p, g)
+    budget = config.scheduler.max_num_batched_tokens
+    steps = math.ceil(sum(PROMPTS) / budget) + max(COMPLETIONS) - 1
+    wall = estimate_seconds(exact, CAL, config, steps=steps)
+    return {"status": "completed", "requests": {"total": 30, "ok": 30, "failed": 0},
+            "prompt_tokens": sum(PROMPTS), "completion_tokens": sum(COMPLETIONS),
+            "requested_completion_tokens": 128 * 30, "cached_tokens": 0, "wall_time_s": wall,
+            "input": "chat.jsonl", "engine": {"steps": steps}}
+
+
+def test_planning_the_file_a_run_calibrated_on_gives_that_runs_time(tiny_config):
+    config = EngineConfig.default()
+    run = _recorded_run(config)
+    cal = calibration_from_run(run, config, tiny_config)
+    # What `batchrun plan` then does with the same file (job_estimate.scan): every line's
+    # requested tokens, scaled by the share the last run generated.
+    share = run["completion_tokens"] / run["requested_completion_tokens"]
+    planned = WorkloadShape()
+    for p in PROMPTS:
+        planned.add(p, max(1, round(128 * share)))
+    estimate = estimate_seconds(planned, cal, config)
+    assert estimate == pytest.approx(run["wall_time_s"], rel=0.10)
+    # Before steps_factor: the simulation of 30 identical mean-length requests ends after the
+    # mean answer, the run after its longest: 39 s planned for a 55.9 s run.
+    without = Calibration.from_dict({**cal.as_dict(), "steps_factor": 1.0})
+    assert estimate_seconds(planned, without, config) < 0.85 * run["wall_time_s"]
+    assert cal.steps_factor > 1.5

@@ -143,7 +143,9 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     estimate.weights_dtype = _dtype_name(engine)
     estimate.kv_blocks, estimate.kv_bytes = blocks, kv_bytes
 
-    cal = throughput.calibration_from_run(last, engine, cfg) if last is not None else None
+    cal = throughput.calibration_from_run(
+        last, engine, cfg, max_in_flight=plan.max_in_flight,
+        num_blocks=blocks) if last is not None else None
     if cal is None:
         on_stage("calibrating: a few seconds of this engine on a 2-layer copy of the model")
         cal = calibrate.calibrate(cfg, engine)

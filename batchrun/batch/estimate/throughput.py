@@ -31,7 +31,10 @@ prefill attention pair cost is tied to the per-token cost by their FLOPs
 (`calibrate.pair_token_ratio`) rather than fitted: the two rise together in every prefill
 step. Or
 `calibration_from_run()` rescales a cost model to a finished run's wall time on this machine
-(batch/run_store.py keeps the last run per model and machine).
+(batch/run_store.py keeps the last run per model and machine), and keeps how many more steps
+the run took than the simulation of its workload gives (`steps_factor`: a batch's steps follow
+its longest requests, the simulation its mean ones), so that the estimate of the file a run
+calibrated on is that run's time.
 
 What it does not see: requests that stop early (the plan counts the requested max_tokens, so
 its estimate is an upper bound on the decode part), preemption under KV pressure, the batch
@@ -126,6 +129,11 @@ class Calibration:
     sample_s: float
     request_s: float = 0.0
     details: dict = field(default_factory=dict)  # what the fit saw (per-layer parts, residual)
+    # Engine steps a run took per step the scheduler simulation predicts for its workload
+    # (calibration_from_run): the simulation runs identical requests of the mean lengths, but
+    # a real run's steps follow its longest requests (the drain), and an estimate of the same
+    # workload has to take as many steps as the run did.
+    steps_factor: float = 1.0
 
     def scaled(self, factor: float, source: str) -> "Calibration":
         return dataclasses.replace(
@@ -147,7 +155,8 @@ def estimate_seconds(shape: WorkloadShape, calibration: Calibration, engine_conf
     if shape.requests <= 0:
         return shape.host_seconds
     if steps is None:
-        steps = estimate_steps(shape, engine_config, max_in_flight, num_blocks)
+        steps = max(1, round(calibration.steps_factor *
+                             estimate_steps(shape, engine_config, max_in_flight, num_blocks)))
     c = calibration
     return (c.step_s * steps
             + c.token_s * (shape.uncached_tokens + shape.decode_rows)
@@ -252,11 +261,16 @@ def prior(model_config, flops: float = 50e9, bandwidth: float = 10e9,
 
 
 def calibration_from_run(summary: dict, engine_config: EngineConfig, model_config,
-                         base: Calibration | None = None) -> Calibration | None:
+                         base: Calibration | None = None,
+                         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                         num_blocks: int | None = None) -> Calibration | None:
     """A Calibration fitted to a finished run's metrics summary (batch/metrics.py; what
     load_last_run returns works too): `base` (a micro-benchmark's, else the architecture's
     prior) scaled so that it predicts the run's wall time from the run's token counts and
-    engine steps. None when the summary cannot calibrate (no completed request, no time)."""
+    engine steps, and the run's steps over the steps the simulation gives its workload
+    (under max_in_flight and num_blocks, as the estimate will simulate) kept as steps_factor:
+    estimating the same file again reproduces the run's time. None when the summary cannot
+    calibrate (no completed request, no time)."""
     record = summary if "summary" not in summary else summary["summary"]
     try:
         wall = float(record["wall_time_s"])
@@ -270,7 +284,10 @@ def calibration_from_run(summary: dict, engine_config: EngineConfig, model_confi
     if n <= 0 or wall <= 0 or not math.isfinite(wall):
         return None
     steps = (record.get("engine") or {}).get("steps") or None
-    base = base or prior(model_config)
+    base = dataclasses.replace(base or prior(model_config), steps_factor=1.0)
+    simulated = estimate_steps(shape, engine_config, max_in_flight, num_blocks)
+    if steps is None:
+        steps = simulated
     predicted = estimate_seconds(shape, base, engine_config, steps=steps)
     if predicted <= 0:
         return None
@@ -281,4 +298,5 @@ def calibration_from_run(summary: dict, engine_config: EngineConfig, model_confi
     source = "last run" + (f" {when[:16].replace('T', ' ')}" if when else "")
     source += f" over {os.path.basename(str(where))}" if where else ""
     source += f" ({n} requests, {wall:.1f} s)"
-    return base.scaled(wall / predicted, source)
+    return dataclasses.replace(base.scaled(wall / predicted, source),
+                               steps_factor=steps / simulated)

@@ -132,6 +132,7 @@ class Job:
                     return self._wind_down()
                 self.admit()
                 self.maybe_commit()
+                self.reporter.tick()
                 if not self.in_flight:
                     if self.exhausted:
                         break
@@ -315,9 +316,8 @@ class Job:
 
     def fail(self, at: InputLine | _InFlight, error: LineError, request_id: str | None = None,
              retryable: bool = False) -> None:
-        record = batch_error_line(error, request_id=request_id)
-        if self.source_names:
-            record["error"]["message"] = f"{self.source_names[at.source]}: {record['error']['message']}"
+        record = batch_error_line(error, request_id=request_id,
+                                  source=self.source_names[at.source] if self.source_names else None)
         self._record(at, RETRYABLE if retryable else FAILED, record)
         self.metrics.record_failed()
         self.counts.failed += 1

@@ -160,15 +160,17 @@ def run_batch(model: ServedModel | None, plan: JobPlan, stop: Any = None,
         staging.unlock()
 
 
-def _work_counter(engine: EngineClient) -> Callable[[], tuple[int, float]]:
-    """(tokens the engine computed since now, its cache hit rate since now), for the ETA."""
+def _work_counter(engine: EngineClient) -> Callable[[], tuple[int, int, float]]:
+    """(tokens the engine computed since now, the prompt tokens among them, its cache hit rate
+    since now), for the ETA."""
     start = engine.stats
-    base = (start.computed_tokens, start.prompt_tokens, start.cached_tokens)
+    base = (start.computed_tokens, start.prefill_tokens, start.prompt_tokens, start.cached_tokens)
 
-    def work() -> tuple[int, float]:
+    def work() -> tuple[int, int, float]:
         s = engine.stats
-        prompt = s.prompt_tokens - base[1]
-        return s.computed_tokens - base[0], (s.cached_tokens - base[2]) / prompt if prompt else 0.0
+        prompt = s.prompt_tokens - base[2]
+        return (s.computed_tokens - base[0], s.prefill_tokens - base[1],
+                (s.cached_tokens - base[3]) / prompt if prompt else 0.0)
     return work
 
 

@@ -24,6 +24,7 @@ from batchrun.batch.storage.store import Storage
 from batchrun.batch.storage.lines import InputLine, Source, line_digest
 from batchrun.openai.wire import RequestError, json_error_message, loads
 from batchrun.openai.requests import ChatCompletionRequest
+from batchrun.openai.bodies import line_error
 
 _LINE_FIELDS = ("custom_id", "method", "url", "body")
 _FLAT_FIELDS = ("messages", "prompt", "system")
@@ -165,7 +166,9 @@ RESULT_SCHEMA = pa.schema([
     ("total_tokens", pa.int64()),
     ("cached_tokens", pa.int64()),
     ("body", pa.string()),  # the whole chat.completion (or error body) as JSON
-    ("error", pa.string()),  # the batch error object as JSON, null for a result
+    # The line's error as JSON ({code, message, param, ...}: its HTTP error body's, or the batch
+    # error of a line with no HTTP answer), null for a result.
+    ("error", pa.string()),
 ])
 
 
@@ -174,7 +177,7 @@ def result_row(record: dict[str, Any]) -> dict[str, Any]:
     body = response.get("body")
     choices = (body or {}).get("choices") or [{}]
     usage = (body or {}).get("usage") or {}
-    error = record.get("error")
+    error = line_error(record)
     return {
         "id": record.get("id"),
         "custom_id": record.get("custom_id"),

@@ -93,7 +93,8 @@ def read_config(name: str, path: str, max_rank: int) -> tuple[int, float, tuple[
     try:
         raw = json.loads(_read(_join(path, CONFIG_FILE)))
     except FileNotFoundError:
-        raise _fail(name, path, f"no {CONFIG_FILE}") from None
+        raise _fail(name, path, f"no {CONFIG_FILE}" if _exists(path) else
+                    "no such adapter folder") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise _fail(name, path, f"{CONFIG_FILE} is not JSON: {exc}") from None
     if not isinstance(raw, dict):
@@ -201,6 +202,13 @@ def read_adapter(name: str, path: str, base, max_rank: int, weights: bool = True
         adapter.weights = {where: (tensors[pair["A"]], tensors[pair["B"]])
                            for where, pair in keys.items()}
     return adapter
+
+
+def _exists(path: str) -> bool:
+    import fsspec
+
+    fs, _, (local,) = fsspec.get_fs_token_paths(path)
+    return bool(fs.exists(local))
 
 
 def _size(path: str) -> int:
