@@ -3,8 +3,8 @@ from openai.types.chat import ChatCompletion
 
 from batchrun.engine.outputs import CompletionOutput, RequestOutput
 from batchrun.openai.wire import LineError, RequestError
-from batchrun.openai.bodies import batch_error_line, batch_output_line, engine_error, line_error,
-                                    new_request_id
+from batchrun.openai.bodies import (batch_error_line, batch_output_line, engine_error, line_error,
+                                    new_request_id)
 from batchrun.openai.serving import OpenAIServing
 from batchrun.served_model import TokenizerModel
 from tests.openai_batch_shape import check_line, error_of

@@ -5,7 +5,6 @@ weights with NaN or inf are refused at load (adapters and the base model)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from batchrun.openai.params import GREEDY_BELOW
 from batchrun.openai.wire import RequestError
 from batchrun.openai.serving import OpenAIServing, ServingOptions
 from batchrun.options.openai import OpenAIOptions, RequestDefaults
+from batchrun.served_model import TokenizerModel
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -22,8 +22,7 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required"
 
 @pytest.fixture(scope="module")
 def serving(smol_tokenizer):
-    model = SimpleNamespace(tokenizer=smol_tokenizer, name="smollm2-135m", aliases=(),
-                            max_model_len=2048, generation_defaults={}, engine=None)
+    model = TokenizerModel(smol_tokenizer, "smollm2-135m", max_model_len=2048)
     return OpenAIServing(model, ServingOptions.of(OpenAIOptions()))
 
 
@@ -50,8 +49,8 @@ def test_a_tiny_temperature_is_greedy(serving, value, sent):
 
 
 def test_a_tiny_default_temperature_is_greedy_too(smol_tokenizer):
-    model = SimpleNamespace(tokenizer=smol_tokenizer, name="m", aliases=(), max_model_len=2048,
-                            generation_defaults={"temperature": 1e-40}, engine=None)
+    model = TokenizerModel(smol_tokenizer, "m", max_model_len=2048,
+                           generation_defaults={"temperature": 1e-40})
     from_model = OpenAIServing(model, ServingOptions.of(OpenAIOptions()))
     assert from_model.prepare(CHAT, chat()).params.temperature == 0.0
     from_user = OpenAIServing(model, ServingOptions.of(
