@@ -55,6 +55,10 @@ class JobOptions(BaseModel):
     restart: bool = option(False, "Discard what an interrupted run committed.")
     overwrite: bool = option(False, "Replace an existing output or error file that is not this "
                              "job's own result (without it, that is a usage error).")
+    lease_ttl: float = option(
+        60.0, "Seconds after its last heartbeat (every TTL/4) before a run's lease on the "
+        "output may be taken over by another run (a crashed run's lease; on the same machine "
+        "a dead process's lease is taken over at once).", gt=0)
     on_changed_input: Literal["rerun", "fail"] = option(
         "rerun", "Resuming, a line whose content changed since its result was committed: run it "
         "again, or stop with exit code 2.")

@@ -10,12 +10,12 @@ resume from staging, or nothing to do because this job already completed over th
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from batchrun.batch.storage import io
 from batchrun.batch.storage.formats import Format, detect
+from batchrun.batch.job.lease import OutputBusyError, OutputLease, current_holder, lease_for
 from batchrun.batch.job.preflight import check_outputs
 from batchrun.batch.storage.lines import Source
 from batchrun.batch.storage.readers import check_sources, open_sources
@@ -76,6 +76,8 @@ class JobPlan:
     start: Literal["fresh", "resume", "done"]
     previous: dict[str, Any] | None
     max_in_flight: int
+    # The output's lease when make_plan took it (hold_lease): the caller releases it.
+    lease: OutputLease | None = None
 
     @property
     def input_paths(self) -> list[str]:
@@ -91,8 +93,10 @@ class JobPlan:
         return args if len(args) > 1 else args[0]
 
 
-def make_plan(opts: RunOptions) -> JobPlan:
-    """Raises BatchConfigError for everything the user must fix (a usage error)."""
+def make_plan(opts: RunOptions, hold_lease: bool = False) -> JobPlan:
+    """Raises BatchConfigError for everything the user must fix (a usage error), another live
+    run writing the output included. With `hold_lease` the plan holds the output's lease (taken
+    before the resume decision, so that decision cannot race another run): release it."""
     job, storage = opts.job, Storage(opts.inputs.storage_options)
     try:
         targets = Targets.of(job)
@@ -102,12 +106,36 @@ def make_plan(opts: RunOptions) -> JobPlan:
         serving = ServingOptions.of(opts.openai, opts.defaults)
     except (OSError, ValueError) as exc:
         raise BatchConfigError(str(exc)) from exc
-    fingerprint = tuple((s.path, storage.size(s.path), storage.version(s.path)) for s in sources)
-    previous = _already_completed(job, targets, storage, fingerprint)
-    start = "done" if previous is not None else _start(job, targets, storage, fingerprint)
+    lease = _lease(job, targets, storage, hold_lease)
+    try:
+        fingerprint = tuple((s.path, storage.size(s.path), storage.version(s.path))
+                            for s in sources)
+        previous = _already_completed(job, targets, storage, fingerprint)
+        start = "done" if previous is not None else _start(job, targets, storage, fingerprint)
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
     return JobPlan(opts.inputs, job, serving, opts.engine, storage, sources,
                    fingerprint, targets, start, previous,
-                   job.max_in_flight or 4 * opts.engine.scheduler.max_num_seqs)
+                   job.max_in_flight or 4 * opts.engine.scheduler.max_num_seqs, lease)
+
+
+def _lease(job: JobOptions, targets: Targets, storage: Storage,
+           hold: bool) -> OutputLease | None:
+    """Acquire the output's lease (hold), or only check that no live run holds it."""
+    try:
+        if hold:
+            lease = lease_for(targets.output, storage, job.lease_ttl)
+            return lease.acquire() if lease is not None else None
+        if targets.output != io.STDIO:
+            holder = current_holder(targets.output, storage.options)
+            if holder is not None:
+                raise OutputBusyError(f"another batchrun run is writing {targets.output} "
+                                      f"({holder.describe()})")
+    except (OutputBusyError, OSError) as exc:
+        raise BatchConfigError(str(exc)) from exc
+    return None
 
 
 def _start(job: JobOptions, targets: Targets, storage: Storage, fingerprint) -> str:
@@ -116,9 +144,6 @@ def _start(job: JobOptions, targets: Targets, storage: Storage, fingerprint) -> 
         return "fresh"
     staging = Staging(targets.staging, storage)
     try:
-        if staging.local and os.path.isdir(staging.root):  # another run holds it: say so now
-            staging.lock()
-            staging.unlock()
         if staging.has_files() and not (job.resume or job.restart):
             raise StagingError(
                 f"{staging.url} holds the committed results of an interrupted run of this job. "

@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from batchrun.batch.job.lease import OutputBusyError, OutputLease, lease_for
 from batchrun.batch.job.loop import Job
 from batchrun.batch.job.metrics import RunMetrics
 from batchrun.batch.job.plan import BatchConfigError, JobPlan
@@ -79,13 +80,14 @@ def prepare_line(raw: str, line_number: int, serving: OpenAIServing) -> Prepared
     return Prepared(line.custom_id, new_request_id(), request.prompts[0], request.params, request)
 
 
-def _open_staging(plan: JobPlan) -> tuple[Staging, Committed]:
-    """The job's staging, locked for this run (unlock() when done), as the plan decided:
-    resumed, or cleared for a fresh start."""
+def _open_staging(plan: JobPlan, lease: OutputLease | None) -> tuple[Staging, Committed]:
+    """The job's staging as the plan decided: resumed, or cleared for a fresh start. Every
+    commit checks first that this run still holds the output's lease."""
     url = plan.targets.staging or tempfile.mkdtemp(prefix="batchrun-staging-")
     staging = Staging(url, plan.storage)
+    if lease is not None:
+        staging.guard = lease.check
     try:
-        staging.lock()
         if plan.start == "resume":
             staging.clean_scratch()
             committed = staging.scan()
@@ -98,11 +100,8 @@ def _open_staging(plan: JobPlan) -> tuple[Staging, Committed]:
         staging.create({"inputs": plan.fingerprint_json, "output": plan.targets.output,
                         "errors": plan.targets.errors})
         return staging, Committed()
-    except BaseException as exc:
-        staging.unlock()
-        if isinstance(exc, StagingError):
-            raise BatchConfigError(str(exc)) from exc
-        raise
+    except StagingError as exc:
+        raise BatchConfigError(str(exc)) from exc
 
 
 def _finalize(staging: Staging, plan: JobPlan,
@@ -146,11 +145,24 @@ def run_batch(model: Any, plan: JobPlan, stop: Any = None,
             r = plan.previous["requests"]
             on_progress(Counts(r["total"], r["ok"], r["failed"], r["total"]))
         return plan.previous
-    staging, committed = _open_staging(plan)
+    lease = plan.lease
+    if lease is None:  # a plan made without it (the server, tests): hold it for the run
+        try:
+            lease = lease_for(plan.targets.output, plan.storage, plan.job.lease_ttl)
+            if lease is not None:
+                lease.acquire()
+        except OutputBusyError as exc:
+            raise BatchConfigError(str(exc)) from exc
+        owned = lease
+    else:
+        owned = None
     try:
-        return _run(model, engine or model.engine, plan, staging, committed, stop, on_progress)
+        staging, committed = _open_staging(plan, lease)
+        return _run(model, engine or model.engine, plan, staging, committed, stop, on_progress,
+                    lease)
     finally:
-        staging.unlock()
+        if owned is not None:
+            owned.release()
 
 
 def _work_counter(engine: Any) -> Callable[[], tuple[int, float]]:
@@ -166,7 +178,8 @@ def _work_counter(engine: Any) -> Callable[[], tuple[int, float]]:
 
 
 def _run(model: Any, engine: Any, plan: JobPlan, staging: Staging, committed: Committed,
-         stop: Any, on_progress: Callable[[Counts], None] | None) -> dict[str, Any]:
+         stop: Any, on_progress: Callable[[Counts], None] | None,
+         lease: OutputLease | None) -> dict[str, Any]:
     t, job = plan.targets, plan.job
     metrics = RunMetrics()
     mode = resolve_mode("none" if job.quiet else job.progress)
@@ -185,6 +198,8 @@ def _run(model: Any, engine: Any, plan: JobPlan, staging: Staging, committed: Co
 
     merged = None
     if status == "completed" or job.merge_on_stop or getattr(stop, "merge", False):
+        if lease is not None:
+            lease.confirm()  # this run still owns the output, right before it publishes it
         merged = _finalize(staging, plan, job_loop.last_lines if status == "completed" else None)
     elif t.staging is None:
         log.warning("the committed results are in %s; rerun with --staging %s --resume to "
@@ -199,12 +214,15 @@ def _run(model: Any, engine: Any, plan: JobPlan, staging: Staging, committed: Co
     replicas = getattr(engine, "replica_stats", None)  # an engine on Ray: per replica
     if replicas is not None:
         result["replicas"] = replicas()
-    if merged is not None and sum(merged.values()) != counts.done:
-        log.warning("the merged output has %d records for %d input lines",
-                    sum(merged.values()), counts.done)
+    if status == "completed" and merged is not None and sum(merged.values()) != counts.done:
+        # Never a completed run with records missing: the staging stays for --resume.
+        result["status"] = "incomplete"
+        result["merged_records"] = sum(merged.values())
+        log.error("the merged output has %d records for %d input lines; the committed parts "
+                  "stay in %s", sum(merged.values()), counts.done, staging.url)
     if t.metrics:
         plan.storage.write_json(t.metrics, result)
-    if merged is not None:
+    if merged is not None and result["status"] != "incomplete":
         # Last: while staging exists a rerun re-merges; once it is gone, the metrics file
         # (written above) says the job is complete.
         staging.remove()

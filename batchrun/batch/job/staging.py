@@ -4,7 +4,8 @@ A staging folder beside the output holds `manifest.json` (what job this is: its 
 committed parts `part-AAAAA-SSSSS.jsonl` (attempt, sequence). A part is written whole and then
 published atomically (fsync + rename locally, one PUT on an object store), so a part that exists
 is complete; anything else in the folder is scratch from a crash and is ignored (and `lock`,
-which one running job holds locally). A part's first
+left by versions that locked the folder; the output's lease now keeps one run per job). A
+part's first
 line is a header listing its records' input positions and states, so resuming reads only
 headers; each record line is `POSITION STATE JSON`, sorted by position within the part.
 
@@ -15,7 +16,6 @@ error) the later attempt wins.
 
 from __future__ import annotations
 
-import fcntl
 import heapq
 import json
 import os
@@ -90,7 +90,7 @@ class Staging:
             self.root = os.path.abspath(io.local_path(self.url))
         self.attempt = 1
         self._seq = 0
-        self._lock: IO[str] | None = None
+        self.guard: Callable[[], None] = lambda: None  # raises when this run may not write
 
     def _path(self, name: str) -> str:
         return os.path.join(self.root, name) if self.local else f"{self.root}/{name}"
@@ -114,28 +114,8 @@ class Staging:
         found = [(m, n) for n in self._names() if (m := _PART.match(n))]
         return [n for m, n in sorted(found, key=lambda x: (int(x[0][1]), int(x[0][2])))]
 
-    def lock(self) -> None:
-        """One run per staging folder: a second one would overwrite the first one's parts.
-        Local folders only (flock); on object stores the scheduler must see to it (cron's
-        flock, Airflow's max_active_runs)."""
-        if not self.local:
-            return
-        os.makedirs(self.root, exist_ok=True)
-        f = open(self._path(_LOCK), "a")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.close()
-            raise StagingError(f"another batchrun run is using {self.url}") from None
-        self._lock = f
-
-    def unlock(self) -> None:
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
-
     def clear(self) -> None:
-        """Everything but the lock: a fresh start."""
+        """A fresh start."""
         self._remove([n for n in self._names() if n != _LOCK])
 
     # --- job identity -----------------------------------------------------------------------
@@ -191,6 +171,7 @@ class Staging:
         chunks = [json.dumps(header), "\n"]
         for r in records:
             chunks.append(f"{r.pos} {r.state} {r.text}\n")
+        self.guard()
         self._seq += 1
         name = f"part-{self.attempt:05d}-{self._seq:06d}.jsonl"
         self._write_whole(name, "".join(chunks).encode("utf-8"))
@@ -203,6 +184,7 @@ class Staging:
         """Stream every committed record, in input order, to write_ok / write_error; returns
         the count per state. With `last_lines` (source -> its last line, as a completed run
         read it), records of lines past a source's end (an input that shrank) are left out."""
+        self.guard()
         self.clean_scratch()
         runs = self.parts()
         level = 0

@@ -3,9 +3,11 @@
 Exit codes:
   0   the run completed and the failed fraction is within --max-failed-fraction (by default
       there is no limit: failed lines are in the error file, the run still succeeded)
-  1   crash (a bug, an engine failure, storage unreachable mid-run): rerun with --resume
+  1   crash (a bug, an engine failure, storage unreachable mid-run, the output's lease lost
+      to another run, a merged output without one record per input line): rerun with --resume
   2   usage or configuration error (bad option, missing input, unknown model, a staging folder
-      of an interrupted run and neither --resume nor --restart); nothing was run
+      of an interrupted run and neither --resume nor --restart, another live run writing the
+      same output); nothing was run
   3   the run completed but more lines failed than --max-failed-fraction allows
   75  interrupted (SIGTERM/SIGINT): what finished is committed; rerun with --resume
 """
@@ -60,11 +62,8 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
     quiet = opts.job.quiet
     set_log_level(opts.job.log_level or ("warning" if quiet else "info"))
     phases.mark("start-up and command-line imports")
-    from batchrun.batch.job.loop import ChangedInputError, StopRequest
-    from batchrun.batch.job.metrics import summary_text
+    from batchrun.batch.job import runner  # noqa: F401 (torch: timed as its own phase)
     from batchrun.batch.job.plan import BatchConfigError, make_plan
-    from batchrun.batch.storage.lines import InputReadError
-    from batchrun.batch.job.runner import run_batch
 
     phases.mark("imports of the batch job (torch)")
     if opts.ray.ray:
@@ -72,10 +71,26 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
 
         load = ray_loader(opts.ray, load)
     try:
-        plan = make_plan(opts)
+        plan = make_plan(opts, hold_lease=True)  # another run on this output: refused here
     except BatchConfigError as exc:
         raise UsageError(str(exc)) from exc
     phases.mark("plan (inputs, outputs, preflight)")
+    try:
+        return _execute(opts, plan, load)
+    finally:
+        if plan.lease is not None:
+            plan.lease.release()
+
+
+def _execute(opts: RunOptions, plan: Any, load: Callable[[str | None, Any], Any]) -> int:
+    from batchrun.batch.job.lease import LeaseLostError
+    from batchrun.batch.job.loop import ChangedInputError, StopRequest
+    from batchrun.batch.job.metrics import summary_text
+    from batchrun.batch.job.plan import BatchConfigError
+    from batchrun.batch.storage.lines import InputReadError
+    from batchrun.batch.job.runner import run_batch
+
+    quiet = opts.job.quiet
     if plan.start == "done":
         if not quiet:
             click.echo(f"already completed: {plan.targets.output} holds this job's results over "
@@ -105,7 +120,7 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
                     shutdown()
         except (BatchConfigError, ChangedInputError) as exc:
             raise UsageError(str(exc)) from exc
-        except InputReadError as exc:
+        except (InputReadError, LeaseLostError) as exc:
             click.echo(f"error: {exc}", err=True)
             return EXIT_CRASH
         except KeyboardInterrupt:
@@ -116,6 +131,11 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
     if result["status"] == "completed":
         _remember_run(result, loaded.name, opts)
     requests = result["requests"]
+    if result["status"] == "incomplete":
+        click.echo(f"error: the merged output {_shown(plan.targets.output)} has "
+                   f"{result['merged_records']} records for {requests['total']} input lines; "
+                   "the committed parts are kept: rerun with --resume", err=True)
+        return EXIT_CRASH
     if result["status"] != "completed":
         if not quiet:
             click.echo(f"interrupted: {requests['total']} lines done ({requests['ok']} ok, "
