@@ -149,7 +149,7 @@ def _start(job: JobOptions, targets: Targets, storage: Storage, fingerprint) -> 
                 f"{staging.url} holds the committed results of an interrupted run of this job. "
                 "Pass --resume to continue it (only lines without a result run), or --restart to "
                 "discard them.")
-        if staging.exists() and job.resume and not job.restart:
+        if staging.has_files() and job.resume and not job.restart:
             staging.check_inputs([list(f) for f in fingerprint])
             return "resume"
     except StagingError as exc:

@@ -88,8 +88,11 @@ def _open_staging(plan: JobPlan, lease: OutputLease | None) -> tuple[Staging, Co
     if lease is not None:
         staging.guard = lease.check
     try:
+        manifest = {"inputs": plan.fingerprint_json, "output": plan.targets.output,
+                    "errors": plan.targets.errors}
         if plan.start == "resume":
             staging.clean_scratch()
+            staging.repair_manifest(manifest)
             committed = staging.scan()
             log.info("resuming: %d lines already have a committed record in %s",
                      committed.count, url)
@@ -97,8 +100,7 @@ def _open_staging(plan: JobPlan, lease: OutputLease | None) -> tuple[Staging, Co
         staging.clear()
         if plan.targets.metrics:  # "completed" is no longer true
             plan.storage.remove(plan.targets.metrics)
-        staging.create({"inputs": plan.fingerprint_json, "output": plan.targets.output,
-                        "errors": plan.targets.errors})
+        staging.create(manifest)
         return staging, Committed()
     except StagingError as exc:
         raise BatchConfigError(str(exc)) from exc

@@ -4,10 +4,13 @@ A staging folder beside the output holds `manifest.json` (what job this is: its 
 committed parts `part-AAAAA-SSSSS.jsonl` (attempt, sequence). A part is written whole and then
 published atomically (fsync + rename locally, one PUT on an object store), so a part that exists
 is complete; anything else in the folder is scratch from a crash and is ignored (and `lock`,
-left by versions that locked the folder; the output's lease now keeps one run per job). A
-part's first
-line is a header listing its records' input positions and states, so resuming reads only
-headers; each record line is `POSITION STATE JSON`, sorted by position within the part.
+left by versions that locked the folder; the output's lease now keeps one run per job).
+
+A part's first line is a header listing its records' input positions and states, their count and the body's
+sha256 (part_format.py); each record line is `POSITION STATE JSON`, sorted by position within
+the part. A resume reads and verifies every part (a damaged one is discarded with a warning and
+its lines run again); the merge verifies them again as it streams and publishes nothing when
+one does not match.
 
 At the end the parts are merged by position (k-way, at most FAN_IN files open, more passes when
 there are more parts) into the output and error files; for a position committed twice (a retried
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import logging
 import os
 import re
 import shutil
@@ -25,6 +29,7 @@ from array import array
 from dataclasses import dataclass
 from typing import IO, Callable, Iterator
 
+from batchrun.batch.job.part_format import PartDamaged, checked_records, encode_part, read_header
 from batchrun.batch.storage import io
 from batchrun.batch.storage.store import NO_OPTIONS, Storage
 from batchrun.batch.storage.lines import split_position
@@ -35,10 +40,19 @@ _PART = re.compile(r"^part-(\d{5,})-(\d{6,})\.jsonl$")
 _MANIFEST = "manifest.json"
 _LOCK = "lock"
 _FORMAT = 1
+log = logging.getLogger("batchrun.batch")
 
 
 class StagingError(ValueError):
     """The staging folder belongs to another job or is not batchrun's (a usage error)."""
+
+
+class ManifestDamaged(StagingError):
+    """manifest.json is not what batchrun wrote (a resume rewrites it)."""
+
+
+class DamagedStagingError(RuntimeError):
+    """A committed part turned out damaged while merging (exit 1; a resume reruns its lines)."""
 
 
 @dataclass(slots=True)
@@ -128,7 +142,13 @@ class Staging:
 
     def manifest(self) -> dict:
         with self._open(_MANIFEST) as f:
-            data = json.loads(f.read())
+            raw = f.read()
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ManifestDamaged(f"{self._path(_MANIFEST)} is damaged (not JSON: {exc})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("inputs", []), list):
+            raise ManifestDamaged(f"{self._path(_MANIFEST)} is damaged (not a batchrun manifest)")
         if data.get("batchrun_staging") != _FORMAT:
             raise StagingError(f"{self.url} is not a batchrun staging folder of this version")
         return data
@@ -138,22 +158,44 @@ class Staging:
         may have changed (a truncated file replaced, a line edited): each committed record keeps
         the digest of its input line, so the run notices what changed, and the merge leaves out
         positions past the end of the inputs as read."""
-        old = self.manifest().get("inputs")
+        try:
+            old = self.manifest().get("inputs")
+        except (ManifestDamaged, FileNotFoundError) as exc:
+            # The parts carry each record's input-line digest: a resume can still tell what
+            # changed; repair_manifest rewrites it.
+            log.warning("%s; resuming by the committed parts' own line digests",
+                        exc if isinstance(exc, ManifestDamaged) else
+                        f"{self._path(_MANIFEST)} is missing")
+            return
         if old is None or len(old) != len(inputs) or any(a[0] != b[0] for a, b in zip(old, inputs)):
             raise StagingError(
                 f"{self.url} holds results of a run over other inputs ({_describe(old)}; now "
                 f"{_describe(inputs)}). Use --restart to discard them or another output path.")
 
+    def repair_manifest(self, manifest: dict) -> None:
+        """Rewrite a missing or damaged manifest (resuming: check_inputs warned of it)."""
+        try:
+            self.manifest()
+        except (ManifestDamaged, FileNotFoundError):
+            self.create(manifest)
+
     # --- commit -----------------------------------------------------------------------------
 
     def scan(self) -> Committed:
-        """Read every committed part's header; start a new attempt after the last one."""
+        """Read and verify every committed part; start a new attempt after the last one. A
+        damaged part is removed, with a warning naming it: its lines run again."""
         committed = Committed()
         last = 0
         for name in self.parts():
             last = max(last, int(_PART.match(name).group(1)))
-            with self._open(name, small=True) as f:
-                header = json.loads(f.readline())
+            try:
+                with self._open(name) as f:
+                    header = read_header(f)
+                    for _ in checked_records(f, header):
+                        pass
+            except PartDamaged as exc:
+                self._discard(name, exc)
+                continue
             digests = header.get("digests") or [0] * len(header["positions"])
             for pos, state, digest in zip(header["positions"], header["states"], digests):
                 source, line = split_position(pos)
@@ -161,20 +203,19 @@ class Staging:
         self.attempt, self._seq = last + 1, 0
         return committed
 
+    def _discard(self, name: str, why: Exception) -> None:
+        log.warning("the committed part %s is damaged (%s): discarded, its lines run again",
+                    self._path(name), why)
+        self._remove([name])
+
     def commit(self, records: list[Record]) -> str | None:
         if not records:
             return None
-        records = sorted(records, key=lambda r: r.pos)
-        header = {"positions": [r.pos for r in records],
-                  "states": "".join(str(r.state) for r in records),
-                  "digests": [r.digest for r in records]}
-        chunks = [json.dumps(header), "\n"]
-        for r in records:
-            chunks.append(f"{r.pos} {r.state} {r.text}\n")
+        data = encode_part(sorted(records, key=lambda r: r.pos))
         self.guard()
         self._seq += 1
         name = f"part-{self.attempt:05d}-{self._seq:06d}.jsonl"
-        self._write_whole(name, "".join(chunks).encode("utf-8"))
+        self._write_whole(name, data)
         return name
 
     # --- merge ------------------------------------------------------------------------------
@@ -215,7 +256,7 @@ class Staging:
         from the latest run."""
         streams = [self._open(name) for name in runs]
         try:
-            iters = [self._records(f, order, name.startswith("part-"))
+            iters = [self._records(f, order, name)
                      for order, (f, name) in enumerate(zip(streams, runs))]
             pending = None
             for rec in heapq.merge(*iters):
@@ -228,10 +269,18 @@ class Staging:
             for f in streams:
                 f.close()
 
-    @staticmethod
-    def _records(f: IO[bytes], order: int, has_header: bool) -> Iterator[tuple[int, int, int, str]]:
-        if has_header:
-            f.readline()
+    def _records(self, f: IO[bytes], order: int,
+                 name: str) -> Iterator[tuple[int, int, int, str]]:
+        if name.startswith("part-"):  # verified as it streams: a damaged part stops the merge
+            try:
+                for pos, state, text in checked_records(f, read_header(f)):
+                    yield pos, order, state, text
+            except PartDamaged as exc:
+                self._discard(name, exc)
+                raise DamagedStagingError(
+                    f"the committed part {self._path(name)} was damaged ({exc}); nothing was "
+                    "published: rerun with --resume (its lines run again)") from None
+            return
         for raw in f:
             pos, state, text = raw.decode("utf-8").split(" ", 2)
             yield int(pos), order, int(state), text

@@ -84,6 +84,7 @@ def execute(opts: RunOptions, load: Callable[[str | None, Any], Any] = load_mode
 
 def _execute(opts: RunOptions, plan: Any, load: Callable[[str | None, Any], Any]) -> int:
     from batchrun.batch.job.lease import LeaseLostError
+    from batchrun.batch.job.staging import DamagedStagingError
     from batchrun.batch.job.loop import ChangedInputError, StopRequest
     from batchrun.batch.job.metrics import summary_text
     from batchrun.batch.job.plan import BatchConfigError
@@ -120,7 +121,7 @@ def _execute(opts: RunOptions, plan: Any, load: Callable[[str | None, Any], Any]
                     shutdown()
         except (BatchConfigError, ChangedInputError) as exc:
             raise UsageError(str(exc)) from exc
-        except (InputReadError, LeaseLostError) as exc:
+        except (InputReadError, LeaseLostError, DamagedStagingError) as exc:
             click.echo(f"error: {exc}", err=True)
             return EXIT_CRASH
         except KeyboardInterrupt:
