@@ -150,3 +150,23 @@ def test_heartbeats_keep_a_long_run_fresh(tmp_path):
         OutputLease(output, ttl=0.4).acquire()
     lease.check()
     lease.release()
+
+
+def test_a_second_run_on_a_held_output_is_refused_before_its_model_loads(tmp_path):
+    from batchrun.batch.shell.launch import execute
+    from batchrun.options.job import InputOptions, JobOptions
+    from batchrun.options.run import RunOptions
+    from batchrun.usage import UsageError
+
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                               "body": {"messages": [{"role": "user", "content": "hi"}]}}) + "\n")
+    output = str(tmp_path / "out.jsonl")
+    loaded = []
+    holder = OutputLease(output).acquire()
+    opts = RunOptions(inputs=InputOptions(input=[str(src)]),
+                      job=JobOptions(output=output, progress="none"))
+    with pytest.raises(UsageError, match="another batchrun run is writing") as refused:
+        execute(opts, lambda *a: loaded.append(a))
+    assert refused.value.exit_code == 2 and loaded == []
+    holder.release()

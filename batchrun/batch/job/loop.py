@@ -158,22 +158,36 @@ class Job:
     def _wind_down(self) -> str:
         grace = 0.0 if getattr(self.stop, "immediate", False) else self.config.grace_period
         if self.in_flight:
-            log.warning("stopping: admitting no more lines; %d requests in flight get %.0f s to "
-                        "finish", len(self.in_flight), grace)
+            log.warning("stopping: admitting no more lines; %s; those in flight get %.0f s to "
+                        "finish", self._where_lines_are(), grace)
         deadline = time.monotonic() + grace
         while (self.in_flight and time.monotonic() < deadline
                and not getattr(self.stop, "immediate", False)):
             self.collect(self.engine.step())
             self.maybe_commit()
         if self.in_flight:
-            log.warning("stopping: dropped %d unfinished requests; a resumed run redoes them",
-                        len(self.in_flight))
+            log.warning("stopping: dropped the unfinished lines (%s); a resumed run redoes them",
+                        self._where_lines_are())
         elif self.exhausted:
             self.commit()
             return "completed"  # the stop came after the last line was read: nothing is missing
         self._abort_in_flight()
         self.commit()
         return "interrupted"
+
+    def lines_in_flight(self) -> int:
+        """Input lines in the engine (a completions line may have several requests)."""
+        return len({id(entry) for entry in self.in_flight.values()})
+
+    def _where_lines_are(self) -> str:
+        """Every line of the job accounted for: done, in flight, not started (when known)."""
+        done, flying = self.counts.done, self.lines_in_flight()
+        total = self.counts.total if self.counts.total is not None else (
+            self.read if self.exhausted else None)
+        text = f"{done} lines done, {flying} in flight"
+        if total is not None:
+            text += f", {max(0, total - done - flying)} not started, of {total}"
+        return text
 
     def _abort_in_flight(self) -> None:
         # Leave the engine clean for a caller that keeps using it (tests, a server).

@@ -211,6 +211,8 @@ def _run(model: Any, engine: Any, plan: JobPlan, staging: Staging, committed: Co
                              output=t.output, errors=t.errors)
     result["requests"] = {"total": counts.done, "ok": counts.completed, "failed": counts.failed}
     result["resumed"] = counts.resumed
+    result["lines_in_job"] = counts.total if counts.total is not None else (
+        job_loop.read if job_loop.exhausted else None)
     result["this_run"] = {"ok": metrics.ok, "failed": metrics.failed}
     result["input_fingerprint"] = plan.fingerprint_json
     replicas = getattr(engine, "replica_stats", None)  # an engine on Ray: per replica

@@ -124,6 +124,12 @@ def _execute(opts: RunOptions, plan: Any, load: Callable[[str | None, Any], Any]
         except (InputReadError, LeaseLostError, DamagedStagingError) as exc:
             click.echo(f"error: {exc}", err=True)
             return EXIT_CRASH
+        except BrokenPipeError:
+            _silence_stdout()
+            click.echo(f"error: {_shown(plan.targets.output)} was closed before every record "
+                       "was written (broken pipe: the reading process exited); the output is "
+                       "incomplete", err=True)
+            return EXIT_CRASH
         except KeyboardInterrupt:
             log.warning("interrupted; what finished is committed: rerun with --resume")
             return EXIT_INTERRUPTED
@@ -139,9 +145,20 @@ def _execute(opts: RunOptions, plan: Any, load: Callable[[str | None, Any], Any]
         return EXIT_CRASH
     if result["status"] != "completed":
         if not quiet:
+            lines = result.get("lines_in_job")
+            left = f"; {lines - requests['total']} of {lines} lines not done" if lines else ""
             click.echo(f"interrupted: {requests['total']} lines done ({requests['ok']} ok, "
-                       f"{requests['failed']} failed) and committed; rerun with --resume to "
-                       "finish", err=True)
+                       f"{requests['failed']} failed) and committed{left}; rerun with --resume "
+                       "to finish", err=True)
+        return EXIT_INTERRUPTED
+    if stop.is_set():
+        # The signal came after the last line was read and every line finished within the
+        # grace period: the output is complete, but the run was still interrupted (75, as
+        # documented); a rerun with --resume finds it completed.
+        if not quiet:
+            click.echo(f"interrupted after the last line was read: all {requests['total']} "
+                       "lines finished within the grace period and the output is complete",
+                       err=True)
         return EXIT_INTERRUPTED
     if not quiet:
         click.echo(summary_text(result), err=True)  # it says what earlier attempts did
@@ -170,6 +187,16 @@ def _remember_run(result: dict, model_name: str, opts: RunOptions) -> None:
             save_run(result, run_key(model_name, opts.engine))
         except OSError as exc:  # a read-only home must not fail a finished run
             log.warning("could not keep this run's metrics for `batchrun plan`: %s", exc)
+
+
+def _silence_stdout() -> None:
+    """After EPIPE: point stdout at /dev/null so the interpreter's last flush is quiet."""
+    import os
+    import sys
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _shown(path: str) -> str:
