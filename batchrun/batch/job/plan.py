@@ -73,11 +73,15 @@ class JobPlan:
     targets: Targets
     # fresh: start afresh (clearing any staging); resume: continue from staging; done: an
     # earlier run completed this job over the same inputs (its metrics are `previous`).
-    start: Literal["fresh", "resume", "done"]
+    # Only in a report (`batchrun plan`), where a run would refuse: undecided (staging of an
+    # interrupted run, neither --resume nor --restart), busy (another run holds the lease).
+    start: Literal["fresh", "resume", "done", "undecided", "busy"]
     previous: dict[str, Any] | None
     max_in_flight: int
     # The output's lease when make_plan took it (hold_lease): the caller releases it.
     lease: OutputLease | None = None
+    committed: int = 0  # lines with a committed record in the staging (resume, undecided)
+    busy: str | None = None  # who holds the output's lease (start "busy")
 
     @property
     def input_paths(self) -> list[str]:
@@ -93,10 +97,12 @@ class JobPlan:
         return args if len(args) > 1 else args[0]
 
 
-def make_plan(opts: RunOptions, hold_lease: bool = False) -> JobPlan:
+def make_plan(opts: RunOptions, hold_lease: bool = False, report: bool = False) -> JobPlan:
     """Raises BatchConfigError for everything the user must fix (a usage error), another live
     run writing the output included. With `hold_lease` the plan holds the output's lease (taken
-    before the resume decision, so that decision cannot race another run): release it."""
+    before the resume decision, so that decision cannot race another run): release it. With
+    `report` (`batchrun plan`), what would stop a run on its staging or lease is the plan's
+    `start` (undecided, busy) instead of an error."""
     job, storage = opts.job, Storage(opts.inputs.storage_options)
     try:
         targets = Targets.of(job)
@@ -106,19 +112,30 @@ def make_plan(opts: RunOptions, hold_lease: bool = False) -> JobPlan:
         serving = ServingOptions.of(opts.openai, opts.defaults)
     except (OSError, ValueError) as exc:
         raise BatchConfigError(str(exc)) from exc
-    lease = _lease(job, targets, storage, hold_lease)
+    busy = None
+    try:
+        lease = _lease(job, targets, storage, hold_lease)
+    except BatchConfigError as exc:
+        if not report:
+            raise
+        lease, busy = None, str(exc)
     try:
         fingerprint = tuple((s.path, storage.size(s.path), storage.version(s.path))
                             for s in sources)
         previous = _already_completed(job, targets, storage, fingerprint)
-        start = "done" if previous is not None else _start(job, targets, storage, fingerprint)
+        start = "done" if previous is not None else _start(job, targets, storage, fingerprint,
+                                                           report)
     except BaseException:
         if lease is not None:
             lease.release()
         raise
+    committed = 0
+    if start in ("resume", "undecided") and targets.staging:
+        committed = Staging(targets.staging, storage).committed_lines()
     return JobPlan(opts.inputs, job, serving, opts.engine, storage, sources,
-                   fingerprint, targets, start, previous,
-                   job.max_in_flight or 4 * opts.engine.scheduler.max_num_seqs, lease)
+                   fingerprint, targets, "busy" if busy else start, previous,
+                   job.max_in_flight or 4 * opts.engine.scheduler.max_num_seqs, lease,
+                   committed, busy)
 
 
 def _lease(job: JobOptions, targets: Targets, storage: Storage,
@@ -138,13 +155,17 @@ def _lease(job: JobOptions, targets: Targets, storage: Storage,
     return None
 
 
-def _start(job: JobOptions, targets: Targets, storage: Storage, fingerprint) -> str:
-    """fresh or resume; raises BatchConfigError where the user must decide."""
+def _start(job: JobOptions, targets: Targets, storage: Storage, fingerprint,
+           report: bool = False) -> str:
+    """fresh or resume; raises BatchConfigError where the user must decide (undecided when
+    only reporting)."""
     if not targets.staging:
         return "fresh"
     staging = Staging(targets.staging, storage)
     try:
         if staging.has_files() and not (job.resume or job.restart):
+            if report:
+                return "undecided"
             raise StagingError(
                 f"{staging.url} holds the committed results of an interrupted run of this job. "
                 "Pass --resume to continue it (only lines without a result run), or --restart to "

@@ -203,6 +203,18 @@ class Staging:
         self.attempt, self._seq = last + 1, 0
         return committed
 
+    def committed_lines(self) -> int:
+        """Distinct input lines with a committed record, from the part headers only (no
+        verification, nothing removed: what `batchrun plan` reports)."""
+        positions: set[int] = set()
+        for name in self.parts():
+            try:
+                with self._open(name, small=True) as f:
+                    positions.update(read_header(f)["positions"])
+            except (PartDamaged, OSError):
+                continue
+        return len(positions)
+
     def _discard(self, name: str, why: Exception) -> None:
         log.warning("the committed part %s is damaged (%s): discarded, its lines run again",
                     self._path(name), why)

@@ -153,7 +153,7 @@ def plan(inputs, **kwargs):
         kwargs["output"] = "-"
     opts = _options(lambda: RunOptions.from_cli(inputs, kwargs))
     try:
-        job_plan = make_plan(opts)
+        job_plan = make_plan(opts, report=True)
     except BatchConfigError as exc:
         raise UsageError(str(exc)) from exc
     estimate = estimate_plan(job_plan, shown.calibration, on_stage=lambda text: shown.as_json or
