@@ -8,7 +8,8 @@ import sys
 import click
 
 from batchrun.batch.shell.launch import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, Signals
-from batchrun.options.click_options import pairs
+from batchrun.options.click_options import click_options, pairs
+from batchrun.options.job import JobOptions
 from batchrun.usage import UsageError, model_loader
 
 log = logging.getLogger("batchrun.sweep")
@@ -37,8 +38,9 @@ def sweep() -> None:
 @click.option("--resume", is_flag=True, help="Continue an interrupted sweep: committed results "
               "are not run again, scored models are not scored again.")
 @click.option("--restart", is_flag=True, help="Discard what an interrupted sweep committed.")
+@click_options(JobOptions, only=("overwrite",))
 @click.pass_context
-def run(ctx, spec, variables, resume, restart):
+def run(ctx, spec, variables, resume, restart, overwrite):
     """Run the sweep SPEC (TOML): every cell of its grid over its dataset, scored."""
     from batchrun.batch.job.loop import ChangedInputError, StopRequest
     from batchrun.batch.job.plan import BatchConfigError
@@ -58,7 +60,8 @@ def run(ctx, spec, variables, resume, restart):
 
                 load = ray_loader(parsed.ray, load)
             result = run_sweep(parsed, text, load, resume=resume, restart=restart,
-                               stop=stop, on_stage=lambda m: click.echo(m, err=True))
+                               stop=stop, on_stage=lambda m: click.echo(m, err=True),
+                               overwrite=bool(overwrite))
         except (SpecError, BatchConfigError, ChangedInputError) as exc:
             raise UsageError(str(exc)) from None
         except KeyboardInterrupt:
