@@ -20,8 +20,10 @@ from batchrun.batch.job.idset import IdSet
 from batchrun.batch.job.metrics import RunMetrics
 from batchrun.batch.job.progress import Counts, Reporter
 from batchrun.batch.storage.lines import InputLine, InputReadError
-from batchrun.batch.job.staging import FAILED, OK, RETRYABLE, Committed, Record, Staging
+from batchrun.batch.job.staging import (EXPIRED, FAILED, OK, RETRYABLE, Committed, Record,
+                                        Staging)
 from batchrun.engine.errors import PromptTooLongError
+from batchrun.openai.batch_expired import expired_line
 from batchrun.openai.protocol import LineError, RequestError, peek_custom_id
 from batchrun.openai.response import batch_error_line, batch_output_line, engine_error
 
@@ -119,13 +121,18 @@ class Job:
         self.last_lines: dict[int, int] = {}  # source -> its last line read
         self.buffer: list[Record] = []
         self.buffer_since = 0.0
+        self.deadline = getattr(plan, "deadline", None)  # Unix time, or None
+        self.expired = 0  # lines given a batch_expired error line
 
     # --- the loop ---------------------------------------------------------------------------
 
     def run(self) -> str:
-        """'completed' when every line has a committed record, 'interrupted' after a stop."""
+        """'completed' when every line has a committed record, 'interrupted' after a stop,
+        'expired' when the deadline passed (every line has a record then too)."""
         try:
             while True:
+                if self.deadline is not None and time.time() >= self.deadline:
+                    return self._expire()
                 if self._stopping():
                     return self._wind_down()
                 self.admit()
@@ -175,6 +182,48 @@ class Job:
         self.commit()
         return "interrupted"
 
+    def _expire(self) -> str:
+        """The deadline passed: what is done stays; each line in flight or not yet started
+        gets a batch_expired error line (state EXPIRED: a resume runs it)."""
+        when = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.deadline))
+        message = f"This request was not run before the batch's deadline ({when})."
+        unfinished = {id(e): e for e in self.in_flight.values()}
+        self._abort_in_flight()
+        for entry in unfinished.values():
+            self._record_expired(entry, entry.prepared.custom_id, message)
+        while not self.exhausted:
+            try:
+                item = next(self.lines)
+            except (StopIteration, InputReadError) as exc:
+                self.read_error = exc if isinstance(exc, InputReadError) else None
+                self.exhausted = True
+                break
+            self.read += 1
+            self.last_lines[item.source] = item.line
+            state = self.committed.get(item.source, item.line)
+            if state and state != EXPIRED and not self.committed.changed(
+                    item.source, item.line, item.digest):
+                self._skip(item, state)
+                continue
+            self._record_expired(item, item.custom_id if item.problem is not None
+                                 else peek_custom_id(item.text), message)
+        if self.counts.total != self.read:
+            self.reporter.set_total(self.read)
+        log.warning("the deadline %s passed: %d lines got a batch_expired error line", when,
+                    self.expired)
+        self.commit()
+        if self.read_error is not None:
+            raise self.read_error
+        return "expired"
+
+    def _record_expired(self, at: InputLine | _InFlight, custom_id: str | None,
+                        message: str) -> None:
+        self._record(at, EXPIRED, expired_line(custom_id, message))
+        self.expired += 1
+        self.metrics.record_failed()
+        self.counts.failed += 1
+        self.reporter.advance()
+
     def lines_in_flight(self) -> int:
         """Input lines in the engine (a completions line may have several requests)."""
         return len({id(entry) for entry in self.in_flight.values()})
@@ -220,7 +269,7 @@ class Job:
         if state and self.committed.changed(item.source, item.line, item.digest):
             self._changed(item)
             state = 0
-        if state and not (state == RETRYABLE and self.config.retry_failed):
+        if state and state != EXPIRED and not (state == RETRYABLE and self.config.retry_failed):
             self._skip(item, state)
             return
         try:

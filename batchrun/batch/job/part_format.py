@@ -37,7 +37,7 @@ def read_header(f: IO[bytes]) -> dict:
         positions, states = header["positions"], header["states"]
         ok = (isinstance(positions, list) and isinstance(states, str)
               and len(positions) == len(states) and all(type(p) is int for p in positions)
-              and set(states) <= {"1", "2", "3"})
+              and set(states) <= {"1", "2", "3", "4"})
         digests = header.get("digests")
         ok = ok and (digests is None or (isinstance(digests, list)
                                          and len(digests) == len(positions)))

@@ -10,6 +10,7 @@ resume from staging, or nothing to do because this job already completed over th
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -21,6 +22,7 @@ from batchrun.batch.storage.lines import Source
 from batchrun.batch.storage.readers import check_sources, open_sources
 from batchrun.batch.job.staging import Staging, StagingError
 from batchrun.batch.storage.store import Storage
+from batchrun.options.durations import parse_deadline
 from batchrun.options.engine import EngineConfig
 from batchrun.options.job import InputOptions, JobOptions
 from batchrun.openai.serving import ServingOptions
@@ -82,6 +84,7 @@ class JobPlan:
     lease: OutputLease | None = None
     committed: int = 0  # lines with a committed record in the staging (resume, undecided)
     busy: str | None = None  # who holds the output's lease (start "busy")
+    deadline: float | None = None  # Unix time: lines not done by then expire (--deadline)
 
     @property
     def input_paths(self) -> list[str]:
@@ -135,7 +138,8 @@ def make_plan(opts: RunOptions, hold_lease: bool = False, report: bool = False) 
     return JobPlan(opts.inputs, job, serving, opts.engine, storage, sources,
                    fingerprint, targets, "busy" if busy else start, previous,
                    job.max_in_flight or 4 * opts.engine.scheduler.max_num_seqs, lease,
-                   committed, busy)
+                   committed, busy,
+                   parse_deadline(job.deadline, time.time()) if job.deadline else None)
 
 
 def _lease(job: JobOptions, targets: Targets, storage: Storage,

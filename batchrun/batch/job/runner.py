@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -199,10 +200,11 @@ def _run(model: Any, engine: Any, plan: JobPlan, staging: Staging, committed: Co
         reporter.close()
 
     merged = None
-    if status == "completed" or job.merge_on_stop or getattr(stop, "merge", False):
+    whole = status in ("completed", "expired")  # every line has a record
+    if whole or job.merge_on_stop or getattr(stop, "merge", False):
         if lease is not None:
             lease.confirm()  # this run still owns the output, right before it publishes it
-        merged = _finalize(staging, plan, job_loop.last_lines if status == "completed" else None)
+        merged = _finalize(staging, plan, job_loop.last_lines if whole else None)
     elif t.staging is None:
         log.warning("the committed results are in %s; rerun with --staging %s --resume to "
                     "continue", staging.url, staging.url)
@@ -218,7 +220,11 @@ def _run(model: Any, engine: Any, plan: JobPlan, staging: Staging, committed: Co
     replicas = getattr(engine, "replica_stats", None)  # an engine on Ray: per replica
     if replicas is not None:
         result["replicas"] = replicas()
-    if status == "completed" and merged is not None and sum(merged.values()) != counts.done:
+    if status == "expired":
+        result["expired"] = job_loop.expired
+        result["expired_at"] = time.time()
+        result["deadline"] = plan.deadline
+    if whole and merged is not None and sum(merged.values()) != counts.done:
         # Never a completed run with records missing: the staging stays for --resume.
         result["status"] = "incomplete"
         result["merged_records"] = sum(merged.values())
@@ -226,7 +232,8 @@ def _run(model: Any, engine: Any, plan: JobPlan, staging: Staging, committed: Co
                   "stay in %s", sum(merged.values()), counts.done, staging.url)
     if t.metrics:
         plan.storage.write_json(t.metrics, result)
-    if merged is not None and result["status"] != "incomplete":
+    # An expired job keeps its staging too: --resume runs only its expired lines.
+    if merged is not None and result["status"] not in ("incomplete", "expired"):
         # Last: while staging exists a rerun re-merges; once it is gone, the metrics file
         # (written above) says the job is complete.
         staging.remove()

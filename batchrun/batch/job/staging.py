@@ -34,7 +34,9 @@ from batchrun.batch.storage import io
 from batchrun.batch.storage.store import NO_OPTIONS, Storage
 from batchrun.batch.storage.lines import split_position
 
-OK, FAILED, RETRYABLE = 1, 2, 3  # committed states of an input line
+# Committed states of an input line. EXPIRED: not done by the job's deadline (a batch_expired
+# error line); a resume runs it again.
+OK, FAILED, RETRYABLE, EXPIRED = 1, 2, 3, 4
 FAN_IN = 32
 _PART = re.compile(r"^part-(\d{5,})-(\d{6,})\.jsonl$")
 _MANIFEST = "manifest.json"
@@ -252,7 +254,7 @@ class Staging:
                 merged.append(name)
             self._remove([r for r in runs if r.startswith("merge-")])
             runs = merged
-        counts = {OK: 0, FAILED: 0, RETRYABLE: 0}
+        counts = {OK: 0, FAILED: 0, RETRYABLE: 0, EXPIRED: 0}
         for pos, state, text in self._merged(runs):
             if last_lines is not None:
                 source, line = split_position(pos)

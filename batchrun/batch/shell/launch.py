@@ -9,6 +9,8 @@ Exit codes:
       of an interrupted run and neither --resume nor --restart, another live run writing the
       same output); nothing was run
   3   the run completed but more lines failed than --max-failed-fraction allows
+  4   the --deadline passed: the lines done are in the output, every other line has a
+      batch_expired error line; rerun with --resume (and a new --deadline) to run only those
   75  interrupted (SIGTERM/SIGINT): what finished is committed; rerun with --resume
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from typing import Any, Callable
 
 import click
@@ -24,7 +27,8 @@ from batchrun import phases
 from batchrun.options.run import RunOptions
 from batchrun.usage import UsageError, load_model
 
-EXIT_OK, EXIT_CRASH, EXIT_USAGE, EXIT_TOO_MANY_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 75
+EXIT_OK, EXIT_CRASH, EXIT_USAGE, EXIT_TOO_MANY_FAILED, EXIT_EXPIRED, EXIT_INTERRUPTED = \
+    0, 1, 2, 3, 4, 75
 log = logging.getLogger("batchrun.batch")
 
 
@@ -92,6 +96,8 @@ def _execute(opts: RunOptions, plan: Any, load: Callable[[str | None, Any], Any]
     from batchrun.batch.job.runner import run_batch
 
     quiet = opts.job.quiet
+    if plan.deadline is not None and plan.deadline <= time.time():
+        raise UsageError(f"--deadline {opts.job.deadline} has already passed")
     if plan.start == "done":
         if not quiet:
             click.echo(f"already completed: {plan.targets.output} holds this job's results over "
@@ -143,6 +149,14 @@ def _execute(opts: RunOptions, plan: Any, load: Callable[[str | None, Any], Any]
                    f"{result['merged_records']} records for {requests['total']} input lines; "
                    "the committed parts are kept: rerun with --resume", err=True)
         return EXIT_CRASH
+    if result["status"] == "expired":
+        if not quiet:
+            click.echo(f"deadline passed: {requests['ok']} lines ok and "
+                       f"{requests['failed'] - result['expired']} failed are in the output; "
+                       f"{result['expired']} lines not done got a batch_expired error line in "
+                       f"{_shown(plan.targets.errors)}; rerun with --resume (and a later "
+                       "--deadline) to run only those", err=True)
+        return EXIT_EXPIRED
     if result["status"] != "completed":
         if not quiet:
             lines = result.get("lines_in_job")
