@@ -170,3 +170,16 @@ def test_a_second_run_on_a_held_output_is_refused_before_its_model_loads(tmp_pat
         execute(opts, lambda *a: loaded.append(a))
     assert refused.value.exit_code == 2 and loaded == []
     holder.release()
+
+
+def test_a_store_without_conditional_writes_gets_a_best_effort_lease(caplog):
+    output = "memory://lease-test/out.jsonl"
+    with caplog.at_level(logging.WARNING, logger="batchrun.batch"):
+        first = OutputLease(output).acquire()
+    assert not first.store.atomic and "best effort" in caplog.text
+    with pytest.raises(OutputBusyError):
+        OutputLease(output).acquire()
+    first.renew()
+    first.check()
+    first.release()
+    OutputLease(output).acquire().release()
