@@ -183,3 +183,28 @@ def test_a_store_without_conditional_writes_gets_a_best_effort_lease(caplog):
     first.check()
     first.release()
     OutputLease(output).acquire().release()
+
+
+def test_a_run_that_loses_its_lease_stops_committing_and_publishes_nothing(tmp_path):
+    from batchrun.batch.job.runner import run_batch
+    from tests.fake_engine import fake_model
+    from tests.unit.test_batch_resume import LINES, config, write_input
+
+    src = write_input(tmp_path, LINES[:30])
+    plan = config(tmp_path, src, max_in_flight=4, commit_every=3, hold_lease=True)
+    output = str(tmp_path / "out.jsonl")
+    commits = []
+
+    def taken_over(counts):  # after the first commit, another run takes the lease over
+        commits.append(counts)
+        if len(commits) == 1:
+            store = conditional_object(lease_url(output))
+            store.replace(foreign_lease(1, 0), store.read().token)
+            plan.lease._renewed -= plan.lease.ttl  # as if the process had stalled that long
+    with pytest.raises(LeaseLostError, match="another run owns it now"):
+        run_batch(fake_model(), plan, on_progress=taken_over)
+    plan.lease.release()
+    assert not (tmp_path / "out.jsonl").exists()
+    parts = list((tmp_path / "out.jsonl.batchrun-staging").glob("part-*"))
+    assert len(parts) == 1  # nothing committed after the lease was lost
+    assert Holder.parse(conditional_object(lease_url(output)).read().data).owner == "x"

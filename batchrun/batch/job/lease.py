@@ -190,6 +190,14 @@ class OutputLease:
         log.error("lost the lease on %s: %s; this run stops writing", self.output, why)
 
     def check(self) -> None:
+        """Before every commit. A renewal older than half the TTL (the heartbeat thread was
+        stalled with the rest of the process: a paused VM, SIGSTOP) is redone first, so a run
+        that wakes up after being taken over learns it before it writes."""
+        if not self.lost and time.monotonic() - self._renewed > self.ttl / 2:
+            try:
+                self.renew()
+            except Exception as exc:  # the store is unreachable: the commit will say so
+                log.warning("could not renew the lease %s: %s", self.url, exc)
         if self.lost:
             raise LeaseLostError(f"this run lost the lease on {self.output}: {self.lost}; "
                                  "another run owns it now")
