@@ -13,7 +13,8 @@ import click
 if TYPE_CHECKING:
     from batchrun.options.ray import RayOptions
 
-EXIT_OK, EXIT_CRASH, EXIT_USAGE, EXIT_TOO_MANY_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 75
+EXIT_OK, EXIT_CRASH, EXIT_USAGE, EXIT_TOO_MANY_FAILED, EXIT_EXPIRED, EXIT_INTERRUPTED = \
+    0, 1, 2, 3, 4, 75
 INTERRUPTED = "interrupted; what finished is committed: rerun with --resume"
 
 # (model name or path, EngineConfig) -> a loaded model (batchrun.served_model.ServedModel)

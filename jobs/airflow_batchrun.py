@@ -27,7 +27,7 @@ NO_RETRY = {2: "usage or configuration error", 3: "more lines failed than the sp
     schedule="30 2 * * *",
     start_date=datetime(2024, 1, 1),
     catchup=False,
-    max_active_runs=1,  # two runs of one date must not share a staging folder
+    max_active_runs=1,  # the output's lease would refuse a second run of one date (exit 2)
     default_args={"retries": 3, "retry_delay": timedelta(minutes=10)},
     tags=["batchrun"],
 )

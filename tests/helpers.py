@@ -97,7 +97,8 @@ def tiny_engine(arch, tmp_path, **overrides):
 def job_plan(**options):
     """The JobPlan of a run, from keywords: `input=` (a path or a list), `output=`, any option
     by its public name (resume=True, max_in_flight=8, tool_parser="hermes", ...), and
-    `defaults=RequestDefaults(...)`. Raises BatchConfigError as the run would."""
+    `defaults=RequestDefaults(...)`, `hold_lease=True` (the plan holds the output's lease, as
+    the CLI's does). Raises BatchConfigError as the run would."""
     from batchrun.batch.job.plan import make_plan
     from batchrun.options.engine import EngineConfig
     from batchrun.options.fields import public_fields, validate
@@ -106,6 +107,7 @@ def job_plan(**options):
     from batchrun.options.run import RunOptions
 
     defaults = options.pop("defaults", None) or RequestDefaults()
+    hold_lease = options.pop("hold_lease", False)
     if isinstance(options.get("input"), str):
         options["input"] = [options["input"]]
     sections = {}
@@ -116,7 +118,7 @@ def job_plan(**options):
         raise TypeError(f"not options: {', '.join(options)}")
     return make_plan(RunOptions(inputs=sections[InputOptions], job=sections[JobOptions],
                                 engine=sections[EngineConfig], openai=sections[OpenAIOptions],
-                                defaults=defaults))
+                                defaults=defaults), hold_lease=hold_lease)
 
 
 TERMINAL_BATCH = ("completed", "failed", "cancelled", "expired")

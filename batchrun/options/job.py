@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from batchrun.options.durations import parse_deadline
 from batchrun.options.fields import option
 
 FormatName = Literal["jsonl", "jsonl.gz", "jsonl.zst", "jsonl.bz2", "jsonl.xz", "parquet"]
@@ -55,9 +56,17 @@ class JobOptions(BaseModel):
     restart: bool = option(False, "Discard what an interrupted run committed.")
     overwrite: bool = option(False, "Replace an existing output or error file that is not this "
                              "job's own result (without it, that is a usage error).")
+    lease_ttl: float = option(
+        60.0, "Seconds after its last heartbeat (every TTL/4) before a run's lease on the "
+        "output may be taken over by another run (a crashed run's lease; on the same machine "
+        "a dead process's lease is taken over at once).", gt=0)
     on_changed_input: Literal["rerun", "fail"] = option(
         "rerun", "Resuming, a line whose content changed since its result was committed: run it "
         "again, or stop with exit code 2.")
+    deadline: str | None = option(
+        None, "Stop at this time: a duration from the start (24h, 30m, 1h30m) or an ISO 8601 "
+        "timestamp. Lines not done by then get batch_expired error lines (exit code 4); "
+        "--resume later runs only those.", metavar="DURATION|TIMESTAMP")
     retry_failed: bool = option(False, "With --resume, also rerun lines whose error was "
                                 "retryable (engine errors, not validation errors).")
     max_failed_fraction: float | None = option(
@@ -81,6 +90,14 @@ class JobOptions(BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] | None = option(
         None, "Log level of batchrun's messages; debug adds the start-up phase timings "
         "(imports, weights, tokenizer, kernels, first step) [default: info; warning with -q].")
+
+
+    @field_validator("deadline")
+    @classmethod
+    def _a_deadline(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_deadline(value, 0.0)  # ValueError: pydantic names the field
+        return value
 
 
 class PlanOptions(BaseModel):

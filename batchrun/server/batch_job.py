@@ -48,16 +48,22 @@ def batch_in_flight(state) -> int:
     return max(1, share)
 
 
-def run_options(state, input_path: Path, work_dir: Path):
+def run_options(state, input_path: Path, work_dir: Path, expires_at: int | None = None):
     """The batch runner's options for one batch. Results are committed to a staging folder in
-    the batch's work dir as they complete, so a restarted server resumes where it stopped."""
+    the batch's work dir as they complete, so a restarted server resumes where it stopped.
+    `expires_at` (Unix time, the end of the completion_window) is the job's deadline."""
+    from datetime import datetime, timezone
+
     from batchrun.options.job import InputOptions, JobOptions
     from batchrun.options.run import RunOptions
 
+    deadline = None if expires_at is None else \
+        datetime.fromtimestamp(expires_at, timezone.utc).isoformat()
     job = JobOptions(output=str(work_dir / "output.jsonl"), errors=str(work_dir / "errors.jsonl"),
                      metrics=str(work_dir / "metrics.json"), staging=str(work_dir / "staging"),
                      resume=True, max_in_flight=batch_in_flight(state), progress="none",
-                     commit_interval=0.5)  # request_counts follow commits: keep them fresh
+                     commit_interval=0.5,  # request_counts follow commits: keep them fresh
+                     deadline=deadline)
     return RunOptions(inputs=InputOptions(input=[str(input_path)]), job=job,
                       openai=state.serving_options.openai,
                       defaults=state.serving_options.defaults)
@@ -89,4 +95,4 @@ def committed_result(work_dir: Path) -> RunResult | None:
     if not path.exists():
         return None
     summary = json.loads(path.read_text())
-    return RunResult.of(summary) if summary.get("status") == "completed" else None
+    return RunResult.of(summary) if summary.get("status") in ("completed", "expired") else None

@@ -1,7 +1,9 @@
 """The Batches API: batch jobs run by the batch runner inside the server, on the shared engine.
 
 Lifecycle: validating -> in_progress -> finalizing -> completed, or failed (the input cannot run),
-or cancelling -> cancelled (partial results are kept). Batch work goes into the engine at a lower
+or cancelling -> cancelled (partial results are kept), or expired: the completion_window ("24h",
+OpenAI's only value; also "1h", "30m", ...) passed first, the lines done are in the output file
+and every other line has a batch_expired error line. Batch work goes into the engine at a lower
 priority than interactive requests and holds back a few sequence slots for them. Each batch object
 is a JSON file under the data directory; a server restarted mid-batch runs it again.
 """
@@ -27,6 +29,7 @@ from batchrun.batch.job.result import RunResult
 from batchrun.engine.sync_client import SyncEngineClient
 from batchrun.openai.batch_usage import empty_usage
 from batchrun.openai.wire import SUPPORTED_URLS, from_validation_error
+from batchrun.options.durations import parse_duration
 from batchrun.server.errors import APIError, not_found
 from batchrun.server.files import ExpiresAfter
 from batchrun.server.stored import load_objects, write_json_atomic
@@ -38,7 +41,6 @@ STATUSES = (*ACTIVE, "completed", "failed", "cancelled", "expired")
 # What the manager reads of a stored batch object; a file without them is quarantined.
 BATCH_FIELDS = {"id": str, "status": str, "endpoint": str, "input_file_id": str,
                 "created_at": int, "in_progress_at": (int, NoneType), "request_counts": dict}
-COMPLETION_WINDOWS = ("24h",)
 MAX_ERRORS_LISTED = 10
 # OpenAI's metadata: at most 16 pairs, keys up to 64 characters, values up to 512.
 MetadataKey = Annotated[str, StringConstraints(max_length=64)]
@@ -105,9 +107,12 @@ class BatchManager:
         if req.endpoint not in SUPPORTED_URLS:
             raise APIError(f"endpoint: {req.endpoint!r} is not supported (supported: "
                            f"{', '.join(SUPPORTED_URLS)})", code="invalid_value", param="endpoint")
-        if req.completion_window not in COMPLETION_WINDOWS:
-            raise APIError(f"completion_window: must be one of {', '.join(COMPLETION_WINDOWS)}",
-                           code="invalid_value", param="completion_window")
+        try:
+            window = parse_duration(req.completion_window)
+        except ValueError:
+            raise APIError("completion_window: must be a duration such as 24h (OpenAI's only "
+                           f"value), 1h or 30m, not {req.completion_window!r}",
+                           code="invalid_value", param="completion_window") from None
         file = self.state.files.get(req.input_file_id)
         if file["purpose"] != "batch":
             raise APIError(f"input_file_id: file {file['id']} has purpose {file['purpose']!r}, "
@@ -118,7 +123,7 @@ class BatchManager:
             "model": self.state.served_name, "errors": None,
             "input_file_id": req.input_file_id, "completion_window": req.completion_window,
             "status": "validating", "output_file_id": None, "error_file_id": None,
-            "created_at": now, "in_progress_at": None, "expires_at": now + 24 * 3600,
+            "created_at": now, "in_progress_at": None, "expires_at": now + max(1, round(window)),
             "finalizing_at": None, "completed_at": None, "failed_at": None, "expired_at": None,
             "cancelling_at": None, "cancelled_at": None,
             "request_counts": {"total": 0, "completed": 0, "failed": 0},
@@ -227,7 +232,7 @@ class BatchManager:
             return
 
         running = _Running(SyncEngineClient(self.state.engine, BATCH_PRIORITY),
-                           run_options(self.state, input_path, work_dir))
+                           run_options(self.state, input_path, work_dir, obj["expires_at"]))
         with self._lock:
             obj = self._batches[batch_id]
             if obj["status"] == "cancelling":
@@ -255,12 +260,12 @@ class BatchManager:
             running.client.close()
             with self._lock:
                 self._running.pop(batch_id, None)
-        if not result.completed and self._stopping.is_set():
+        if not result.finished and self._stopping.is_set():
             return  # server shutdown: stays in_progress, resumes from staging on restart
         self._finalize(batch_id, work_dir, result)
 
     def _finalize(self, batch_id: str, work_dir: Path, result: RunResult) -> None:
-        completed = result.completed
+        completed = result.finished
         if completed:
             self._set(batch_id, status="finalizing", finalizing_at=_now())
         from batchrun.server.batch_job import output_usage
@@ -280,11 +285,15 @@ class BatchManager:
                                                   "batch_output", expires_after)["id"]
         total = max(self.get(batch_id)["request_counts"]["total"], ok + failed)
         fields["request_counts"] = {"total": total, "completed": ok, "failed": failed}
-        if completed:
+        if result.status == "expired":
+            fields.update(status="expired", expired_at=_now())
+            self.state.metrics.batch_lines_expired.inc(result.summary.get("expired", 0))
+        elif completed:
             fields.update(status="completed", completed_at=_now())
         else:
             fields.update(status="cancelled", cancelled_at=_now())
         self._set(batch_id, **fields)
+        self.state.metrics.batches_ended.labels(fields["status"]).inc()
         shutil.rmtree(work_dir, ignore_errors=True)
 
     def _fail_deleted(self, batch_id: str, file_id: str) -> None:
@@ -294,6 +303,7 @@ class BatchManager:
         self._set(batch_id, status="failed", failed_at=_now(), errors={
             "object": "list", "data": [{"code": code, "message": message, "param": None,
                                         "line": None}]})
+        self.state.metrics.batches_ended.labels("failed").inc()
 
 
 class _Running:

@@ -41,7 +41,7 @@ def serve(ctx, model, **kwargs):
 
     from batchrun.openai.serving import ServingOptions
     from batchrun.server.app import create_app
-    from batchrun.server.listener import uvicorn_options
+    from batchrun.server.listener import bind_listener, uvicorn_options
     from batchrun.server.state import ServerState
 
     _api_key_from_env(kwargs)
@@ -55,9 +55,19 @@ def serve(ctx, model, **kwargs):
     if server.data_dir is None:
         server = server.model_copy(update={"data_dir": default_data_dir()})
     logging.getLogger().setLevel(server.log_level.upper())
-    loaded = model_loader(ctx)(model, engine_config)
-    state = ServerState(loaded, server, serving)
-    click.echo(f"serving {state.served_name} on http://{server.host}:{server.port} (data in "
-               f"{server.data_dir}{', API key required' if server.api_key else ''})", err=True)
-    uvicorn.run(create_app(state), host=server.host, port=server.port,
-                log_level=server.log_level, **uvicorn_options(server))
+    try:
+        sock = bind_listener(server.host, server.port)
+    except OSError as exc:
+        raise UsageError(str(exc)) from None
+    with sock:
+        loaded = model_loader(ctx)(model, engine_config)
+        state = ServerState(loaded, server, serving)
+        click.echo(f"serving {state.served_name} on http://{server.host}:{server.port} (data in "
+                   f"{server.data_dir}{', API key required' if server.api_key else ''})",
+                   err=True)
+        config = uvicorn.Config(create_app(state), host=server.host, port=server.port,
+                                log_level=server.log_level, **uvicorn_options(server))
+        try:
+            uvicorn.Server(config).run(sockets=[sock])
+        except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it shut down on (as uvicorn.run)
+            pass

@@ -9,8 +9,10 @@ connection limit (slowloris).
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
+import socket
 import threading
 import time
 from typing import Any, Iterator
@@ -83,6 +85,22 @@ def uvicorn_options(config) -> dict:
     return {"http": functools.partial(ReadTimeoutProtocol, read_timeout=config.read_timeout),
             "timeout_keep_alive": config.timeout_keep_alive, "limit_concurrency": limit,
             "timeout_graceful_shutdown": 5}
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads: a port that is taken is an error
+    in a second, not after the weights are read. OSError names the address."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT is ok
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+                      + (" (another process uses that port; choose another with --port)"
+                         if exc.errno == errno.EADDRINUSE else "")) from None
+    return sock
 
 
 @contextlib.contextmanager

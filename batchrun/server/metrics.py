@@ -95,6 +95,15 @@ class ServerMetrics:
                              "From arrival in the engine to the last token.", ("source",),
                              buckets=LATENCY_BUCKETS, registry=reg)
 
+        self.batches_ended = Counter("batchrun_batches_ended",
+                                     "Batches of the Batches API that ended, by final status "
+                                     "(completed, failed, cancelled, expired).", ("status",),
+                                     registry=reg)
+        self.batch_lines_expired = Counter("batchrun_batch_requests_expired",
+                                           "Batch requests given a batch_expired error line "
+                                           "because their batch's completion_window passed.",
+                                           registry=reg)
+
     def attach_engine(self, ae) -> None:
         """Gauges of the engine behind `ae` (an AsyncEngine)."""
         self.registry.register(EngineCollector(ae))

@@ -9,7 +9,8 @@ import click
 
 from batchrun.commandkit import (EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, Signals, UsageError,
                                  interrupted, model_loader, on_ray)
-from batchrun.options.click_options import pairs
+from batchrun.options.click_options import click_options, pairs
+from batchrun.options.job import JobOptions
 
 log = logging.getLogger("batchrun.sweep")
 
@@ -37,8 +38,9 @@ def sweep() -> None:
 @click.option("--resume", is_flag=True, help="Continue an interrupted sweep: committed results "
               "are not run again, scored models are not scored again.")
 @click.option("--restart", is_flag=True, help="Discard what an interrupted sweep committed.")
+@click_options(JobOptions, only=("overwrite",))
 @click.pass_context
-def run(ctx, spec, variables, resume, restart):
+def run(ctx, spec, variables, resume, restart, overwrite):
     """Run the sweep SPEC (TOML): every cell of its grid over its dataset, scored."""
     from batchrun.batch.job.loop import ChangedInputError, StopRequest
     from batchrun.batch.job.plan import BatchConfigError
@@ -54,7 +56,8 @@ def run(ctx, spec, variables, resume, restart):
         try:
             load = on_ray(parsed.ray, model_loader(ctx))
             result = run_sweep(parsed, text, load, resume=resume, restart=restart,
-                               stop=stop, on_stage=lambda m: click.echo(m, err=True))
+                               stop=stop, on_stage=lambda m: click.echo(m, err=True),
+                               overwrite=bool(overwrite))
         except (SpecError, BatchConfigError, ChangedInputError) as exc:
             raise UsageError(str(exc)) from None
         except KeyboardInterrupt:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from batchrun.batch.storage import io
-from batchrun.batch.job.plan import make_plan
+from batchrun.batch.job.plan import BatchConfigError, make_plan
 from batchrun.batch.job.progress import format_duration
 from batchrun.batch.job.result import RunResult
 from batchrun.batch.job.runner import run_batch
@@ -89,11 +89,16 @@ def _read_records(path: str, storage: Storage
 
 def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any], Any],
               resume: bool = False, restart: bool = False, stop: Any = None,
-              on_stage: Callable[[str], None] = lambda text: None) -> SweepResult:
-    """Raises sweep.spec.SpecError and batch.plan.BatchConfigError for what the user must fix."""
+              on_stage: Callable[[str], None] = lambda text: None,
+              overwrite: bool = False) -> SweepResult:
+    """Raises sweep.spec.SpecError and batch.plan.BatchConfigError for what the user must fix,
+    an output folder that holds a sweep's results included (unless resume, restart or
+    overwrite says what to do with them)."""
     import polars as pl
 
     out, storage = spec.output.rstrip("/"), Storage(spec.dataset.storage_options)
+    if not (resume or restart or overwrite):
+        _refuse_existing(out, storage)
     rows = dataset.read_rows(spec.dataset)
     prompts = {t.name: t for t in dataset.templates(spec.dataset, spec.grid.get("prompt"))}
     examples = dataset.examples(spec.dataset, rows, list(prompts.values()))
@@ -174,6 +179,18 @@ def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any],
                                if r.get("error")), None)
     _write_outputs(out, spec, spec_text, axes, scored, result.summary, storage)
     return result
+
+
+def _refuse_existing(out: str, storage: Storage) -> None:
+    """As `batchrun run` refuses to replace an output without --overwrite."""
+    found = [name for name in ("sweep.json", "scores", "generations")
+             if storage.exists(f"{out}/{name}")]
+    if found:
+        what = "a finished sweep" if "sweep.json" in found else "a sweep"
+        raise BatchConfigError(
+            f"{out} holds the results of {what} ({', '.join(found)}). Pass --resume to keep "
+            "them (only what is missing runs; nothing, for a finished sweep), --restart to "
+            "discard what an interrupted one committed, or --overwrite to replace them.")
 
 
 def lora_bases(models: list[str], adapters: dict[str, str]) -> dict[str, str]:

@@ -13,6 +13,9 @@ from click.testing import CliRunner
 from batchrun.batch.shell.commands import plan, validate
 from batchrun.batch.estimate.job_estimate import run_key
 from batchrun.batch.estimate.run_store import save_run
+from batchrun.batch.job.lease import OutputLease
+from batchrun.batch.job.staging import Record, Staging
+from batchrun.batch.storage.lines import position
 from batchrun.options.engine import EngineConfig
 from tests.openai_batch_shape import error_of
 
@@ -75,10 +78,23 @@ def test_the_resume_decision_follows_the_output(tmp_path):
     out = tmp_path / "out.jsonl"
     assert run_plan(src)["start"] == "unknown"
     assert run_plan(src, "-o", out)["start"] == "fresh"
-    (tmp_path / "out.jsonl.batchrun-staging").mkdir()
-    (tmp_path / "out.jsonl.batchrun-staging" / "part-00001-000001.jsonl").write_text("")
+    staging = Staging(str(tmp_path / "out.jsonl.batchrun-staging"))
+    staging.create({"inputs": [[str(src), None, None]]})
+    staging.commit([Record(position(0, line), 1, "{}") for line in (1, 2, 5)])
+    # A run would refuse (exit 2) until told: the plan says what each choice would do.
     result = CliRunner().invoke(plan, [str(src), "-o", str(out)])
-    assert result.exit_code == 2 and "--resume" in result.output
+    assert result.exit_code == 0, result.output
+    assert "holds 3 committed lines of an interrupted run; with --resume a run would keep " \
+        "them" in result.stdout and "with --restart it would discard them" in result.stdout
+    got = run_plan(src, "-o", out, "--resume")
+    assert got["start"] == "resume" and got["committed"] == 3
+    assert run_plan(src, "-o", out, "--restart")["start"] == "fresh"
+    holder = OutputLease(str(out)).acquire()  # another run is writing it
+    try:
+        got = run_plan(src, "-o", out, "--resume")
+    finally:
+        holder.release()
+    assert got["start"] == "busy" and "another batchrun run is writing" in got["busy"]
 
 
 def test_text_report_names_every_figure():

@@ -281,3 +281,35 @@ def test_datasets_read_as_jsonl_csv_or_parquet_with_a_limit(tmp_path, fmt):
         path)
     rows = read_rows(DatasetSpec(path=str(path), prompt="{{ q }}", limit=2))
     assert rows == [{"id": "a", "q": "x", "n": 1}, {"id": "b", "q": "y", "n": 2}]
+
+
+def test_a_finished_sweep_is_not_overwritten_without_overwrite(tmp_path, monkeypatch):
+    from tests.fake_engine import load as fake_load
+
+    (tmp_path / "d.jsonl").write_text("".join(
+        json.dumps({"id": i, "q": f"question {i}", "a": "echo"}) + "\n" for i in range(5)))
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "k"\noutput = "out"\n[dataset]\npath = "d.jsonl"\nid = "id"\n'
+                    'prompt = "{{ q }}"\nreference = "a"\n[grid]\nmax_tokens = [3]\n'
+                    '[[scorers]]\ntype = "contains"\n')
+    monkeypatch.chdir(tmp_path)
+    loads = []
+
+    def load(model, config):
+        loads.append(model)
+        return fake_load(model, config)
+
+    def sweep_cli(*args):
+        return CliRunner().invoke(sweep, [str(spec), *args], obj={"load_model": load})
+    assert sweep_cli().exit_code == 0
+    report = tmp_path / "out" / "report.html"
+    first = report.stat().st_mtime_ns
+    refused = sweep_cli()
+    assert refused.exit_code == 2, refused.output
+    assert "holds the results of a finished sweep" in refused.output
+    assert "--overwrite to replace them" in refused.output
+    assert len(loads) == 1 and report.stat().st_mtime_ns == first  # nothing loaded or written
+    assert sweep_cli("--resume").exit_code == 0 and len(loads) == 1  # nothing to run
+    replaced = sweep_cli("--overwrite")
+    assert replaced.exit_code == 0, replaced.output
+    assert len(loads) == 2 and report.stat().st_mtime_ns != first

@@ -44,3 +44,23 @@ def test_serve_refuses_a_key_that_cannot_work(args, env_key):
     assert proc.returncode == 2, proc.stderr
     assert "--api-key" in proc.stderr and "API key" in proc.stderr
     assert "serving" not in proc.stderr
+
+
+def test_serve_on_a_taken_port_fails_before_the_model_loads(tmp_path):
+    import socket
+
+    from click.testing import CliRunner
+
+    from batchrun.server.cli import serve
+
+    loaded = []
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(serve, ["--port", str(port), "--data-dir", str(tmp_path)],
+                                    obj={"load_model": lambda *a: loaded.append(a)})
+    assert result.exit_code == 2, result.output
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output
+    assert "another process uses that port" in result.output
+    assert loaded == []  # the model was never loaded

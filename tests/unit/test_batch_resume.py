@@ -5,6 +5,7 @@ import threading
 
 import pytest
 
+from batchrun.batch.job.lease import OutputLease
 from batchrun.batch.job.loop import StopRequest
 from batchrun.batch.job.runner import BatchConfigError, run_batch
 from batchrun.batch.job.result import RequestCounts
@@ -364,14 +365,14 @@ def test_a_fresh_run_drops_the_old_completion_marker(tmp_path):
     assert "already_completed" not in result.summary and 0 < len(engine.added) < 8
 
 
-def test_one_run_at_a_time_per_staging_folder(tmp_path):
+def test_one_run_at_a_time_per_output(tmp_path):
     src = write_input(tmp_path, LINES[:4])
-    other = Staging(str(tmp_path / STAGING))
-    other.lock()  # another process runs this job
+    other = OutputLease(str(tmp_path / "out.jsonl")).acquire()  # another run writes it
     with pytest.raises(BatchConfigError, match="another batchrun run"):
         run_batch(fake_model(), config(tmp_path, src, resume=True))
     with pytest.raises(BatchConfigError, match="another batchrun run"):
         config(tmp_path, src, resume=True)
-    other.unlock()
+    other.release()
     result = run_batch(fake_model(), config(tmp_path, src, resume=True))
     assert result.status == "completed" and not (tmp_path / STAGING).exists()
+    assert not (tmp_path / ".out.jsonl.batchrun-lease").exists()  # released at the end

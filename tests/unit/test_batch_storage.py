@@ -16,7 +16,8 @@ from batchrun.batch.job.idset import IdSet
 from batchrun.batch.storage.lines import position, split_position
 from batchrun.batch.storage.readers import open_sources, read_all
 from batchrun.batch.storage.sinks import RecordSink
-from batchrun.batch.job.staging import FAILED, OK, RETRYABLE, Record, Staging, StagingError
+from batchrun.batch.job.staging import (EXPIRED, FAILED, OK, RETRYABLE, Record, Staging,
+                                        StagingError)
 from batchrun.batch.storage.store import Storage
 
 
@@ -163,7 +164,7 @@ def test_staging_commits_scans_and_merges_in_input_order(tmp_path):
     counts = again.merge(ok.append, err.append)
     assert [json.loads(t)["pos"] for t in ok] == [2, 3, 5]
     assert [json.loads(t)["pos"] for t in err] == [1]
-    assert counts == {OK: 3, FAILED: 1, RETRYABLE: 0}
+    assert counts == {OK: 3, FAILED: 1, RETRYABLE: 0, EXPIRED: 0}
 
 
 def test_merge_with_more_parts_than_the_fan_in(tmp_path, monkeypatch):

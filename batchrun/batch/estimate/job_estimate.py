@@ -40,6 +40,9 @@ class Estimate:
     inputs: list[dict[str, Any]]  # path, format, bytes
     start: str  # the plan's resume decision
     model: str
+    committed: int = 0  # lines an interrupted run committed (resume, undecided)
+    staging: str | None = None
+    busy: str | None = None  # another run holds the output (start "busy")
     lines: int = 0
     valid: int = 0
     invalid: int = 0
@@ -74,7 +77,8 @@ def scan(plan: JobPlan, model: ServedModel, sharing: PrefixSharing, shape: Workl
     (1 = all of them; the last run's share when it stopped early)."""
     estimate = Estimate(inputs=[{"path": s.path, "format": str(s.format), "bytes": size}
                                 for s, (_, size, _) in zip(plan.sources, plan.fingerprint)],
-                        start=plan.start, model=model.name, block_size=sharing.block_size)
+                        start=plan.start, model=model.name, block_size=sharing.block_size,
+                        committed=plan.committed, staging=plan.targets.staging, busy=plan.busy)
     serving = OpenAIServing(model, plan.serving)
     context = model.max_model_len
     codes: Counter = Counter()
@@ -187,8 +191,13 @@ def report_text(e: Estimate) -> str:
         completion += f" ({e.fill_context:,} lines without max_tokens count their context room)"
     if e.expected_completion_tokens is not None:
         completion += f", ~{e.expected_completion_tokens:,} expected (as the last run stopped early)"
-    starts = {"fresh": "a fresh start", "resume": "resume from the committed results",
+    starts = {"fresh": "a fresh start",
+              "resume": f"resume: {e.committed:,} committed lines are kept, the rest run",
               "done": "nothing: this job already completed over the same inputs",
+              "undecided": f"nothing yet: {e.staging} holds {e.committed:,} committed lines of "
+                           "an interrupted run; with --resume a run would keep them and run "
+                           "only the rest, with --restart it would discard them",
+              "busy": f"nothing now: {e.busy}",
               "unknown": "(give -o to see whether it starts afresh or resumes)"}
     lines = [
         f"inputs      {len(e.inputs)} file(s), {_size(size)}: {names}",

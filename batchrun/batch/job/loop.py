@@ -21,9 +21,11 @@ from batchrun.batch.job.metrics import RunMetrics
 from batchrun.batch.job.plan import JobPlan
 from batchrun.batch.job.progress import Counts, Reporter
 from batchrun.batch.storage.lines import InputLine, InputReadError
-from batchrun.batch.job.staging import FAILED, OK, RETRYABLE, Committed, Record, Staging
+from batchrun.batch.job.staging import (EXPIRED, FAILED, OK, RETRYABLE, Committed, Record,
+                                        Staging)
 from batchrun.engine.client import EngineClient
 from batchrun.engine.errors import PromptTooLongError
+from batchrun.openai.batch_expired import expired_line
 from batchrun.openai.wire import LineError, RequestError, peek_custom_id
 from batchrun.openai.bodies import batch_error_line, batch_output_line, engine_error
 
@@ -121,13 +123,18 @@ class Job:
         self.last_lines: dict[int, int] = {}  # source -> its last line read
         self.buffer: list[Record] = []
         self.buffer_since = 0.0
+        self.deadline = getattr(plan, "deadline", None)  # Unix time, or None
+        self.expired = 0  # lines given a batch_expired error line
 
     # --- the loop ---------------------------------------------------------------------------
 
     def run(self) -> str:
-        """'completed' when every line has a committed record, 'interrupted' after a stop."""
+        """'completed' when every line has a committed record, 'interrupted' after a stop,
+        'expired' when the deadline passed (every line has a record then too)."""
         try:
             while True:
+                if self.deadline is not None and time.time() >= self.deadline:
+                    return self._expire()
                 if self._stopping():
                     return self._wind_down()
                 self.admit()
@@ -161,22 +168,78 @@ class Job:
     def _wind_down(self) -> str:
         grace = 0.0 if getattr(self.stop, "immediate", False) else self.config.grace_period
         if self.in_flight:
-            log.warning("stopping: admitting no more lines; %d requests in flight get %.0f s to "
-                        "finish", len(self.in_flight), grace)
+            log.warning("stopping: admitting no more lines; %s; those in flight get %.0f s to "
+                        "finish", self._where_lines_are(), grace)
         deadline = time.monotonic() + grace
         while (self.in_flight and time.monotonic() < deadline
                and not getattr(self.stop, "immediate", False)):
             self.collect(self.engine.step())
             self.maybe_commit()
         if self.in_flight:
-            log.warning("stopping: dropped %d unfinished requests; a resumed run redoes them",
-                        len(self.in_flight))
+            log.warning("stopping: dropped the unfinished lines (%s); a resumed run redoes them",
+                        self._where_lines_are())
         elif self.exhausted:
             self.commit()
             return "completed"  # the stop came after the last line was read: nothing is missing
         self._abort_in_flight()
         self.commit()
         return "interrupted"
+
+    def _expire(self) -> str:
+        """The deadline passed: what is done stays; each line in flight or not yet started
+        gets a batch_expired error line (state EXPIRED: a resume runs it)."""
+        when = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.deadline))
+        message = f"This request was not run before the batch's deadline ({when})."
+        unfinished = {id(e): e for e in self.in_flight.values()}
+        self._abort_in_flight()
+        for entry in unfinished.values():
+            self._record_expired(entry, entry.prepared.custom_id, message)
+        while not self.exhausted:
+            try:
+                item = next(self.lines)
+            except (StopIteration, InputReadError) as exc:
+                self.read_error = exc if isinstance(exc, InputReadError) else None
+                self.exhausted = True
+                break
+            self.read += 1
+            self.last_lines[item.source] = item.line
+            state = self.committed.get(item.source, item.line)
+            if state and state != EXPIRED and not self.committed.changed(
+                    item.source, item.line, item.digest):
+                self._skip(item, state)
+                continue
+            self._record_expired(item, item.custom_id if item.problem is not None
+                                 else peek_custom_id(item.text), message)
+        if self.counts.total != self.read:
+            self.reporter.set_total(self.read)
+        log.warning("the deadline %s passed: %d lines got a batch_expired error line", when,
+                    self.expired)
+        self.commit()
+        if self.read_error is not None:
+            raise self.read_error
+        return "expired"
+
+    def _record_expired(self, at: InputLine | _InFlight, custom_id: str | None,
+                        message: str) -> None:
+        self._record(at, EXPIRED, expired_line(custom_id, message))
+        self.expired += 1
+        self.metrics.record_failed()
+        self.counts.failed += 1
+        self.reporter.advance()
+
+    def lines_in_flight(self) -> int:
+        """Input lines in the engine (a completions line may have several requests)."""
+        return len({id(entry) for entry in self.in_flight.values()})
+
+    def _where_lines_are(self) -> str:
+        """Every line of the job accounted for: done, in flight, not started (when known)."""
+        done, flying = self.counts.done, self.lines_in_flight()
+        total = self.counts.total if self.counts.total is not None else (
+            self.read if self.exhausted else None)
+        text = f"{done} lines done, {flying} in flight"
+        if total is not None:
+            text += f", {max(0, total - done - flying)} not started, of {total}"
+        return text
 
     def _abort_in_flight(self) -> None:
         # Leave the engine clean for a caller that keeps using it (tests, a server).
@@ -209,7 +272,7 @@ class Job:
         if state and self.committed.changed(item.source, item.line, item.digest):
             self._changed(item)
             state = 0
-        if state and not (state == RETRYABLE and self.config.retry_failed):
+        if state and state != EXPIRED and not (state == RETRYABLE and self.config.retry_failed):
             self._skip(item, state)
             return
         try:

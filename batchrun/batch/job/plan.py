@@ -10,17 +10,19 @@ resume from staging, or nothing to do because this job already completed over th
 from __future__ import annotations
 
 import logging
-import os
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from batchrun.batch.storage import io
 from batchrun.batch.storage.formats import Format, detect
+from batchrun.batch.job.lease import OutputBusyError, OutputLease, current_holder, lease_for
 from batchrun.batch.job.preflight import check_outputs
 from batchrun.batch.storage.lines import Source
 from batchrun.batch.storage.readers import check_sources, open_sources
 from batchrun.batch.job.staging import Staging, StagingError
 from batchrun.batch.storage.store import Storage
+from batchrun.options.durations import parse_deadline
 from batchrun.options.engine import EngineConfig
 from batchrun.options.job import InputOptions, JobOptions
 from batchrun.openai.serving import ServingOptions
@@ -73,9 +75,16 @@ class JobPlan:
     targets: Targets
     # fresh: start afresh (clearing any staging); resume: continue from staging; done: an
     # earlier run completed this job over the same inputs (its metrics are `previous`).
-    start: Literal["fresh", "resume", "done"]
+    # Only in a report (`batchrun plan`), where a run would refuse: undecided (staging of an
+    # interrupted run, neither --resume nor --restart), busy (another run holds the lease).
+    start: Literal["fresh", "resume", "done", "undecided", "busy"]
     previous: dict[str, Any] | None
     max_in_flight: int
+    # The output's lease when make_plan took it (hold_lease): the caller releases it.
+    lease: OutputLease | None = None
+    committed: int = 0  # lines with a committed record in the staging (resume, undecided)
+    busy: str | None = None  # who holds the output's lease (start "busy")
+    deadline: float | None = None  # Unix time: lines not done by then expire (--deadline)
 
     @property
     def input_paths(self) -> list[str]:
@@ -91,8 +100,12 @@ class JobPlan:
         return args if len(args) > 1 else args[0]
 
 
-def make_plan(opts: RunOptions) -> JobPlan:
-    """Raises BatchConfigError for everything the user must fix (a usage error)."""
+def make_plan(opts: RunOptions, hold_lease: bool = False, report: bool = False) -> JobPlan:
+    """Raises BatchConfigError for everything the user must fix (a usage error), another live
+    run writing the output included. With `hold_lease` the plan holds the output's lease (taken
+    before the resume decision, so that decision cannot race another run): release it. With
+    `report` (`batchrun plan`), what would stop a run on its staging or lease is the plan's
+    `start` (undecided, busy) instead of an error."""
     job, storage = opts.job, Storage(opts.inputs.storage_options)
     try:
         targets = Targets.of(job)
@@ -102,12 +115,31 @@ def make_plan(opts: RunOptions) -> JobPlan:
         serving = ServingOptions.of(opts.openai, opts.defaults)
     except (OSError, ValueError) as exc:
         raise BatchConfigError(str(exc)) from exc
-    fingerprint = tuple((s.path, storage.size(s.path), storage.version(s.path)) for s in sources)
-    previous = _already_completed(job, targets, storage, fingerprint)
-    start = "done" if previous is not None else _start(job, targets, storage, fingerprint)
+    busy = None
+    try:
+        lease = _lease(job, targets, storage, hold_lease)
+    except BatchConfigError as exc:
+        if not report:
+            raise
+        lease, busy = None, str(exc)
+    try:
+        fingerprint = tuple((s.path, storage.size(s.path), storage.version(s.path))
+                            for s in sources)
+        previous = _already_completed(job, targets, storage, fingerprint)
+        start = "done" if previous is not None else _start(job, targets, storage, fingerprint,
+                                                           report)
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
+    committed = 0
+    if start in ("resume", "undecided") and targets.staging:
+        committed = Staging(targets.staging, storage).committed_lines()
     return JobPlan(opts.inputs, job, serving, opts.engine, storage, sources,
-                   fingerprint, targets, start, previous,
-                   job.max_in_flight or default_max_in_flight(opts.engine))
+                   fingerprint, targets, "busy" if busy else start, previous,
+                   job.max_in_flight or default_max_in_flight(opts.engine), lease,
+                   committed, busy,
+                   parse_deadline(job.deadline, time.time()) if job.deadline else None)
 
 
 def default_max_in_flight(engine: EngineConfig) -> int:
@@ -116,21 +148,39 @@ def default_max_in_flight(engine: EngineConfig) -> int:
     return 4 * engine.scheduler.max_num_seqs
 
 
-def _start(job: JobOptions, targets: Targets, storage: Storage, fingerprint) -> str:
-    """fresh or resume; raises BatchConfigError where the user must decide."""
+def _lease(job: JobOptions, targets: Targets, storage: Storage,
+           hold: bool) -> OutputLease | None:
+    """Acquire the output's lease (hold), or only check that no live run holds it."""
+    try:
+        if hold:
+            lease = lease_for(targets.output, storage, job.lease_ttl)
+            return lease.acquire() if lease is not None else None
+        if targets.output != io.STDIO:
+            holder = current_holder(targets.output, storage.options)
+            if holder is not None:
+                raise OutputBusyError(f"another batchrun run is writing {targets.output} "
+                                      f"({holder.describe()})")
+    except (OutputBusyError, OSError) as exc:
+        raise BatchConfigError(str(exc)) from exc
+    return None
+
+
+def _start(job: JobOptions, targets: Targets, storage: Storage, fingerprint,
+           report: bool = False) -> str:
+    """fresh or resume; raises BatchConfigError where the user must decide (undecided when
+    only reporting)."""
     if not targets.staging:
         return "fresh"
     staging = Staging(targets.staging, storage)
     try:
-        if staging.local and os.path.isdir(staging.root):  # another run holds it: say so now
-            staging.lock()
-            staging.unlock()
         if staging.has_files() and not (job.resume or job.restart):
+            if report:
+                return "undecided"
             raise StagingError(
                 f"{staging.url} holds the committed results of an interrupted run of this job. "
                 "Pass --resume to continue it (only lines without a result run), or --restart to "
                 "discard them.")
-        if staging.exists() and job.resume and not job.restart:
+        if staging.has_files() and job.resume and not job.restart:
             staging.check_inputs([list(f) for f in fingerprint])
             return "resume"
     except StagingError as exc:

@@ -19,8 +19,10 @@ class RequestCounts:
 
 @dataclass(frozen=True)
 class RunResult:
-    status: Literal["completed", "interrupted"]
-    """"interrupted" after a stop: the committed results stay in staging for --resume."""
+    status: Literal["completed", "interrupted", "expired", "incomplete"]
+    """"interrupted" after a stop: the committed results stay in staging for --resume;
+    "expired": the --deadline passed (every line not done has a batch_expired error line);
+    "incomplete": the merged output does not hold one record per input line."""
 
     requests: RequestCounts
 
@@ -37,6 +39,11 @@ class RunResult:
     @property
     def completed(self) -> bool:
         return self.status == "completed"
+
+    @property
+    def finished(self) -> bool:
+        """Every line has a record: completed, or expired (batch_expired error lines)."""
+        return self.status in ("completed", "expired")
 
     @property
     def wall_time_s(self) -> float:

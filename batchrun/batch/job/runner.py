@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from batchrun.batch.job.lease import OutputBusyError, OutputLease, lease_for
 from batchrun.batch.job.loop import Job
 from batchrun.batch.job.metrics import RunMetrics
 from batchrun.batch.job.plan import BatchConfigError, JobPlan
@@ -82,15 +84,19 @@ def prepare_line(raw: str, line_number: int, serving: OpenAIServing) -> Prepared
     return Prepared(line.custom_id, new_request_id(), request.prompts[0], request.params, request)
 
 
-def _open_staging(plan: JobPlan) -> tuple[Staging, Committed]:
-    """The job's staging, locked for this run (unlock() when done), as the plan decided:
-    resumed, or cleared for a fresh start."""
+def _open_staging(plan: JobPlan, lease: OutputLease | None) -> tuple[Staging, Committed]:
+    """The job's staging as the plan decided: resumed, or cleared for a fresh start. Every
+    commit checks first that this run still holds the output's lease."""
     url = plan.targets.staging or tempfile.mkdtemp(prefix="batchrun-staging-")
     staging = Staging(url, plan.storage)
+    if lease is not None:
+        staging.guard = lease.check
     try:
-        staging.lock()
+        manifest = {"inputs": plan.fingerprint_json, "output": plan.targets.output,
+                    "errors": plan.targets.errors}
         if plan.start == "resume":
             staging.clean_scratch()
+            staging.repair_manifest(manifest)
             committed = staging.scan()
             log.info("resuming: %d lines already have a committed record in %s",
                      committed.count, url)
@@ -98,14 +104,10 @@ def _open_staging(plan: JobPlan) -> tuple[Staging, Committed]:
         staging.clear()
         if plan.targets.metrics:  # "completed" is no longer true
             plan.storage.remove(plan.targets.metrics)
-        staging.create({"inputs": plan.fingerprint_json, "output": plan.targets.output,
-                        "errors": plan.targets.errors})
+        staging.create(manifest)
         return staging, Committed()
-    except BaseException as exc:
-        staging.unlock()
-        if isinstance(exc, StagingError):
-            raise BatchConfigError(str(exc)) from exc
-        raise
+    except StagingError as exc:
+        raise BatchConfigError(str(exc)) from exc
 
 
 def _finalize(staging: Staging, plan: JobPlan,
@@ -153,11 +155,23 @@ def run_batch(model: ServedModel | None, plan: JobPlan, stop: Any = None,
     engine = engine or model.engine
     if engine is None:
         raise ValueError(f"run_batch: {model.name} has no engine to run on")
-    staging, committed = _open_staging(plan)
+    lease = plan.lease
+    if lease is None:  # a plan made without it (the server, tests): hold it for the run
+        try:
+            lease = lease_for(plan.targets.output, plan.storage, plan.job.lease_ttl)
+            if lease is not None:
+                lease.acquire()
+        except OutputBusyError as exc:
+            raise BatchConfigError(str(exc)) from exc
+        owned = lease
+    else:
+        owned = None
     try:
-        return _run(model, engine, plan, staging, committed, stop, on_progress)
+        staging, committed = _open_staging(plan, lease)
+        return _run(model, engine, plan, staging, committed, stop, on_progress, lease)
     finally:
-        staging.unlock()
+        if owned is not None:
+            owned.release()
 
 
 def _work_counter(engine: EngineClient) -> Callable[[], tuple[int, int, float]]:
@@ -175,8 +189,8 @@ def _work_counter(engine: EngineClient) -> Callable[[], tuple[int, int, float]]:
 
 
 def _run(model: ServedModel, engine: EngineClient, plan: JobPlan, staging: Staging,
-         committed: Committed, stop: Any,
-         on_progress: Callable[[Counts], None] | None) -> RunResult:
+         committed: Committed, stop: Any, on_progress: Callable[[Counts], None] | None,
+         lease: OutputLease | None) -> RunResult:
     t, job = plan.targets, plan.job
     metrics = RunMetrics()
     mode = resolve_mode("none" if job.quiet else job.progress)
@@ -194,8 +208,11 @@ def _run(model: ServedModel, engine: EngineClient, plan: JobPlan, staging: Stagi
         reporter.close()
 
     merged = None
-    if status == "completed" or job.merge_on_stop or getattr(stop, "merge", False):
-        merged = _finalize(staging, plan, job_loop.last_lines if status == "completed" else None)
+    whole = status in ("completed", "expired")  # every line has a record
+    if whole or job.merge_on_stop or getattr(stop, "merge", False):
+        if lease is not None:
+            lease.confirm()  # this run still owns the output, right before it publishes it
+        merged = _finalize(staging, plan, job_loop.last_lines if whole else None)
     elif t.staging is None:
         log.warning("the committed results are in %s; rerun with --staging %s --resume to "
                     "continue", staging.url, staging.url)
@@ -204,17 +221,27 @@ def _run(model: ServedModel, engine: EngineClient, plan: JobPlan, staging: Stagi
                              output=t.output, errors=t.errors)
     result["requests"] = {"total": counts.done, "ok": counts.completed, "failed": counts.failed}
     result["resumed"] = counts.resumed
+    result["lines_in_job"] = counts.total if counts.total is not None else (
+        job_loop.read if job_loop.exhausted else None)
     result["this_run"] = {"ok": metrics.ok, "failed": metrics.failed}
     result["input_fingerprint"] = plan.fingerprint_json
     replicas = getattr(engine, "replica_stats", None)  # an engine on Ray: per replica
     if replicas is not None:
         result["replicas"] = replicas()
-    if merged is not None and sum(merged.values()) != counts.done:
-        log.warning("the merged output has %d records for %d input lines",
-                    sum(merged.values()), counts.done)
+    if status == "expired":
+        result["expired"] = job_loop.expired
+        result["expired_at"] = time.time()
+        result["deadline"] = plan.deadline
+    if whole and merged is not None and sum(merged.values()) != counts.done:
+        # Never a completed run with records missing: the staging stays for --resume.
+        result["status"] = "incomplete"
+        result["merged_records"] = sum(merged.values())
+        log.error("the merged output has %d records for %d input lines; the committed parts "
+                  "stay in %s", sum(merged.values()), counts.done, staging.url)
     if t.metrics:
         plan.storage.write_json(t.metrics, result)
-    if merged is not None:
+    # An expired job keeps its staging too: --resume runs only its expired lines.
+    if merged is not None and result["status"] not in ("incomplete", "expired"):
         # Last: while staging exists a rerun re-merges; once it is gone, the metrics file
         # (written above) says the job is complete.
         staging.remove()

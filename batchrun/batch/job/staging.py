@@ -4,9 +4,13 @@ A staging folder beside the output holds `manifest.json` (what job this is: its 
 committed parts `part-AAAAA-SSSSS.jsonl` (attempt, sequence). A part is written whole and then
 published atomically (fsync + rename locally, one PUT on an object store), so a part that exists
 is complete; anything else in the folder is scratch from a crash and is ignored (and `lock`,
-which one running job holds locally). A part's first
-line is a header listing its records' input positions and states, so resuming reads only
-headers; each record line is `POSITION STATE JSON`, sorted by position within the part.
+left by versions that locked the folder; the output's lease now keeps one run per job).
+
+A part's first line is a header listing its records' input positions and states, their count and the body's
+sha256 (part_format.py); each record line is `POSITION STATE JSON`, sorted by position within
+the part. A resume reads and verifies every part (a damaged one is discarded with a warning and
+its lines run again); the merge verifies them again as it streams and publishes nothing when
+one does not match.
 
 At the end the parts are merged by position (k-way, at most FAN_IN files open, more passes when
 there are more parts) into the output and error files; for a position committed twice (a retried
@@ -15,9 +19,9 @@ error) the later attempt wins.
 
 from __future__ import annotations
 
-import fcntl
 import heapq
 import json
+import logging
 import os
 import re
 import shutil
@@ -25,20 +29,32 @@ from array import array
 from dataclasses import dataclass
 from typing import IO, Callable, Iterator
 
+from batchrun.batch.job.part_format import PartDamaged, checked_records, encode_part, read_header
 from batchrun.batch.storage import io
 from batchrun.batch.storage.store import NO_OPTIONS, Storage
 from batchrun.batch.storage.lines import split_position
 
-OK, FAILED, RETRYABLE = 1, 2, 3  # committed states of an input line
+# Committed states of an input line. EXPIRED: not done by the job's deadline (a batch_expired
+# error line); a resume runs it again.
+OK, FAILED, RETRYABLE, EXPIRED = 1, 2, 3, 4
 FAN_IN = 32
 _PART = re.compile(r"^part-(\d{5,})-(\d{6,})\.jsonl$")
 _MANIFEST = "manifest.json"
 _LOCK = "lock"
 _FORMAT = 1
+log = logging.getLogger("batchrun.batch")
 
 
 class StagingError(ValueError):
     """The staging folder belongs to another job or is not batchrun's (a usage error)."""
+
+
+class ManifestDamaged(StagingError):
+    """manifest.json is not what batchrun wrote (a resume rewrites it)."""
+
+
+class DamagedStagingError(RuntimeError):
+    """A committed part turned out damaged while merging (exit 1; a resume reruns its lines)."""
 
 
 @dataclass(slots=True)
@@ -90,7 +106,7 @@ class Staging:
             self.root = os.path.abspath(io.local_path(self.url))
         self.attempt = 1
         self._seq = 0
-        self._lock: IO[str] | None = None
+        self.guard: Callable[[], None] = lambda: None  # raises when this run may not write
 
     def _path(self, name: str) -> str:
         return os.path.join(self.root, name) if self.local else f"{self.root}/{name}"
@@ -114,28 +130,8 @@ class Staging:
         found = [(m, n) for n in self._names() if (m := _PART.match(n))]
         return [n for m, n in sorted(found, key=lambda x: (int(x[0][1]), int(x[0][2])))]
 
-    def lock(self) -> None:
-        """One run per staging folder: a second one would overwrite the first one's parts.
-        Local folders only (flock); on object stores the scheduler must see to it (cron's
-        flock, Airflow's max_active_runs)."""
-        if not self.local:
-            return
-        os.makedirs(self.root, exist_ok=True)
-        f = open(self._path(_LOCK), "a")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.close()
-            raise StagingError(f"another batchrun run is using {self.url}") from None
-        self._lock = f
-
-    def unlock(self) -> None:
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
-
     def clear(self) -> None:
-        """Everything but the lock: a fresh start."""
+        """A fresh start."""
         self._remove([n for n in self._names() if n != _LOCK])
 
     # --- job identity -----------------------------------------------------------------------
@@ -148,7 +144,13 @@ class Staging:
 
     def manifest(self) -> dict:
         with self._open(_MANIFEST) as f:
-            data = json.loads(f.read())
+            raw = f.read()
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ManifestDamaged(f"{self._path(_MANIFEST)} is damaged (not JSON: {exc})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("inputs", []), list):
+            raise ManifestDamaged(f"{self._path(_MANIFEST)} is damaged (not a batchrun manifest)")
         if data.get("batchrun_staging") != _FORMAT:
             raise StagingError(f"{self.url} is not a batchrun staging folder of this version")
         return data
@@ -158,22 +160,44 @@ class Staging:
         may have changed (a truncated file replaced, a line edited): each committed record keeps
         the digest of its input line, so the run notices what changed, and the merge leaves out
         positions past the end of the inputs as read."""
-        old = self.manifest().get("inputs")
+        try:
+            old = self.manifest().get("inputs")
+        except (ManifestDamaged, FileNotFoundError) as exc:
+            # The parts carry each record's input-line digest: a resume can still tell what
+            # changed; repair_manifest rewrites it.
+            log.warning("%s; resuming by the committed parts' own line digests",
+                        exc if isinstance(exc, ManifestDamaged) else
+                        f"{self._path(_MANIFEST)} is missing")
+            return
         if old is None or len(old) != len(inputs) or any(a[0] != b[0] for a, b in zip(old, inputs)):
             raise StagingError(
                 f"{self.url} holds results of a run over other inputs ({_describe(old)}; now "
                 f"{_describe(inputs)}). Use --restart to discard them or another output path.")
 
+    def repair_manifest(self, manifest: dict) -> None:
+        """Rewrite a missing or damaged manifest (resuming: check_inputs warned of it)."""
+        try:
+            self.manifest()
+        except (ManifestDamaged, FileNotFoundError):
+            self.create(manifest)
+
     # --- commit -----------------------------------------------------------------------------
 
     def scan(self) -> Committed:
-        """Read every committed part's header; start a new attempt after the last one."""
+        """Read and verify every committed part; start a new attempt after the last one. A
+        damaged part is removed, with a warning naming it: its lines run again."""
         committed = Committed()
         last = 0
         for name in self.parts():
             last = max(last, int(_PART.match(name).group(1)))
-            with self._open(name, small=True) as f:
-                header = json.loads(f.readline())
+            try:
+                with self._open(name) as f:
+                    header = read_header(f)
+                    for _ in checked_records(f, header):
+                        pass
+            except PartDamaged as exc:
+                self._discard(name, exc)
+                continue
             digests = header.get("digests") or [0] * len(header["positions"])
             for pos, state, digest in zip(header["positions"], header["states"], digests):
                 source, line = split_position(pos)
@@ -181,19 +205,31 @@ class Staging:
         self.attempt, self._seq = last + 1, 0
         return committed
 
+    def committed_lines(self) -> int:
+        """Distinct input lines with a committed record, from the part headers only (no
+        verification, nothing removed: what `batchrun plan` reports)."""
+        positions: set[int] = set()
+        for name in self.parts():
+            try:
+                with self._open(name, small=True) as f:
+                    positions.update(read_header(f)["positions"])
+            except (PartDamaged, OSError):
+                continue
+        return len(positions)
+
+    def _discard(self, name: str, why: Exception) -> None:
+        log.warning("the committed part %s is damaged (%s): discarded, its lines run again",
+                    self._path(name), why)
+        self._remove([name])
+
     def commit(self, records: list[Record]) -> str | None:
         if not records:
             return None
-        records = sorted(records, key=lambda r: r.pos)
-        header = {"positions": [r.pos for r in records],
-                  "states": "".join(str(r.state) for r in records),
-                  "digests": [r.digest for r in records]}
-        chunks = [json.dumps(header), "\n"]
-        for r in records:
-            chunks.append(f"{r.pos} {r.state} {r.text}\n")
+        data = encode_part(sorted(records, key=lambda r: r.pos))
+        self.guard()
         self._seq += 1
         name = f"part-{self.attempt:05d}-{self._seq:06d}.jsonl"
-        self._write_whole(name, "".join(chunks).encode("utf-8"))
+        self._write_whole(name, data)
         return name
 
     # --- merge ------------------------------------------------------------------------------
@@ -203,6 +239,7 @@ class Staging:
         """Stream every committed record, in input order, to write_ok / write_error; returns
         the count per state. With `last_lines` (source -> its last line, as a completed run
         read it), records of lines past a source's end (an input that shrank) are left out."""
+        self.guard()
         self.clean_scratch()
         runs = self.parts()
         level = 0
@@ -217,7 +254,7 @@ class Staging:
                 merged.append(name)
             self._remove([r for r in runs if r.startswith("merge-")])
             runs = merged
-        counts = {OK: 0, FAILED: 0, RETRYABLE: 0}
+        counts = {OK: 0, FAILED: 0, RETRYABLE: 0, EXPIRED: 0}
         for pos, state, text in self._merged(runs):
             if last_lines is not None:
                 source, line = split_position(pos)
@@ -233,7 +270,7 @@ class Staging:
         from the latest run."""
         streams = [self._open(name) for name in runs]
         try:
-            iters = [self._records(f, order, name.startswith("part-"))
+            iters = [self._records(f, order, name)
                      for order, (f, name) in enumerate(zip(streams, runs))]
             pending = None
             for rec in heapq.merge(*iters):
@@ -246,10 +283,18 @@ class Staging:
             for f in streams:
                 f.close()
 
-    @staticmethod
-    def _records(f: IO[bytes], order: int, has_header: bool) -> Iterator[tuple[int, int, int, str]]:
-        if has_header:
-            f.readline()
+    def _records(self, f: IO[bytes], order: int,
+                 name: str) -> Iterator[tuple[int, int, int, str]]:
+        if name.startswith("part-"):  # verified as it streams: a damaged part stops the merge
+            try:
+                for pos, state, text in checked_records(f, read_header(f)):
+                    yield pos, order, state, text
+            except PartDamaged as exc:
+                self._discard(name, exc)
+                raise DamagedStagingError(
+                    f"the committed part {self._path(name)} was damaged ({exc}); nothing was "
+                    "published: rerun with --resume (its lines run again)") from None
+            return
         for raw in f:
             pos, state, text = raw.decode("utf-8").split(" ", 2)
             yield int(pos), order, int(state), text

@@ -23,6 +23,8 @@ Exit codes:
   1   crash; what finished is committed: rerun with --resume
   2   usage or configuration error; nothing was run
   3   completed, but the failed fraction is over --max-failed-fraction
+  4   the --deadline passed: unfinished lines have batch_expired error lines; rerun with
+      --resume to run only those
   75  interrupted by SIGTERM/SIGINT; what finished is committed: rerun with --resume
 """
 
@@ -153,7 +155,7 @@ def plan(inputs, **kwargs):
         kwargs["output"] = "-"
     opts = _options(lambda: RunOptions.from_cli(inputs, kwargs))
     try:
-        job_plan = make_plan(opts)
+        job_plan = make_plan(opts, report=True)
     except BatchConfigError as exc:
         raise UsageError(str(exc)) from exc
     estimate = estimate_plan(job_plan, shown.calibration, on_stage=lambda text: shown.as_json or

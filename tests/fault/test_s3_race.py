@@ -1,0 +1,21 @@
+"""Two runs racing on one S3 output (moto), 20 trials: never both exit 0, no crash, and the
+output always holds every record (tests/fault/s3_race.py)."""
+
+import pytest
+
+from tests.fault.s3_race import run_trials
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+
+def test_twenty_races_on_one_s3_output():
+    from tests.moto_s3 import moto_s3
+
+    with moto_s3() as (fs, options):
+        results = run_trials(fs, options, trials=20, parallel=4)
+    failed = [f"trial {r.trial}: exit codes {r.codes}: {'; '.join(r.problems)}"
+              for r in results if not r.ok]
+    assert not failed, "\n".join(failed)
+    # One of each pair wrote the output; the other was refused before its model loaded.
+    assert all(sorted(r.codes) == [0, 2] for r in results), [r.codes for r in results]
