@@ -24,10 +24,10 @@ def interrupted(tmp_path):
     result = run_batch(fake_model(), config(tmp_path, src, max_in_flight=4, grace_period=0,
                                             commit_every=3),
                        stop=stop, on_progress=stop_after_commits(4, stop))
-    assert result["status"] == "interrupted"
+    assert result.status == "interrupted"
     parts = sorted((tmp_path / STAGING).glob("part-*.jsonl"))
     assert len(parts) >= 3
-    return src, parts, result["requests"]["total"]
+    return src, parts, result.requests.total
 
 
 def records_in(part):
@@ -38,7 +38,7 @@ def resume_and_check(tmp_path, src, reran_expected, caplog, named=None):
     engine = FakeEngine()
     with caplog.at_level(logging.WARNING, logger="batchrun.batch"):
         result = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
-    assert result["status"] == "completed"
+    assert result.status == "completed"
     out = read(tmp_path / "out.jsonl")  # every line parses
     assert [o["custom_id"] for o in out] == [f"r{i}" for i in range(N)]
     assert len(engine.added) == reran_expected
@@ -118,7 +118,7 @@ def test_damage_found_while_merging_publishes_nothing(tmp_path, monkeypatch, cap
     assert not (tmp_path / "out.jsonl").exists()
     engine = FakeEngine()
     result = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
-    assert result["status"] == "completed" and 0 < len(engine.added) <= 4
+    assert result.status == "completed" and 0 < len(engine.added) <= 4
     assert [o["custom_id"] for o in read(tmp_path / "out.jsonl")] == [f"r{i}" for i in range(N)]
 
 

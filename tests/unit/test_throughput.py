@@ -1,5 +1,6 @@
 """The throughput model: calibration on a tiny model, the estimate's monotonicity, the run store."""
 
+import dataclasses
 import math
 import time
 
@@ -181,6 +182,6 @@ def test_planning_the_file_a_run_calibrated_on_gives_that_runs_time(tiny_config)
     assert estimate == pytest.approx(run["wall_time_s"], rel=0.10)
     # Before steps_factor: the simulation of 30 identical mean-length requests ends after the
     # mean answer, the run after its longest: 39 s planned for a 55.9 s run.
-    without = Calibration.from_dict({**cal.as_dict(), "steps_factor": 1.0})
+    without = dataclasses.replace(cal, steps_factor=1.0)
     assert estimate_seconds(planned, without, config) < 0.85 * run["wall_time_s"]
     assert cal.steps_factor > 1.5

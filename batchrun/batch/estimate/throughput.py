@@ -262,7 +262,7 @@ def prior(model_config, flops: float = 50e9, bandwidth: float = 10e9,
 
 def calibration_from_run(summary: dict, engine_config: EngineConfig, model_config,
                          base: Calibration | None = None,
-                         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                         max_in_flight: int | None = None,
                          num_blocks: int | None = None) -> Calibration | None:
     """A Calibration fitted to a finished run's metrics summary (batch/metrics.py; what
     load_last_run returns works too): `base` (a micro-benchmark's, else the architecture's
