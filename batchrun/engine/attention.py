@@ -85,6 +85,11 @@ class AttentionMetadata:
     prefills: list[PrefillChunk] = field(default_factory=list)
     same_length: list[tuple[int, int, int]] = field(default_factory=list)  # same_length_runs
     rows: KernelRows | None = None  # set: the kernel attends these rows (decode + some prefill)
+    # The step's layout for attention code that reads the cache itself (sliding window, ...):
+    block_tables: torch.Tensor | None = None  # [S, max_blocks] int64, sequences in step order
+    query_start: torch.Tensor | None = None  # [S + 1] first row of each sequence's tokens
+    context_lens: torch.Tensor | None = None  # [S] context after this step
+    positions: torch.Tensor | None = None  # [T]
 
 
 def kernel_attention(lib, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

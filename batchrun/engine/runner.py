@@ -131,7 +131,10 @@ class ModelRunner:
             slot_mapping[torch.tensor(scratch_rows, device=dev)] = self.scratch_slot
 
         meta = AttentionMetadata(slot_mapping=slot_mapping, num_decode=len(decodes),
-                                 kernel=self.kernel, block_size=bs)
+                                 kernel=self.kernel, block_size=bs, block_tables=table,
+                                 query_start=torch.cumsum(torch.tensor([0] + counts), 0).to(dev),
+                                 context_lens=torch.tensor(starts, device=dev) + count_t,
+                                 positions=positions)
         if decodes and (self.attention_in_kernel or self.triton):
             meta.decode_tables = table[:len(decodes)].contiguous()
             meta.decode_lens = torch.tensor([starts[i] + 1 for i in range(len(decodes))], device=dev)

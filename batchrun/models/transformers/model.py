@@ -1,0 +1,189 @@
+"""A transformers causal LM presented to the engine as the native model is: `config` (the KV shape
+the runner sizes its cache from), `model(input_ids, positions, kv_caches, meta) -> hidden` (final
+hidden states, after the final norm) and `compute_logits(hidden)`.
+
+The step's tokens go in as one row [1, T] with the step's positions as position_ids, no padding
+and no transformers cache; attention runs through the "batchrun" attention function
+(attention.py) on the engine's paged KV cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from batchrun.models.transformers import attention
+from batchrun.models.transformers.support import UnsupportedModelError
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """What the runner, the engine and the KV sizing read from a model's config."""
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int  # of the cache: the wider of the K and V head dims
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    hf_config: object
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+
+def logit_transforms(hf) -> list:
+    """What the architecture's causal-LM head does to lm_head's output (the probe at load time
+    checks this list against transformers' own forward)."""
+    ops = []
+    if getattr(hf, "logit_scale", None) is not None:  # Cohere
+        ops.append(lambda x, s=hf.logit_scale: x * s)
+    if getattr(hf, "logits_scaling", None) not in (None, 1, 1.0):  # Granite
+        ops.append(lambda x, s=hf.logits_scaling: x / s)
+    if getattr(hf, "final_logit_softcapping", None):  # Gemma 2/3
+        ops.append(lambda x, c=hf.final_logit_softcapping: torch.tanh(x / c) * c)
+    return ops
+
+
+class TransformersModel(nn.Module):
+    def __init__(self, hf_model: nn.Module, config: BackendConfig):
+        super().__init__()
+        self.hf = hf_model
+        self.config = config
+        self._transforms = logit_transforms(hf_model.config)
+
+    @property
+    def decoder(self) -> nn.Module:
+        return self.hf.base_model
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches,
+                meta) -> torch.Tensor:
+        """Hidden states [T, hidden] for the flat row of tokens of one step."""
+        with attention.step(kv_caches, meta, _max_context(meta, positions)):
+            out = self.decoder(input_ids=input_ids[None], position_ids=positions[None],
+                               use_cache=False)
+        return out[0][0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.hf.get_output_embeddings()(hidden)
+        for op in self._transforms:
+            logits = op(logits)
+        return logits.float()
+
+
+def _max_context(meta, positions: torch.Tensor) -> int:
+    if meta.context_lens is not None:
+        return int(meta.context_lens.max())
+    return int(positions.max()) + 1
+
+
+def load(path, device: torch.device, dtype: torch.dtype) -> TransformersModel:
+    """The model at `path` (safetensors, sharded or not, as transformers maps them onto its own
+    modules), probed for its real attention shape; UnsupportedModelError when it cannot run."""
+    from transformers import AutoModelForCausalLM
+
+    attention.register()
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device,
+                                                  attn_implementation=attention.NAME)
+    except (ValueError, KeyError) as exc:
+        raise UnsupportedModelError(f"transformers cannot build it on this backend: {exc}") from exc
+    model = wrap(hf.eval())
+    from batchrun.models import packed_linear
+
+    if device.type == "cpu" and packed_linear.available(dtype):
+        packed_linear.pack_linears(hf)
+    return model
+
+
+def wrap(hf: nn.Module) -> TransformersModel:
+    """`hf` (its attention implementation set to "batchrun") as the engine's model, after a
+    probe forward over a few tokens: every layer must attend through the paged cache with one
+    KV shape, and compute_logits must reproduce transformers' own logits."""
+    cfg = hf.config
+    hf.config._attn_implementation = attention.NAME
+    shapes = probe_shapes(hf)
+    layers = cfg.num_hidden_layers
+    if sorted(shapes) != list(range(layers)):
+        raise UnsupportedModelError(
+            f"{cfg.model_type}: attention ran for layers {sorted(shapes)} of {layers}; the "
+            f"backend needs one attention call per layer, indexed by layer_idx")
+    distinct = set(shapes.values())
+    if len(distinct) > 1:
+        raise UnsupportedModelError(f"{cfg.model_type}: attention shapes differ between layers "
+                                    f"({sorted(distinct)}); the KV cache has one shape")
+    heads, kv_heads, dk, dv = distinct.pop()
+    config = BackendConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_layers=layers,
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=max(dk, dv),
+        max_position_embeddings=getattr(cfg, "max_position_embeddings", None) or 2048,
+        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), hf_config=cfg)
+    model = TransformersModel(hf, config)
+    check_logits(model)
+    return model
+
+
+PROBE_IDS = [3, 5, 7, 11]
+
+
+class _ProbeCaches:
+    """Fresh KV caches of each layer's own shape, as the attention function reports it."""
+
+    def __init__(self, shapes: dict, n: int, dtype: torch.dtype, device):
+        self.shapes, self.n, self.dtype, self.device = shapes, n, dtype, device
+
+    def __getitem__(self, layer: int):
+        _, kv_heads, dk, dv = self.shapes[layer]
+        shape = (self.n, kv_heads, max(dk, dv))
+        return (torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device))
+
+
+def _probe_meta(n: int, device):
+    from batchrun.engine.attention import AttentionMetadata, PrefillChunk
+
+    return AttentionMetadata(
+        slot_mapping=torch.arange(n, device=device), block_size=n,
+        prefills=[PrefillChunk(0, n, n, None)],
+        block_tables=torch.zeros((1, 1), dtype=torch.long, device=device),
+        query_start=torch.tensor([0, n], device=device),
+        context_lens=torch.tensor([n], device=device), positions=torch.arange(n, device=device))
+
+
+@torch.inference_mode()
+def _probe_run(hf, fn):
+    device, dtype = hf.device, hf.dtype
+    n = len(PROBE_IDS)
+    shapes: dict = {}
+    ids = torch.tensor([PROBE_IDS], device=device) % hf.config.vocab_size
+    with attention.step(_ProbeCaches(shapes, n, dtype, device), _probe_meta(n, device), n,
+                        shapes) as current:
+        out = fn(ids, torch.arange(n, device=device)[None])
+    if not current.calls:
+        raise UnsupportedModelError(f"{hf.config.model_type}: its attention does not go "
+                                    f"through transformers' AttentionInterface")
+    return out, shapes
+
+
+def probe_shapes(hf) -> dict[int, tuple[int, int, int, int]]:
+    """layer_idx -> (query heads, KV heads, K head dim, V head dim), from a forward pass."""
+    return _probe_run(hf, lambda ids, pos: hf.base_model(input_ids=ids, position_ids=pos,
+                                                         use_cache=False))[1]
+
+
+def check_logits(model: TransformersModel) -> None:
+    hf = model.hf
+    ref, _ = _probe_run(hf, lambda ids, pos: hf(input_ids=ids, position_ids=pos,
+                                                use_cache=False).logits[0].float())
+    hidden, _ = _probe_run(hf, lambda ids, pos: hf.base_model(
+        input_ids=ids, position_ids=pos, use_cache=False)[0][0])
+    with torch.inference_mode():
+        ours = model.compute_logits(hidden)
+    if not torch.allclose(ours, ref, rtol=1e-3, atol=1e-3 * (1 + float(ref.abs().max()))):
+        raise UnsupportedModelError(
+            f"{hf.config.model_type}: its causal-LM head transforms the logits in a way the "
+            f"backend does not reproduce (max difference {float((ours - ref).abs().max()):.3g})")
