@@ -60,6 +60,8 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
     dv = v.shape[-1]
     if current.shapes is not None:
         current.shapes[layer] = (q.shape[1], k.shape[1], k.shape[2], dv)
+        if getattr(module, "is_causal", True) is False:
+            current.extras.add("bidirectional")
     if dv < k.shape[-1]:
         v = F.pad(v, (0, k.shape[-1] - dv))
     k_cache, v_cache = current.kv_caches[layer]

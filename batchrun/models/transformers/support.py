@@ -28,8 +28,15 @@ class Verdict:
 
 def native_reason(hf) -> str | None:
     """Why models/llama.py cannot run `hf` exactly (None: it can)."""
+    from batchrun.models.hf_config import PLAIN_TYPES
     from batchrun.models.llama import ModelConfig
 
+    model_type = getattr(hf, "model_type", "llama")
+    if model_type not in PLAIN_TYPES:
+        return f"model type {model_type!r} (native: {', '.join(sorted(PLAIN_TYPES))})"
+    other = sorted(set(getattr(hf, "layer_types", None) or ()) - {"full_attention"})
+    if other:
+        return f"{', '.join(other)} layers"
     try:
         ModelConfig.from_hf(hf)
     except ValueError as exc:
