@@ -19,6 +19,16 @@ CPU = torch.device("cpu")
 MAX_TOKENS = 12
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Matrices this small gain nothing from threads, and on busy shared cores the threads'
+    hand-offs made this module 20x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def backend_engine(arch, path, impl="transformers", **overrides):
     """(transformers model, batchrun engine on `impl`) over one tiny checkpoint of `arch`."""
     hf = make_tiny(arch, path, archs=BACKEND_ARCHS)
