@@ -85,6 +85,11 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
         torch.set_num_threads(threads or 1)
 
     model = load_weights(path, config, device, dtype)
+    from batchrun.models.transformers.model import TransformersModel
+
+    if isinstance(model, TransformersModel):  # its steps sync on the host: no CUDA graphs
+        config = config.model_copy(update={"device": config.device.model_copy(
+            update={"cuda_graphs": False})})
     tokenizer = load_tokenizer(path)
     gen_defaults, gen_eos = read_generation_config(path)
     phases.mark("tokenizer and chat template")

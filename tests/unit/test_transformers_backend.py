@@ -224,3 +224,33 @@ def test_lora_is_refused_on_this_backend(tmp_path):
     config = EngineConfig.default(adapters={"a": str(tmp_path)})
     with pytest.raises(UnsupportedModelError, match="--lora needs the native path"):
         load_weights(tmp_path, config, CPU, torch.float32)
+
+
+def test_cli_refuses_with_exit_code_2_and_runs_json_mode(tmp_path, smol_tokenizer):
+    import json
+
+    from transformers import MambaConfig, MambaForCausalLM
+
+    from tests.helpers import batchrun
+
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                                 "body": {"messages": [{"role": "user", "content": "JSON?"}],
+                                          "max_tokens": 6, "response_format": {
+                                              "type": "json_object"}}}) + "\n")
+    mamba = tmp_path / "mamba"
+    MambaForCausalLM(MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1)
+                     ).save_pretrained(mamba)
+    smol_tokenizer.save_pretrained(mamba)
+    refused = batchrun("run", lines, "-o", tmp_path / "o.jsonl", "--model", mamba, real=True,
+                       text=True)
+    assert refused.returncode == 2
+    assert "mamba keeps a recurrent (state-space / linear-attention) state" in refused.stderr
+    gemma2 = tmp_path / "gemma2"
+    make_tiny("gemma2", gemma2, archs=BACKEND_ARCHS, vocab_size=len(smol_tokenizer))
+    smol_tokenizer.save_pretrained(gemma2)
+    ran = batchrun("run", lines, "-o", tmp_path / "out.jsonl", "--model", gemma2,
+                   "--model-impl", "transformers", "--progress", "none", real=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    body = json.loads((tmp_path / "out.jsonl").read_text())["response"]["body"]
+    assert body["choices"][0]["message"]["content"].startswith("{")
