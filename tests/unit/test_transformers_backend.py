@@ -254,3 +254,34 @@ def test_cli_refuses_with_exit_code_2_and_runs_json_mode(tmp_path, smol_tokenize
     assert ran.returncode == 0, ran.stderr
     body = json.loads((tmp_path / "out.jsonl").read_text())["response"]["body"]
     assert body["choices"][0]["message"]["content"].startswith("{")
+
+
+def _models_cli(*args):
+    from click.testing import CliRunner
+
+    from batchrun.models.cli import models
+
+    return CliRunner().invoke(models, list(map(str, args)))
+
+
+def test_models_check_reads_the_config_only(tmp_path):
+    from transformers import MambaConfig
+
+    hf = make_tiny("gemma2", tmp_path / "gemma2", archs=BACKEND_ARCHS)
+    (tmp_path / "gemma2" / "model.safetensors").unlink()  # no weights are read
+    result = _models_cli("check", tmp_path / "gemma2")
+    assert result.exit_code == 0, result.output
+    assert "path: transformers backend (the native path does not run it: model type 'gemma2'" \
+        in result.output
+    count = sum(p.numel() for p in hf.parameters())
+    assert f"parameters: {count:,} (weights: fp32 {count * 4 / 2**20:.1f} MiB" in result.output
+    assert "2 layers x 2 KV heads x head dim 32: fp32 1.0 KiB, bf16 512 B per token" in result.output
+    assert "sliding window: 8 tokens on 1 of 2 layers" in result.output
+    assert "LoRA: no (native path only)" in result.output
+    make_tiny("llama", tmp_path / "llama")
+    native = _models_cli("check", tmp_path / "llama").output
+    assert "path: native" in native and "LoRA: yes" in native
+    MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "m")
+    refused = _models_cli("check", tmp_path / "m")
+    assert refused.exit_code == 2 and "path: refused (unsupported model: mamba" in refused.output
+    assert "transformers backend" in _models_cli("list").output

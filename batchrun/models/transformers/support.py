@@ -41,13 +41,14 @@ def native_reason(hf) -> str | None:
         ModelConfig.from_hf(hf)
     except ValueError as exc:
         return str(exc)
-    window = _effective_window(hf)
+    window = effective_window(hf)
     if window is not None and window < hf.max_position_embeddings:
         return f"sliding_window {window} (the native model attends the whole context)"
     return None
 
 
-def _effective_window(hf) -> int | None:
+def effective_window(hf) -> int | None:
+    """The sliding window the model's attention applies (Qwen2 sets one it does not use)."""
     if getattr(hf, "model_type", "") == "qwen2" and not getattr(hf, "use_sliding_window", False):
         return None
     return getattr(hf, "sliding_window", None)
@@ -96,7 +97,7 @@ def choose(hf, requested: str = "auto") -> Verdict:
         reason = native_reason(hf)
         if reason is None:
             return Verdict("native")
-        note = f"native path: {reason}"
+        note = f"the native path does not run it: {reason}"
     else:
         note = "--model-impl transformers"
     hf = as_transformers_config(hf)
