@@ -113,6 +113,40 @@ def test_prompt_logprobs_embeddings_and_n(arch, tmp_path):
     assert len(sampled.outputs) == 3 and all(len(o.token_ids) == 5 for o in sampled.outputs)
 
 
+def test_plain_layers_take_the_engine_kernels_and_windowed_ones_the_extras_path(tmp_path,
+                                                                                 monkeypatch):
+    from batchrun.models.transformers import attention
+
+    calls = []
+    for name in ("paged_attention", "reference_attention"):
+        real = getattr(attention, name)
+        monkeypatch.setattr(attention, name, lambda *a, _f=real, _n=name, **k: (
+            calls.append(_n), _f(*a, **k))[1])
+    _, engine = backend_engine("gemma3_text", tmp_path)  # layer 0: a window of 8; layer 1 full
+    calls.clear()
+    engine.generate([list(range(3, 8))], SamplingParams(max_tokens=1))
+    assert calls == ["paged_attention", "paged_attention"]  # 5 tokens: the window changes nothing
+    calls.clear()
+    engine.generate([list(range(3, 23))], SamplingParams(max_tokens=1))
+    assert calls == ["reference_attention", "paged_attention"]
+
+
+def test_sharded_checkpoint_loads(tmp_path):
+    hf = make_tiny("qwen3_moe", tmp_path / "one", archs=BACKEND_ARCHS)
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="200KB")
+    assert len(list((tmp_path / "sharded").glob("*.safetensors"))) > 1
+    config = EngineConfig.default(model_impl="transformers", block_size=4)
+    model = load_weights(tmp_path / "sharded", config, CPU, torch.float32)
+    engine = build_engine(model, IdTokenizer(), config, [2], CPU, torch.float32)
+    prompt = [5, 9, 200, 17, 33]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, -1], -1)
+    out = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=1, logprobs=5))
+    top = out[0].outputs[0].logprobs[0].top
+    assert [t for t, _ in top] == ref.topk(5).indices.tolist()
+    assert [lp for _, lp in top] == pytest.approx(ref.topk(5).values.tolist(), abs=1e-4)
+
+
 def _paged_layout(ctx, q_lens, block_size, num_blocks, gen):
     """Block tables, slots and metadata of sequences with context `ctx` after a step computing
     their last `q_lens` tokens, their blocks scattered over the pool."""

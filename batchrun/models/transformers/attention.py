@@ -11,7 +11,7 @@ soft-capping or attention sinks through `reference_attention`. A key/value head-
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +30,7 @@ class Step:
     # layer_idx -> (heads, KV heads, K head dim, V head dim), filled while probing a model
     shapes: dict[int, tuple[int, int, int]] | None = None
     calls: int = 0
-    extras: set = field(default_factory=set)  # the extras met (probing)
+    bidirectional: bool = False  # a layer attends both ways (probing)
 
 
 _current: Step | None = None
@@ -60,16 +60,13 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
     dv = v.shape[-1]
     if current.shapes is not None:
         current.shapes[layer] = (q.shape[1], k.shape[1], k.shape[2], dv)
-        if getattr(module, "is_causal", True) is False:
-            current.extras.add("bidirectional")
+        current.bidirectional |= getattr(module, "is_causal", True) is False
     if dv < k.shape[-1]:
         v = F.pad(v, (0, k.shape[-1] - dv))
     k_cache, v_cache = current.kv_caches[layer]
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
     window = sliding_window if sliding_window and sliding_window < current.max_context else None
     if window or softcap or s_aux is not None:
-        current.extras.update(n for n, x in (("sliding_window", window), ("softcap", softcap),
-                                             ("sinks", s_aux)) if x is not None)
         out = reference_attention(q, k, v, k_cache, v_cache, current.meta, scale,
                                   sliding_window=window, softcap=softcap, sinks=s_aux)
     else:

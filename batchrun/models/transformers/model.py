@@ -166,7 +166,7 @@ def _probe_run(hf, fn):
     if not current.calls:
         raise UnsupportedModelError(f"{hf.config.model_type}: its attention does not go "
                                     f"through transformers' AttentionInterface")
-    if "bidirectional" in current.extras:
+    if current.bidirectional:
         raise UnsupportedModelError(f"{hf.config.model_type} attends bidirectionally (causal "
                                     f"decoders only)")
     return out, shapes
