@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from batchrun.engine.attention import paged_attention
 from batchrun.models.transformers.extras_attention import reference_attention
+from batchrun.models.transformers.support import UnsupportedModelError
 
 NAME = "batchrun"
 
@@ -55,7 +56,10 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
     if current is None:
         raise RuntimeError("the batchrun attention function runs only inside a batchrun step")
     current.calls += 1
-    layer = module.layer_idx
+    layer = getattr(module, "layer_idx", None)
+    if layer is None:
+        raise UnsupportedModelError(f"{type(module).__name__} has no layer_idx: the backend "
+                                    f"cannot tell which layer's KV cache it reads")
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, D]
     dv = v.shape[-1]
     if current.shapes is not None:
