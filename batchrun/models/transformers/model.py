@@ -106,7 +106,13 @@ def wrap(hf: nn.Module) -> TransformersModel:
     KV shape, and compute_logits must reproduce transformers' own logits."""
     cfg = hf.config
     hf.config._attn_implementation = attention.NAME
-    shapes = probe_shapes(hf)
+    try:
+        shapes = probe_shapes(hf)
+    except UnsupportedModelError:
+        raise
+    except Exception as exc:  # its modelling code does something the flat step cannot feed
+        raise UnsupportedModelError(f"{cfg.model_type}: a forward pass on the transformers "
+                                    f"backend failed: {type(exc).__name__}: {exc}") from exc
     layers = cfg.num_hidden_layers
     if sorted(shapes) != list(range(layers)):
         raise UnsupportedModelError(
