@@ -92,8 +92,16 @@ def model_config_for(model: str | None) -> ModelConfig:
     folder or of the GGUF's cached conversion, else the GGUF's metadata (a few seconds for the
     bundled model), else the hub's config.json."""
     from batchrun.models.spec_config import config_for
+    from batchrun.models.transformers.support import UnsupportedModelError, native_reason
 
-    return ModelConfig.from_hf(config_for(model))
+    hf = config_for(model)
+    try:
+        return ModelConfig.from_hf(hf)
+    except (ValueError, AttributeError) as exc:
+        raise UnsupportedModelError(
+            f"the footprint and `batchrun plan` cover models of the native path only "
+            f"({native_reason(hf) or exc}); `batchrun models check {model}` describes this "
+            f"one") from exc
 
 
 def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> SimpleNamespace:

@@ -319,3 +319,11 @@ def test_models_check_reads_the_config_only(tmp_path):
     refused = _models_cli("check", tmp_path / "m")
     assert refused.exit_code == 2 and "path: refused (unsupported model: mamba" in refused.output
     assert "transformers backend" in _models_cli("list").output
+
+
+def test_plan_says_it_covers_the_native_path_only(tmp_path):
+    from batchrun.footprint import model_config_for
+
+    make_tiny("gemma", tmp_path, archs=BACKEND_ARCHS)
+    with pytest.raises(UnsupportedModelError, match="native path only .*`batchrun models check"):
+        model_config_for(str(tmp_path))
