@@ -4,8 +4,8 @@ the name "batchrun": it writes the layer's K/V into the engine's paged cache and
 The step's KV caches and metadata are not arguments transformers passes along, so the model's
 forward sets them for the duration of the call (`step`). Plain causal layers go through the
 engine's `paged_attention` (the C kernels on the CPU); layers with a sliding window, logit
-soft-capping or attention sinks through `reference_attention`. A key/value head-dim mismatch
-(MLA: DeepSeek-V2) is stored with V zero-padded to K's width and the output cut back.
+soft-capping or attention sinks through `reference_attention`. Key and value head dims that
+differ (MLA: DeepSeek-V2) are stored zero-padded to the wider one, and the output cut back.
 """
 
 from __future__ import annotations
@@ -65,10 +65,13 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
     if current.shapes is not None:
         current.shapes[layer] = (q.shape[1], k.shape[1], k.shape[2], dv)
         current.bidirectional |= getattr(module, "is_causal", True) is False
-    if dv < k.shape[-1]:
-        v = F.pad(v, (0, k.shape[-1] - dv))
-    k_cache, v_cache = current.kv_caches[layer]
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    width = max(k.shape[-1], dv)  # zeros added to q and k leave the scores as they are
+    if dv < width:
+        v = F.pad(v, (0, width - dv))
+    elif k.shape[-1] < width:
+        q, k = F.pad(q, (0, width - k.shape[-1])), F.pad(k, (0, width - k.shape[-1]))
+    k_cache, v_cache = current.kv_caches[layer]
     window = sliding_window if sliding_window and sliding_window < current.max_context else None
     if window or softcap or s_aux is not None:
         out = reference_attention(q, k, v, k_cache, v_cache, current.meta, scale,

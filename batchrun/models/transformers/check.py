@@ -28,7 +28,7 @@ class CheckReport:
 
     @property
     def kv_elements_per_token(self) -> int:
-        """The cache stores V as wide as K (MLA's narrower V zero-padded)."""
+        """The cache stores K and V at the wider of their head dims (MLA: the other padded)."""
         return 2 * self.layers * self.kv_heads * max(self.k_head_dim, self.v_head_dim)
 
 
@@ -93,7 +93,7 @@ def features(hf, impl: str) -> list[tuple[str, str]]:
     if caps:
         out.append(("logit soft-capping", ", ".join(caps)))
     if getattr(hf, "qk_nope_head_dim", None) is not None:
-        out.append(("MLA", "K/V expanded per head; V zero-padded to K's head dim in the cache"))
+        out.append(("MLA", "K/V expanded per head, the narrower zero-padded in the cache"))
     if getattr(hf, "model_type", "") == "gpt_oss":
         out.append(("attention sinks", "yes (reference attention)"))
     return out
