@@ -208,14 +208,14 @@ def test_key_and_value_head_dims_may_differ(dk, dv):
     from types import SimpleNamespace
 
     from batchrun.models.transformers import attention
-    from batchrun.models.transformers.model import _probe_meta
+    from batchrun.models.transformers.probe import prefill_meta
 
     gen = torch.Generator().manual_seed(6)
     n, width = 5, max(dk, dv)
     q, k = (torch.randn(1, h, n, dk, generator=gen) for h in (4, 2))
     v = torch.randn(1, 2, n, dv, generator=gen)
     caches = [(torch.zeros(n, 2, width), torch.zeros(n, 2, width))]
-    with attention.step(caches, _probe_meta(n, CPU), n):
+    with attention.step(caches, prefill_meta(n, CPU), n):
         out, _ = attention.batchrun_attention(SimpleNamespace(layer_idx=0), q, k, v, None, 0.5)
     causal = torch.ones(n, n, dtype=torch.bool).tril()[None]
     expected = attend(q[0].transpose(0, 1)[None], k[0].transpose(0, 1)[None],

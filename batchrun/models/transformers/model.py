@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from batchrun.models.transformers import attention
+from batchrun.models.transformers import attention, probe
 from batchrun.models.transformers.support import UnsupportedModelError
 
 
@@ -105,9 +105,11 @@ def wrap(hf: nn.Module) -> TransformersModel:
     probe forward over a few tokens: every layer must attend through the paged cache with one
     KV shape, and compute_logits must reproduce transformers' own logits."""
     cfg = hf.config
+    attention.register()
     hf.config._attn_implementation = attention.NAME
     try:
-        shapes = probe_shapes(hf)
+        hidden, shapes = probe.run(hf, lambda ids, pos: hf.base_model(
+            input_ids=ids, position_ids=pos, use_cache=False)[0][0])
     except UnsupportedModelError:
         raise
     except Exception as exc:  # its modelling code does something the flat step cannot feed
@@ -129,70 +131,5 @@ def wrap(hf: nn.Module) -> TransformersModel:
         max_position_embeddings=getattr(cfg, "max_position_embeddings", None) or 2048,
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), hf_config=cfg)
     model = TransformersModel(hf, config)
-    check_logits(model)
+    probe.check_logits(model, hidden)
     return model
-
-
-PROBE_IDS = [3, 5, 7, 11]
-
-
-class _ProbeCaches:
-    """Fresh KV caches of each layer's own shape, as the attention function reports it."""
-
-    def __init__(self, shapes: dict, n: int, dtype: torch.dtype, device):
-        self.shapes, self.n, self.dtype, self.device = shapes, n, dtype, device
-
-    def __getitem__(self, layer: int):
-        _, kv_heads, dk, dv = self.shapes[layer]
-        shape = (self.n, kv_heads, max(dk, dv))
-        return (torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device))
-
-
-def _probe_meta(n: int, device):
-    from batchrun.engine.attention import AttentionMetadata, PrefillChunk
-
-    return AttentionMetadata(
-        slot_mapping=torch.arange(n, device=device), block_size=n,
-        prefills=[PrefillChunk(0, n, n, None)],
-        block_tables=torch.zeros((1, 1), dtype=torch.long, device=device),
-        query_start=torch.tensor([0, n], device=device),
-        context_lens=torch.tensor([n], device=device), positions=torch.arange(n, device=device))
-
-
-@torch.inference_mode()
-def _probe_run(hf, fn):
-    device, dtype = hf.device, hf.dtype
-    n = len(PROBE_IDS)
-    shapes: dict = {}
-    ids = torch.tensor([PROBE_IDS], device=device) % hf.config.vocab_size
-    with attention.step(_ProbeCaches(shapes, n, dtype, device), _probe_meta(n, device), n,
-                        shapes) as current:
-        out = fn(ids, torch.arange(n, device=device)[None])
-    if not current.calls:
-        raise UnsupportedModelError(f"{hf.config.model_type}: its attention does not go "
-                                    f"through transformers' AttentionInterface")
-    if current.bidirectional:
-        raise UnsupportedModelError(f"{hf.config.model_type} attends bidirectionally (causal "
-                                    f"decoders only)")
-    return out, shapes
-
-
-def probe_shapes(hf) -> dict[int, tuple[int, int, int, int]]:
-    """layer_idx -> (query heads, KV heads, K head dim, V head dim), from a forward pass."""
-    return _probe_run(hf, lambda ids, pos: hf.base_model(input_ids=ids, position_ids=pos,
-                                                         use_cache=False))[1]
-
-
-def check_logits(model: TransformersModel) -> None:
-    hf = model.hf
-    ref, _ = _probe_run(hf, lambda ids, pos: hf(input_ids=ids, position_ids=pos,
-                                                use_cache=False).logits[0].float())
-    hidden, _ = _probe_run(hf, lambda ids, pos: hf.base_model(
-        input_ids=ids, position_ids=pos, use_cache=False)[0][0])
-    with torch.inference_mode():
-        ours = model.compute_logits(hidden)
-    if not torch.allclose(ours, ref, rtol=1e-3, atol=1e-3 * (1 + float(ref.abs().max()))):
-        raise UnsupportedModelError(
-            f"{hf.config.model_type}: its causal-LM head transforms the logits in a way the "
-            f"backend does not reproduce (max difference {float((ours - ref).abs().max()):.3g})")
