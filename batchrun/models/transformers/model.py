@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from batchrun.models import packed_linear
 from batchrun.models.transformers import attention, probe
 from batchrun.models.transformers.support import UnsupportedModelError
 
@@ -93,9 +94,7 @@ def load(path, device: torch.device, dtype: torch.dtype) -> TransformersModel:
     except (ValueError, KeyError) as exc:
         raise UnsupportedModelError(f"transformers cannot build it on this backend: {exc}") from exc
     model = wrap(hf.eval())
-    from batchrun.models import packed_linear
-
-    if device.type == "cpu" and packed_linear.available(dtype):
+    if device.type == "cpu" and packed_linear.available(dtype):  # as the native model's
         packed_linear.pack_linears(hf)
     return model
 
