@@ -12,7 +12,6 @@ dtype, not the size of the GGUF file.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
 
@@ -92,57 +91,17 @@ def model_config_for(model: str | None) -> ModelConfig:
     default model) without loading, converting or downloading its weights: config.json of the
     folder or of the GGUF's cached conversion, else the GGUF's metadata (a few seconds for the
     bundled model), else the hub's config.json."""
-    return ModelConfig.from_hf(_hf_config(model))
+    from batchrun.models.spec_config import config_for
+    from batchrun.models.transformers.support import UnsupportedModelError, native_reason
 
-
-def _auto_config(*args, **kwargs):
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(*args, **kwargs)
-
-
-def _hf_config(model: str | None):
-    from batchrun.models import registry
-    from batchrun.models.hf_config import read_config
-    from batchrun.models.loader import ModelNotFoundError
-    from batchrun.models.resolve import HUB_ID, from_folder
-
-    spec = (model or "").strip()
-    if spec in ("", "default"):
-        spec = registry.DEFAULT_MODEL
-    entry = registry.lookup(spec)
-    if entry is not None:
-        gguf = registry.find_gguf(entry)
-        if gguf is None:
-            raise ModelNotFoundError(registry.missing_message(entry))
-        return _gguf_config(gguf)
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            from_folder(path, spec)  # raises the loader's explanation
-        return read_config(path)  # a *.bin folder is not converted for this
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        return _gguf_config(path)
-    if not path.exists() and HUB_ID.match(spec):
-        try:
-            return _auto_config(spec)
-        except Exception as exc:  # offline, unknown or gated repo
-            raise ModelNotFoundError(f"could not read the config of hub model {spec!r}: "
-                                     f"{type(exc).__name__}: {exc}") from exc
-    from batchrun.models.resolve import resolve_model
-
-    resolve_model(spec)  # raises the loader's own explanation
-    raise ModelNotFoundError(f"unknown model {spec!r}")  # pragma: no cover
-
-
-def _gguf_config(gguf: Path):
-    from batchrun.models.hf_config import read_config
-    from batchrun.models.loader import gguf_cache_path
-
-    converted = gguf_cache_path(gguf)
-    if (converted / "config.json").is_file():
-        return read_config(converted)
-    return _auto_config(gguf.parent, gguf_file=gguf.name)
+    hf = config_for(model)
+    try:
+        return ModelConfig.from_hf(hf)
+    except (ValueError, AttributeError) as exc:
+        raise UnsupportedModelError(
+            f"the footprint and `batchrun plan` cover models of the native path only "
+            f"({native_reason(hf) or exc}); `batchrun models check {model}` describes this "
+            f"one") from exc
 
 
 def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> TokenizerModel:

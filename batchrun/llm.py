@@ -109,8 +109,6 @@ def check_adapters(lora, base_names) -> None:
 
 def load_from_path(path: str | Path, config: EngineConfig | None = None, name: str | None = None,
                    aliases: tuple[str, ...] = ()) -> LoadedModel:
-    from batchrun.models.hf_config import read_config
-    from batchrun.models.llama import LlamaModel, ModelConfig
     from batchrun.models.tokenizer import load_tokenizer
 
     config = config or EngineConfig.default()
@@ -120,8 +118,12 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
     if device.type == "cpu":
         set_cpu_threads(config)
 
-    model_cfg = ModelConfig.from_hf(read_config(path))
-    model = build_model(LlamaModel, model_cfg, path, device, dtype)
+    model = load_weights(path, config, device, dtype)
+    from batchrun.models.transformers.model import TransformersModel
+
+    if isinstance(model, TransformersModel):  # its steps sync on the host: no CUDA graphs
+        config = config.model_copy(update={"device": config.device.model_copy(
+            update={"cuda_graphs": False})})
     tokenizer = load_tokenizer(path)
     gen_defaults, gen_eos = read_generation_config(path)
     phases.mark("tokenizer and chat template")
@@ -135,6 +137,26 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
     phases.mark("engine (KV cache)")
     return LoadedModel(engine, tokenizer, name, tuple(aliases), gen_defaults, path,
                        adapters=tuple(config.lora.adapters))
+
+
+def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: torch.dtype):
+    """The model at `path` on the path --model-impl picks (models/transformers/support.py);
+    a ValueError says why a model cannot run."""
+    from batchrun.models.hf_config import read_config
+    from batchrun.models.llama import LlamaModel, ModelConfig
+    from batchrun.models.transformers.support import UnsupportedModelError, choose
+
+    hf = read_config(path)
+    if choose(hf, config.model_impl).impl == "native":
+        return build_model(LlamaModel, ModelConfig.from_hf(hf), path, device, dtype)
+    if config.lora.adapters:
+        raise UnsupportedModelError("--lora needs the native path (Llama, Mistral, Qwen2, "
+                                    "Qwen3); this model runs on the transformers backend")
+    from batchrun.models.transformers.model import load
+
+    model = load(path, device, dtype)
+    phases.mark("weights (transformers backend)")
+    return model
 
 
 def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: torch.device,

@@ -17,13 +17,49 @@ ARCHS = {
     "tied": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": True}),
 }
 
+_SWA = {"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}
+_MOE = {"num_local_experts": 4, "num_experts_per_tok": 2}
+# Architectures only the transformers backend runs (and the native ones again, under their names),
+# with the sliding windows (8 tokens), soft-capping, sinks, MoE and MLA of each made small.
+BACKEND_ARCHS = {
+    "llama": ARCHS["llama"],
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 8}),
+    "qwen2": ARCHS["qwen2"],
+    "qwen3": ARCHS["qwen3"],
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 32}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {
+        "head_dim": 32, "query_pre_attn_scalar": 32, "attn_logit_softcapping": 20.0,
+        "final_logit_softcapping": 10.0, **_SWA}),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
+        "head_dim": 32, "query_pre_attn_scalar": 32, **_SWA}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", {
+        "logits_scaling": 2.0, "embedding_multiplier": 2.0, "residual_multiplier": 0.5,
+        "attention_multiplier": 0.2}),
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", {"head_dim": 32}),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"no_rope_layer_interval": 2}),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"rotary_pct": 0.5}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(_MOE)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
+        "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2}),
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", {
+        "num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": None, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+        "v_head_dim": 24, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+        "moe_intermediate_size": 64, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", {
+        "head_dim": 32, "intermediate_size": 128, **_MOE, **_SWA}),
+}
 
-def make_tiny(arch: str, path: Path, seed: int = 0, **overrides):
+
+def make_tiny(arch: str, path: Path, seed: int = 0, archs: dict = ARCHS, **overrides):
     """Save a tiny random model to `path`; returns the transformers model (fp32, eval).
-    `overrides` change its config (vocab_size to match a real tokenizer, say)."""
+    `overrides` change its config (vocab_size to match a real tokenizer, say); `archs` is the
+    table `arch` names an entry of (BACKEND_ARCHS for the transformers backend's)."""
     import transformers
 
-    cfg_cls, model_cls, extra = ARCHS[arch]
+    cfg_cls, model_cls, extra = archs[arch]
     options = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                    rms_norm_eps=1e-6, initializer_range=0.2, tie_word_embeddings=False)

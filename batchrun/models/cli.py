@@ -24,6 +24,30 @@ def list_cmd() -> None:
         click.echo(f"{name:<{width}}  {r.status:<9}  {r.source}")
         if r.aliases:
             click.echo(f"{'':<{width}}  {'':<9}  aliases: {', '.join(r.aliases)}")
+    from batchrun.models.llama import SUPPORTED_ARCHITECTURES
+
+    click.echo(f"\nNative architectures: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}. Any other "
+               f"decoder-only model transformers can build runs on the transformers backend "
+               f"(`batchrun models check PATH` tells which path a model takes).")
+
+
+@models.command("check")
+@click.argument("model")
+def check_cmd(model: str) -> None:
+    """Which path would run MODEL (native, transformers backend, or refused, and why), its
+    parameters, weight and KV memory, and the engine features that apply; reads no weights.
+    Exit code 2 when no path runs it."""
+    from batchrun.models.spec_config import config_for
+    from batchrun.models.transformers.check import check, describe
+
+    try:
+        report = check(config_for(model))
+    except ModelNotFoundError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for line in describe(model, report):
+        click.echo(line)
+    if report.impl == "refused":
+        raise SystemExit(2)  # what loading it exits with (usage.EXIT_USAGE)
 
 
 @models.command("pull")

@@ -69,6 +69,10 @@ class EngineConfig(BaseModel):
     device: DeviceConfig = option(DeviceConfig, "")
     lora: LoraConfig = option(LoraConfig, "")
     max_model_len: int | None = option(None, "Context length [default: the model's].", ge=2)
+    model_impl: Literal["auto", "native", "transformers"] = option(
+        "auto", "Model code. native: batchrun's own (Llama, Mistral, Qwen2, Qwen3); "
+        "transformers: transformers' modelling code on batchrun's engine (any decoder-only "
+        "attention model); auto: native where it runs the model, else transformers.")
 
     @classmethod
     def default(cls, **overrides: Any) -> "EngineConfig":

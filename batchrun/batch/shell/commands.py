@@ -148,6 +148,7 @@ def plan(inputs, **kwargs):
     the run starts afresh, resumes, or has nothing to do."""
     from batchrun.batch.estimate.job_estimate import estimate_plan, report_text
     from batchrun.batch.job.plan import BatchConfigError, make_plan
+    from batchrun.models.transformers.support import UnsupportedModelError
 
     shown = _options(lambda: from_cli(PlanOptions, kwargs))
     given_output = kwargs.get("output") is not None
@@ -158,8 +159,11 @@ def plan(inputs, **kwargs):
         job_plan = make_plan(opts, report=True)
     except BatchConfigError as exc:
         raise UsageError(str(exc)) from exc
-    estimate = estimate_plan(job_plan, shown.calibration, on_stage=lambda text: shown.as_json or
-                             click.echo(text + " ...", err=True))
+    try:
+        estimate = estimate_plan(job_plan, shown.calibration, on_stage=lambda text:
+                                 shown.as_json or click.echo(text + " ...", err=True))
+    except UnsupportedModelError as exc:
+        raise UsageError(str(exc)) from exc
     if not given_output:
         estimate.start = "unknown"
     if shown.as_json:

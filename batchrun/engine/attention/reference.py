@@ -1,6 +1,9 @@
-"""Attention computed plainly, sequence by sequence, from the generic layout alone (any backend's
-metadata): the portable path for attention variants the fast backends do not implement, and
-the yardstick tests hold the backends to."""
+"""Attention from the generic layout alone (any backend's metadata): the portable path for the
+attention variants the fast backends do not implement (sliding windows, logit soft-capping,
+attention sinks), and the yardstick tests hold the backends to. Decode rows (one query token)
+are attended in one batched call, each prefill chunk in one call over its gathered context
+(only the last window's keys when a window is set).
+"""
 
 from __future__ import annotations
 
@@ -14,40 +17,67 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cac
                         sliding_window: int | None = None, softcap: float | None = None,
                         sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, H, D], k/v [T, Hkv, D] of the step's rows (written into the cache at
-    meta.slot_mapping); returns [T, H, D], computed in float32 (float64 for float64 q).
+    meta.slot_mapping); returns [T, H, D], computed in float32 at least.
 
-    sliding_window: a row attends to the last `sliding_window` positions only, itself included
+    sliding_window: a row at position p attends to positions p - sliding_window < j <= p only
     (transformers' sliding-window layers). softcap: scores become softcap * tanh(score /
     softcap) before masking (Gemma 2). sinks [H]: a learned logit per head that joins each
     row's softmax denominator and attends to nothing (GPT-OSS).
     """
     k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
     v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    group = q.shape[1] // k.shape[1]
-    bs = meta.block_size
-    out = torch.zeros_like(q)
     starts = meta.query_start.tolist()
-    for i, ctx in enumerate(meta.context_lens.tolist()):
-        s, e = starts[i], starts[i + 1]
-        if e == s or ctx == 0:
-            continue
-        key_pos = torch.arange(ctx, device=q.device)
-        slots = meta.block_tables[i, key_pos // bs] * bs + key_pos % bs
-        keys = k_cache[slots].to(dtype).repeat_interleave(group, dim=1)  # [L, H, D]
-        values = v_cache[slots].to(dtype).repeat_interleave(group, dim=1)
-        scores = torch.einsum("nhd,lhd->hnl", q[s:e].to(dtype), keys) * scale  # [H, n, L]
-        if softcap is not None:
-            scores = softcap * torch.tanh(scores / softcap)
-        q_pos = meta.positions[s:e, None]
-        allowed = key_pos[None, :] <= q_pos
-        if sliding_window is not None:
-            allowed &= key_pos[None, :] > q_pos - sliding_window
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        if sinks is None:
-            probs = torch.softmax(scores, dim=-1)
-        else:
-            sink = sinks.to(dtype)[:, None, None].expand(-1, e - s, 1)
-            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
-        out[s:e] = torch.einsum("hnl,lhd->nhd", probs, values).to(q.dtype)
+    ctx = meta.context_lens.tolist()
+    out = torch.empty_like(q)
+    decode = [s for s in range(len(ctx)) if starts[s + 1] - starts[s] == 1]
+    extras = dict(window=sliding_window, softcap=softcap, sinks=sinks)
+    if decode:
+        rows = torch.tensor([starts[s] for s in decode], device=q.device)
+        out[rows] = _attend_sequences(q[rows].unsqueeze(1), [ctx[s] for s in decode], decode,
+                                      k_cache, v_cache, meta, scale, **extras).squeeze(1)
+    for s in range(len(ctx)):
+        a, b = starts[s], starts[s + 1]
+        if b - a > 1:
+            out[a:b] = _attend_sequences(q[a:b].unsqueeze(0), [ctx[s]], [s], k_cache, v_cache,
+                                         meta, scale, **extras)[0]
     return out
+
+
+def _attend_sequences(q: torch.Tensor, ctx: list[int], seqs: list[int], k_cache, v_cache, meta,
+                      scale: float, window, softcap, sinks) -> torch.Tensor:
+    """q [B, n, H, D]: the last n tokens of each of sequences `seqs` (context lengths ctx)."""
+    dev, bs, n = q.device, meta.block_size, q.shape[1]
+    ctx_t = torch.tensor(ctx, device=dev)
+    span = max(ctx) if window is None else min(max(ctx), window + n - 1)
+    first = (ctx_t - span).clamp(min=0)  # the earliest key position any query needs
+    kpos = first[:, None] + torch.arange(span, device=dev)[None, :]  # [B, L]
+    valid = kpos < ctx_t[:, None]
+    kpos = kpos.masked_fill(~valid, 0)
+    tables = meta.block_tables[torch.tensor(seqs, device=dev)]
+    slots = tables.gather(1, kpos // bs) * bs + kpos % bs
+    qpos = ctx_t[:, None] - n + torch.arange(n, device=dev)[None, :]  # [B, n]
+    allowed = valid[:, None, :] & (kpos[:, None, :] <= qpos[:, :, None])
+    if window is not None:
+        allowed &= qpos[:, :, None] - kpos[:, None, :] < window
+    return attend(q, k_cache[slots], v_cache[slots], allowed, scale, softcap, sinks)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float,
+           softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Dense attention, in float32 at least: q [B, n, H, D], k/v [B, L, Hkv, Dv], allowed
+    [B, n, L] bool, sinks [H] or None; returns [B, n, H, Dv] in q's dtype."""
+    b, n, h, d = q.shape
+    hkv = k.shape[2]
+    dt = torch.promote_types(q.dtype, torch.float32)
+    qg = q.to(dt).view(b, n, hkv, h // hkv, d)
+    scores = torch.einsum("bnkgd,blkd->bkgnl", qg, k.to(dt)) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    if sinks is not None:
+        sink = sinks.to(dt).view(1, hkv, h // hkv, 1, 1).expand(b, -1, -1, n, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bkgnl,blkd->bnkgd", probs, v.to(dt))
+    return out.reshape(b, n, h, v.shape[-1]).to(q.dtype)

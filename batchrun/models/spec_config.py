@@ -1,0 +1,59 @@
+"""A model spec's config without its weights (footprint.py and `batchrun models check` read it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _auto_config(*args, **kwargs):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(*args, **kwargs)
+
+
+def config_for(model: str | None):
+    """The config of `model` (registry name, HF folder, .gguf file, hub id; None = the default
+    model) without loading, converting or downloading its weights: config.json of the folder or
+    of the GGUF's cached conversion, else the GGUF's metadata, else the hub's config.json;
+    hf_config.read_config's plain attributes where it reads the file."""
+    from batchrun.models import registry
+    from batchrun.models.hf_config import read_config
+    from batchrun.models.loader import ModelNotFoundError
+    from batchrun.models.resolve import HUB_ID, from_folder
+
+    spec = (model or "").strip()
+    if spec in ("", "default"):
+        spec = registry.DEFAULT_MODEL
+    entry = registry.lookup(spec)
+    if entry is not None:
+        gguf = registry.find_gguf(entry)
+        if gguf is None:
+            raise ModelNotFoundError(registry.missing_message(entry))
+        return _gguf_config(gguf)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            from_folder(path, spec)  # raises the loader's explanation
+        return read_config(path)  # a *.bin folder is not converted for this
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return _gguf_config(path)
+    if not path.exists() and HUB_ID.match(spec):
+        try:
+            return _auto_config(spec)
+        except Exception as exc:  # offline, unknown or gated repo
+            raise ModelNotFoundError(f"could not read the config of hub model {spec!r}: "
+                                     f"{type(exc).__name__}: {exc}") from exc
+    from batchrun.models.resolve import resolve_model
+
+    resolve_model(spec)  # raises the loader's own explanation
+    raise ModelNotFoundError(f"unknown model {spec!r}")  # pragma: no cover
+
+
+def _gguf_config(gguf: Path):
+    from batchrun.models.hf_config import read_config
+    from batchrun.models.loader import gguf_cache_path
+
+    converted = gguf_cache_path(gguf)
+    if (converted / "config.json").is_file():
+        return read_config(converted)
+    return _auto_config(gguf.parent, gguf_file=gguf.name)

@@ -1,0 +1,94 @@
+"""The attention function transformers' modelling code calls on this backend, registered under
+the name "batchrun": it writes the layer's K/V into the engine's paged cache and attends over it.
+
+The step's KV caches and metadata are not arguments transformers passes along, so the model's
+forward sets them for the duration of the call (`step`). Plain causal layers go through the
+engine's `paged_attention` (the C kernels on the CPU); layers with a sliding window, logit
+soft-capping or attention sinks through `reference_attention`. Key and value head dims that
+differ (MLA: DeepSeek-V2) are stored zero-padded to the wider one, and the output cut back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from batchrun.engine.attention import paged_attention
+from batchrun.engine.attention import reference_attention
+from batchrun.models.transformers.support import UnsupportedModelError
+
+NAME = "batchrun"
+
+
+@dataclass
+class Step:
+    kv_caches: list
+    meta: object
+    max_context: int  # the longest context in the step: windows at least this long change nothing
+    # layer_idx -> (heads, KV heads, K head dim, V head dim), filled while probing a model
+    shapes: dict[int, tuple[int, int, int]] | None = None
+    calls: int = 0
+    bidirectional: bool = False  # a layer attends both ways (probing)
+
+
+_current: Step | None = None
+
+
+@contextlib.contextmanager
+def step(kv_caches, meta, max_context: int, shapes: dict | None = None):
+    global _current
+    previous, _current = _current, Step(kv_caches, meta, max_context, shapes)
+    try:
+        yield _current
+    finally:
+        _current = previous
+
+
+def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask, scaling: float | None = None, dropout: float = 0.0,
+                       sliding_window: int | None = None, softcap: float | None = None,
+                       s_aux: torch.Tensor | None = None, **kwargs):
+    """query [1, H, T, D], key/value [1, Hkv, T, D(v)] -> ([1, T, H, Dv], None)."""
+    current = _current
+    if current is None:
+        raise RuntimeError("the batchrun attention function runs only inside a batchrun step")
+    current.calls += 1
+    layer = getattr(module, "layer_idx", None)
+    if layer is None:
+        raise UnsupportedModelError(f"{type(module).__name__} has no layer_idx: the backend "
+                                    f"cannot tell which layer's KV cache it reads")
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, D]
+    dv = v.shape[-1]
+    if current.shapes is not None:
+        current.shapes[layer] = (q.shape[1], k.shape[1], k.shape[2], dv)
+        current.bidirectional |= getattr(module, "is_causal", True) is False
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    width = max(k.shape[-1], dv)  # zeros added to q and k leave the scores as they are
+    if dv < width:
+        v = F.pad(v, (0, width - dv))
+    elif k.shape[-1] < width:
+        q, k = F.pad(q, (0, width - k.shape[-1])), F.pad(k, (0, width - k.shape[-1]))
+    k_cache, v_cache = current.kv_caches[layer]
+    window = sliding_window if sliding_window and sliding_window < current.max_context else None
+    if window or softcap or s_aux is not None:
+        out = reference_attention(q, k, v, k_cache, v_cache, current.meta, scale,
+                                  sliding_window=window, softcap=softcap, sinks=s_aux)
+    else:
+        out = paged_attention(q.contiguous(), k, v, k_cache, v_cache, current.meta, scale)
+    return out[..., :dv].unsqueeze(0), None
+
+
+def no_mask(*args, **kwargs):
+    """Transformers builds no attention mask: the paged attention knows each row's context."""
+    return None
+
+
+def register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, batchrun_attention)
+    AttentionMaskInterface.register(NAME, no_mask)

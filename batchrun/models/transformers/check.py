@@ -1,0 +1,127 @@
+"""`batchrun models check`: what running a model would take, from its config alone: the path that
+runs it (or why none does), its parameters (counted on transformers' model built on the meta
+device: nothing allocated, no weights read), weight and KV memory, and the engine features
+that apply to it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from batchrun.models.transformers.support import (UnsupportedModelError, as_transformers_config,
+                                                  choose, effective_window)
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+
+
+@dataclass
+class CheckReport:
+    model_type: str
+    architectures: list[str]
+    impl: str  # native | transformers | refused
+    reason: str  # why this path, or why refused
+    parameters: int | None = None
+    layers: int = 0
+    kv_heads: int = 0
+    k_head_dim: int = 0
+    v_head_dim: int = 0
+    features: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def kv_elements_per_token(self) -> int:
+        """The cache stores K and V at the wider of their head dims (MLA: the other padded)."""
+        return 2 * self.layers * self.kv_heads * max(self.k_head_dim, self.v_head_dim)
+
+
+def attention_shape(hf) -> tuple[int, int, int]:
+    """(KV heads, K head dim, V head dim) as the config describes them."""
+    heads = hf.num_attention_heads
+    if getattr(hf, "qk_nope_head_dim", None) is not None:  # MLA: K/V expanded per head
+        return heads, hf.qk_nope_head_dim + hf.qk_rope_head_dim, hf.v_head_dim
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
+    return getattr(hf, "num_key_value_heads", None) or heads, head_dim, head_dim
+
+
+def count_parameters(hf) -> int | None:
+    """Parameters of transformers' model for `hf`, tied ones once; None if it cannot be built."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(hf)
+    except Exception:  # a config transformers cannot build: the count is not essential
+        return None
+    return sum(p.numel() for p in model.parameters())
+
+
+def check(hf) -> CheckReport:
+    try:
+        verdict = choose(hf, "auto")
+        impl, reason = verdict.impl, verdict.note or "it runs the model exactly"
+    except UnsupportedModelError as exc:
+        impl, reason = "refused", str(exc)
+    full = as_transformers_config(hf)
+    report = CheckReport(getattr(full, "model_type", "?"), list(full.architectures or []),
+                         impl, reason)
+    if impl == "refused":
+        return report
+    report.parameters = count_parameters(full)
+    report.layers = full.num_hidden_layers
+    report.kv_heads, report.k_head_dim, report.v_head_dim = attention_shape(full)
+    report.features = features(full, impl)
+    return report
+
+
+def features(hf, impl: str) -> list[tuple[str, str]]:
+    native = impl == "native"
+    out = [("prefix caching", "yes"), ("chunked prefill", "yes"),
+           ("LoRA", "yes" if native else "no (native path only)")]
+    window = effective_window(hf)
+    types = list(getattr(hf, "layer_types", None) or [])
+    if window and window < getattr(hf, "max_position_embeddings", window + 1):
+        sliding = types.count("sliding_attention") if types else hf.num_hidden_layers
+        out.append(("sliding window", f"{window} tokens on {sliding} of {hf.num_hidden_layers} "
+                                      f"layers (reference attention)"))
+    else:
+        out.append(("sliding window", "no"))
+    experts = next((getattr(hf, n) for n in ("num_local_experts", "num_experts", "n_routed_experts")
+                    if getattr(hf, n, None)), None)
+    per_token = getattr(hf, "num_experts_per_tok", None)
+    out.append(("MoE", f"{experts} experts, {per_token} per token" if experts else "no"))
+    caps = [n for n in ("attn_logit_softcapping", "final_logit_softcapping")
+            if getattr(hf, n, None)]
+    if caps:
+        out.append(("logit soft-capping", ", ".join(caps)))
+    if getattr(hf, "qk_nope_head_dim", None) is not None:
+        out.append(("MLA", "K/V expanded per head, the narrower zero-padded in the cache"))
+    if getattr(hf, "model_type", "") == "gpt_oss":
+        out.append(("attention sinks", "yes (reference attention)"))
+    return out
+
+
+def describe(name: str, report: CheckReport) -> list[str]:
+    path = {"native": "native (models/llama.py)", "transformers": "transformers backend",
+            "refused": "refused"}[report.impl]
+    archs = ", ".join(report.architectures) or "no architectures listed"
+    lines = [f"model: {name} ({report.model_type}; {archs})", f"path: {path} ({report.reason})"]
+    if report.impl == "refused":
+        return lines
+    if report.parameters is not None:
+        weights = ", ".join(f"{d} {_size(report.parameters * b)}" for d, b in DTYPE_BYTES.items())
+        lines.append(f"parameters: {report.parameters:,} (weights: {weights})")
+    kv = ", ".join(f"{d} {_size(report.kv_elements_per_token * b)}" for d, b in
+                   DTYPE_BYTES.items())
+    dims = (f"head dim {report.k_head_dim}" if report.k_head_dim == report.v_head_dim
+            else f"K/V head dims {report.k_head_dim}/{report.v_head_dim}")
+    lines.append(f"KV cache: {report.layers} layers x {report.kv_heads} KV heads x {dims}: "
+                 f"{kv} per token")
+    lines += [f"  {k}: {v}" for k, v in report.features]
+    return lines
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # pragma: no cover

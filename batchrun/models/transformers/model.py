@@ -1,0 +1,134 @@
+"""A transformers causal LM presented to the engine as the native model is: `config` (the KV shape
+the runner sizes its cache from), `model(input_ids, positions, kv_caches, meta) -> hidden` (final
+hidden states, after the final norm) and `compute_logits(hidden)`.
+
+The step's tokens go in as one row [1, T] with the step's positions as position_ids, no padding
+and no transformers cache; attention runs through the "batchrun" attention function
+(attention.py) on the engine's paged KV cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from batchrun.models import packed_linear
+from batchrun.models.transformers import attention, probe
+from batchrun.models.transformers.support import UnsupportedModelError
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """What the runner, the engine and the KV sizing read from a model's config."""
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int  # of the cache: the wider of the K and V head dims
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    hf_config: object
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+
+def logit_transforms(hf) -> list:
+    """What the architecture's causal-LM head does to lm_head's output (the probe at load time
+    checks this list against transformers' own forward)."""
+    ops = []
+    if getattr(hf, "logit_scale", None) is not None:  # Cohere
+        ops.append(lambda x, s=hf.logit_scale: x * s)
+    if getattr(hf, "logits_scaling", None) not in (None, 1, 1.0):  # Granite
+        ops.append(lambda x, s=hf.logits_scaling: x / s)
+    if getattr(hf, "final_logit_softcapping", None):  # Gemma 2/3
+        ops.append(lambda x, c=hf.final_logit_softcapping: torch.tanh(x / c) * c)
+    return ops
+
+
+class TransformersModel(nn.Module):
+    def __init__(self, hf_model: nn.Module, config: BackendConfig):
+        super().__init__()
+        self.hf = hf_model
+        self.config = config
+        self._transforms = logit_transforms(hf_model.config)
+
+    @property
+    def decoder(self) -> nn.Module:
+        return self.hf.base_model
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches,
+                meta) -> torch.Tensor:
+        """Hidden states [T, hidden] for the flat row of tokens of one step."""
+        with attention.step(kv_caches, meta, _max_context(meta, positions)):
+            out = self.decoder(input_ids=input_ids[None], position_ids=positions[None],
+                               use_cache=False)
+        return out[0][0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.hf.get_output_embeddings()(hidden)
+        for op in self._transforms:
+            logits = op(logits)
+        return logits.float()
+
+
+def _max_context(meta, positions: torch.Tensor) -> int:
+    if meta.context_lens is not None:
+        return int(meta.context_lens.max())
+    return int(positions.max()) + 1
+
+
+def load(path, device: torch.device, dtype: torch.dtype) -> TransformersModel:
+    """The model at `path` (safetensors, sharded or not, as transformers maps them onto its own
+    modules), probed for its real attention shape; UnsupportedModelError when it cannot run."""
+    from transformers import AutoModelForCausalLM
+
+    attention.register()
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device,
+                                                  attn_implementation=attention.NAME)
+    except (ValueError, KeyError) as exc:
+        raise UnsupportedModelError(f"transformers cannot build it on this backend: {exc}") from exc
+    model = wrap(hf.eval())
+    if device.type == "cpu" and packed_linear.available(dtype):  # as the native model's
+        packed_linear.pack_linears(hf)
+    return model
+
+
+def wrap(hf: nn.Module) -> TransformersModel:
+    """`hf` (its attention implementation set to "batchrun") as the engine's model, after a
+    probe forward over a few tokens: every layer must attend through the paged cache with one
+    KV shape, and compute_logits must reproduce transformers' own logits."""
+    cfg = hf.config
+    attention.register()
+    hf.set_attn_implementation(attention.NAME)
+    try:
+        hidden, shapes = probe.run(hf, lambda ids, pos: hf.base_model(
+            input_ids=ids, position_ids=pos, use_cache=False)[0][0])
+    except UnsupportedModelError:
+        raise
+    except Exception as exc:  # its modelling code does something the flat step cannot feed
+        raise UnsupportedModelError(f"{cfg.model_type}: a forward pass on the transformers "
+                                    f"backend failed: {type(exc).__name__}: {exc}") from exc
+    layers = cfg.num_hidden_layers
+    if sorted(shapes) != list(range(layers)):
+        raise UnsupportedModelError(
+            f"{cfg.model_type}: attention ran for layers {sorted(shapes)} of {layers}; the "
+            f"backend needs one attention call per layer, indexed by layer_idx")
+    distinct = set(shapes.values())
+    if len(distinct) > 1:
+        raise UnsupportedModelError(f"{cfg.model_type}: attention shapes differ between layers "
+                                    f"({sorted(distinct)}); the KV cache has one shape")
+    heads, kv_heads, dk, dv = distinct.pop()
+    config = BackendConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_layers=layers,
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=max(dk, dv),
+        max_position_embeddings=getattr(cfg, "max_position_embeddings", None) or 2048,
+        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), hf_config=cfg)
+    model = TransformersModel(hf, config)
+    probe.check_logits(model, hidden)
+    return model

@@ -1,0 +1,66 @@
+"""The probe at load: a forward pass over a few tokens on fresh per-layer caches, which tells the
+real attention shape of every layer (the KV cache is sized from it, not from config fields) and
+checks that the wrapper's logits are transformers' own."""
+
+from __future__ import annotations
+
+import torch
+
+from batchrun.engine.attention import AttentionMetadata, StepLayout
+from batchrun.engine.attention.sdpa import SdpaBackend
+from batchrun.models.transformers import attention
+from batchrun.models.transformers.support import UnsupportedModelError
+
+PROBE_IDS = [3, 5, 7, 11]
+
+
+class _ProbeCaches:
+    """Fresh KV caches of each layer's own shape, as the attention function reports it."""
+
+    def __init__(self, shapes: dict, n: int, dtype: torch.dtype, device):
+        self.shapes, self.n, self.dtype, self.device = shapes, n, dtype, device
+
+    def __getitem__(self, layer: int):
+        _, kv_heads, dk, dv = self.shapes[layer]
+        shape = (self.n, kv_heads, max(dk, dv))
+        return (torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device))
+
+
+def prefill_meta(n: int, device) -> AttentionMetadata:
+    """The metadata of a step that is one fresh prompt of n tokens in slots 0..n-1."""
+    return SdpaBackend(torch.float32).build(StepLayout.of([[0]], [0], [n], 0, n, device))
+
+
+@torch.inference_mode()
+def run(hf, fn):
+    """fn(ids [1, n], positions [1, n]) over the probe tokens on the "batchrun" attention, and
+    layer_idx -> (query heads, KV heads, K head dim, V head dim) as the layers attended."""
+    device, dtype = hf.device, hf.dtype
+    n = len(PROBE_IDS)
+    shapes: dict = {}
+    ids = torch.tensor([PROBE_IDS], device=device) % hf.config.vocab_size
+    with attention.step(_ProbeCaches(shapes, n, dtype, device), prefill_meta(n, device), n,
+                        shapes) as current:
+        out = fn(ids, torch.arange(n, device=device)[None])
+    if not current.calls:
+        raise UnsupportedModelError(f"{hf.config.model_type}: its attention does not go "
+                                    f"through transformers' AttentionInterface")
+    if current.bidirectional:
+        raise UnsupportedModelError(f"{hf.config.model_type} attends bidirectionally (causal "
+                                    f"decoders only)")
+    return out, shapes
+
+
+def check_logits(model, hidden: torch.Tensor) -> None:
+    """model.compute_logits over the probe's final hidden states must equal transformers' own
+    causal-LM forward (final soft-capping, logit scaling, ...)."""
+    hf = model.hf
+    ref, _ = run(hf, lambda ids, pos: hf(input_ids=ids, position_ids=pos,
+                                         use_cache=False).logits[0].float())
+    with torch.inference_mode():
+        ours = model.compute_logits(hidden)
+    if not torch.allclose(ours, ref, rtol=1e-3, atol=1e-3 * (1 + float(ref.abs().max()))):
+        raise UnsupportedModelError(
+            f"{hf.config.model_type}: its causal-LM head transforms the logits in a way the "
+            f"backend does not reproduce (max difference {float((ours - ref).abs().max()):.3g})")

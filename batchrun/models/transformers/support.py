@@ -1,0 +1,118 @@
+"""Which path runs a model (native, the transformers backend, or neither, and why), from its config
+alone: no weights are read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Layer kinds the paged KV cache holds; anything else keeps recurrent or convolution state.
+ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
+# Models whose layers (some or all) keep a recurrent state instead of a KV cache, for configs that
+# do not say so through layer_types.
+RECURRENT_MODEL_TYPES = {
+    "mamba", "mamba2", "falcon_mamba", "jamba", "zamba", "zamba2", "bamba", "falcon_h1",
+    "nemotron_h", "granitemoehybrid", "lfm2", "lfm2_moe", "qwen3_next", "rwkv", "xlstm",
+    "recurrent_gemma", "minimax", "plamo2", "kimi_linear", "olmo_hybrid",
+}
+
+
+class UnsupportedModelError(ValueError):
+    """The model cannot run on the requested path; the message says why."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    impl: str  # "native" | "transformers"
+    note: str = ""  # why this path (auto), or what it cannot do
+
+
+def native_reason(hf) -> str | None:
+    """Why models/llama.py cannot run `hf` exactly (None: it can)."""
+    from batchrun.models.hf_config import PLAIN_TYPES
+    from batchrun.models.llama import ModelConfig
+
+    model_type = getattr(hf, "model_type", "llama")
+    if model_type not in PLAIN_TYPES:
+        return f"model type {model_type!r} (native: {', '.join(sorted(PLAIN_TYPES))})"
+    other = sorted(set(getattr(hf, "layer_types", None) or ()) - {"full_attention"})
+    if other:
+        return f"{', '.join(other)} layers"
+    try:
+        ModelConfig.from_hf(hf)
+    except ValueError as exc:
+        return str(exc)
+    window = effective_window(hf)
+    if window is not None and window < hf.max_position_embeddings:
+        return f"sliding_window {window} (the native model attends the whole context)"
+    return None
+
+
+def effective_window(hf) -> int | None:
+    """The sliding window the model's attention applies (Qwen2 sets one it does not use)."""
+    if getattr(hf, "model_type", "") == "qwen2" and not getattr(hf, "use_sliding_window", False):
+        return None
+    return getattr(hf, "sliding_window", None)
+
+
+def transformers_reason(hf) -> str | None:
+    """Why the transformers backend cannot run `hf` (None: it can)."""
+    model_type = getattr(hf, "model_type", None)
+    if getattr(hf, "is_encoder_decoder", False):
+        return f"{model_type} is an encoder-decoder model (decoder-only models only)"
+    if model_type in RECURRENT_MODEL_TYPES:
+        return (f"{model_type} keeps a recurrent (state-space / linear-attention) state, which the "
+                f"paged KV cache does not hold")
+    other = sorted(set(getattr(hf, "layer_types", None) or ()) - ATTENTION_LAYER_TYPES)
+    if other:
+        return (f"{model_type} has {', '.join(other)} layers; the paged KV cache holds only "
+                f"full and sliding-window attention layers")
+    if not getattr(hf, "is_causal", True):
+        return f"{model_type} attends bidirectionally (causal decoders only)"
+    cls = causal_lm_class(hf)
+    if cls is None:
+        return f"transformers has no causal-LM class for model type {model_type!r}"
+    if not getattr(cls, "_supports_attention_backend", False):
+        return (f"{cls.__name__} does not take a custom attention function (transformers' "
+                f"AttentionInterface)")
+    return None
+
+
+def causal_lm_class(hf):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM._model_mapping[type(hf)]
+    except (KeyError, ValueError):
+        return None
+
+
+def choose(hf, requested: str = "auto") -> Verdict:
+    """The path for `hf` under --model-impl `requested`; UnsupportedModelError when none."""
+    if requested == "native":
+        reason = native_reason(hf)
+        if reason:
+            raise UnsupportedModelError(f"the native path cannot run this model: {reason}")
+        return Verdict("native")
+    if requested == "auto":
+        reason = native_reason(hf)
+        if reason is None:
+            return Verdict("native")
+        note = f"the native path does not run it: {reason}"
+    else:
+        note = "--model-impl transformers"
+    hf = as_transformers_config(hf)
+    refusal = transformers_reason(hf)
+    if refusal:
+        raise UnsupportedModelError(f"unsupported model: {refusal}")
+    return Verdict("transformers", note)
+
+
+def as_transformers_config(hf):
+    """`hf` as a transformers PretrainedConfig (hf_config.plain_config reads some as plain
+    attributes)."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    if isinstance(hf, PretrainedConfig):
+        return hf
+    values = {k: v for k, v in vars(hf).items() if k != "model_type"}
+    return AutoConfig.for_model(hf.model_type, **values)

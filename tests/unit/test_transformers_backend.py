@@ -1,0 +1,349 @@
+"""The transformers backend (batchrun/models/transformers/) against transformers itself, on tiny
+random checkpoints of many architectures, through everything the engine does to a batch."""
+
+import pytest
+import torch
+
+from batchrun.engine import SamplingParams
+from batchrun.engine.pooling import PoolingParams
+from batchrun.llm import build_engine, load_weights
+from batchrun.engine.attention.reference import attend, reference_attention
+from batchrun.models.transformers.model import TransformersModel
+from batchrun.models.transformers.support import UnsupportedModelError, choose
+from batchrun.options.engine import EngineConfig
+from tests.parity import ParityReport, assert_greedy_match
+from tests.tiny_models import BACKEND_ARCHS, IdTokenizer, make_tiny
+from tests.unit.test_native_model import hf_greedy
+
+CPU = torch.device("cpu")
+MAX_TOKENS = 12
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Matrices this small gain nothing from threads, and on busy shared cores the threads'
+    hand-offs made this module 20x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def backend_engine(arch, path, impl="transformers", **overrides):
+    """(transformers model, batchrun engine on `impl`) over one tiny checkpoint of `arch`."""
+    hf = make_tiny(arch, path, archs=BACKEND_ARCHS)
+    overrides.setdefault("block_size", 4)
+    config = EngineConfig.default(model_impl=impl, **overrides)
+    model = load_weights(path, config, CPU, torch.float32)
+    return hf, build_engine(model, IdTokenizer(), config, [2], CPU, torch.float32)
+
+
+def check_against_transformers(hf, prompts, outs, label, report):
+    """Greedy tokens (tie-aware) and the logprob of each token up to any tie, against generate."""
+    for i, (prompt, out) in enumerate(zip(prompts, outs)):
+        ref, ref_logits = hf_greedy(hf, prompt, MAX_TOKENS)
+        ours = out.outputs[0]
+        assert_greedy_match(ours.token_ids, ref, ref_logits, f"{label}[{i}]", report)
+        for j, (token, lp) in enumerate(zip(ours.token_ids, ours.logprobs)):
+            if token != ref[j]:
+                break
+            expected = float(torch.log_softmax(ref_logits[j].float(), -1)[token])
+            assert lp.logprob == pytest.approx(expected, abs=2e-3), f"{label}[{i}] token {j}"
+
+
+@pytest.mark.parametrize("arch", sorted(BACKEND_ARCHS))
+def test_greedy_and_logprobs_match_transformers(arch, tmp_path):
+    """Mixed-length prompts in one engine, prefilled in chunks of at most 16 tokens (crossing the
+    8-token sliding windows), in a KV pool too small for all of them (preemption), then two
+    prompts extending an earlier one's prefix (prefix-cache hits)."""
+    hf, engine = backend_engine(arch, tmp_path, max_num_batched_tokens=16, num_blocks=24)
+    assert isinstance(engine.runner.model, TransformersModel)
+    gen = torch.Generator().manual_seed(2)
+    vocab = hf.config.vocab_size
+    prompts = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (5, 23, 40, 3)]
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
+    report = ParityReport()
+    check_against_transformers(hf, prompts, engine.generate(prompts, params), arch, report)
+    assert engine.stats.num_preemptions > 0
+    sharing = [prompts[2][:32] + torch.randint(3, vocab, (n,), generator=gen).tolist()
+               for n in (4, 9)]
+    cached = engine.stats.cached_tokens
+    check_against_transformers(hf, sharing, engine.generate(sharing, params), arch, report)
+    assert engine.stats.cached_tokens - cached >= 2 * 28
+    assert report.compared == 6
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_backend_equals_native_path(arch, tmp_path):
+    _, native = backend_engine(arch, tmp_path / "n", impl="native", max_num_batched_tokens=32)
+    _, ours = backend_engine(arch, tmp_path / "t", max_num_batched_tokens=32)
+    assert not isinstance(native.runner.model, TransformersModel)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 512, (n,), generator=gen).tolist() for n in (7, 30, 2)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
+    for i, (a, b) in enumerate(zip(native.generate(prompts, params), ours.generate(prompts, params))):
+        a, b = a.outputs[0], b.outputs[0]
+        margins = [lp.top[0][1] - lp.top[1][1] for lp in a.logprobs]
+        assert_greedy_match(b.token_ids, a.token_ids, margins, f"{arch}[{i}]")
+        n = next((j for j, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), 16)
+        for x, y in zip(a.logprobs[:n], b.logprobs[:n]):
+            assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gpt_oss"])
+def test_prompt_logprobs_embeddings_and_n(arch, tmp_path):
+    """Prompt scoring and final hidden states against one transformers forward; n > 1 sampling."""
+    hf, engine = backend_engine(arch, tmp_path, max_num_batched_tokens=16)
+    prompt = torch.randint(3, 512, (30,), generator=torch.Generator().manual_seed(4)).tolist()
+    with torch.no_grad():
+        out = hf(torch.tensor([prompt]), output_hidden_states=True)
+    ref_lp = torch.log_softmax(out.logits[0].float(), -1)
+    scored = engine.generate([prompt], SamplingParams(max_tokens=0, prompt_logprobs=0))[0]
+    ours = scored.prompt_logprobs.logprob
+    assert ours[0] is None
+    expected = [float(ref_lp[p - 1, prompt[p]]) for p in range(1, len(prompt))]
+    assert ours[1:] == pytest.approx(expected, abs=2e-3)
+    pooled = engine.generate([prompt], SamplingParams(max_tokens=0, pooling=PoolingParams(
+        "last", normalize=False)))[0].embedding
+    torch.testing.assert_close(torch.tensor(pooled), out.hidden_states[-1][0, -1].float(),
+                               atol=1e-4, rtol=1e-4)
+    sampled = engine.generate([prompt], SamplingParams(n=3, temperature=1.0, seed=0,
+                                                       max_tokens=5))[0]
+    assert len(sampled.outputs) == 3 and all(len(o.token_ids) == 5 for o in sampled.outputs)
+
+
+def test_plain_layers_take_the_engine_kernels_and_windowed_ones_the_extras_path(tmp_path,
+                                                                                 monkeypatch):
+    from batchrun.models.transformers import attention
+
+    calls = []
+    for name in ("paged_attention", "reference_attention"):
+        real = getattr(attention, name)
+        monkeypatch.setattr(attention, name, lambda *a, _f=real, _n=name, **k: (
+            calls.append(_n), _f(*a, **k))[1])
+    _, engine = backend_engine("gemma3_text", tmp_path)  # layer 0: a window of 8; layer 1 full
+    calls.clear()
+    engine.generate([list(range(3, 8))], SamplingParams(max_tokens=1))
+    assert calls == ["paged_attention", "paged_attention"]  # 5 tokens: the window changes nothing
+    calls.clear()
+    engine.generate([list(range(3, 23))], SamplingParams(max_tokens=1))
+    assert calls == ["reference_attention", "paged_attention"]
+
+
+def test_sharded_checkpoint_loads(tmp_path):
+    hf = make_tiny("qwen3_moe", tmp_path / "one", archs=BACKEND_ARCHS)
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="200KB")
+    assert len(list((tmp_path / "sharded").glob("*.safetensors"))) > 1
+    config = EngineConfig.default(model_impl="transformers", block_size=4)
+    model = load_weights(tmp_path / "sharded", config, CPU, torch.float32)
+    engine = build_engine(model, IdTokenizer(), config, [2], CPU, torch.float32)
+    prompt = [5, 9, 200, 17, 33]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, -1], -1)
+    out = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=1, logprobs=5))
+    top = out[0].outputs[0].logprobs[0].top
+    assert [t for t, _ in top] == ref.topk(5).indices.tolist()
+    assert [lp for _, lp in top] == pytest.approx(ref.topk(5).values.tolist(), abs=1e-4)
+
+
+def _paged_layout(ctx, q_lens, block_size, num_blocks, gen):
+    """Block tables, slots and metadata of sequences with context `ctx` after a step computing
+    their last `q_lens` tokens, their blocks scattered over the pool."""
+    from batchrun.engine.attention import AttentionMetadata
+
+    width = max(-(-c // block_size) for c in ctx)
+    perm = torch.randperm(num_blocks, generator=gen)
+    tables = perm[:len(ctx) * width].view(len(ctx), width)
+    positions = torch.cat([torch.arange(c - n, c) for c, n in zip(ctx, q_lens)])
+    seq = torch.repeat_interleave(torch.arange(len(ctx)), torch.tensor(q_lens))
+    slots = tables[seq, positions // block_size] * block_size + positions % block_size
+    meta = AttentionMetadata(slot_mapping=slots, block_size=block_size, block_tables=tables,
+                             query_start=torch.tensor([0] + q_lens).cumsum(0),
+                             context_lens=torch.tensor(ctx), positions=positions)
+    return tables, meta
+
+
+@pytest.mark.parametrize("window,softcap,sinks", [
+    (None, None, False), (5, None, False), (None, 3.0, False), (None, None, True),
+    (4, 2.0, True)])
+def test_reference_attention_matches_dense_float64(window, softcap, sinks):
+    gen = torch.Generator().manual_seed(5)
+    h, hkv, d, bs = 4, 2, 8, 4
+    ctx, q_lens = [9, 1, 14, 6, 3], [1, 1, 6, 6, 2]  # decodes, a chunk over context, fresh prompts
+    tables, meta = _paged_layout(ctx, q_lens, bs, 32, gen)
+    pool = (32 * bs, hkv, d)
+    k_cache = torch.randn(pool, generator=gen, dtype=torch.float64)
+    v_cache = torch.randn(pool, generator=gen, dtype=torch.float64)
+    t = sum(q_lens)
+    q = torch.randn(t, h, d, generator=gen, dtype=torch.float64)
+    k = torch.randn(t, hkv, d, generator=gen, dtype=torch.float64)
+    v = torch.randn(t, hkv, d, generator=gen, dtype=torch.float64)
+    sink = torch.randn(h, generator=gen, dtype=torch.float64) if sinks else None
+    out = reference_attention(q, k, v, k_cache, v_cache, meta, 0.3, sliding_window=window,
+                              softcap=softcap, sinks=sink)
+    row = 0
+    for s, (c, n) in enumerate(zip(ctx, q_lens)):
+        kpos = torch.arange(c)
+        kslots = tables[s, kpos // bs] * bs + kpos % bs
+        keys, values = k_cache[kslots], v_cache[kslots]  # the step's K/V were written there
+        torch.testing.assert_close(keys[c - n:], k[row:row + n])
+        for i in range(n):
+            p = c - n + i
+            seen = (kpos <= p) & ((p - kpos < window) if window else True)
+            scores = torch.einsum("hd,lhd->hl", q[row + i], keys.repeat_interleave(2, 1)) * 0.3
+            if softcap:
+                scores = torch.tanh(scores / softcap) * softcap
+            scores = scores.masked_fill(~seen, float("-inf"))
+            if sinks:
+                scores = torch.cat([scores, sink[:, None]], -1)
+            probs = torch.softmax(scores, -1)[:, :c]
+            expected = torch.einsum("hl,lhd->hd", probs, values.repeat_interleave(2, 1))
+            torch.testing.assert_close(out[row + i], expected, rtol=1e-10, atol=1e-10)
+        row += n
+
+
+@pytest.mark.parametrize("dk,dv", [(16, 8), (8, 16)])
+def test_key_and_value_head_dims_may_differ(dk, dv):
+    from types import SimpleNamespace
+
+    from batchrun.models.transformers import attention
+    from batchrun.models.transformers.probe import prefill_meta
+
+    gen = torch.Generator().manual_seed(6)
+    n, width = 5, max(dk, dv)
+    q, k = (torch.randn(1, h, n, dk, generator=gen) for h in (4, 2))
+    v = torch.randn(1, 2, n, dv, generator=gen)
+    caches = [(torch.zeros(n, 2, width), torch.zeros(n, 2, width))]
+    with attention.step(caches, prefill_meta(n, CPU), n):
+        out, _ = attention.batchrun_attention(SimpleNamespace(layer_idx=0), q, k, v, None, 0.5)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()[None]
+    expected = attend(q[0].transpose(0, 1)[None], k[0].transpose(0, 1)[None],
+                      v[0].transpose(0, 1)[None], causal, 0.5)
+    torch.testing.assert_close(out, expected)
+
+
+def test_attend_keeps_the_query_dtype():
+    q = torch.randn(1, 2, 4, 8, dtype=torch.bfloat16)
+    kv = torch.randn(1, 3, 2, 8, dtype=torch.bfloat16)
+    assert attend(q, kv, kv, torch.ones(1, 2, 3, dtype=torch.bool), 0.5).dtype == torch.bfloat16
+
+
+def _config(model_type, **kw):
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, **kw)
+
+
+def test_auto_picks_native_where_it_runs_the_model_exactly():
+    llama = _config("llama", architectures=["LlamaForCausalLM"])
+    assert choose(llama).impl == "native"
+    assert choose(llama, "transformers").impl == "transformers"
+    gemma = _config("gemma", architectures=["GemmaForCausalLM"])
+    verdict = choose(gemma)
+    assert verdict.impl == "transformers" and "model type 'gemma'" in verdict.note
+    windowed = _config("mistral", architectures=["MistralForCausalLM"], sliding_window=64,
+                       max_position_embeddings=4096)
+    assert choose(windowed).impl == "transformers"
+    with pytest.raises(UnsupportedModelError, match="sliding_window 64"):
+        choose(windowed, "native")
+
+
+@pytest.mark.parametrize("model_type,kw,reason", [
+    ("mamba", {}, "recurrent"),
+    ("jamba", {}, "recurrent"),
+    ("qwen3_next", {}, "recurrent"),
+    ("lfm2", {}, "recurrent"),
+    ("t5", {}, "encoder-decoder"),
+    ("llama", {"num_hidden_layers": 2, "layer_types": ["full_attention", "linear_attention"]},
+     "linear_attention layers"),
+])
+def test_refused_with_the_reason(model_type, kw, reason):
+    with pytest.raises(UnsupportedModelError, match=reason):
+        choose(_config(model_type, **kw))
+
+
+def test_a_bidirectional_encoder_is_refused_at_load(tmp_path):
+    from transformers import BertConfig, BertLMHeadModel
+
+    BertLMHeadModel(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                               num_attention_heads=2, intermediate_size=64)).save_pretrained(tmp_path)
+    config = EngineConfig.default(model_impl="transformers")
+    with pytest.raises(UnsupportedModelError, match="attends bidirectionally"):
+        load_weights(tmp_path, config, CPU, torch.float32)
+
+
+def test_lora_is_refused_on_this_backend(tmp_path):
+    make_tiny("gemma", tmp_path, archs=BACKEND_ARCHS)
+    config = EngineConfig.default(adapters={"a": str(tmp_path)})
+    with pytest.raises(UnsupportedModelError, match="--lora needs the native path"):
+        load_weights(tmp_path, config, CPU, torch.float32)
+
+
+def test_cli_refuses_with_exit_code_2_and_runs_json_mode(tmp_path, smol_tokenizer):
+    import json
+
+    from transformers import MambaConfig, MambaForCausalLM
+
+    from tests.helpers import batchrun
+
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                                 "body": {"messages": [{"role": "user", "content": "JSON?"}],
+                                          "max_tokens": 6, "response_format": {
+                                              "type": "json_object"}}}) + "\n")
+    mamba = tmp_path / "mamba"
+    MambaForCausalLM(MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1)
+                     ).save_pretrained(mamba)
+    smol_tokenizer.save_pretrained(mamba)
+    refused = batchrun("run", lines, "-o", tmp_path / "o.jsonl", "--model", mamba, real=True,
+                       text=True)
+    assert refused.returncode == 2
+    assert "mamba keeps a recurrent (state-space / linear-attention) state" in refused.stderr
+    gemma2 = tmp_path / "gemma2"
+    make_tiny("gemma2", gemma2, archs=BACKEND_ARCHS, vocab_size=len(smol_tokenizer))
+    smol_tokenizer.save_pretrained(gemma2)
+    ran = batchrun("run", lines, "-o", tmp_path / "out.jsonl", "--model", gemma2,
+                   "--model-impl", "transformers", "--progress", "none", real=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    body = json.loads((tmp_path / "out.jsonl").read_text())["response"]["body"]
+    assert body["choices"][0]["message"]["content"].startswith("{")
+
+
+def _models_cli(*args):
+    from click.testing import CliRunner
+
+    from batchrun.models.cli import models
+
+    return CliRunner().invoke(models, list(map(str, args)))
+
+
+def test_models_check_reads_the_config_only(tmp_path):
+    from transformers import MambaConfig
+
+    hf = make_tiny("gemma2", tmp_path / "gemma2", archs=BACKEND_ARCHS)
+    (tmp_path / "gemma2" / "model.safetensors").unlink()  # no weights are read
+    result = _models_cli("check", tmp_path / "gemma2")
+    assert result.exit_code == 0, result.output
+    assert "path: transformers backend (the native path does not run it: model type 'gemma2'" \
+        in result.output
+    count = sum(p.numel() for p in hf.parameters())
+    assert f"parameters: {count:,} (weights: fp32 {count * 4 / 2**20:.1f} MiB" in result.output
+    assert "2 layers x 2 KV heads x head dim 32: fp32 1.0 KiB, bf16 512 B per token" in result.output
+    assert "sliding window: 8 tokens on 1 of 2 layers" in result.output
+    assert "LoRA: no (native path only)" in result.output
+    make_tiny("llama", tmp_path / "llama")
+    native = _models_cli("check", tmp_path / "llama").output
+    assert "path: native" in native and "LoRA: yes" in native
+    MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "m")
+    refused = _models_cli("check", tmp_path / "m")
+    assert refused.exit_code == 2 and "path: refused (unsupported model: mamba" in refused.output
+    assert "transformers backend" in _models_cli("list").output
+
+
+def test_plan_says_it_covers_the_native_path_only(tmp_path):
+    from batchrun.footprint import model_config_for
+
+    make_tiny("gemma", tmp_path, archs=BACKEND_ARCHS)
+    with pytest.raises(UnsupportedModelError, match="native path only .*`batchrun models check"):
+        model_config_for(str(tmp_path))
