@@ -87,7 +87,7 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
         torch.set_num_threads(threads or 1)
 
     model_cfg = ModelConfig.from_hf(read_config(path))
-    model = build_model(LlamaModel, model_cfg, path, device, dtype)
+    model = build_model(LlamaModel, model_cfg, path, device, dtype, config.device.quantization)
     tokenizer = load_tokenizer(path)
     gen_defaults, gen_eos = read_generation_config(path)
     phases.mark("tokenizer and chat template")
@@ -119,13 +119,19 @@ def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: 
                   kv_dtype=kv_dtype, adapters=adapters)
 
 
-def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.dtype):
+def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.dtype,
+                quantization: str = "none"):
     """The model with its weights (memory-mapped safetensors), its linears packed for oneDNN
-    and, on the CPU, its C kernels, which build (once per machine) while the weights load."""
+    (or quantized: models/quant/) and, on the CPU, its C kernels, which build (once per
+    machine) while the weights load."""
     from safetensors import safe_open
 
     from batchrun.models import packed_linear
 
+    if quantization != "none":
+        from batchrun.models.quant import check_device
+
+        check_device(quantization, device)
     files = sorted(glob.glob(str(path / "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {path}")
@@ -151,12 +157,13 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
                     yield key, sf.get_tensor(key)
 
     model.load_weights(tensors())
-    if device.type == "cpu" and packed_linear.available(dtype):
+    pack_float = device.type == "cpu" and packed_linear.available(dtype)
+    if pack_float or quantization != "none":
         if model.lm_head is None:  # a packed copy of the tied embeddings for the logits
             model.lm_head = torch.nn.Linear(model_cfg.hidden_size, model_cfg.vocab_size, bias=False,
                                             device="meta")
             model.lm_head.weight = model.embed_tokens.weight
-        packed_linear.pack_linears(model)
+        packed_linear.pack_linears(model, quantization, pack_float)
     phases.mark("weights (load, pack)")
     if kernels is not None:
         model.cpu_kernels = kernels.result()

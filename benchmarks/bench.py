@@ -234,6 +234,14 @@ def machine_line() -> str:
             f"attention kernel path: {path}")
 
 
+# Reduced-precision modes by name: each is the batchrun system with these engine options.
+MODE_SYSTEMS = {"batchrun-bf16": "batchrun[dtype=bfloat16]",
+                "batchrun-int8": "batchrun[quantization=int8]",
+                "batchrun-int8-weight": "batchrun[quantization=int8-weight]",
+                "batchrun-int4-weight": "batchrun[quantization=int4-weight]",
+                "batchrun-int8-bf16": "batchrun[quantization=int8;dtype=bfloat16]"}
+
+
 def parse_overrides(system: str) -> dict:
     """'batchrun[max_num_seqs=64;kv_cache_dtype=float16]' -> engine option overrides."""
     out = {}
@@ -314,8 +322,9 @@ def main(argv: list[str] | None = None) -> None:
         reset_peak_rss()
         if system == "batchrun":
             results.append(run_batchrun(loaded, work))
-        elif system.startswith("batchrun["):
-            variant = llm.load(args.model, EngineConfig.default(**base, **parse_overrides(system)))
+        elif system.startswith("batchrun[") or system in MODE_SYSTEMS:
+            overrides = parse_overrides(MODE_SYSTEMS.get(system, system))
+            variant = llm.load(args.model, EngineConfig.default(**{**base, **overrides}))
             results.append(run_batchrun(variant, work, system))
             del variant
         elif system == "batchrun-run" or system.startswith("batchrun-run@"):

@@ -1,0 +1,118 @@
+"""int8 linear layers: W8A8 (int8 GEMM, int32 accumulation) and int8 weights with float
+activations. Weights are symmetric per output channel: w[n] = q[n] * s[n], |q| <= 127."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from batchrun.models.quant.activations import quantize_rows
+
+log = logging.getLogger(__name__)
+# Up to this many rows of bfloat16 activations the weight-only kernel wins; above it (and for
+# float32 activations, which that kernel runs without vector code) this layer's weights are
+# dequantized into the activations' dtype for one dense GEMM (`python benchmarks/quant_linears.py`).
+WEIGHT_ONLY_KERNEL_ROWS = 4
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 [N, K], float32 scales [N]) with weight ~= q * s[:, None]."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1).clamp_(min=1e-12).div_(127.0)
+    return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
+
+
+@functools.lru_cache(maxsize=None)
+def onednn_int8_available() -> bool:
+    """oneDNN's int8 linear (torch.ops.onednn.qlinear_*) runs here and gives exact int32 sums."""
+    try:
+        q = torch.tensor([[1, -2, 3], [4, 5, -6]], dtype=torch.int8)
+        x = torch.tensor([[7, 8, -9]], dtype=torch.int8)
+        packed = torch.ops.onednn.qlinear_prepack(q, None)
+        y = torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, torch.ones(2), torch.zeros(2, dtype=torch.int64),
+                                               None, 1.0, 0, torch.float32, "none", [], "")
+        return y.tolist() == [[-18.0, 122.0]]
+    except (RuntimeError, AttributeError) as exc:
+        log.info("oneDNN int8 linear unavailable, int8 GEMMs emulated in float: %s", exc)
+        return False
+
+
+class Int8Linear(nn.Module):
+    """W8A8: y = (q_x @ q_w.T) * s_x * s_w (+ bias), q_x the per-token int8 activations."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.qweight, self.w_scale = quantize_per_channel(weight)
+        self.bias = None if bias is None else bias.detach().float()
+        self.onednn = onednn_int8_available()
+        if self.onednn:  # the weights in oneDNN's blocked int8 layout, replacing the plain copy
+            self.packed = torch.ops.onednn.qlinear_prepack(self.qweight, None)
+            self.w_zero = torch.zeros(self.out_features, dtype=torch.int64)
+            self.qweight = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
+        if x2.shape[0] == 0:
+            return x.new_empty(*shape[:-1], self.out_features)
+        qx, x_scale = quantize_rows(x2)
+        if self.onednn:
+            y = torch.ops.onednn.qlinear_pointwise(qx, 1.0, 0, self.packed, self.w_scale, self.w_zero, None,
+                                                   1.0, 0, torch.float32, "none", [], "")
+        else:  # exact: every int32 sum of these sizes is a float32 integer (< 2**24)
+            y = (qx.float() @ self.qweight.float().T) * self.w_scale
+        y.mul_(x_scale)
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        q = self.qweight if self.qweight is not None else _unpack_onednn(self)
+        return q.float() * self.w_scale[:, None]
+
+
+def _unpack_onednn(layer: Int8Linear) -> torch.Tensor:
+    """The int8 weights back from oneDNN's layout: the GEMM of the identity (exact)."""
+    eye = torch.eye(layer.in_features, dtype=torch.int8)
+    y = torch.ops.onednn.qlinear_pointwise(eye, 1.0, 0, layer.packed, torch.ones(layer.out_features),
+                                           layer.w_zero, None, 1.0, 0, torch.float32, "none", [], "")
+    return y.T.round().to(torch.int8)
+
+
+class Int8WeightLinear(nn.Module):
+    """int8 weights, float activations: the weight-only kernel for a few bfloat16 rows (decode of
+    a few sequences, memory-bound), else this layer's weights dequantized for one dense GEMM."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, qweight: torch.Tensor | None = None,
+                 scale: torch.Tensor | None = None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape if weight is not None else qweight.shape
+        if qweight is None:
+            qweight, scale = quantize_per_channel(weight)
+        self.qweight, self.w_scale = qweight.contiguous(), scale.float()
+        self.bias = None if bias is None else bias.detach().float()
+        self._scales: dict[torch.dtype, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
+        if x.dtype == torch.bfloat16 and 0 < x2.shape[0] <= WEIGHT_ONLY_KERNEL_ROWS:
+            y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self._scale(x.dtype))
+        else:
+            y = F.linear(x2, self.qweight.to(x.dtype) * self._scale(x.dtype)[:, None])
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def _scale(self, dtype: torch.dtype) -> torch.Tensor:
+        if dtype not in self._scales:
+            self._scales[dtype] = self.w_scale.to(dtype)
+        return self._scales[dtype]
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return self.qweight.float() * self.w_scale[:, None]
