@@ -150,11 +150,20 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     if device.type != "cpu" or dtype != torch.float32:  # float32 tables computed on the CPU
         model.rope = type(model.rope)(model_cfg).to(device)
 
+    in_gguf: set[str] = set()  # tensors a GGUF checkpoint's quantized layers already hold
+    if quantization != "none":
+        from batchrun.models.quant import gguf as quant_gguf
+
+        source = quant_gguf.source_of(path)
+        if source is not None:
+            in_gguf = quant_gguf.load_linears(model, source, quantization)
+
     def tensors():
         for f in files:
             with safe_open(f, framework="pt") as sf:
                 for key in sf.keys():
-                    yield key, sf.get_tensor(key)
+                    if key not in in_gguf:
+                        yield key, sf.get_tensor(key)
 
     model.load_weights(tensors())
     pack_float = device.type == "cpu" and packed_linear.available(dtype)

@@ -4,7 +4,7 @@ weights, per layer on random data, and end to end on tiny random models."""
 import pytest
 import torch
 
-from batchrun.models.quant import QuantizationError, check_device, linear_class, quantize_linears
+from batchrun.models.quant import QuantizationError, check_device, cpu, linear_class, quantize_linears
 from batchrun.models.quant.activations import quantize_rows
 from batchrun.models.quant.int4_linear import Int4WeightLinear, pack, quantize_groups, unpack
 from batchrun.models.quant.int8_linear import Int8Linear, Int8WeightLinear, quantize_per_channel
@@ -43,18 +43,24 @@ def test_int4_groups_are_within_half_a_step_and_pack_round_trips(shape):
     assert torch.equal(unpack(packed, kernel_layout), q)
 
 
+@pytest.mark.parametrize("fast_bf16", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("cls", [Int8WeightLinear, Int4WeightLinear])
-def test_weight_only_linear_is_a_gemm_of_its_dequantized_weights(cls, shape, rows, dtype):
+def test_weight_only_linear_is_a_gemm_of_its_dequantized_weights(cls, shape, rows, dtype, fast_bf16,
+                                                                monkeypatch):
+    """Every path: float32 in and out, and bfloat16 compute (a CPU with fast bfloat16) with the
+    weight-only kernels for a few rows and a dequantized GEMM for more."""
+    monkeypatch.setattr(cpu, "has_fast_bf16", lambda: fast_bf16)
     w, b = _weights(*shape)
     layer = cls(w, b)
     x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(1)).to(dtype)
     ref = x.double() @ layer.dequantized_weight().double().T + b.double()
     got = layer(x)
     assert got.dtype == dtype and got.shape == (rows, shape[0])
-    assert _rel_err(got, ref) < (1e-5 if dtype == torch.float32 else 2e-2)
+    exact = dtype == torch.float32 and not fast_bf16
+    assert _rel_err(got, ref) < (1e-5 if exact else 2e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -64,7 +70,7 @@ def test_w8a8_linear_is_the_int8_product_rescaled(shape, rows, dtype):
     w, b = _weights(*shape)
     layer = Int8Linear(w, b)
     x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(1)).to(dtype)
-    qx, sx = quantize_rows(x)
+    qx, sx = quantize_rows(x, layer.kernels)
     assert qx.dtype == torch.int8 and int(qx.abs().max()) == 127  # every row's max maps to 127
     ref = (qx.double() * sx.double()) @ layer.dequantized_weight().double().T + b.double()
     got = layer(x)

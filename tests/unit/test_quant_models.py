@@ -11,6 +11,7 @@ from transformers import AutoConfig
 from batchrun.engine import SamplingParams
 from batchrun.llm import build_engine, build_model
 from batchrun.models.llama import LlamaModel, ModelConfig
+from batchrun.models.quant import cpu
 from batchrun.options.engine import EngineConfig
 from tests.parity import ParityReport, assert_greedy_match
 from tests.tiny_models import IdTokenizer, make_tiny
@@ -32,6 +33,7 @@ def _prompts():
 @pytest.mark.parametrize("arch", ["llama", "tied"])
 @pytest.mark.parametrize("quantization", ["int8-weight", "int4-weight"])
 def test_weight_only_greedy_matches_the_dequantized_model(arch, quantization, tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu, "has_fast_bf16", lambda: False)  # float32 compute, as the reference
     make_tiny(arch, tmp_path, intermediate_size=256, hidden_size=128)
     quantized = _engine(tmp_path, quantization)
     qmodel = quantized.runner.model

@@ -4,7 +4,8 @@ w = q * scale + min with q in 0..15 (GGUF Q4_1's form; Q4_0 is min = -8 * scale)
 The nibbles live once, in the layout of torch's CPU int4 kernel (_weight_int4pack_mm_for_cpu,
 which computes (q - 8) * s + z: s = scale, z = min + 8 * scale); that kernel runs a few rows
 of bfloat16 activations, and larger steps (and float32 activations, which it runs without
-vector code) dequantize this layer's weights for one dense GEMM."""
+vector code) dequantize this layer's weights for one dense GEMM, in bfloat16 where the CPU
+has fast bfloat16 (cpu.weight_only_dtype)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from batchrun.models.quant import cpu
 from batchrun.models.quant.int8_linear import WEIGHT_ONLY_KERNEL_ROWS
 
 GROUP = 32
@@ -73,14 +75,16 @@ class Int4WeightLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        if self.kernel_layout and x.dtype == torch.bfloat16 and 0 < x2.shape[0] <= WEIGHT_ONLY_KERNEL_ROWS:
+        dtype = cpu.weight_only_dtype(x.dtype)
+        x2 = x2.to(dtype)
+        if self.kernel_layout and dtype == torch.bfloat16 and 0 < x2.shape[0] <= WEIGHT_ONLY_KERNEL_ROWS:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), self.packed, self.group,
                                                            self._scales_and_zeros())
         else:
-            y = F.linear(x2, self.dequantized_weight(x.dtype))
+            y = F.linear(x2, self.dequantized_weight(dtype))
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
-        return y.reshape(*shape[:-1], self.out_features)
+        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         q = unpack(self.packed, self.kernel_layout).to(dtype)

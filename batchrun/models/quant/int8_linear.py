@@ -10,12 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from batchrun.models.quant.activations import quantize_rows
+from batchrun.models.quant import cpu
+from batchrun.models.quant.activations import quantize_rows, rescale_rows
 
 log = logging.getLogger(__name__)
 # Up to this many rows of bfloat16 activations the weight-only kernel wins; above it (and for
 # float32 activations, which that kernel runs without vector code) this layer's weights are
-# dequantized into the activations' dtype for one dense GEMM (`python benchmarks/quant_linears.py`).
+# dequantized for one dense GEMM (`python benchmarks/quant_linears.py`).
 WEIGHT_ONLY_KERNEL_ROWS = 4
 
 
@@ -35,7 +36,7 @@ def onednn_int8_available() -> bool:
         packed = torch.ops.onednn.qlinear_prepack(q, None)
         y = torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, torch.ones(2), torch.zeros(2, dtype=torch.int64),
                                                None, 1.0, 0, torch.float32, "none", [], "")
-        return y.tolist() == [[-18.0, 122.0]]
+        return y.tolist() == [[-36.0, 122.0]]
     except (RuntimeError, AttributeError) as exc:
         log.info("oneDNN int8 linear unavailable, int8 GEMMs emulated in float: %s", exc)
         return False
@@ -50,6 +51,7 @@ class Int8Linear(nn.Module):
         self.qweight, self.w_scale = quantize_per_channel(weight)
         self.bias = None if bias is None else bias.detach().float()
         self.onednn = onednn_int8_available()
+        self.kernels = None  # the CPU kernel library, once built (attach_kernels)
         if self.onednn:  # the weights in oneDNN's blocked int8 layout, replacing the plain copy
             self.packed = torch.ops.onednn.qlinear_prepack(self.qweight, None)
             self.w_zero = torch.zeros(self.out_features, dtype=torch.int64)
@@ -60,15 +62,13 @@ class Int8Linear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         if x2.shape[0] == 0:
             return x.new_empty(*shape[:-1], self.out_features)
-        qx, x_scale = quantize_rows(x2)
+        qx, x_scale = quantize_rows(x2, self.kernels)
         if self.onednn:
             y = torch.ops.onednn.qlinear_pointwise(qx, 1.0, 0, self.packed, self.w_scale, self.w_zero, None,
                                                    1.0, 0, torch.float32, "none", [], "")
         else:  # exact: every int32 sum of these sizes is a float32 integer (< 2**24)
             y = (qx.float() @ self.qweight.float().T) * self.w_scale
-        y.mul_(x_scale)
-        if self.bias is not None:
-            y.add_(self.bias)
+        rescale_rows(y, x_scale, self.bias, self.kernels)
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
     def dequantized_weight(self) -> torch.Tensor:
@@ -86,7 +86,8 @@ def _unpack_onednn(layer: Int8Linear) -> torch.Tensor:
 
 class Int8WeightLinear(nn.Module):
     """int8 weights, float activations: the weight-only kernel for a few bfloat16 rows (decode of
-    a few sequences, memory-bound), else this layer's weights dequantized for one dense GEMM."""
+    a few sequences, memory-bound), else this layer's weights dequantized for one dense GEMM;
+    in bfloat16 where the CPU has fast bfloat16 (cpu.weight_only_dtype)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, qweight: torch.Tensor | None = None,
                  scale: torch.Tensor | None = None):
@@ -101,13 +102,15 @@ class Int8WeightLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        if x.dtype == torch.bfloat16 and 0 < x2.shape[0] <= WEIGHT_ONLY_KERNEL_ROWS:
-            y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self._scale(x.dtype))
+        dtype = cpu.weight_only_dtype(x.dtype)
+        x2 = x2.to(dtype)
+        if dtype == torch.bfloat16 and 0 < x2.shape[0] <= WEIGHT_ONLY_KERNEL_ROWS:
+            y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.qweight, self._scale(dtype))
         else:
-            y = F.linear(x2, self.qweight.to(x.dtype) * self._scale(x.dtype)[:, None])
+            y = F.linear(x2, self.qweight.to(dtype) * self._scale(dtype)[:, None])
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
-        return y.reshape(*shape[:-1], self.out_features)
+        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
     def _scale(self, dtype: torch.dtype) -> torch.Tensor:
         if dtype not in self._scales:
