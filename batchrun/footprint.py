@@ -50,9 +50,10 @@ def _elem(dtype: torch.dtype) -> int:
 
 
 def weights_bytes(cfg: ModelConfig, dtype: torch.dtype | str | None = None,
-                  device: torch.device | str = "cpu") -> int:
+                  device: torch.device | str = "cpu", quantization: str = "none") -> int:
     """Bytes the loaded model's weights hold: parameter count x element size of `dtype`
-    ("auto"/None = the engine's default for `device`: float32 on the CPU).
+    ("auto"/None = the engine's default for `device`: float32 on the CPU), with the decoder
+    layers' projections at `quantization`'s size (models/quant/: int8 or int4 and their scales).
 
     Tied embeddings are one tensor in the checkpoint, but on the CPU, where the loader packs
     every linear layer for oneDNN (models/packed_linear.py), the logits get a packed copy of
@@ -67,7 +68,21 @@ def weights_bytes(cfg: ModelConfig, dtype: torch.dtype | str | None = None,
 
         if packed_linear.available(dt):
             count += cfg.vocab_size * cfg.hidden_size
-    return count * _elem(dt)
+    if quantization == "none":
+        return count * _elem(dt)
+    from batchrun.models.quant import linear_class
+
+    quantized = 0
+    for out_features, in_features in projection_shapes(cfg):
+        count -= out_features * in_features * cfg.num_layers
+        quantized += linear_class(quantization).nbytes(out_features, in_features)
+    return count * _elem(dt) + quantized * cfg.num_layers
+
+
+def projection_shapes(cfg: ModelConfig) -> list[tuple[int, int]]:
+    """(out, in) of each decoder layer's fused projections: qkv, o, gate_up, down."""
+    h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    return [(q + 2 * kv, h), (h, q), (2 * cfg.intermediate_size, h), (h, cfg.intermediate_size)]
 
 
 def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,

@@ -176,6 +176,10 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     phases.mark("weights (load, pack)")
     if kernels is not None:
         model.cpu_kernels = kernels.result()
+        if quantization != "none":
+            from batchrun.models.quant.int8_linear import attach_kernels
+
+            attach_kernels(model, model.cpu_kernels)
         phases.mark("CPU kernels (built once, beside the weights)")
     return model.eval()
 

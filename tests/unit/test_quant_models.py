@@ -75,3 +75,29 @@ def test_quality_gate_figures_are_computed_and_finite(tmp_path):
         assert math.isfinite(m.mean_kl) and m.mean_kl > 0
         assert 0 <= m.top1 <= 1
     assert "int4-weight:bfloat16" in table([ref, int8, int4])
+
+
+def _held_bytes(model) -> int:
+    """Every distinct tensor the model holds: parameters, and the tensors quantized and packed
+    layers keep as attributes."""
+    seen, total = set(), 0
+    tensors = list(model.parameters())
+    for module in model.modules():
+        tensors += [v for k, v in vars(module).items() if isinstance(v, torch.Tensor)
+                    and not k.startswith("_")]
+    for t in tensors:
+        key = id(t) if t.is_mkldnn else t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
+
+
+@pytest.mark.parametrize("quantization", ["none", "int8", "int8-weight", "int4-weight"])
+def test_footprint_counts_the_quantized_weights(quantization, tmp_path):
+    from batchrun.footprint import weights_bytes
+
+    make_tiny("tied", tmp_path)
+    cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
+    model = build_model(LlamaModel, cfg, tmp_path, CPU, torch.float32, quantization)
+    assert weights_bytes(cfg, "float32", quantization=quantization) == _held_bytes(model)

@@ -137,7 +137,8 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     estimate = scan(plan, model, sharing, shape, share)
     if share < 1.0:
         estimate.expected_completion_tokens = shape.completion_tokens
-    estimate.weights_bytes = footprint.weights_bytes(cfg, engine.device.dtype)
+    estimate.weights_bytes = footprint.weights_bytes(cfg, engine.device.dtype,
+                                                     quantization=engine.device.quantization)
     estimate.weights_dtype = _dtype_name(engine)
     estimate.kv_blocks, estimate.kv_bytes = blocks, kv_bytes
 

@@ -72,6 +72,12 @@ class Int4WeightLinear(nn.Module):
         self.bias = None if bias is None else bias.detach().float()
         self._kernel_scales: torch.Tensor | None = None
 
+    @staticmethod
+    def nbytes(out_features: int, in_features: int, group: int = GROUP) -> int:
+        """Bytes one layer holds: two weights a byte, a float32 scale and min per group (the
+        kernel's bfloat16 copy of them, made on first use, not counted)."""
+        return out_features * in_features // 2 + out_features * (in_features // group) * 8
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)

@@ -57,6 +57,11 @@ class Int8Linear(nn.Module):
             self.w_zero = torch.zeros(self.out_features, dtype=torch.int64)
             self.qweight = None
 
+    @staticmethod
+    def nbytes(out_features: int, in_features: int) -> int:
+        """Bytes one layer holds: int8 weights, float32 scales, oneDNN's int64 zero points."""
+        return out_features * in_features + out_features * (4 + 8)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
@@ -74,6 +79,13 @@ class Int8Linear(nn.Module):
     def dequantized_weight(self) -> torch.Tensor:
         q = self.qweight if self.qweight is not None else _unpack_onednn(self)
         return q.float() * self.w_scale[:, None]
+
+
+def attach_kernels(model: nn.Module, kernels) -> None:
+    """Give the model's W8A8 layers the CPU kernel library (built beside the weights' loading)."""
+    for module in model.modules():
+        if isinstance(module, Int8Linear):
+            module.kernels = kernels
 
 
 def _unpack_onednn(layer: Int8Linear) -> torch.Tensor:
@@ -98,6 +110,10 @@ class Int8WeightLinear(nn.Module):
         self.qweight, self.w_scale = qweight.contiguous(), scale.float()
         self.bias = None if bias is None else bias.detach().float()
         self._scales: dict[torch.dtype, torch.Tensor] = {}
+
+    @staticmethod
+    def nbytes(out_features: int, in_features: int) -> int:
+        return out_features * in_features + out_features * 4  # int8 weights, float32 scales
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
