@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 REFERENCE = "none:float32"
-DEFAULT_MODES = "none:bfloat16,int8,int8-weight,int4-weight"
+DEFAULT_MODES = "none:bfloat16,bf16,int8,int8-weight,int4-weight"
 
 
 @dataclass

@@ -43,7 +43,7 @@ def test_q8_blocks_requantized_per_channel_stay_within_a_step():
     assert (np.abs(layer.dequantized_weight().numpy() - reference) <= step / 2 + 1e-7).all()
 
 
-def _permute(w, heads):  # llama.cpp's q/k row order, undone by gguf_weights._unpermute
+def _permute(w, heads):  # llama.cpp's q/k row order, undone by gguf_weights.unpermute
     dim = w.shape[0] // heads // 2
     return w.reshape(heads, 2, dim, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 

@@ -80,9 +80,24 @@ def test_w8a8_linear_is_the_int8_product_rescaled(shape, rows, dtype):
     assert _rel_err(got, x.double() @ w.double().T + b.double()) < 0.05
 
 
+@pytest.mark.parametrize("rows", ROWS)
+def test_bf16_linear_is_a_gemm_of_its_bf16_weights(rows):
+    from batchrun.models.quant.bf16_linear import Bf16Linear
+
+    w, b = _weights(960, 576)
+    layer = Bf16Linear(w, b)
+    assert torch.equal(layer.dequantized_weight(), w.bfloat16().float())
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(1))
+    ref = x.bfloat16().double() @ w.bfloat16().double().T + b.double()
+    got = layer(x)
+    assert got.dtype == torch.float32 and _rel_err(got, ref) < 1e-2  # bfloat16 output rounding
+
+
 def test_leading_dims_and_empty_batches():
     w, _ = _weights(64, 32)
-    for cls in (Int8Linear, Int8WeightLinear, Int4WeightLinear):
+    from batchrun.models.quant.bf16_linear import Bf16Linear
+
+    for cls in (Int8Linear, Int8WeightLinear, Int4WeightLinear, Bf16Linear):
         layer = cls(w, None)
         assert layer(torch.randn(2, 5, 32)).shape == (2, 5, 64)
         assert layer(torch.randn(0, 32)).shape == (0, 64)

@@ -93,7 +93,7 @@ def _held_bytes(model) -> int:
     return total
 
 
-@pytest.mark.parametrize("quantization", ["none", "int8", "int8-weight", "int4-weight"])
+@pytest.mark.parametrize("quantization", ["none", "int8", "int8-weight", "int4-weight", "bf16"])
 def test_footprint_counts_the_quantized_weights(quantization, tmp_path):
     from batchrun.footprint import weights_bytes
 

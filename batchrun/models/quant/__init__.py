@@ -5,6 +5,8 @@
 - int8-weight: int8 weights per output channel, float activations.
 - int4-weight: int4 weights in groups of 32 along the input with a scale and a zero each (the
   layout of GGUF's Q4_1), float activations.
+- bf16: bfloat16 weights and GEMMs (AMX / AVX512-BF16) in a float32 model: unlike
+  --dtype bfloat16, the residual stream, norms, attention and KV cache stay float32.
 
 The logits layer (lm_head, or the tied embeddings' packed copy) stays in the model's dtype:
 benchmarks/quality.py measures what quantizing it would cost. `quantize_linears` is the one
@@ -18,7 +20,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-METHODS = ("none", "int8", "int8-weight", "int4-weight")
+METHODS = ("none", "int8", "int8-weight", "int4-weight", "bf16")
 KEEP_FLOAT = ("lm_head",)  # precision-critical: the logits
 
 
@@ -27,10 +29,12 @@ class QuantizationError(ValueError):
 
 
 def linear_class(method: str) -> Callable[[torch.Tensor, torch.Tensor | None], nn.Module]:
+    from batchrun.models.quant.bf16_linear import Bf16Linear
     from batchrun.models.quant.int4_linear import Int4WeightLinear
     from batchrun.models.quant.int8_linear import Int8Linear, Int8WeightLinear
 
-    classes = {"int8": Int8Linear, "int8-weight": Int8WeightLinear, "int4-weight": Int4WeightLinear}
+    classes = {"int8": Int8Linear, "int8-weight": Int8WeightLinear, "int4-weight": Int4WeightLinear,
+               "bf16": Bf16Linear}
     if method not in classes:
         raise QuantizationError(f"unknown quantization {method!r}: use one of {', '.join(METHODS)}")
     return classes[method]

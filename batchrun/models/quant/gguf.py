@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from batchrun.models.gguf_weights import _unpermute, read_header
-
+from batchrun.models.gguf_weights import read_header, unpermute
 from batchrun.models.loader import GGUF_SOURCE as SOURCE_FILE  # the .gguf a converted folder came from
+
 Q4_0, Q4_1, Q8_0 = 2, 3, 8  # GGMLQuantizationType values
 _BLOCK = 32
 _BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
@@ -89,14 +89,14 @@ class GgufLinears:
         values = dequantize(raw.reshape(rows, -1), GGMLQuantizationType(self.kind(name)))
         values = np.asarray(values, dtype=np.float32).reshape(rows, cols)
         heads = self._heads(part)
-        return torch.from_numpy(np.ascontiguousarray(_unpermute(values, heads) if heads else values))
+        return torch.from_numpy(np.ascontiguousarray(unpermute(values, heads) if heads else values))
 
     def q4_weight(self, name: str, part: str):
         raw, rows, cols = self.raw(name)
         q, d, m = q4_groups(raw, self.kind(name), rows, cols)
         heads = self._heads(part)
         if heads:
-            q, d, m = (_unpermute(a, heads) for a in (q, d, m))
+            q, d, m = (unpermute(a, heads) for a in (q, d, m))
         return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in (q, d, m))
 
 
