@@ -128,10 +128,10 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
 
     from batchrun.models import packed_linear
 
-    if quantization != "none":
-        from batchrun.models.quant import check_device
+    from batchrun.models.quant import check_checkpoint, check_device
 
-        check_device(quantization, device)
+    check_checkpoint(model_cfg.hf_config)
+    check_device(quantization, device)
     files = sorted(glob.glob(str(path / "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {path}")

@@ -4,7 +4,7 @@ weights, per layer on random data, and end to end on tiny random models."""
 import pytest
 import torch
 
-from batchrun.models.quant import QuantizationError, check_device, cpu, linear_class, quantize_linears
+from batchrun.models.quant import QuantizationError, check_checkpoint, check_device, cpu, linear_class, quantize_linears
 from batchrun.models.quant.activations import quantize_rows
 from batchrun.models.quant.int4_linear import Int4WeightLinear, pack, quantize_groups, unpack
 from batchrun.models.quant.int8_linear import Int8Linear, Int8WeightLinear, quantize_per_channel
@@ -124,3 +124,12 @@ def test_unknown_method_and_non_cpu_devices_are_refused():
 def test_int4_refuses_input_sizes_its_groups_do_not_divide():
     with pytest.raises(ValueError, match="divisible by 32"):
         Int4WeightLinear(torch.randn(8, 40), None)
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq", "compressed-tensors", "fp8"])
+def test_checkpoints_quantized_in_other_formats_are_refused_by_name(method):
+    from types import SimpleNamespace
+
+    with pytest.raises(QuantizationError, match=f"quantized with '{method}', which batchrun does not load"):
+        check_checkpoint(SimpleNamespace(quantization_config={"quant_method": method, "bits": 4}))
+    check_checkpoint(SimpleNamespace())  # a float checkpoint

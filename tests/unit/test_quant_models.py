@@ -19,10 +19,34 @@ from tests.tiny_models import IdTokenizer, make_tiny
 CPU = torch.device("cpu")
 
 
-def _engine(path, quantization="none", dtype=torch.float32):
+def _engine(path, quantization="none", dtype=torch.float32, **options):
     cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(path))
     model = build_model(LlamaModel, cfg, path, CPU, dtype, quantization)
-    return build_engine(model, IdTokenizer(), EngineConfig.default(block_size=4), [2], CPU, dtype)
+    return build_engine(model, IdTokenizer(), EngineConfig.default(block_size=4, **options), [2], CPU,
+                        dtype)
+
+
+def _dequantized_reference(quantized, path, monkeypatch, **options):
+    """An engine over the same checkpoint with plain float linears holding `quantized`'s
+    dequantized weights."""
+    monkeypatch.setenv("BATCHRUN_PACKED_LINEAR", "0")
+    reference = _engine(path, **options)
+    replaced = 0
+    for name, module in quantized.runner.model.named_modules():
+        if hasattr(module, "dequantized_weight"):
+            reference.runner.model.get_submodule(name).weight.data.copy_(module.dequantized_weight())
+            replaced += 1
+    assert replaced == 2 * 4  # qkv, o, gate_up, down in each of the 2 layers
+    return reference
+
+
+def _assert_same_greedy(ours, refs, label):
+    report = ParityReport()
+    for i, (a, b) in enumerate(zip(ours, refs)):
+        margins = [lp.top[0][1] - lp.top[1][1] for lp in b.outputs[0].logprobs]
+        assert_greedy_match(a.outputs[0].token_ids, b.outputs[0].token_ids, margins,
+                            f"{label}[{i}]", report)
+    assert report.compared == len(refs)
 
 
 def _prompts():
@@ -38,25 +62,30 @@ def test_weight_only_greedy_matches_the_dequantized_model(arch, quantization, tm
     quantized = _engine(tmp_path, quantization)
     qmodel = quantized.runner.model
     assert type(qmodel.layers[0].mlp.gate_up_proj).__name__ != "PackedLinear"
-    # The reference: the same checkpoint, plain float linears holding the dequantized weights.
-    monkeypatch.setenv("BATCHRUN_PACKED_LINEAR", "0")
-    reference = _engine(tmp_path)
-    rmodel = reference.runner.model
-    replaced = 0
-    for name, module in qmodel.named_modules():
-        if hasattr(module, "dequantized_weight"):
-            rmodel.get_submodule(name).weight.data.copy_(module.dequantized_weight())
-            replaced += 1
-    assert replaced == 2 * 4  # qkv, o, gate_up, down in each of the 2 layers
+    reference = _dequantized_reference(quantized, tmp_path, monkeypatch)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
-    ours = quantized.generate(_prompts(), params)
-    refs = reference.generate(_prompts(), params)
-    report = ParityReport()
-    for i, (a, b) in enumerate(zip(ours, refs)):
-        margins = [lp.top[0][1] - lp.top[1][1] for lp in b.outputs[0].logprobs]
-        assert_greedy_match(a.outputs[0].token_ids, b.outputs[0].token_ids, margins,
-                            f"{quantization}[{i}]", report)
-    assert report.compared == 4
+    _assert_same_greedy(quantized.generate(_prompts(), params), reference.generate(_prompts(), params),
+                        quantization)
+
+
+def test_lora_adapters_run_on_a_quantized_base(tmp_path, monkeypatch):
+    """The base GEMM quantized, each adapter's low-rank update in float on top of it."""
+    from tests.lora_adapters import make_adapters
+
+    monkeypatch.setattr(cpu, "has_fast_bf16", lambda: False)
+    base = tmp_path / "base"
+    hf = make_tiny("llama", base)
+    lora = {name: path for name, (path, _) in make_adapters(hf, tmp_path).items()}
+    quantized = _engine(base, "int4-weight", lora=lora)
+    reference = _dequantized_reference(quantized, base, monkeypatch, lora=lora)
+    jobs = [(p, name) for p in _prompts()[:2] for name in [None, *lora]]
+    def params(name):
+        return SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2, lora=name)
+    prompts, settings = [p for p, _ in jobs], [params(n) for _, n in jobs]
+    ours, refs = quantized.generate(prompts, settings), reference.generate(prompts, settings)
+    _assert_same_greedy(ours, refs, "lora on int4")
+    by_adapter = {name: out.outputs[0].token_ids for (p, name), out in zip(jobs[:len(lora) + 1], ours)}
+    assert len({tuple(t) for t in by_adapter.values()}) > 1, "the adapters change nothing"
 
 
 def test_quality_gate_figures_are_computed_and_finite(tmp_path):

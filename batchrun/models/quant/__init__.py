@@ -46,6 +46,21 @@ def check_device(method: str, device: torch.device) -> None:
                                 "use --dtype bfloat16 (or --quantization none)")
 
 
+def check_checkpoint(hf_config) -> None:
+    """Refuse a checkpoint stored quantized in a format batchrun does not read (its float
+    loading would fail on tensors such as qweight or weight_scale, or run garbage)."""
+    config = getattr(hf_config, "quantization_config", None)
+    if not config:
+        return
+    method = config.get("quant_method") if isinstance(config, dict) else getattr(config, "quant_method", None)
+    method = str(getattr(method, "value", method) or "unknown")
+    raise QuantizationError(
+        f"the checkpoint is quantized with {method!r}, which batchrun does not load (GPTQ, AWQ, "
+        "compressed-tensors, FP8 and bitsandbytes checkpoints are not read quantized); use its "
+        "float checkpoint with --quantization int8 / int8-weight / int4-weight / bf16, or a GGUF "
+        "file (Q4_0, Q4_1 and Q8_0 load quantized)")
+
+
 @torch.no_grad()
 def quantize_linears(model: nn.Module, method: str, keep: tuple[str, ...] = KEEP_FLOAT,
                      float_linear=None) -> int:
