@@ -29,14 +29,21 @@ def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 @functools.lru_cache(maxsize=None)
 def onednn_int8_available() -> bool:
-    """oneDNN's int8 linear (torch.ops.onednn.qlinear_*) runs here and gives exact int32 sums."""
+    """oneDNN's int8 linear (torch.ops.onednn.qlinear_*) runs here and gives exact int32 sums.
+
+    Checked on extreme values: without VNNI (an AVX2-only CPU, or oneDNN capped at AVX2) its
+    kernels multiply pairs into saturating int16 and get such sums wrong; the float emulation
+    then runs instead (exact, slower)."""
     try:
-        q = torch.tensor([[1, -2, 3], [4, 5, -6]], dtype=torch.int8)
-        x = torch.tensor([[7, 8, -9]], dtype=torch.int8)
+        k = 64
+        q = torch.cat((torch.full((1, k), 127), torch.full((1, k), -127),
+                       torch.arange(k).remainder(255).sub(127).reshape(1, k))).to(torch.int8)
+        x = torch.cat((torch.full((1, k), 127), torch.full((1, k), -127),
+                       torch.arange(k).flip(0).remainder(255).sub(127).reshape(1, k))).to(torch.int8)
         packed = torch.ops.onednn.qlinear_prepack(q, None)
-        y = torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, torch.ones(2), torch.zeros(2, dtype=torch.int64),
+        y = torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, torch.ones(3), torch.zeros(3, dtype=torch.int64),
                                                None, 1.0, 0, torch.float32, "none", [], "")
-        return y.tolist() == [[-36.0, 122.0]]
+        return torch.equal(y, x.double().matmul(q.double().T).float())
     except (RuntimeError, AttributeError) as exc:
         log.info("oneDNN int8 linear unavailable, int8 GEMMs emulated in float: %s", exc)
         return False
@@ -59,8 +66,8 @@ class Int8Linear(nn.Module):
 
     @staticmethod
     def nbytes(out_features: int, in_features: int) -> int:
-        """Bytes one layer holds: int8 weights, float32 scales, oneDNN's int64 zero points."""
-        return out_features * in_features + out_features * (4 + 8)
+        """Bytes one layer holds: int8 weights, float32 scales (and oneDNN's int64 zero points)."""
+        return out_features * in_features + out_features * (4 + (8 if onednn_int8_available() else 0))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
