@@ -163,7 +163,9 @@ def _dtype_name(engine: Any) -> str:
     """The dtype the weights will have here (auto: float32 on the CPU, bfloat16 on CUDA)."""
     from batchrun.llm import pick_device, pick_dtype
 
-    return str(pick_dtype(engine.device.dtype, pick_device(engine.device.device))).split(".")[-1]
+    name = str(pick_dtype(engine.device.dtype, pick_device(engine.device.device))).split(".")[-1]
+    quantization = engine.device.quantization
+    return name if quantization == "none" else f"{name}, {quantization} linears"
 
 
 def _size(n: int) -> str:

@@ -78,7 +78,7 @@ class Int8Linear(nn.Module):
         if self.onednn:
             y = torch.ops.onednn.qlinear_pointwise(qx, 1.0, 0, self.packed, self.w_scale, self.w_zero, None,
                                                    1.0, 0, torch.float32, "none", [], "")
-        else:  # exact: every int32 sum of these sizes is a float32 integer (< 2**24)
+        else:  # exact while the int32 sums stay below 2**24 (float32's integers); relative 6e-8 above
             y = (qx.float() @ self.qweight.float().T) * self.w_scale
         rescale_rows(y, x_scale, self.bias, self.kernels)
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
