@@ -63,20 +63,27 @@ def weights_bytes(cfg: ModelConfig, dtype: torch.dtype | str | None = None,
     dev = _device(device)
     dt = _dtype(dtype, dev)
     count = parameter_count(cfg)
-    if cfg.tie_word_embeddings and dev.type == "cpu":
+    packed = False
+    if dev.type == "cpu":
         from batchrun.models import packed_linear
 
-        if packed_linear.available(dt):
-            count += cfg.vocab_size * cfg.hidden_size
+        packed = packed_linear.available(dt)
+    if cfg.tie_word_embeddings and packed:
+        count += cfg.vocab_size * cfg.hidden_size
     if quantization == "none":
         return count * _elem(dt)
-    from batchrun.models.quant import linear_class
+    from batchrun.models.quant import linear_class, logits_in_bf16
 
-    quantized = 0
+    extra = 0
+    if logits_in_bf16(quantization):  # the logits matrix in bfloat16 instead of a dt copy
+        logits = cfg.vocab_size * cfg.hidden_size
+        if not cfg.tie_word_embeddings or packed:
+            count -= logits
+        extra += logits * 2
     for out_features, in_features in projection_shapes(cfg):
         count -= out_features * in_features * cfg.num_layers
-        quantized += linear_class(quantization).nbytes(out_features, in_features)
-    return count * _elem(dt) + quantized * cfg.num_layers
+        extra += linear_class(quantization).nbytes(out_features, in_features) * cfg.num_layers
+    return count * _elem(dt) + extra
 
 
 def projection_shapes(cfg: ModelConfig) -> list[tuple[int, int]]:

@@ -122,11 +122,17 @@ def _held_bytes(model) -> int:
     return total
 
 
+@pytest.mark.parametrize("fast_bf16", [True, False])
+@pytest.mark.parametrize("arch", ["tied", "llama"])
 @pytest.mark.parametrize("quantization", ["none", "int8", "int8-weight", "int4-weight", "bf16"])
-def test_footprint_counts_the_quantized_weights(quantization, tmp_path):
+def test_footprint_counts_the_quantized_weights(quantization, arch, fast_bf16, tmp_path, monkeypatch):
     from batchrun.footprint import weights_bytes
+    from batchrun.models.quant.bf16_linear import Bf16Linear
 
-    make_tiny("tied", tmp_path)
+    monkeypatch.setattr(cpu, "has_fast_bf16", lambda: fast_bf16)
+    make_tiny(arch, tmp_path)
     cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
     model = build_model(LlamaModel, cfg, tmp_path, CPU, torch.float32, quantization)
     assert weights_bytes(cfg, "float32", quantization=quantization) == _held_bytes(model)
+    # int8's logits: a bfloat16 GEMM where the CPU has fast bfloat16, else float32
+    assert isinstance(model.lm_head, Bf16Linear) == (quantization == "int8" and fast_bf16)
