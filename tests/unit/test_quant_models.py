@@ -136,3 +136,11 @@ def test_footprint_counts_the_quantized_weights(quantization, arch, fast_bf16, t
     assert weights_bytes(cfg, "float32", quantization=quantization) == _held_bytes(model)
     # int8's logits: a bfloat16 GEMM where the CPU has fast bfloat16, else float32
     assert isinstance(model.lm_head, Bf16Linear) == (quantization == "int8" and fast_bf16)
+
+
+def test_plan_calibrates_quantized_runs_apart_from_float_ones():
+    from batchrun.batch.estimate.job_estimate import run_key
+
+    float_key = run_key("m", EngineConfig.default())
+    assert float_key == "m|auto|kv=auto"  # unchanged: earlier runs' calibrations still apply
+    assert run_key("m", EngineConfig.default(quantization="int8")) == "m|auto|kv=auto|q=int8"

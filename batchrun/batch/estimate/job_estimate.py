@@ -156,7 +156,9 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
 
 def run_key(model_name: str, engine: Any) -> str:
     """What a run's calibration is kept under (with the machine: run_store.save_run)."""
-    return f"{model_name}|{engine.device.dtype}|kv={engine.cache.kv_cache_dtype}"
+    key = f"{model_name}|{engine.device.dtype}|kv={engine.cache.kv_cache_dtype}"
+    quantization = engine.device.quantization
+    return key if quantization == "none" else f"{key}|q={quantization}"
 
 
 def _dtype_name(engine: Any) -> str:
