@@ -224,7 +224,7 @@ def machine_line() -> str:
     isa = "AVX-512" if "avx512f" in flags else "AVX2+FMA, no AVX-512" if {"avx2", "fma"} <= flags \
         else "no AVX2"
     if "avx512f" in flags:
-        isa += " (" + ", ".join(f for f in ("avx512bw", "avx512_vnni", "avx512_bf16", "amx_bf16")
+        isa += " (" + ", ".join(f for f in ("avx512bw", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
                                 if f in flags) + ")"
     from batchrun.engine import kernels
 
