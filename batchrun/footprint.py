@@ -49,9 +49,10 @@ def _elem(dtype: torch.dtype) -> int:
 
 
 def weights_bytes(cfg: ModelConfig, dtype: torch.dtype | str | None = None,
-                  device: torch.device | str = "cpu") -> int:
+                  device: torch.device | str = "cpu", quantization: str = "none") -> int:
     """Bytes the loaded model's weights hold: parameter count x element size of `dtype`
-    ("auto"/None = the engine's default for `device`: float32 on the CPU).
+    ("auto"/None = the engine's default for `device`: float32 on the CPU), with the decoder
+    layers' projections at `quantization`'s size (models/quant/: int8 or int4 and their scales).
 
     Tied embeddings are one tensor in the checkpoint, but on the CPU, where the loader packs
     every linear layer for oneDNN (models/packed_linear.py), the logits get a packed copy of
@@ -61,12 +62,33 @@ def weights_bytes(cfg: ModelConfig, dtype: torch.dtype | str | None = None,
     dev = _device(device)
     dt = _dtype(dtype, dev)
     count = parameter_count(cfg)
-    if cfg.tie_word_embeddings and dev.type == "cpu":
+    packed = False
+    if dev.type == "cpu":
         from batchrun.models import packed_linear
 
-        if packed_linear.available(dt):
-            count += cfg.vocab_size * cfg.hidden_size
-    return count * _elem(dt)
+        packed = packed_linear.available(dt)
+    if cfg.tie_word_embeddings and packed:
+        count += cfg.vocab_size * cfg.hidden_size
+    if quantization == "none":
+        return count * _elem(dt)
+    from batchrun.models.quant import linear_class, logits_in_bf16
+
+    extra = 0
+    if logits_in_bf16(quantization):  # the logits matrix in bfloat16 instead of a dt copy
+        logits = cfg.vocab_size * cfg.hidden_size
+        if not cfg.tie_word_embeddings or packed:
+            count -= logits
+        extra += logits * 2
+    for out_features, in_features in projection_shapes(cfg):
+        count -= out_features * in_features * cfg.num_layers
+        extra += linear_class(quantization).nbytes(out_features, in_features) * cfg.num_layers
+    return count * _elem(dt) + extra
+
+
+def projection_shapes(cfg: ModelConfig) -> list[tuple[int, int]]:
+    """(out, in) of each decoder layer's fused projections: qkv, o, gate_up, down."""
+    h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    return [(q + 2 * kv, h), (h, q), (2 * cfg.intermediate_size, h), (h, cfg.intermediate_size)]
 
 
 def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,

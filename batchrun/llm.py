@@ -148,7 +148,11 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
 
     hf = read_config(path)
     if choose(hf, config.model_impl).impl == "native":
-        return build_model(LlamaModel, ModelConfig.from_hf(hf), path, device, dtype)
+        return build_model(LlamaModel, ModelConfig.from_hf(hf), path, device, dtype,
+                           config.device.quantization)
+    if config.device.quantization != "none":
+        raise UnsupportedModelError("--quantization needs the native path (Llama, Mistral, "
+                                    "Qwen2, Qwen3); this model runs on the transformers backend")
     if config.lora.adapters:
         raise UnsupportedModelError("--lora needs the native path (Llama, Mistral, Qwen2, "
                                     "Qwen3); this model runs on the transformers backend")
@@ -175,13 +179,19 @@ def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: 
                   kv_dtype=kv_dtype, adapters=adapters)
 
 
-def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.dtype):
+def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.dtype,
+                quantization: str = "none"):
     """The model with its weights (memory-mapped safetensors), its linears packed for oneDNN
-    and, on the CPU, its C kernels, which build (once per machine) while the weights load."""
+    (or quantized: models/quant/) and, on the CPU, its C kernels, which build (once per
+    machine) while the weights load."""
     from safetensors import safe_open
 
     from batchrun.models import packed_linear
 
+    from batchrun.models.quant import check_checkpoint, check_device
+
+    check_checkpoint(model_cfg.hf_config)
+    check_device(quantization, device)
     files = sorted(glob.glob(str(path / "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {path}")
@@ -200,10 +210,20 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     if device.type != "cpu" or dtype != torch.float32:  # float32 tables computed on the CPU
         model.rope = type(model.rope)(model_cfg).to(device)
 
+    in_gguf: set[str] = set()  # tensors a GGUF checkpoint's quantized layers already hold
+    if quantization != "none":
+        from batchrun.models.quant import gguf as quant_gguf
+
+        source = quant_gguf.source_of(path)
+        if source is not None:
+            in_gguf = quant_gguf.load_linears(model, source, quantization)
+
     def tensors():
         for f in files:
             with safe_open(f, framework="pt") as sf:
                 for key in sf.keys():
+                    if key in in_gguf:
+                        continue
                     tensor = sf.get_tensor(key)
                     if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                         raise ValueError(f"{f}: weight {key!r} holds non-finite values (NaN "
@@ -211,15 +231,20 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
                     yield key, tensor
 
     model.load_weights(tensors())
-    if device.type == "cpu" and packed_linear.available(dtype):
+    pack_float = device.type == "cpu" and packed_linear.available(dtype)
+    if pack_float or quantization != "none":
         if model.lm_head is None:  # a packed copy of the tied embeddings for the logits
             model.lm_head = torch.nn.Linear(model_cfg.hidden_size, model_cfg.vocab_size, bias=False,
                                             device="meta")
             model.lm_head.weight = model.embed_tokens.weight
-        packed_linear.pack_linears(model)
+        packed_linear.pack_linears(model, quantization, pack_float)
     phases.mark("weights (load, pack)")
     if kernels is not None:
         model.cpu_kernels = kernels.result()
+        if quantization != "none":
+            from batchrun.models.quant.int8_linear import attach_kernels
+
+            attach_kernels(model, model.cpu_kernels)
         phases.mark("CPU kernels (built once, beside the weights)")
     return model.eval()
 

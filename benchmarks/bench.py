@@ -202,7 +202,7 @@ def machine_line() -> str:
     isa = "AVX-512" if "avx512f" in flags else "AVX2+FMA, no AVX-512" if {"avx2", "fma"} <= flags \
         else "no AVX2"
     if "avx512f" in flags:
-        isa += " (" + ", ".join(f for f in ("avx512bw", "avx512_vnni", "avx512_bf16", "amx_bf16")
+        isa += " (" + ", ".join(f for f in ("avx512bw", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
                                 if f in flags) + ")"
     from batchrun.engine import kernels
 
@@ -210,6 +210,15 @@ def machine_line() -> str:
     path = kernels.SIMD_PATHS[lib.simd_path()] if lib is not None else "none (PyTorch ops)"
     return (f"CPU: {model}, {os.cpu_count()} cores, {isa}{machine.isa_cap_note()}; "
             f"attention kernel path: {path}")
+
+
+# Reduced-precision modes by name: each is the batchrun system with these engine options.
+MODE_SYSTEMS = {"batchrun-bf16": "batchrun[dtype=bfloat16]",
+                "batchrun-int8": "batchrun[quantization=int8]",
+                "batchrun-int8-weight": "batchrun[quantization=int8-weight]",
+                "batchrun-int4-weight": "batchrun[quantization=int4-weight]",
+                "batchrun-bf16-linears": "batchrun[quantization=bf16]",
+                "batchrun-int8-bf16": "batchrun[quantization=int8;dtype=bfloat16]"}
 
 
 def parse_overrides(system: str) -> dict:
@@ -292,8 +301,9 @@ def main(argv: list[str] | None = None) -> None:
         reset_peak_rss()
         if system == "batchrun":
             results.append(run_batchrun(loaded, work))
-        elif system.startswith("batchrun["):
-            variant = llm.load(args.model, EngineConfig.default(**base, **parse_overrides(system)))
+        elif system.startswith("batchrun[") or system in MODE_SYSTEMS:
+            overrides = parse_overrides(MODE_SYSTEMS.get(system, system))
+            variant = llm.load(args.model, EngineConfig.default(**{**base, **overrides}))
             results.append(run_batchrun(variant, work, system))
             del variant
         elif system == "batchrun-run" or system.startswith("batchrun-run@"):

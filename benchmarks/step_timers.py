@@ -14,7 +14,7 @@ CALLS: collections.Counter = collections.Counter()
 MODEL_STEP = "model step (runner.execute)"
 # Share groups: the calls each is made of (kernel function names as the C library spells them).
 GROUPS = {
-    "linear": ("linear (packed)",),
+    "linear": ("linear (packed)", "linear (quantized)"),
     "attention": ("paged_decode_attention", "paged_attention", "prefill attention (SDPA)"),
     "sampling": ("sampler",),
 }
@@ -61,6 +61,11 @@ def install(engine) -> None:
     if not _patched:
         _patched = True
         packed_linear.PackedLinear.forward = timed("linear (packed)", packed_linear.PackedLinear.forward)
+        from batchrun.models.quant import bf16_linear, int4_linear, int8_linear
+
+        for cls in (int8_linear.Int8Linear, int8_linear.Int8WeightLinear,
+                    int4_linear.Int4WeightLinear, bf16_linear.Bf16Linear):
+            cls.forward = timed("linear (quantized)", cls.forward)
         timed_sdpa = type("F", (), {"scaled_dot_product_attention": staticmethod(
             timed("prefill attention (SDPA)", F.scaled_dot_product_attention))})
         chunks.F = sdpa.F = timed_sdpa

@@ -140,7 +140,7 @@ def _hf_name(name: str) -> str | None:
     return f"{_TOP_NAMES[base]}.{suffix}"
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's q/k row permutation (transformers' reverse_permute_weights)."""
     dim = w.shape[0] // n_head // 2
     return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
@@ -168,9 +168,9 @@ def convert(path: Path, out: Path) -> dict[str, Any]:
         values = dequantize(raw.reshape(-1, dims[0] // block * block_bytes), qtype)
         values = np.ascontiguousarray(values.reshape(shape), dtype=np.float32)
         if ".attn_q." in name:
-            values = _unpermute(values, config["num_attention_heads"])
+            values = unpermute(values, config["num_attention_heads"])
         elif ".attn_k." in name:
-            values = _unpermute(values, config["num_key_value_heads"])
+            values = unpermute(values, config["num_key_value_heads"])
         return _hf_name(name), torch.from_numpy(values if values.flags.writeable else values.copy())
 
     with ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:

@@ -22,6 +22,7 @@ from batchrun.paths import cache_dir
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _STALE_TMP_S = 3600
+GGUF_SOURCE = "gguf_source.txt"  # in a converted folder: the .gguf it came from
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,11 @@ def gguf_cache_path(gguf: Path) -> Path:
 
 def convert_gguf(gguf: Path) -> Path:
     gguf = Path(gguf).resolve()
-    return _build_once(gguf_cache_path(gguf), lambda tmp: _dequantise_gguf(gguf, tmp), gguf.name)
+    folder = _build_once(gguf_cache_path(gguf), lambda tmp: _dequantise_gguf(gguf, tmp), gguf.name)
+    source = folder / GGUF_SOURCE  # where --quantization reads the quantized blocks from
+    if not source.is_file() or source.read_text() != str(gguf):
+        source.write_text(str(gguf))
+    return folder
 
 
 def convert_bin_folder(folder: Path) -> Path:

@@ -19,9 +19,10 @@ class _NoTokenizer:
         return ""
 
 
-def _bench_model(model_cfg, layers: int, device, dtype):
+def _bench_model(model_cfg, layers: int, device, dtype, quantization: str = "none"):
     """A random-weight model of model_cfg's architecture with `layers` decoder layers, made
-    ready for the engine as llm.build_model makes a loaded one (packed linears, CPU kernels)."""
+    ready for the engine as llm.build_model makes a loaded one (packed or quantized linears,
+    CPU kernels)."""
     import torch
 
     from batchrun.models import packed_linear
@@ -40,16 +41,21 @@ def _bench_model(model_cfg, layers: int, device, dtype):
             else:
                 p.normal_(0.0, 0.02, generator=gen)
     # As llm.build_model does after loading the weights.
-    if device.type == "cpu" and packed_linear.available(dtype):
+    pack_float = device.type == "cpu" and packed_linear.available(dtype)
+    if pack_float or quantization != "none":
         if model.lm_head is None:
             model.lm_head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device="meta")
             model.lm_head.weight = model.embed_tokens.weight
-        packed_linear.pack_linears(model)
+        packed_linear.pack_linears(model, quantization, pack_float)
     if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
         from batchrun.engine import kernels
 
         model.cpu_kernels = kernels.library(kernels.shape_flags(
             cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
+        if quantization != "none":
+            from batchrun.models.quant.int8_linear import attach_kernels
+
+            attach_kernels(model, model.cpu_kernels)
     return model.eval()
 
 
@@ -175,7 +181,7 @@ def calibrate(model_config, engine_config: EngineConfig | None = None,
         set_cpu_threads(config)
     try:
         layers = min(2, model_config.num_layers)
-        model = _bench_model(model_config, layers, device, dtype)
+        model = _bench_model(model_config, layers, device, dtype, config.device.quantization)
         sched = config.scheduler
         max_seqs = sched.max_num_seqs
         budget = sched.max_num_batched_tokens

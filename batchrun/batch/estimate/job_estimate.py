@@ -143,7 +143,8 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     estimate = scan(plan, model, sharing, shape, share)
     if share < 1.0:
         estimate.expected_completion_tokens = shape.completion_tokens
-    estimate.weights_bytes = footprint.weights_bytes(cfg, engine.device.dtype)
+    estimate.weights_bytes = footprint.weights_bytes(cfg, engine.device.dtype,
+                                                     quantization=engine.device.quantization)
     estimate.weights_dtype = _dtype_name(engine)
     estimate.kv_blocks, estimate.kv_bytes = blocks, kv_bytes
 
@@ -163,14 +164,18 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
 
 def run_key(model_name: str, engine: EngineConfig) -> str:
     """What a run's calibration is kept under (with the machine: run_store.save_run)."""
-    return f"{model_name}|{engine.device.dtype}|kv={engine.cache.kv_cache_dtype}"
+    key = f"{model_name}|{engine.device.dtype}|kv={engine.cache.kv_cache_dtype}"
+    quantization = engine.device.quantization
+    return key if quantization == "none" else f"{key}|q={quantization}"
 
 
 def _dtype_name(engine: EngineConfig) -> str:
     """The dtype the weights will have here (auto: float32 on the CPU, bfloat16 on CUDA)."""
     from batchrun.llm import pick_device, pick_dtype
 
-    return str(pick_dtype(engine.device.dtype, pick_device(engine.device.device))).split(".")[-1]
+    name = str(pick_dtype(engine.device.dtype, pick_device(engine.device.device))).split(".")[-1]
+    quantization = engine.device.quantization
+    return name if quantization == "none" else f"{name}, {quantization} linears"
 
 
 def _size(n: int) -> str:

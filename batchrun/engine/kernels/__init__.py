@@ -28,7 +28,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 # Tensor element types the kernels read and write, and their codes (dtypes.h).
 KINDS = {"torch.float32": 0, "torch.float16": 1, "torch.bfloat16": 2}
-SOURCES = [Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c")]
+SOURCES = [Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c",
+                                                          "quantize.c")]
 HEADERS = [Path(__file__).with_name(n) for n in ("dtypes.h", "parallel.h", "simd.h")]
 # -ffast-math's parts, not the flag: with it (or -funsafe-math-optimizations) GCC before 13 links
 # crtfastmath.o into the library, whose constructor turns on flush-to-zero for the whole process
@@ -128,6 +129,8 @@ def _library(extra_flags: tuple[str, ...]):
         "add_rms_norm": (None, [p] * 4 + [i64] * 2 + [f, i]),
         "rope_inplace": (i, [p, p, p, p, i64, i64, i, i, i, i]),
         "kv_write": (None, [p] * 5 + [i64] * 3 + [i] * 2),
+        "quantize_rows_int8": (None, [p] * 3 + [i64] * 2 + [i] * 2),
+        "scale_rows": (None, [p] * 3 + [i64] * 2 + [i]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)

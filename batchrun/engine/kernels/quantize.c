@@ -1,0 +1,79 @@
+// Per-token dynamic int8 quantization of activations for the W8A8 linears (models/quant/):
+// each row's scale is max|x| / 127 and q = round-half-even(x / scale), as torch.round does;
+// and the rescaling of the int8 GEMM's rows by those scales afterwards. One pass over a row
+// held in cache instead of PyTorch's five over the whole tensor.
+#include <math.h>
+#include <stdint.h>
+
+#include "dtypes.h"
+#include "parallel.h"
+
+typedef struct { const void *x; int8_t *q; float *scales; int64_t cols; int kind; } QuantRows;
+typedef struct { float *y; const float *scales; const float *bias; int64_t cols; } ScaleRows;
+typedef struct { void (*fn)(const void *, int64_t, int64_t); const void *ctx; int64_t rows; int parts; } Split;
+
+static void split_part(const void *arg, int i) {
+    const Split *s = (const Split *)arg;
+    s->fn(s->ctx, s->rows * i / s->parts, s->rows * (i + 1) / s->parts);
+}
+
+static void over_rows(void (*fn)(const void *, int64_t, int64_t), const void *ctx, int64_t rows,
+                      int64_t cols, int threads) {
+    if (threads < 1 || rows * cols < (1 << 16)) threads = 1;
+    if (threads > rows) threads = (int)rows;
+    if (threads <= 1) { fn(ctx, 0, rows); return; }
+    const Split split = {fn, ctx, rows, threads};
+    parallel_tasks(split_part, &split, threads);
+}
+
+static void quantize_part(const void *arg, int64_t first, int64_t last) {
+    const QuantRows *a = (const QuantRows *)arg;
+    const int64_t n = a->cols;
+    float buf[4096];
+    for (int64_t r = first; r < last; r++) {
+        const float *x;
+        if (a->kind == F32 || n > 4096) {
+            x = (const float *)a->x + r * n;  // (a wider bfloat16 row is refused in Python)
+        } else {
+            for (int64_t i = 0; i < n; i++) buf[i] = load_elt(a->kind, a->x, r * n + i);
+            x = buf;
+        }
+        float amax = 0.f;
+#pragma omp simd reduction(max:amax)
+        for (int64_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+        const float scale = (amax > 1e-12f ? amax : 1e-12f) / 127.f;  // as activations.py
+        a->scales[r] = scale;
+        int8_t *q = a->q + r * n;
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) q[i] = (int8_t)rintf(x[i] / scale);
+    }
+}
+
+void quantize_rows_int8(const void *x, int8_t *q, float *scales, int64_t rows, int64_t cols,
+                        int kind, int threads) {
+    const QuantRows a = {x, q, scales, cols, kind};
+    over_rows(quantize_part, &a, rows, cols, threads);
+}
+
+static void scale_part(const void *arg, int64_t first, int64_t last) {
+    const ScaleRows *a = (const ScaleRows *)arg;
+    const int64_t n = a->cols;
+    for (int64_t r = first; r < last; r++) {
+        float *y = a->y + r * n;
+        const float s = a->scales[r];
+        if (a->bias) {
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) y[i] = y[i] * s + a->bias[i];
+        } else {
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) y[i] *= s;
+        }
+    }
+}
+
+// y[r, :] = y[r, :] * scales[r] (+ bias), float32 in place.
+void scale_rows(float *y, const float *scales, const float *bias, int64_t rows, int64_t cols,
+                int threads) {
+    const ScaleRows a = {y, scales, bias, cols};
+    over_rows(scale_part, &a, rows, cols, threads);
+}

@@ -1,0 +1,93 @@
+"""Reduced-precision linear layers, chosen by the `quantization` option at load.
+
+- int8: W8A8. Weights int8 per output channel (symmetric), activations int8 per token, scaled
+  at run time; oneDNN's int8 GEMM (AMX-INT8 / AVX512-VNNI / AVX2) accumulates in int32.
+- int8-weight: int8 weights per output channel, float activations.
+- int4-weight: int4 weights in groups of 32 along the input with a scale and a zero each (the
+  layout of GGUF's Q4_1), float activations.
+- bf16: bfloat16 weights and GEMMs (AMX / AVX512-BF16) in a float32 model: unlike
+  --dtype bfloat16, the residual stream, norms, attention and KV cache stay float32.
+
+The logits layer (lm_head, or the tied embeddings' packed copy) stays in the model's dtype,
+except under int8 on a CPU with fast bfloat16, where it is a bfloat16 GEMM (logits_in_bf16):
+benchmarks/quality.py measured int8 logits at +0.85% perplexity for int8, and bfloat16 logits
+at no change for int8 but 98.6% top-1 instead of 99.7% for bf16. `quantize_linears` is the one
+place a model's nn.Linear layers become quantized modules (packed_linear.pack_linears calls it).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+METHODS = ("none", "int8", "int8-weight", "int4-weight", "bf16")
+KEEP_FLOAT = ("lm_head",)  # precision-critical: the logits
+
+
+class QuantizationError(ValueError):
+    """A quantization method this model, device or checkpoint cannot run; says which and why."""
+
+
+def linear_class(method: str) -> Callable[[torch.Tensor, torch.Tensor | None], nn.Module]:
+    from batchrun.models.quant.bf16_linear import Bf16Linear
+    from batchrun.models.quant.int4_linear import Int4WeightLinear
+    from batchrun.models.quant.int8_linear import Int8Linear, Int8WeightLinear
+
+    classes = {"int8": Int8Linear, "int8-weight": Int8WeightLinear, "int4-weight": Int4WeightLinear,
+               "bf16": Bf16Linear}
+    if method not in classes:
+        raise QuantizationError(f"unknown quantization {method!r}: use one of {', '.join(METHODS)}")
+    return classes[method]
+
+
+def check_device(method: str, device: torch.device) -> None:
+    if method != "none" and device.type != "cpu":
+        raise QuantizationError(f"quantization {method!r} runs on the CPU only; on {device.type} "
+                                "use --dtype bfloat16 (or --quantization none)")
+
+
+def check_checkpoint(hf_config) -> None:
+    """Refuse a checkpoint stored quantized in a format batchrun does not read (its float
+    loading would fail on tensors such as qweight or weight_scale, or run garbage)."""
+    config = getattr(hf_config, "quantization_config", None)
+    if not config:
+        return
+    method = config.get("quant_method") if isinstance(config, dict) else getattr(config, "quant_method", None)
+    method = str(getattr(method, "value", method) or "unknown")
+    raise QuantizationError(
+        f"the checkpoint is quantized with {method!r}, which batchrun does not load (GPTQ, AWQ, "
+        "compressed-tensors, FP8 and bitsandbytes checkpoints are not read quantized); use its "
+        "float checkpoint with --quantization int8 / int8-weight / int4-weight / bf16, or a GGUF "
+        "file (Q4_0, Q4_1 and Q8_0 load quantized)")
+
+
+def logits_in_bf16(method: str) -> bool:
+    """Whether `method` computes the logits layer in bfloat16 (a Bf16Linear) here: int8 on a
+    CPU with fast bfloat16, where the float32 logits GEMM was half of an int8 run's linear time."""
+    from batchrun.models.quant import cpu
+
+    return method == "int8" and cpu.has_fast_bf16()
+
+
+@torch.no_grad()
+def quantize_linears(model: nn.Module, method: str, keep: tuple[str, ...] = KEEP_FLOAT,
+                     float_linear=None) -> int:
+    """Replace every nn.Linear of `model` not named in `keep` by `method`'s module (those in
+    `keep` by float_linear(weight, bias) when given); returns how many were quantized."""
+    make = linear_class(method)
+    if logits_in_bf16(method):
+        float_linear = linear_class("bf16")
+    count = 0
+    for _, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if not isinstance(child, nn.Linear):
+                continue
+            if child_name in keep:
+                if float_linear is not None:
+                    setattr(module, child_name, float_linear(child.weight, child.bias))
+                continue
+            setattr(module, child_name, make(child.weight.float(), child.bias))
+            count += 1
+    return count

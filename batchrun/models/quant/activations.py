@@ -1,0 +1,39 @@
+"""Per-token dynamic int8 quantization of activations: each row x[i] becomes
+round(x[i] / s[i]) with s[i] = max|x[i]| / 127, so every token uses the int8 range fully.
+With the CPU kernel library (engine/kernels/quantize.c) it is one pass per row; without, five
+PyTorch ops."""
+
+from __future__ import annotations
+
+import torch
+
+_TINY = 1e-12  # an all-zero row gets this scale instead of 0 (its int8 values are all 0)
+_KERNEL_MAX_COLS = 4096  # the kernel's row buffer for bfloat16 input
+
+
+def quantize_rows(x: torch.Tensor, kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 [M, K], float32 scales [M, 1]) of a float [M, K]."""
+    if kernels is not None and x.dtype in (torch.float32, torch.bfloat16) and (
+            x.dtype == torch.float32 or x.shape[1] <= _KERNEL_MAX_COLS):
+        from batchrun.engine.kernels import kind
+
+        x = x.contiguous()
+        q = torch.empty(x.shape, dtype=torch.int8)
+        scale = torch.empty((x.shape[0], 1), dtype=torch.float32)
+        kernels.quantize_rows_int8(x.data_ptr(), q.data_ptr(), scale.data_ptr(), x.shape[0],
+                                   x.shape[1], kind(x.dtype), torch.get_num_threads())
+        return q, scale
+    x = x.float()
+    scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=_TINY).div_(127.0)
+    return torch.round(x / scale).to(torch.int8), scale
+
+
+def rescale_rows(y: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, kernels=None) -> None:
+    """y[i] = y[i] * scale[i] (+ bias), float32 [M, N] in place."""
+    if kernels is not None and y.is_contiguous() and y.dtype == torch.float32:
+        kernels.scale_rows(y.data_ptr(), scale.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                           y.shape[0], y.shape[1], torch.get_num_threads())
+        return
+    y.mul_(scale)
+    if bias is not None:
+        y.add_(bias)

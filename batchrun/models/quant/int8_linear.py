@@ -1,0 +1,144 @@
+"""int8 linear layers: W8A8 (int8 GEMM, int32 accumulation) and int8 weights with float
+activations. Weights are symmetric per output channel: w[n] = q[n] * s[n], |q| <= 127."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from batchrun.models.quant import cpu
+from batchrun.models.quant.activations import quantize_rows, rescale_rows
+
+log = logging.getLogger(__name__)
+# Up to this many rows of bfloat16 activations the weight-only kernel wins; above it (and for
+# float32 activations, which that kernel runs without vector code) this layer's weights are
+# dequantized for one dense GEMM (`python benchmarks/quant_linears.py`).
+WEIGHT_ONLY_KERNEL_ROWS = 4
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 [N, K], float32 scales [N]) with weight ~= q * s[:, None]."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1).clamp_(min=1e-12).div_(127.0)
+    return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
+
+
+@functools.lru_cache(maxsize=None)
+def onednn_int8_available() -> bool:
+    """oneDNN's int8 linear (torch.ops.onednn.qlinear_*) runs here and gives exact int32 sums.
+
+    Checked on extreme values: without VNNI (an AVX2-only CPU, or oneDNN capped at AVX2) its
+    kernels multiply pairs into saturating int16 and get such sums wrong; the float emulation
+    then runs instead (exact, slower)."""
+    try:
+        k = 64
+        q = torch.cat((torch.full((1, k), 127), torch.full((1, k), -127),
+                       torch.arange(k).remainder(255).sub(127).reshape(1, k))).to(torch.int8)
+        x = torch.cat((torch.full((1, k), 127), torch.full((1, k), -127),
+                       torch.arange(k).flip(0).remainder(255).sub(127).reshape(1, k))).to(torch.int8)
+        packed = torch.ops.onednn.qlinear_prepack(q, None)
+        y = torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, torch.ones(3), torch.zeros(3, dtype=torch.int64),
+                                               None, 1.0, 0, torch.float32, "none", [], "")
+        return torch.equal(y, x.double().matmul(q.double().T).float())
+    except (RuntimeError, AttributeError) as exc:
+        log.info("oneDNN int8 linear unavailable, int8 GEMMs emulated in float: %s", exc)
+        return False
+
+
+class Int8Linear(nn.Module):
+    """W8A8: y = (q_x @ q_w.T) * s_x * s_w (+ bias), q_x the per-token int8 activations."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.qweight, self.w_scale = quantize_per_channel(weight)
+        self.bias = None if bias is None else bias.detach().float()
+        self.onednn = onednn_int8_available()
+        self.kernels = None  # the CPU kernel library, once built (attach_kernels)
+        if self.onednn:  # the weights in oneDNN's blocked int8 layout, replacing the plain copy
+            self.packed = torch.ops.onednn.qlinear_prepack(self.qweight, None)
+            self.w_zero = torch.zeros(self.out_features, dtype=torch.int64)
+            self.qweight = None
+
+    @staticmethod
+    def nbytes(out_features: int, in_features: int) -> int:
+        """Bytes one layer holds: int8 weights, float32 scales (and oneDNN's int64 zero points)."""
+        return out_features * in_features + out_features * (4 + (8 if onednn_int8_available() else 0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
+        if x2.shape[0] == 0:
+            return x.new_empty(*shape[:-1], self.out_features)
+        qx, x_scale = quantize_rows(x2, self.kernels)
+        if self.onednn:
+            y = torch.ops.onednn.qlinear_pointwise(qx, 1.0, 0, self.packed, self.w_scale, self.w_zero, None,
+                                                   1.0, 0, torch.float32, "none", [], "")
+        else:  # exact while the int32 sums stay below 2**24 (float32's integers); relative 6e-8 above
+            y = (qx.float() @ self.qweight.float().T) * self.w_scale
+        rescale_rows(y, x_scale, self.bias, self.kernels)
+        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        q = self.qweight if self.qweight is not None else _unpack_onednn(self)
+        return q.float() * self.w_scale[:, None]
+
+
+def attach_kernels(model: nn.Module, kernels) -> None:
+    """Give the model's W8A8 layers the CPU kernel library (built beside the weights' loading)."""
+    for module in model.modules():
+        if isinstance(module, Int8Linear):
+            module.kernels = kernels
+
+
+def _unpack_onednn(layer: Int8Linear) -> torch.Tensor:
+    """The int8 weights back from oneDNN's layout: the GEMM of the identity (exact)."""
+    eye = torch.eye(layer.in_features, dtype=torch.int8)
+    y = torch.ops.onednn.qlinear_pointwise(eye, 1.0, 0, layer.packed, torch.ones(layer.out_features),
+                                           layer.w_zero, None, 1.0, 0, torch.float32, "none", [], "")
+    return y.T.round().to(torch.int8)
+
+
+class Int8WeightLinear(nn.Module):
+    """int8 weights, float activations: the weight-only kernel for a few bfloat16 rows (decode of
+    a few sequences, memory-bound), else this layer's weights dequantized for one dense GEMM;
+    in bfloat16 where the CPU has fast bfloat16 (cpu.weight_only_dtype)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, qweight: torch.Tensor | None = None,
+                 scale: torch.Tensor | None = None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape if weight is not None else qweight.shape
+        if qweight is None:
+            qweight, scale = quantize_per_channel(weight)
+        self.qweight, self.w_scale = qweight.contiguous(), scale.float()
+        self.bias = None if bias is None else bias.detach().float()
+        self._scales: dict[torch.dtype, torch.Tensor] = {}
+
+    @staticmethod
+    def nbytes(out_features: int, in_features: int) -> int:
+        return out_features * in_features + out_features * 4  # int8 weights, float32 scales
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
+        dtype = cpu.weight_only_dtype(x.dtype)
+        x2 = x2.to(dtype)
+        if dtype == torch.bfloat16 and 0 < x2.shape[0] <= WEIGHT_ONLY_KERNEL_ROWS:
+            y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.qweight, self._scale(dtype))
+        else:
+            y = F.linear(x2, self.qweight.to(dtype) * self._scale(dtype)[:, None])
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+    def _scale(self, dtype: torch.dtype) -> torch.Tensor:
+        if dtype not in self._scales:
+            self._scales[dtype] = self.w_scale.to(dtype)
+        return self._scales[dtype]
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return self.qweight.float() * self.w_scale[:, None]
