@@ -28,9 +28,12 @@ def moto_s3(bucket: str = "bkt") -> Iterator[tuple[object, dict]]:
     try:
         host, port = server.get_host_and_port()
         options = {"endpoint_url": f"http://{host}:{port}"}
+        # Every in-process moto server shares one backend: start from, and leave, an empty one.
+        _reset(options["endpoint_url"])
         fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
         fs.mkdir(bucket)
         yield fs, options
+        _reset(options["endpoint_url"])
     finally:
         server.stop()
         for k, v in old.items():
@@ -38,3 +41,10 @@ def moto_s3(bucket: str = "bkt") -> Iterator[tuple[object, dict]]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _reset(endpoint: str) -> None:
+    import urllib.request
+
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"),
+                           timeout=10).read()

@@ -1,7 +1,6 @@
 """S3 round trips against a real S3 API on loopback (moto's server, started here)."""
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -18,40 +17,23 @@ from tests.fake_engine import FakeEngine, fake_model
 from tests.openai_batch_shape import error_of
 
 pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_data"
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
-               "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
 
 
 @pytest.fixture(scope="module")
 def s3():
-    """(fs, storage_options) for a fresh moto S3 server on 127.0.0.1."""
-    old = {k: os.environ.get(k) for k in CREDENTIALS}
-    os.environ.update(CREDENTIALS)
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    options = {"endpoint_url": f"http://{host}:{port}"}
-    import s3fs
+    """(fs, storage_options) for a fresh moto S3 server on 127.0.0.1, holding the samples."""
+    from tests.moto_s3 import moto_s3
 
-    fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
-    fs.mkdir("bkt")
-    fs.put(str(SAMPLES / "chat.jsonl"), "bkt/in/chat.jsonl")
-    fs.put(str(SAMPLES / "malformed.jsonl"), "bkt/in/malformed.jsonl")
-    fs.put(str(SAMPLES / "chat.parquet"), "bkt/pq/chat.parquet")
-    fs.put(str(SAMPLES / "chat.jsonl.gz"), "bkt/gz/chat.jsonl.gz")
-    yield fs, options
-    server.stop()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with moto_s3() as (fs, options):
+        fs.put(str(SAMPLES / "chat.jsonl"), "bkt/in/chat.jsonl")
+        fs.put(str(SAMPLES / "malformed.jsonl"), "bkt/in/malformed.jsonl")
+        fs.put(str(SAMPLES / "chat.parquet"), "bkt/pq/chat.parquet")
+        fs.put(str(SAMPLES / "chat.jsonl.gz"), "bkt/gz/chat.jsonl.gz")
+        yield fs, options
 
 
 def lines(fs, path):

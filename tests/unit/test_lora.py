@@ -154,7 +154,7 @@ def _bad(kind, hf, path, tmp_path):
 
 
 @pytest.mark.parametrize("kind,words", [
-    ("missing", "no adapter_config.json"),
+    ("missing", "no such adapter folder"),
     ("corrupt", "truncated or corrupt"),
     ("no weights", "no adapter_model.safetensors"),
     ("not json", "is not JSON"),
