@@ -14,6 +14,7 @@ from batchrun.engine.errors import PromptTooLongError
 from batchrun.engine.group import Group, choice_params
 from batchrun.engine.kv_cache import KVCacheManager
 from batchrun.engine.lora import AdapterSlots
+from batchrun.engine.multimodal import MultiModalInputs
 from batchrun.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from batchrun.engine.request import Request, Status
 from batchrun.engine.runner import ModelRunner
@@ -57,8 +58,12 @@ class Engine:
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
                     params: SamplingParams, arrival_time: float | None = None,
-                    stream: bool = False, priority: int | None = None) -> None:
+                    stream: bool = False, priority: int | None = None,
+                    multimodal: MultiModalInputs | None = None) -> None:
         """Queue a request for params.n choices. The finished RequestOutput holds all n.
+
+        `multimodal`: the prompt's images (engine/multimodal.py), placed by the model's
+        place_images; a model without one refuses them.
 
         With stream=True, step() also returns unfinished RequestOutputs carrying one choice
         each, cumulative, after every step that gave that choice a token (text holds back a tail
@@ -87,7 +92,13 @@ class Engine:
             raise PromptTooLongError(
                 f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the model's "
                 f"context length of {self.max_model_len} tokens")
+        if multimodal is not None:
+            place = getattr(self.runner.model, "place_images", None)
+            if place is None:
+                raise ValueError("this model takes text only; the request has images")
+            place(list(prompt_token_ids), multimodal)
         group = Group(request_id, params.n, stream)
+        group.multimodal = multimodal
         leader = self._new_sequence(group, 0, list(prompt_token_ids), params, max_tokens,
                                     arrival_time, priority)
         self.groups[request_id] = group
@@ -99,6 +110,7 @@ class Engine:
         req = Request(rid, tokens, choice_params(params, index), max_tokens, arrival_time,
                       priority, index)
         req.group = group
+        req.multimodal = group.multimodal
         if params.stop or group.stream:
             req.detokenizer = IncrementalDetokenizer(self.tokenizer, tokens, params.stop,
                                                      params.skip_special_tokens)

@@ -9,6 +9,7 @@ import importlib.util
 from batchrun.engine import cascade, kernels
 from batchrun.engine.attention import AttentionMetadata, PrefillChunk, same_length_runs
 from batchrun.engine.lora import segments
+from batchrun.engine.multimodal import StepImages
 from batchrun.engine.prompt_logprobs import score_rows
 from batchrun.engine.request import Request
 
@@ -97,6 +98,7 @@ class ModelRunner:
         scoring: list[tuple[Request, int, int, int]] = []  # (req, first row, rows, first token)
         scratch_rows: list[int] = []
         pooling: list[tuple[Request, int, int, int]] = []  # (req, first row, rows, first position)
+        images: list[StepImages] = []  # rows of requests with images, for the model
         for req, n in ordered:
             c = req.num_computed_tokens
             if req.rescore:
@@ -111,6 +113,8 @@ class ModelRunner:
                     scoring.append((req, len(tokens) + first - c, last - first, first + 1))
             if req.pooled is not None:
                 pooling.append((req, len(tokens), n, c))
+            if req.multimodal is not None:
+                images.append(StepImages(req.multimodal, len(tokens), c, n))
             tokens.extend(req.all_token_ids[c:c + n])
             starts.append(c)
             counts.append(n)
@@ -140,6 +144,7 @@ class ModelRunner:
             meta.decode_lens = torch.tensor([starts[i] + 1 for i in range(len(decodes))], device=dev)
             meta.triton = self.triton
             if self.graphs is not None and not prefills and not pooling and not slot_of \
+                    and not images \
                     and len(decodes) <= self.graphs.max_batch:
                 logits = self.graphs.run(torch.tensor(tokens, device=dev), positions, slot_mapping,
                                          meta.decode_tables, meta.decode_lens)
@@ -176,7 +181,10 @@ class ModelRunner:
             rows = [slot_of.get(r.adapter, -1) for (r, _), n in zip(ordered, counts) for _ in range(n)]
             self.adapters.set_segments(segments(rows))
         try:
-            hidden = self.model(input_ids, positions, self.kv_caches, meta)
+            if images:
+                hidden = self.model(input_ids, positions, self.kv_caches, meta, images=images)
+            else:
+                hidden = self.model(input_ids, positions, self.kv_caches, meta)
         finally:
             if slot_of:
                 self.adapters.set_segments([])

@@ -55,7 +55,7 @@ class TransformersModel(nn.Module):
         super().__init__()
         self.hf = hf_model
         self.config = config
-        self._transforms = logit_transforms(hf_model.config)
+        self._transforms = logit_transforms(hf_model.config.get_text_config())
 
     @property
     def decoder(self) -> nn.Module:
@@ -99,13 +99,13 @@ def load(path, device: torch.device, dtype: torch.dtype) -> TransformersModel:
     return model
 
 
-def wrap(hf: nn.Module) -> TransformersModel:
+def wrap(hf: nn.Module, cls=TransformersModel) -> TransformersModel:
     """`hf` (its attention implementation set to "batchrun") as the engine's model, after a
     probe forward over a few tokens: every layer must attend through the paged cache with one
     KV shape, and compute_logits must reproduce transformers' own logits."""
-    cfg = hf.config
     attention.register()
-    hf.config._attn_implementation = attention.NAME
+    cfg = hf.config.get_text_config()  # a vision-language model's decoder's (its tower keeps its own)
+    cfg._attn_implementation = attention.NAME
     try:
         hidden, shapes = probe.run(hf, lambda ids, pos: hf.base_model(
             input_ids=ids, position_ids=pos, use_cache=False)[0][0])
@@ -129,6 +129,6 @@ def wrap(hf: nn.Module) -> TransformersModel:
         num_heads=heads, num_kv_heads=kv_heads, head_dim=max(dk, dv),
         max_position_embeddings=getattr(cfg, "max_position_embeddings", None) or 2048,
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), hf_config=cfg)
-    model = TransformersModel(hf, config)
+    model = cls(hf, config)
     probe.check_logits(model, hidden)
     return model
