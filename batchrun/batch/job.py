@@ -222,8 +222,12 @@ class Job:
                           time.monotonic())
         try:
             prompt_tokens = 0
+            images = p.request.multimodal  # a chat line's images (one prompt)
             for request_id, prompt in p.engine_requests:
-                self.engine.add_request(request_id, prompt, p.params)
+                if images is None:
+                    self.engine.add_request(request_id, prompt, p.params)
+                else:
+                    self.engine.add_request(request_id, prompt, p.params, multimodal=images)
                 self.in_flight[request_id] = entry
                 prompt_tokens += len(prompt)
             self.reporter.admitted(prompt_tokens, p.params.max_tokens * p.params.n *

@@ -99,7 +99,7 @@ def make_plan(opts: RunOptions) -> JobPlan:
         sources = tuple(open_sources(opts.inputs.input, storage, opts.inputs.input_format))
         check_outputs(targets, job, storage, [s.path for s in sources])
         check_sources(list(sources), storage, opts.inputs.columns)
-        serving = ServingOptions.of(opts.openai, opts.defaults)
+        serving = ServingOptions.of(opts.openai, opts.defaults, storage.open_read)
     except (OSError, ValueError) as exc:
         raise BatchConfigError(str(exc)) from exc
     fingerprint = tuple((s.path, storage.size(s.path), storage.version(s.path)) for s in sources)

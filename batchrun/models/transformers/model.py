@@ -64,7 +64,7 @@ class TransformersModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches,
                 meta) -> torch.Tensor:
         """Hidden states [T, hidden] for the flat row of tokens of one step."""
-        with attention.step(kv_caches, meta, _max_context(meta, positions)):
+        with attention.step(kv_caches, meta, max_context(meta, positions)):
             out = self.decoder(input_ids=input_ids[None], position_ids=positions[None],
                                use_cache=False)
         return out[0][0]
@@ -76,7 +76,7 @@ class TransformersModel(nn.Module):
         return logits.float()
 
 
-def _max_context(meta, positions: torch.Tensor) -> int:
+def max_context(meta, positions: torch.Tensor) -> int:
     if meta.context_lens is not None:
         return int(meta.context_lens.max())
     return int(positions.max()) + 1

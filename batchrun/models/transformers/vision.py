@@ -17,7 +17,7 @@ import torch
 
 from batchrun.engine.multimodal import ImageInput, MultiModalInputs, StepImages
 from batchrun.models.transformers import attention
-from batchrun.models.transformers.model import TransformersModel, _max_context, wrap
+from batchrun.models.transformers.model import TransformersModel, max_context, wrap
 from batchrun.models.transformers.support import VISION_MODEL_TYPES, UnsupportedModelError
 
 ENCODER_CACHE_BYTES = 512 << 20
@@ -130,7 +130,7 @@ class VisionLanguageModel(TransformersModel):
                     in_prompt[None], mm.positions[:, tokens.clamp(max=prompt_len - 1)],
                     (tokens + mm.position_delta)[None]).to(rope.device)
         position_ids = rope[:, None] if self.mrope else rope[None]
-        with attention.step(kv_caches, meta, _max_context(meta, positions)):
+        with attention.step(kv_caches, meta, max_context(meta, positions)):
             out = self.decoder(inputs_embeds=embeds[None], position_ids=position_ids,
                                use_cache=False)
         return out[0][0]

@@ -1,0 +1,190 @@
+"""Batch lines with images on a tiny random-weight VLM: images from data: URLs, a loopback HTTP
+server, a moto S3 bucket and an allowed local directory run to transformers' tokens; each image
+of the hostile corpus is one error record naming the line and the content part."""
+
+import base64
+import io
+import json
+import logging
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from batchrun.batch.runner import run_batch
+from batchrun.llm import load_from_path
+from batchrun.options.engine import EngineConfig
+from tests.helpers import job_plan
+from tests.tiny_vlms import image, make_tiny_vlm
+
+MAX_TOKENS = 5
+
+
+def png(img, fmt="PNG") -> bytes:
+    out = io.BytesIO()
+    img.save(out, format=fmt)
+    return out.getvalue()
+
+
+RED, BLUE, GREEN = image(40, 30, 11), image(32, 48, 12), image(50, 50, 13)
+ROUTES = {
+    "/red.png": png(RED),
+    "/blue.png": png(BLUE),
+    "/text.png": b"this is not an image at all",
+    "/truncated.png": png(image(64, 64, 14))[:300],
+    "/bomb.png": png(image(1, 1, 0).resize((3000, 3000))),
+    "/image.ppm": png(image(20, 20, 15), "PPM"),
+}
+
+
+class Handler(BaseHTTPRequestHandler):
+    hits: dict = {}
+
+    def do_GET(self):
+        Handler.hits[self.path] = Handler.hits.get(self.path, 0) + 1
+        if self.path == "/slow.png":
+            time.sleep(1.0)
+        body = ROUTES.get(self.path)
+        if body is None:
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def http_base():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def s3_bucket():
+    moto_server = pytest.importorskip("moto.server")
+    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+             "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
+             "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+    old = {k: os.environ.get(k) for k in creds}
+    os.environ.update(creds)
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    options = {"endpoint_url": f"http://{host}:{port}"}
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+    fs.mkdir("imgs")
+    fs.pipe("imgs/green.png", png(GREEN))
+    yield options
+    server.stop()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory, smol_tokenizer):
+    path = tmp_path_factory.mktemp("llava")
+    hf, processor = make_tiny_vlm("llava", path, smol_tokenizer)
+    threads = torch.get_num_threads()
+    loaded = load_from_path(path, EngineConfig.default(block_size=4, num_blocks=512, threads=1))
+    torch.set_num_threads(1)
+    yield hf, processor, loaded
+    torch.set_num_threads(threads)
+
+
+def line(custom_id, *urls, text="What is in the picture?"):
+    parts = [{"type": "text", "text": text}]
+    parts += [{"type": "image_url", "image_url": {"url": u, "detail": "auto"}} for u in urls]
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"model": "m", "max_tokens": MAX_TOKENS, "temperature": 0,
+                                "messages": [{"role": "user", "content": parts}]}})
+
+
+def data_url(img) -> str:
+    return "data:image/png;base64," + base64.b64encode(png(img)).decode()
+
+
+def expected(hf, processor, images, text="What is in the picture?"):
+    """(completion text, prompt tokens) from transformers' generate on the processor's output."""
+    parts = [{"type": "text", "text": text}] + [{"type": "image"} for _ in images]
+    prompt = processor.apply_chat_template([{"role": "user", "content": parts}],
+                                           add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[prompt], images=images, return_tensors="pt")
+    out = hf.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
+    new = out[0, inputs["input_ids"].shape[1]:]
+    return processor.tokenizer.decode(new, skip_special_tokens=True), inputs["input_ids"].shape[1]
+
+
+def test_images_from_everywhere_and_hostile_images_fail_alone(vlm, http_base, s3_bucket,
+                                                                tmp_path):
+    hf, processor, loaded = vlm
+    allowed = tmp_path / "media"
+    allowed.mkdir()
+    (allowed / "blue.png").write_bytes(png(BLUE))
+    (tmp_path / "secret.png").write_bytes(png(BLUE))
+    good = {
+        "data": ([data_url(RED)], [RED]),
+        "http": ([f"{http_base}/red.png"], [RED]),
+        "http-again": ([f"{http_base}/red.png"], [RED]),
+        "s3": (["s3://imgs/green.png"], [GREEN]),
+        "local": ([str(allowed / "blue.png")], [BLUE]),
+        "two": ([f"{http_base}/blue.png", f"{http_base}/red.png"], [BLUE, RED]),
+    }
+    bad = {  # custom_id: (urls, error code, index of the failing image part)
+        "404": ([f"{http_base}/missing.png"], "image_fetch_failed", 1),
+        "unreachable": (["http://127.0.0.1:9/x.png"], "image_fetch_failed", 1),
+        "timeout": ([f"{http_base}/slow.png"], "image_fetch_failed", 1),
+        "not-image": ([f"{http_base}/text.png"], "invalid_image", 1),
+        "truncated": ([f"{http_base}/truncated.png"], "invalid_image", 1),
+        "bomb": ([f"{http_base}/bomb.png"], "image_too_large", 1),
+        "format": ([f"{http_base}/image.ppm"], "unsupported_image_format", 1),
+        "too-many": ([data_url(RED)] * 3, "too_many_images", 3),
+        "outside": ([str(tmp_path / "secret.png")], "media_path_not_allowed", 1),
+        "bad-base64": (["data:image/png;base64,@@@"], "invalid_value", 1),
+        "s3-missing": (["s3://imgs/none.png"], "image_fetch_failed", 1),
+    }
+    lines = [line(cid, *urls) for cid, (urls, _) in good.items()]
+    lines += [line(cid, *urls) for cid, (urls, _, _) in bad.items()]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    plan = job_plan(input=str(src), output=str(tmp_path / "out.jsonl"), progress="none",
+                    ignore_model_field=True, storage_options=s3_bucket,
+                    allowed_media_path=str(allowed), limit_images_per_prompt=2,
+                    media_max_pixels=1_000_000, media_fetch_timeout=0.3, media_fetch_retries=1)
+    summary = run_batch(loaded, plan)
+    out = {r["custom_id"]: r for r in map(json.loads, open(tmp_path / "out.jsonl"))}
+    errors = {r["custom_id"]: r for r in map(json.loads, open(tmp_path / "out.errors.jsonl"))}
+    assert set(out) == set(good) and set(errors) == set(bad), (summary, errors)
+    for cid, (_, images) in good.items():
+        body = out[cid]["response"]["body"]
+        text, prompt_tokens = expected(hf, processor, images)
+        assert body["choices"][0]["message"]["content"] == text, cid
+        assert body["usage"]["prompt_tokens"] == prompt_tokens, cid
+    for number, (cid, (_, code, part)) in enumerate(bad.items(), start=len(good) + 1):
+        err = errors[cid]["error"]
+        assert err["code"] == code, (cid, err)
+        where = f"messages.0.content.{part}.image_url" + ("" if code == "too_many_images" else ".url")
+        assert err["param"] == where, (cid, err)
+        assert f"line {number}" in err["message"] and where in err["message"], (cid, err)
+    assert Handler.hits["/red.png"] == 1  # three lines, one fetch
+    assert Handler.hits["/slow.png"] == 2  # a timeout is retried
+    assert Handler.hits["/missing.png"] == 1  # a 404 is not
+    # the repeated image's placeholder blocks came from the prefix cache
+    assert out["http-again"]["response"]["body"]["usage"]["prompt_tokens_details"][
+        "cached_tokens"] > 0
