@@ -116,6 +116,13 @@ def line(custom_id, *urls, text="What is in the picture?"):
                                 "messages": [{"role": "user", "content": parts}]}})
 
 
+def responses_line(custom_id, url, text="What is in the picture?"):
+    parts = [{"type": "input_text", "text": text}, {"type": "input_image", "image_url": url}]
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/responses",
+                       "body": {"model": "m", "max_output_tokens": MAX_TOKENS, "temperature": 0,
+                                "input": [{"role": "user", "content": parts}]}})
+
+
 def data_url(img) -> str:
     return "data:image/png;base64," + base64.b64encode(png(img)).decode()
 
@@ -161,6 +168,8 @@ def test_images_from_everywhere_and_hostile_images_fail_alone(vlm, http_base, s3
     }
     lines = [line(cid, *urls) for cid, (urls, _) in good.items()]
     lines += [line(cid, *urls) for cid, (urls, _, _) in bad.items()]
+    lines += [responses_line("responses", f"{http_base}/blue.png"),
+              responses_line("responses-404", f"{http_base}/gone.png")]
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(lines) + "\n")
     plan = job_plan(input=str(src), output=str(tmp_path / "out.jsonl"), progress="none",
@@ -170,7 +179,14 @@ def test_images_from_everywhere_and_hostile_images_fail_alone(vlm, http_base, s3
     summary = run_batch(loaded, plan)
     out = {r["custom_id"]: r for r in map(json.loads, open(tmp_path / "out.jsonl"))}
     errors = {r["custom_id"]: r for r in map(json.loads, open(tmp_path / "out.errors.jsonl"))}
-    assert set(out) == set(good) and set(errors) == set(bad), (summary, errors)
+    assert set(out) == set(good) | {"responses"}, (summary, errors)
+    assert set(errors) == set(bad) | {"responses-404"}, (summary, errors)
+    response = out["responses"]["response"]["body"]
+    text, prompt_tokens = expected(hf, processor, [BLUE])
+    assert response["output"][0]["content"][0]["text"] == text
+    assert response["usage"]["input_tokens"] == prompt_tokens
+    assert errors["responses-404"]["error"]["param"] == "input.0.content.1.image_url"
+    assert errors["responses-404"]["error"]["code"] == "image_fetch_failed"
     for cid, (_, images) in good.items():
         body = out[cid]["response"]["body"]
         text, prompt_tokens = expected(hf, processor, images)
@@ -188,3 +204,21 @@ def test_images_from_everywhere_and_hostile_images_fail_alone(vlm, http_base, s3
     # the repeated image's placeholder blocks came from the prefix cache
     assert out["http-again"]["response"]["body"]["usage"]["prompt_tokens_details"][
         "cached_tokens"] > 0
+
+
+def test_a_text_only_model_refuses_image_parts_naming_them():
+    from batchrun.openai.protocol import RequestError
+    from batchrun.openai.serving import OpenAIServing
+    from tests.fake_engine import fake_model
+
+    model = fake_model()
+    serving = OpenAIServing(model)
+    assert serving.media is None
+    chat = dict(json.loads(line("c", data_url(RED)))["body"], model=model.name)
+    with pytest.raises(RequestError) as e:
+        serving.prepare("/v1/chat/completions", chat)
+    assert (e.value.code, e.value.param) == ("unsupported_content", "messages.0.content.1")
+    responses = dict(json.loads(responses_line("r", data_url(RED)))["body"], model=model.name)
+    with pytest.raises(RequestError) as e:
+        serving.prepare("/v1/responses", responses)
+    assert (e.value.code, e.value.param) == ("unsupported_content", "input.0.content.1.type")
