@@ -28,7 +28,10 @@ from batchrun.engine.sampling_params import SamplingParams
 from batchrun.openai.params import check_model_field
 from batchrun.openai.protocol import LineError, RequestError, parse_batch_line, parse_envelope
 from batchrun.openai.response import new_request_id
-from batchrun.openai.responses import to_chat_request
+from batchrun.openai.images import check_images
+from batchrun.openai.media import MediaFetcher
+from batchrun.openai.requests import ChatCompletionRequest
+from batchrun.openai.responses import content_part_error, responses_error, to_chat_request
 from batchrun.openai.responses_request import ResponsesRequest
 from batchrun.openai.serving import OpenAIServing, PreparedRequest
 from batchrun.options.openai import OpenAIOptions
@@ -53,8 +56,10 @@ class Prepared:
         return [(f"{self.request_id}-{k}", p) for k, p in enumerate(prompts)]
 
 
-def check_line(raw: str, line_number: int, model: Any, openai: OpenAIOptions):
-    """The checks of prepare_line that need no tokenizer (`batchrun validate` without one).
+def check_line(raw: str, line_number: int, model: Any, openai: OpenAIOptions,
+               media: MediaFetcher | None = None):
+    """The checks of prepare_line that need no tokenizer (`batchrun validate` without one),
+    image parts' sources included; with `media`, their images are fetched and decoded too.
     `model` needs only `name` and `aliases`."""
     line, request = parse_batch_line(raw, line_number)
     try:
@@ -63,8 +68,16 @@ def check_line(raw: str, line_number: int, model: Any, openai: OpenAIOptions):
                                code="unsupported_value", param="stream")
         check_model_field(request.model, model.name, model.aliases, openai.ignore_model_field,
                           getattr(model, "adapters", ()))
+        chat = request
         if isinstance(request, ResponsesRequest):  # its input items, tools, text.format
-            to_chat_request(request)
+            chat = to_chat_request(request)
+        if isinstance(chat, ChatCompletionRequest):
+            try:
+                check_images(chat.messages, openai, media)
+            except RequestError as exc:
+                if chat is request:
+                    raise
+                raise content_part_error(exc, request) or responses_error(exc) from None
     except RequestError as exc:
         raise LineError(line_number, exc, line.custom_id) from None
     return line, request

@@ -52,6 +52,18 @@ def image_urls(messages: Sequence[ChatMessage], options: OpenAIOptions) -> list[
     return found
 
 
+def check_images(messages: Sequence[ChatMessage], options: OpenAIOptions,
+                 media: MediaFetcher | None = None) -> None:
+    """image_urls' checks; with `media`, each image also fetched and decoded (validate
+    --fetch-media)."""
+    for where, url in image_urls(messages, options):
+        if media is not None:
+            try:
+                media.image(url)
+            except MediaError as exc:
+                raise RequestError(f"{where}: {exc}", code=exc.code, param=where) from None
+
+
 def render_with_images(processor: Any, messages: Sequence[ChatMessage], media: MediaFetcher,
                        *, tools: list[dict[str, Any]] | None = None,
                        chat_template: str | None = None, add_generation_prompt: bool = True,

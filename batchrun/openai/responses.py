@@ -213,7 +213,7 @@ def responses_error(exc: RequestError) -> RequestError:
 _PART_PARAM = re.compile(r"^messages\.(\d+)\.content\.(\d+)(\.image_url)?(\.url|\.detail)?$")
 
 
-def _image_error(exc: RequestError, request: ResponsesRequest) -> RequestError | None:
+def content_part_error(exc: RequestError, request: ResponsesRequest) -> RequestError | None:
     """A content part's error named by its Responses input item: an input_image's
     (input.I.content.J.image_url), or a part the model cannot take (input.I.content.J.type)."""
     match = _PART_PARAM.match(exc.param or "")
@@ -267,7 +267,7 @@ def prepare_response(request: ResponsesRequest, prepare_chat: Callable, reasonin
     try:
         prepared = prepare_chat(to_chat_request(request))
     except RequestError as exc:
-        raise _image_error(exc, request) or responses_error(exc) from None
+        raise content_part_error(exc, request) or responses_error(exc) from None
     prepared.kind = "response"
     params = prepared.params
     prepared.formatter = StreamingResponseFormatter(prepared.formatter, request,

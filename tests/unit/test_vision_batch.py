@@ -222,3 +222,35 @@ def test_a_text_only_model_refuses_image_parts_naming_them():
     with pytest.raises(RequestError) as e:
         serving.prepare("/v1/responses", responses)
     assert (e.value.code, e.value.param) == ("unsupported_content", "input.0.content.1.type")
+
+
+def test_validate_checks_image_parts_and_fetches_them_only_when_asked(http_base, tmp_path):
+    from click.testing import CliRunner
+
+    from batchrun.batch.commands import validate
+
+    allowed = tmp_path / "media"
+    allowed.mkdir()
+    lines = [line("ok", data_url(RED)), line("b64", "data:image/png;base64,@@@"),
+             line("many", *[data_url(RED)] * 3), line("outside", str(tmp_path / "x.png")),
+             line("gone", f"{http_base}/nothing-here.png"),
+             responses_line("r-outside", "/etc/passwd")]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    args = [str(src), "--json", "--ignore-model-field", "--limit-images-per-prompt", "2",
+            "--allowed-media-path", str(allowed)]
+    hits = Handler.hits.get("/nothing-here.png", 0)
+    plain = CliRunner().invoke(validate, args)
+    problems = {r["custom_id"]: r["error"] for r in map(json.loads, plain.stdout.splitlines())}
+    assert {k: (e["code"], e["param"]) for k, e in problems.items()} == {
+        "b64": ("invalid_value", "messages.0.content.1.image_url.url"),
+        "many": ("too_many_images", "messages.0.content.3.image_url"),
+        "outside": ("media_path_not_allowed", "messages.0.content.1.image_url.url"),
+        "r-outside": ("media_path_not_allowed", "input.0.content.1.image_url"),
+    }, plain.output
+    assert Handler.hits.get("/nothing-here.png", 0) == hits  # nothing fetched
+    fetched = CliRunner().invoke(validate, args + ["--fetch-media"])
+    problems = {r["custom_id"]: r["error"] for r in map(json.loads, fetched.stdout.splitlines())}
+    assert set(problems) == {"b64", "many", "outside", "r-outside", "gone"}, fetched.output
+    assert problems["gone"]["code"] == "image_fetch_failed"
+    assert fetched.exit_code == plain.exit_code == 3
