@@ -196,7 +196,8 @@ class AsyncEngine:
     # --- the async side -------------------------------------------------------------------------
 
     def generate(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
-                 *, stream: bool = False, priority: int = INTERACTIVE_PRIORITY) -> "RequestStream":
+                 *, stream: bool = False, priority: int = INTERACTIVE_PRIORITY,
+                 multimodal=None) -> "RequestStream":
         """Queue a request; iterate the result for its outputs (cumulative per choice, the last
         one finished). Refusals that need no engine work (dead engine, full queue) raise here, so
         a handler can still answer with an HTTP error. close() the stream when done with it:
@@ -207,7 +208,8 @@ class AsyncEngine:
                                  "flight; retry later")
         sink = _AsyncSink(asyncio.get_running_loop())
         self._num_async += 1
-        self._submit(("add", request_id, list(prompt_token_ids), params, stream, priority, sink))
+        self._submit(("add", request_id, list(prompt_token_ids), params, stream, priority, sink,
+                       multimodal))
         return RequestStream(self, request_id, sink)
 
     def abort(self, request_id: str) -> None:
@@ -267,10 +269,13 @@ class AsyncEngine:
             if out is not None and sink is not None:
                 self._report(out, sink)
             return
-        _, request_id, prompt, params, stream, priority, sink = command
+        _, request_id, prompt, params, stream, priority, sink, multimodal = command
+        # The prompt's images (engine/multimodal.py), only when there are: engines without
+        # images keep their signature.
+        extra = {} if multimodal is None else {"multimodal": multimodal}
         try:
             self.engine.add_request(request_id, prompt, params, arrival_time=time.time(),
-                                    stream=stream, priority=priority)
+                                    stream=stream, priority=priority, **extra)
         except ValueError as exc:
             # An async caller gets the exception; a sync client (the batch runner) expects
             # refusals as failed outputs from step(), so it gets one.

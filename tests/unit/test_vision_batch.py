@@ -254,3 +254,35 @@ def test_validate_checks_image_parts_and_fetches_them_only_when_asked(http_base,
     assert set(problems) == {"b64", "many", "outside", "r-outside", "gone"}, fetched.output
     assert problems["gone"]["code"] == "image_fetch_failed"
     assert fetched.exit_code == plain.exit_code == 3
+
+
+def test_serve_answers_the_openai_clients_image_messages(vlm, http_base, tmp_path):
+    """Chat and Responses through `serve` with the official client: the same tokens as
+    transformers; a bad image is a 400 naming the part."""
+    import openai
+
+    from tests.server.conftest import serve
+
+    hf, processor, loaded = vlm
+    with serve(loaded, tmp_path / "server") as running:
+        client = running.client()
+        reply = client.chat.completions.create(
+            model=loaded.name, max_tokens=MAX_TOKENS, temperature=0, messages=[{
+                "role": "user", "content": [
+                    {"type": "text", "text": "What is in the picture?"},
+                    {"type": "image_url", "image_url": {"url": data_url(GREEN)}}]}])
+        text, prompt_tokens = expected(hf, processor, [GREEN])
+        assert reply.choices[0].message.content == text
+        assert reply.usage.prompt_tokens == prompt_tokens
+        response = client.responses.create(
+            model=loaded.name, max_output_tokens=MAX_TOKENS, temperature=0, input=[{
+                "role": "user", "content": [
+                    {"type": "input_text", "text": "What is in the picture?"},
+                    {"type": "input_image", "image_url": f"{http_base}/red.png"}]}])
+        assert response.output_text == expected(hf, processor, [RED])[0]
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=loaded.name, max_tokens=2, messages=[{
+                "role": "user", "content": [
+                    {"type": "text", "text": "Hi"},
+                    {"type": "image_url", "image_url": {"url": f"{http_base}/absent.png"}}]}])
+        assert e.value.body["param"] == "messages.0.content.1.image_url.url"
