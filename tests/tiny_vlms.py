@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-FAMILIES = ("qwen2_vl", "llava", "idefics3", "gemma3")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava", "idefics3")
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
@@ -16,14 +16,15 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
-IMAGE_MARKER = {"qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>", "llava": "<image>",
-                "idefics3": "<image>", "gemma3": "<start_of_image>"}
+IMAGE_MARKER = {"qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+                "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>", "llava": "<image>",
+                "idefics3": "<image>"}
 EXTRA_TOKENS = {
     "qwen2_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"],
+    "qwen2_5_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"],
     "llava": ["<image>"],
     "idefics3": ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
                 + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)],
-    "gemma3": ["<start_of_image>", "<image_soft_token>", "<end_of_image>"],
 }
 TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-6,
@@ -46,11 +47,11 @@ def processor(family: str, tok):
 
     from batchrun.models.transformers.processor import images_only
 
-    if family == "qwen2_vl":
+    if family in ("qwen2_vl", "qwen2_5_vl"):
         ip = t.Qwen2VLImageProcessorPil(min_pixels=16 * 28 * 28 // 4, max_pixels=64 * 28 * 28,
-                                     patch_size=14, merge_size=2)
-        return images_only(t.Qwen2VLProcessor)(image_processor=ip, tokenizer=tok,
-                                  chat_template=tok.chat_template)
+                                        patch_size=14, merge_size=2)
+        cls = t.Qwen2VLProcessor if family == "qwen2_vl" else t.Qwen2_5_VLProcessor
+        return images_only(cls)(image_processor=ip, tokenizer=tok, chat_template=tok.chat_template)
     if family == "llava":
         ip = t.CLIPImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
         return t.LlavaProcessor(image_processor=ip, tokenizer=tok, patch_size=7,
@@ -61,12 +62,6 @@ def processor(family: str, tok):
                                       do_image_splitting=True)
         return t.Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=4,
                                    chat_template=tok.chat_template)
-    if family == "gemma3":
-        ip = t.Gemma3ImageProcessorPil(size={"height": 28, "width": 28})
-        tok.boi_token, tok.eoi_token, tok.image_token = ("<start_of_image>", "<end_of_image>",
-                                                         "<image_soft_token>")
-        return t.Gemma3Processor(image_processor=ip, tokenizer=tok, num_image_tokens=4,
-                                 chat_template=tok.chat_template)
     raise ValueError(family)
 
 
@@ -76,12 +71,18 @@ def config(family: str, tok):
     vocab = len(tok)
     ids = {name: tok.convert_tokens_to_ids(name) for name in EXTRA_TOKENS[family]}
     text = dict(TEXT, vocab_size=vocab)
-    if family == "qwen2_vl":
-        return t.Qwen2VLConfig(
+    if family in ("qwen2_vl", "qwen2_5_vl"):
+        vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2,
+                      patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+        if family == "qwen2_5_vl":  # windowed attention blocks and one full block
+            vision = dict(depth=2, hidden_size=32, out_hidden_size=64, num_heads=2,
+                          intermediate_size=64, patch_size=14, spatial_merge_size=2,
+                          temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1])
+        cls = t.Qwen2VLConfig if family == "qwen2_vl" else t.Qwen2_5_VLConfig
+        return cls(
             text_config=dict(text, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                     "mrope_section": [2, 3, 3]}),
-            vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2,
-                               patch_size=14, spatial_merge_size=2, temporal_patch_size=2),
+            vision_config=vision,
             image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
             vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
     if family == "llava":
@@ -98,16 +99,6 @@ def config(family: str, tok):
             vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                num_attention_heads=2, image_size=28, patch_size=7),
             image_token_id=ids["<image>"], scale_factor=2)
-    if family == "gemma3":
-        return t.Gemma3Config(
-            text_config=dict(text, model_type="gemma3_text", head_dim=16, sliding_window=8,
-                             layer_types=["sliding_attention", "full_attention"],
-                             final_logit_softcapping=None, query_pre_attn_scalar=16),
-            vision_config=dict(model_type="siglip_vision_model", hidden_size=32,
-                               intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                               image_size=28, patch_size=7),
-            mm_tokens_per_image=4, image_token_id=ids["<image_soft_token>"],
-            boi_token_id=ids["<start_of_image>"], eoi_token_id=ids["<end_of_image>"])
     raise ValueError(family)
 
 
