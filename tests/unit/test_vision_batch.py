@@ -258,7 +258,7 @@ def test_validate_checks_image_parts_and_fetches_them_only_when_asked(http_base,
 
 def test_serve_answers_the_openai_clients_image_messages(vlm, http_base, tmp_path):
     """Chat and Responses through `serve` with the official client: the same tokens as
-    transformers; a bad image is a 400 naming the part."""
+    transformers; a bad image is a 400 naming the part; the Batches API runs image lines."""
     import openai
 
     from tests.server.conftest import serve
@@ -286,3 +286,20 @@ def test_serve_answers_the_openai_clients_image_messages(vlm, http_base, tmp_pat
                     {"type": "text", "text": "Hi"},
                     {"type": "image_url", "image_url": {"url": f"{http_base}/absent.png"}}]}])
         assert e.value.body["param"] == "messages.0.content.1.image_url.url"
+        # the Batches API: one good image line, one whose image is missing
+        from tests.helpers import poll_batch
+
+        lines = [json.loads(line("ok", f"{http_base}/blue.png")),
+                 json.loads(line("bad", f"{http_base}/also-absent.png"))]
+        for x in lines:
+            x["body"]["model"] = loaded.name
+        f = client.files.create(file=("in.jsonl", io.BytesIO(
+            "".join(json.dumps(x) + "\n" for x in lines).encode())), purpose="batch")
+        batch = poll_batch(client, client.batches.create(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id)
+        assert batch.status == "completed", batch
+        (ok,) = map(json.loads, client.files.content(batch.output_file_id).text.splitlines())
+        assert ok["response"]["body"]["choices"][0]["message"]["content"] == \
+            expected(hf, processor, [BLUE])[0]
+        (bad,) = map(json.loads, client.files.content(batch.error_file_id).text.splitlines())
+        assert bad["error"]["param"] == "messages.0.content.1.image_url.url"
