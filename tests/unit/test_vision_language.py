@@ -63,7 +63,8 @@ def test_greedy_tokens_match_generate(family):
     """One image, two images of different sizes, and a text-only line in one engine, prefilled
     in 16-token chunks that cut through the images; each image encoded once."""
     name, hf, loaded = family
-    cases = {"one": [image(40, 30, 1)], "two": [image(60, 45, 2), image(28, 28, 3)], "none": []}
+    cases = {"one": [image(120, 90, 1)], "two": [image(150, 100, 2), image(28, 28, 3)],
+             "none": []}
     requests = []
     for rid, images in cases.items():
         prompt, mm = render(loaded.processor, chat(len(images)), images)
@@ -71,7 +72,22 @@ def test_greedy_tokens_match_generate(family):
         requests.append((rid, prompt, mm))
     model = loaded.engine.runner.model
     before = model.encoder_cache.encoded
-    done = run(loaded.engine, requests)
+    cut = []  # (first, end) of a step's tokens that cover only part of an image's placeholders
+
+    def spy(*args, images=(), **kwargs):
+        for step in images:
+            last = step.first + step.count
+            cut.extend((a, b) for a, b in step.inputs.spans
+                       if a < last and b > step.first and not (step.first <= a and b <= last))
+        return forward(*args, images=images, **kwargs)
+
+    forward = model.forward
+    model.forward = spy
+    try:
+        done = run(loaded.engine, requests)
+    finally:
+        del model.forward
+    assert cut, "no chunk boundary fell inside an image"
     for rid, images in cases.items():
         assert done[rid][0] == reference(hf, loaded.processor, chat(len(images)), images or None), \
             f"{name} {rid}"
