@@ -184,8 +184,13 @@ class Job:
     # --- reading and admitting --------------------------------------------------------------
 
     def admit(self) -> None:
+        # Lines whose images are still being fetched (batch/media_prefetch.py) wait while the
+        # engine has work: it never waits on the network while it could compute.
+        ready = getattr(self.lines, "ready", None)
         while not self.exhausted and len(self.in_flight) < self.max_in_flight:
             if self._stopping():
+                return
+            if ready is not None and self.in_flight and not ready():
                 return
             try:
                 item = next(self.lines)

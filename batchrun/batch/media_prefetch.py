@@ -1,6 +1,7 @@
 """Image fetches started ahead of the job loop: the lines the loop will read next are read now,
 and their image URLs queued on the media fetcher's threads, so the loop (which also steps the
-engine) finds the images decoded when it renders those lines."""
+engine) finds the images decoded when it renders those lines, and admits no line whose images
+are still on their way while the engine has other work."""
 
 from __future__ import annotations
 
@@ -38,27 +39,41 @@ def line_image_urls(text: str | None) -> list[str]:
     return urls
 
 
-def prefetch(lines: Iterator[InputLine], media: Any, lookahead: int) -> Iterator[InputLine]:
-    """`lines`, read up to `lookahead` ahead, each line's images queued on `media` as it is read.
-    A read error is raised when the loop reaches it, after the lines before it."""
-    ahead: deque[InputLine] = deque()
-    error: BaseException | None = None
-    while True:
-        while error is None and len(ahead) < lookahead:
+class Prefetch:
+    """`lines`, read up to `lookahead` ahead, each line's images queued on `media` as it is
+    read. `ready()` says whether the next line's images are all decoded (or failed), so the job
+    loop can step the engine instead of waiting on the network. A read error is raised when the
+    loop reaches it, after the lines before it."""
+
+    def __init__(self, lines: Iterator[InputLine], media: Any, lookahead: int):
+        self.lines, self.media, self.lookahead = lines, media, lookahead
+        self.ahead: deque[tuple[InputLine, list]] = deque()
+        self.end: BaseException | None = None  # StopIteration or the InputReadError
+
+    def __iter__(self) -> "Prefetch":
+        return self
+
+    def _fill(self) -> None:
+        while self.end is None and len(self.ahead) < self.lookahead:
             try:
-                item = next(lines)
-            except StopIteration:
-                error = StopIteration()
-                break
+                item = next(self.lines)
+            except StopIteration as exc:
+                self.end = exc
             except InputReadError as exc:
-                error = exc
-                break
-            for url in line_image_urls(item.text):
-                media.start(url)
-            ahead.append(item)
-        if ahead:
-            yield ahead.popleft()
-        elif isinstance(error, StopIteration):
-            return
-        else:
-            raise error
+                self.end = exc
+            else:
+                futures = [self.media.start(url) for url in line_image_urls(item.text)]
+                self.ahead.append((item, futures))
+
+    def ready(self) -> bool:
+        self._fill()
+        return not self.ahead or all(f.done() for f in self.ahead[0][1])
+
+    def __next__(self) -> InputLine:
+        self._fill()
+        if self.ahead:
+            return self.ahead.popleft()[0]
+        if isinstance(self.end, InputReadError):
+            end, self.end = self.end, StopIteration()
+            raise end
+        raise StopIteration

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from batchrun.batch.job import Job
-from batchrun.batch.media_prefetch import prefetch
+from batchrun.batch.media_prefetch import Prefetch
 from batchrun.batch.metrics import RunMetrics
 from batchrun.batch.plan import BatchConfigError, JobPlan
 from batchrun.batch.progress import Counts, Reporter, resolve_mode
@@ -191,7 +191,7 @@ def _run(model: Any, engine: Any, plan: JobPlan, staging: Staging, committed: Co
     lines = read_all(sources, plan.storage, plan.inputs.columns)
     serving = OpenAIServing(model, plan.serving)
     if serving.media is not None:  # a vision-language model: images fetched ahead of the loop
-        lines = prefetch(lines, serving.media, max(64, 4 * plan.serving.openai.media_fetch_workers))
+        lines = Prefetch(lines, serving.media, max(64, 4 * plan.serving.openai.media_fetch_workers))
     job_loop = Job(engine, plan, lines, staging, committed, counts, reporter, metrics,
                    lambda text, line: prepare_line(text, line, serving), stop, on_progress)
     try:

@@ -303,3 +303,31 @@ def test_serve_answers_the_openai_clients_image_messages(vlm, http_base, tmp_pat
             expected(hf, processor, [BLUE])[0]
         (bad,) = map(json.loads, client.files.content(batch.error_file_id).text.splitlines())
         assert bad["error"]["param"] == "messages.0.content.1.image_url.url"
+
+
+def test_prefetch_queues_images_ahead_and_says_when_the_next_line_is_ready():
+    from concurrent.futures import Future
+
+    from batchrun.batch.lines import InputLine
+    from batchrun.batch.media_prefetch import Prefetch
+
+    class Media:
+        def __init__(self):
+            self.futures = {}
+
+        def start(self, url):
+            return self.futures.setdefault(url, Future())
+
+    media = Media()
+    items = iter([InputLine(0, 1, line("a", "http://x/1.png")),
+                  InputLine(0, 2, line("b", "http://x/2.png", "http://x/1.png")),
+                  InputLine(0, 3, line("c"))])
+    ahead = Prefetch(items, media, lookahead=2)
+    assert not ahead.ready()  # line 1's image is on its way
+    assert set(media.futures) == {"http://x/1.png", "http://x/2.png"}  # two lines ahead
+    media.futures["http://x/1.png"].set_result(RED)
+    assert ahead.ready() and next(ahead).line == 1
+    assert not ahead.ready()  # line 2 also needs 2.png
+    media.futures["http://x/2.png"].set_exception(ValueError("404"))
+    assert ahead.ready()  # a failed image is ready too: the line becomes its error record
+    assert [x.line for x in ahead] == [2, 3]
