@@ -121,8 +121,6 @@ class MediaFetcher:
         self.lock = threading.Lock()
         self.futures: OrderedDict[str, Future] = OrderedDict()
         self.cached_bytes = 0
-        self.fetches = 0  # fetch attempts that reached a source (tests read it)
-        self.wait_seconds = 0.0  # time image() spent waiting for a fetch still running
 
     def start(self, url: str) -> Future:
         with self.lock:
@@ -138,12 +136,7 @@ class MediaFetcher:
 
     def image(self, url: str):
         """The decoded image (MediaError for a bad one)."""
-        future = self.start(url)
-        if not future.done():
-            t = time.monotonic()
-            future.exception()
-            self.wait_seconds += time.monotonic() - t
-        return future.result()
+        return self.start(url).result()
 
     def _account(self, future: Future) -> None:
         if future.exception() is not None:  # kept too: lines naming it get the same error
@@ -179,7 +172,6 @@ class MediaFetcher:
         raise AssertionError("unreachable")
 
     def _fetch_remote(self, url: str) -> bytes:
-        self.fetches += 1
         if url.startswith(("http://", "https://")):
             request = urllib.request.Request(url, headers={"User-Agent": "batchrun"})
             try:
