@@ -112,3 +112,15 @@ def test_prefix_cache_keys_blocks_by_image(family):
     assert done["other"][1] == image_start // bs * bs
     assert done["other"][0] == reference(hf, loaded.processor, chat(1), [other]), name
     assert done["same"][0] == reference(hf, loaded.processor, chat(1), [first]), name
+
+
+def test_vision_language_families_it_cannot_run_are_refused_with_the_reason():
+    """Gemma 3's image tokens attend both ways within an image, which the causal paged
+    attention would silently change: refused at load, as any family it does not know."""
+    import transformers
+
+    from batchrun.models.transformers.support import UnsupportedModelError, choose
+
+    assert choose(transformers.LlavaConfig(), "auto").impl == "transformers"
+    with pytest.raises(UnsupportedModelError, match="gemma3 is a vision-language model"):
+        choose(transformers.Gemma3Config(), "auto")

@@ -48,6 +48,8 @@ def load_processor(path):
     accepted = set(__import__("inspect").signature(cls.__init__).parameters)
     extra = {k: v for k, v in settings.items() if k in accepted and k not in (
         "image_processor", "tokenizer", "video_processor", "chat_template")}
+    if "video_processor" in accepted:  # required by some (SmolVLM); images need none
+        extra["video_processor"] = None
     return cls(image_processor=image_processor, tokenizer=tokenizer, chat_template=template,
                **extra)
 
