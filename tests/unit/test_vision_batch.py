@@ -331,3 +331,20 @@ def test_prefetch_queues_images_ahead_and_says_when_the_next_line_is_ready():
     media.futures["http://x/2.png"].set_exception(ValueError("404"))
     assert ahead.ready()  # a failed image is ready too: the line becomes its error record
     assert [x.line for x in ahead] == [2, 3]
+
+
+def test_validate_check_prompts_renders_image_lines_through_the_processor(vlm, http_base,
+                                                                          tmp_path):
+    from click.testing import CliRunner
+
+    from batchrun.batch.commands import validate
+
+    _, _, loaded = vlm
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join([line("ok", data_url(RED)),
+                              line("gone", f"{http_base}/never.png")]) + "\n")
+    result = CliRunner().invoke(validate, [str(src), "--json", "--ignore-model-field",
+                                           "--check-prompts", "--model", str(loaded.path)])
+    problems = [json.loads(x) for x in result.stdout.splitlines()]
+    assert [(p["custom_id"], p["error"]["param"]) for p in problems] == [
+        ("gone", "messages.0.content.1.image_url.url")], result.output
