@@ -348,3 +348,36 @@ def test_validate_check_prompts_renders_image_lines_through_the_processor(vlm, h
     problems = [json.loads(x) for x in result.stdout.splitlines()]
     assert [(p["custom_id"], p["error"]["param"]) for p in problems] == [
         ("gone", "messages.0.content.1.image_url.url")], result.output
+
+
+def test_parquet_flat_table_with_an_image_column(vlm, http_base, tmp_path):
+    """A flat table's image column goes after the prompt text as an image part: bytes in a
+    column mapped with --column image=photo, URLs in a column named image."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    hf, processor, loaded = vlm
+    table = pa.table({"custom_id": ["green", "blue", "broken"],
+                      "prompt": ["What is in the picture?"] * 3,
+                      "photo": [png(GREEN), png(BLUE), b"not an image"],
+                      "max_tokens": [MAX_TOKENS] * 3, "temperature": [0.0] * 3})
+    pq.write_table(table, tmp_path / "in.parquet")
+    plan = job_plan(input=str(tmp_path / "in.parquet"), output=str(tmp_path / "out.jsonl"),
+                    progress="none", columns={"image": "photo"})
+    run_batch(loaded, plan)
+    out = {r["custom_id"]: r for r in map(json.loads, open(tmp_path / "out.jsonl"))}
+    errors = {r["custom_id"]: r for r in map(json.loads, open(tmp_path / "out.errors.jsonl"))}
+    for cid, img in (("green", GREEN), ("blue", BLUE)):
+        body = out[cid]["response"]["body"]
+        assert body["choices"][0]["message"]["content"] == expected(hf, processor, [img])[0]
+    assert errors["broken"]["error"]["param"] == "messages.0.content.1.image_url.url"
+    assert errors["broken"]["error"]["code"] == "invalid_image"
+    strings = pa.table({"custom_id": ["u"], "prompt": ["What is in the picture?"],
+                        "image": [f"{http_base}/red.png"], "max_tokens": [MAX_TOKENS],
+                        "temperature": [0.0]})
+    pq.write_table(strings, tmp_path / "urls.parquet")
+    run_batch(loaded, job_plan(input=str(tmp_path / "urls.parquet"),
+                               output=str(tmp_path / "out2.jsonl"), progress="none"))
+    (row,) = map(json.loads, open(tmp_path / "out2.jsonl"))
+    assert row["response"]["body"]["choices"][0]["message"]["content"] == \
+        expected(hf, processor, [RED])[0]
