@@ -23,6 +23,9 @@ class MultiModalInputs:
     images: list[ImageInput]
     # (first, end) token index of each image's placeholders in the prompt, filled by the model.
     spans: list[tuple[int, int]] = field(default_factory=list)
+    # Token indices of each image's placeholders (spans may hold other tokens: Idefics3's tile
+    # markers), filled by the model with spans.
+    placeholders: list = field(default_factory=list)
     # Rotary position ids of the prompt [k, prompt_len] for models whose positions are not the
     # token index (M-RoPE); generated token i then sits at position prompt_len + i + delta.
     positions: object = None

@@ -119,6 +119,10 @@ class VisionLanguageModel(TransformersModel):
                 if a >= last or b <= step.first:
                     continue
                 feats = self.encode(img)
+                if feats.shape[0] != len(where):
+                    raise RuntimeError(f"{self.hf.config.model_type}: the vision tower gave "
+                                       f"{feats.shape[0]} features for an image with "
+                                       f"{len(where)} placeholder tokens")
                 inside = (where >= step.first) & (where < last)
                 embeds[step.row + where[inside] - step.first] = feats[inside].to(embeds.dtype)
             if self.mrope:
