@@ -99,7 +99,7 @@ def decode(data: bytes, max_pixels: int):
                          f"{max_pixels} (--media-max-pixels)", "image_too_large")
     try:
         image.load()
-    except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt data
+    except Exception as exc:  # truncated or corrupt data: PIL raises many kinds
         raise MediaError(f"the image could not be decoded: {exc}") from None
     if image.mode != "RGB":
         image = image.convert("RGB")
@@ -195,8 +195,9 @@ class MediaFetcher:
                              "image_fetch_failed") from None
         except (TimeoutError, ConnectionError) as exc:
             raise _Transient(str(exc)) from None
-        except OSError as exc:
-            raise MediaError(f"fetching the image failed: {exc}", "image_fetch_failed") from None
+        except Exception as exc:  # the filesystem's own errors (credentials, endpoint, ...)
+            raise MediaError(f"fetching the image failed: {type(exc).__name__}: {exc}",
+                             "image_fetch_failed") from None
 
     def _read_limited(self, stream: Any) -> bytes:
         limit = self.options.media_max_bytes
