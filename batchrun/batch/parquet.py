@@ -80,7 +80,7 @@ def _json_field(value: Any, field: str) -> Any:
     return _drop_nulls(value)
 
 
-def _image_parts(cell: Any) -> list[dict[str, Any]]:
+def image_parts(cell: Any) -> list[dict[str, Any]]:
     """An image column's cell (bytes, a URL, or a list of either) as image_url parts; bytes
     become a data: URL (the decoder reads the format from the data, not the media type)."""
     parts = []
@@ -108,7 +108,7 @@ def row_to_line(row: dict[str, Any], mapping: dict[str, str]) -> dict[str, Any]:
         else:
             content = get.get("prompt")
             if get.get("image") is not None:
-                content = [{"type": "text", "text": content}] + _image_parts(get["image"])
+                content = [{"type": "text", "text": content}] + image_parts(get["image"])
             messages = [{"role": "user", "content": content}]
             if get.get("system") is not None:
                 messages.insert(0, {"role": "system", "content": get["system"]})

@@ -55,6 +55,9 @@ class DatasetSpec(BaseModel):
     prompt: str | None = None  # a Jinja template: the user message (or the text scored)
     messages: list[Message] | None = None  # or the whole conversation, templated
     reference: str | None = None  # the column scorers compare against
+    # A column of images (bytes or URLs, or lists of them) shown after the last user message's
+    # text (chat, on a vision-language model).
+    image: str | None = None
     # chat: the prompt is the user message, rendered with the model's chat template;
     # completions: the prompt text as it is (code continuation, e.g. HumanEval).
     endpoint: Literal["chat", "completions"] = "chat"

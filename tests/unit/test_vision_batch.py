@@ -381,3 +381,39 @@ def test_parquet_flat_table_with_an_image_column(vlm, http_base, tmp_path):
     (row,) = map(json.loads, open(tmp_path / "out2.jsonl"))
     assert row["response"]["body"]["choices"][0]["message"]["content"] == \
         expected(hf, processor, [RED])[0]
+
+
+def test_a_sweep_with_an_image_column(vlm, tmp_path):
+    """[dataset] image names a column whose images follow the prompt; the generations are the
+    model's answers to prompt + image."""
+    from batchrun.sweep.run import run_sweep
+    from batchrun.sweep.spec import load
+
+    hf, processor, loaded = vlm
+    rows = [{"id": "r", "q": "What is in the picture?", "img": data_url(RED), "ref": "x"},
+            {"id": "g", "q": "What is in the picture?", "img": data_url(GREEN), "ref": "y"}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "s.toml").write_text(f'''name = "img"
+output = "{tmp_path / 'out'}"
+[dataset]
+path = "{tmp_path / 'd.jsonl'}"
+id = "id"
+prompt = "{{{{ q }}}}"
+image = "img"
+reference = "ref"
+[grid]
+model = ["{loaded.path}"]
+temperature = [0]
+max_tokens = [{MAX_TOKENS}]
+[[scorers]]
+type = "exact_match"
+''')
+    spec, text = load(tmp_path / "s.toml")
+    result = run_sweep(spec, text, lambda model, config: loaded)
+    assert result.status == "completed"
+    (generations,) = [p for p in (tmp_path / "out" / "generations").glob("*.jsonl")
+                      if not p.name.endswith(".errors.jsonl")]
+    answers = {r["custom_id"].split("/")[-1]: r["response"]["body"]["choices"][0]["message"]
+               ["content"] for r in map(json.loads, generations.read_text().splitlines())}
+    assert answers == {"r": expected(hf, processor, [RED])[0],
+                       "g": expected(hf, processor, [GREEN])[0]}
