@@ -3,7 +3,7 @@ like job specs: an unknown key or a wrong value names the key and the file.
 
     name = "arith"
     output = "out/sweeps/{name}"
-    [dataset]   path, id, prompt | messages, reference, limit, format, storage_options
+    [dataset]   path, id, prompt | messages, reference, image, limit, format, storage_options
     [grid]      model = [...], temperature = [...], max_tokens = [...], n = [...], any sampling
                 field of a chat request; prompt = {plain = "...", cot = "..."} (named variants)
     [[scorers]] type = "exact_match" | "contains" | "regex" | "choice" | "numeric" |
