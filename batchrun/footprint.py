@@ -141,7 +141,13 @@ def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> Token
     context = config.get("max_position_embeddings") or max_model_len or 2048
     if max_model_len:
         context = min(context, max_model_len)
+    context = context or config.get("text_config", {}).get("max_position_embeddings") or 2048
     defaults, _ = read_generation_config(files.path)
+    processor = None
+    if config.get("vision_config") is not None:  # renders image lines as the run would
+        from batchrun.models.transformers.processor import load_processor
+
+        processor = load_processor(files.path)
     return TokenizerModel(load_tokenizer(files.path), files.name, tuple(files.aliases),
                           max_model_len=context, generation_defaults=defaults,
-                          hidden_size=config.get("hidden_size"))
+                          hidden_size=config.get("hidden_size"), processor=processor)

@@ -38,6 +38,9 @@ class LoadedModel:
     path: Path | None = None
     # The LoRA adapters served on it (--lora NAME=PATH): a request's `model` may name one.
     adapters: tuple[str, ...] = ()
+    # A vision-language model's transformers processor (models/transformers/processor.py):
+    # renders chat lines with images; None for text-only models.
+    processor: Any = None
 
     @property
     def max_model_len(self) -> int:
@@ -135,8 +138,13 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
     engine = build_engine(model, tokenizer, config, sorted(eos), device, dtype,
                           base_names=(name, *aliases))
     phases.mark("engine (KV cache)")
+    processor = None
+    if getattr(model, "place_images", None) is not None:
+        from batchrun.models.transformers.processor import load_processor
+
+        processor = load_processor(path)
     return LoadedModel(engine, tokenizer, name, tuple(aliases), gen_defaults, path,
-                       adapters=tuple(config.lora.adapters))
+                       adapters=tuple(config.lora.adapters), processor=processor)
 
 
 def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: torch.dtype):
@@ -156,9 +164,9 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
     if config.lora.adapters:
         raise UnsupportedModelError("--lora needs the native path (Llama, Mistral, Qwen2, "
                                     "Qwen3); this model runs on the transformers backend")
-    from batchrun.models.transformers.model import load
+    from batchrun.models.transformers import model as text, vision
 
-    model = load(path, device, dtype)
+    model = (vision if vision.is_vision_language(hf) else text).load(path, device, dtype)
     phases.mark("weights (transformers backend)")
     return model
 

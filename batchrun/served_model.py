@@ -52,6 +52,10 @@ class ServedModel(Protocol):
     engine_config: EngineConfig | None
     """The engine's configuration (KV cache, scheduler, LoRA); None for a tokenizer-only model."""
 
+    processor: Any
+    """A vision-language model's transformers processor (models/transformers/processor.py):
+    renders chats with images; None for a text-only model."""
+
     @property
     def eos_token_ids(self) -> Sequence[int]:
         """The ids that end a generation as the engine knows them; empty where the engine is
@@ -93,6 +97,7 @@ class TokenizerModel:
     engine_config: None = None
     eos_token_ids: tuple[int, ...] = ()
     hidden_size: int | None = None
+    processor: Any = None
 
     @property
     def fingerprint(self) -> str:

@@ -45,7 +45,9 @@ class FakeEngine:
         self.record = record  # keep what was added (tests look); off for long runs
 
     def add_request(self, request_id, prompt_token_ids, params, arrival_time=None, stream=False,
-                    priority=None):
+                    priority=None, multimodal=None):
+        if multimodal is not None:
+            raise ValueError("this model takes text only; the request has images")
         if len(prompt_token_ids) >= self.max_model_len:
             raise PromptTooLongError("prompt too long")
         if self.record:
@@ -103,6 +105,7 @@ class FakeModel:
     engine_config: None = None
     eos_token_ids: tuple[int, ...] = ()
     hidden_size: int | None = None
+    processor: Any = None  # text only
 
     @property
     def max_model_len(self) -> int:

@@ -183,8 +183,10 @@ class BatchEngine:
         waiting: dict[str, int] = {}
         for i, p in prepared.items():
             try:
+                images = p.request.multimodal  # a chat row's images: never dropped silently
+                extra = {} if images is None else {"multimodal": images}
                 for request_id, prompt in p.engine_requests:
-                    self.engine.add_request(request_id, prompt, p.params)
+                    self.engine.add_request(request_id, prompt, p.params, **extra)
                     waiting[request_id] = i
             except ValueError as exc:  # the engine refuses what it cannot run
                 if isinstance(exc, PromptTooLongError):

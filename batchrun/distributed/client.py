@@ -75,7 +75,9 @@ class RayEngineClient:
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: Any,
                     arrival_time: float | None = None, stream: bool = False,
-                    priority: int | None = None) -> None:
+                    priority: int | None = None, multimodal=None) -> None:
+        if multimodal is not None:  # the replicas' hand-off carries token ids only (DESIGN.md)
+            raise ValueError("requests with images are not supported with --ray yet")
         index = self.router.choose(prompt_token_ids)
         request = (request_id, list(prompt_token_ids), params)
         self._open[request_id] = (index, request)
@@ -220,6 +222,8 @@ class RayModel:
         self.adapters = tuple(engine.config.lora.adapters)
         self.generation_defaults = dict(served.generation_defaults)
         self.max_model_len = engine.max_model_len
+        # Lines with images render here; the client then refuses them (add_request).
+        self.processor = served.processor
 
     @property
     def fingerprint(self) -> str:

@@ -53,6 +53,8 @@ class AddCommand:
     stream: bool
     priority: int
     sink: OutputSink
+    # The prompt's images (engine/multimodal.MultiModalInputs); None for text only.
+    multimodal: Any = None
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,8 @@ class AsyncEngine:
     # --- the async side -------------------------------------------------------------------------
 
     def generate(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
-                 *, stream: bool = False, priority: int = INTERACTIVE_PRIORITY) -> "RequestStream":
+                 *, stream: bool = False, priority: int = INTERACTIVE_PRIORITY,
+                 multimodal=None) -> "RequestStream":
         """Queue a request; iterate the result for its outputs (cumulative per choice, the last
         one finished). Refusals that need no engine work (dead engine, full queue) raise here, so
         a handler can still answer with an HTTP error. close() the stream when done with it:
@@ -230,7 +233,8 @@ class AsyncEngine:
                                  "flight; retry later")
         sink = _AsyncSink(asyncio.get_running_loop())
         self._num_async += 1
-        self.submit(AddCommand(request_id, list(prompt_token_ids), params, stream, priority, sink))
+        self.submit(AddCommand(request_id, list(prompt_token_ids), params, stream, priority, sink,
+                               multimodal))
         return RequestStream(self, request_id, sink)
 
     def abort(self, request_id: str) -> None:
@@ -293,9 +297,12 @@ class AsyncEngine:
                 self._report(out, sink)
             return
         request_id, prompt, sink = command.request_id, command.prompt_token_ids, command.sink
+        # The prompt's images (engine/multimodal.py), only when there are: engines without
+        # images keep their signature.
+        extra = {} if command.multimodal is None else {"multimodal": command.multimodal}
         try:
             self.engine.add_request(request_id, prompt, command.params, arrival_time=time.time(),
-                                    stream=command.stream, priority=command.priority)
+                                    stream=command.stream, priority=command.priority, **extra)
         except ValueError as exc:
             # An async caller gets the exception; a sync client (the batch runner) expects
             # refusals as failed outputs from step(), so it gets one.

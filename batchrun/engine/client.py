@@ -55,7 +55,8 @@ class EngineClient(Protocol):
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
                     params: SamplingParams, arrival_time: float | None = None,
-                    stream: bool = False, priority: int | None = None) -> None:
+                    stream: bool = False, priority: int | None = None,
+                    multimodal=None) -> None:
         """Queue a request for params.n choices under a unique request_id.
 
         Raises PromptTooLongError (batchrun.engine.errors) when the prompt, plus max_tokens,
@@ -64,7 +65,8 @@ class EngineClient(Protocol):
         output with `error` set from a later step(). arrival_time (time.time()) is when the
         request arrived, for its latency metrics; default now. stream=True makes step() also
         return unfinished, cumulative outputs of each choice. Lower priority values are
-        scheduled first; None is the client's default.
+        scheduled first; None is the client's default. `multimodal`: the prompt's images
+        (engine.multimodal.MultiModalInputs) for a model that takes them.
         """
         ...
 

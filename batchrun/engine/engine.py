@@ -12,6 +12,7 @@ from batchrun.engine.errors import PromptTooLongError
 from batchrun.engine.group import Group
 from batchrun.engine.kv_cache import KVCacheManager
 from batchrun.engine.lora import AdapterSlots
+from batchrun.engine.multimodal import MultiModalInputs
 from batchrun.engine.outputs import RequestOutput
 from batchrun.engine.request import Request, Status
 from batchrun.engine.runner import ModelRunner
@@ -66,8 +67,12 @@ class Engine:
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
                     params: SamplingParams, arrival_time: float | None = None,
-                    stream: bool = False, priority: int | None = None) -> None:
+                    stream: bool = False, priority: int | None = None,
+                    multimodal: MultiModalInputs | None = None) -> None:
         """Queue a request for params.n choices. The finished RequestOutput holds all n.
+
+        `multimodal`: the prompt's images (engine/multimodal.py), placed by the model's
+        place_images; a model without one refuses them.
 
         With stream=True, step() also returns unfinished RequestOutputs carrying one choice
         each, cumulative, after every step that gave that choice a token (text holds back a tail
@@ -96,7 +101,13 @@ class Engine:
             raise PromptTooLongError(
                 f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the model's "
                 f"context length of {self.max_model_len} tokens")
+        if multimodal is not None:
+            place = getattr(self.runner.model, "place_images", None)
+            if place is None:
+                raise ValueError("this model takes text only; the request has images")
+            place(list(prompt_token_ids), multimodal)
         group = Group(request_id, params.n, stream)
+        group.multimodal = multimodal
         leader = self.sequences.new_sequence(group, 0, list(prompt_token_ids), params, max_tokens,
                                               arrival_time, priority)
         self.sequences.groups[request_id] = group

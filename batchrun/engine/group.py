@@ -29,6 +29,7 @@ def choice_params(params: SamplingParams, index: int) -> SamplingParams:
 class Group:
     def __init__(self, request_id: str, n: int, stream: bool):
         self.request_id = request_id
+        self.multimodal = None  # engine.multimodal.MultiModalInputs of the shared prompt
         self.n = n
         self.stream = stream
         self.members: list[Request] = []

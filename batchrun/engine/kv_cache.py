@@ -1,6 +1,7 @@
 """Paged KV block pool with automatic prefix caching.
 
-Full blocks are keyed by a hash chained over (parent block hash, the block's token ids); the
+Full blocks are keyed by a hash chained over (parent block hash, the block's token ids, the
+content hashes of images whose placeholder tokens the block holds); the
 first block's parent is the request's cache salt (its LoRA adapter's, None for the base model),
 so the same prompt under two adapters never shares a block. A freed
 block keeps its hash and sits in an LRU free list, so a later request with the same prefix can
@@ -17,10 +18,18 @@ from typing import Callable
 from batchrun.engine.request import Request
 
 
-def block_hash(parent: bytes | None, tokens: list[int]) -> bytes:
+def block_hash(parent: bytes | None, tokens: list[int], extra: bytes = b"") -> bytes:
     h = hashlib.blake2b(parent or b"", digest_size=16)
     h.update(array("q", tokens).tobytes())
+    h.update(extra)
     return h.digest()
+
+
+def request_block_hash(req: Request, parent: bytes | None, i: int, bs: int) -> bytes:
+    """The hash of req's block i: its tokens, and the content hashes of the images whose
+    placeholder tokens it holds (the same placeholders stand for any image)."""
+    extra = req.multimodal.block_key(i * bs, (i + 1) * bs) if req.multimodal else b""
+    return block_hash(parent, req.all_token_ids[i * bs:(i + 1) * bs], extra)
 
 
 class KVCacheManager:
@@ -67,7 +76,7 @@ class KVCacheManager:
         matched: list[int] = []
         hashes: list[bytes] = []
         for i in range((len(tokens) - 1) // bs):
-            h = block_hash(parent, tokens[i * bs:(i + 1) * bs])
+            h = request_block_hash(req, parent, i, bs)
             block = self.cached.get(h)
             if block is None or (accept is not None and not accept(i, h)):
                 break
@@ -87,10 +96,10 @@ class KVCacheManager:
         """Chained hashes of the prompt's full blocks (computed once per request)."""
         if req.prompt_hashes is None:
             hashes: list[bytes] = []
-            tokens, bs = req.prompt_token_ids, self.block_size
-            for i in range(len(tokens) // bs):
-                hashes.append(block_hash(hashes[-1] if hashes else req.cache_salt,
-                                         tokens[i * bs:(i + 1) * bs]))
+            bs = self.block_size
+            for i in range(req.num_prompt_tokens // bs):
+                hashes.append(request_block_hash(req, hashes[-1] if hashes else req.cache_salt,
+                                                 i, bs))
             req.prompt_hashes = hashes
         return req.prompt_hashes
 
@@ -148,10 +157,9 @@ class KVCacheManager:
             return
         bs = self.block_size
         full = min(req.num_computed_tokens, req.num_tokens) // bs
-        tokens = req.all_token_ids
         for i in range(len(req.block_hashes), full):
             parent = req.block_hashes[-1] if req.block_hashes else req.cache_salt
-            h = block_hash(parent, tokens[i * bs:(i + 1) * bs])
+            h = request_block_hash(req, parent, i, bs)
             req.block_hashes.append(h)
             block = req.block_ids[i]
             if h not in self.cached:

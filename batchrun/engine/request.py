@@ -56,6 +56,8 @@ class Request:
         # This step also recomputes the position before num_computed_tokens (a prefix-cache hit
         # holds no logits for it) without writing its K/V.
         self.rescore = False
+        # The request's images (engine/multimodal.py); None for text only.
+        self.multimodal = None
         self.metrics = RequestMetrics(arrival_time=arrival_time or time.time())
         self.num_preemptions = 0
 

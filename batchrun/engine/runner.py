@@ -90,6 +90,9 @@ class ModelRunner:
         if batch.adapter_slots:
             self.adapters.set_segments(batch.adapter_segments())
         try:
+            if batch.images:  # models without images keep their signature
+                return self.model(input_ids, layout.positions, self.kv_caches, meta,
+                                  images=batch.images)
             return self.model(input_ids, layout.positions, self.kv_caches, meta)
         finally:
             if batch.adapter_slots:

@@ -32,6 +32,7 @@ class Sequences:
         req = Request(rid, tokens, choice_params(params, index), max_tokens, arrival_time,
                       priority, index)
         req.group = group
+        req.multimodal = group.multimodal  # the shared prompt's images, on every choice
         if params.stop or group.stream:
             req.detokenizer = IncrementalDetokenizer(self.tokenizer, tokens, params.stop,
                                                      params.skip_special_tokens)

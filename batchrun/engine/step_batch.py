@@ -8,12 +8,13 @@ cached context. With LoRA adapters, the rows of one adapter are kept together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from batchrun.engine.attention import StepLayout
 from batchrun.engine.lora import segments
+from batchrun.engine.multimodal import StepImages
 from batchrun.engine.request import Request
 
 # (request, first row, rows, first position or token) of a request's rows in the step.
@@ -30,6 +31,8 @@ class StepBatch:
     scoring: list[Span]  # rows that score prompt tokens: (req, first row, rows, first token)
     pooling: list[Span]  # rows of pooled requests: (req, first row, rows, first position)
     adapter_slots: dict[str, int]  # the slot of each adapter in the step
+    # The rows of requests with images (engine/multimodal.py), for the model; [] for text only.
+    images: list[StepImages] = field(default_factory=list)
 
     @property
     def decode_only(self) -> bool:
@@ -69,6 +72,7 @@ def prepare_batch(work: list[tuple[Request, int]], block_size: int, scratch_slot
     scoring: list[Span] = []
     scratch_rows: list[int] = []
     pooling: list[Span] = []
+    images: list[StepImages] = []
     for req, n in ordered:
         c = req.num_computed_tokens
         if req.rescore:
@@ -83,6 +87,8 @@ def prepare_batch(work: list[tuple[Request, int]], block_size: int, scratch_slot
                 scoring.append((req, len(tokens) + first - c, last - first, first + 1))
         if req.pooled is not None:
             pooling.append((req, len(tokens), n, c))
+        if req.multimodal is not None:
+            images.append(StepImages(req.multimodal, len(tokens), c, n))
         tokens.extend(req.all_token_ids[c:c + n])
         starts.append(c)
         counts.append(n)
@@ -95,4 +101,4 @@ def prepare_batch(work: list[tuple[Request, int]], block_size: int, scratch_slot
         # The recomputed position's K/V is already cached: write it where no request reads.
         layout.slot_mapping[torch.tensor(scratch_rows, device=device)] = scratch_slot
     return StepBatch([r for r, _ in ordered], layout, tokens, sample_rows, samplers, scoring,
-                     pooling, adapter_slots)
+                     pooling, adapter_slots, images)

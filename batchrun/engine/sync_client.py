@@ -51,14 +51,16 @@ class SyncEngineClient:
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
                     params: SamplingParams, arrival_time: float | None = None,
-                    stream: bool = False, priority: int | None = None) -> None:
+                    stream: bool = False, priority: int | None = None,
+                    multimodal=None) -> None:
         """Queue a request for the engine thread (raises EngineDeadError if it is not running).
         The engine's refusals (PromptTooLongError, ValueError) come back from step() as finished
         outputs with `error` set. arrival_time is ignored: the engine thread stamps it."""
         self.owner.check_alive()
         self._open.add(request_id)
         self.owner.submit(AddCommand(request_id, list(prompt_token_ids), params, stream,
-                                     self.priority if priority is None else priority, self._sink))
+                                     self.priority if priority is None else priority, self._sink,
+                                     multimodal))
 
     def abort_request(self, request_id: str) -> None:
         """Abort one of this client's requests (queued for the engine thread)."""

@@ -80,9 +80,15 @@ def renders_tools(tokenizer: Any, chat_template: str | None = None) -> bool:
     return _tools_cache[key]
 
 
-def _text_of_parts(parts: Sequence[Any], where: str) -> list[dict[str, str]]:
+def _text_of_parts(parts: Sequence[Any], where: str,
+                   images: bool = False) -> list[dict[str, str]]:
+    """The template's content parts; with `images`, an image_url part becomes {"type": "image"}
+    (a processor's template puts its placeholder there)."""
     texts = []
     for j, part in enumerate(parts):
+        if images and part.type == "image_url":
+            texts.append({"type": "image"})
+            continue
         if part.type != "text":
             raise RequestError(
                 f"{where}.{j}: content parts of type {part.type!r} are not supported by this "
@@ -107,8 +113,11 @@ def _template_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def to_template_messages(messages: Sequence[ChatMessage], tokenizer: Any,
-                         chat_template: str | None = None) -> list[dict[str, Any]]:
-    fmt = content_format(tokenizer, chat_template)
+                         chat_template: str | None = None,
+                         images: bool = False) -> list[dict[str, Any]]:
+    """`images`: image_url parts become {"type": "image"} (for a vision-language model's
+    processor, whose template takes content-part lists)."""
+    fmt = "openai" if images else content_format(tokenizer, chat_template)
     template = _template_of(tokenizer, chat_template)
     out = []
     for i, m in enumerate(messages):
@@ -118,7 +127,7 @@ def to_template_messages(messages: Sequence[ChatMessage], tokenizer: Any,
             role = "system"
         content: Any = m.content
         if isinstance(content, list):
-            parts = _text_of_parts(content, f"messages.{i}.content")
+            parts = _text_of_parts(content, f"messages.{i}.content", images)
             content = parts if fmt == "openai" else "\n".join(p["text"] for p in parts)
         elif content is None and fmt == "string":
             content = ""  # an assistant turn that only made tool calls
@@ -135,11 +144,11 @@ def to_template_messages(messages: Sequence[ChatMessage], tokenizer: Any,
     return out
 
 
-def render_prompt(tokenizer: Any, messages: Sequence[ChatMessage], *,
-                  tools: list[dict[str, Any]] | None = None, chat_template: str | None = None,
-                  add_generation_prompt: bool = True, continue_final_message: bool = False,
-                  template_kwargs: dict[str, Any] | None = None) -> list[int]:
-    """Token ids of the rendered conversation, by default ending with the assistant prompt."""
+def template_call_kwargs(tokenizer: Any, tools: list[dict[str, Any]] | None,
+                         chat_template: str | None, continue_final_message: bool,
+                         template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """apply_chat_template's keyword arguments for a request (RequestError for ones it may not
+    set, or tools the template would not show)."""
     kwargs = dict(template_kwargs or {})
     reserved = sorted(_RESERVED_KWARGS & kwargs.keys())
     if reserved:
@@ -151,7 +160,6 @@ def render_prompt(tokenizer: Any, messages: Sequence[ChatMessage], *,
             "see them; run with --chat-template FILE giving a template that renders tools "
             "(batchrun ships one: batchrun/openai/templates/chatml_tools.jinja)",
             code="tools_not_supported", param="tools")
-    template_messages = to_template_messages(messages, tokenizer, chat_template)
     # Only what is set, so simple tokenizer stand-ins need not know every option.
     if tools:
         kwargs["tools"] = tools
@@ -159,6 +167,17 @@ def render_prompt(tokenizer: Any, messages: Sequence[ChatMessage], *,
         kwargs["chat_template"] = chat_template
     if continue_final_message:
         kwargs["continue_final_message"] = True
+    return kwargs
+
+
+def render_prompt(tokenizer: Any, messages: Sequence[ChatMessage], *,
+                  tools: list[dict[str, Any]] | None = None, chat_template: str | None = None,
+                  add_generation_prompt: bool = True, continue_final_message: bool = False,
+                  template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """Token ids of the rendered conversation, by default ending with the assistant prompt."""
+    kwargs = template_call_kwargs(tokenizer, tools, chat_template, continue_final_message,
+                                  template_kwargs)
+    template_messages = to_template_messages(messages, tokenizer, chat_template)
     try:
         encoded = tokenizer.apply_chat_template(
             template_messages, add_generation_prompt=add_generation_prompt, tokenize=True,

@@ -10,7 +10,8 @@ This module maps the request.
 
 What is left out, as 400s naming the field: previous_response_id / conversation / prompt
 (batchrun stores nothing), background, built-in tools (web_search, file_search, computer use,
-...), item_reference inputs, image / file / audio inputs. `store` is accepted either way and
+...), item_reference inputs, file / audio inputs (input_image items become image parts
+for a vision-language model). `store` is accepted either way and
 nothing is stored: every Response says `store: false`. Reasoning items given back as input are
 dropped (a chat template shows earlier turns without their thoughts).
 """
@@ -47,17 +48,30 @@ def _part_text(part: Any, where: str) -> str:
         return part["text"]
     if kind == "refusal" and isinstance(part.get("refusal"), str):
         return part["refusal"]
-    if kind in ("input_image", "input_file", "input_audio"):
+    if kind == "input_image":
+        url = part.get("image_url")
+        if not isinstance(url, str):
+            raise _bad(f"{where}.image_url", "an input_image needs an image_url string (a URL "
+                       "or a data: URL; file_id needs stored files)", "invalid_value")
+        image = {"url": url}
+        if part.get("detail") is not None:
+            image["detail"] = part["detail"]
+        return {"type": "image_url", "image_url": image}
+    if kind in ("input_file", "input_audio"):
         raise _bad(f"{where}.type", f"{kind} inputs are not supported (text only)",
                    "unsupported_value")
     raise _bad(f"{where}.type", f"unknown content part type {kind!r}")
 
 
-def _content(content: Any, where: str) -> str:
+def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """The chat content: the text, or with input_image parts a list of text and image_url parts."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(_part_text(p, f"{where}.{j}") for j, p in enumerate(content))
+        parts = [_part_text(p, f"{where}.{j}") for j, p in enumerate(content)]
+        if all(isinstance(p, str) for p in parts):
+            return "".join(parts)
+        return [{"type": "text", "text": p} if isinstance(p, str) else p for p in parts]
     raise _bad(where, "content must be a string or an array of content parts", "invalid_type")
 
 
@@ -69,10 +83,15 @@ def _string(item: dict, key: str, where: str) -> str:
     return value
 
 
-def _messages(request: ResponsesRequest) -> list[dict[str, Any]]:
+def _messages(request: ResponsesRequest,
+              origins: list[str | None] | None = None) -> list[dict[str, Any]]:
+    """The chat messages; `origins` (when given) gets the input item each one comes from."""
     messages: list[dict[str, Any]] = []
+    if origins is None:
+        origins = []
     if request.instructions:
         messages.append({"role": "system", "content": request.instructions})
+        origins.append(None)
     if isinstance(request.input, str):
         messages.append({"role": "user", "content": request.input})
         return messages
@@ -85,6 +104,7 @@ def _messages(request: ResponsesRequest) -> list[dict[str, Any]]:
                 raise _bad(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
             messages.append({"role": role,
                              "content": _content(item.get("content"), f"{where}.content")})
+            origins.append(where)
         elif kind == "function_call":
             call = {"id": _string(item, "call_id", where), "type": "function",
                     "function": {"name": _string(item, "name", where),
@@ -95,9 +115,11 @@ def _messages(request: ResponsesRequest) -> list[dict[str, Any]]:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                origins.append(None)
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
                              "content": _content(item.get("output"), f"{where}.output")})
+            origins.append(None)
         elif kind == "reasoning":
             continue
         elif kind == "item_reference":
@@ -188,6 +210,28 @@ def responses_error(exc: RequestError) -> RequestError:
                         status_code=exc.status_code)
 
 
+_PART_PARAM = re.compile(r"^messages\.(\d+)\.content\.(\d+)(\.image_url)?(\.url|\.detail)?$")
+
+
+def content_part_error(exc: RequestError, request: ResponsesRequest) -> RequestError | None:
+    """A content part's error named by its Responses input item: an input_image's
+    (input.I.content.J.image_url), or a part the model cannot take (input.I.content.J.type)."""
+    match = _PART_PARAM.match(exc.param or "")
+    if match is None or isinstance(request.input, str):
+        return None
+    origins: list[str | None] = []
+    _messages(request, origins)
+    origin = origins[int(match.group(1))]
+    if origin is None:
+        return None
+    part = f"{origin}.content.{match.group(2)}"
+    new = f"{part}.detail" if match.group(4) == ".detail" else \
+        f"{part}.image_url" if match.group(3) else f"{part}.type"
+    message = exc.message.replace(exc.param, new, 1)
+    return RequestError(message, code=exc.code, param=new, type=exc.type,
+                        status_code=exc.status_code)
+
+
 def to_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
     """The chat request the Responses request means; RequestError naming the Responses field."""
     body: dict[str, Any] = {"messages": _messages(request), "n": 1, "stream": request.stream}
@@ -223,7 +267,7 @@ def prepare_response(request: ResponsesRequest, prepare_chat: Callable, reasonin
     try:
         prepared = prepare_chat(to_chat_request(request))
     except RequestError as exc:
-        raise responses_error(exc) from None
+        raise content_part_error(exc, request) or responses_error(exc) from None
     prepared.kind = "response"
     params = prepared.params
     prepared.formatter = StreamingResponseFormatter(prepared.formatter, request,

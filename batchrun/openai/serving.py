@@ -25,7 +25,9 @@ from batchrun.engine.sampling_params import GrammarSpec, SamplingParams
 from batchrun.openai.chat import ChatChunks, ChatFormatter
 from batchrun.openai.completions import CompletionChunks, CompletionFormatter
 from batchrun.openai.embeddings import EmbeddingFormatter, resolve_pooling
+from batchrun.openai.images import has_images, render_with_images
 from batchrun.openai.logprobs import TokenText
+from batchrun.openai.media import MediaFetcher
 from batchrun.openai.params import check_model_field, to_sampling_params
 from batchrun.openai.parsers import (ToolParser, detect_tool_parser, reasoning_parser,
                                      tool_parser)
@@ -49,11 +51,15 @@ class ServingOptions:
     openai: OpenAIOptions = field(default_factory=OpenAIOptions)
     defaults: RequestDefaults = field(default_factory=RequestDefaults)
     chat_template: str | None = None
+    # open_url(url) -> binary stream: how image parts' fsspec URLs (s3://, gs://, ...) are read,
+    # with the job's storage options; None: such URLs are refused.
+    open_url: Callable[[str], Any] | None = None
 
     @classmethod
-    def of(cls, openai: OpenAIOptions, defaults: RequestDefaults | None = None) -> "ServingOptions":
+    def of(cls, openai: OpenAIOptions, defaults: RequestDefaults | None = None,
+           open_url: Callable[[str], Any] | None = None) -> "ServingOptions":
         template = load_chat_template(openai.chat_template) if openai.chat_template else None
-        return cls(openai, defaults or RequestDefaults(), template)
+        return cls(openai, defaults or RequestDefaults(), template, open_url)
 
     @property
     def tool_parser(self) -> str | None:
@@ -80,6 +86,8 @@ class PreparedRequest:
     # while its grammar was incomplete (it allowed no next token) finishes "length", not
     # "stop": its content is not the whole answer.
     grammar_complete: Callable[[list[int]], bool] | None = None
+    # The prompt's images (engine.multimodal.MultiModalInputs) for the engine; None: text only.
+    multimodal: Any = None
 
     def checked(self, output: RequestOutput) -> RequestOutput:
         if self.grammar_complete is None or not any(
@@ -148,6 +156,10 @@ class OpenAIServing:
         self._eos: set[int] = set()
         self._satisfiable: set[tuple] = set()  # grammars known to admit an output
         self._pooling: PoolingParams | None = None  # read on the first embedding request
+        # A vision-language model's processor renders chats with images, fetched by `media`.
+        self.processor = model.processor
+        self.media = MediaFetcher(options.openai, options.open_url) \
+            if self.processor is not None else None
 
     def prepare(self, url: str, body: Any, *, allow_stream: bool = True) -> PreparedRequest:
         """Validate and prepare one request; RequestError (with status and param) if it is bad."""
@@ -248,11 +260,21 @@ class OpenAIServing:
 
     def _chat(self, request: ChatCompletionRequest, adapter: str | None = None) -> PreparedRequest:
         tools, parser, tool_grammar, named = self._tools(request)
-        prompt = render_prompt(
-            self.tokenizer, request.messages, tools=tools, chat_template=self.options.chat_template,
-            add_generation_prompt=request.add_generation_prompt,
-            continue_final_message=request.continue_final_message,
-            template_kwargs=request.chat_template_kwargs)
+        multimodal = None
+        if self.media is not None and has_images(request.messages):
+            prompt, multimodal = render_with_images(
+                self.processor, request.messages, self.media, tools=tools,
+                chat_template=self.options.chat_template,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                template_kwargs=request.chat_template_kwargs)
+        else:
+            prompt = render_prompt(
+                self.tokenizer, request.messages, tools=tools,
+                chat_template=self.options.chat_template,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                template_kwargs=request.chat_template_kwargs)
         grammar = tool_grammar or response_format_grammar(request.response_format)
         self._check_satisfiable(grammar, *_grammar_param(request, tool_grammar))
         if grammar is not None and self.reasoning is not None:
@@ -271,7 +293,7 @@ class OpenAIServing:
             skip_special_tokens=params.skip_special_tokens,
             prompt_logprobs=request.prompt_logprobs)
         return PreparedRequest("chat", request, [prompt], params, fmt,
-                               self._grammar_check(params))
+                               self._grammar_check(params), multimodal)
 
     def _completion(self, request: CompletionRequest, adapter: str | None) -> PreparedRequest:
         if request.suffix:

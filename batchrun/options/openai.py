@@ -52,3 +52,19 @@ class OpenAIOptions(BaseModel):
         None, "Scale embeddings to unit length (--no-normalize: the raw pooled vector) "
         "[default: the sentence-transformers config's Normalize module when it has one, "
         "else normalize].")
+    # Images in requests (vision-language models): where they may come from and how big.
+    allowed_media_path: str | None = option(
+        None, "A directory under which image parts may name local files (a path or file:// "
+        "URL) [default: no local files].", metavar="DIR")
+    limit_images_per_prompt: int = option(16, "Images one request may carry.", ge=0)
+    media_max_bytes: int = option(20 << 20, "Bytes one image file may have.", ge=1)
+    media_max_pixels: int = option(
+        40_000_000, "Pixels (width x height) one image may decode to; a larger one (a "
+        "decompression bomb) is that line's error.", ge=1)
+    media_fetch_timeout: float = option(10.0, "Seconds one image fetch may take, per attempt.",
+                                        gt=0)
+    media_fetch_retries: int = option(
+        2, "Retries (with backoff) of an image fetch after a transient error (connection "
+        "error, timeout, HTTP 429 or 5xx).", ge=0)
+    media_fetch_workers: int = option(8, "Threads fetching and decoding images ahead of the "
+                                      "engine.", ge=1)

@@ -39,6 +39,7 @@ def serve(ctx, model, **kwargs):
     """Serve chat completions (JSON and SSE), models, files and batches over HTTP."""
     import uvicorn
 
+    from batchrun.batch.storage import io
     from batchrun.openai.serving import ServingOptions
     from batchrun.server.app import create_app
     from batchrun.server.listener import bind_listener, uvicorn_options
@@ -48,8 +49,9 @@ def serve(ctx, model, **kwargs):
     try:
         server = from_cli(ServerOptions, kwargs)
         engine_config = from_cli(EngineConfig, kwargs)
+        # Image parts' s3:// / gs:// URLs: fsspec with the environment's credentials.
         serving = ServingOptions.of(from_cli(OpenAIOptions, kwargs),
-                                    from_cli(RequestDefaults, kwargs))
+                                    from_cli(RequestDefaults, kwargs), open_url=io.open_read)
     except (OptionsError, OSError) as exc:
         raise UsageError(str(exc)) from None
     if server.data_dir is None:

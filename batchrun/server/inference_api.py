@@ -62,7 +62,8 @@ async def _serve(request: Request, url: str):
     try:
         for i, prompt in enumerate(prepared.prompts):
             streams.append(state.engine.generate(f"{base}-{i}", prompt, prepared.params,
-                                                 stream=prepared.stream))
+                                                 stream=prepared.stream,
+                                                 multimodal=prepared.multimodal))
     except BaseException:
         for s in streams:
             s.close()

@@ -29,7 +29,8 @@ async def create_response(request: Request):
     body = await read_json(request)
     prepared = await asyncio.to_thread(state.serving.prepare, RESPONSES_URL, body)
     stream = state.engine.generate(f"resp-{uuid.uuid4().hex}",
-                                   prepared.prompts[0], prepared.params, stream=prepared.stream)
+                                   prepared.prompts[0], prepared.params, stream=prepared.stream,
+                                   multimodal=prepared.multimodal)
     if prepared.stream:
         return StreamingResponse(_sse(prepared, stream), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})

@@ -129,7 +129,7 @@ def examples(spec: DatasetSpec, rows: list[dict[str, Any]],
             what = f"the prompt {template.name!r}" if template.name else "the prompt"
             raise SpecError(f"{what} names the column {missing[0]!r}, which {spec.path} does "
                             f"not have (it has: {', '.join(sorted(columns))})")
-    for key, what in ((spec.id, "id"), (spec.reference, "reference")):
+    for key, what in ((spec.id, "id"), (spec.reference, "reference"), (spec.image, "image")):
         if key is not None and rows and key not in columns:
             raise SpecError(f"dataset.{what} = {key!r}: {spec.path} has no such column (it "
                             f"has: {', '.join(sorted(columns))})")

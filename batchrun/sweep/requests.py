@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchrun.batch.storage.parquet import image_parts
+from batchrun.openai.wire import RequestError
 from batchrun.sweep.cells import Cell
 from batchrun.sweep.dataset import Template
 from batchrun.sweep.scorers import Example, ScoreError
@@ -36,6 +38,18 @@ class ModelRequests:
                                       "body": body}, ensure_ascii=False))
 
 
+def with_images(messages: list[dict[str, Any]], cell: Any) -> list[dict[str, Any]]:
+    """`messages` with the images of a dataset cell after the last user message's text (a new
+    user message when there is none); RequestError for a cell that holds no image."""
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    out = [dict(m) for m in messages]
+    if not users:
+        return out + [{"role": "user", "content": image_parts(cell)}]
+    last = users[-1]
+    out[last]["content"] = [{"type": "text", "text": out[last]["content"]}] + image_parts(cell)
+    return out
+
+
 def encode_pair(tokenizer: Any, context: str, continuation: str) -> tuple[list[int], int]:
     """(the tokens of context + continuation, how many of them are the context's), split as
     lm-eval does: trailing spaces of the context move to the continuation, the whole is encoded
@@ -49,10 +63,12 @@ def encode_pair(tokenizer: Any, context: str, continuation: str) -> tuple[list[i
 
 def build(cells: list[Cell], examples: list[Example], templates: dict[str, Template],
           generate: bool, choice_scorers: list[Any], tokenizer: Any,
-          endpoint: str = "chat", adapter: str | None = None) -> ModelRequests:
+          endpoint: str = "chat", adapter: str | None = None,
+          image: str | None = None) -> ModelRequests:
     """The requests of `cells` (all of one model). `choice_scorers`: the loglikelihood_choice
     scorers (the first one's choices are asked; scorers of a sweep share its dataset).
-    `adapter`: the LoRA adapter the cells' model is, named in every body."""
+    `adapter`: the LoRA adapter the cells' model is, named in every body. `image`: the column
+    whose images follow the last user message's text."""
     out = ModelRequests(model=adapter)
     if generate:
         for cell in cells:
@@ -65,6 +81,8 @@ def build(cells: list[Cell], examples: list[Example], templates: dict[str, Templ
                     out.errors[key] = f"the prompt cannot be rendered for this row: {exc}"
                     continue
                 if endpoint == "completions":
+                    if image is not None:
+                        raise SpecError("[dataset] image needs endpoint = \"chat\"")
                     if not isinstance(rendered, str):
                         raise SpecError("endpoint = \"completions\" sends a text prompt: give "
                                         "[dataset] prompt (not messages)")
@@ -72,6 +90,12 @@ def build(cells: list[Cell], examples: list[Example], templates: dict[str, Templ
                     continue
                 messages = rendered if isinstance(rendered, list) else \
                     [{"role": "user", "content": rendered}]
+                if image is not None and ex.row.get(image) is not None:
+                    try:
+                        messages = with_images(messages, ex.row[image])
+                    except RequestError as exc:
+                        out.errors[key] = exc.message
+                        continue
                 out.add(key, "/v1/chat/completions", {"messages": messages, **cell.sampling})
     if choice_scorers:
         for variant in sorted({c.prompt for c in cells}):

@@ -130,7 +130,8 @@ def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any],
         served = tokenizer_model(base, engine.max_model_len)  # tokenizer only, no weights
         reqs = requests.build(model_cells, examples, prompts, bool(generators), choosers,
                               served.tokenizer, spec.dataset.endpoint,
-                              adapter=model if model != base else None)
+                              adapter=model if model != base else None,
+                              image=spec.dataset.image)
         request_path = f"{out}/requests/{name}.jsonl"
         _write_if_changed(request_path, "".join(line + "\n" for line in reqs.lines), storage)
         generation_path = f"{out}/generations/{name}.jsonl"

@@ -3,7 +3,7 @@ like job specs: an unknown key or a wrong value names the key and the file.
 
     name = "arith"
     output = "out/sweeps/{name}"
-    [dataset]   path, id, prompt | messages, reference, limit, format, storage_options
+    [dataset]   path, id, prompt | messages, reference, image, limit, format, storage_options
     [grid]      model = [...], temperature = [...], max_tokens = [...], n = [...], any sampling
                 field of a chat request; prompt = {plain = "...", cot = "..."} (named variants)
     [[scorers]] type = "exact_match" | "contains" | "regex" | "choice" | "numeric" |
@@ -55,6 +55,9 @@ class DatasetSpec(BaseModel):
     prompt: str | None = None  # a Jinja template: the user message (or the text scored)
     messages: list[Message] | None = None  # or the whole conversation, templated
     reference: str | None = None  # the column scorers compare against
+    # A column of images (bytes or URLs, or lists of them) shown after the last user message's
+    # text (chat, on a vision-language model).
+    image: str | None = None
     # chat: the prompt is the user message, rendered with the model's chat template;
     # completions: the prompt text as it is (code continuation, e.g. HumanEval).
     endpoint: Literal["chat", "completions"] = "chat"

@@ -250,8 +250,13 @@ class Job:
     # --- reading and admitting --------------------------------------------------------------
 
     def admit(self) -> None:
+        # Lines whose images are still being fetched (job/media_prefetch.py) wait while the
+        # engine has work: it never waits on the network while it could compute.
+        ready = getattr(self.lines, "ready", None)
         while not self.exhausted and len(self.in_flight) < self.max_in_flight:
             if self._stopping():
+                return
+            if ready is not None and self.in_flight and not ready():
                 return
             try:
                 item = next(self.lines)
@@ -288,8 +293,12 @@ class Job:
                           time.monotonic())
         try:
             prompt_tokens = 0
+            images = p.request.multimodal  # a chat line's images (one prompt)
             for request_id, prompt in p.engine_requests:
-                self.engine.add_request(request_id, prompt, p.params)
+                if images is None:
+                    self.engine.add_request(request_id, prompt, p.params)
+                else:
+                    self.engine.add_request(request_id, prompt, p.params, multimodal=images)
                 self.in_flight[request_id] = entry
                 prompt_tokens += len(prompt)
             self.reporter.admitted(prompt_tokens, p.params.max_tokens * p.params.n *

@@ -112,7 +112,7 @@ def make_plan(opts: RunOptions, hold_lease: bool = False, report: bool = False) 
         sources = tuple(open_sources(opts.inputs.input, storage, opts.inputs.input_format))
         check_outputs(targets, job, storage, [s.path for s in sources])
         check_sources(list(sources), storage, opts.inputs.columns)
-        serving = ServingOptions.of(opts.openai, opts.defaults)
+        serving = ServingOptions.of(opts.openai, opts.defaults, storage.open_read)
     except (OSError, ValueError) as exc:
         raise BatchConfigError(str(exc)) from exc
     busy = None

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from batchrun.batch.job.lease import OutputBusyError, OutputLease, lease_for
 from batchrun.batch.job.loop import Job
+from batchrun.batch.job.media_prefetch import Prefetch
 from batchrun.batch.job.metrics import RunMetrics
 from batchrun.batch.job.plan import BatchConfigError, JobPlan
 from batchrun.batch.job.progress import Counts, Reporter, resolve_mode
@@ -31,7 +32,10 @@ from batchrun.engine.sampling_params import SamplingParams
 from batchrun.openai.params import check_model_field
 from batchrun.openai.wire import LineError, RequestError, parse_batch_line, parse_envelope
 from batchrun.openai.bodies import new_request_id
-from batchrun.openai.responses import to_chat_request
+from batchrun.openai.images import check_images
+from batchrun.openai.media import MediaFetcher
+from batchrun.openai.requests import ChatCompletionRequest
+from batchrun.openai.responses import content_part_error, responses_error, to_chat_request
 from batchrun.openai.responses_request import ResponsesRequest
 from batchrun.openai.serving import OpenAIServing, PreparedRequest
 from batchrun.options.openai import OpenAIOptions
@@ -57,8 +61,10 @@ class Prepared:
         return [(f"{self.request_id}-{k}", p) for k, p in enumerate(prompts)]
 
 
-def check_line(raw: str, line_number: int, model: Any, openai: OpenAIOptions):
-    """The checks of prepare_line that need no tokenizer (`batchrun validate` without one).
+def check_line(raw: str, line_number: int, model: Any, openai: OpenAIOptions,
+               media: MediaFetcher | None = None):
+    """The checks of prepare_line that need no tokenizer (`batchrun validate` without one),
+    image parts' sources included; with `media`, their images are fetched and decoded too.
     `model` needs only `name` and `aliases`."""
     line, request = parse_batch_line(raw, line_number)
     try:
@@ -67,8 +73,16 @@ def check_line(raw: str, line_number: int, model: Any, openai: OpenAIOptions):
                                code="unsupported_value", param="stream")
         check_model_field(request.model, model.name, model.aliases, openai.ignore_model_field,
                           getattr(model, "adapters", ()))
+        chat = request
         if isinstance(request, ResponsesRequest):  # its input items, tools, text.format
-            to_chat_request(request)
+            chat = to_chat_request(request)
+        if isinstance(chat, ChatCompletionRequest):
+            try:
+                check_images(chat.messages, openai, media)
+            except RequestError as exc:
+                if chat is request:
+                    raise
+                raise content_part_error(exc, request) or responses_error(exc) from None
     except RequestError as exc:
         raise LineError(line_number, exc, line.custom_id) from None
     return line, request
@@ -200,12 +214,16 @@ def _run(model: ServedModel, engine: EngineClient, plan: JobPlan, staging: Stagi
     reporter = Reporter(mode, counts, metrics, job.log_interval, work=_work_counter(engine))
     lines = read_all(sources, plan.storage, plan.inputs.columns)
     serving = OpenAIServing(model, plan.serving)
+    if serving.media is not None:  # a vision-language model: images fetched ahead of the loop
+        lines = Prefetch(lines, serving.media, max(64, 4 * plan.serving.openai.media_fetch_workers))
     job_loop = Job(engine, plan, lines, staging, committed, counts, reporter, metrics,
                    lambda text, line: prepare_line(text, line, serving), stop, on_progress)
     try:
         status = job_loop.run()
     finally:
         reporter.close()
+        if serving.media is not None:
+            serving.media.close()
 
     merged = None
     whole = status in ("completed", "expired")  # every line has a record

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -53,11 +54,14 @@ def run(ctx, inputs, **kwargs):
 @click_options(InputOptions, OpenAIOptions)
 @click.option("--check-prompts", is_flag=True, help="Also render each chat template and check "
               "the prompt length (loads the model's tokenizer, not its weights).")
+@click.option("--fetch-media", is_flag=True, help="Also fetch and decode every image the lines "
+              "name (without it, image parts are checked without fetching: their shape, count, "
+              "data: URLs and local paths).")
 @click_options(EngineConfig, only=("max_model_len",))
 @click.option("--json", "as_json", is_flag=True,
               help="Print problems as error-file records (JSON lines) instead of text.")
 @click.option("-q", "--quiet", is_flag=True, help="Only the summary.")
-def validate(inputs, check_prompts, max_model_len, as_json, quiet, **kwargs):
+def validate(inputs, check_prompts, fetch_media, max_model_len, as_json, quiet, **kwargs):
     """Check the batch files INPUT... and report every problem (line, field, message) that the
     run would reject, with counts, without running a model."""
     from types import SimpleNamespace
@@ -67,6 +71,7 @@ def validate(inputs, check_prompts, max_model_len, as_json, quiet, **kwargs):
     from batchrun.batch.storage.store import Storage
     from batchrun.batch.job.runner import check_line, prepare_line
     from batchrun.openai.bodies import batch_error_line
+    from batchrun.openai.media import MediaFetcher
     from batchrun.openai.serving import OpenAIServing, ServingOptions
 
     read = _options(lambda: from_cli(InputOptions, kwargs, {"input": list(inputs)}))
@@ -78,7 +83,9 @@ def validate(inputs, check_prompts, max_model_len, as_json, quiet, **kwargs):
         serving_options = ServingOptions.of(openai) if check_prompts else None
     except (OSError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
+    media = None
     if check_prompts:
+        serving_options = dataclasses.replace(serving_options, open_url=storage.open_read)
         serving = OpenAIServing(_tokenizer_model(read.model, max_model_len), serving_options)
         prepare = lambda text, line: prepare_line(text, line, serving)  # noqa: E731
     else:
@@ -86,7 +93,8 @@ def validate(inputs, check_prompts, max_model_len, as_json, quiet, **kwargs):
         if served is None:
             served = SimpleNamespace(name="", aliases=())
             openai = openai.model_copy(update={"ignore_model_field": True})
-        prepare = lambda text, line: check_line(text, line, served, openai)[0]  # noqa: E731
+        media = MediaFetcher(openai, storage.open_read) if fetch_media else None
+        prepare = lambda text, line: check_line(text, line, served, openai, media)[0]  # noqa: E731
 
     def on_problem(item, exc):
         if quiet:
@@ -98,7 +106,11 @@ def validate(inputs, check_prompts, max_model_len, as_json, quiet, **kwargs):
             param = f" [{exc.param}]" if exc.param else ""
             click.echo(f"{where}:{item.line}: {exc.code}{param}: {exc.message}")
 
-    report = v.validate(sources, prepare, on_problem, storage, read.columns)
+    try:
+        report = v.validate(sources, prepare, on_problem, storage, read.columns)
+    finally:
+        if media is not None:
+            media.close()
     click.echo(v.summary(report, len(sources)), err=True)
     sys.exit(EXIT_OK if report.invalid == 0 else EXIT_TOO_MANY_FAILED)
 

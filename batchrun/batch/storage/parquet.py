@@ -2,7 +2,8 @@
 
 Input is either the OpenAI batch columns (`custom_id`, `method`, `url`, `body` as a JSON string or
 a struct) or a flat table: `custom_id` + `messages` (JSON string or list of structs) or `prompt`
-(+ optional `system`), + optional sampling columns named like the request fields
+(+ optional `system`, + optional `image`: the image's bytes or a URL, or a list of them, shown
+after the prompt text), + optional sampling columns named like the request fields
 (`max_tokens`, `temperature`, ...). `--column FIELD=COLUMN` maps differently named columns.
 Either way each row becomes the JSON text of one batch line, so it is validated exactly like a
 JSONL line. Output is one row per result with flat columns for the usual questions and the whole
@@ -11,6 +12,7 @@ body as JSON.
 
 from __future__ import annotations
 
+import base64
 import io as _io
 import json
 from json import JSONDecodeError
@@ -27,7 +29,7 @@ from batchrun.openai.requests import ChatCompletionRequest
 from batchrun.openai.bodies import line_error
 
 _LINE_FIELDS = ("custom_id", "method", "url", "body")
-_FLAT_FIELDS = ("messages", "prompt", "system")
+_FLAT_FIELDS = ("messages", "prompt", "system", "image")
 _READ_BATCH_ROWS = 512
 
 
@@ -79,6 +81,20 @@ def _json_field(value: Any, field: str) -> Any:
     return _drop_nulls(value)
 
 
+def image_parts(cell: Any) -> list[dict[str, Any]]:
+    """An image column's cell (bytes, a URL, or a list of either) as image_url parts; bytes
+    become a data: URL (the decoder reads the format from the data, not the media type)."""
+    parts = []
+    for value in cell if isinstance(cell, list) else [cell]:
+        if isinstance(value, (bytes, bytearray)):
+            value = "data:application/octet-stream;base64," + base64.b64encode(value).decode()
+        if not isinstance(value, str):
+            raise RequestError(f"image: a cell must hold image bytes or a URL, got "
+                               f"{type(value).__name__}", code="invalid_type", param="image")
+        parts.append({"type": "image_url", "image_url": {"url": value}})
+    return parts
+
+
 def row_to_line(row: dict[str, Any], mapping: dict[str, str]) -> dict[str, Any]:
     """One table row -> an OpenAI batch line (dict). Raises RequestError for an unreadable cell."""
     get = {field: row[column] for field, column in mapping.items()}
@@ -91,7 +107,10 @@ def row_to_line(row: dict[str, Any], mapping: dict[str, str]) -> dict[str, Any]:
         if get.get("messages") is not None:
             messages = _json_field(get["messages"], "messages")
         else:
-            messages = [{"role": "user", "content": get.get("prompt")}]
+            content = get.get("prompt")
+            if get.get("image") is not None:
+                content = [{"type": "text", "text": content}] + image_parts(get["image"])
+            messages = [{"role": "user", "content": content}]
             if get.get("system") is not None:
                 messages.insert(0, {"role": "system", "content": get["system"]})
         body = {"messages": messages}

@@ -55,7 +55,7 @@ class TransformersModel(nn.Module):
         super().__init__()
         self.hf = hf_model
         self.config = config
-        self._transforms = logit_transforms(hf_model.config)
+        self._transforms = logit_transforms(hf_model.config.get_text_config())
 
     @property
     def decoder(self) -> nn.Module:
@@ -64,7 +64,7 @@ class TransformersModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches,
                 meta) -> torch.Tensor:
         """Hidden states [T, hidden] for the flat row of tokens of one step."""
-        with attention.step(kv_caches, meta, _max_context(meta, positions)):
+        with attention.step(kv_caches, meta, max_context(meta, positions)):
             out = self.decoder(input_ids=input_ids[None], position_ids=positions[None],
                                use_cache=False)
         return out[0][0]
@@ -76,7 +76,7 @@ class TransformersModel(nn.Module):
         return logits.float()
 
 
-def _max_context(meta, positions: torch.Tensor) -> int:
+def max_context(meta, positions: torch.Tensor) -> int:
     if meta.context_lens is not None:
         return int(meta.context_lens.max())
     return int(positions.max()) + 1
@@ -99,13 +99,25 @@ def load(path, device: torch.device, dtype: torch.dtype) -> TransformersModel:
     return model
 
 
-def wrap(hf: nn.Module) -> TransformersModel:
+def attention_implementation(config, text_config) -> str | dict:
+    """What set_attn_implementation gets: "batchrun" for a text model; for a vision-language
+    model, "batchrun" on its decoder's sub-config only, so the vision tower keeps its own (SDPA:
+    its attention is per image, outside the KV cache)."""
+    if text_config is config:
+        return attention.NAME
+    for key in config.sub_configs:
+        if getattr(config, key, None) is text_config:
+            return {key: attention.NAME}
+    raise UnsupportedModelError(f"{config.model_type}: no sub-config holds its text config")
+
+
+def wrap(hf: nn.Module, cls=TransformersModel) -> TransformersModel:
     """`hf` (its attention implementation set to "batchrun") as the engine's model, after a
     probe forward over a few tokens: every layer must attend through the paged cache with one
     KV shape, and compute_logits must reproduce transformers' own logits."""
-    cfg = hf.config
     attention.register()
-    hf.set_attn_implementation(attention.NAME)
+    cfg = hf.config.get_text_config()  # a vision-language model's decoder's
+    hf.set_attn_implementation(attention_implementation(hf.config, cfg))
     try:
         hidden, shapes = probe.run(hf, lambda ids, pos: hf.base_model(
             input_ids=ids, position_ids=pos, use_cache=False)[0][0])
@@ -129,6 +141,6 @@ def wrap(hf: nn.Module) -> TransformersModel:
         num_heads=heads, num_kv_heads=kv_heads, head_dim=max(dk, dv),
         max_position_embeddings=getattr(cfg, "max_position_embeddings", None) or 2048,
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), hf_config=cfg)
-    model = TransformersModel(hf, config)
+    model = cls(hf, config)
     probe.check_logits(model, hidden)
     return model

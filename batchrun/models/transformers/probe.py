@@ -39,7 +39,7 @@ def run(hf, fn):
     device, dtype = hf.device, hf.dtype
     n = len(PROBE_IDS)
     shapes: dict = {}
-    ids = torch.tensor([PROBE_IDS], device=device) % hf.config.vocab_size
+    ids = torch.tensor([PROBE_IDS], device=device) % hf.config.get_text_config().vocab_size
     with attention.step(_ProbeCaches(shapes, n, dtype, device), prefill_meta(n, device), n,
                         shapes) as current:
         out = fn(ids, torch.arange(n, device=device)[None])

@@ -15,6 +15,10 @@ RECURRENT_MODEL_TYPES = {
     "recurrent_gemma", "minimax", "plamo2", "kimi_linear", "olmo_hybrid",
 }
 
+# Vision-language models the backend runs (models/transformers/vision.py knows how many
+# placeholder tokens their processors write per image).
+VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "llava", "idefics3")
+
 
 class UnsupportedModelError(ValueError):
     """The model cannot run on the requested path; the message says why."""
@@ -68,6 +72,11 @@ def transformers_reason(hf) -> str | None:
                 f"full and sliding-window attention layers")
     if not getattr(hf, "is_causal", True):
         return f"{model_type} attends bidirectionally (causal decoders only)"
+    if getattr(hf, "vision_config", None) is not None:
+        if model_type not in VISION_MODEL_TYPES:
+            return (f"{model_type} is a vision-language model of a family the backend does not "
+                    f"run (vision-language: {', '.join(VISION_MODEL_TYPES)})")
+        return None
     cls = causal_lm_class(hf)
     if cls is None:
         return f"transformers has no causal-LM class for model type {model_type!r}"

@@ -1,0 +1,88 @@
+"""A vision-language model's processor (chat template with image placeholders, image resizing and
+patching, placeholder expansion) from transformers, on its slow PIL/numpy image processors, so
+neither torchvision nor a video processor is needed."""
+
+from __future__ import annotations
+
+
+def images_only(cls):
+    """`cls` (a transformers ProcessorMixin class) built without a video processor: transformers
+    checks every sub-processor's class, and looking up the video processors' classes needs
+    torchvision even when the argument is None."""
+    class ImagesOnly(cls):
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    ImagesOnly.__name__ = ImagesOnly.__qualname__ = cls.__name__
+    return ImagesOnly
+
+
+def load_processor(path):
+    """The processor saved with the model at `path` (processor_config.json / preprocessor_config.json
+    and the tokenizer), its image processor the slow one."""
+    import json
+    from pathlib import Path
+
+    from transformers import AutoImageProcessor, AutoTokenizer
+    from transformers.models.auto.processing_auto import processor_class_from_name
+
+    path = Path(path)
+    settings = {}
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        if (path / name).exists():
+            settings.update(json.loads((path / name).read_text()))
+    cls_name = settings.get("processor_class")
+    if not cls_name:
+        raise ValueError(f"{path} has no processor_class in its processor config")
+    cls = images_only(processor_class_from_name(cls_name))
+    image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    template = None
+    if (path / "chat_template.jinja").exists():
+        template = (path / "chat_template.jinja").read_text()
+    elif (path / "chat_template.json").exists():
+        template = json.loads((path / "chat_template.json").read_text())["chat_template"]
+    template = template or getattr(tokenizer, "chat_template", None)
+    accepted = set(__import__("inspect").signature(cls.__init__).parameters)
+    extra = {k: v for k, v in settings.items() if k in accepted and k not in (
+        "image_processor", "tokenizer", "video_processor", "chat_template")}
+    if "video_processor" in accepted:  # required by some (SmolVLM); images need none
+        extra["video_processor"] = None
+    return cls(image_processor=image_processor, tokenizer=tokenizer, chat_template=template,
+               **extra)
+
+
+def image_hash(image) -> bytes:
+    """The content hash of a decoded PIL image (its mode, size and pixels): the key of the
+    encoder cache and of the prefix-cache blocks over its placeholders."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{image.mode}:{image.size}".encode())
+    h.update(image.tobytes())
+    return h.digest()
+
+
+def render(processor, messages: list[dict], images: list, add_generation_prompt: bool = True,
+           **template_kwargs):
+    """(prompt token ids, engine.multimodal.MultiModalInputs) of a chat whose image parts are
+    {"type": "image"} in order, `images` their decoded PIL images: the chat template's text with
+    the processor's placeholders expanded as it would for transformers' generate; each image's
+    own tensors from the image processor alone (one per encoder-cache entry)."""
+    from batchrun.engine.multimodal import ImageInput, MultiModalInputs
+
+    text = processor.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                         tokenize=False, **template_kwargs)
+    out = processor(text=[text], images=images or None, return_tensors="pt")
+    ids = out["input_ids"][0].tolist()
+    if not images:
+        return ids, None
+    items = []
+    for image in images:
+        data = dict(processor.image_processor(images=[image], return_tensors="pt"))
+        for key in ("rows", "cols"):  # Idefics3's layout of the tiles, not an encoder input
+            data.pop(key, None)
+        items.append(ImageInput(image_hash(image), data))
+    return ids, MultiModalInputs(items)

@@ -1,0 +1,163 @@
+"""A transformers vision-language model on the engine: the decoder runs as the transformers backend
+runs any causal LM (attention.py on the paged KV cache), the vision tower once per image, when a
+step first covers that image's placeholder tokens; its output stays in an encoder cache keyed by
+the image's content hash, so the later chunks of a chunked prefill, and other requests with the
+same image, reuse it. The placeholders' embeddings are replaced by the image features for the rows
+of the step that hold them.
+
+M-RoPE models (Qwen2-VL, Qwen2.5-VL) get the prompt's 3-D positions from the model's own
+get_rope_index when the request is added; decode continues them with the returned delta.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from batchrun.engine.multimodal import ImageInput, MultiModalInputs, StepImages
+from batchrun.models.transformers import attention
+from batchrun.models.transformers.model import TransformersModel, max_context, wrap
+from batchrun.models.transformers.support import VISION_MODEL_TYPES, UnsupportedModelError
+
+ENCODER_CACHE_BYTES = 512 << 20
+
+
+class EncoderCache:
+    """Image features by content hash, least recently used evicted past a byte budget."""
+
+    def __init__(self, max_bytes: int = ENCODER_CACHE_BYTES):
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.entries: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self.encoded = 0  # images run through the vision tower (tests read it)
+
+    def get(self, key: bytes, encode) -> torch.Tensor:
+        feats = self.entries.get(key)
+        if feats is not None:
+            self.entries.move_to_end(key)
+            return feats
+        feats = encode()
+        self.encoded += 1
+        self.entries[key] = feats
+        self.bytes += feats.numel() * feats.element_size()
+        while self.bytes > self.max_bytes and len(self.entries) > 1:
+            _, old = self.entries.popitem(last=False)
+            self.bytes -= old.numel() * old.element_size()
+        return feats
+
+
+def placeholders_per_image(cfg, data: dict) -> int:
+    """How many placeholder tokens the processor wrote for one image (its `data`)."""
+    kind = cfg.model_type
+    if kind in ("qwen2_vl", "qwen2_5_vl"):
+        return int(data["image_grid_thw"].prod()) // cfg.vision_config.spatial_merge_size ** 2
+    if kind == "llava":
+        vc = cfg.vision_config
+        n = (vc.image_size // vc.patch_size) ** 2
+        return n + (1 if cfg.vision_feature_select_strategy == "full" else 0)
+    if kind == "idefics3":
+        vc = cfg.vision_config
+        per_tile = (vc.image_size // vc.patch_size) ** 2 // cfg.scale_factor ** 2
+        return per_tile * int(data["pixel_values"].shape[1])
+    raise UnsupportedModelError(f"{kind}: images are not supported for this model type "
+                                f"(vision-language models: {', '.join(VISION_MODEL_TYPES)})")
+
+
+class VisionLanguageModel(TransformersModel):
+    def __init__(self, hf_model, config):
+        super().__init__(hf_model, config)
+        self.image_token_id = hf_model.config.image_token_id
+        self.encoder_cache = EncoderCache()
+        self.mrope = hasattr(hf_model.model, "get_rope_index")
+
+    @property
+    def decoder(self):
+        inner = self.hf.model
+        return inner.language_model if hasattr(inner, "language_model") else inner.text_model
+
+    def place_images(self, prompt: list[int], mm: MultiModalInputs) -> None:
+        """Fill mm's spans (and M-RoPE positions) from the prompt's placeholder tokens."""
+        ids = torch.tensor(prompt)
+        where = torch.nonzero(ids == self.image_token_id).flatten()
+        counts = [placeholders_per_image(self.hf.config, img.data) for img in mm.images]
+        if sum(counts) != len(where):
+            raise ValueError(f"the prompt holds {len(where)} image placeholder tokens; its "
+                             f"{len(mm.images)} image(s) need {sum(counts)}")
+        mm.spans, mm.placeholders, start = [], [], 0
+        for n in counts:
+            own = where[start:start + n]
+            mm.placeholders.append(own)
+            mm.spans.append((int(own[0]), int(own[-1]) + 1))
+            start += n
+        if self.mrope:
+            grids = torch.cat([img.data["image_grid_thw"] for img in mm.images])
+            types = (ids == self.image_token_id).int()[None]
+            with torch.inference_mode():
+                pos, delta = self.hf.model.get_rope_index(ids[None], mm_token_type_ids=types,
+                                                          image_grid_thw=grids)
+            mm.positions, mm.position_delta = pos[:, 0], int(delta.flatten()[0])
+
+    @torch.inference_mode()
+    def encode(self, image: ImageInput) -> torch.Tensor:
+        """The image's features [placeholders, hidden], from the cache or the vision tower."""
+        def run():
+            data = {k: v.to(self.hf.device) for k, v in image.data.items()}
+            out = self.hf.model.get_image_features(**data)
+            feats = getattr(out, "pooler_output", out)
+            if isinstance(feats, (list, tuple)):
+                feats = torch.cat(list(feats))
+            return feats.reshape(-1, feats.shape[-1]).to(self.hf.dtype)
+        return self.encoder_cache.get(image.content_hash, run)
+
+    def forward(self, input_ids, positions, kv_caches, meta, images: list[StepImages] = ()):
+        embeds = self.hf.get_input_embeddings()(input_ids)
+        rope = positions[None].expand(3, -1).clone() if self.mrope else positions
+        for step in images:
+            mm, last = step.inputs, step.first + step.count
+            for img, (a, b), where in zip(mm.images, mm.spans, mm.placeholders):
+                if a >= last or b <= step.first:
+                    continue
+                feats = self.encode(img)
+                if feats.shape[0] != len(where):
+                    raise RuntimeError(f"{self.hf.config.model_type}: the vision tower gave "
+                                       f"{feats.shape[0]} features for an image with "
+                                       f"{len(where)} placeholder tokens")
+                inside = (where >= step.first) & (where < last)
+                embeds[step.row + where[inside] - step.first] = feats[inside].to(embeds.dtype)
+            if self.mrope:
+                tokens = torch.arange(step.first, last)
+                prompt_len = mm.positions.shape[1]
+                in_prompt = tokens < prompt_len
+                rows = slice(step.row, step.row + step.count)
+                rope[:, rows] = torch.where(
+                    in_prompt[None], mm.positions[:, tokens.clamp(max=prompt_len - 1)],
+                    (tokens + mm.position_delta)[None]).to(rope.device)
+        position_ids = rope[:, None] if self.mrope else rope[None]
+        with attention.step(kv_caches, meta, max_context(meta, positions)):
+            out = self.decoder(inputs_embeds=embeds[None], position_ids=position_ids,
+                               use_cache=False)
+        return out[0][0]
+
+
+def is_vision_language(hf_config) -> bool:
+    return getattr(hf_config, "vision_config", None) is not None
+
+
+def load(path, device: torch.device, dtype: torch.dtype) -> VisionLanguageModel:
+    """The vision-language model at `path`: its decoder on the "batchrun" attention, its vision
+    tower on PyTorch's SDPA (the tower runs outside the engine's steps and caches)."""
+    from transformers import AutoModelForImageTextToText
+
+    attention.register()
+    try:
+        hf = AutoModelForImageTextToText.from_pretrained(
+            path, dtype=dtype, device_map=device,
+            attn_implementation={"text_config": attention.NAME, "vision_config": "sdpa", "": "sdpa"})
+    except (ValueError, KeyError) as exc:
+        raise UnsupportedModelError(f"transformers cannot build it on this backend: {exc}") from exc
+    if hf.config.model_type not in VISION_MODEL_TYPES:
+        raise UnsupportedModelError(f"{hf.config.model_type}: images are not supported for this "
+                                    f"model type (vision-language models: "
+                                    f"{', '.join(VISION_MODEL_TYPES)})")
+    return wrap(hf.eval(), VisionLanguageModel)

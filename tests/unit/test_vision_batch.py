@@ -1,0 +1,401 @@
+"""Batch lines with images on a tiny random-weight VLM: images from data: URLs, a loopback HTTP
+server, a moto S3 bucket and an allowed local directory run to transformers' tokens; each image
+of the hostile corpus is one error record naming the line and the content part."""
+
+import base64
+import io
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from batchrun.batch.job.runner import run_batch
+from batchrun.llm import load_from_path
+from batchrun.options.engine import EngineConfig
+from tests.helpers import job_plan
+from tests.openai_batch_shape import error_of
+from tests.tiny_vlms import image, make_tiny_vlm
+
+MAX_TOKENS = 5
+
+
+def png(img, fmt="PNG") -> bytes:
+    out = io.BytesIO()
+    img.save(out, format=fmt)
+    return out.getvalue()
+
+
+RED, BLUE, GREEN = image(40, 30, 11), image(32, 48, 12), image(50, 50, 13)
+ROUTES = {
+    "/red.png": png(RED),
+    "/blue.png": png(BLUE),
+    "/text.png": b"this is not an image at all",
+    "/truncated.png": png(image(64, 64, 14))[:300],
+    "/bomb.png": png(image(1, 1, 0).resize((3000, 3000))),
+    "/image.ppm": png(image(20, 20, 15), "PPM"),
+}
+
+
+class Handler(BaseHTTPRequestHandler):
+    hits: dict = {}
+
+    def do_GET(self):
+        Handler.hits[self.path] = Handler.hits.get(self.path, 0) + 1
+        if self.path == "/slow.png":
+            time.sleep(1.0)
+        body = ROUTES.get(self.path)
+        if body is None:
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def http_base():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def s3_bucket():
+    pytest.importorskip("moto.server")
+    from tests.moto_s3 import moto_s3
+
+    with moto_s3("imgs") as (fs, options):
+        fs.pipe("imgs/green.png", png(GREEN))
+        yield options
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory, smol_tokenizer):
+    path = tmp_path_factory.mktemp("llava")
+    hf, processor = make_tiny_vlm("llava", path, smol_tokenizer)
+    threads = torch.get_num_threads()
+    loaded = load_from_path(path, EngineConfig.default(block_size=4, num_blocks=512, threads=1))
+    torch.set_num_threads(1)
+    yield hf, processor, loaded
+    torch.set_num_threads(threads)
+
+
+def line(custom_id, *urls, text="What is in the picture?"):
+    parts = [{"type": "text", "text": text}]
+    parts += [{"type": "image_url", "image_url": {"url": u, "detail": "auto"}} for u in urls]
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"model": "m", "max_tokens": MAX_TOKENS, "temperature": 0,
+                                "messages": [{"role": "user", "content": parts}]}})
+
+
+def responses_line(custom_id, url, text="What is in the picture?"):
+    parts = [{"type": "input_text", "text": text}, {"type": "input_image", "image_url": url}]
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/responses",
+                       "body": {"model": "m", "max_output_tokens": MAX_TOKENS, "temperature": 0,
+                                "input": [{"role": "user", "content": parts}]}})
+
+
+def data_url(img) -> str:
+    return "data:image/png;base64," + base64.b64encode(png(img)).decode()
+
+
+def expected(hf, processor, images, text="What is in the picture?"):
+    """(completion text, prompt tokens) from transformers' generate on the processor's output."""
+    parts = [{"type": "text", "text": text}] + [{"type": "image"} for _ in images]
+    prompt = processor.apply_chat_template([{"role": "user", "content": parts}],
+                                           add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[prompt], images=images, return_tensors="pt")
+    out = hf.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
+    new = out[0, inputs["input_ids"].shape[1]:]
+    return processor.tokenizer.decode(new, skip_special_tokens=True), inputs["input_ids"].shape[1]
+
+
+def test_images_from_everywhere_and_hostile_images_fail_alone(vlm, http_base, s3_bucket,
+                                                                tmp_path):
+    hf, processor, loaded = vlm
+    allowed = tmp_path / "media"
+    allowed.mkdir()
+    (allowed / "blue.png").write_bytes(png(BLUE))
+    (tmp_path / "secret.png").write_bytes(png(BLUE))
+    good = {
+        "data": ([data_url(RED)], [RED]),
+        "http": ([f"{http_base}/red.png"], [RED]),
+        "http-again": ([f"{http_base}/red.png"], [RED]),
+        "s3": (["s3://imgs/green.png"], [GREEN]),
+        "local": ([str(allowed / "blue.png")], [BLUE]),
+        "two": ([f"{http_base}/blue.png", f"{http_base}/red.png"], [BLUE, RED]),
+    }
+    bad = {  # custom_id: (urls, error code, index of the failing image part)
+        "404": ([f"{http_base}/missing.png"], "image_fetch_failed", 1),
+        "unreachable": (["http://127.0.0.1:9/x.png"], "image_fetch_failed", 1),
+        "timeout": ([f"{http_base}/slow.png"], "image_fetch_failed", 1),
+        "not-image": ([f"{http_base}/text.png"], "invalid_image", 1),
+        "truncated": ([f"{http_base}/truncated.png"], "invalid_image", 1),
+        "bomb": ([f"{http_base}/bomb.png"], "image_too_large", 1),
+        "format": ([f"{http_base}/image.ppm"], "unsupported_image_format", 1),
+        "too-many": ([data_url(RED)] * 3, "too_many_images", 3),
+        "outside": ([str(tmp_path / "secret.png")], "media_path_not_allowed", 1),
+        "bad-base64": (["data:image/png;base64,@@@"], "invalid_value", 1),
+        "s3-missing": (["s3://imgs/none.png"], "image_fetch_failed", 1),
+    }
+    lines = [line(cid, *urls) for cid, (urls, _) in good.items()]
+    lines += [line(cid, *urls) for cid, (urls, _, _) in bad.items()]
+    lines += [responses_line("responses", f"{http_base}/blue.png"),
+              responses_line("responses-404", f"{http_base}/gone.png")]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    plan = job_plan(input=str(src), output=str(tmp_path / "out.jsonl"), progress="none",
+                    ignore_model_field=True, storage_options=s3_bucket,
+                    allowed_media_path=str(allowed), limit_images_per_prompt=2,
+                    media_max_pixels=1_000_000, media_fetch_timeout=0.3, media_fetch_retries=1)
+    summary = run_batch(loaded, plan)
+    out = {r["custom_id"]: r for r in map(json.loads, open(tmp_path / "out.jsonl"))}
+    errors = {r["custom_id"]: r for r in map(json.loads, open(tmp_path / "out.errors.jsonl"))}
+    assert set(out) == set(good) | {"responses"}, (summary, errors)
+    assert set(errors) == set(bad) | {"responses-404"}, (summary, errors)
+    response = out["responses"]["response"]["body"]
+    text, prompt_tokens = expected(hf, processor, [BLUE])
+    assert response["output"][0]["content"][0]["text"] == text
+    assert response["usage"]["input_tokens"] == prompt_tokens
+    assert error_of(errors["responses-404"])["param"] == "input.0.content.1.image_url"
+    assert error_of(errors["responses-404"])["code"] == "image_fetch_failed"
+    for cid, (_, images) in good.items():
+        body = out[cid]["response"]["body"]
+        text, prompt_tokens = expected(hf, processor, images)
+        assert body["choices"][0]["message"]["content"] == text, cid
+        assert body["usage"]["prompt_tokens"] == prompt_tokens, cid
+    for number, (cid, (_, code, part)) in enumerate(bad.items(), start=len(good) + 1):
+        err = error_of(errors[cid])
+        assert err["code"] == code, (cid, err)
+        where = f"messages.0.content.{part}.image_url" + ("" if code == "too_many_images" else ".url")
+        assert err["param"] == where, (cid, err)
+        assert f"line {number}" in err["message"] and where in err["message"], (cid, err)
+    assert Handler.hits["/red.png"] == 1  # three lines, one fetch
+    assert Handler.hits["/slow.png"] == 2  # a timeout is retried
+    assert Handler.hits["/missing.png"] == 1  # a 404 is not
+    # the repeated image's placeholder blocks came from the prefix cache
+    assert out["http-again"]["response"]["body"]["usage"]["prompt_tokens_details"][
+        "cached_tokens"] > 0
+
+
+def test_a_text_only_model_refuses_image_parts_naming_them():
+    from batchrun.openai.wire import RequestError
+    from batchrun.openai.serving import OpenAIServing
+    from tests.fake_engine import fake_model
+
+    model = fake_model()
+    serving = OpenAIServing(model)
+    assert serving.media is None
+    chat = dict(json.loads(line("c", data_url(RED)))["body"], model=model.name)
+    with pytest.raises(RequestError) as e:
+        serving.prepare("/v1/chat/completions", chat)
+    assert (e.value.code, e.value.param) == ("unsupported_content", "messages.0.content.1")
+    responses = dict(json.loads(responses_line("r", data_url(RED)))["body"], model=model.name)
+    with pytest.raises(RequestError) as e:
+        serving.prepare("/v1/responses", responses)
+    assert (e.value.code, e.value.param) == ("unsupported_content", "input.0.content.1.type")
+
+
+def test_validate_checks_image_parts_and_fetches_them_only_when_asked(http_base, tmp_path):
+    from click.testing import CliRunner
+
+    from batchrun.batch.shell.commands import validate
+
+    allowed = tmp_path / "media"
+    allowed.mkdir()
+    lines = [line("ok", data_url(RED)), line("b64", "data:image/png;base64,@@@"),
+             line("many", *[data_url(RED)] * 3), line("outside", str(tmp_path / "x.png")),
+             line("gone", f"{http_base}/nothing-here.png"),
+             responses_line("r-outside", "/etc/passwd")]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    args = [str(src), "--json", "--ignore-model-field", "--limit-images-per-prompt", "2",
+            "--allowed-media-path", str(allowed)]
+    hits = Handler.hits.get("/nothing-here.png", 0)
+    plain = CliRunner().invoke(validate, args)
+    problems = {r["custom_id"]: error_of(r) for r in map(json.loads, plain.stdout.splitlines())}
+    assert {k: (e["code"], e["param"]) for k, e in problems.items()} == {
+        "b64": ("invalid_value", "messages.0.content.1.image_url.url"),
+        "many": ("too_many_images", "messages.0.content.3.image_url"),
+        "outside": ("media_path_not_allowed", "messages.0.content.1.image_url.url"),
+        "r-outside": ("media_path_not_allowed", "input.0.content.1.image_url"),
+    }, plain.output
+    assert Handler.hits.get("/nothing-here.png", 0) == hits  # nothing fetched
+    fetched = CliRunner().invoke(validate, args + ["--fetch-media"])
+    problems = {r["custom_id"]: error_of(r) for r in map(json.loads, fetched.stdout.splitlines())}
+    assert set(problems) == {"b64", "many", "outside", "r-outside", "gone"}, fetched.output
+    assert problems["gone"]["code"] == "image_fetch_failed"
+    assert fetched.exit_code == plain.exit_code == 3
+
+
+def test_serve_answers_the_openai_clients_image_messages(vlm, http_base, tmp_path):
+    """Chat and Responses through `serve` with the official client: the same tokens as
+    transformers; a bad image is a 400 naming the part; the Batches API runs image lines."""
+    import openai
+
+    from tests.server.conftest import serve
+
+    hf, processor, loaded = vlm
+    with serve(loaded, tmp_path / "server") as running:
+        client = running.client()
+        reply = client.chat.completions.create(
+            model=loaded.name, max_tokens=MAX_TOKENS, temperature=0, messages=[{
+                "role": "user", "content": [
+                    {"type": "text", "text": "What is in the picture?"},
+                    {"type": "image_url", "image_url": {"url": data_url(GREEN)}}]}])
+        text, prompt_tokens = expected(hf, processor, [GREEN])
+        assert reply.choices[0].message.content == text
+        assert reply.usage.prompt_tokens == prompt_tokens
+        response = client.responses.create(
+            model=loaded.name, max_output_tokens=MAX_TOKENS, temperature=0, input=[{
+                "role": "user", "content": [
+                    {"type": "input_text", "text": "What is in the picture?"},
+                    {"type": "input_image", "image_url": f"{http_base}/red.png"}]}])
+        assert response.output_text == expected(hf, processor, [RED])[0]
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=loaded.name, max_tokens=2, messages=[{
+                "role": "user", "content": [
+                    {"type": "text", "text": "Hi"},
+                    {"type": "image_url", "image_url": {"url": f"{http_base}/absent.png"}}]}])
+        assert e.value.body["param"] == "messages.0.content.1.image_url.url"
+        # the Batches API: one good image line, one whose image is missing
+        from tests.helpers import poll_batch
+
+        lines = [json.loads(line("ok", f"{http_base}/blue.png")),
+                 json.loads(line("bad", f"{http_base}/also-absent.png"))]
+        for x in lines:
+            x["body"]["model"] = loaded.name
+        f = client.files.create(file=("in.jsonl", io.BytesIO(
+            "".join(json.dumps(x) + "\n" for x in lines).encode())), purpose="batch")
+        batch = poll_batch(client, client.batches.create(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id)
+        assert batch.status == "completed", batch
+        (ok,) = map(json.loads, client.files.content(batch.output_file_id).text.splitlines())
+        assert ok["response"]["body"]["choices"][0]["message"]["content"] == \
+            expected(hf, processor, [BLUE])[0]
+        (bad,) = map(json.loads, client.files.content(batch.error_file_id).text.splitlines())
+        assert error_of(bad)["param"] == "messages.0.content.1.image_url.url"
+
+
+def test_prefetch_queues_images_ahead_and_says_when_the_next_line_is_ready():
+    from concurrent.futures import Future
+
+    from batchrun.batch.storage.lines import InputLine
+    from batchrun.batch.job.media_prefetch import Prefetch
+
+    class Media:
+        def __init__(self):
+            self.futures = {}
+
+        def start(self, url):
+            return self.futures.setdefault(url, Future())
+
+    media = Media()
+    items = iter([InputLine(0, 1, line("a", "http://x/1.png")),
+                  InputLine(0, 2, line("b", "http://x/2.png", "http://x/1.png")),
+                  InputLine(0, 3, line("c"))])
+    ahead = Prefetch(items, media, lookahead=2)
+    assert not ahead.ready()  # line 1's image is on its way
+    assert set(media.futures) == {"http://x/1.png", "http://x/2.png"}  # two lines ahead
+    media.futures["http://x/1.png"].set_result(RED)
+    assert ahead.ready() and next(ahead).line == 1
+    assert not ahead.ready()  # line 2 also needs 2.png
+    media.futures["http://x/2.png"].set_exception(ValueError("404"))
+    assert ahead.ready()  # a failed image is ready too: the line becomes its error record
+    assert [x.line for x in ahead] == [2, 3]
+
+
+def test_validate_check_prompts_renders_image_lines_through_the_processor(vlm, http_base,
+                                                                          tmp_path):
+    from click.testing import CliRunner
+
+    from batchrun.batch.shell.commands import validate
+
+    _, _, loaded = vlm
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join([line("ok", data_url(RED)),
+                              line("gone", f"{http_base}/never.png")]) + "\n")
+    result = CliRunner().invoke(validate, [str(src), "--json", "--ignore-model-field",
+                                           "--check-prompts", "--model", str(loaded.path)])
+    problems = [json.loads(x) for x in result.stdout.splitlines()]
+    assert [(p["custom_id"], error_of(p)["param"]) for p in problems] == [
+        ("gone", "messages.0.content.1.image_url.url")], result.output
+
+
+def test_parquet_flat_table_with_an_image_column(vlm, http_base, tmp_path):
+    """A flat table's image column goes after the prompt text as an image part: bytes in a
+    column mapped with --column image=photo, URLs in a column named image."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    hf, processor, loaded = vlm
+    table = pa.table({"custom_id": ["green", "blue", "broken"],
+                      "prompt": ["What is in the picture?"] * 3,
+                      "photo": [png(GREEN), png(BLUE), b"not an image"],
+                      "max_tokens": [MAX_TOKENS] * 3, "temperature": [0.0] * 3})
+    pq.write_table(table, tmp_path / "in.parquet")
+    plan = job_plan(input=str(tmp_path / "in.parquet"), output=str(tmp_path / "out.jsonl"),
+                    progress="none", columns={"image": "photo"})
+    run_batch(loaded, plan)
+    out = {r["custom_id"]: r for r in map(json.loads, open(tmp_path / "out.jsonl"))}
+    errors = {r["custom_id"]: r for r in map(json.loads, open(tmp_path / "out.errors.jsonl"))}
+    for cid, img in (("green", GREEN), ("blue", BLUE)):
+        body = out[cid]["response"]["body"]
+        assert body["choices"][0]["message"]["content"] == expected(hf, processor, [img])[0]
+    assert error_of(errors["broken"])["param"] == "messages.0.content.1.image_url.url"
+    assert error_of(errors["broken"])["code"] == "invalid_image"
+    strings = pa.table({"custom_id": ["u"], "prompt": ["What is in the picture?"],
+                        "image": [f"{http_base}/red.png"], "max_tokens": [MAX_TOKENS],
+                        "temperature": [0.0]})
+    pq.write_table(strings, tmp_path / "urls.parquet")
+    run_batch(loaded, job_plan(input=str(tmp_path / "urls.parquet"),
+                               output=str(tmp_path / "out2.jsonl"), progress="none"))
+    (row,) = map(json.loads, open(tmp_path / "out2.jsonl"))
+    assert row["response"]["body"]["choices"][0]["message"]["content"] == \
+        expected(hf, processor, [RED])[0]
+
+
+def test_a_sweep_with_an_image_column(vlm, tmp_path):
+    """[dataset] image names a column whose images follow the prompt; the generations are the
+    model's answers to prompt + image."""
+    from batchrun.sweep.run import run_sweep
+    from batchrun.sweep.spec import load
+
+    hf, processor, loaded = vlm
+    rows = [{"id": "r", "q": "What is in the picture?", "img": data_url(RED), "ref": "x"},
+            {"id": "g", "q": "What is in the picture?", "img": data_url(GREEN), "ref": "y"}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "s.toml").write_text(f'''name = "img"
+output = "{tmp_path / 'out'}"
+[dataset]
+path = "{tmp_path / 'd.jsonl'}"
+id = "id"
+prompt = "{{{{ q }}}}"
+image = "img"
+reference = "ref"
+[grid]
+model = ["{loaded.path}"]
+temperature = [0]
+max_tokens = [{MAX_TOKENS}]
+[[scorers]]
+type = "exact_match"
+''')
+    spec, text = load(tmp_path / "s.toml")
+    result = run_sweep(spec, text, lambda model, config: loaded)
+    assert result.status == "completed"
+    (generations,) = [p for p in (tmp_path / "out" / "generations").glob("*.jsonl")
+                      if not p.name.endswith(".errors.jsonl")]
+    answers = {r["custom_id"].split("/")[-1]: r["response"]["body"]["choices"][0]["message"]
+               ["content"] for r in map(json.loads, generations.read_text().splitlines())}
+    assert answers == {"r": expected(hf, processor, [RED])[0],
+                       "g": expected(hf, processor, [GREEN])[0]}
