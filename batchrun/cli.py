@@ -6,8 +6,8 @@
     batchrun models ...                    models/cli.py
 
 Exit codes of a run are in batch/shell/launch.py (0 ok, 1 crash, 2 usage, 3 too many failed
-lines, 4 deadline passed, 75 interrupted). torch and transformers are imported inside commands so `batchrun --help`
-stays fast. A caller may inject the model loader (tests: a fake engine) as
+lines, 4 deadline passed, 75 interrupted). torch and transformers are imported inside
+commands so `batchrun --help` stays fast. A caller may inject the model loader (tests: a fake engine) as
 `main(obj={"load_model": loader})`.
 """
 
