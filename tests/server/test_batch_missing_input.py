@@ -11,6 +11,7 @@ from batchrun.batch.job.plan import make_plan
 from batchrun.server import batch_job, batches
 from batchrun.server.batches import BatchManager
 from batchrun.server.files import FileStore
+from batchrun.server.metrics import ServerMetrics
 
 LINE = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
         "body": {"messages": [{"role": "user", "content": "Hi"}]}}
@@ -19,7 +20,7 @@ LINE = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
 @pytest.fixture
 def manager(tmp_path):
     files = FileStore(tmp_path / "files")
-    state = SimpleNamespace(files=files, served_name="m", engine=None,
+    state = SimpleNamespace(files=files, served_name="m", engine=None, metrics=ServerMetrics(),
                             config=SimpleNamespace(max_concurrent_batches=1))
     return BatchManager(state, tmp_path / "batches")
 
@@ -51,7 +52,7 @@ def test_deleted_before_the_batch_ran(manager, tmp_path):
 def test_deleted_while_the_runner_starts(manager, tmp_path, monkeypatch):
     batch, content = new_batch(manager)
 
-    def options(state, input_path, work_dir):
+    def options(state, input_path, work_dir, expires_at=None):
         from batchrun.options.job import InputOptions, JobOptions
         from batchrun.options.run import RunOptions
 
