@@ -25,6 +25,7 @@ from batchrun.engine.sampling_params import GrammarSpec, SamplingParams
 from batchrun.openai.chat import ChatChunks, ChatFormatter
 from batchrun.openai.completions import CompletionChunks, CompletionFormatter
 from batchrun.openai.embeddings import EmbeddingFormatter, resolve_pooling
+from batchrun.openai.grammar_checks import check_tool_schema, grammar_param
 from batchrun.openai.images import has_images, render_with_images
 from batchrun.openai.logprobs import TokenText
 from batchrun.openai.media import MediaFetcher
@@ -240,7 +241,7 @@ class OpenAIServing:
                                    code="invalid_value", param="tool_choice")
             return None, None, None, False
         for i, tool in enumerate(request.tools):  # a schema a forced call could not use is
-            _check_tool_schema(tool.function.parameters, i)  # refused whatever the choice
+            check_tool_schema(tool.function.parameters, i)  # refused whatever the choice
         if choice == "none":
             return None, None, None, False  # the model is not to call tools: it does not see them
         if self.tool_parser is None:
@@ -276,7 +277,7 @@ class OpenAIServing:
                 continue_final_message=request.continue_final_message,
                 template_kwargs=request.chat_template_kwargs)
         grammar = tool_grammar or response_format_grammar(request.response_format)
-        self._check_satisfiable(grammar, *_grammar_param(request, tool_grammar))
+        self._check_satisfiable(grammar, *grammar_param(request, tool_grammar))
         if grammar is not None and self.reasoning is not None:
             grammar = after_reasoning(grammar, self.reasoning)
         params = self._params(request, [prompt], grammar, adapter)
@@ -307,7 +308,7 @@ class OpenAIServing:
             texts = list(prompt)
         prompts = self._token_prompts(prompt, "prompt")
         grammar = response_format_grammar(request.response_format)
-        self._check_satisfiable(grammar, *_grammar_param(request, None))
+        self._check_satisfiable(grammar, *grammar_param(request, None))
         params = self._params(request, prompts, grammar, adapter)
         echo = None
         if request.echo:
@@ -364,31 +365,6 @@ class OpenAIServing:
         fmt = EmbeddingFormatter(adapter or self.model.name, request.encoding_format or "float",
                                  request.dimensions, pooling.normalize)
         return PreparedRequest("embedding", request, prompts, params, fmt)
-
-
-def _grammar_param(request: Any, tool_grammar: GrammarSpec | None) -> tuple[str, str]:
-    """(the field a grammar comes from, what it is) for a 400 that names it."""
-    if tool_grammar is not None:
-        return "tools", "the tools' parameter schemas"
-    if request.response_format is not None and request.response_format.type == "json_schema":
-        return "response_format.json_schema.schema", "the schema"
-    return "response_format", "the format"
-
-
-def _check_tool_schema(parameters: dict[str, Any] | None, index: int) -> None:
-    if parameters is None:
-        return
-    error = _schema_error(json.dumps(parameters, sort_keys=True))
-    if error:
-        param = f"tools.{index}.function.parameters"
-        raise RequestError(f"{param}: not a usable JSON schema: {error}", code="invalid_value",
-                           param=param)
-
-
-@functools.lru_cache(maxsize=1024)
-def _schema_error(schema: str) -> str | None:
-    """Lines of a batch file mostly repeat the same tools: compile each schema once."""
-    return engine_structured.validate(GrammarSpec(json_schema=schema))
 
 
 class _FirstCallOnly(ToolParser):

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from batchrun.batch.job.idset import IdSet
 from batchrun.batch.storage.store import NO_OPTIONS, Storage
-from batchrun.batch.job.loop import check_item, internal_error
+from batchrun.batch.job.line_checks import check_item, internal_error
 from batchrun.batch.storage.lines import InputLine, InputReadError, Source
 from batchrun.batch.storage.readers import read_all
 from batchrun.openai.wire import LineError
