@@ -150,13 +150,14 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
 def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: torch.dtype):
     """The model at `path` on the path --model-impl picks (models/transformers/support.py);
     a ValueError says why a model cannot run."""
+    from batchrun.models import native
     from batchrun.models.hf_config import read_config
-    from batchrun.models.llama import LlamaModel, ModelConfig
     from batchrun.models.transformers.support import UnsupportedModelError, choose
 
     hf = read_config(path)
     if choose(hf, config.model_impl).impl == "native":
-        return build_model(LlamaModel, ModelConfig.from_hf(hf), path, device, dtype,
+        module = native.module_for(hf)
+        return build_model(module.Model, module.ModelConfig.from_hf(hf), path, device, dtype,
                            config.device.quantization)
     if config.device.quantization != "none":
         raise UnsupportedModelError("--quantization needs the native path (Llama, Mistral, "

@@ -24,9 +24,9 @@ def list_cmd() -> None:
         click.echo(f"{name:<{width}}  {r.status:<9}  {r.source}")
         if r.aliases:
             click.echo(f"{'':<{width}}  {'':<9}  aliases: {', '.join(r.aliases)}")
-    from batchrun.models.llama import SUPPORTED_ARCHITECTURES
+    from batchrun.models.native import architectures
 
-    click.echo(f"\nNative architectures: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}. Any other "
+    click.echo(f"\nNative architectures: {', '.join(architectures())}. Any other "
                f"decoder-only model transformers can build runs on the transformers backend "
                f"(`batchrun models check PATH` tells which path a model takes).")
 

@@ -287,3 +287,19 @@ class LlamaModel(nn.Module):
             q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
             return [(0, q), (q, kv), (q + kv, kv)][shard]
         return (shard * cfg.intermediate_size, cfg.intermediate_size)
+
+
+Model = LlamaModel
+
+
+def unsupported(hf) -> str | None:
+    """What ModelConfig.from_hf accepts that this model would not run exactly."""
+    other = sorted(set(getattr(hf, "layer_types", None) or ()) - {"full_attention"})
+    if other:
+        return f"{', '.join(other)} layers"
+    from batchrun.models.transformers.support import effective_window
+
+    window = effective_window(hf)
+    if window is not None and window < hf.max_position_embeddings:
+        return f"sliding_window {window} (the native model attends the whole context)"
+    return None

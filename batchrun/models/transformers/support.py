@@ -31,24 +31,10 @@ class Verdict:
 
 
 def native_reason(hf) -> str | None:
-    """Why models/llama.py cannot run `hf` exactly (None: it can)."""
-    from batchrun.models.hf_config import PLAIN_TYPES
-    from batchrun.models.llama import ModelConfig
+    """Why no native model file runs `hf` exactly (None: one does)."""
+    from batchrun.models import native
 
-    model_type = getattr(hf, "model_type", "llama")
-    if model_type not in PLAIN_TYPES:
-        return f"model type {model_type!r} (native: {', '.join(sorted(PLAIN_TYPES))})"
-    other = sorted(set(getattr(hf, "layer_types", None) or ()) - {"full_attention"})
-    if other:
-        return f"{', '.join(other)} layers"
-    try:
-        ModelConfig.from_hf(hf)
-    except ValueError as exc:
-        return str(exc)
-    window = effective_window(hf)
-    if window is not None and window < hf.max_position_embeddings:
-        return f"sliding_window {window} (the native model attends the whole context)"
-    return None
+    return native.native_reason(hf)
 
 
 def effective_window(hf) -> int | None:

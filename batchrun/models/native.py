@@ -1,0 +1,46 @@
+"""batchrun's own model files, by model type: the one place a native architecture plugs in.
+
+A native module exposes `ModelConfig` (`from_hf(hf)` raises ValueError saying what it cannot run),
+the model class `Model` (built by llm.build_model: embed_tokens, lm_head, rope, load_weights,
+cpu_kernels, forward(ids, positions, kv_caches, meta), compute_logits) and
+`unsupported(hf) -> str | None` for what from_hf accepts but the model would not run exactly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+NATIVE_MODULES = {
+    "llama": "batchrun.models.llama",
+    "mistral": "batchrun.models.llama",
+    "qwen2": "batchrun.models.llama",
+    "qwen3": "batchrun.models.llama",
+}
+
+
+def module_for(hf) -> ModuleType | None:
+    """The native module for `hf`'s model type (None: no native path)."""
+    name = NATIVE_MODULES.get(getattr(hf, "model_type", "llama"))
+    return None if name is None else importlib.import_module(name)
+
+
+def native_reason(hf) -> str | None:
+    """Why no native model runs `hf` exactly (None: one does)."""
+    module = module_for(hf)
+    if module is None:
+        return (f"model type {getattr(hf, 'model_type', 'llama')!r} (native: "
+                f"{', '.join(sorted(NATIVE_MODULES))})")
+    try:
+        module.ModelConfig.from_hf(hf)
+    except ValueError as exc:
+        return str(exc)
+    return module.unsupported(hf)
+
+
+def architectures() -> list[str]:
+    """The `architectures` names the native models run."""
+    names: set[str] = set()
+    for name in set(NATIVE_MODULES.values()):
+        names |= importlib.import_module(name).SUPPORTED_ARCHITECTURES
+    return sorted(names)
