@@ -43,14 +43,17 @@ def test_lease_url_is_a_hidden_sibling():
     assert lease_url("out.jsonl") == ".out.jsonl.batchrun-lease"
 
 
+def _output_on(store: str, tmp_path, request) -> tuple[str, dict | None]:
+    """An output URL on `store` unique to the test, and its storage options."""
+    if store == "s3":
+        _, options = request.getfixturevalue("s3")
+        return f"s3://bkt/{tmp_path.name}/out.jsonl", options
+    return str(tmp_path / "out.jsonl"), None
+
+
 @pytest.mark.parametrize("store", ["local", "s3"])
 def test_one_holder_then_the_next(store, tmp_path, request):
-    options = None
-    if store == "s3":
-        fs, options = request.getfixturevalue("s3")
-        output = f"s3://bkt/{tmp_path.name}/out.jsonl"
-    else:
-        output = str(tmp_path / "out.jsonl")
+    output, options = _output_on(store, tmp_path, request)
     first = OutputLease(output, options).acquire()
     with pytest.raises(OutputBusyError, match=r"another batchrun run is writing .*pid"):
         OutputLease(output, options).acquire()
@@ -65,12 +68,7 @@ def test_one_holder_then_the_next(store, tmp_path, request):
 
 @pytest.mark.parametrize("store", ["local", "s3"])
 def test_racing_acquirers_get_it_once(store, tmp_path, request):
-    options = None
-    if store == "s3":
-        fs, options = request.getfixturevalue("s3")
-        output = f"s3://bkt/race-{tmp_path.name}/out.jsonl"
-    else:
-        output = str(tmp_path / "out.jsonl")
+    output, options = _output_on(store, tmp_path, request)
     won, refused = [], []
     barrier = threading.Barrier(8)
 

@@ -169,22 +169,35 @@ class _Local(ConditionalObject):
             os.close(fd)
 
 
+def _guarded(call, fs: Any, path: str, *, gone_is_lost: bool):
+    """call() under a store precondition: None where the precondition failed (or, with
+    gone_is_lost, where the object is gone); the store's cached listing of `path` is dropped
+    either way."""
+    try:
+        return call()
+    except FileNotFoundError:
+        if gone_is_lost:
+            return None
+        raise
+    except OSError as exc:
+        if _precondition_failed(exc):
+            return None
+        raise
+    finally:
+        fs.invalidate_cache(path)
+
+
 class _S3(ConditionalObject):
     def __init__(self, fs: Any, path: str):
         self.fs = fs
         self.bucket, self.key, _ = fs.split_path(path)
+        self.path = f"{self.bucket}/{self.key}"
 
-    def _put(self, data: bytes, **condition: str) -> str | None:
-        try:
-            out = self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=data,
-                                  **condition)
-        except OSError as exc:
-            if _precondition_failed(exc):
-                return None
-            raise
-        finally:
-            self.fs.invalidate_cache(f"{self.bucket}/{self.key}")
-        return out["ETag"]
+    def _put(self, data: bytes, gone_is_lost: bool = False, **condition: str) -> str | None:
+        out = _guarded(lambda: self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key,
+                                               Body=data, **condition),
+                       self.fs, self.path, gone_is_lost=gone_is_lost)
+        return None if out is None else out["ETag"]
 
     def create(self, data: bytes) -> str | None:
         return self._put(data, IfNoneMatch="*")
@@ -202,23 +215,12 @@ class _S3(ConditionalObject):
             return None
 
     def replace(self, data: bytes, token: str) -> str | None:
-        try:
-            return self._put(data, IfMatch=token)
-        except FileNotFoundError:
-            return None
+        return self._put(data, gone_is_lost=True, IfMatch=token)
 
     def delete(self, token: str) -> bool:
-        try:
-            self.fs.call_s3("delete_object", Bucket=self.bucket, Key=self.key, IfMatch=token)
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            if _precondition_failed(exc):
-                return False
-            raise
-        finally:
-            self.fs.invalidate_cache(f"{self.bucket}/{self.key}")
-        return True
+        return _guarded(lambda: self.fs.call_s3("delete_object", Bucket=self.bucket,
+                                                Key=self.key, IfMatch=token) or True,
+                        self.fs, self.path, gone_is_lost=True) is not None
 
 
 class _GCS(ConditionalObject):
@@ -231,18 +233,12 @@ class _GCS(ConditionalObject):
         self.bucket, self.key, _ = fs.split_path(path)
 
     def _upload(self, data: bytes, generation: str) -> str | None:
-        try:
-            out = self.fs.call(
-                "POST", f"{self.fs._location}/upload/storage/v1/b/{quote(self.bucket)}/o",
-                uploadType="media", name=self.key, ifGenerationMatch=generation,
-                headers={"Content-Type": "application/json"}, data=data, json_out=True)
-        except OSError as exc:
-            if _precondition_failed(exc):
-                return None
-            raise
-        finally:
-            self.fs.invalidate_cache(self.path)
-        return str(out["generation"])
+        out = _guarded(lambda: self.fs.call(
+            "POST", f"{self.fs._location}/upload/storage/v1/b/{quote(self.bucket)}/o",
+            uploadType="media", name=self.key, ifGenerationMatch=generation,
+            headers={"Content-Type": "application/json"}, data=data, json_out=True),
+            self.fs, self.path, gone_is_lost=False)
+        return None if out is None else str(out["generation"])
 
     def create(self, data: bytes) -> str | None:
         return self._upload(data, "0")
@@ -262,17 +258,9 @@ class _GCS(ConditionalObject):
         return self._upload(data, token)
 
     def delete(self, token: str) -> bool:
-        try:
-            self.fs.call("DELETE", "b/{}/o/{}", self.bucket, self.key, ifGenerationMatch=token)
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            if _precondition_failed(exc):
-                return False
-            raise
-        finally:
-            self.fs.invalidate_cache(self.path)
-        return True
+        return _guarded(lambda: self.fs.call("DELETE", "b/{}/o/{}", self.bucket, self.key,
+                                             ifGenerationMatch=token) or True,
+                        self.fs, self.path, gone_is_lost=True) is not None
 
 
 class _BestEffort(ConditionalObject):
