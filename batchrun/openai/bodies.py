@@ -58,6 +58,30 @@ def text_completion_body(choices: list[dict], usage_: dict, model_name: str,
             "choices": choices, "usage": usage_, "system_fingerprint": system_fingerprint}
 
 
+class StreamChunks:
+    """The envelope the chat and completions streams share: id, object, created, model, the
+    choices, and the usage where asked for (every chunk with continuous usage)."""
+
+    object_name = ""
+    fmt: Any  # the formatter: model_name, system_fingerprint
+    id: str
+    created: int
+    continuous_usage: bool
+
+    def usage(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _chunk(self, choices: list[dict], usage_: dict | None = None) -> dict[str, Any]:
+        chunk = {"id": self.id, "object": self.object_name, "created": self.created,
+                 "model": self.fmt.model_name, "system_fingerprint": self.fmt.system_fingerprint,
+                 "choices": choices}
+        if usage_ is not None:
+            chunk["usage"] = usage_
+        elif self.continuous_usage:
+            chunk["usage"] = self.usage()
+        return chunk
+
+
 def batch_output_line(custom_id: str, request_id: str, body: dict) -> dict:
     return BatchOutputLine(
         id=f"batch_req_{uuid.uuid4().hex}", custom_id=custom_id,

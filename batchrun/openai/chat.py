@@ -18,7 +18,7 @@ from batchrun.openai.parsers import Delta, ToolParser
 from batchrun.openai.parsers.base import ToolStream
 from batchrun.openai.parsers.reasoning import (ReasoningParser, ReasoningStream,
                                                reasoning_token_count)
-from batchrun.openai.bodies import chat_completion_body, completion_id, usage
+from batchrun.openai.bodies import StreamChunks, chat_completion_body, completion_id, usage
 
 
 class ChoiceParser:
@@ -158,8 +158,10 @@ class _ChoiceState:
         self.finished = False
 
 
-class ChatChunks:
+class ChatChunks(StreamChunks):
     """chat.completion.chunk objects from the engine's cumulative per-choice stream outputs."""
+
+    object_name = "chat.completion.chunk"
 
     def __init__(self, fmt: ChatFormatter, n: int, include_usage: bool, continuous_usage: bool):
         self.fmt = fmt
@@ -170,16 +172,6 @@ class ChatChunks:
         self.choices = [_ChoiceState(fmt) for _ in range(n)]
         self.prompt_tokens = 0
         self.cached_tokens = 0
-
-    def _chunk(self, choices: list[dict], usage_: dict | None = None) -> dict[str, Any]:
-        chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                 "model": self.fmt.model_name, "system_fingerprint": self.fmt.system_fingerprint,
-                 "choices": choices}
-        if usage_ is not None:
-            chunk["usage"] = usage_
-        elif self.continuous_usage:
-            chunk["usage"] = self.usage()
-        return chunk
 
     def usage(self) -> dict[str, Any]:
         completion = sum(c.tokens for c in self.choices)

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from batchrun.engine.outputs import CompletionOutput, RequestOutput
 from batchrun.openai.logprobs import TokenText, completion_logprobs
 from batchrun.openai.prompt_logprobs import echo_logprobs, text_length, vllm_prompt_logprobs
-from batchrun.openai.bodies import completion_id, text_completion_body, usage
+from batchrun.openai.bodies import StreamChunks, completion_id, text_completion_body, usage
 
 
 def _finish(c: CompletionOutput) -> str:
@@ -70,7 +70,9 @@ class CompletionFormatter:
         return CompletionChunks(self, num_prompts, include_usage, continuous_usage)
 
 
-class CompletionChunks:
+class CompletionChunks(StreamChunks):
+    object_name = "text_completion"
+
     def __init__(self, fmt: CompletionFormatter, num_prompts: int, include_usage: bool,
                  continuous_usage: bool):
         self.fmt = fmt
@@ -88,16 +90,6 @@ class CompletionChunks:
 
     def usage(self) -> dict[str, Any]:
         return usage(sum(self.prompt_tokens), sum(self.tokens), sum(self.cached_tokens))
-
-    def _chunk(self, choices: list[dict], usage_: dict | None = None) -> dict[str, Any]:
-        chunk = {"id": self.id, "object": "text_completion", "created": self.created,
-                 "model": self.fmt.model_name, "system_fingerprint": self.fmt.system_fingerprint,
-                 "choices": choices}
-        if usage_ is not None:
-            chunk["usage"] = usage_
-        elif self.continuous_usage:
-            chunk["usage"] = self.usage()
-        return chunk
 
     def start(self) -> list[dict]:
         return []
