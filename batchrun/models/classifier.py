@@ -5,6 +5,7 @@ attributes or a dict); no torch, so the OpenAI adapters read it from a model fol
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,34 @@ def classifier_labels(config: Any) -> list[str] | None:
     return [names.get(i, f"LABEL_{i}") for i in range(count)]
 
 
-def folder_labels(path: str | Path | None) -> list[str] | None:
-    """classifier_labels of the config.json in a model folder (None: none there, or no head)."""
+@dataclass(frozen=True)
+class ClassifierHead:
+    labels: list[str]
+    # transformers' *ForSequenceClassification reads the last token that is not this one.
+    pad_token_id: int | None = None
+
+    def pooled_prompt(self, ids: list[int]) -> list[int]:
+        """The prompt up to the token transformers pools (its last token that is not padding):
+        a causal model's state there does not depend on what follows, so dropping the
+        trailing pad tokens gives the very logits transformers does."""
+        end = len(ids)
+        while end > 1 and ids[end - 1] == self.pad_token_id:
+            end -= 1
+        return ids if end == len(ids) else ids[:end]
+
+
+def folder_head(path: str | Path | None) -> ClassifierHead | None:
+    """The classification head the config.json in a model folder describes (None: none there,
+    or no head)."""
     if path is None:
         return None
     file = Path(path) / "config.json"
     try:
-        return classifier_labels(json.loads(file.read_text()))
+        config = json.loads(file.read_text())
     except (OSError, ValueError):
         return None
+    labels = classifier_labels(config)
+    if labels is None:
+        return None
+    pad = config.get("pad_token_id")
+    return ClassifierHead(labels, pad if isinstance(pad, int) else None)

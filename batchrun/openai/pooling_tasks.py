@@ -26,6 +26,7 @@ from typing import Any, Sequence
 from batchrun.engine.outputs import RequestOutput
 from batchrun.engine.pooling import PoolingParams
 from batchrun.engine.sampling_params import SamplingParams
+from batchrun.models.classifier import ClassifierHead
 from batchrun.openai.pooling_requests import ClassifyRequest, RerankRequest, ScoreRequest
 from batchrun.openai.wire import RequestError
 
@@ -129,23 +130,24 @@ def _unsupported(task: str, model_name: str, why: str) -> RequestError:
 
 
 def prepare_classify(request: ClassifyRequest, prompts: list[list[int]],
-                     labels: list[str] | None, model_name: str, adapter: str | None):
+                     head: ClassifierHead | None, model_name: str, adapter: str | None):
     """(prompts, params, formatter) of a /v1/classify request whose inputs are `prompts`."""
-    if labels is None:
+    if head is None:
         raise _unsupported("/v1/classify", model_name, "has no sequence-classification head "
                            "(a *ForSequenceClassification checkpoint classifies)")
     params = SamplingParams(max_tokens=0, pooling=HEAD, lora=adapter)
-    fmt = ClassifyFormatter(adapter or model_name, labels, request.use_activation is not False)
-    return prompts, params, fmt
+    fmt = ClassifyFormatter(adapter or model_name, head.labels,
+                            request.use_activation is not False)
+    return [head.pooled_prompt(p) for p in prompts], params, fmt
 
 
 def prepare_scoring(url: str, request: ScoreRequest | RerankRequest, tokenizer: Any,
-                    token_prompts, labels: list[str] | None, pooling: PoolingParams,
+                    token_prompts, head: ClassifierHead | None, pooling: PoolingParams | None,
                     model_name: str, adapter: str | None):
     """(prompts, params, formatter) of a /v1/score or /v1/rerank request; `token_prompts(texts,
     field)` gives texts' token ids as the embeddings endpoint makes them."""
-    if labels is not None and len(labels) != 1:
-        raise _unsupported(url, model_name, f"classifies into {len(labels)} labels; scoring "
+    if head is not None and len(head.labels) != 1:
+        raise _unsupported(url, model_name, f"classifies into {len(head.labels)} labels; scoring "
                            "needs a cross-encoder (one label) or a model without a head "
                            "(cosine of embeddings)")
     left, right = request.pairs
@@ -157,8 +159,8 @@ def prepare_scoring(url: str, request: ScoreRequest | RerankRequest, tokenizer: 
         cls = RerankFormatter
     else:
         extra, cls = {}, ScoreFormatter
-    if labels is not None:  # a cross-encoder: each pair is one sequence
-        prompts = [list(tokenizer(a, text_pair=b, add_special_tokens=True)["input_ids"])
+    if head is not None:  # a cross-encoder: each pair is one sequence
+        prompts = [head.pooled_prompt(list(tokenizer(a, text_pair=b)["input_ids"]))
                    for a, b in zip(left, right)]
         params = SamplingParams(max_tokens=0, pooling=HEAD, lora=adapter)
         return prompts, params, cls(name, None, activation, **extra)

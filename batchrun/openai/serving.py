@@ -32,7 +32,7 @@ from batchrun.openai.media import MediaFetcher
 from batchrun.openai.params import check_model_field, to_sampling_params
 from batchrun.openai.parsers import (ToolParser, detect_tool_parser, reasoning_parser,
                                      tool_parser)
-from batchrun.models.classifier import folder_labels
+from batchrun.models.classifier import ClassifierHead, folder_head
 from batchrun.openai.pooling_requests import ClassifyRequest, RerankRequest, ScoreRequest
 from batchrun.openai.pooling_tasks import (ClassifyFormatter, ScoreFormatter, prepare_classify,
                                            prepare_scoring)
@@ -187,7 +187,7 @@ class OpenAIServing:
                                code="unsupported_value", param="stream")
         adapter = check_model_field(request.model, self.model.name, self.model.aliases,
                                     self.options.ignore_model_field, self.model.adapters)
-        if self.labels is not None and isinstance(
+        if self.head is not None and isinstance(
                 request, (ResponsesRequest, ChatCompletionRequest, CompletionRequest)):
             raise RequestError(
                 f"model: {self.model.name!r} is a sequence-classification model: it serves "
@@ -213,9 +213,10 @@ class OpenAIServing:
         return self._pooling
 
     @functools.cached_property
-    def labels(self) -> list[str] | None:
-        """A sequence classifier's labels (from the model folder's config); None: no head."""
-        return folder_labels(self.model.path)
+    def head(self) -> ClassifierHead | None:
+        """A sequence classifier's head (labels, padding) from the model folder's config;
+        None: no head."""
+        return folder_head(self.model.path)
 
     def _check_grammar_support(self) -> None:
         if self._grammar_error is None:
@@ -406,13 +407,13 @@ class OpenAIServing:
         if isinstance(request, ClassifyRequest):
             field = "input"
             prompts, params, fmt = prepare_classify(
-                request, self._token_prompts(request.input, field), self.labels,
+                request, self._token_prompts(request.input, field), self.head,
                 self.model.name, adapter)
         else:
             field = request.second_field
             prompts, params, fmt = prepare_scoring(
-                url, request, self.tokenizer, self._token_prompts, self.labels,
-                self.pooling if self.labels is None else None, self.model.name, adapter)
+                url, request, self.tokenizer, self._token_prompts, self.head,
+                self.pooling if self.head is None else None, self.model.name, adapter)
         self._check_inputs(prompts, field)
         return PreparedRequest(url.rsplit("/", 1)[-1], request, prompts, params, fmt)
 

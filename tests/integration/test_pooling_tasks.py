@@ -2,8 +2,9 @@
 (native Llama / Qwen2 / Qwen3, Gemma and GPT-NeoX on the transformers backend) and a plain causal
 LM, against transformers on the same weights: the classification head's logits, softmax and
 labels; a cross-encoder's sigmoid of the pair's logit (the pair tokenised by transformers'
-tokenizer); the cosine of last-token embeddings where there is no head. Then the same requests
-as batch lines (`run`, `validate`, `plan`), over HTTP (`serve`, httpx) and through the Batches API."""
+tokenizer); the cosine of last-token embeddings where there is no head. Then the same
+requests as batch lines (`run`, `validate`, `plan`), over HTTP (`serve`, httpx) and through the
+Batches API."""
 
 import json
 
@@ -91,6 +92,12 @@ def test_classify_equals_transformers(tiny, arch):
         assert item["label"] == LABELS[int(want.argmax())]
     torch.testing.assert_close(torch.tensor(raw["data"][0]["probs"], dtype=torch.double),
                                t.logits(TEXTS[1]), atol=1e-4, rtol=1e-4)
+    ids = [5, 6, 7, 0, 0]  # ends in pad_token_id 0: transformers reads the head at position 2
+    padded = t.run("/v1/classify", {"input": ids, "use_activation": False})
+    with torch.no_grad():
+        want = t.hf(torch.tensor([ids])).logits[0].double()
+    torch.testing.assert_close(torch.tensor(padded["data"][0]["probs"], dtype=torch.double),
+                               want, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "gpt_neox"])
