@@ -20,7 +20,7 @@ from batchrun.llm import load_from_path
 from batchrun.openai.serving import OpenAIServing
 from batchrun.openai.wire import RequestError
 from batchrun.options.engine import EngineConfig
-from tests.helpers import file_records, job_plan, poll_batch, upload_batch_file
+from tests.helpers import batchrun, file_records, job_plan, poll_batch, upload_batch_file
 from tests.openai_batch_shape import error_of
 from tests.server.conftest import API_KEY, serve
 from tests.tiny_classifiers import LABELS, make_tiny_classifier
@@ -219,13 +219,19 @@ def test_batch_lines_run_validate_and_plan(tiny, tmp_path):
     summary = run_batch(t.model, job_plan(input=str(src), output=str(tmp_path / "out.jsonl"),
                                           progress="none"))
     assert summary.requests == RequestCounts(4, 3, 1)
-    out = {o["custom_id"]: o["response"]["body"]
-           for o in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
-    for line in _lines()[:3]:
-        _same(out[line["custom_id"]], t.run(line["url"], line["body"]))
-    errors = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
-    assert [(e["custom_id"], error_of(e)["param"], error_of(e)["line"]) for e in errors] == \
-        [("bad", "top_n", 4)]
+    # and `batchrun run` itself, loading the checkpoint from its folder
+    proc = batchrun("run", src, "-o", tmp_path / "cli.jsonl", "--model", t.path, real=True,
+                    timeout=300, text=True)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("out", "cli"):
+        out = {o["custom_id"]: o["response"]["body"]
+               for o in map(json.loads, (tmp_path / f"{name}.jsonl").read_text().splitlines())}
+        for line in _lines()[:3]:
+            _same(out[line["custom_id"]], t.run(line["url"], line["body"]))
+        errors = [json.loads(x)
+                  for x in (tmp_path / f"{name}.errors.jsonl").read_text().splitlines()]
+        assert [(e["custom_id"], error_of(e)["param"], error_of(e)["line"]) for e in errors] \
+            == [("bad", "top_n", 4)]
 
 
 def test_serve_routes_and_batches_api(tiny, tmp_path):
