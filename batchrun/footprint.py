@@ -150,4 +150,5 @@ def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> Token
         processor = load_processor(files.path)
     return TokenizerModel(load_tokenizer(files.path), files.name, tuple(files.aliases),
                           max_model_len=context, generation_defaults=defaults,
-                          hidden_size=config.get("hidden_size"), processor=processor)
+                          hidden_size=config.get("hidden_size"), processor=processor,
+                          path=files.path)

@@ -242,7 +242,8 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     model.load_weights(tensors())
     pack_float = device.type == "cpu" and packed_linear.available(dtype)
     if pack_float or quantization != "none":
-        if model.lm_head is None:  # a packed copy of the tied embeddings for the logits
+        if model.lm_head is None and not getattr(model, "num_labels", 0):
+            # a packed copy of the tied embeddings for the logits (a classifier has none)
             model.lm_head = torch.nn.Linear(model_cfg.hidden_size, model_cfg.vocab_size, bias=False,
                                             device="meta")
             model.lm_head.weight = model.embed_tokens.weight

@@ -211,7 +211,6 @@ class RayModel:
     # Known on the replicas only: the tokenizer's EOS and the full vector width apply here.
     eos_token_ids: tuple[int, ...] = ()
     hidden_size: int | None = None
-    path: Path | None = None
 
     def __init__(self, engine: RayEngineClient, served: TokenizerModel):
         self.engine = engine
@@ -222,6 +221,8 @@ class RayModel:
         self.adapters = tuple(engine.config.lora.adapters)
         self.generation_defaults = dict(served.generation_defaults)
         self.max_model_len = engine.max_model_len
+        # The model folder (a classifier's labels, sentence-transformers pooling), where local.
+        self.path: Path | None = served.path
         # Lines with images render here; the client then refuses them (add_request).
         self.processor = served.processor
 

@@ -88,6 +88,9 @@ class Engine:
             raise ValueError(f"unknown LoRA adapter {params.lora!r}")
         if params.pooling is not None and (params.max_tokens != 0 or params.n != 1):
             raise ValueError("a pooling request is prefill-only: it needs max_tokens=0 and n=1")
+        if params.pooling is not None and params.pooling.head and \
+                not getattr(self.runner.model, "num_labels", 0):
+            raise ValueError("this model has no sequence-classification head")
         prompt_len = len(prompt_token_ids)
         if prompt_len == 0:
             raise ValueError("the prompt is empty")

@@ -5,7 +5,10 @@ model's final hidden states (the output of the final norm) over its prompt.
 
 `last` takes the last prompt position (what decoder-only embedding models are trained for, and
 vLLM's default for them), `mean` averages every position, `cls` takes the first. `normalize`
-scales the vector to unit L2 norm.
+scales the vector to unit L2 norm. `head` (with `last`, not normalised) hands the last
+position's hidden state to the model's sequence-classification head (`model.classify`, applied
+by the runner): the result is that head's logits, as transformers' *ForSequenceClassification
+gives them.
 
 The prefix cache keeps K/V, not hidden states. `last` is computed at the last prompt token,
 which a cache hit never covers (the last token is always computed), so a `last` request takes
@@ -29,11 +32,14 @@ POOLING_TYPES = ("last", "mean", "cls")
 class PoolingParams:
     pooling: PoolingType = "last"
     normalize: bool = True
+    head: bool = False  # the model's classification head's logits instead of the hidden state
 
     def __post_init__(self):
         if self.pooling not in POOLING_TYPES:
             raise ValueError(f"pooling must be one of {', '.join(POOLING_TYPES)}, "
                              f"got {self.pooling!r}")
+        if self.head and (self.pooling != "last" or self.normalize):
+            raise ValueError("a classification head reads the last position, not normalised")
 
     @property
     def needs_all_positions(self) -> bool:

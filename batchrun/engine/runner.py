@@ -100,7 +100,12 @@ class ModelRunner:
 
     def pool(self, batch: StepBatch, hidden: torch.Tensor) -> None:
         for req, row, rows, first in batch.pooling:
-            req.pooled.add(first, hidden[row:row + rows])
+            states = hidden[row:row + rows]
+            if req.pooled.params.head:  # the classification head reads the last position only
+                if first + rows < req.pooled.n:
+                    continue
+                states, first = self.model.classify(states[-1:]), req.pooled.n - 1
+            req.pooled.add(first, states)
 
     def score_prompt(self, batch: StepBatch, hidden: torch.Tensor) -> list[tuple]:
         scored = []

@@ -17,9 +17,12 @@ from torch import nn
 
 from batchrun.engine import kernels
 from batchrun.engine.attention import AttentionMetadata, paged_attention
+from batchrun.models.classifier import classifier_labels
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+    "LlamaForSequenceClassification", "MistralForSequenceClassification",
+    "Qwen2ForSequenceClassification", "Qwen3ForSequenceClassification",
 }
 
 
@@ -38,6 +41,8 @@ class ModelConfig:
     qkv_bias: bool
     qk_norm: bool
     hf_config: object  # the transformers config, kept for RoPE parameters
+    # A *ForSequenceClassification checkpoint's labels (its `score` head's outputs); 0: a causal LM.
+    num_labels: int = 0
 
     @classmethod
     def from_hf(cls, hf) -> "ModelConfig":
@@ -63,6 +68,7 @@ class ModelConfig:
             qkv_bias=model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
             qk_norm=model_type == "qwen3",
             hf_config=hf,
+            num_labels=len(classifier_labels(hf) or ()),
         )
 
     @property
@@ -225,7 +231,12 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # A sequence classifier has a `score` head in place of the LM head (it generates nothing).
+        self.num_labels = cfg.num_labels
+        self.score = nn.Linear(cfg.hidden_size, cfg.num_labels, bias=False) if cfg.num_labels \
+            else None
+        self.lm_head = None if cfg.tie_word_embeddings or cfg.num_labels else \
+            nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         # Fused CPU kernels (batchrun.engine.kernels) for RoPE and SiLU-mul, set by the loader
         # when the model runs on the CPU in float32/bfloat16; None = PyTorch ops.
         self.cpu_kernels = None
@@ -250,6 +261,10 @@ class LlamaModel(nn.Module):
         if self.lm_head is None:  # tied to the embeddings
             return F.linear(hidden, self.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
+
+    def classify(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The sequence-classification head's logits [N, num_labels] of final hidden states."""
+        return self.score(hidden).float()
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

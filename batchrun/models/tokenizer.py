@@ -44,11 +44,14 @@ class Tokenizer:
 
     # --- encoding ---------------------------------------------------------------------------
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+    def encode(self, text: str, add_special_tokens: bool = True,
+               text_pair: str | None = None) -> list[int]:
+        return self.backend_tokenizer.encode(text, text_pair,
+                                             add_special_tokens=add_special_tokens).ids
 
-    def __call__(self, text: str, add_special_tokens: bool = True, **_: Any) -> dict[str, list[int]]:
-        ids = self.encode(text, add_special_tokens)
+    def __call__(self, text: str, text_pair: str | None = None, add_special_tokens: bool = True,
+                 **_: Any) -> dict[str, list[int]]:
+        ids = self.encode(text, add_special_tokens, text_pair)
         return {"input_ids": ids, "attention_mask": [1] * len(ids)}
 
     # --- decoding ---------------------------------------------------------------------------

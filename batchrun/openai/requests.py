@@ -28,7 +28,7 @@ MAX_COMPLETION_LOGPROBS = 5
 MAX_PROMPT_LOGPROBS = 20
 
 
-def _warn_unknown_fields(model: BaseModel, where: str) -> None:
+def warn_unknown_fields(model: BaseModel, where: str) -> None:
     for name in model.model_extra or ():
         key = f"{where}.{name}"
         if key not in _warned_fields:
@@ -223,7 +223,7 @@ class ChatCompletionRequest(_SamplingFields):
         if self.continue_final_message and self.messages[-1].role != "assistant":
             raise ValueError("continue_final_message: the last message must be an assistant "
                              "message to continue")
-        _warn_unknown_fields(self, "the request body")
+        warn_unknown_fields(self, "the request body")
         return self
 
 
@@ -279,7 +279,7 @@ class CompletionRequest(_SamplingFields):
         if self.stream and scores:
             raise ValueError(f"{'echo' if self.echo else 'prompt_logprobs'}: not supported "
                              "with stream")
-        _warn_unknown_fields(self, "the request body")
+        warn_unknown_fields(self, "the request body")
         return self
 
 
@@ -318,5 +318,5 @@ class EmbeddingRequest(StrictModel):
             if many and len(self.input) > MAX_EMBEDDING_INPUTS:
                 raise ValueError(f"input: at most {MAX_EMBEDDING_INPUTS} inputs per request, "
                                  f"got {len(self.input)}")
-        _warn_unknown_fields(self, "the request body")
+        warn_unknown_fields(self, "the request body")
         return self

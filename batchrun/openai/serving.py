@@ -32,6 +32,10 @@ from batchrun.openai.media import MediaFetcher
 from batchrun.openai.params import check_model_field, to_sampling_params
 from batchrun.openai.parsers import (ToolParser, detect_tool_parser, reasoning_parser,
                                      tool_parser)
+from batchrun.models.classifier import ClassifierHead, folder_head
+from batchrun.openai.pooling_requests import ClassifyRequest, RerankRequest, ScoreRequest
+from batchrun.openai.pooling_tasks import (ClassifyFormatter, ScoreFormatter, prepare_classify,
+                                           prepare_scoring)
 from batchrun.openai.wire import RequestError, parse_body
 from batchrun.openai.requests import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from batchrun.openai.requests import MAX_EMBEDDING_REQUEST_TOKENS
@@ -75,14 +79,20 @@ class ServingOptions:
         return self.openai.ignore_model_field
 
 
+# Kinds whose prompts are pooled (prefill only): one engine request per prompt, no stream.
+POOLED = ("embedding", "classify", "score", "rerank")
+
+
 @dataclass
 class PreparedRequest:
-    # response: chat, answered as /v1/responses; embedding: pooled, prefill only
-    kind: Literal["chat", "completion", "response", "embedding"]
-    request: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
+    # response: chat, answered as /v1/responses; the POOLED kinds: prefill only, no stream
+    kind: Literal["chat", "completion", "response", "embedding", "classify", "score", "rerank"]
+    request: ChatCompletionRequest | CompletionRequest | EmbeddingRequest | ClassifyRequest \
+        | ScoreRequest | RerankRequest
     prompts: list[list[int]]  # one engine request per prompt
     params: SamplingParams  # params.n choices per prompt
-    formatter: ChatFormatter | CompletionFormatter | EmbeddingFormatter
+    formatter: ChatFormatter | CompletionFormatter | EmbeddingFormatter | ClassifyFormatter \
+        | ScoreFormatter
     # under a grammar: whether a choice's token ids complete it. A choice the engine ended
     # while its grammar was incomplete (it allowed no next token) finishes "length", not
     # "stop": its content is not the whole answer.
@@ -109,14 +119,21 @@ class PreparedRequest:
         if isinstance(outputs, RequestOutput):
             outputs = [outputs]
         outputs = [self.checked(o) for o in outputs]
-        if self.kind not in ("completion", "embedding"):  # one prompt
+        if self.kind not in ("completion", *POOLED):  # one prompt
             return self.formatter.body(outputs[0], created)
         return self.formatter.body(outputs, created)
 
+    @property
+    def prompts_param(self) -> str:
+        """The body field its prompts come from (what a 400 about their number names)."""
+        if self.kind in POOLED:
+            return getattr(self.request, "second_field", "input")
+        return "prompt"
+
     def chunks(self) -> ChatChunks | CompletionChunks:
         """Per-request stream state: start(), update(output[, prompt_index]), end()."""
-        if self.kind == "embedding":
-            raise TypeError("embeddings do not stream")
+        if self.kind in POOLED:
+            raise TypeError(f"{self.kind} requests do not stream")
         opts = self.request.stream_options
         include = bool(opts and opts.include_usage)
         continuous = bool(opts and opts.continuous_usage_stats)
@@ -170,6 +187,12 @@ class OpenAIServing:
                                code="unsupported_value", param="stream")
         adapter = check_model_field(request.model, self.model.name, self.model.aliases,
                                     self.options.ignore_model_field, self.model.adapters)
+        if self.head is not None and isinstance(
+                request, (ResponsesRequest, ChatCompletionRequest, CompletionRequest)):
+            raise RequestError(
+                f"model: {self.model.name!r} is a sequence-classification model: it serves "
+                f"/v1/classify, /v1/score, /v1/rerank and /v1/embeddings, not {url}",
+                code="unsupported_task", param="model")
         if isinstance(request, ResponsesRequest):
             return prepare_response(request, functools.partial(self._chat, adapter=adapter),
                                     self.reasoning)
@@ -177,6 +200,8 @@ class OpenAIServing:
             return self._chat(request, adapter)
         if isinstance(request, EmbeddingRequest):
             return self._embedding(request, adapter)
+        if isinstance(request, (ClassifyRequest, ScoreRequest, RerankRequest)):
+            return self._pooled(url, request, adapter)
         return self._completion(request, adapter)
 
     @property
@@ -186,6 +211,12 @@ class OpenAIServing:
             opts = self.options.openai
             self._pooling = resolve_pooling(opts.pooling, opts.normalize, self.model.path)
         return self._pooling
+
+    @functools.cached_property
+    def head(self) -> ClassifierHead | None:
+        """A sequence classifier's head (labels, padding) from the model folder's config;
+        None: no head."""
+        return folder_head(self.model.path)
 
     def _check_grammar_support(self) -> None:
         if self._grammar_error is None:
@@ -340,20 +371,24 @@ class OpenAIServing:
                                    code="invalid_value", param=field)
         return prompts
 
-    def _embedding(self, request: EmbeddingRequest, adapter: str | None) -> PreparedRequest:
-        prompts = self._token_prompts(request.input, "input")
+    def _check_inputs(self, prompts: list[list[int]], field: str) -> None:
+        """Each pooled input within the context, and all of them within one request's total."""
         limit = self.model.max_model_len
         for i, ids in enumerate(prompts):
             if len(ids) > limit:
                 raise RequestError(
                     f"This model's maximum context length is {limit} tokens, however input {i} "
                     f"has {len(ids)} tokens. Please reduce the length of the input.",
-                    code="context_length_exceeded", param="input")
+                    code="context_length_exceeded", param=field)
         total = sum(map(len, prompts))
         if total > MAX_EMBEDDING_REQUEST_TOKENS:
             raise RequestError(
-                f"input: at most {MAX_EMBEDDING_REQUEST_TOKENS} tokens summed over all inputs of "
-                f"one request, got {total}", code="max_tokens_per_request", param="input")
+                f"{field}: at most {MAX_EMBEDDING_REQUEST_TOKENS} tokens summed over all inputs "
+                f"of one request, got {total}", code="max_tokens_per_request", param=field)
+
+    def _embedding(self, request: EmbeddingRequest, adapter: str | None) -> PreparedRequest:
+        prompts = self._token_prompts(request.input, "input")
+        self._check_inputs(prompts, "input")
         # Unknown (an engine on Ray): a larger `dimensions` gives the whole vector.
         width = self.model.hidden_size
         if request.dimensions is not None and width is not None and request.dimensions > width:
@@ -365,6 +400,22 @@ class OpenAIServing:
         fmt = EmbeddingFormatter(adapter or self.model.name, request.encoding_format or "float",
                                  request.dimensions, pooling.normalize)
         return PreparedRequest("embedding", request, prompts, params, fmt)
+
+    def _pooled(self, url: str, request: ClassifyRequest | ScoreRequest | RerankRequest,
+                adapter: str | None) -> PreparedRequest:
+        """/v1/classify, /v1/score, /v1/rerank (openai/pooling_tasks.py)."""
+        if isinstance(request, ClassifyRequest):
+            field = "input"
+            prompts, params, fmt = prepare_classify(
+                request, self._token_prompts(request.input, field), self.head,
+                self.model.name, adapter)
+        else:
+            field = request.second_field
+            prompts, params, fmt = prepare_scoring(
+                url, request, self.tokenizer, self._token_prompts, self.head,
+                self.pooling if self.head is None else None, self.model.name, adapter)
+        self._check_inputs(prompts, field)
+        return PreparedRequest(url.rsplit("/", 1)[-1], request, prompts, params, fmt)
 
 
 class _FirstCallOnly(ToolParser):

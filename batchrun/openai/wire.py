@@ -1,8 +1,10 @@
 """The OpenAI wire format around the request bodies: the endpoints' URLs, request errors, batch
 input and output lines, and parsing a body or a batch line into its request model.
 
-The request models themselves are in requests.py (chat, completions, embeddings) and
-responses_request.py (/v1/responses).
+The request models themselves are in requests.py (chat, completions, embeddings),
+responses_request.py (/v1/responses) and pooling_requests.py (classify, score, rerank).
+An endpoint plugs in here (ENDPOINTS: its URL and body model; the server routes every URL in it)
+and in OpenAIServing.prepare (what its body becomes).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from batchrun.openai.requests import (ChatCompletionRequest, CompletionRequest, EmbeddingRequest,
                                       StrictModel)
+from batchrun.openai.pooling_requests import ClassifyRequest, RerankRequest, ScoreRequest
 from batchrun.openai.responses_request import ResponsesRequest
 
 log = logging.getLogger(__name__)
@@ -24,12 +27,18 @@ CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 RESPONSES_URL = "/v1/responses"
 EMBEDDINGS_URL = "/v1/embeddings"
-SUPPORTED_URLS = (CHAT_URL, COMPLETIONS_URL, RESPONSES_URL, EMBEDDINGS_URL)
+CLASSIFY_URL = "/v1/classify"
+SCORE_URL = "/v1/score"
+RERANK_URL = "/v1/rerank"
+# Every endpoint batch lines, the Batches API and `serve` take, and its request body's model.
+ENDPOINTS = {CHAT_URL: ChatCompletionRequest, COMPLETIONS_URL: CompletionRequest,
+             RESPONSES_URL: ResponsesRequest, EMBEDDINGS_URL: EmbeddingRequest,
+             CLASSIFY_URL: ClassifyRequest, SCORE_URL: ScoreRequest, RERANK_URL: RerankRequest}
+SUPPORTED_URLS = tuple(ENDPOINTS)
 # Endpoints OpenAI's Batch API takes that this runner does not serve (yet).
 UNSUPPORTED_URLS = ("/v1/moderations",)
-RequestBody = ChatCompletionRequest | CompletionRequest | ResponsesRequest | EmbeddingRequest
-_BODY_MODELS = {CHAT_URL: ChatCompletionRequest, COMPLETIONS_URL: CompletionRequest,
-                RESPONSES_URL: ResponsesRequest, EMBEDDINGS_URL: EmbeddingRequest}
+RequestBody = ChatCompletionRequest | CompletionRequest | ResponsesRequest | EmbeddingRequest \
+    | ClassifyRequest | ScoreRequest | RerankRequest
 # Nesting a request body may have. orjson stops at 1024 levels without recursing; this lower
 # bound keeps every later step (pydantic, Jinja's tojson, grammar compilers) far from any
 # recursion limit. OpenAI's own structured-output schemas nest at most 10 levels.
@@ -171,7 +180,7 @@ def parse_body(url: str, body: Any) -> RequestBody:
     if url not in SUPPORTED_URLS:
         raise RequestError(f"url: unsupported url {url!r} (supported: {', '.join(SUPPORTED_URLS)})",
                            code="invalid_url", param="url")
-    model = _BODY_MODELS[url]
+    model = ENDPOINTS[url]
     if isinstance(body, model):
         return body
     check_depth(body)

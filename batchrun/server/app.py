@@ -1,6 +1,7 @@
 """The FastAPI application: OpenAI-compatible routes on one shared engine.
 
     /v1/chat/completions  /v1/completions  /v1/responses  /v1/embeddings  /v1/models
+    /v1/classify  /v1/score  /v1/rerank                              (vLLM's pooling endpoints)
     /v1/files...  /v1/batches...                                     (API key when set)
     /docs  /redoc  /openapi.json                                     (API key when set)
     /health  /metrics  /version

@@ -1,5 +1,7 @@
-"""POST /v1/chat/completions, /v1/completions and /v1/embeddings: JSON or SSE, through the
-OpenAI adapter that batch lines use (openai/serving.py): prepare -> engine -> finalize, or chunks for a stream."""
+"""POST /v1/chat/completions, /v1/completions, /v1/embeddings and vLLM's pooling endpoints
+(/v1/classify, /v1/score, /v1/rerank): JSON or SSE, through the OpenAI adapter that batch lines
+use (openai/serving.py): prepare -> engine -> finalize, or chunks for a stream. Every endpoint of
+openai.wire.ENDPOINTS but /v1/responses (responses_api.py) is routed here."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from batchrun.engine.async_engine import RequestStream
 from batchrun.engine.errors import EngineDeadError
 from batchrun.engine.outputs import RequestOutput
-from batchrun.openai.wire import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, RequestError
+from batchrun.openai.wire import ENDPOINTS, RESPONSES_URL, RequestError
 from batchrun.openai.bodies import completion_id, engine_error, error_body
 from batchrun.openai.serving import PreparedRequest
 from batchrun.server.errors import as_request_error
@@ -36,19 +38,17 @@ async def read_json(request: Request) -> dict[str, Any]:
     return body
 
 
-@router.post(CHAT_URL)
-async def create_chat_completion(request: Request):
-    return await _serve(request, CHAT_URL)
+def _route(url: str):
+    async def endpoint(request: Request):
+        return await _serve(request, url)
+
+    endpoint.__name__ = "create_" + url.rsplit("/", 1)[-1].replace("/", "_")
+    return endpoint
 
 
-@router.post(COMPLETIONS_URL)
-async def create_completion(request: Request):
-    return await _serve(request, COMPLETIONS_URL)
-
-
-@router.post(EMBEDDINGS_URL)
-async def create_embedding(request: Request):
-    return await _serve(request, EMBEDDINGS_URL)
+for _url in ENDPOINTS:
+    if _url != RESPONSES_URL:
+        router.post(_url)(_route(_url))
 
 
 async def _serve(request: Request, url: str):
@@ -89,7 +89,7 @@ def _check_fits_queue(prepared: PreparedRequest, limit: int) -> None:
     """A 400 for a request of more prompts (each an engine request) than --max-queued-requests
     lets in at once: a 429 would tell its client to retry what can never fit."""
     if len(prepared.prompts) > limit:
-        field = "input" if prepared.kind == "embedding" else "prompt"
+        field = prepared.prompts_param
         raise RequestError(f"{field}: {len(prepared.prompts)} prompts in one request, but this "
                            f"server runs at most {limit} requests at once "
                            f"(--max-queued-requests); send fewer per request",

@@ -28,7 +28,7 @@ from batchrun.batch.job.runner import prepare_line
 from batchrun.batch.estimate.throughput import WorkloadShape
 from batchrun.batch.job.validate import validate
 from batchrun.footprint import tokenizer_model
-from batchrun.openai.serving import OpenAIServing
+from batchrun.openai.serving import POOLED, OpenAIServing
 from batchrun.options.engine import EngineConfig
 from batchrun.served_model import ServedModel
 
@@ -107,7 +107,7 @@ def scan(plan: JobPlan, model: ServedModel, sharing: PrefixSharing, shape: Workl
 
 
 def _fills_context(prepared: Any) -> bool:
-    if prepared.request.kind == "embedding":  # prefill only: nothing to generate
+    if prepared.request.kind in POOLED:  # prefill only: nothing to generate
         return False
     request = prepared.request.request
     return getattr(request, "max_tokens", None) is None and \

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 METHODS = ("none", "int8", "int8-weight", "int4-weight", "bf16")
-KEEP_FLOAT = ("lm_head",)  # precision-critical: the logits
+KEEP_FLOAT = ("lm_head", "score")  # precision-critical: the logits (a classifier's head)
 
 
 class QuantizationError(ValueError):

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from batchrun.models import packed_linear
+from batchrun.models.classifier import classifier_labels
 from batchrun.models.transformers import attention, probe
 from batchrun.models.transformers.support import UnsupportedModelError
 
@@ -56,6 +57,8 @@ class TransformersModel(nn.Module):
         self.hf = hf_model
         self.config = config
         self._transforms = logit_transforms(hf_model.config.get_text_config())
+        # A *ForSequenceClassification model: its `score` head's outputs; 0 for a causal LM.
+        self.num_labels = len(classifier_labels(hf_model.config) or ())
 
     @property
     def decoder(self) -> nn.Module:
@@ -75,6 +78,10 @@ class TransformersModel(nn.Module):
             logits = op(logits)
         return logits.float()
 
+    def classify(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The sequence-classification head's logits [N, num_labels] of final hidden states."""
+        return self.hf.score(hidden).float()
+
 
 def max_context(meta, positions: torch.Tensor) -> int:
     if meta.context_lens is not None:
@@ -85,12 +92,14 @@ def max_context(meta, positions: torch.Tensor) -> int:
 def load(path, device: torch.device, dtype: torch.dtype) -> TransformersModel:
     """The model at `path` (safetensors, sharded or not, as transformers maps them onto its own
     modules), probed for its real attention shape; UnsupportedModelError when it cannot run."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     attention.register()
+    auto = AutoModelForSequenceClassification \
+        if classifier_labels(AutoConfig.from_pretrained(path)) else AutoModelForCausalLM
     try:
-        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device,
-                                                  attn_implementation=attention.NAME)
+        hf = auto.from_pretrained(path, dtype=dtype, device_map=device,
+                                  attn_implementation=attention.NAME)
     except (ValueError, KeyError) as exc:
         raise UnsupportedModelError(f"transformers cannot build it on this backend: {exc}") from exc
     model = wrap(hf.eval())

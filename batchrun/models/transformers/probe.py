@@ -54,13 +54,15 @@ def run(hf, fn):
 
 def check_logits(model, hidden: torch.Tensor) -> None:
     """model.compute_logits over the probe's final hidden states must equal transformers' own
-    causal-LM forward (final soft-capping, logit scaling, ...)."""
+    causal-LM forward (final soft-capping, logit scaling, ...); a sequence classifier's
+    model.classify of the last position must equal its pooled logits."""
     hf = model.hf
     ref, _ = run(hf, lambda ids, pos: hf(input_ids=ids, position_ids=pos,
                                          use_cache=False).logits[0].float())
     with torch.inference_mode():
-        ours = model.compute_logits(hidden)
+        ours = model.classify(hidden[-1:])[0] if model.num_labels else model.compute_logits(hidden)
     if not torch.allclose(ours, ref, rtol=1e-3, atol=1e-3 * (1 + float(ref.abs().max()))):
+        head = "sequence-classification" if model.num_labels else "causal-LM"
         raise UnsupportedModelError(
-            f"{hf.config.model_type}: its causal-LM head transforms the logits in a way the "
+            f"{hf.config.model_type}: its {head} head transforms the logits in a way the "
             f"backend does not reproduce (max difference {float((ours - ref).abs().max()):.3g})")
