@@ -71,7 +71,7 @@ class StreamChunks:
     def usage(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _chunk(self, choices: list[dict], usage_: dict | None = None) -> dict[str, Any]:
+    def chunk(self, choices: list[dict], usage_: dict | None = None) -> dict[str, Any]:
         chunk = {"id": self.id, "object": self.object_name, "created": self.created,
                  "model": self.fmt.model_name, "system_fingerprint": self.fmt.system_fingerprint,
                  "choices": choices}

@@ -181,7 +181,7 @@ class ChatChunks(StreamChunks):
 
     def start(self) -> list[dict]:
         """The first chunk of each choice: the role (and the echoed message, if any)."""
-        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": self.fmt.echo},
+        return [self.chunk([{"index": i, "delta": {"role": "assistant", "content": self.fmt.echo},
                               "logprobs": None, "finish_reason": None}])
                 for i in range(len(self.choices))]
 
@@ -228,11 +228,11 @@ class ChatChunks(StreamChunks):
             state.reasoning_tokens = self.fmt._reasoning_tokens(c, state.reasoning)
         if not body and finish is None:
             return None
-        return self._chunk([{"index": c.index, "delta": body, "logprobs": logprobs,
+        return self.chunk([{"index": c.index, "delta": body, "logprobs": logprobs,
                              "finish_reason": finish}])
 
     def end(self) -> list[dict]:
         """The usage chunk (`choices: []`) when the client asked for it."""
         if not self.include_usage:
             return []
-        return [self._chunk([], usage_=self.usage())]
+        return [self.chunk([], usage_=self.usage())]

@@ -112,9 +112,9 @@ class CompletionChunks(StreamChunks):
             self.text_sent[i] = len(c.text)
             self.tokens_sent[i] = len(c.token_ids)
             self.finished[i] = finish is not None
-            chunks.append(self._chunk([{"index": i, "text": text, "logprobs": logprobs,
+            chunks.append(self.chunk([{"index": i, "text": text, "logprobs": logprobs,
                                         "finish_reason": finish}]))
         return chunks
 
     def end(self) -> list[dict]:
-        return [self._chunk([], usage_=self.usage())] if self.include_usage else []
+        return [self.chunk([], usage_=self.usage())] if self.include_usage else []
