@@ -399,3 +399,37 @@ type = "exact_match"
                ["content"] for r in map(json.loads, generations.read_text().splitlines())}
     assert answers == {"r": expected(hf, processor, [RED])[0],
                        "g": expected(hf, processor, [GREEN])[0]}
+
+
+def test_plan_counts_the_image_tokens_the_run_reports(vlm, tmp_path):
+    """`batchrun plan`'s scan renders image lines through the processor (no weights): its
+    prompt tokens are the run's usage, its prefix-cache figure keys image blocks by the image
+    as the engine does (a repeated image under the same prompt hits; a different image of the
+    same size, whose placeholder ids are the same, does not); its weights are the model's."""
+    from batchrun import footprint
+    from batchrun.batch.estimate.job_estimate import scan
+    from batchrun.batch.estimate.prefix_sharing import PrefixSharing
+    from batchrun.batch.estimate.throughput import WorkloadShape
+
+    hf, _, loaded = vlm
+    text = "Describe this picture in a few words, please, and say what its colours are."
+    lines = [line("red", data_url(RED), text=text), line("red-again", data_url(RED), text=text),
+             line("other", data_url(image(40, 30, 21)), text=text),
+             line("two", data_url(GREEN), data_url(BLUE), text=text),
+             line("broken", "data:image/png;base64,iVBORw0KGgo=")]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    plan = job_plan(input=str(src), output=str(tmp_path / "out.jsonl"), progress="none",
+                    ignore_model_field=True, model=str(loaded.path), block_size=4,
+                    num_blocks=512)
+    cfg = footprint.model_config_for(str(loaded.path))
+    estimate = scan(plan, footprint.tokenizer_model(str(loaded.path)), PrefixSharing(4, 512),
+                    WorkloadShape(), model_config=cfg)
+    run_batch(loaded, plan)
+    usage = [r["response"]["body"]["usage"] for r in map(json.loads, open(tmp_path / "out.jsonl"))]
+    assert (estimate.valid, estimate.invalid) == (4, 1)
+    assert estimate.prompt_tokens == sum(u["prompt_tokens"] for u in usage)
+    cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usage]
+    assert cached[1] > cached[2]  # the repeated image's blocks hit, the other image's do not
+    assert estimate.cached_tokens == sum(cached)
+    assert footprint.weights_bytes(cfg, "float32") == 4 * sum(p.numel() for p in hf.parameters())

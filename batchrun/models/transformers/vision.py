@@ -64,6 +64,23 @@ def placeholders_per_image(cfg, data: dict) -> int:
                                 f"(vision-language models: {', '.join(VISION_MODEL_TYPES)})")
 
 
+def place_spans(cfg, prompt: list[int], mm: MultiModalInputs) -> None:
+    """Fill mm's spans and placeholders from the prompt's placeholder tokens: the config only,
+    no weights (`batchrun plan` keys its prefix-cache model's blocks by them, as the engine)."""
+    ids = torch.tensor(prompt)
+    where = torch.nonzero(ids == cfg.image_token_id).flatten()
+    counts = [placeholders_per_image(cfg, img.data) for img in mm.images]
+    if sum(counts) != len(where):
+        raise ValueError(f"the prompt holds {len(where)} image placeholder tokens; its "
+                         f"{len(mm.images)} image(s) need {sum(counts)}")
+    mm.spans, mm.placeholders, start = [], [], 0
+    for n in counts:
+        own = where[start:start + n]
+        mm.placeholders.append(own)
+        mm.spans.append((int(own[0]), int(own[-1]) + 1))
+        start += n
+
+
 class VisionLanguageModel(TransformersModel):
     def __init__(self, hf_model, config):
         super().__init__(hf_model, config)
@@ -78,19 +95,9 @@ class VisionLanguageModel(TransformersModel):
 
     def place_images(self, prompt: list[int], mm: MultiModalInputs) -> None:
         """Fill mm's spans (and M-RoPE positions) from the prompt's placeholder tokens."""
-        ids = torch.tensor(prompt)
-        where = torch.nonzero(ids == self.image_token_id).flatten()
-        counts = [placeholders_per_image(self.hf.config, img.data) for img in mm.images]
-        if sum(counts) != len(where):
-            raise ValueError(f"the prompt holds {len(where)} image placeholder tokens; its "
-                             f"{len(mm.images)} image(s) need {sum(counts)}")
-        mm.spans, mm.placeholders, start = [], [], 0
-        for n in counts:
-            own = where[start:start + n]
-            mm.placeholders.append(own)
-            mm.spans.append((int(own[0]), int(own[-1]) + 1))
-            start += n
+        place_spans(self.hf.config, prompt, mm)
         if self.mrope:
+            ids = torch.tensor(prompt)
             grids = torch.cat([img.data["image_grid_thw"] for img in mm.images])
             types = (ids == self.image_token_id).int()[None]
             with torch.inference_mode():
