@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava", "idefics3")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava", "idefics3", "smolvlm")
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
@@ -18,7 +18,7 @@ CHAT_TEMPLATE = (
 
 IMAGE_MARKER = {"qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
                 "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>", "llava": "<image>",
-                "idefics3": "<image>"}
+                "idefics3": "<image>", "smolvlm": "<image>"}
 EXTRA_TOKENS = {
     "qwen2_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"],
     "qwen2_5_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"],
@@ -26,6 +26,7 @@ EXTRA_TOKENS = {
     "idefics3": ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
                 + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)],
 }
+EXTRA_TOKENS["smolvlm"] = EXTRA_TOKENS["idefics3"]  # SmolVLM is Idefics3 with another connector
 TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-6,
             initializer_range=0.2, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
@@ -62,6 +63,12 @@ def processor(family: str, tok):
                                       do_image_splitting=True)
         return t.Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=4,
                                    chat_template=tok.chat_template)
+    if family == "smolvlm":
+        ip = t.SmolVLMImageProcessorPil(size={"longest_edge": 56}, max_image_size={"longest_edge": 28},
+                                     do_image_splitting=True)
+        return images_only(t.SmolVLMProcessor)(image_processor=ip, tokenizer=tok, image_seq_len=4,
+                                               chat_template=tok.chat_template,
+                                               video_processor=None)
     raise ValueError(family)
 
 
@@ -93,8 +100,9 @@ def config(family: str, tok):
                                patch_size=7, projection_dim=32),
             image_token_id=ids["<image>"], vision_feature_layer=-1,
             vision_feature_select_strategy="default", projector_hidden_act="gelu")
-    if family == "idefics3":
-        return t.Idefics3Config(
+    if family in ("idefics3", "smolvlm"):
+        cls = t.Idefics3Config if family == "idefics3" else t.SmolVLMConfig
+        return cls(
             text_config=dict(text, model_type="llama"),
             vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                num_attention_heads=2, image_size=28, patch_size=7),

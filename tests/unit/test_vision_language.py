@@ -11,7 +11,7 @@ from batchrun.options.engine import EngineConfig
 from tests.tiny_vlms import image, make_tiny_vlm
 
 MAX_TOKENS = 6
-ENGINE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava", "idefics3")
+ENGINE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava", "idefics3", "smolvlm")
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -10,13 +10,28 @@ def images_only(cls):
     checks every sub-processor's class, and looking up the video processors' classes needs
     torchvision even when the argument is None."""
     class ImagesOnly(cls):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if "video_processor" in self.__dict__ and self.video_processor is None:
+                # SmolVLM's apply_chat_template reads the video defaults even for images
+                self.video_processor = NoVideos()
+
         def check_argument_for_proper_class(self, argument_name, argument):
             if argument is None:
                 return None
             return super().check_argument_for_proper_class(argument_name, argument)
 
+    # transformers maps the sub-processors by the signature of __init__
+    ImagesOnly.__init__.__signature__ = __import__("inspect").signature(cls.__init__)
     ImagesOnly.__name__ = ImagesOnly.__qualname__ = cls.__name__
     return ImagesOnly
+
+
+class NoVideos:
+    """In place of a video processor, for processors whose chat template step reads its
+    defaults: no frames are sampled, as there are no videos."""
+    num_frames = None
+    fps = None
 
 
 def load_processor(path):

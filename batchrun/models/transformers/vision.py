@@ -56,7 +56,7 @@ def placeholders_per_image(cfg, data: dict) -> int:
         vc = cfg.vision_config
         n = (vc.image_size // vc.patch_size) ** 2
         return n + (1 if cfg.vision_feature_select_strategy == "full" else 0)
-    if kind == "idefics3":
+    if kind in ("idefics3", "smolvlm"):  # SmolVLM: Idefics3's tiles, another connector
         vc = cfg.vision_config
         per_tile = (vc.image_size // vc.patch_size) ** 2 // cfg.scale_factor ** 2
         return per_tile * int(data["pixel_values"].shape[1])
