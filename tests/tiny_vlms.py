@@ -73,8 +73,9 @@ def processor(family: str, tok):
         return t.Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=4,
                                    chat_template=tok.chat_template)
     if family == "smolvlm":
-        ip = t.SmolVLMImageProcessorPil(size={"longest_edge": 56}, max_image_size={"longest_edge": 28},
-                                     do_image_splitting=True)
+        ip = t.SmolVLMImageProcessorPil(size={"longest_edge": 56},
+                                        max_image_size={"longest_edge": 28},
+                                        do_image_splitting=True)
         return images_only(t.SmolVLMProcessor)(image_processor=ip, tokenizer=tok, image_seq_len=4,
                                                chat_template=tok.chat_template,
                                                video_processor=None)

@@ -66,7 +66,8 @@ def _attend_sequences(q: torch.Tensor, ctx: list[int], seqs: list[int], k_cache,
     if window is not None:
         allowed &= qpos[:, :, None] - kpos[:, None, :] < window
     if until is not None:
-        later = (kpos[:, None, :] > qpos[:, :, None]) & (kpos[:, None, :] < until.to(dev)[:, :, None])
+        keys = kpos[:, None, :]
+        later = (keys > qpos[:, :, None]) & (keys < until.to(dev)[:, :, None])
         allowed |= valid[:, None, :] & later
     return attend(q, k_cache[slots], v_cache[slots], allowed, scale, softcap, sinks)
 
