@@ -128,9 +128,9 @@ def model_config_for(model: str | None) -> ModelConfig:
         if decoder is not None:
             return decoder
         raise UnsupportedModelError(
-            f"the footprint and `batchrun plan` cover models of the native path only, and "
-            f"vision-language models on a Llama- or Qwen2-shaped decoder "
-            f"({native_reason(hf) or exc}); `batchrun models check {model}` describes this "
+            f"the footprint and `batchrun plan` cover models of the native path only "
+            f"({native_reason(hf) or exc}) and vision-language models on a Llama- or "
+            f"Qwen2-shaped decoder; `batchrun models check {model}` describes this "
             f"one") from exc
 
 
