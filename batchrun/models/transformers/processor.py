@@ -10,19 +10,17 @@ def images_only(cls):
     checks every sub-processor's class, and looking up the video processors' classes needs
     torchvision even when the argument is None."""
     class ImagesOnly(cls):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            if "video_processor" in self.__dict__ and self.video_processor is None:
-                # SmolVLM's apply_chat_template reads the video defaults even for images
-                self.video_processor = NoVideos()
-
         def check_argument_for_proper_class(self, argument_name, argument):
             if argument is None:
                 return None
             return super().check_argument_for_proper_class(argument_name, argument)
 
-    # transformers maps the sub-processors by the signature of __init__
-    ImagesOnly.__init__.__signature__ = __import__("inspect").signature(cls.__init__)
+    if "video_processor" in cls.apply_chat_template.__code__.co_names:
+        # SmolVLM's apply_chat_template reads the video processor's defaults even for images:
+        # a stand-in answers them (the attribute itself stays None, as transformers saves it)
+        ImagesOnly.video_processor = property(
+            lambda self: self.__dict__.get("video_processor") or NoVideos(),
+            lambda self, value: self.__dict__.__setitem__("video_processor", value))
     ImagesOnly.__name__ = ImagesOnly.__qualname__ = cls.__name__
     return ImagesOnly
 
