@@ -12,6 +12,7 @@ dtype, not the size of the GGUF file.
 
 from __future__ import annotations
 
+import dataclasses
 
 import torch
 
@@ -61,6 +62,9 @@ def weights_bytes(cfg: ModelConfig, dtype: torch.dtype | str | None = None,
     """
     dev = _device(device)
     dt = _dtype(dtype, dev)
+    whole = vision_language_parameters(cfg)
+    if whole is not None:  # the transformers backend holds them as built, in the run dtype
+        return whole * _elem(dt)
     count = parameter_count(cfg)
     packed = False
     if dev.type == "cpu":
@@ -120,10 +124,46 @@ def model_config_for(model: str | None) -> ModelConfig:
     try:
         return ModelConfig.from_hf(hf)
     except (ValueError, AttributeError) as exc:
+        decoder = vision_language_decoder(hf)
+        if decoder is not None:
+            return decoder
         raise UnsupportedModelError(
             f"the footprint and `batchrun plan` cover models of the native path only "
-            f"({native_reason(hf) or exc}); `batchrun models check {model}` describes this "
+            f"({native_reason(hf) or exc}) and vision-language models on a Llama- or "
+            f"Qwen2-shaped decoder; `batchrun models check {model}` describes this "
             f"one") from exc
+
+
+def vision_language_decoder(hf) -> ModelConfig | None:
+    """A vision-language model's decoder as a native-shaped ModelConfig (its KV shape, and the
+    shape plan's cost model times), `hf_config` the whole model's; None for any other model or a
+    decoder that is not Llama/Qwen2-shaped. Its weights: vision_language_parameters."""
+    if getattr(hf, "vision_config", None) is None or not hasattr(hf, "get_text_config"):
+        return None
+    import copy
+
+    text = copy.copy(hf.get_text_config())
+    qwen = str(getattr(text, "model_type", "")).startswith("qwen2")
+    text.architectures = ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"]
+    try:
+        cfg = ModelConfig.from_hf(text)
+    except (ValueError, AttributeError):
+        return None
+    return dataclasses.replace(cfg, qkv_bias=cfg.qkv_bias or qwen, hf_config=hf)
+
+
+def vision_language_parameters(cfg: ModelConfig) -> int | None:
+    """Parameters of a vision-language model (vision tower, projector, decoder) as transformers
+    builds it from the config, on the meta device (no memory, no weights read); None for a
+    model of the native path."""
+    hf = cfg.hf_config
+    if getattr(hf, "vision_config", None) is None:
+        return None
+    from transformers import AutoModelForImageTextToText
+
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(hf)
+    return sum(p.numel() for p in model.parameters())
 
 
 def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> TokenizerModel:
@@ -138,10 +178,10 @@ def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> Token
 
     files = resolve_model(spec)
     config = json.loads((files.path / "config.json").read_text())
-    context = config.get("max_position_embeddings") or max_model_len or 2048
+    context = config.get("max_position_embeddings") or \
+        config.get("text_config", {}).get("max_position_embeddings") or max_model_len or 2048
     if max_model_len:
         context = min(context, max_model_len)
-    context = context or config.get("text_config", {}).get("max_position_embeddings") or 2048
     defaults, _ = read_generation_config(files.path)
     processor = None
     if config.get("vision_config") is not None:  # renders image lines as the run would

@@ -18,9 +18,7 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from benchmarks.scoring import cpu_name  # noqa: E402
+from tests.image_server import ImageServer  # noqa: E402
 
 PROMPT = "Write a one-line caption for this product photo."
 
@@ -73,24 +72,6 @@ def tiny_image(w, h, seed):
     from tests.tiny_vlms import image
 
     return image(w, h, seed)
-
-
-def serve_images(pngs: list[bytes], delay: float):
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            time.sleep(delay)
-            body = pngs[int(self.path.strip("/").split(".")[0])]
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
 def run_batchrun(path: Path, base: str, n: int, max_tokens: int, workdir: Path):
@@ -159,17 +140,18 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="vlm-bench-"))
     model, processor = build_model(workdir / "model")
     imgs = images(args.lines)
-    pngs = []
-    for img in imgs:
+    routes = {}
+    for i, img in enumerate(imgs):
         buf = io.BytesIO()
         img.save(buf, format="PNG")
-        pngs.append(buf.getvalue())
-    server, base = serve_images(pngs, args.delay)
+        routes[f"/{i}.png"] = buf.getvalue()
+    server = ImageServer(routes, delay=args.delay)
+    base = server.base
     print(f"CPU: {cpu_name()}; torch threads: {torch.get_num_threads()}; {args.lines} lines, "
           f"{args.max_tokens} tokens each; image server delay {args.delay * 1000:.0f} ms")
     b_s, b_tok, waited, done = run_batchrun(workdir / "model", base, args.lines,
                                             args.max_tokens, workdir)
-    server.shutdown()
+    server.close()
     h_s, h_tok = run_transformers(model, processor, imgs, args.max_tokens, args.batch)
     print(f"batchrun      {b_s:7.1f} s  {b_tok / b_s:7.1f} output tok/s  ({done} lines; "
           f"job loop waited {waited:.2f} s for images = {100 * waited / b_s:.1f}% of the run)")

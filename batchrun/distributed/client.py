@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from batchrun.distributed.routing import PrefixRouter
+from batchrun.distributed.routing import PrefixRouter, images_key
 from batchrun.engine.client import EngineStats
 from batchrun.options.ray import RayOptions
 from batchrun.served_model import TokenizerModel, system_fingerprint
@@ -51,7 +51,6 @@ class RayEngineClient:
         from batchrun.distributed.replica import EngineReplica
 
         self.options, self.collect_timeout = options, collect_timeout
-        self.config = engine_config  # as a local engine's (the responses' system_fingerprint)
         self._actor_class = ray.remote(num_cpus=options.cpus_per_replica,
                                        num_gpus=options.gpus_per_replica,
                                        max_concurrency=4)(EngineReplica)
@@ -61,6 +60,8 @@ class RayEngineClient:
         info = ray.get([r.info.remote() for r in self.replicas])
         self.max_model_len = info[0]["max_model_len"]
         self.name = info[0]["name"]
+        # as a local engine's, loaded (the responses' system_fingerprint)
+        self.config = info[0].get("config") or engine_config
         self._pending: list[list[tuple]] = [[] for _ in self.replicas]
         self._collecting: dict[Any, tuple[int, Any]] = {}  # collect ref -> (index, actor)
         self._adding: dict[Any, tuple[int, Any]] = {}  # add ref -> (index, actor)
@@ -76,10 +77,10 @@ class RayEngineClient:
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: Any,
                     arrival_time: float | None = None, stream: bool = False,
                     priority: int | None = None, multimodal=None) -> None:
-        if multimodal is not None:  # the replicas' hand-off carries token ids only (DESIGN.md)
-            raise ValueError("requests with images are not supported with --ray yet")
-        index = self.router.choose(prompt_token_ids)
-        request = (request_id, list(prompt_token_ids), params)
+        index = self.router.choose(prompt_token_ids, images_key(multimodal))
+        # The images travel with the request, as the processor's tensors the driver rendered
+        # (DESIGN.md, Images): a replica never fetches, and a resend carries them again.
+        request = (request_id, list(prompt_token_ids), params, multimodal)
         self._open[request_id] = (index, request)
         self._pending[index].append(request)
 
@@ -223,7 +224,8 @@ class RayModel:
         self.max_model_len = engine.max_model_len
         # The model folder (a classifier's labels, sentence-transformers pooling), where local.
         self.path: Path | None = served.path
-        # Lines with images render here; the client then refuses them (add_request).
+        # Lines with images render (and their images are fetched) here: the replicas get the
+        # processor's tensors with the request.
         self.processor = served.processor
 
     @property

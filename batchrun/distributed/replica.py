@@ -24,7 +24,7 @@ class EngineReplica:
             torch.set_num_threads(threads)
         self.model = load(model, engine_config)
         self.engine = self.model.engine
-        self._inbox: list[tuple[str, list[int], Any]] = []
+        self._inbox: list[tuple[str, list[int], Any, Any]] = []
         self._aborts: list[str] = []
         self._lock = threading.Lock()
         self._work = threading.Event()
@@ -33,10 +33,13 @@ class EngineReplica:
         threading.Thread(target=self._loop, name="batchrun-replica", daemon=True).start()
 
     def info(self) -> dict[str, Any]:
+        # The engine's config as loading settled it (a VLM turns CUDA graphs off): the
+        # responses' system_fingerprint is then the local run's.
         return {"name": self.model.name, "max_model_len": self.model.max_model_len,
-                "pid": os.getpid()}
+                "pid": os.getpid(), "config": getattr(self.engine, "config", None)}
 
-    def add(self, requests: Sequence[tuple[str, list[int], Any]]) -> int:
+    def add(self, requests: Sequence[tuple[str, list[int], Any, Any]]) -> int:
+        """(request id, prompt token ids, sampling params, the prompt's images or None)."""
         with self._lock:
             self._inbox.extend(requests)
         self._work.set()
@@ -74,9 +77,10 @@ class EngineReplica:
                     aborts, self._aborts = self._aborts, []
                 for request_id in aborts:
                     self.engine.abort_request(request_id)
-                for request_id, prompt, params in new:
+                for request_id, prompt, params, images in new:
+                    extra = {} if images is None else {"multimodal": images}
                     try:
-                        self.engine.add_request(request_id, prompt, params)
+                        self.engine.add_request(request_id, prompt, params, **extra)
                     except ValueError as exc:  # the engine refuses this one request
                         self._done.put(RequestOutput(request_id, prompt, [], finished=True,
                                                      error=str(exc)))

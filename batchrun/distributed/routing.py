@@ -7,19 +7,34 @@ clearly more open requests than the least loaded one (more than `slack` x its lo
 to the least loaded. A prefix every prompt shares (a chat template's system prompt) matches
 everywhere, so load decides; a long shared prefix (a few-shot block) keeps its requests on the
 replica that computed it.
+
+A prompt with images has its blocks keyed by the images' content hashes too (`images_key`): all
+images share the placeholder token ids, so without it prompts about different pictures would look
+alike and pile onto one replica. The key covers every block of such a prompt (the driver does not
+know where the placeholders sit), so the same picture under the same prompt goes where it went
+before and a text prefix in front of an image is not matched across different images.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from typing import Any, Sequence
 
 BLOCK = 16  # the engine's KV block size: the cache shares whole blocks
 
 
-def block_hashes(prompt: Sequence[int], block: int = BLOCK) -> list[int]:
-    """Chained hashes of the prompt's full blocks (block i's identity covers blocks 0..i)."""
-    out, parent = [], 0
+def images_key(multimodal: Any) -> bytes:
+    """The content hashes of a request's images (engine.multimodal.MultiModalInputs), b"" for
+    text only."""
+    if multimodal is None:
+        return b""
+    return b"".join(image.content_hash for image in multimodal.images)
+
+
+def block_hashes(prompt: Sequence[int], block: int = BLOCK, key: bytes = b"") -> list[int]:
+    """Chained hashes of the prompt's full blocks (block i's identity covers blocks 0..i),
+    each mixing in `key`."""
+    out, parent = [], hash(key) if key else 0
     for start in range(0, len(prompt) - block + 1, block):
         parent = hash((parent, tuple(prompt[start:start + block])))
         out.append(parent)
@@ -40,8 +55,8 @@ class PrefixRouter:
             n += 1
         return n
 
-    def choose(self, prompt: Sequence[int]) -> int:
-        hashes = block_hashes(prompt)
+    def choose(self, prompt: Sequence[int], key: bytes = b"") -> int:
+        hashes = block_hashes(prompt, key=key)
         least = min(range(len(self.load)), key=self.load.__getitem__)
         best = max(range(len(self.load)), key=lambda i: (self._match(i, hashes), -self.load[i]))
         index = best if self.load[best] <= self.slack * self.load[least] + 8 else least

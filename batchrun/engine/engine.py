@@ -109,6 +109,11 @@ class Engine:
             if place is None:
                 raise ValueError("this model takes text only; the request has images")
             place(list(prompt_token_ids), multimodal)
+            budget = self.config.scheduler.max_num_batched_tokens
+            if multimodal.bidirectional and any(b - a > budget for a, b in multimodal.spans):
+                raise ValueError(f"an image takes more tokens than a step computes "
+                                 f"(--max-num-batched-tokens {budget}), and this model's image "
+                                 f"tokens must be computed in one step")
         group = Group(request_id, params.n, stream)
         group.multimodal = multimodal
         leader = self.sequences.new_sequence(group, 0, list(prompt_token_ids), params, max_tokens,

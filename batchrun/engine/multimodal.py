@@ -30,12 +30,37 @@ class MultiModalInputs:
     # token index (M-RoPE); generated token i then sits at position prompt_len + i + delta.
     positions: object = None
     position_delta: int = 0
+    # Set by the model: each image's placeholders attend to each other both ways (Gemma 3), so
+    # a prefill chunk must hold an image's whole span (chunk_end).
+    bidirectional: bool = False
 
     def block_key(self, first: int, end: int) -> bytes:
         """What the prefix-cache hash of the block over tokens [first, end) mixes in: the content
         hashes of the images whose placeholders it holds (b"" for a block of text only)."""
         return b"".join(img.content_hash for img, (s, e) in zip(self.images, self.spans)
                         if s < end and e > first)
+
+
+    def chunk_end(self, start: int, end: int) -> int:
+        """Where a prefill chunk of tokens [start, end) may end: `end`, or, when it would split
+        an image whose tokens attend both ways, that image's first token (`start` when the
+        image begins at or before `start`: the chunk must wait for a step with room for it)."""
+        if not self.bidirectional:
+            return end
+        for first, last in self.spans:
+            if first < end < last:
+                return max(start, first)
+        return end
+
+    def visible_until(self, first: int, count: int) -> list[int]:
+        """For tokens [first, first + count): the end of the image span a token sits in (it
+        sees the whole image), 0 for a token outside every image (causal)."""
+        out = [0] * count
+        if self.bidirectional:
+            for a, b in self.spans:
+                for t in range(max(a, first), min(b, first + count)):
+                    out[t - first] = b
+        return out
 
 
 @dataclass

@@ -65,7 +65,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = self._chunk(req, budget)
+            if n < 1:  # its next image does not fit in what is left of the budget
+                i += 1
+                continue
             while not self.kv.allocate(req, req.num_computed_tokens + n):
                 victim = self.running.pop(self._victim_index(i))
                 self._preempt(victim)
@@ -108,7 +111,7 @@ class Scheduler:
                 if req.num_cached_tokens < 0:
                     req.num_cached_tokens = cached
             extra = self._rescore_rows(req)
-            n = min(req.num_tokens - req.num_computed_tokens, budget - extra)
+            n = self._chunk(req, budget - extra)
             if n < 1:
                 self.kv.free_request(req)
                 req.num_computed_tokens = 0
@@ -140,6 +143,16 @@ class Scheduler:
         for req in reversed(passed_over):
             self.waiting.appendleft(req)
         return step
+
+    @staticmethod
+    def _chunk(req: Request, budget: int) -> int:
+        """How many of req's tokens to compute with `budget` left: no more than the budget, and
+        no chunk ending inside an image whose tokens attend both ways (engine/multimodal.py)."""
+        start = req.num_computed_tokens
+        end = start + min(req.num_tokens - start, budget)
+        if req.multimodal is not None:
+            end = req.multimodal.chunk_end(start, end)
+        return end - start
 
     @staticmethod
     def _rescore_rows(req: Request) -> int:

@@ -157,3 +157,49 @@ def test_a_killed_driver_resumes_from_its_commits(tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert [r["custom_id"] for r in records(out)] == [f"r{i}" for i in range(300)]
+
+
+def test_image_lines_on_two_replicas_give_the_single_process_output(tmp_path, smol_tokenizer):
+    """The driver fetches and renders the images; the processor's tensors travel with each
+    request to the replica that runs it (a tiny random LLaVA, data: URLs of several sizes, a
+    repeated image, two images in one line, a broken image failing alone)."""
+    import base64
+    import io
+
+    from batchrun import llm
+    from batchrun.footprint import tokenizer_model
+    from tests.tiny_vlms import image, make_tiny_vlm
+
+    path = tmp_path / "llava"
+    make_tiny_vlm("llava", path, smol_tokenizer)
+
+    def data_url(img):
+        out = io.BytesIO()
+        img.save(out, format="PNG")
+        return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+    red, blue, green = image(40, 30, 1), image(32, 48, 2), image(50, 50, 3)
+    lines = {"red": [red], "blue": [blue], "red-again": [red], "two": [green, blue],
+             "green": [green], "broken": ["data:image/png;base64,iVBORw0KGgo="], "text": []}
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({
+        "custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
+        "body": {"max_tokens": 6, "temperature": 0, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": f"Describe picture {cid}."}] + [
+            {"type": "image_url", "image_url": {"url": x if isinstance(x, str) else data_url(x)}}
+            for x in images]}]}}) + "\n" for cid, images in lines.items()))
+    config = EngineConfig.default(block_size=4, num_blocks=512, threads=1)
+    local = run_batch(llm.load(str(path), config),
+                      job_plan(input=str(src), output=str(tmp_path / "local.jsonl")))
+    client = RayEngineClient(OPTIONS, llm.load, str(path), config)
+    try:
+        model = RayModel(client, tokenizer_model(str(path)))
+        remote = run_batch(model, job_plan(input=str(src), output=str(tmp_path / "ray.jsonl")))
+    finally:
+        client.shutdown()
+    assert local.requests.ok == len(lines) - 1 and local.requests.failed == 1
+    assert remote.requests == local.requests
+    for suffix in (".jsonl", ".errors.jsonl"):
+        assert strip(records(tmp_path / f"ray{suffix}"), fake=False) == \
+            strip(records(tmp_path / f"local{suffix}"), fake=False)
+    assert all(r["requests_finished"] > 0 for r in remote.summary["replicas"])

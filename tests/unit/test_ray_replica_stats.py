@@ -38,7 +38,7 @@ class Replica:
         done, self.queued[:] = list(self.queued), []
         self.finished += len(done)
         return [RequestOutput(rid, prompt, [CompletionOutput(0, "x", [1], "length")], True)
-                for rid, prompt, _ in done]
+                for rid, prompt, *_ in done]
 
 
 @pytest.fixture

@@ -41,8 +41,9 @@ def problem(device="cpu", seed=0):
     return to(q), to(k), to(v), to(k_cache), to(v_cache), history, layout
 
 
-def plain(q, k, v, history, scale, window=None, softcap=None, sinks=None):
-    """float64, one query row and head at a time."""
+def plain(q, k, v, history, scale, window=None, softcap=None, sinks=None, until=None):
+    """float64, one query row and head at a time; until[row]: keys after the row's position
+    and before until[row] are seen too (an image's tokens, both ways)."""
     out = torch.zeros(q.shape, dtype=torch.float64)
     row = 0
     for (c, n), (hk, hv) in zip(SEQS, history):
@@ -51,6 +52,8 @@ def plain(q, k, v, history, scale, window=None, softcap=None, sinks=None):
         for t in range(n):
             p = c + t
             seen = [j for j in range(p + 1) if window is None or j > p - window]
+            if until is not None:
+                seen += list(range(p + 1, until[row + t]))
             for h in range(H):
                 kv = h // (H // HKV)
                 scores = [float(q[row + t, h].double() @ keys[j, kv]) * scale for j in seen]
@@ -105,3 +108,25 @@ def test_every_backend_matches_the_reference(name, backend, device):
     got = paged_attention(q, k, v, kc, vc, meta, D ** -0.5)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
+
+
+@pytest.mark.parametrize("extra", ["none", "sliding_window"])
+def test_rows_of_an_image_see_the_whole_image(extra):
+    """meta.visible_until: the rows of an image span (tokens [8, 11) of the chunk over a cached
+    context, [1, 4) of a fresh prompt) see every key of their image; other rows stay causal.
+    The window (3) is as long as the images, as the model's is at least an image long."""
+    q, k, v, kc, vc, history, layout = problem()
+    meta = SdpaBackend(torch.float32).build(layout)
+    until = [0] * q.shape[0]
+    first_row = {i: sum(n for _, n in SEQS[:i]) for i in range(len(SEQS))}
+    for seq, (a, b) in ((2, (8, 11)), (3, (1, 4))):
+        c = SEQS[seq][0]
+        for p in range(a, b):
+            until[first_row[seq] + p - c] = b
+    meta.visible_until = torch.tensor(until)
+    kw = EXTRAS[extra]
+    got = reference_attention(q, k, v, kc, vc, meta, D ** -0.5, **kw)
+    expected = plain(q, k, v, history, D ** -0.5, kw.get("sliding_window"), until=until)
+    torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
+    causal = plain(q, k, v, history, D ** -0.5, kw.get("sliding_window"))
+    assert not torch.allclose(got.double(), causal, atol=1e-3)

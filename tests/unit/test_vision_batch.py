@@ -5,9 +5,6 @@ of the hostile corpus is one error record naming the line and the content part."
 import base64
 import io
 import json
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
@@ -16,6 +13,7 @@ from batchrun.batch.job.runner import run_batch
 from batchrun.llm import load_from_path
 from batchrun.options.engine import EngineConfig
 from tests.helpers import job_plan
+from tests.image_server import ImageServer
 from tests.openai_batch_shape import error_of
 from tests.tiny_vlms import image, make_tiny_vlm
 
@@ -39,34 +37,15 @@ ROUTES = {
 }
 
 
-class Handler(BaseHTTPRequestHandler):
-    hits: dict = {}
-
-    def do_GET(self):
-        Handler.hits[self.path] = Handler.hits.get(self.path, 0) + 1
-        if self.path == "/slow.png":
-            time.sleep(1.0)
-        body = ROUTES.get(self.path)
-        if body is None:
-            self.send_response(404)
-            self.end_headers()
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+@pytest.fixture(scope="module")
+def images_http():
+    with ImageServer(ROUTES, slow={"/slow.png": 1.0}) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
-def http_base():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+def http_base(images_http):
+    return images_http.base
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +99,8 @@ def expected(hf, processor, images, text="What is in the picture?"):
     return processor.tokenizer.decode(new, skip_special_tokens=True), inputs["input_ids"].shape[1]
 
 
-def test_images_from_everywhere_and_hostile_images_fail_alone(vlm, http_base, s3_bucket,
-                                                                tmp_path):
+def test_images_from_everywhere_and_hostile_images_fail_alone(vlm, http_base, images_http,
+                                                                s3_bucket, tmp_path):
     hf, processor, loaded = vlm
     allowed = tmp_path / "media"
     allowed.mkdir()
@@ -180,9 +159,9 @@ def test_images_from_everywhere_and_hostile_images_fail_alone(vlm, http_base, s3
         where = f"messages.0.content.{part}.image_url" + ("" if code == "too_many_images" else ".url")
         assert err["param"] == where, (cid, err)
         assert f"line {number}" in err["message"] and where in err["message"], (cid, err)
-    assert Handler.hits["/red.png"] == 1  # three lines, one fetch
-    assert Handler.hits["/slow.png"] == 2  # a timeout is retried
-    assert Handler.hits["/missing.png"] == 1  # a 404 is not
+    assert images_http.hits["/red.png"] == 1  # three lines, one fetch
+    assert images_http.hits["/slow.png"] == 2  # a timeout is retried
+    assert images_http.hits["/missing.png"] == 1  # a 404 is not
     # the repeated image's placeholder blocks came from the prefix cache
     assert out["http-again"]["response"]["body"]["usage"]["prompt_tokens_details"][
         "cached_tokens"] > 0
@@ -206,7 +185,8 @@ def test_a_text_only_model_refuses_image_parts_naming_them():
     assert (e.value.code, e.value.param) == ("unsupported_content", "input.0.content.1.type")
 
 
-def test_validate_checks_image_parts_and_fetches_them_only_when_asked(http_base, tmp_path):
+def test_validate_checks_image_parts_and_fetches_them_only_when_asked(http_base, images_http,
+                                                                     tmp_path):
     from click.testing import CliRunner
 
     from batchrun.batch.shell.commands import validate
@@ -221,7 +201,7 @@ def test_validate_checks_image_parts_and_fetches_them_only_when_asked(http_base,
     src.write_text("\n".join(lines) + "\n")
     args = [str(src), "--json", "--ignore-model-field", "--limit-images-per-prompt", "2",
             "--allowed-media-path", str(allowed)]
-    hits = Handler.hits.get("/nothing-here.png", 0)
+    hits = images_http.hits.get("/nothing-here.png", 0)
     plain = CliRunner().invoke(validate, args)
     problems = {r["custom_id"]: error_of(r) for r in map(json.loads, plain.stdout.splitlines())}
     assert {k: (e["code"], e["param"]) for k, e in problems.items()} == {
@@ -230,7 +210,7 @@ def test_validate_checks_image_parts_and_fetches_them_only_when_asked(http_base,
         "outside": ("media_path_not_allowed", "messages.0.content.1.image_url.url"),
         "r-outside": ("media_path_not_allowed", "input.0.content.1.image_url"),
     }, plain.output
-    assert Handler.hits.get("/nothing-here.png", 0) == hits  # nothing fetched
+    assert images_http.hits.get("/nothing-here.png", 0) == hits  # nothing fetched
     fetched = CliRunner().invoke(validate, args + ["--fetch-media"])
     problems = {r["custom_id"]: error_of(r) for r in map(json.loads, fetched.stdout.splitlines())}
     assert set(problems) == {"b64", "many", "outside", "r-outside", "gone"}, fetched.output
@@ -399,3 +379,37 @@ type = "exact_match"
                ["content"] for r in map(json.loads, generations.read_text().splitlines())}
     assert answers == {"r": expected(hf, processor, [RED])[0],
                        "g": expected(hf, processor, [GREEN])[0]}
+
+
+def test_plan_counts_the_image_tokens_the_run_reports(vlm, tmp_path):
+    """`batchrun plan`'s scan renders image lines through the processor (no weights): its
+    prompt tokens are the run's usage, its prefix-cache figure keys image blocks by the image
+    as the engine does (a repeated image under the same prompt hits; a different image of the
+    same size, whose placeholder ids are the same, does not); its weights are the model's."""
+    from batchrun import footprint
+    from batchrun.batch.estimate.job_estimate import scan
+    from batchrun.batch.estimate.prefix_sharing import PrefixSharing
+    from batchrun.batch.estimate.throughput import WorkloadShape
+
+    hf, _, loaded = vlm
+    text = "Describe this picture in a few words, please, and say what its colours are."
+    lines = [line("red", data_url(RED), text=text), line("red-again", data_url(RED), text=text),
+             line("other", data_url(image(40, 30, 21)), text=text),
+             line("two", data_url(GREEN), data_url(BLUE), text=text),
+             line("broken", "data:image/png;base64,iVBORw0KGgo=")]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    plan = job_plan(input=str(src), output=str(tmp_path / "out.jsonl"), progress="none",
+                    ignore_model_field=True, model=str(loaded.path), block_size=4,
+                    num_blocks=512)
+    cfg = footprint.model_config_for(str(loaded.path))
+    estimate = scan(plan, footprint.tokenizer_model(str(loaded.path)), PrefixSharing(4, 512),
+                    WorkloadShape(), model_config=cfg)
+    run_batch(loaded, plan)
+    usage = [r["response"]["body"]["usage"] for r in map(json.loads, open(tmp_path / "out.jsonl"))]
+    assert (estimate.valid, estimate.invalid) == (4, 1)
+    assert estimate.prompt_tokens == sum(u["prompt_tokens"] for u in usage)
+    cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usage]
+    assert cached[1] > cached[2]  # the repeated image's blocks hit, the other image's do not
+    assert estimate.cached_tokens == sum(cached)
+    assert footprint.weights_bytes(cfg, "float32") == 4 * sum(p.numel() for p in hf.parameters())

@@ -11,7 +11,8 @@ from batchrun.options.engine import EngineConfig
 from tests.tiny_vlms import image, make_tiny_vlm
 
 MAX_TOKENS = 6
-ENGINE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava", "idefics3")
+ENGINE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava", "idefics3", "smolvlm", "gemma3")
+BOTH_WAYS = ("gemma3",)  # families whose image tokens attend both ways within an image
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -87,7 +88,10 @@ def test_greedy_tokens_match_generate(family):
         done = run(loaded.engine, requests)
     finally:
         del model.forward
-    assert cut, "no chunk boundary fell inside an image"
+    if name in BOTH_WAYS:  # an image's tokens attend to each other: never split
+        assert not cut, cut
+    else:
+        assert cut, "no chunk boundary fell inside an image"
     for rid, images in cases.items():
         assert done[rid][0] == reference(hf, loaded.processor, chat(len(images)), images or None), \
             f"{name} {rid}"
@@ -115,12 +119,63 @@ def test_prefix_cache_keys_blocks_by_image(family):
 
 
 def test_vision_language_families_it_cannot_run_are_refused_with_the_reason():
-    """Gemma 3's image tokens attend both ways within an image, which the causal paged
-    attention would silently change: refused at load, as any family it does not know."""
+    """A family whose placeholders per image the backend does not know is refused at load."""
     import transformers
 
     from batchrun.models.transformers.support import UnsupportedModelError, choose
 
     assert choose(transformers.LlavaConfig(), "auto").impl == "transformers"
-    with pytest.raises(UnsupportedModelError, match="gemma3 is a vision-language model"):
-        choose(transformers.Gemma3Config(), "auto")
+    assert choose(transformers.Gemma3Config(), "auto").impl == "transformers"
+    with pytest.raises(UnsupportedModelError, match="paligemma is a vision-language model"):
+        choose(transformers.PaliGemmaConfig(), "auto")
+
+
+def test_gemma3_image_tokens_attend_both_ways_and_are_never_split(tmp_path, smol_tokenizer):
+    """Gemma 3's image tokens see their whole image (transformers' token_type_ids mask): the
+    step budget (12) would cut the image's span [10, 14), so the scheduler ends that chunk
+    before the image and computes the image in one step; tokens and logprobs are
+    transformers'. (Its causal mask instead changes the logprobs: the check can fail.)"""
+    hf, _ = make_tiny_vlm("gemma3", tmp_path, smol_tokenizer)
+    loaded = load_from_path(tmp_path, EngineConfig.default(
+        block_size=4, max_num_batched_tokens=12, num_blocks=256, threads=1))
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Here is a picture."},
+                                             {"type": "image"},
+                                             {"type": "text", "text": "Describe it."}]}]
+    images = [image(40, 30, 1)]
+    prompt, mm = render(loaded.processor, messages, images)
+    engine = loaded.engine
+    model = engine.runner.model
+    chunks = []  # (first token, count) of each step of the request
+
+    def spy(*args, images=(), **kwargs):
+        chunks.extend((s.first, s.count) for s in images)
+        return forward(*args, images=images, **kwargs)
+
+    forward = model.forward
+    model.forward = spy
+    try:
+        engine.add_request("g", prompt, SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
+                                                       logprobs=0), multimodal=mm)
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    result = out.outputs[0]
+    finally:
+        del model.forward
+    (first, end), = mm.spans
+    assert (first, end) == (10, 14)
+    assert chunks[:2] == [(0, 10), (10, 12)], chunks  # not (0, 12): the image stays whole
+
+    text = loaded.processor.apply_chat_template(messages, add_generation_prompt=True,
+                                                tokenize=False)
+    inputs = loaded.processor(text=[text], images=images, return_tensors="pt")
+    ref = hf.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False,
+                      output_scores=True, return_dict_in_generate=True)
+    tokens = ref.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    logprobs = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(ref.scores, tokens)]
+    assert result.token_ids == tokens
+    assert [x.logprob for x in result.logprobs] == pytest.approx(logprobs, abs=1e-4)
+    causal = {k: v for k, v in inputs.items() if k != "token_type_ids"}
+    with torch.no_grad():
+        first_causal = torch.log_softmax(hf(**causal).logits[0, -1].float(), -1)[tokens[0]]
+    assert abs(first_causal.item() - logprobs[0]) > 1e-3

@@ -71,10 +71,11 @@ class Estimate:
 
 
 def scan(plan: JobPlan, model: ServedModel, sharing: PrefixSharing, shape: WorkloadShape,
-         share: float = 1.0) -> Estimate:
+         share: float = 1.0, model_config: Any = None) -> Estimate:
     """The streaming pass: line counts, tokens, prefix sharing (into `sharing` and `shape`).
     `share`: the fraction of the requested completion tokens a request is expected to generate
-    (1 = all of them; the last run's share when it stopped early)."""
+    (1 = all of them; the last run's share when it stopped early). `model_config`
+    (footprint.model_config_for) places a vision-language model's image spans."""
     estimate = Estimate(inputs=[{"path": s.path, "format": str(s.format), "bytes": size}
                                 for s, (_, size, _) in zip(plan.sources, plan.fingerprint)],
                         start=plan.start, model=model.name, block_size=sharing.block_size,
@@ -86,10 +87,11 @@ def scan(plan: JobPlan, model: ServedModel, sharing: PrefixSharing, shape: Workl
     def prepare(text: str, line: int):
         prepared = prepare_line(text, line, serving)
         params = prepared.params
+        key = image_block_key(model_config, prepared)
         for prompt in prepared.request.prompts:
             requested = min(params.max_tokens, context - len(prompt)) * params.n
             completion = max(1, round(requested * share)) if requested else 0
-            shape.add(len(prompt), completion, sharing.add(prompt, completion))
+            shape.add(len(prompt), completion, sharing.add(prompt, completion, key))
             estimate.requests += 1
         estimate.requested_completion_tokens += params.max_tokens * params.n * \
             len(prepared.request.prompts)
@@ -104,6 +106,19 @@ def scan(plan: JobPlan, model: ServedModel, sharing: PrefixSharing, shape: Workl
     estimate.prompt_tokens, estimate.cached_tokens = shape.prompt_tokens, shape.cached_tokens
     estimate.scan_seconds = report.seconds
     return estimate
+
+
+def image_block_key(model_config: Any, prepared: Any) -> Callable[[int, int], bytes] | None:
+    """The prefix-cache key the engine mixes into the blocks over a prompt's images (the
+    placeholder ids are the same for every picture), its spans placed from the config as the
+    model places them; None for a prompt without images."""
+    images = prepared.request.multimodal
+    if images is None:
+        return None
+    from batchrun.models.transformers.vision import place_spans
+
+    place_spans(model_config.hf_config, prepared.request.prompts[0], images)
+    return images.block_key
 
 
 def _fills_context(prepared: Any) -> bool:
@@ -140,7 +155,7 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
 
     shape = WorkloadShape()
     on_stage("scanning the inputs")
-    estimate = scan(plan, model, sharing, shape, share)
+    estimate = scan(plan, model, sharing, shape, share, cfg)
     if share < 1.0:
         estimate.expected_completion_tokens = shape.completion_tokens
     estimate.weights_bytes = footprint.weights_bytes(cfg, engine.device.dtype,

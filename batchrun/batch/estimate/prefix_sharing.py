@@ -52,7 +52,7 @@ which compares it with the engine's own counts.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from typing import Callable, Sequence
 
 # Default bound on remembered blocks when the pool size is not given: 4M tokens at block_size
 # 16, about 30 MB of dict entries. A run's pool is usually far smaller (pass capacity_blocks).
@@ -81,10 +81,13 @@ class PrefixSharing:
         self.evictions = 0
         self._tails = 0  # counter naming the tail entries
 
-    def add(self, prompt_token_ids: Sequence[int], completion_tokens: int = 0) -> int:
+    def add(self, prompt_token_ids: Sequence[int], completion_tokens: int = 0,
+            block_key: Callable[[int, int], bytes] | None = None) -> int:
         """Count one prompt; returns how many of its tokens the prefix cache would serve.
         `completion_tokens`: what the request will generate, for the pool room its blocks take
-        (0 = count only the prompt's own partial block)."""
+        (0 = count only the prompt's own partial block). `block_key(first, end)`: what else
+        the engine mixes into the block over tokens [first, end) (a prompt's images:
+        engine.multimodal.MultiModalInputs.block_key)."""
         n = len(prompt_token_ids)
         self._requests += 1
         self._prompt_tokens += n
@@ -97,8 +100,9 @@ class PrefixSharing:
         hashes: list[int] = []
         parent = 0
         it = iter(prompt_token_ids)
-        for block in zip(*[it] * bs):
-            parent = hash((parent, block))
+        for i, block in enumerate(zip(*[it] * bs)):
+            parent = hash((parent, block) if block_key is None else
+                          (parent, block, block_key(i * bs, (i + 1) * bs)))
             hashes.append(parent)
         lru = self._lru
         hits = 0

@@ -10,7 +10,7 @@ through block_tables[i].
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -66,6 +66,10 @@ class AttentionMetadata:
     query_start: torch.Tensor  # [S + 1]
     context_lens: torch.Tensor  # [S]
     positions: torch.Tensor  # [T]
+    # [T] or None: a row also sees the keys of its sequence before position visible_until[row]
+    # (0: none past its own position). The model sets it for image tokens that attend to each
+    # other both ways (Gemma 3); only the reference path (reference.py) reads it.
+    visible_until: torch.Tensor | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cac
     sliding_window: a row at position p attends to positions p - sliding_window < j <= p only
     (transformers' sliding-window layers). softcap: scores become softcap * tanh(score /
     softcap) before masking (Gemma 2). sinks [H]: a learned logit per head that joins each
-    row's softmax denominator and attends to nothing (GPT-OSS).
+    row's softmax denominator and attends to nothing (GPT-OSS). meta.visible_until: rows that
+    also see later keys of their sequence (an image's tokens, both ways within the image; the
+    step holds the whole image).
     """
     k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
     v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
@@ -31,6 +33,7 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cac
     out = torch.empty_like(q)
     decode = [s for s in range(len(ctx)) if starts[s + 1] - starts[s] == 1]
     extras = dict(window=sliding_window, softcap=softcap, sinks=sinks)
+    until = meta.visible_until
     if decode:
         rows = torch.tensor([starts[s] for s in decode], device=q.device)
         out[rows] = _attend_sequences(q[rows].unsqueeze(1), [ctx[s] for s in decode], decode,
@@ -39,13 +42,16 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cac
         a, b = starts[s], starts[s + 1]
         if b - a > 1:
             out[a:b] = _attend_sequences(q[a:b].unsqueeze(0), [ctx[s]], [s], k_cache, v_cache,
-                                         meta, scale, **extras)[0]
+                                         meta, scale, **extras,
+                                         until=None if until is None else until[a:b][None])[0]
     return out
 
 
 def _attend_sequences(q: torch.Tensor, ctx: list[int], seqs: list[int], k_cache, v_cache, meta,
-                      scale: float, window, softcap, sinks) -> torch.Tensor:
-    """q [B, n, H, D]: the last n tokens of each of sequences `seqs` (context lengths ctx)."""
+                      scale: float, window, softcap, sinks,
+                      until: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, n, H, D]: the last n tokens of each of sequences `seqs` (context lengths ctx);
+    until [B, n]: keys before it are visible too (meta.visible_until's rows)."""
     dev, bs, n = q.device, meta.block_size, q.shape[1]
     ctx_t = torch.tensor(ctx, device=dev)
     span = max(ctx) if window is None else min(max(ctx), window + n - 1)
@@ -59,6 +65,10 @@ def _attend_sequences(q: torch.Tensor, ctx: list[int], seqs: list[int], k_cache,
     allowed = valid[:, None, :] & (kpos[:, None, :] <= qpos[:, :, None])
     if window is not None:
         allowed &= qpos[:, :, None] - kpos[:, None, :] < window
+    if until is not None:
+        keys = kpos[:, None, :]
+        later = (keys > qpos[:, :, None]) & (keys < until.to(dev)[:, :, None])
+        allowed |= valid[:, None, :] & later
     return attend(q, k_cache[slots], v_cache[slots], allowed, scale, softcap, sinks)
 
 

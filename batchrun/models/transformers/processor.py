@@ -15,8 +15,21 @@ def images_only(cls):
                 return None
             return super().check_argument_for_proper_class(argument_name, argument)
 
+    if "video_processor" in cls.apply_chat_template.__code__.co_names:
+        # SmolVLM's apply_chat_template reads the video processor's defaults even for images:
+        # a stand-in answers them (the attribute itself stays None, as transformers saves it)
+        ImagesOnly.video_processor = property(
+            lambda self: self.__dict__.get("video_processor") or NoVideos(),
+            lambda self, value: self.__dict__.__setitem__("video_processor", value))
     ImagesOnly.__name__ = ImagesOnly.__qualname__ = cls.__name__
     return ImagesOnly
+
+
+class NoVideos:
+    """In place of a video processor, for processors whose chat template step reads its
+    defaults: no frames are sampled, as there are no videos."""
+    num_frames = None
+    fps = None
 
 
 def load_processor(path):

@@ -17,7 +17,7 @@ RECURRENT_MODEL_TYPES = {
 
 # Vision-language models the backend runs (models/transformers/vision.py knows how many
 # placeholder tokens their processors write per image).
-VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "llava", "idefics3")
+VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "llava", "idefics3", "smolvlm", "gemma3")
 
 
 class UnsupportedModelError(ValueError):

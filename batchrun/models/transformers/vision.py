@@ -56,12 +56,31 @@ def placeholders_per_image(cfg, data: dict) -> int:
         vc = cfg.vision_config
         n = (vc.image_size // vc.patch_size) ** 2
         return n + (1 if cfg.vision_feature_select_strategy == "full" else 0)
-    if kind == "idefics3":
+    if kind in ("idefics3", "smolvlm"):  # SmolVLM: Idefics3's tiles, another connector
         vc = cfg.vision_config
         per_tile = (vc.image_size // vc.patch_size) ** 2 // cfg.scale_factor ** 2
         return per_tile * int(data["pixel_values"].shape[1])
+    if kind == "gemma3":  # the vision tower's patches pooled to a fixed count
+        return cfg.mm_tokens_per_image
     raise UnsupportedModelError(f"{kind}: images are not supported for this model type "
                                 f"(vision-language models: {', '.join(VISION_MODEL_TYPES)})")
+
+
+def place_spans(cfg, prompt: list[int], mm: MultiModalInputs) -> None:
+    """Fill mm's spans and placeholders from the prompt's placeholder tokens: the config only,
+    no weights (`batchrun plan` keys its prefix-cache model's blocks by them, as the engine)."""
+    ids = torch.tensor(prompt)
+    where = torch.nonzero(ids == cfg.image_token_id).flatten()
+    counts = [placeholders_per_image(cfg, img.data) for img in mm.images]
+    if sum(counts) != len(where):
+        raise ValueError(f"the prompt holds {len(where)} image placeholder tokens; its "
+                         f"{len(mm.images)} image(s) need {sum(counts)}")
+    mm.spans, mm.placeholders, start = [], [], 0
+    for n in counts:
+        own = where[start:start + n]
+        mm.placeholders.append(own)
+        mm.spans.append((int(own[0]), int(own[-1]) + 1))
+        start += n
 
 
 class VisionLanguageModel(TransformersModel):
@@ -70,6 +89,9 @@ class VisionLanguageModel(TransformersModel):
         self.image_token_id = hf_model.config.image_token_id
         self.encoder_cache = EncoderCache()
         self.mrope = hasattr(hf_model.model, "get_rope_index")
+        # Gemma 3: an image's tokens attend to each other both ways (transformers' token_type_ids
+        # mask); the scheduler keeps each image in one chunk, the attention reads visible_until.
+        self.bidirectional = hf_model.config.model_type == "gemma3"
 
     @property
     def decoder(self):
@@ -78,19 +100,10 @@ class VisionLanguageModel(TransformersModel):
 
     def place_images(self, prompt: list[int], mm: MultiModalInputs) -> None:
         """Fill mm's spans (and M-RoPE positions) from the prompt's placeholder tokens."""
-        ids = torch.tensor(prompt)
-        where = torch.nonzero(ids == self.image_token_id).flatten()
-        counts = [placeholders_per_image(self.hf.config, img.data) for img in mm.images]
-        if sum(counts) != len(where):
-            raise ValueError(f"the prompt holds {len(where)} image placeholder tokens; its "
-                             f"{len(mm.images)} image(s) need {sum(counts)}")
-        mm.spans, mm.placeholders, start = [], [], 0
-        for n in counts:
-            own = where[start:start + n]
-            mm.placeholders.append(own)
-            mm.spans.append((int(own[0]), int(own[-1]) + 1))
-            start += n
+        place_spans(self.hf.config, prompt, mm)
+        mm.bidirectional = self.bidirectional
         if self.mrope:
+            ids = torch.tensor(prompt)
             grids = torch.cat([img.data["image_grid_thw"] for img in mm.images])
             types = (ids == self.image_token_id).int()[None]
             with torch.inference_mode():
@@ -134,10 +147,27 @@ class VisionLanguageModel(TransformersModel):
                     in_prompt[None], mm.positions[:, tokens.clamp(max=prompt_len - 1)],
                     (tokens + mm.position_delta)[None]).to(rope.device)
         position_ids = rope[:, None] if self.mrope else rope[None]
+        if self.bidirectional and images:
+            meta = with_image_rows(meta, images, len(input_ids))
         with attention.step(kv_caches, meta, max_context(meta, positions)):
             out = self.decoder(inputs_embeds=embeds[None], position_ids=position_ids,
                                use_cache=False)
         return out[0][0]
+
+
+def with_image_rows(meta, images: list[StepImages], rows: int):
+    """A copy of the step's metadata whose visible_until lets each image token see its whole
+    image (the scheduler put the whole image in this step)."""
+    import copy
+
+    until = [0] * rows
+    for step in images:
+        until[step.row:step.row + step.count] = step.inputs.visible_until(step.first, step.count)
+    if not any(until):  # no image token in this step (decodes): the fast kernels serve it
+        return meta
+    meta = copy.copy(meta)
+    meta.visible_until = torch.tensor(until, device=meta.positions.device)
+    return meta
 
 
 def is_vision_language(hf_config) -> bool:
