@@ -102,18 +102,18 @@ def targeted(spec: str | tuple[str, ...], targets: LoraTargets, name: str,
             continue
         other = next(((full, kind) for full, kind in targets.others.items() if match(full)), None)
         if other is not None:
-            raise _fail(name, path, f"target module {entry!r} ({other[0]}) is a {other[1]}, "
-                                    f"{_not_a_target(targets, other[0])}")
+            raise _fail(name, path, f"target module {entry!r}: {_not_a_target(targets, *other)}")
         raise _fail(name, path, f"target module(s) {entry} are not supported: no linear of the "
                                 f"base model's decoder layers is named so; LoRA applies to "
                                 f"{', '.join(targets.module_names())}")
     return chosen
 
 
-def _not_a_target(targets: LoraTargets, full: str) -> str:
-    where = "inside" if targets.parse(full) else "outside"
-    return (f"{where} the decoder layers ({targets.layers_path}); LoRA applies only to their "
-            f"plain linears: {', '.join(targets.module_names())}")
+def _not_a_target(targets: LoraTargets, full: str, kind: str) -> str:
+    what = (f"{full} is a {kind}, not a plain linear" if targets.parse(full) else
+            f"{full} is outside the decoder layers ({targets.layers_path})")
+    return (f"{what}; LoRA applies only to the plain linears of the decoder layers: "
+            f"{', '.join(targets.module_names())}")
 
 
 def read_config(name: str, path: str, max_rank: int) -> tuple[int, float, str | tuple[str, ...]]:
@@ -180,9 +180,8 @@ def _check_shapes(shapes: dict[str, list[int]], rank: int, chosen: set[tuple[int
         target = targets.targets.get(where) if where else None
         if target is None:
             if module in targets.others:
-                raise _fail(name, path, f"tensor {key!r}: {module} is a "
-                                        f"{targets.others[module]}, "
-                                        f"{_not_a_target(targets, module)}")
+                raise _fail(name, path, f"tensor {key!r}: "
+                                        f"{_not_a_target(targets, module, targets.others[module])}")
             if where and where[0] >= len(targets.layers):
                 raise _fail(name, path, f"tensor {key!r}: the base model has "
                                         f"{len(targets.layers)} layers (an adapter for another "
