@@ -107,3 +107,42 @@ def test_an_adapter_of_the_native_layout_is_checked_against_the_backends_shapes(
     with pytest.raises(LoraError, match="target module\\(s\\) q_proj are not supported") as info:
         lora_backend_engine("gpt_neox", tmp_path, {"other": str(tmp_path / "bad")})
     assert "query_key_value, dense, dense_h_to_4h, dense_4h_to_h" in str(info.value)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+def test_an_adapter_on_a_vision_language_models_decoder_matches_peft(family, tmp_path,
+                                                                     smol_tokenizer):
+    """The adapter targets the language model only (a regex over full module names); a line
+    with an image under the adapter and one under the base share the engine. An adapter that
+    also targets the vision tower is refused: LoRA runs in the decoder layers only."""
+    from batchrun.llm import load_from_path
+    from batchrun.models.transformers.processor import render
+    from tests.tiny_vlms import image, make_tiny_vlm
+    from tests.unit.test_vision_language import chat, reference
+
+    hf, _ = make_tiny_vlm(family, tmp_path / "base", smol_tokenizer)
+    tuned = make_adapter(hf, tmp_path / "tune", 7, r".*language_model.*\.(q_proj|v_proj|down_proj)",
+                         r=8, scale_b=4.0)
+    config = EngineConfig.default(block_size=4, max_num_batched_tokens=16, num_blocks=256,
+                                  threads=1, lora={"tune": str(tmp_path / "tune")})
+    loaded = load_from_path(tmp_path / "base", config)
+    torch.set_num_threads(1)
+    images = [image(120, 90, 1)]
+    prompt, mm = render(loaded.processor, chat(1), images)
+    engine = loaded.engine
+    for rid, lora in (("tune", "tune"), ("base", None)):
+        engine.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=6, lora=lora),
+                           multimodal=mm)
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+    want = {"tune": reference(tuned, loaded.processor, chat(1), images),
+            "base": reference(hf, loaded.processor, chat(1), images)}
+    assert want["tune"] != want["base"], "the adapter changes nothing"
+    assert done == want
+    if family == "llava":  # its CLIP vision tower names its projections q_proj too
+        make_adapter(hf, tmp_path / "both", 8, ["q_proj"])
+        with pytest.raises(LoraError, match=r"vision_tower\.\S+\.q_proj is outside the decoder "
+                                            r"layers \(model\.language_model\.layers\)"):
+            load_from_path(tmp_path / "base", config.model_copy(update={
+                "lora": config.lora.model_copy(update={"adapters": {"both": str(tmp_path / "both")}})}))
