@@ -162,9 +162,6 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
     if config.device.quantization != "none":
         raise UnsupportedModelError("--quantization needs the native path (Llama, Mistral, "
                                     "Qwen2, Qwen3); this model runs on the transformers backend")
-    if config.lora.adapters:
-        raise UnsupportedModelError("--lora needs the native path (Llama, Mistral, Qwen2, "
-                                    "Qwen3); this model runs on the transformers backend")
     from batchrun.models.transformers import model as text, vision
 
     model = (vision if vision.is_vision_language(hf) else text).load(path, device, dtype)

@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--kernels-only", action="store_true")
     ap.add_argument("--skip-merged", action="store_true", help="leave out the merged models")
+    ap.add_argument("--model-impl", default="auto", choices=["auto", "native", "transformers"],
+                    help="the path the base runs on (LoRA on the transformers backend: transformers)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads [default: all]")
     args = ap.parse_args(argv)
     if args.threads:
@@ -131,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         paths[name] = str(tmp / name)
     del hf, tuned
 
-    loaded = llm.load(None, EngineConfig.default(lora=paths, max_loras=4, max_lora_rank=RANK))
+    loaded = llm.load(None, EngineConfig.default(lora=paths, max_loras=4, max_lora_rank=RANK,
+                                                 model_impl=args.model_impl))
     prompts = requests(loaded.tokenizer, args.limit)
     greedy = lambda lora=None: SamplingParams(temperature=0, max_tokens=args.max_tokens,  # noqa
                                               ignore_eos=True, lora=lora)
@@ -141,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     loaded.engine.kv.reset_prefix_cache()
     lora_s, lora_tokens = timed(loaded.engine, prompts,
                                 [greedy(names[i % 4]) for i in range(len(prompts))])
-    print(f"\n{len(prompts)} chat requests, {args.max_tokens} greedy tokens each:")
+    print(f"\n{len(prompts)} chat requests, {args.max_tokens} greedy tokens each "
+          f"(--model-impl {args.model_impl}):")
     print(f"  base model alone          {base_s:7.2f} s  {base_tokens / base_s:6.1f} tok/s")
     print(f"  4 adapters, one engine    {lora_s:7.2f} s  {lora_tokens / lora_s:6.1f} tok/s  "
           f"({lora_s / base_s:.2f}x the base)")

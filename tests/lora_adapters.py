@@ -18,12 +18,13 @@ KINDS = [(["q_proj", "v_proj"], 4, 16, False), (ALL, 8, 16, True), (["up_proj", 
 
 def make_adapter(hf, path: Path, seed: int, targets, r: int = 4, alpha: int = 16,
                  rslora: bool = False, scale_b: float = 1.0):
-    """Save a random LoRA adapter of `hf` (left untouched) to `path`; returns the PEFT model."""
+    """Save a random LoRA adapter of `hf` (left untouched) to `path`; returns the PEFT model.
+    `targets`: module names, or a regex over full module names (PEFT's target_modules)."""
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)
     peft_model = get_peft_model(copy.deepcopy(hf), LoraConfig(
-        r=r, lora_alpha=alpha, target_modules=list(targets), init_lora_weights=False,
+        r=r, lora_alpha=alpha, target_modules=targets if isinstance(targets, str) else list(targets), init_lora_weights=False,
         use_rslora=rslora, lora_dropout=0.0))
     if scale_b != 1.0:
         with torch.no_grad():

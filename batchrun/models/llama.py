@@ -266,6 +266,23 @@ class LlamaModel(nn.Module):
         """The sequence-classification head's logits [N, num_labels] of final hidden states."""
         return self.score(hidden).float()
 
+    def lora_targets(self):
+        """The PEFT modules of a Llama-family checkpoint as slices of our fused projections."""
+        from batchrun.models.lora.targets import Target, uniform
+
+        cfg = self.config
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        qkv, gate_up = "self_attn.qkv_proj", "mlp.gate_up_proj"
+        return uniform("model.layers", self.layers, {
+            "self_attn.q_proj": Target(qkv, 0, q, h),
+            "self_attn.k_proj": Target(qkv, q, q + kv, h),
+            "self_attn.v_proj": Target(qkv, q + kv, q + 2 * kv, h),
+            "self_attn.o_proj": Target("self_attn.o_proj", 0, h, q),
+            "mlp.gate_proj": Target(gate_up, 0, i, h),
+            "mlp.up_proj": Target(gate_up, i, 2 * i, h),
+            "mlp.down_proj": Target("mlp.down_proj", 0, h, i)})
+
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load Hugging Face checkpoint tensors, fusing q/k/v and gate/up as they arrive."""

@@ -2,7 +2,8 @@
 
 A native module exposes `ModelConfig` (`from_hf(hf)` raises ValueError saying what it cannot run),
 the model class `Model` (built by llm.build_model: embed_tokens, lm_head, rope, load_weights,
-cpu_kernels, forward(ids, positions, kv_caches, meta), compute_logits) and
+cpu_kernels, forward(ids, positions, kv_caches, meta), compute_logits, lora_targets() for
+LoRA: models/lora/targets.py) and
 `unsupported(hf) -> str | None` for what from_hf accepts but the model would not run exactly.
 """
 

@@ -273,13 +273,6 @@ def test_a_bidirectional_encoder_is_refused_at_load(tmp_path):
         load_weights(tmp_path, config, CPU, torch.float32)
 
 
-def test_lora_is_refused_on_this_backend(tmp_path):
-    make_tiny("gemma", tmp_path, archs=BACKEND_ARCHS)
-    config = EngineConfig.default(adapters={"a": str(tmp_path)})
-    with pytest.raises(UnsupportedModelError, match="--lora needs the native path"):
-        load_weights(tmp_path, config, CPU, torch.float32)
-
-
 def test_cli_refuses_with_exit_code_2_and_runs_json_mode(tmp_path, smol_tokenizer):
     import json
 
@@ -331,10 +324,11 @@ def test_models_check_reads_the_config_only(tmp_path):
     assert f"parameters: {count:,} (weights: fp32 {count * 4 / 2**20:.1f} MiB" in result.output
     assert "2 layers x 2 KV heads x head dim 32: fp32 1.0 KiB, bf16 512 B per token" in result.output
     assert "sliding window: 8 tokens on 1 of 2 layers" in result.output
-    assert "LoRA: no (native path only)" in result.output
+    assert "LoRA: yes: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (the " \
+        "plain linears of its decoder layers)" in result.output
     make_tiny("llama", tmp_path / "llama")
     native = _models_cli("check", tmp_path / "llama").output
-    assert "path: native" in native and "LoRA: yes" in native
+    assert "path: native" in native and "LoRA: yes: q_proj" in native
     MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "m")
     refused = _models_cli("check", tmp_path / "m")
     assert refused.exit_code == 2 and "path: refused (unsupported model: mamba" in refused.output

@@ -4,8 +4,9 @@ shapes, its weights read into (layer, module) -> (A [r, in], B [out, r]).
 
 Checked up front (`read_adapter(..., weights=False)` reads only the config and the safetensors
 header, so a start-up check of many adapters costs no weight reads): PEFT type LoRA, no DoRA, no
-bias, no modules_to_save, no rank or alpha patterns, only the q/k/v/o and gate/up/down
-projections, the rank at most max_lora_rank, every tensor's shape that of the base's projection.
+bias, no modules_to_save, no rank or alpha patterns, the rank at most max_lora_rank; against the
+base model's targets (targets.py): only plain linears inside its decoder layers, every tensor's
+shape that of its module.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from batchrun.models.lora.targets import LoraTargets
+
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
-# A projection of a decoder layer -> its attribute path on our layers.
-MODULES = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
-           "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
-_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
+# A LoRA tensor of a PEFT checkpoint: the full module name it updates, A or B.
+_KEY = re.compile(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
 # Config fields whose non-default value changes what the adapter computes, and so is refused.
 _REFUSED = {"use_dora": "DoRA (use_dora)", "modules_to_save": "modules_to_save",
             "rank_pattern": "per-module ranks (rank_pattern)",
@@ -43,7 +44,9 @@ class LoraAdapter:
     path: str
     rank: int
     scaling: float  # lora_alpha / r, or / sqrt(r) with use_rslora
-    modules: tuple[str, ...]  # the projections it targets (q_proj, ...)
+    modules: tuple[str, ...]  # the PEFT modules it targets (q_proj, ...)
+    # (layer, module path in the layer) it holds weights for (targets.py's keys)
+    where: frozenset[tuple[int, str]] = frozenset()
     # (layer, module) -> (A [r, in], B [out, r]); empty when read without weights.
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
@@ -63,33 +66,58 @@ def _fail(name: str, path: str, what: str) -> LoraError:
     return LoraError(f"LoRA adapter {name!r} ({path}): {what}")
 
 
-def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
-    """module -> (in features, out features) of the base model's projections (ModelConfig)."""
-    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    h, i = cfg.hidden_size, cfg.intermediate_size
-    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
-
-
-def _target_modules(raw, name: str, path: str) -> tuple[str, ...]:
+def _targets(raw, name: str, path: str) -> str | tuple[str, ...]:
+    """target_modules as PEFT reads it: a regex over full module names, or names (a module
+    matches one by its last components), or "all-linear"."""
     targets = raw.get("target_modules")
-    if isinstance(targets, str):  # PEFT: a regex over the full module names
-        found = tuple(m for m in MODULES if re.fullmatch(targets, f"model.layers.0.{MODULES[m]}.{m}"))
-    elif isinstance(targets, list) and targets:
-        found = tuple(t.rsplit(".", 1)[-1] for t in targets)
-    else:
-        raise _fail(name, path, f"target_modules must name modules, got {targets!r}")
-    unsupported = sorted(set(found) - set(MODULES))
-    if unsupported:
-        raise _fail(name, path, f"target module(s) {', '.join(unsupported)} are not supported; "
-                                f"batchrun applies LoRA to {', '.join(MODULES)}")
-    if not found:
-        raise _fail(name, path, f"target_modules {targets!r} matches none of {', '.join(MODULES)}")
-    return tuple(dict.fromkeys(found))
+    if isinstance(targets, str):
+        try:
+            re.compile(targets)
+        except re.error as exc:
+            raise _fail(name, path, f"target_modules {targets!r} is not a regex: {exc}") from None
+        return targets
+    if isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets):
+        return tuple(dict.fromkeys(targets))
+    raise _fail(name, path, f"target_modules must name modules, got {targets!r}")
 
 
-def read_config(name: str, path: str, max_rank: int) -> tuple[int, float, tuple[str, ...]]:
-    """(rank, scaling, target modules) from the folder's adapter_config.json."""
+def _selectors(spec: str | tuple[str, ...]) -> list[tuple[str, object]]:
+    """(the entry, whether a full module name matches it) for each entry of target_modules."""
+    if spec == "all-linear":
+        return [(spec, lambda full: True)]
+    if isinstance(spec, str):
+        return [(spec, lambda full: re.fullmatch(spec, full) is not None)]
+    return [(t, lambda full, t=t: full == t or full.endswith("." + t)) for t in spec]
+
+
+def targeted(spec: str | tuple[str, ...], targets: LoraTargets, name: str,
+             path: str) -> set[tuple[int, str]]:
+    """The (layer, path) targets the adapter's target_modules select; LoraError naming an
+    entry that selects no plain linear of a decoder layer (and what it selects instead)."""
+    chosen: set[tuple[int, str]] = set()
+    for entry, match in _selectors(spec):
+        hits = {key for key in targets.targets if match(targets.full_name(*key))}
+        chosen |= hits
+        if hits or spec == "all-linear":
+            continue
+        other = next(((full, kind) for full, kind in targets.others.items() if match(full)), None)
+        if other is not None:
+            raise _fail(name, path, f"target module {entry!r}: {_not_a_target(targets, *other)}")
+        raise _fail(name, path, f"target module(s) {entry} are not supported: no linear of the "
+                                f"base model's decoder layers is named so; LoRA applies to "
+                                f"{', '.join(targets.module_names())}")
+    return chosen
+
+
+def _not_a_target(targets: LoraTargets, full: str, kind: str) -> str:
+    what = (f"{full} is a {kind}, not a plain linear" if targets.parse(full) else
+            f"{full} is outside the decoder layers ({targets.layers_path})")
+    return (f"{what}; LoRA applies only to the plain linears of the decoder layers: "
+            f"{', '.join(targets.module_names())}")
+
+
+def read_config(name: str, path: str, max_rank: int) -> tuple[int, float, str | tuple[str, ...]]:
+    """(rank, scaling, target_modules) from the folder's adapter_config.json."""
     try:
         raw = json.loads(_read(_join(path, CONFIG_FILE)))
     except FileNotFoundError:
@@ -114,7 +142,7 @@ def read_config(name: str, path: str, max_rank: int) -> tuple[int, float, tuple[
         raise _fail(name, path, f"rank {rank} is above --max-lora-rank {max_rank}")
     alpha = raw.get("lora_alpha", 8)
     scaling = alpha / (math.sqrt(rank) if raw.get("use_rslora") else rank)
-    return rank, float(scaling), _target_modules(raw, name, path)
+    return rank, float(scaling), _targets(raw, name, path)
 
 
 def _header(data: bytes, total: int | None, name: str, path: str) -> dict:
@@ -136,31 +164,38 @@ def _header(data: bytes, total: int | None, name: str, path: str) -> dict:
     return header
 
 
-def _check_shapes(shapes: dict[str, list[int]], rank: int, modules: tuple[str, ...], base,
-                  name: str, path: str) -> dict[tuple[int, str], dict[str, str]]:
-    """(layer, module) -> {"A": key, "B": key}, every shape checked against the base."""
-    expect = projection_shapes(base)
+def _check_shapes(shapes: dict[str, list[int]], rank: int, chosen: set[tuple[int, str]],
+                  targets: LoraTargets, name: str,
+                  path: str) -> dict[tuple[int, str], dict[str, str]]:
+    """(layer, module path) -> {"A": key, "B": key}, every shape checked against the base."""
     found: dict[tuple[int, str], dict[str, str]] = {}
     for key, shape in shapes.items():
-        m = _KEY.search(key)
+        m = _KEY.match(key)
         if m is None:
             raise _fail(name, path, f"tensor {key!r} is not a LoRA weight of a supported "
                                     "projection (DoRA magnitudes, embeddings and biases are not "
                                     "supported)")
-        layer, parent, module, ab = int(m[1]), m[2], m[3], m[4]
-        if module not in MODULES or MODULES[module] != parent:
-            raise _fail(name, path, f"tensor {key!r}: module {module!r} is not supported")
-        if module not in modules:
+        module, ab = m[1], m[2]
+        where = targets.parse(module)
+        target = targets.targets.get(where) if where else None
+        if target is None:
+            if module in targets.others:
+                raise _fail(name, path, f"tensor {key!r}: "
+                                        f"{_not_a_target(targets, module, targets.others[module])}")
+            if where and where[0] >= len(targets.layers):
+                raise _fail(name, path, f"tensor {key!r}: the base model has "
+                                        f"{len(targets.layers)} layers (an adapter for another "
+                                        "base model?)")
+            raise _fail(name, path, f"tensor {key!r}: the base model has no linear {module} "
+                                    f"(an adapter for another base model?); LoRA applies to "
+                                    f"{', '.join(targets.module_names())}")
+        if where not in chosen:
             raise _fail(name, path, f"tensor {key!r}: {module} is not in target_modules")
-        if layer >= base.num_layers:
-            raise _fail(name, path, f"tensor {key!r}: the base model has {base.num_layers} "
-                                    "layers (an adapter for another base model?)")
-        fan_in, fan_out = expect[module]
-        want = [rank, fan_in] if ab == "A" else [fan_out, rank]
+        want = [rank, target.in_features] if ab == "A" else [target.out_features, rank]
         if list(shape) != want:
             raise _fail(name, path, f"tensor {key!r} has shape {list(shape)}, the base model "
                                     f"needs {want} (an adapter for another base model?)")
-        found.setdefault((layer, module), {})[ab] = key
+        found.setdefault(where, {})[ab] = key
     if not found:
         raise _fail(name, path, f"{WEIGHTS_FILE} holds no LoRA weights")
     for (layer, module), pair in found.items():
@@ -170,11 +205,13 @@ def _check_shapes(shapes: dict[str, list[int]], rank: int, modules: tuple[str, .
     return found
 
 
-def read_adapter(name: str, path: str, base, max_rank: int, weights: bool = True) -> LoraAdapter:
-    """The adapter at `path`, checked against the base model's ModelConfig. weights=False reads
+def read_adapter(name: str, path: str, targets: LoraTargets, max_rank: int,
+                 weights: bool = True) -> LoraAdapter:
+    """The adapter at `path`, checked against the base model's targets. weights=False reads
     only the config and the weights' header (a start-up check); LoraError for anything wrong."""
     path = str(path)
-    rank, scaling, modules = read_config(name, path, max_rank)
+    rank, scaling, spec = read_config(name, path, max_rank)
+    chosen = targeted(spec, targets, name, path)
     file = _join(path, WEIGHTS_FILE)
     try:
         data = _read(file) if weights else _read(file, 1 << 20)
@@ -186,9 +223,10 @@ def read_adapter(name: str, path: str, base, max_rank: int, weights: bool = True
         if 8 + size > len(data) and size <= 100 << 20:
             data = _read(file, 8 + size)
     header = _header(data, total, name, path)
-    keys = _check_shapes({k: v["shape"] for k, v in header.items()}, rank, modules, base,
+    keys = _check_shapes({k: v["shape"] for k, v in header.items()}, rank, chosen, targets,
                          name, path)
-    adapter = LoraAdapter(name, path, rank, scaling, modules)
+    modules = tuple(dict.fromkeys(p.rsplit(".", 1)[-1] for _, p in sorted(keys)))
+    adapter = LoraAdapter(name, path, rank, scaling, modules, frozenset(keys))
     if weights:
         from safetensors.torch import load
 

@@ -19,8 +19,20 @@ from torch import nn
 from batchrun.models.lora.adapter import LoraError, read_adapter
 from batchrun.models.lora.layers import (StepAdapters, projection_updates, projections_of,
                                          wrap_projections)
+from batchrun.models.lora.targets import LoraTargets
 
 log = logging.getLogger(__name__)
+
+
+def lora_targets(model: nn.Module) -> LoraTargets:
+    """What adapters may target on `model` (its `lora_targets()`); LoraError when it has none."""
+    declared = getattr(model, "lora_targets", None)
+    if declared is None:
+        raise LoraError(f"LoRA is not supported on {type(model).__name__}")
+    try:
+        return declared()
+    except ValueError as exc:
+        raise LoraError(f"LoRA is not supported on this model: {exc}") from exc
 
 
 class LoraManager:
@@ -35,14 +47,14 @@ class LoraManager:
         clash = sorted(set(adapters) & set(base_names))
         if clash:
             raise LoraError(f"LoRA adapter name {clash[0]!r} is the base model's name")
+        self.targets = lora_targets(model)
         self.step = StepAdapters()
         self.resident: OrderedDict[str, int] = OrderedDict()  # name -> slot, least recent first
         self.failed: dict[str, str] = {}
-        modules: set[str] = set()
+        modules: set[tuple[int, str]] = set()
         for name, path in self.paths.items():
-            modules.update(read_adapter(name, path, model.config, max_lora_rank,
-                                        weights=False).modules)
-        wrap_projections(model, projections_of(modules), self.step)
+            modules |= read_adapter(name, path, self.targets, max_lora_rank, weights=False).where
+        wrap_projections(self.targets, projections_of(self.targets, modules), self.step)
         for name in list(self.paths)[:max_loras]:
             self._load(name)
 
@@ -77,8 +89,8 @@ class LoraManager:
         self.step.segments = list(segments)
 
     def _load(self, name: str, keep: Collection[str] = ()) -> None:
-        adapter = read_adapter(name, self.paths[name], self.model.config, self.max_rank)
-        updates = projection_updates(adapter.weights, adapter.scaling, self.model.config,
+        adapter = read_adapter(name, self.paths[name], self.targets, self.max_rank)
+        updates = projection_updates(adapter.weights, adapter.scaling, self.targets,
                                      self.device, self.dtype)
         if len(self.resident) >= self.max_loras:
             victim = next(n for n in self.resident if n not in keep)

@@ -41,17 +41,48 @@ def attention_shape(hf) -> tuple[int, int, int]:
     return getattr(hf, "num_key_value_heads", None) or heads, head_dim, head_dim
 
 
-def count_parameters(hf) -> int | None:
-    """Parameters of transformers' model for `hf`, tied ones once; None if it cannot be built."""
+def meta_model(hf):
+    """transformers' model for `hf` on the meta device (nothing allocated); None if it cannot be
+    built (what needs it is not essential to the report)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from batchrun.models.transformers.vision import is_vision_language
+
+    auto = AutoModelForImageTextToText if is_vision_language(hf) else AutoModelForCausalLM
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(hf)
-    except Exception:  # a config transformers cannot build: the count is not essential
+            return auto.from_config(hf)
+    except Exception:  # a config transformers cannot build
         return None
-    return sum(p.numel() for p in model.parameters())
+
+
+def count_parameters(model) -> int | None:
+    """Parameters of the model, tied ones once."""
+    return None if model is None else sum(p.numel() for p in model.parameters())
+
+
+def lora_support(model, hf, impl: str) -> str:
+    """Whether LoRA adapters run on the model, and on which of its modules."""
+    if impl == "native":
+        return ("yes: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (on the "
+                "fused qkv_proj and gate_up_proj)")
+    if model is None:
+        return "unknown (transformers cannot build the model from its config)"
+    from batchrun.models.lora.targets import linear_targets
+    from batchrun.models.transformers.vision import decoder_of
+
+    try:
+        targets = linear_targets(model, decoder_of(model, hf), hf.get_text_config().num_hidden_layers)
+    except ValueError as exc:
+        return f"no ({exc})"
+    names = targets.module_names()
+    if not names:
+        return "no (its decoder layers hold no plain linears)"
+    experts = sorted({type(m).__name__ for m in targets.layers.modules()
+                      if any(p.dim() == 3 for p in m.parameters(recurse=False))})
+    not_experts = f"; not {', '.join(experts)} (3-D expert weights)" if experts else ""
+    return f"yes: {', '.join(names)} (the plain linears of its decoder layers{not_experts})"
 
 
 def check(hf) -> CheckReport:
@@ -65,17 +96,16 @@ def check(hf) -> CheckReport:
                          impl, reason)
     if impl == "refused":
         return report
-    report.parameters = count_parameters(full)
+    model = meta_model(full)
+    report.parameters = count_parameters(model)
     report.layers = full.num_hidden_layers
     report.kv_heads, report.k_head_dim, report.v_head_dim = attention_shape(full)
-    report.features = features(full, impl)
+    report.features = features(full, impl, lora_support(model, full, impl))
     return report
 
 
-def features(hf, impl: str) -> list[tuple[str, str]]:
-    native = impl == "native"
-    out = [("prefix caching", "yes"), ("chunked prefill", "yes"),
-           ("LoRA", "yes" if native else "no (native path only)")]
+def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
+    out = [("prefix caching", "yes"), ("chunked prefill", "yes"), ("LoRA", lora)]
     window = effective_window(hf)
     types = list(getattr(hf, "layer_types", None) or [])
     if window and window < getattr(hf, "max_position_embeddings", window + 1):

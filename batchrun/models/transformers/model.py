@@ -72,6 +72,13 @@ class TransformersModel(nn.Module):
                                use_cache=False)
         return out[0][0]
 
+    def lora_targets(self):
+        """The plain linears of the decoder layers, named as PEFT names them on this model;
+        ValueError when its decoder layers are not found."""
+        from batchrun.models.lora.targets import linear_targets
+
+        return linear_targets(self.hf, self.decoder, self.config.num_layers)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.hf.get_output_embeddings()(hidden)
         for op in self._transforms:

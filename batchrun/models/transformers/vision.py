@@ -95,8 +95,7 @@ class VisionLanguageModel(TransformersModel):
 
     @property
     def decoder(self):
-        inner = self.hf.model
-        return inner.language_model if hasattr(inner, "language_model") else inner.text_model
+        return decoder_of(self.hf, self.hf.config)
 
     def place_images(self, prompt: list[int], mm: MultiModalInputs) -> None:
         """Fill mm's spans (and M-RoPE positions) from the prompt's placeholder tokens."""
@@ -172,6 +171,15 @@ def with_image_rows(meta, images: list[StepImages], rows: int):
 
 def is_vision_language(hf_config) -> bool:
     return getattr(hf_config, "vision_config", None) is not None
+
+
+def decoder_of(hf, hf_config):
+    """The decoder (the text model, without its head) of transformers' model `hf`: a
+    vision-language model's language model."""
+    if not is_vision_language(hf_config):
+        return hf.base_model
+    inner = hf.model
+    return inner.language_model if hasattr(inner, "language_model") else inner.text_model
 
 
 def load(path, device: torch.device, dtype: torch.dtype) -> VisionLanguageModel:
