@@ -172,14 +172,17 @@ class KVCacheManager:
 
     def release_behind_window(self, req: Request) -> None:
         """Hand back the window groups' blocks wholly before the window of req's next query
-        token (position num_computed_tokens)."""
+        token (position num_computed_tokens), oldest first: the pool evicts those first, and
+        keeps the blocks nearest the window for a later prefix hit."""
         for table, window in zip(req.block_ids, self.windows):
             if window is None:
                 continue
-            i = min(self.window_start(req, req.num_computed_tokens, window) // self.block_size,
-                    len(table))
-            while i > 0 and table[i - 1] != FREED:  # the freed entries are a prefix
-                i -= 1
+            end = min(self.window_start(req, req.num_computed_tokens, window) // self.block_size,
+                      len(table))
+            start = end
+            while start > 0 and table[start - 1] != FREED:  # the freed entries are a prefix
+                start -= 1
+            for i in range(start, end):
                 self._release(table[i])
                 table[i] = FREED
 
