@@ -78,9 +78,6 @@ class KVCacheManager:
         in chunks of at most `chunk` tokens."""
         return self.groups.blocks_per_sequence(num_tokens, self.block_size, chunk)
 
-    def held_blocks(self, req: Request) -> int:
-        return sum(1 for table in req.block_ids for b in table if b != FREED)
-
     def _tables(self, req: Request) -> list[list[int]]:
         if not req.block_ids:
             req.block_ids = [[] for _ in self.windows]

@@ -13,7 +13,8 @@ from batchrun.llm import build_engine, load_weights
 from batchrun.options.engine import EngineConfig
 from tests.parity import ParityReport
 from tests.tiny_models import BACKEND_ARCHS, IdTokenizer, make_tiny
-from tests.unit.test_transformers_backend import MAX_TOKENS, check_against_transformers
+from tests.unit.test_transformers_backend import (MAX_TOKENS, check_against_transformers,
+                                                  one_thread)  # noqa: F401 (autouse fixture)
 
 CPU = torch.device("cpu")
 BS, WINDOW, CHUNK = 4, 6, 16  # a window of 6 tokens: block boundaries fall inside it
@@ -24,14 +25,6 @@ MODELS = {
     "gemma2": ["sliding_attention", "full_attention"] * 2,
     "mistral": None,
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def windowed_engine(arch, path, num_blocks):
