@@ -150,7 +150,8 @@ class Engine:
     def _reject(self, plan: ScheduledStep) -> list[RequestOutput]:
         outputs = []
         for req in plan.rejected:
-            need = self.kv.blocks_needed(req.num_tokens, self.config.scheduler.max_num_batched_tokens)
+            need = self.kv.blocks_needed(req.num_tokens,
+                                         self.config.scheduler.max_num_batched_tokens)
             req.group.error = (f"the request needs {need} KV "
                                f"blocks but the pool holds {self.kv.num_blocks}; raise --kv-cache-memory")
             outputs += self.sequences.finish_group(req.group, "abort")
