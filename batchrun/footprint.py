@@ -103,12 +103,13 @@ def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,
     never more than max_num_seqs full-length sequences). `dtype` is the model dtype (None = the
     engine config's); kv_cache_dtype applies on top. Bytes include the one padding block the
     runner adds; on the CPU they are reserved, and touched (resident) only as blocks fill."""
+    from batchrun.engine.kv_groups import kv_block_bytes
     from batchrun.llm import kv_layout
 
     dev = _device(device)
     dt = _dtype(dtype if dtype is not None else engine_config.device.dtype, dev)
     num_blocks, _, kv_dtype = kv_layout(engine_config, cfg, dev, dt)
-    per_block = cfg.kv_bytes_per_token * _elem(kv_dtype) * engine_config.cache.block_size
+    per_block = kv_block_bytes(cfg, engine_config.cache.block_size, _elem(kv_dtype))
     return num_blocks, (num_blocks + 1) * per_block
 
 

@@ -15,6 +15,7 @@ import torch
 from batchrun import phases
 from batchrun.options.engine import EngineConfig
 from batchrun.engine.engine import Engine
+from batchrun.engine.kv_groups import kv_block_bytes, kv_groups
 from batchrun.served_model import system_fingerprint
 
 # Sampling fields a model's generation_config.json may set, mapped to SamplingParams names.
@@ -314,7 +315,7 @@ def kv_blocks_for(config: EngineConfig, model_cfg, device: torch.device, dtype: 
     if cache.num_blocks:
         return cache.num_blocks
     elem = torch.tensor([], dtype=dtype).element_size()
-    block_bytes = model_cfg.kv_bytes_per_token * elem * cache.block_size
+    block_bytes = kv_block_bytes(model_cfg, cache.block_size, elem)
     budget = cache.kv_cache_memory
     if budget is None:
         if device.type == "cuda":
@@ -324,6 +325,8 @@ def kv_blocks_for(config: EngineConfig, model_cfg, device: torch.device, dtype: 
             import psutil
 
             budget = min(CPU_DEFAULT_KV_BYTES, int(psutil.virtual_memory().available * 0.3))
-    # More than every sequence at full length can never be used.
-    most = config.scheduler.max_num_seqs * -(-max_model_len // cache.block_size)
+    # More than every sequence at full length can never be used (a sliding-window layer's
+    # blocks only over its window: engine/kv_groups.py).
+    most = config.scheduler.max_num_seqs * kv_groups(model_cfg).blocks_per_sequence(
+        max_model_len, cache.block_size, config.scheduler.max_num_batched_tokens)
     return max(1, min(budget // block_bytes, most))

@@ -11,6 +11,7 @@ from batchrun.engine.client import EngineStats
 from batchrun.engine.errors import PromptTooLongError
 from batchrun.engine.group import Group
 from batchrun.engine.kv_cache import KVCacheManager
+from batchrun.engine.kv_groups import kv_groups
 from batchrun.engine.lora import AdapterSlots
 from batchrun.engine.multimodal import MultiModalInputs
 from batchrun.engine.outputs import RequestOutput
@@ -42,7 +43,8 @@ class Engine:
         self.eos_token_ids = set(eos_token_ids)
         self.max_model_len = max_model_len
         bs = config.cache.block_size
-        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching)
+        groups = kv_groups(model.config)
+        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching, groups)
         # LoRA adapters served on this model (engine/lora.py); None = none.
         self.adapters = adapters
         self.scores = ScoreCache(self.kv)
@@ -51,7 +53,7 @@ class Engine:
         self.runner = ModelRunner(model, num_blocks, bs, device, dtype, kv_dtype,
                                   config.scheduler.max_num_seqs, max_model_len,
                                   cuda_graphs=config.device.cuda_graphs, adapters=adapters,
-                                  attention_kernel=config.device.attention_kernel)
+                                  attention_kernel=config.device.attention_kernel, groups=groups)
         self.sampler = Sampler(device, tokenizer, self.eos_token_ids)
         self.stats = EngineStats(num_kv_blocks=num_blocks)
         self.sequences = Sequences(tokenizer, self.scheduler, self.sampler, self.stats)
@@ -156,7 +158,9 @@ class Engine:
     def _reject(self, plan: ScheduledStep) -> list[RequestOutput]:
         outputs = []
         for req in plan.rejected:
-            req.group.error = (f"the request needs {self.kv.blocks_needed(req.num_tokens)} KV "
+            need = self.kv.blocks_needed(req.num_tokens,
+                                         self.config.scheduler.max_num_batched_tokens)
+            req.group.error = (f"the request needs {need} KV "
                                f"blocks but the pool holds {self.kv.num_blocks}; raise --kv-cache-memory")
             outputs += self.sequences.finish_group(req.group, "abort")
         return outputs

@@ -6,6 +6,14 @@ first block's parent is the request's cache salt (its LoRA adapter's, None for t
 so the same prompt under two adapters never shares a block. A freed
 block keeps its hash and sits in an LRU free list, so a later request with the same prefix can
 take it back; allocating a new block evicts the least recently freed one.
+
+The model's layers come in KV groups (kv_groups.py): a request holds one block table per group
+(`req.block_ids[g]`), all from the one pool. A sliding-window group hands back the blocks that
+lie wholly before the first position its next query tokens can attend (FREED marks them in
+the table); a freed block keeps its hash like any other. A prefix-cache hit at block m needs,
+in the full groups, blocks 0..m-1 cached, and in a window group only those holding the window
+before the first uncomputed token: the hit is shortened to the longest prefix every group
+holds, so no freed block is ever read.
 """
 
 from __future__ import annotations
@@ -15,7 +23,10 @@ from array import array
 from collections import OrderedDict
 from typing import Callable
 
+from batchrun.engine.kv_groups import KVGroups
 from batchrun.engine.request import Request
+
+FREED = -1  # a block-table entry a window group has handed back
 
 
 def block_hash(parent: bytes | None, tokens: list[int], extra: bytes = b"") -> bytes:
@@ -33,15 +44,18 @@ def request_block_hash(req: Request, parent: bytes | None, i: int, bs: int) -> b
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 groups: KVGroups | None = None):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.groups = groups or KVGroups.single()
+        self.windows = self.groups.windows
         self.ref_cnt = [0] * num_blocks
-        self.hash_of: list[bytes | None] = [None] * num_blocks
-        self.cached: dict[bytes, int] = {}  # hash -> block id
+        self.hash_of: list[tuple[int, bytes] | None] = [None] * num_blocks  # (group, hash)
+        self.cached: list[dict[bytes, int]] = [{} for _ in self.windows]  # hash -> block id
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        # Called with each hash the cache forgets (engine/score_cache.py keeps data beside it).
+        # Called with each hash group 0 forgets (engine/score_cache.py keeps data beside it).
         self._eviction_listeners: list[Callable[[bytes], None]] = []
         self.peak_used = 0
 
@@ -49,7 +63,7 @@ class KVCacheManager:
         self._eviction_listeners.append(listener)
 
     def is_cached(self, block_hash: bytes) -> bool:
-        return block_hash in self.cached
+        return block_hash in self.cached[0]
 
     @property
     def num_free_blocks(self) -> int:
@@ -59,8 +73,21 @@ class KVCacheManager:
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self.free)
 
-    def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+    def blocks_needed(self, num_tokens: int, chunk: int | None = None) -> int:
+        """The most blocks a sequence of num_tokens holds at once (over all groups), computed
+        in chunks of at most `chunk` tokens."""
+        return self.groups.blocks_per_sequence(num_tokens, self.block_size, chunk)
+
+    def _tables(self, req: Request) -> list[list[int]]:
+        if not req.block_ids:
+            req.block_ids = [[] for _ in self.windows]
+        return req.block_ids
+
+    def window_start(self, req: Request, position: int, window: int) -> int:
+        """The first position a window group must still hold for queries from `position` on
+        (one earlier for a scoring request, whose step may recompute position - 1)."""
+        slack = req.scores is not None and not req.scores.done
+        return max(0, position - window + 1 - slack)
 
     def match_prefix(self, req: Request,
                      accept: Callable[[int, bytes], bool] | None = None) -> int:
@@ -71,26 +98,47 @@ class KVCacheManager:
         """
         if not self.enable_prefix_caching:
             return 0
-        tokens, bs = req.all_token_ids, self.block_size
-        parent = req.cache_salt
-        matched: list[int] = []
-        hashes: list[bytes] = []
-        for i in range((len(tokens) - 1) // bs):
-            h = request_block_hash(req, parent, i, bs)
-            block = self.cached.get(h)
-            if block is None or (accept is not None and not accept(i, h)):
-                break
-            matched.append(block)
-            hashes.append(h)
-            parent = h
-        for block in matched:
-            if self.ref_cnt[block] == 0:
-                del self.free[block]
-            self.ref_cnt[block] += 1
-        req.block_ids = matched
-        req.block_hashes = hashes
+        bs = self.block_size
+        hashes = self._chain(req, (len(req.all_token_ids) - 1) // bs)
+        m = self._longest_hit(req, hashes)
+        if accept is not None:
+            m = next((i for i in range(m) if not accept(i, hashes[i])), m)
+            m = self._longest_hit(req, hashes[:m])
+        tables = self._tables(req)
+        for g, window in enumerate(self.windows):
+            first = 0 if window is None else self.window_start(req, m * bs, window) // bs
+            tables[g] = [FREED] * first + [self.cached[g][h] for h in hashes[first:m]]
+            for block in tables[g][first:]:
+                if self.ref_cnt[block] == 0:
+                    del self.free[block]
+                self.ref_cnt[block] += 1
+        req.block_hashes = hashes[:m]
         self._note_usage()
-        return len(matched) * bs
+        return m * bs
+
+    def _chain(self, req: Request, n: int) -> list[bytes]:
+        """The chained hashes of req's first n blocks, stopping at the first block a full
+        group does not cache (no hit can reach past it)."""
+        full = [g for g, w in enumerate(self.windows) if w is None]
+        hashes: list[bytes] = []
+        parent = req.cache_salt
+        for i in range(n):
+            parent = request_block_hash(req, parent, i, self.block_size)
+            if any(parent not in self.cached[g] for g in full):
+                break
+            hashes.append(parent)
+        return hashes
+
+    def _longest_hit(self, req: Request, hashes: list[bytes]) -> int:
+        """The most blocks m <= len(hashes) whose window blocks every window group caches
+        (the full groups cache all of `hashes`)."""
+        for m in range(len(hashes), 0, -1):
+            if all(h in self.cached[g]
+                   for g, w in enumerate(self.windows) if w is not None
+                   for h in hashes[self.window_start(req, m * self.block_size, w)
+                                   // self.block_size:m]):
+                return m
+        return 0
 
     def prompt_hashes(self, req: Request) -> list[bytes]:
         """Chained hashes of the prompt's full blocks (computed once per request)."""
@@ -104,51 +152,84 @@ class KVCacheManager:
         return req.prompt_hashes
 
     def allocate(self, req: Request, num_tokens: int) -> bool:
-        """Make req's block table cover num_tokens tokens; False (nothing taken) if the pool is short."""
-        need = self.blocks_needed(num_tokens) - len(req.block_ids)
-        if need <= 0:
-            return True
-        if need > len(self.free):
+        """Make req's block tables cover num_tokens tokens (after handing back the window
+        groups' blocks its next query tokens cannot see); False (nothing taken) if the pool is
+        short."""
+        tables = self._tables(req)
+        self.release_behind_window(req)
+        full = -(-num_tokens // self.block_size)
+        need = [max(0, full - len(t)) for t in tables]
+        if sum(need) > len(self.free):
             return False
-        for _ in range(need):
-            block, _ = self.free.popitem(last=False)
-            self._forget_hash(block)
-            self.ref_cnt[block] = 1
-            req.block_ids.append(block)
+        for table, n in zip(tables, need):
+            for _ in range(n):
+                table.append(self._take())
         self._note_usage()
         return True
 
-    def fork(self, src: Request, dst: Request) -> tuple[int, int] | None | bool:
-        """Give dst src's computed KV: full blocks shared, the partial tail block copied.
+    def release_behind_window(self, req: Request) -> None:
+        """Hand back the window groups' blocks wholly before the window of req's next query
+        token (position num_computed_tokens), oldest first: the pool evicts those first, and
+        keeps the blocks nearest the window for a later prefix hit."""
+        for table, window in zip(req.block_ids, self.windows):
+            if window is None:
+                continue
+            end = min(self.window_start(req, req.num_computed_tokens, window) // self.block_size,
+                      len(table))
+            start = end
+            while start > 0 and table[start - 1] != FREED:  # the freed entries are a prefix
+                start -= 1
+            for i in range(start, end):
+                self._release(table[i])
+                table[i] = FREED
 
-        Returns (src block, dst block) to copy, None when nothing needs copying, False when the
-        pool has no block for the copy (dst then gets nothing and recomputes later).
+    def _take(self) -> int:
+        block, _ = self.free.popitem(last=False)
+        self._forget_hash(block)
+        self.ref_cnt[block] = 1
+        return block
+
+    def _release(self, block: int) -> None:
+        self.ref_cnt[block] -= 1
+        if self.ref_cnt[block] == 0:
+            self.free[block] = None
+
+    def fork(self, src: Request, dst: Request) -> list[tuple[int, int]] | bool:
+        """Give dst src's computed KV: full blocks shared, each group's partial tail block
+        copied.
+
+        Returns the (src block, dst block) pairs to copy, False when the pool has no blocks
+        for the copies (dst then gets nothing and recomputes later).
         """
         full = src.num_computed_tokens // self.block_size
         partial = src.num_computed_tokens % self.block_size
-        copy = None
-        if partial:
-            if not self.free:
-                return False
-            block, _ = self.free.popitem(last=False)
-            self._forget_hash(block)
-            self.ref_cnt[block] = 1
-            copy = (src.block_ids[full], block)
-        shared = src.block_ids[:full]
-        for block in shared:
-            self.ref_cnt[block] += 1
-        dst.block_ids = shared + ([copy[1]] if copy else [])
+        if partial and len(self.free) < len(self.windows):
+            return False
+        copies = []
+        tables = []
+        for table in src.block_ids:
+            shared = table[:full]
+            for block in shared:
+                if block != FREED:
+                    self.ref_cnt[block] += 1
+            if partial:
+                copies.append((table[full], self._take()))
+                shared = shared + [copies[-1][1]]
+            tables.append(shared)
+        dst.block_ids = tables
         dst.block_hashes = list(src.block_hashes[:full])
         self._note_usage()
-        return copy
+        return copies
 
     def _forget_hash(self, block: int) -> None:
         old = self.hash_of[block]
         if old is not None:
-            if self.cached.get(old) == block:
-                del self.cached[old]
-                for listener in self._eviction_listeners:
-                    listener(old)
+            g, h = old
+            if self.cached[g].get(h) == block:
+                del self.cached[g][h]
+                if g == 0:
+                    for listener in self._eviction_listeners:
+                        listener(h)
             self.hash_of[block] = None
 
     def cache_full_blocks(self, req: Request) -> None:
@@ -161,17 +242,18 @@ class KVCacheManager:
             parent = req.block_hashes[-1] if req.block_hashes else req.cache_salt
             h = request_block_hash(req, parent, i, bs)
             req.block_hashes.append(h)
-            block = req.block_ids[i]
-            if h not in self.cached:
-                self.cached[h] = block
-                self.hash_of[block] = h
+            for g, table in enumerate(req.block_ids):
+                block = table[i]
+                if block != FREED and h not in self.cached[g]:
+                    self.cached[g][h] = block
+                    self.hash_of[block] = (g, h)
 
     def free_request(self, req: Request) -> None:
         # Tail blocks first, so they are evicted before the shared prefix blocks.
-        for block in reversed(req.block_ids):
-            self.ref_cnt[block] -= 1
-            if self.ref_cnt[block] == 0:
-                self.free[block] = None
+        for table in req.block_ids:
+            for block in reversed(table):
+                if block != FREED:
+                    self._release(block)
         req.block_ids = []
         req.block_hashes = []
 
@@ -179,10 +261,20 @@ class KVCacheManager:
         """Forget every cached block hash (all blocks must be free)."""
         assert len(self.free) == self.num_blocks, "reset_prefix_cache with blocks in use"
         for listener in self._eviction_listeners:
-            for h in self.cached:
+            for h in self.cached[0]:
                 listener(h)
-        self.cached.clear()
+        for cached in self.cached:
+            cached.clear()
         self.hash_of = [None] * self.num_blocks
 
     def _note_usage(self) -> None:
         self.peak_used = max(self.peak_used, self.num_used_blocks)
+
+
+def readable_table(table: list[int]) -> list[int]:
+    """A block table for the attention kernels: freed entries read as the first held block
+    (their keys are masked, but must still be finite numbers)."""
+    if not table or table[0] != FREED:
+        return table
+    live = next((b for b in table if b != FREED), 0)
+    return [live if b == FREED else b for b in table]

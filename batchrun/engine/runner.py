@@ -3,7 +3,9 @@
 prepare (the rows, step_batch.py) -> the attention backend's metadata (chosen once at start-up,
 engine/attention/) -> the model -> the outputs wanted of its hidden states: pooled vectors,
 prompt scores, logits of the rows that sample. Decode-only steps on CUDA replay a captured
-graph instead (cuda_graphs.py).
+graph instead (cuda_graphs.py; models of one KV group only). A model whose layers are in several
+KV groups (kv_groups.py) gets one metadata per group, and its layers of different groups share
+the cache tensors.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from __future__ import annotations
 import torch
 
 from batchrun.engine import kernels
-from batchrun.engine.attention import (AttentionMetadata, BackendEnv, StepLayout,
-                                       select_backend)
+from batchrun.engine.attention import (AttentionMetadata, BackendEnv, GroupedMetadata,
+                                       StepLayout, select_backend)
+from batchrun.engine.kv_groups import KVGroups, kv_groups
 from batchrun.engine.model_output import ModelOutput
 from batchrun.engine.prompt_logprobs import score_rows
 from batchrun.engine.request import Request
@@ -23,8 +26,9 @@ class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, device: torch.device,
                  dtype: torch.dtype, kv_dtype: torch.dtype | None = None, max_num_seqs: int = 64,
                  max_model_len: int = 2048, cuda_graphs: bool = True, adapters=None,
-                 attention_kernel: str = "cascade"):
+                 attention_kernel: str = "cascade", groups: KVGroups | None = None):
         cfg = model.config
+        self.groups = groups or kv_groups(cfg)
         self.model = model
         self.adapters = adapters  # engine.lora.AdapterSlots, or None
         self.device = device
@@ -43,11 +47,16 @@ class ModelRunner:
         # Also where a recomputed position whose K/V is already cached writes (Request.rescore).
         self.scratch_slot = num_blocks * block_size
         # torch.empty: pages are only touched (and counted in RSS) as blocks get used.
-        self.kv_caches = [(torch.empty(shape, dtype=kv_dtype, device=device),
-                           torch.empty(shape, dtype=kv_dtype, device=device))
-                          for _ in range(cfg.num_layers)]
+        self.tensors = [(torch.empty(shape, dtype=kv_dtype, device=device),
+                         torch.empty(shape, dtype=kv_dtype, device=device))
+                        for _ in range(self.groups.layers_per_block)]
+        # Each layer's K/V cache: a pool block belongs to one group at a time, so the layers of
+        # different groups share the tensors (kv_groups.py).
+        placement = self.groups.placement()
+        self.kv_caches = [self.tensors[placement[layer][1]] for layer in range(cfg.num_layers)]
+        self.layer_group = [placement[layer][0] for layer in range(cfg.num_layers)]
         self.graphs = None
-        if self.attention.name == "triton" and cuda_graphs:
+        if self.attention.name == "triton" and cuda_graphs and len(self.groups.groups) == 1:
             from batchrun.engine.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(model, self.kv_caches, max_num_seqs,
@@ -57,7 +66,7 @@ class ModelRunner:
     @torch.inference_mode()
     def copy_block(self, src: int, dst: int) -> None:
         bs = self.block_size
-        for k, v in self.kv_caches:
+        for k, v in self.tensors:
             k[dst * bs:(dst + 1) * bs] = k[src * bs:(src + 1) * bs]
             v[dst * bs:(dst + 1) * bs] = v[src * bs:(src + 1) * bs]
 
@@ -67,10 +76,17 @@ class ModelRunner:
         batch = self.prepare(work)
         if self.graphs is not None and self.graphs.takes(batch):
             return ModelOutput(self.graphs.run(batch.layout, batch.tokens), batch.samplers)
-        hidden = self.run_model(batch, self.attention.build(batch.layout))
+        hidden = self.run_model(batch, self.metadata(batch))
         self.pool(batch, hidden)
         return ModelOutput(self.logits(batch, hidden), batch.samplers,
                            self.score_prompt(batch, hidden))
+
+    def metadata(self, batch: StepBatch) -> AttentionMetadata | GroupedMetadata:
+        """The backend's metadata of the step: one per KV group when the model has several."""
+        if len(batch.group_layouts) == 1:
+            return self.attention.build(batch.layout)
+        return GroupedMetadata([self.attention.build(layout) for layout in batch.group_layouts],
+                               self.layer_group)
 
     def prepare(self, work: list[tuple[Request, int]]) -> StepBatch:
         return prepare_batch(work, self.block_size, self.scratch_slot, self.adapter_slots(work),
@@ -83,7 +99,8 @@ class ModelRunner:
         names = {r.adapter for r, _ in work if r.adapter is not None}
         return {name: self.adapters.slot_of(name) for name in names}
 
-    def run_model(self, batch: StepBatch, meta: AttentionMetadata) -> torch.Tensor:
+    def run_model(self, batch: StepBatch, meta: AttentionMetadata | GroupedMetadata
+                  ) -> torch.Tensor:
         """The final hidden states [T, hidden] of the step's rows."""
         layout: StepLayout = batch.layout
         input_ids = torch.tensor(batch.tokens, dtype=torch.long, device=self.device)

@@ -93,7 +93,8 @@ class Scheduler:
                     break
                 passed_over.append(self.waiting.popleft())
                 continue
-            if self.kv.blocks_needed(req.num_tokens) > self.kv.num_blocks:
+            if self.kv.blocks_needed(req.num_tokens, self.config.max_num_batched_tokens) \
+                    > self.kv.num_blocks:
                 self.waiting.popleft()
                 step.rejected.append(req)
                 continue

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from batchrun.engine.attention import StepLayout
+from batchrun.engine.kv_cache import readable_table
 from batchrun.engine.lora import segments
 from batchrun.engine.multimodal import StepImages
 from batchrun.engine.request import Request
@@ -33,6 +34,8 @@ class StepBatch:
     adapter_slots: dict[str, int]  # the slot of each adapter in the step
     # The rows of requests with images (engine/multimodal.py), for the model; [] for text only.
     images: list[StepImages] = field(default_factory=list)
+    # The layout through each KV group's block tables (engine/kv_groups.py); layout is group 0's.
+    group_layouts: list[StepLayout] = field(default_factory=list)
 
     @property
     def decode_only(self) -> bool:
@@ -66,7 +69,7 @@ def prepare_batch(work: list[tuple[Request, int]], block_size: int, scratch_slot
     tokens: list[int] = []
     starts: list[int] = []
     counts: list[int] = []
-    tables: list[list[int]] = []
+    tables: list[list[list[int]]] = []  # [sequence][group] block ids
     sample_rows: list[int] = []
     samplers: list[Request] = []
     scoring: list[Span] = []
@@ -92,13 +95,16 @@ def prepare_batch(work: list[tuple[Request, int]], block_size: int, scratch_slot
         tokens.extend(req.all_token_ids[c:c + n])
         starts.append(c)
         counts.append(n)
-        tables.append(req.block_ids)
+        tables.append([readable_table(t) for t in req.block_ids])
         if c + n == req.num_tokens and req.max_tokens > 0:
             sample_rows.append(len(tokens) - 1)
             samplers.append(req)
-    layout = StepLayout.of(tables, starts, counts, num_decode, block_size, device)
+    layout = StepLayout.of([t[0] for t in tables], starts, counts, num_decode, block_size, device)
+    layouts = [layout] + [layout.through([t[g] for t in tables])
+                          for g in range(1, len(tables[0]))]
     if scratch_rows:
         # The recomputed position's K/V is already cached: write it where no request reads.
-        layout.slot_mapping[torch.tensor(scratch_rows, device=device)] = scratch_slot
+        for group_layout in layouts:
+            group_layout.slot_mapping[torch.tensor(scratch_rows, device=device)] = scratch_slot
     return StepBatch([r for r, _ in ordered], layout, tokens, sample_rows, samplers, scoring,
-                     pooling, adapter_slots, images)
+                     pooling, adapter_slots, images, layouts)

@@ -132,13 +132,13 @@ class OutputProcessor:
                                                   req.params, req.max_tokens,
                                                   req.metrics.arrival_time, req.priority)
                 sib.num_cached_tokens = req.num_cached_tokens
-                copy = self.kv.fork(req, sib)
+                copies = self.kv.fork(req, sib)
                 # With no block free for the copy, the sibling waits and recomputes its prompt
                 # later (mostly from the prefix cache); its first token is sampled now either way.
-                forked = copy is not False
+                forked = copies is not False
                 if forked:
-                    if copy is not None:
-                        self.copy_block(*copy)
+                    for src, dst in copies:
+                        self.copy_block(src, dst)
                     sib.num_computed_tokens = req.num_computed_tokens
                 self.scheduler.add_forked(sib, running=forked)
                 seqs.append(sib)

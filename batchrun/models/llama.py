@@ -72,6 +72,15 @@ class ModelConfig:
         )
 
     @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's sliding window as the config says (engine/kv_groups.py). The native
+        model runs only models whose windows never bind (all None); for a windowed one (run on
+        the transformers backend) `plan` and the footprint size the KV cache from these."""
+        from batchrun.models.transformers.support import config_layer_windows
+
+        return config_layer_windows(self.hf_config)
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V per token across all layers, per byte of element size."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim

@@ -64,14 +64,18 @@ def test_bfloat16_halves_the_bytes(tiny_folder):
     {"kv_cache_memory": 1 << 20, "kv_cache_dtype": "bfloat16", "max_model_len": 100},
     {"kv_cache_memory": 64 << 20, "max_num_seqs": 3, "block_size": 8},
 ])
-def test_kv_reservation_equals_the_engine_pool(options, tiny_folder):
-    folder = tiny_folder("llama")
+@pytest.mark.parametrize("window", [None, 8])
+def test_kv_reservation_equals_the_engine_pool(options, window, tiny_folder):
+    """Llama, and Mistral with a sliding window of 8 (the transformers backend; its blocks
+    held only over the window: engine/kv_groups.py)."""
+    folder = tiny_folder("mistral", sliding_window=window) if window else tiny_folder("llama")
     cfg = model_config_for(str(folder))
     config = EngineConfig.default(device="cpu", **options)
     blocks, nbytes = kv_reservation(config, cfg)
     engine = llm.load_from_path(folder, config).engine
     assert blocks == engine.kv.num_blocks
-    assert nbytes == sum(k.nbytes + v.nbytes for k, v in engine.runner.kv_caches)
+    assert engine.kv.groups.windows == [window]
+    assert nbytes == sum(k.nbytes + v.nbytes for k, v in engine.runner.tensors)
 
 
 def test_model_config_for_folder_gguf_and_registry(tmp_path, tiny_folder, capsys):

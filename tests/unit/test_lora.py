@@ -93,7 +93,7 @@ def test_the_same_prompt_under_two_adapters_never_shares_kv_blocks(tmp_path):
     hf, adapters, engine = lora_engine("llama", tmp_path, block_size=4)
     prompt = list(range(20, 45))  # six full blocks
     first = engine.generate([prompt], greedy("tune0"))[0]
-    blocks_of_tune0 = set(engine.kv.cached.values())
+    blocks_of_tune0 = set(engine.kv.cached[0].values())
     other = engine.generate([prompt], greedy("tune1"))[0]
     base = engine.generate([prompt], greedy(None))[0]
     again = engine.generate([prompt], greedy("tune0"))[0]
@@ -102,7 +102,7 @@ def test_the_same_prompt_under_two_adapters_never_shares_kv_blocks(tmp_path):
     assert again.outputs[0].token_ids == first.outputs[0].token_ids
     ref, logits = reference(adapters["tune1"][1], prompt, MAX_NEW)
     assert_greedy_match(other.outputs[0].token_ids, ref, logits, "tune1 after tune0")
-    assert len(engine.kv.cached) >= 3 * 6 and blocks_of_tune0 < set(engine.kv.cached.values())
+    assert len(engine.kv.cached[0]) >= 3 * 6 and blocks_of_tune0 < set(engine.kv.cached[0].values())
 
 
 def test_n_choices_and_scoring_run_on_the_adapter(tmp_path):

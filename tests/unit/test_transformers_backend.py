@@ -51,12 +51,19 @@ def check_against_transformers(hf, prompts, outs, label, report):
             assert lp.logprob == pytest.approx(expected, abs=2e-3), f"{label}[{i}] token {j}"
 
 
+def windowed(arch: str) -> bool:
+    return bool(BACKEND_ARCHS[arch][2].get("sliding_window"))
+
+
 @pytest.mark.parametrize("arch", sorted(BACKEND_ARCHS))
 def test_greedy_and_logprobs_match_transformers(arch, tmp_path):
     """Mixed-length prompts in one engine, prefilled in chunks of at most 16 tokens (crossing the
     8-token sliding windows), in a KV pool too small for all of them (preemption), then two
     prompts extending an earlier one's prefix (prefix-cache hits)."""
-    hf, engine = backend_engine(arch, tmp_path, max_num_batched_tokens=16, num_blocks=24)
+    # A model whose every layer is windowed holds only its windows' blocks: it needs a smaller
+    # pool to be preempted (engine/kv_groups.py).
+    blocks = 12 if arch == "mistral" else 24
+    hf, engine = backend_engine(arch, tmp_path, max_num_batched_tokens=16, num_blocks=blocks)
     assert isinstance(engine.runner.model, TransformersModel)
     gen = torch.Generator().manual_seed(2)
     vocab = hf.config.vocab_size
@@ -69,7 +76,10 @@ def test_greedy_and_logprobs_match_transformers(arch, tmp_path):
                for n in (4, 9)]
     cached = engine.stats.cached_tokens
     check_against_transformers(hf, sharing, engine.generate(sharing, params), arch, report)
-    assert engine.stats.cached_tokens - cached >= 2 * 28
+    # A windowed layer handed back prompts[2]'s blocks before position 32 as it moved on, and
+    # the small pool reused them: the first sharing prompt misses, the second hits its blocks.
+    hits = 1 if windowed(arch) else 2
+    assert engine.stats.cached_tokens - cached >= hits * 28
     assert report.compared == 6
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
 

@@ -5,12 +5,13 @@ The KV cache of a layer is a flat tensor of slots [num_blocks * block_size, kv_h
 slot = block_id * block_size + offset. A step's rows (tokens) are laid out sequence after
 sequence, decodes (one row each) first, then prefill chunks; sequence i owns rows
 query_start[i]:query_start[i + 1] and, after this step, sees context_lens[i] tokens read
-through block_tables[i].
+through block_tables[i]. A model whose layers are in several KV groups (engine/kv_groups.py)
+gets one metadata per group (GroupedMetadata); each layer reads its group's (layer_metadata).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -34,27 +35,39 @@ class StepLayout:
            block_size: int, device: torch.device) -> StepLayout:
         """The layout of sequences with block ids `tables`, starts[i] tokens of context before
         this step and counts[i] rows in it, laid out in this order."""
-        bs = block_size
-        width = max(len(t) for t in tables)
-        table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long,
-                             device=device)
         count_t = torch.tensor(counts, device=device)
         start_t = torch.tensor(starts, device=device)
         seq = torch.repeat_interleave(torch.arange(len(counts), device=device), count_t)
         ends = torch.cumsum(count_t, 0)
         positions = (torch.arange(sum(counts), device=device) - (ends - count_t)[seq]
                      + start_t[seq])
-        return cls(slot_mapping=table[seq, positions // bs] * bs + positions % bs,
-                   positions=positions, block_tables=table,
+        table, slots = _table_and_slots(tables, seq, positions, block_size)
+        return cls(slot_mapping=slots, positions=positions, block_tables=table,
                    query_start=torch.cat([ends.new_zeros(1), ends]),
-                   context_lens=start_t + count_t, block_size=bs, num_decode=num_decode,
+                   context_lens=start_t + count_t, block_size=block_size, num_decode=num_decode,
                    starts=starts, counts=counts)
+
+    def through(self, tables: list[list[int]]) -> StepLayout:
+        """The same rows read and written through other block tables (another KV group's)."""
+        seq = torch.repeat_interleave(torch.arange(len(self.counts), device=self.positions.device),
+                                      torch.tensor(self.counts, device=self.positions.device))
+        table, slots = _table_and_slots(tables, seq, self.positions, self.block_size)
+        return replace(self, block_tables=table, slot_mapping=slots)
 
     def metadata_fields(self) -> dict[str, Any]:
         """The AttentionMetadata base fields of this layout."""
         return dict(slot_mapping=self.slot_mapping, block_size=self.block_size,
                     block_tables=self.block_tables, query_start=self.query_start,
                     context_lens=self.context_lens, positions=self.positions)
+
+
+def _table_and_slots(tables: list[list[int]], seq: torch.Tensor, positions: torch.Tensor,
+                     bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block-table tensor [S, max_blocks] and each row's slot."""
+    width = max(len(t) for t in tables)
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long,
+                         device=positions.device)
+    return table, table[seq, positions // bs] * bs + positions % bs
 
 
 @dataclass
@@ -70,6 +83,34 @@ class AttentionMetadata:
     # (0: none past its own position). The model sets it for image tokens that attend to each
     # other both ways (Gemma 3); only the reference path (reference.py) reads it.
     visible_until: torch.Tensor | None = field(default=None, kw_only=True)
+
+
+@dataclass
+class GroupedMetadata:
+    """A step's metadata for a model whose layers are in several KV groups (engine/kv_groups.py):
+    one backend metadata per group, each over the group's block tables; `layer_metadata` finds
+    a layer's. The fields every group shares are here too; the tables and slots are not."""
+    groups: list[AttentionMetadata]
+    layer_group: list[int]  # layer -> its group
+
+    @property
+    def context_lens(self) -> torch.Tensor:
+        return self.groups[0].context_lens
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.groups[0].positions
+
+    @property
+    def query_start(self) -> torch.Tensor:
+        return self.groups[0].query_start
+
+
+def layer_metadata(meta: AttentionMetadata | GroupedMetadata, layer: int) -> AttentionMetadata:
+    """The metadata layer `layer` attends with (the step's own when the model is one group)."""
+    if isinstance(meta, GroupedMetadata):
+        return meta.groups[meta.layer_group[layer]]
+    return meta
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 the name "batchrun": it writes the layer's K/V into the engine's paged cache and attends over it.
 
 The step's KV caches and metadata are not arguments transformers passes along, so the model's
-forward sets them for the duration of the call (`step`). Plain causal layers go through the
-engine's `paged_attention` (the C kernels on the CPU); layers with a sliding window, logit
+forward sets them for the duration of the call (`step`); with several KV groups (a model of
+full and sliding-window layers) each layer reads its group's metadata. Plain causal layers go
+through the engine's `paged_attention` (the C kernels on the CPU); layers with a sliding window, logit
 soft-capping or attention sinks, and steps whose image tokens attend both ways within an image
 (the metadata's visible_until), through `reference_attention`. Key and value head dims that
 differ (MLA: DeepSeek-V2) are stored zero-padded to the wider one, and the output cut back.
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from batchrun.engine.attention import paged_attention
+from batchrun.engine.attention import layer_metadata, paged_attention
 from batchrun.engine.attention import reference_attention
 from batchrun.models.transformers.support import UnsupportedModelError
 
@@ -31,6 +32,7 @@ class Step:
     max_context: int  # the longest context in the step: windows at least this long change nothing
     # layer_idx -> (heads, KV heads, K head dim, V head dim), filled while probing a model
     shapes: dict[int, tuple[int, int, int]] | None = None
+    windows: dict[int, int | None] | None = None  # layer_idx -> its sliding window (probing)
     calls: int = 0
     bidirectional: bool = False  # a layer attends both ways (probing)
 
@@ -39,9 +41,10 @@ _current: Step | None = None
 
 
 @contextlib.contextmanager
-def step(kv_caches, meta, max_context: int, shapes: dict | None = None):
+def step(kv_caches, meta, max_context: int, shapes: dict | None = None,
+         windows: dict | None = None):
     global _current
-    previous, _current = _current, Step(kv_caches, meta, max_context, shapes)
+    previous, _current = _current, Step(kv_caches, meta, max_context, shapes, windows)
     try:
         yield _current
     finally:
@@ -66,6 +69,8 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
     if current.shapes is not None:
         current.shapes[layer] = (q.shape[1], k.shape[1], k.shape[2], dv)
         current.bidirectional |= getattr(module, "is_causal", True) is False
+    if current.windows is not None:
+        current.windows[layer] = sliding_window or None
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
     width = max(k.shape[-1], dv)  # zeros added to q and k leave the scores as they are
     if dv < width:
@@ -73,13 +78,14 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
     elif k.shape[-1] < width:
         q, k = F.pad(q, (0, width - k.shape[-1])), F.pad(k, (0, width - k.shape[-1]))
     k_cache, v_cache = current.kv_caches[layer]
+    meta = layer_metadata(current.meta, layer)
     window = sliding_window if sliding_window and sliding_window < current.max_context else None
-    both_ways = getattr(current.meta, "visible_until", None) is not None  # image rows
+    both_ways = meta.visible_until is not None  # image rows
     if window or softcap or s_aux is not None or both_ways:
-        out = reference_attention(q, k, v, k_cache, v_cache, current.meta, scale,
+        out = reference_attention(q, k, v, k_cache, v_cache, meta, scale,
                                   sliding_window=window, softcap=softcap, sinks=s_aux)
     else:
-        out = paged_attention(q.contiguous(), k, v, k_cache, v_cache, current.meta, scale)
+        out = paged_attention(q.contiguous(), k, v, k_cache, v_cache, meta, scale)
     return out[..., :dv].unsqueeze(0), None
 
 

@@ -111,7 +111,8 @@ def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
     if window and window < getattr(hf, "max_position_embeddings", window + 1):
         sliding = types.count("sliding_attention") if types else hf.num_hidden_layers
         out.append(("sliding window", f"{window} tokens on {sliding} of {hf.num_hidden_layers} "
-                                      f"layers (reference attention)"))
+                                      f"layers (reference attention; their KV kept over the "
+                                      f"window only)"))
     else:
         out.append(("sliding window", "no"))
     experts = next((getattr(hf, n) for n in ("num_local_experts", "num_experts", "n_routed_experts")

@@ -32,6 +32,8 @@ class BackendConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     hf_config: object
+    # Each layer's sliding window as the probe saw it attend (None: full); KV groups read it.
+    layer_windows: tuple = ()
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -134,9 +136,10 @@ def wrap(hf: nn.Module, cls=TransformersModel) -> TransformersModel:
     attention.register()
     cfg = hf.config.get_text_config()  # a vision-language model's decoder's
     hf.set_attn_implementation(attention_implementation(hf.config, cfg))
+    windows: dict = {}
     try:
         hidden, shapes = probe.run(hf, lambda ids, pos: hf.base_model(
-            input_ids=ids, position_ids=pos, use_cache=False)[0][0])
+            input_ids=ids, position_ids=pos, use_cache=False)[0][0], windows)
     except UnsupportedModelError:
         raise
     except Exception as exc:  # its modelling code does something the flat step cannot feed
@@ -152,11 +155,14 @@ def wrap(hf: nn.Module, cls=TransformersModel) -> TransformersModel:
         raise UnsupportedModelError(f"{cfg.model_type}: attention shapes differ between layers "
                                     f"({sorted(distinct)}); the KV cache has one shape")
     heads, kv_heads, dk, dv = distinct.pop()
+    longest = getattr(cfg, "max_position_embeddings", None) or 2048
     config = BackendConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_layers=layers,
         num_heads=heads, num_kv_heads=kv_heads, head_dim=max(dk, dv),
-        max_position_embeddings=getattr(cfg, "max_position_embeddings", None) or 2048,
-        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), hf_config=cfg)
+        max_position_embeddings=longest,
+        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), hf_config=cfg,
+        layer_windows=tuple(w if w and w < longest else None
+                            for w in (windows.get(i) for i in range(layers))))
     model = cls(hf, config)
     probe.check_logits(model, hidden)
     return model

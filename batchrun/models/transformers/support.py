@@ -44,6 +44,19 @@ def effective_window(hf) -> int | None:
     return getattr(hf, "sliding_window", None)
 
 
+def config_layer_windows(hf) -> tuple[int | None, ...]:
+    """Each layer's sliding window as the config describes it (None: full attention); () when
+    no window is shorter than the context. The probe at load reads the real ones."""
+    window = effective_window(hf)
+    longest = getattr(hf, "max_position_embeddings", None)
+    if not window or (longest and window >= longest):
+        return ()
+    types = getattr(hf, "layer_types", None)
+    if types:
+        return tuple(window if t == "sliding_attention" else None for t in types)
+    return (window,) * hf.num_hidden_layers
+
+
 def transformers_reason(hf) -> str | None:
     """Why the transformers backend cannot run `hf` (None: it can)."""
     model_type = getattr(hf, "model_type", None)

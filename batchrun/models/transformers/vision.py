@@ -11,10 +11,12 @@ get_rope_index when the request is added; decode continues them with the returne
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 
 import torch
 
+from batchrun.engine.attention.base import GroupedMetadata
 from batchrun.engine.multimodal import ImageInput, MultiModalInputs, StepImages
 from batchrun.models.transformers import attention
 from batchrun.models.transformers.model import TransformersModel, max_context, wrap
@@ -164,9 +166,16 @@ def with_image_rows(meta, images: list[StepImages], rows: int):
         until[step.row:step.row + step.count] = step.inputs.visible_until(step.first, step.count)
     if not any(until):  # no image token in this step (decodes): the fast kernels serve it
         return meta
-    meta = copy.copy(meta)
-    meta.visible_until = torch.tensor(until, device=meta.positions.device)
-    return meta
+    visible = torch.tensor(until, device=meta.positions.device)
+
+    def with_until(group_meta):
+        group_meta = copy.copy(group_meta)
+        group_meta.visible_until = visible
+        return group_meta
+
+    if isinstance(meta, GroupedMetadata):  # each KV group's metadata carries it
+        return dataclasses.replace(meta, groups=[with_until(g) for g in meta.groups])
+    return with_until(meta)
 
 
 def is_vision_language(hf_config) -> bool:
