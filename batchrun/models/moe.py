@@ -87,8 +87,8 @@ class Experts(nn.Module):
         """sum_j weights[t, j] * expert_{experts[t, j]}(x[t]) for each token t."""
         pairs = sort_by_expert(experts, self.gate_up_proj.shape[0])
         rows = x[pairs.token]
-        act = silu_mul(grouped_mm(rows, self.gate_up_proj, pairs), cpu_kernels)
-        out = grouped_mm(act, self.down_proj, pairs)
+        act = silu_mul(grouped_mm(rows, self.gate_up_proj, pairs, cpu_kernels), cpu_kernels)
+        out = grouped_mm(act, self.down_proj, pairs, cpu_kernels)
         out *= weights.reshape(-1)[pairs.order, None]
         return torch.zeros_like(x).index_add_(0, pairs.token, out)
 

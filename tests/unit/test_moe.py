@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from batchrun.engine import SamplingParams
+from batchrun.engine import SamplingParams, kernels
 from batchrun.llm import build_engine, load_weights
 from batchrun.models import grouped_gemm
 from batchrun.models.moe import Experts, ModelConfig
@@ -15,14 +15,24 @@ from tests.tiny_models import BACKEND_ARCHS, IdTokenizer, make_tiny
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize("route", ["torch._grouped_mm", "gather-bmm"])
+ROUTES = ["C kernel", "C kernel (portable)", "torch._grouped_mm", "gather-bmm"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("tokens", [1, 7, 40])
 def test_experts_match_transformers_experts(route, tokens, monkeypatch):
-    """Some of the 16 experts get no token (1 token x top-2), some several."""
+    """Some of the 16 experts get no token (1 token x top-2), some several; the C kernel takes
+    up to 8 rows per active expert, so 40 tokens go through it only when forced to."""
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
-    if route == "gather-bmm":
+    cpu_kernels = None
+    if route.startswith("C kernel"):
+        cpu_kernels = kernels.library(kernels.VARIANTS["portable"] if "portable" in route else ())
+        if cpu_kernels is None:
+            pytest.skip("no C compiler here")
+        monkeypatch.setattr(grouped_gemm, "KERNEL_ROWS_PER_EXPERT", 80)
+    elif route == "gather-bmm":
         monkeypatch.setattr(grouped_gemm, "_native_grouped_mm", lambda *_: False)
     else:
         assert grouped_gemm._native_grouped_mm("cpu", torch.float32)
@@ -36,8 +46,28 @@ def test_experts_match_transformers_experts(route, tokens, monkeypatch):
         x = torch.randn(tokens, 24, generator=gen)
         chosen = torch.rand(tokens, 16, generator=gen).topk(2, dim=-1).indices
         weights = torch.rand(tokens, 2, generator=gen)
-        torch.testing.assert_close(ours(x, chosen, weights), hf(x, chosen, weights), rtol=1e-5,
-                                   atol=1e-4)  # outputs of size ~10: float32 summation order
+        got = ours(x, chosen, weights, cpu_kernels)
+        # outputs of size ~10: float32 summation order
+        torch.testing.assert_close(got, hf(x, chosen, weights), rtol=1e-5, atol=1e-4)
+
+
+def test_expert_kernel_in_bfloat16():
+    """bfloat16 weights and rows, float32 sums: within bfloat16 rounding of the float32 result."""
+    lib = kernels.library()
+    if lib is None:
+        pytest.skip("no C compiler here")
+    gen = torch.Generator().manual_seed(1)
+    experts = Experts(8, 40, 24)
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+        x = torch.randn(5, 40, generator=gen)
+        chosen = torch.rand(5, 8, generator=gen).topk(2, dim=-1).indices
+        weights = torch.rand(5, 2, generator=gen)
+        want = experts(x, chosen, weights)
+        got = experts.to(torch.bfloat16)(x.bfloat16(), chosen, weights.bfloat16(), lib)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=3e-2)
 
 
 def test_fused_expert_checkpoint_loads(tmp_path):

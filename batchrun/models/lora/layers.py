@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from batchrun.models.lora.adapter import LoraError
+
 # Our fused projections: name -> the PEFT modules it holds, in output order.
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",),
          "gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
@@ -76,7 +78,10 @@ def wrap_projections(model: nn.Module, projections: set[str], step: StepAdapters
     for index, layer in enumerate(model.layers):
         for name in projections:
             parent = getattr(layer, PARENT[name])
-            base = getattr(parent, name)
+            base = getattr(parent, name, None)
+            if base is None:  # an MoE layer: its experts are 3-D tensors, not one projection
+                raise LoraError(f"layer {index} has no {name} (a mixture-of-experts layer); "
+                                "LoRA on MoE models applies to attention projections only")
             if not isinstance(base, LoraLinear):
                 setattr(parent, name, LoraLinear(base, index, name, step))
 
