@@ -6,10 +6,12 @@ same active parameters whatever the expert count. Columns: engine step wall time
 decode step of 1 sequence (k experts active per layer), a decode step of 32 sequences (up to
 32*k experts active per layer: the expert weights a step reads grow with how many are hit), and a
 prefill of one 256-token prompt; native and transformers side by side, their ratio, and the mean
-number of distinct experts the 32-sequence step hit per layer.
+number of distinct experts the 32-sequence step hit per layer. Both engines are loaded at once
+and take turns; each figure is the best of --rounds rounds (the least disturbed by other work on
+a shared machine).
 
     python benchmarks/moe.py [--experts 8 32 128] [--top-k 2] [--layers 4] [--hidden 512]
-        [--expert-size 256] [--steps 8] [--dtype float32]
+        [--expert-size 256] [--steps 4] [--rounds 3] [--threads 1] [--dtype float32]
 """
 
 from __future__ import annotations
@@ -89,19 +91,23 @@ def hit_experts(engine, prompts) -> float:
     return statistics.mean(seen[-len(hooks):])
 
 
-def measure(path: Path, impl: str, dtype, steps: int) -> dict:
+def measure(path: Path, dtype, rounds: int, steps: int) -> dict[str, dict]:
+    """impl -> kind -> best step time over `rounds` rounds, the two engines taking turns (on a
+    shared machine the best of several is the figure least bent by other processes)."""
     gen = torch.Generator().manual_seed(0)
     wide = [torch.randint(3, 8192, (PROMPT,), generator=gen).tolist() for _ in range(DECODE_WIDE)]
     long_prompt = [torch.randint(3, 8192, (PREFILL,), generator=gen).tolist()]
-    engine = engine_for(path, impl, dtype)
-    step_times(engine, wide[:2], 2, 0)  # warm-up
-    out = {"decode-1": statistics.median(step_times(engine, wide[:1], steps, 1)),
-           f"decode-{DECODE_WIDE}": statistics.median(step_times(engine, wide, steps, 1)),
-           f"prefill-{PREFILL}": statistics.median(
-               [step_times(engine, long_prompt, 1, 0)[0] for _ in range(max(2, steps // 3))])}
-    if impl == "native":
-        out["hit"] = hit_experts(engine, wide)
-    return out
+    engines = {impl: engine_for(path, impl, dtype) for impl in ("native", "transformers")}
+    best: dict[str, dict] = {impl: {} for impl in engines}
+    for _ in range(rounds):
+        for impl, engine in engines.items():
+            times = {"decode-1": step_times(engine, wide[:1], steps, 1),
+                     f"decode-{DECODE_WIDE}": step_times(engine, wide, steps, 1),
+                     f"prefill-{PREFILL}": step_times(engine, long_prompt, 1, 0)}
+            for kind, ts in times.items():
+                best[impl][kind] = min(ts + [best[impl].get(kind, float("inf"))])
+    best["native"]["hit"] = hit_experts(engines["native"], wide)
+    return best
 
 
 def main() -> None:
@@ -111,22 +117,26 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--expert-size", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=4, help="decode steps timed per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
+    torch.set_num_threads(args.threads)
     print(machine_line())
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}; "
           f"Qwen3-MoE, {args.layers} layers, hidden {args.hidden}, expert size {args.expert_size}, "
-          f"top-{args.top_k}; step wall time, median ms (native / transformers = ratio)")
+          f"top-{args.top_k}; engine step wall time, best of {args.rounds} rounds, ms "
+          f"(native / transformers = speed-up)")
     kinds = ["decode-1", f"decode-{DECODE_WIDE}", f"prefill-{PREFILL}"]
     print(f"{'experts':>7} {'params':>8} " + " ".join(f"{k:>26}" for k in kinds)
           + f" {'experts hit/layer':>18}")
     for experts in args.experts:
         with tempfile.TemporaryDirectory() as tmp:
             params = make_checkpoint(Path(tmp), experts, args)
-            native = measure(Path(tmp), "native", dtype, args.steps)
-            backend = measure(Path(tmp), "transformers", dtype, args.steps)
+            times = measure(Path(tmp), dtype, args.rounds, args.steps)
+        native, backend = times["native"], times["transformers"]
         cells = [f"{native[k] * 1e3:7.1f} / {backend[k] * 1e3:7.1f} = {backend[k] / native[k]:4.2f}x"
                  for k in kinds]
         print(f"{experts:>7} {params / 1e6:>7.0f}M " + " ".join(f"{c:>26}" for c in cells)
