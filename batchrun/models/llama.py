@@ -46,11 +46,18 @@ class ModelConfig:
         if not archs & SUPPORTED_ARCHITECTURES:
             raise ValueError(f"unsupported architecture {sorted(archs)}; batchrun runs "
                              f"{sorted(SUPPORTED_ARCHITECTURES)}")
+        model_type = getattr(hf, "model_type", "llama")
+        return cls(**cls.shared_fields(hf),
+                   qkv_bias=model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
+                   qk_norm=model_type == "qwen3")
+
+    @staticmethod
+    def shared_fields(hf) -> dict:
+        """The fields every native decoder reads from its config alike (models/moe.py too)."""
         if getattr(hf, "hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported activation {hf.hidden_act!r} (SwiGLU/silu only)")
-        model_type = getattr(hf, "model_type", "llama")
         heads = hf.num_attention_heads
-        return cls(
+        return dict(
             vocab_size=hf.vocab_size,
             hidden_size=hf.hidden_size,
             intermediate_size=hf.intermediate_size,
@@ -61,8 +68,6 @@ class ModelConfig:
             rms_norm_eps=hf.rms_norm_eps,
             max_position_embeddings=hf.max_position_embeddings,
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-            qkv_bias=model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
-            qk_norm=model_type == "qwen3",
             hf_config=hf,
         )
 

@@ -39,36 +39,27 @@ class ModelConfig(llama.ModelConfig):
         if not archs & SUPPORTED_ARCHITECTURES:
             raise ValueError(f"unsupported architecture {sorted(archs)}; the native MoE path runs "
                              f"{sorted(SUPPORTED_ARCHITECTURES)}")
-        if getattr(hf, "hidden_act", "silu") != "silu":
-            raise ValueError(f"unsupported activation {hf.hidden_act!r} (SwiGLU/silu only)")
         model_type = hf.model_type
-        experts = next(getattr(hf, n) for n in _EXPERT_COUNT if getattr(hf, n, None) is not None)
+        experts = next((getattr(hf, n) for n in _EXPERT_COUNT if getattr(hf, n, None) is not None),
+                       None)
+        if not experts or not getattr(hf, "num_experts_per_tok", None):
+            raise ValueError("the config names no experts (num_experts / num_local_experts and "
+                             "num_experts_per_tok)")
         qwen = model_type in ("qwen2_moe", "qwen3_moe")
         step = getattr(hf, "decoder_sparse_step", 1) or 1
         dense = set(getattr(hf, "mlp_only_layers", None) or ())
-        heads = hf.num_attention_heads
         return cls(
-            vocab_size=hf.vocab_size,
-            hidden_size=hf.hidden_size,
-            intermediate_size=hf.intermediate_size,
-            num_layers=hf.num_hidden_layers,
-            num_heads=heads,
-            num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
-            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
-            rms_norm_eps=hf.rms_norm_eps,
-            max_position_embeddings=hf.max_position_embeddings,
-            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+            **cls.shared_fields(hf),
             qkv_bias=bool(getattr(hf, "qkv_bias", False) or getattr(hf, "attention_bias", False)),
             qk_norm=model_type in ("qwen3_moe", "olmoe"),
             qk_norm_across_heads=model_type == "olmoe",
-            hf_config=hf,
             num_experts=experts,
             top_k=hf.num_experts_per_tok,
             expert_intermediate_size=hf.moe_intermediate_size if qwen else hf.intermediate_size,
             renormalize=model_type == "mixtral" or bool(getattr(hf, "norm_topk_prob", False)),
             shared_expert_intermediate_size=(getattr(hf, "shared_expert_intermediate_size", 0)
                                              if model_type == "qwen2_moe" else 0),
-            sparse_layers=tuple(experts > 0 and i not in dense and (i + 1) % step == 0
+            sparse_layers=tuple(i not in dense and (i + 1) % step == 0
                                 for i in range(hf.num_hidden_layers)),
         )
 
