@@ -118,6 +118,19 @@ class MoeModel(LlamaModel):
     def make_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
         return SparseMoeBlock(cfg) if cfg.sparse_layers[layer] else MLP(cfg)
 
+    @torch.no_grad()
+    def load_weights(self, weights) -> None:
+        """As llama's, and a tensor loaded per expert must be there for every expert."""
+        self._expert_parts: set[tuple[str, int, int | None]] = set()
+        super().load_weights(weights)
+        for name in sorted({name for name, _, _ in self._expert_parts}):
+            shards = (0, 1) if name.endswith("gate_up_proj") else (None,)
+            lacking = [(e, s) for e in range(self.get_parameter(name).shape[0]) for s in shards
+                       if (name, e, s) not in self._expert_parts]
+            if lacking:
+                raise ValueError(f"checkpoint lacks expert weights of {name}: (expert, shard) "
+                                 f"{lacking[:5]}{'…' if len(lacking) > 5 else ''}")
+
     def load_special(self, name: str, tensor: torch.Tensor, params: dict, loaded: set[str]) -> bool:
         """Experts, per expert (`mlp.experts.3.gate_proj.weight`, Mixtral's
         `block_sparse_moe.experts.3.w1.weight`) or fused (`mlp.experts.gate_up_proj`)."""
@@ -138,6 +151,7 @@ class MoeModel(LlamaModel):
             weight = weight.narrow(0, shard * half, half)
         weight.copy_(tensor)
         loaded.add(f"{prefix}.{target}#{expert}.{shard}")
+        self._expert_parts.add((f"{prefix}.{target}", expert, shard))
         return True
 
 

@@ -95,6 +95,19 @@ def test_fused_expert_checkpoint_loads(tmp_path):
         assert [lp for _, lp in top] == pytest.approx(ref.topk(5).values.tolist(), abs=1e-4)
 
 
+def test_a_missing_expert_is_refused(tmp_path):
+    from safetensors.torch import load_file
+
+    make_tiny("mixtral", tmp_path, archs=BACKEND_ARCHS)
+    state = load_file(tmp_path / "model.safetensors")
+    del state["model.layers.1.block_sparse_moe.experts.2.w3.weight"]
+    save_file(state, tmp_path / "model.safetensors")
+    config = EngineConfig.default(model_impl="native")
+    with pytest.raises(ValueError, match=r"lacks expert weights of layers.1.mlp.experts.gate_up_proj"
+                                         r": \(expert, shard\) \[\(2, 1\)\]"):
+        load_weights(tmp_path, config, CPU, torch.float32)
+
+
 @pytest.mark.parametrize("model_type,arch,kw,sparse", [
     ("qwen3_moe", "Qwen3MoeForCausalLM", {"decoder_sparse_step": 2}, (False, True, False, True)),
     ("qwen2_moe", "Qwen2MoeForCausalLM", {"mlp_only_layers": [0, 3]}, (False, True, True, False)),
