@@ -160,9 +160,10 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
         module = native.module_for(hf)
         return build_model(module.Model, module.ModelConfig.from_hf(hf), path, device, dtype,
                            config.device.quantization)
+    native_types = ", ".join(sorted(native.NATIVE_MODULES))
     if config.device.quantization != "none":
-        raise UnsupportedModelError("--quantization needs the native path (Llama, Mistral, "
-                                    "Qwen2, Qwen3); this model runs on the transformers backend")
+        raise UnsupportedModelError(f"--quantization needs the native path ({native_types}); "
+                                    "this model runs on the transformers backend")
     from batchrun.models.transformers import model as text, vision
 
     model = (vision if vision.is_vision_language(hf) else text).load(path, device, dtype)

@@ -74,20 +74,23 @@ def _wait_healthy(running: ServeProcess, timeout: float) -> None:
 
 
 def tiny_engine(arch, tmp_path, **overrides):
-    """A tiny random checkpoint of `arch` (tests/tiny_models.py) in tmp_path: (the transformers
-    model, a batchrun engine over the same weights on the CPU); `overrides` set EngineConfig
+    """A tiny random checkpoint of `arch` (tests/tiny_models.py: ARCHS, else BACKEND_ARCHS) in
+    tmp_path: (the transformers model, a batchrun engine on the native path over the same weights
+    on the CPU); `overrides` set EngineConfig
     fields (block_size 4 unless given)."""
     import torch
     from transformers import AutoConfig
 
     from batchrun.llm import build_engine, build_model
-    from batchrun.models.llama import LlamaModel, ModelConfig
+    from batchrun.models import native
     from batchrun.options.engine import EngineConfig
-    from tests.tiny_models import IdTokenizer, make_tiny
+    from tests.tiny_models import ARCHS, BACKEND_ARCHS, IdTokenizer, make_tiny
 
-    hf = make_tiny(arch, tmp_path)
-    cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
-    model = build_model(LlamaModel, cfg, tmp_path, torch.device("cpu"), torch.float32)
+    hf = make_tiny(arch, tmp_path, archs=ARCHS if arch in ARCHS else BACKEND_ARCHS)
+    hf_config = AutoConfig.from_pretrained(tmp_path)
+    module = native.module_for(hf_config)
+    model = build_model(module.Model, module.ModelConfig.from_hf(hf_config), tmp_path,
+                        torch.device("cpu"), torch.float32)
     overrides.setdefault("block_size", 4)
     engine = build_engine(model, IdTokenizer(), EngineConfig.default(**overrides), [2],
                           torch.device("cpu"), torch.float32)

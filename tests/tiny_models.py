@@ -42,7 +42,11 @@ BACKEND_ARCHS = {
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"rotary_pct": 0.5}),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(_MOE)),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
-        "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}),
+        "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+        "norm_topk_prob": True}),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {  # a shared expert; layer 1 dense
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 96, "mlp_only_layers": [1]}),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2}),
     "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", {
         "num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": None, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,

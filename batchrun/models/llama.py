@@ -43,6 +43,7 @@ class ModelConfig:
     hf_config: object  # the transformers config, kept for RoPE parameters
     # A *ForSequenceClassification checkpoint's labels (its `score` head's outputs); 0: a causal LM.
     num_labels: int = 0
+    qk_norm_across_heads: bool = False  # OLMoE: one q norm over all heads (and one over k's)
 
     @classmethod
     def from_hf(cls, hf) -> "ModelConfig":
@@ -50,11 +51,18 @@ class ModelConfig:
         if not archs & SUPPORTED_ARCHITECTURES:
             raise ValueError(f"unsupported architecture {sorted(archs)}; batchrun runs "
                              f"{sorted(SUPPORTED_ARCHITECTURES)}")
+        model_type = getattr(hf, "model_type", "llama")
+        return cls(**cls.shared_fields(hf),
+                   qkv_bias=model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
+                   qk_norm=model_type == "qwen3")
+
+    @staticmethod
+    def shared_fields(hf) -> dict:
+        """The fields every native decoder reads from its config alike (models/moe.py too)."""
         if getattr(hf, "hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported activation {hf.hidden_act!r} (SwiGLU/silu only)")
-        model_type = getattr(hf, "model_type", "llama")
         heads = hf.num_attention_heads
-        return cls(
+        return dict(
             vocab_size=hf.vocab_size,
             hidden_size=hf.hidden_size,
             intermediate_size=hf.intermediate_size,
@@ -65,8 +73,6 @@ class ModelConfig:
             rms_norm_eps=hf.rms_norm_eps,
             max_position_embeddings=hf.max_position_embeddings,
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-            qkv_bias=model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
-            qk_norm=model_type == "qwen3",
             hf_config=hf,
             num_labels=len(classifier_labels(hf) or ()),
         )
@@ -164,9 +170,11 @@ class Attention(nn.Module):
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.norm_across_heads = cfg.qk_norm_across_heads
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            across = cfg.qk_norm_across_heads
+            self.q_norm = RMSNorm(self.q_size if across else cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.kv_size if across else cfg.head_dim, cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
         self.scale = cfg.head_dim ** -0.5
@@ -183,42 +191,49 @@ class Attention(nn.Module):
                 torch.get_num_threads())
             assert rc == 0, "rope_inplace failed"
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.norm_across_heads:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if not fused:
-            if self.q_norm is not None:
+            if self.q_norm is not None and not self.norm_across_heads:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = RotaryEmbedding.apply(q, *rope.cos_sin), RotaryEmbedding.apply(k, *rope.cos_sin)
         out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 
 
+def silu_mul(gate_up: torch.Tensor, cpu_kernels=None) -> torch.Tensor:
+    """silu(gate) * up of rows [gate | up]: one pass of the CPU kernel, or PyTorch ops."""
+    intermediate = gate_up.shape[-1] // 2
+    if cpu_kernels is not None:
+        act = gate_up.new_empty((gate_up.shape[0], intermediate))
+        cpu_kernels.silu_mul(gate_up.data_ptr(), act.data_ptr(), gate_up.shape[0],
+                             intermediate, kernels.kind(act.dtype), torch.get_num_threads())
+        return act
+    gate, up = gate_up.split(intermediate, dim=-1)
+    return F.silu(gate) * up
+
+
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None):
         super().__init__()
-        self.intermediate = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        intermediate = intermediate_size or cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, cpu_kernels=None) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        if cpu_kernels is not None:
-            act = gate_up.new_empty((gate_up.shape[0], self.intermediate))
-            cpu_kernels.silu_mul(gate_up.data_ptr(), act.data_ptr(), gate_up.shape[0],
-                                 self.intermediate, kernels.kind(act.dtype), torch.get_num_threads())
-            return self.down_proj(act)
-        gate, up = gate_up.split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x), cpu_kernels))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, mlp: nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = mlp  # forward(x, cpu_kernels): the dense MLP, or an MoE block (models/moe.py)
 
     def forward(self, x, rope: StepRope, kv, meta):
         x = x + self.self_attn(self.input_layernorm(x), rope, kv, meta)
@@ -237,7 +252,8 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, self.make_mlp(cfg, i))
+                                    for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg)
         # A sequence classifier has a `score` head in place of the LM head (it generates nothing).
@@ -249,6 +265,10 @@ class LlamaModel(nn.Module):
         # Fused CPU kernels (batchrun.engine.kernels) for RoPE and SiLU-mul, set by the loader
         # when the model runs on the CPU in float32/bfloat16; None = PyTorch ops.
         self.cpu_kernels = None
+
+    def make_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
+        """Layer `layer`'s feed-forward block (a subclass builds MoE blocks here)."""
+        return MLP(cfg)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
@@ -276,21 +296,26 @@ class LlamaModel(nn.Module):
         return self.score(hidden).float()
 
     def lora_targets(self):
-        """The PEFT modules of a Llama-family checkpoint as slices of our fused projections."""
-        from batchrun.models.lora.targets import Target, uniform
+        """The PEFT modules of a Llama-family checkpoint as slices of our fused projections (an
+        MoE layer's experts are no linears: only its attention is a target)."""
+        from batchrun.models.lora.targets import LoraTargets, Target
 
         cfg = self.config
         h, i = cfg.hidden_size, cfg.intermediate_size
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         qkv, gate_up = "self_attn.qkv_proj", "mlp.gate_up_proj"
-        return uniform("model.layers", self.layers, {
-            "self_attn.q_proj": Target(qkv, 0, q, h),
-            "self_attn.k_proj": Target(qkv, q, q + kv, h),
-            "self_attn.v_proj": Target(qkv, q + kv, q + 2 * kv, h),
-            "self_attn.o_proj": Target("self_attn.o_proj", 0, h, q),
-            "mlp.gate_proj": Target(gate_up, 0, i, h),
-            "mlp.up_proj": Target(gate_up, i, 2 * i, h),
-            "mlp.down_proj": Target("mlp.down_proj", 0, h, i)})
+        attention = {"self_attn.q_proj": Target(qkv, 0, q, h),
+                     "self_attn.k_proj": Target(qkv, q, q + kv, h),
+                     "self_attn.v_proj": Target(qkv, q + kv, q + 2 * kv, h),
+                     "self_attn.o_proj": Target("self_attn.o_proj", 0, h, q)}
+        mlp = {"mlp.gate_proj": Target(gate_up, 0, i, h),
+               "mlp.up_proj": Target(gate_up, i, 2 * i, h),
+               "mlp.down_proj": Target("mlp.down_proj", 0, h, i)}
+        targets = {}
+        for index, layer in enumerate(self.layers):
+            per_layer = attention | (mlp if isinstance(layer.mlp, MLP) else {})
+            targets.update({(index, path): t for path, t in per_layer.items()})
+        return LoraTargets("model.layers", self.layers, targets)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -304,6 +329,8 @@ class LlamaModel(nn.Module):
             if "rotary_emb" in name:
                 continue
             if name == "lm_head.weight" and self.lm_head is None:
+                continue
+            if self.load_special(name, tensor, params, loaded):
                 continue
             parts = name.split(".")
             if len(parts) >= 2 and parts[-2] in fused:
@@ -322,12 +349,17 @@ class LlamaModel(nn.Module):
         if missing:
             raise ValueError(f"checkpoint lacks weights: {missing[:5]}{'…' if len(missing) > 5 else ''}")
 
+    def load_special(self, name: str, tensor: torch.Tensor, params: dict, loaded: set[str]) -> bool:
+        """Load a tensor the generic rules do not place (a subclass's experts); True if done."""
+        return False
+
     def _shard_range(self, name: str, shard: int) -> tuple[int, int]:
         cfg = self.config
         if "qkv_proj" in name:
             q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
             return [(0, q), (q, kv), (q + kv, kv)][shard]
-        return (shard * cfg.intermediate_size, cfg.intermediate_size)
+        half = self.get_parameter(name).shape[0] // 2  # gate/up of this MLP's own width
+        return (shard * half, half)
 
 
 Model = LlamaModel

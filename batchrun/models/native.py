@@ -17,6 +17,10 @@ NATIVE_MODULES = {
     "mistral": "batchrun.models.llama",
     "qwen2": "batchrun.models.llama",
     "qwen3": "batchrun.models.llama",
+    "qwen3_moe": "batchrun.models.moe",
+    "qwen2_moe": "batchrun.models.moe",
+    "mixtral": "batchrun.models.moe",
+    "olmoe": "batchrun.models.moe",
 }
 
 

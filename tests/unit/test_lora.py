@@ -13,7 +13,7 @@ from batchrun.models.lora import LoraError
 from batchrun.openai.params import check_model_field
 from batchrun.openai.wire import RequestError
 from tests.helpers import tiny_engine
-from tests.lora_adapters import make_adapter, make_adapters, reference
+from tests.lora_adapters import KINDS, make_adapter, make_adapters, reference
 from tests.parity import assert_greedy_match
 
 pytest.importorskip("peft")
@@ -68,6 +68,19 @@ def test_each_adapter_and_the_base_in_one_batch_match_peft(arch, tmp_path):
             assert ref != base_tokens[tuple(prompt)], "the adapter changes nothing"
     assert max(len(s) for s in steps) == 3  # three adapters (and the base) in one step
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_attention_adapters_on_an_moe_model_match_peft(tmp_path):
+    """The native MoE path takes adapters on its attention projections (its experts take none)."""
+    (tmp_path / "base").mkdir()
+    hf, _ = tiny_engine("qwen3_moe", tmp_path / "base")
+    (name, (path, peft_model)), = make_adapters(hf, tmp_path, kinds=KINDS[:1]).items()
+    _, engine = tiny_engine("qwen3_moe", tmp_path / "base", lora={name: path})
+    outs = engine.generate(PROMPTS, greedy(name))
+    for prompt, out in zip(PROMPTS, outs):
+        ref, logits = reference(peft_model, prompt, MAX_NEW)
+        assert_greedy_match(out.outputs[0].token_ids, ref, logits, f"qwen3_moe {name}")
+        assert ref != reference(hf, prompt, MAX_NEW)[0], "the adapter changes nothing"
 
 
 def test_more_adapters_than_slots_load_on_demand_and_evict_the_least_recent(tmp_path):

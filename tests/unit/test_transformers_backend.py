@@ -8,6 +8,7 @@ from batchrun.engine import SamplingParams
 from batchrun.engine.pooling import PoolingParams
 from batchrun.llm import build_engine, load_weights
 from batchrun.engine.attention.reference import attend, reference_attention
+from batchrun.models.moe import MoeModel
 from batchrun.models.transformers.model import TransformersModel
 from batchrun.models.transformers.support import UnsupportedModelError, choose
 from batchrun.options.engine import EngineConfig
@@ -17,6 +18,7 @@ from tests.unit.test_native_model import hf_greedy
 
 CPU = torch.device("cpu")
 MAX_TOKENS = 12
+MOE_ARCHS = ["mixtral", "olmoe", "qwen2_moe", "qwen3_moe"]  # the native MoE path runs these
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -65,6 +67,26 @@ def test_greedy_and_logprobs_match_transformers(arch, tmp_path):
     blocks = 12 if arch == "mistral" else 24
     hf, engine = backend_engine(arch, tmp_path, max_num_batched_tokens=16, num_blocks=blocks)
     assert isinstance(engine.runner.model, TransformersModel)
+    check_a_busy_engine(hf, engine, arch)
+
+
+@pytest.mark.parametrize("path", ["cpu-kernels", "pytorch-only"])
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_native_moe_matches_transformers(arch, path, tmp_path, monkeypatch):
+    """The native MoE path (models/moe.py) through the same batching, chunked prefill, preemption
+    and prefix hits, with the C kernels and packed linears and without them."""
+    if path == "pytorch-only":
+        monkeypatch.setenv("BATCHRUN_DISABLE_KERNELS", "1")
+        monkeypatch.setenv("BATCHRUN_PACKED_LINEAR", "0")
+    hf, engine = backend_engine(arch, tmp_path, impl="native", max_num_batched_tokens=16,
+                                num_blocks=24)
+    assert isinstance(engine.runner.model, MoeModel)
+    assert (engine.runner.model.cpu_kernels is None) == (path == "pytorch-only")
+    check_a_busy_engine(hf, engine, arch)
+
+
+def check_a_busy_engine(hf, engine, arch):
+    """Mixed prompt lengths, preemption and prefix hits in `engine`, against hf's generate."""
     gen = torch.Generator().manual_seed(2)
     vocab = hf.config.vocab_size
     prompts = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (5, 23, 40, 3)]
@@ -84,7 +106,7 @@ def test_greedy_and_logprobs_match_transformers(arch, tmp_path):
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", *MOE_ARCHS])
 def test_backend_equals_native_path(arch, tmp_path):
     _, native = backend_engine(arch, tmp_path / "n", impl="native", max_num_batched_tokens=32)
     _, ours = backend_engine(arch, tmp_path / "t", max_num_batched_tokens=32)
@@ -339,6 +361,9 @@ def test_models_check_reads_the_config_only(tmp_path):
     make_tiny("llama", tmp_path / "llama")
     native = _models_cli("check", tmp_path / "llama").output
     assert "path: native" in native and "LoRA: yes: q_proj" in native
+    make_tiny("qwen3_moe", tmp_path / "moe", archs=BACKEND_ARCHS)
+    moe = _models_cli("check", tmp_path / "moe").output
+    assert "path: native" in moe and "MoE: 4 experts, 2 per token" in moe
     MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "m")
     refused = _models_cli("check", tmp_path / "m")
     assert refused.exit_code == 2 and "path: refused (unsupported model: mamba" in refused.output

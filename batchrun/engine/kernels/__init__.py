@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 # Tensor element types the kernels read and write, and their codes (dtypes.h).
 KINDS = {"torch.float32": 0, "torch.float16": 1, "torch.bfloat16": 2}
 SOURCES = [Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c",
-                                                          "quantize.c")]
+                                                          "quantize.c", "expert_gemm.c")]
 HEADERS = [Path(__file__).with_name(n) for n in ("dtypes.h", "parallel.h", "simd.h")]
 # -ffast-math's parts, not the flag: with it (or -funsafe-math-optimizations) GCC before 13 links
 # crtfastmath.o into the library, whose constructor turns on flush-to-zero for the whole process
@@ -131,6 +131,7 @@ def _library(extra_flags: tuple[str, ...]):
         "kv_write": (None, [p] * 5 + [i64] * 3 + [i] * 2),
         "quantize_rows_int8": (None, [p] * 3 + [i64] * 2 + [i] * 2),
         "scale_rows": (None, [p] * 3 + [i64] * 2 + [i]),
+        "expert_gemm": (None, [p] * 5 + [i64] * 3 + [i] * 2),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)

@@ -23,7 +23,9 @@ import torch
 from torch import nn
 
 METHODS = ("none", "int8", "int8-weight", "int4-weight", "bf16")
-KEEP_FLOAT = ("lm_head", "score")  # precision-critical: the logits (a classifier's head)
+# precision-critical: the logits (a classifier's head), and MoE routers (a rounding there switches a
+# token's experts; the experts themselves are 3-D tensors, not linears, and stay float)
+KEEP_FLOAT = ("lm_head", "score", "gate", "shared_expert_gate")
 
 
 class QuantizationError(ValueError):

@@ -38,8 +38,9 @@ def native_reason(hf) -> str | None:
 
 
 def effective_window(hf) -> int | None:
-    """The sliding window the model's attention applies (Qwen2 sets one it does not use)."""
-    if getattr(hf, "model_type", "") == "qwen2" and not getattr(hf, "use_sliding_window", False):
+    """The sliding window the model's attention applies (Qwen2 and its MoE set one they do not
+    use)."""
+    if getattr(hf, "model_type", "") in ("qwen2", "qwen2_moe", "qwen3_moe") and not getattr(hf, "use_sliding_window", False):
         return None
     return getattr(hf, "sliding_window", None)
 

@@ -1,0 +1,127 @@
+"""The native MoE path's parts against transformers' own: the experts block (both grouped-GEMM
+routes), and loading transformers 5's fused 3-D expert tensors as well as the per-expert layout."""
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from batchrun.engine import SamplingParams, kernels
+from batchrun.llm import build_engine, load_weights
+from batchrun.models import grouped_gemm
+from batchrun.models.moe import Experts, ModelConfig
+from batchrun.options.engine import EngineConfig
+from tests.tiny_models import BACKEND_ARCHS, IdTokenizer, make_tiny
+
+CPU = torch.device("cpu")
+
+
+ROUTES = ["C kernel", "C kernel (portable)", "torch._grouped_mm", "gather-bmm"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("tokens", [1, 7, 40])
+def test_experts_match_transformers_experts(route, tokens, monkeypatch):
+    """Some of the 16 experts get no token (1 token x top-2), some several; the C kernel takes
+    up to 8 rows per active expert, so 40 tokens go through it only when forced to."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    cpu_kernels = None
+    if route.startswith("C kernel"):
+        cpu_kernels = kernels.library(kernels.VARIANTS["portable"] if "portable" in route else ())
+        if cpu_kernels is None:
+            pytest.skip("no C compiler here")
+        monkeypatch.setattr(grouped_gemm, "KERNEL_ROWS_PER_EXPERT", 80)
+    elif route == "gather-bmm":
+        monkeypatch.setattr(grouped_gemm, "_native_grouped_mm", lambda *_: False)
+    else:
+        assert grouped_gemm._native_grouped_mm("cpu", torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    hf = Qwen3MoeExperts(Qwen3MoeConfig(hidden_size=24, moe_intermediate_size=20, num_experts=16))
+    ours = Experts(16, 24, 20)
+    with torch.no_grad():
+        for p in (hf.gate_up_proj, hf.down_proj):
+            p.copy_(torch.randn(p.shape, generator=gen))
+        ours.load_state_dict(hf.state_dict())
+        x = torch.randn(tokens, 24, generator=gen)
+        chosen = torch.rand(tokens, 16, generator=gen).topk(2, dim=-1).indices
+        weights = torch.rand(tokens, 2, generator=gen)
+        got = ours(x, chosen, weights, cpu_kernels)
+        # outputs of size ~10: float32 summation order
+        torch.testing.assert_close(got, hf(x, chosen, weights), rtol=1e-5, atol=1e-4)
+
+
+def test_expert_kernel_in_bfloat16():
+    """bfloat16 weights and rows, float32 sums: within bfloat16 rounding of the float32 result."""
+    lib = kernels.library()
+    if lib is None:
+        pytest.skip("no C compiler here")
+    gen = torch.Generator().manual_seed(1)
+    experts = Experts(8, 40, 24)
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+        x = torch.randn(5, 40, generator=gen)
+        chosen = torch.rand(5, 8, generator=gen).topk(2, dim=-1).indices
+        weights = torch.rand(5, 2, generator=gen)
+        want = experts(x, chosen, weights)
+        got = experts.to(torch.bfloat16)(x.bfloat16(), chosen, weights.bfloat16(), lib)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=3e-2)
+
+
+def test_fused_expert_checkpoint_loads(tmp_path):
+    """A checkpoint holding `mlp.experts.gate_up_proj` [experts, 2I, H] (transformers 5's
+    in-memory layout) runs like the per-expert one save_pretrained writes."""
+    import shutil
+
+    hf = make_tiny("qwen3_moe", tmp_path / "per_expert", archs=BACKEND_ARCHS)
+    fused = tmp_path / "fused"
+    fused.mkdir()
+    shutil.copy(tmp_path / "per_expert" / "config.json", fused)
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    save_file(state, fused / "model.safetensors")
+    prompt = [5, 9, 200, 17, 33, 101, 7]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, -1], -1)
+    for path in (tmp_path / "per_expert", fused):
+        config = EngineConfig.default(model_impl="native", block_size=4)
+        engine = build_engine(load_weights(path, config, CPU, torch.float32), IdTokenizer(),
+                              config, [2], CPU, torch.float32)
+        top = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=1,
+                                                       logprobs=5))[0].outputs[0].logprobs[0].top
+        assert [t for t, _ in top] == ref.topk(5).indices.tolist()
+        assert [lp for _, lp in top] == pytest.approx(ref.topk(5).values.tolist(), abs=1e-4)
+
+
+def test_a_missing_expert_is_refused(tmp_path):
+    from safetensors.torch import load_file
+
+    make_tiny("mixtral", tmp_path, archs=BACKEND_ARCHS)
+    state = load_file(tmp_path / "model.safetensors")
+    del state["model.layers.1.block_sparse_moe.experts.2.w3.weight"]
+    save_file(state, tmp_path / "model.safetensors")
+    config = EngineConfig.default(model_impl="native")
+    with pytest.raises(ValueError, match=r"lacks expert weights of layers.1.mlp.experts.gate_up_proj"
+                                         r": \(expert, shard\) \[\(2, 1\)\]"):
+        load_weights(tmp_path, config, CPU, torch.float32)
+
+
+@pytest.mark.parametrize("model_type,arch,kw,sparse", [
+    ("qwen3_moe", "Qwen3MoeForCausalLM", {"decoder_sparse_step": 2}, (False, True, False, True)),
+    ("qwen2_moe", "Qwen2MoeForCausalLM", {"mlp_only_layers": [0, 3]}, (False, True, True, False)),
+    ("mixtral", "MixtralForCausalLM", {}, (True, True, True, True)),
+])
+def test_sparse_layers_follow_the_config(model_type, arch, kw, sparse):
+    """Which layers are MoE, as transformers' own decoder layers decide."""
+    import transformers
+    from transformers import AutoConfig
+
+    hf = AutoConfig.for_model(model_type, num_hidden_layers=4, hidden_size=32,
+                              num_attention_heads=2, num_key_value_heads=1, intermediate_size=16,
+                              vocab_size=64, **kw)
+    hf.architectures = [arch]
+    assert ModelConfig.from_hf(hf).sparse_layers == sparse
+    model = getattr(transformers, arch)(hf)
+    assert tuple("Sparse" in type(layer.mlp).__name__ for layer in model.model.layers) == sparse
