@@ -57,13 +57,6 @@ class LoraTargets:
         return None if m is None else (int(m[1]), m[2])
 
 
-def uniform(layers_path: str, layers: nn.ModuleList,
-            per_layer: dict[str, Target]) -> LoraTargets:
-    """The same targets in every layer."""
-    return LoraTargets(layers_path, layers, {(i, path): target for i in range(len(layers))
-                                             for path, target in per_layer.items()})
-
-
 def decoder_layers(root: nn.Module, decoder: nn.Module, num_layers: int) -> tuple[str, nn.ModuleList]:
     """(full name in `root`, the list) of `decoder`'s decoder layers: its ModuleList of
     `num_layers` modules (named layers, h, ... where it holds more than one); ValueError if none."""
