@@ -8,6 +8,7 @@ import pytest
 from batchrun.batch.job.runner import run_batch
 from batchrun.options.durations import parse_deadline, parse_duration
 from tests.fake_engine import FakeEngine, fake_model
+from tests.openai_batch_shape import check_line
 from tests.unit.test_batch_resume import STAGING, config, read, request, write_input
 
 N = 40
@@ -42,6 +43,8 @@ def test_the_deadline_expires_what_is_not_done_and_resume_runs_only_that(tmp_pat
     assert result.status == "expired"
     ok = read(tmp_path / "out.jsonl")
     errors = read(tmp_path / "out.errors.jsonl")
+    for record in ok + errors:
+        check_line(record)
     expired = [e for e in errors if (e["error"] or {}).get("code") == "batch_expired"]
     assert 0 < len(ok) < N and len(expired) == N - len(ok) == result.summary["expired"]
     assert sorted([r["custom_id"] for r in ok + expired], key=lambda c: int(c[1:])) == \
