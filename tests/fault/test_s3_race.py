@@ -17,5 +17,7 @@ def test_twenty_races_on_one_s3_output():
     failed = [f"trial {r.trial}: exit codes {r.codes}: {'; '.join(r.problems)}"
               for r in results if not r.ok]
     assert not failed, "\n".join(failed)
-    # One of each pair wrote the output; the other was refused before its model loaded.
-    assert all(sorted(r.codes) == [0, 2] for r in results), [r.codes for r in results]
+    # One of each pair wrote the output; the other was refused before its model loaded, or (on a
+    # loaded machine, its start-up outlasting the first run) found the output already complete.
+    assert all(sorted(r.codes) == [0, 2] or r.sequential for r in results), \
+        [(r.codes, r.sequential) for r in results]

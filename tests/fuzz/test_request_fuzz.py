@@ -22,7 +22,7 @@ import httpx
 import orjson
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 from openai.types import Completion
@@ -55,6 +55,20 @@ def budget(n: int):
         [Phase.explicit, Phase.reuse, Phase.generate]
     return settings(max_examples=max(1, int(n * SCALE)), deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck), phases=phases, database=None)
+
+
+# --- issue 28's hostile bodies, tried first by every property (explicit examples) --------------
+
+_ASK = [{"role": "user", "content": "What is the capital of France?"}]
+ISSUE_28 = [
+    (CHAT, {"messages": _ASK, "max_tokens": 8, "temperature": 1e-39}),  # greedy, not null
+    (CHAT, {"messages": _ASK, "max_tokens": 8, "temperature": 5e-324}),
+    (COMPLETIONS, {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 1e-38}),
+    (CHAT, {"messages": _ASK, "max_tokens": 8, "repetition_penalty": 1e-300}),  # a 400
+    (CHAT, {"messages": _ASK, "max_tokens": 8, "response_format": {  # {"$ref": "#"}: a 400
+        "type": "json_schema", "json_schema": {"name": "r", "schema": {"$ref": "#"}}}}),
+    (COMPLETIONS, {"prompt": ["x"] * 10_000, "max_tokens": 1}),  # past the 2048 prompts: a 400
+]
 
 
 # --- strategies ---------------------------------------------------------------------------
@@ -153,6 +167,12 @@ def settle(engine):
 
 @budget(120)
 @given(body=bodies())
+@example(body=ISSUE_28[0]).via("issue 28")
+@example(body=ISSUE_28[1]).via("issue 28")
+@example(body=ISSUE_28[2]).via("issue 28")
+@example(body=ISSUE_28[3]).via("issue 28")
+@example(body=ISSUE_28[4]).via("issue 28")
+@example(body=ISSUE_28[5]).via("issue 28")
 def test_the_adapter_accepts_or_refuses_every_body_with_a_400(body, smol_tokenizer):
     url, payload = body
     model = TokenizerModel(smol_tokenizer, "m", aliases=("smollm2-135m",), max_model_len=CONTEXT)
@@ -174,6 +194,7 @@ def _adapter(model):
 
 @budget(12)
 @given(batch=st.lists(bodies(), min_size=1, max_size=6))
+@example(batch=ISSUE_28).via("issue 28")
 def test_accepted_bodies_run_to_the_end_side_by_side(batch, fuzz_models):
     model = fuzz_models[0]
     serving = OpenAIServing(model)
@@ -201,8 +222,15 @@ def _verdict_of_record(record: dict) -> tuple:
     return ("error", error_of(record)["code"], error_of(record).get("param"))
 
 
+def _issue_28_corpus():
+    rows = [json.dumps({"custom_id": f"c{i}", "method": "POST", "url": url, "body": body})
+            for i, (url, body) in enumerate(ISSUE_28)]
+    return tuple(rows + ['{"custom_id": "x", ', "null"])
+
+
 @budget(4)
 @given(corpus=st.tuples(*[lines(i) for i in range(8)]))
+@example(corpus=_issue_28_corpus()).via("issue 28")
 def test_validate_run_and_serve_agree_on_every_line(corpus, fuzz_models, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("corpus")
     src = tmp / "in.jsonl"

@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from tests.helpers import file_records, poll_batch, upload_batch_file
+from tests.openai_batch_shape import check_line
 from tests.server.conftest import engine_idle, serve, wait_for
 from tests.server.test_batches_api import line
 
@@ -42,6 +43,8 @@ def test_a_tiny_completion_window_expires_the_batch(real_model, tmp_path):
         expired = file_records(client, batch.error_file_id)
         assert len(done) == counts.completed and len(expired) == counts.failed
         assert sorted(r["custom_id"] for r in done + expired) == sorted(f"r{i}" for i in range(12))
+        for record in done + expired:
+            check_line(record)
         for record in expired:  # OpenAI's BatchRequestOutput for an expired request
             assert record["response"] is None and record["error"]["code"] == "batch_expired"
             assert set(record) == {"id", "custom_id", "response", "error"}

@@ -2,12 +2,14 @@
 batch_expired error line, exit code 4, and --resume runs only the expired lines."""
 
 import json
+import logging
 
 import pytest
 
 from batchrun.batch.job.runner import run_batch
 from batchrun.options.durations import parse_deadline, parse_duration
 from tests.fake_engine import FakeEngine, fake_model
+from tests.openai_batch_shape import check_line
 from tests.unit.test_batch_resume import STAGING, config, read, request, write_input
 
 N = 40
@@ -37,11 +39,13 @@ def expire_a_run(tmp_path):
     return src, result
 
 
-def test_the_deadline_expires_what_is_not_done_and_resume_runs_only_that(tmp_path):
+def test_the_deadline_expires_what_is_not_done_and_resume_runs_only_that(tmp_path, caplog):
     src, result = expire_a_run(tmp_path)
     assert result.status == "expired"
     ok = read(tmp_path / "out.jsonl")
     errors = read(tmp_path / "out.errors.jsonl")
+    for record in ok + errors:
+        check_line(record)
     expired = [e for e in errors if (e["error"] or {}).get("code") == "batch_expired"]
     assert 0 < len(ok) < N and len(expired) == N - len(ok) == result.summary["expired"]
     assert sorted([r["custom_id"] for r in ok + expired], key=lambda c: int(c[1:])) == \
@@ -55,9 +59,13 @@ def test_the_deadline_expires_what_is_not_done_and_resume_runs_only_that(tmp_pat
     assert (tmp_path / STAGING).exists()  # kept: --resume runs the expired lines
 
     engine = FakeEngine()
-    again = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
+    with caplog.at_level(logging.INFO, logger="batchrun.batch"):
+        again = run_batch(fake_model(engine), config(tmp_path, src, resume=True))
     assert again.status == "completed"
     assert len(engine.added) == len(expired)
+    # the expired lines are committed, but not as done: the resume message tells them apart
+    assert f"resuming: {len(ok)} lines already have a committed record in " in caplog.text
+    assert f"; {len(expired)} lines expired at a deadline run again" in caplog.text
     assert [r["custom_id"] for r in read(tmp_path / "out.jsonl")] == [f"r{i}" for i in range(N)]
     assert not [e for e in read(tmp_path / "out.errors.jsonl")
                 if (e["error"] or {}).get("code") == "batch_expired"]

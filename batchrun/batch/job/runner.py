@@ -112,8 +112,10 @@ def _open_staging(plan: JobPlan, lease: OutputLease | None) -> tuple[Staging, Co
             staging.clean_scratch()
             staging.repair_manifest(manifest)
             committed = staging.scan()
-            log.info("resuming: %d lines already have a committed record in %s",
-                     committed.count, url)
+            expired = committed.expired()
+            log.info("resuming: %d lines already have a committed record in %s%s",
+                     committed.count - expired, url,
+                     f"; {expired} lines expired at a deadline run again" if expired else "")
             return staging, committed
         staging.clear()
         if plan.targets.metrics:  # "completed" is no longer true

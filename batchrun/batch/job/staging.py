@@ -84,6 +84,10 @@ class Committed:
         states[line] = state
         digests[line] = digest
 
+    def expired(self) -> int:
+        """Lines committed as EXPIRED (a resume runs them again)."""
+        return sum(states.count(EXPIRED) for states, _ in self._by_source.values())
+
     def get(self, source: int, line: int) -> int:
         entry = self._by_source.get(source)
         return entry[0][line] if entry is not None and line < len(entry[0]) else 0
