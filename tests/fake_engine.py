@@ -32,7 +32,8 @@ class FakeEngine:
 
     max_model_len = 400
 
-    def __init__(self, fail_on_step=None, step_s=0.0, record=True):
+    def __init__(self, fail_on_step=None, step_s=0.0, record=True, slow_after=None,
+                 slow_step_s=0.0):
         self.running = {}
         self.added = []
         self.aborted = []
@@ -41,6 +42,9 @@ class FakeEngine:
         self.added_when_finished = {}  # request_id -> how many requests had been added by then
         self.fail_on_step = fail_on_step
         self.step_s = step_s
+        # After `slow_after` steps every step takes slow_step_s: a run that finishes some lines
+        # at once and then hardly moves, however fast the machine.
+        self.slow_after, self.slow_step_s = slow_after, slow_step_s
         self.stats = EngineStats()
         self.record = record  # keep what was added (tests look); off for long runs
 
@@ -60,6 +64,8 @@ class FakeEngine:
         self.stats.steps = self.steps
         if self.step_s:
             time.sleep(self.step_s)
+        if self.slow_after is not None and self.steps > self.slow_after:
+            time.sleep(self.slow_step_s)
         if self.fail_on_step == self.steps:
             raise RuntimeError("engine blew up")
         done = []

@@ -33,9 +33,11 @@ def test_deadlines_are_durations_or_timestamps():
 
 def expire_a_run(tmp_path):
     src = write_input(tmp_path, LINES)
-    engine = FakeEngine(step_s=0.02)
+    # 24 quick steps finish some lines; then a step takes 1 s, so the 2 s deadline passes with
+    # most lines not done, however loaded the machine.
+    engine = FakeEngine(slow_after=24, slow_step_s=1.0)
     result = run_batch(fake_model(engine), config(tmp_path, src, max_in_flight=4,
-                                                  deadline="0.4s", commit_every=4))
+                                                  deadline="2s", commit_every=4))
     return src, result
 
 
