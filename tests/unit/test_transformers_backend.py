@@ -113,22 +113,27 @@ def test_prompt_logprobs_embeddings_and_n(arch, tmp_path):
     assert len(sampled.outputs) == 3 and all(len(o.token_ids) == 5 for o in sampled.outputs)
 
 
-def test_plain_layers_take_the_engine_kernels_and_windowed_ones_the_extras_path(tmp_path,
-                                                                                 monkeypatch):
+def test_windowed_layers_take_the_engine_kernels_with_their_window_and_sinks_the_reference(
+        tmp_path, monkeypatch):
     from batchrun.models.transformers import attention
 
     calls = []
     for name in ("paged_attention", "reference_attention"):
         real = getattr(attention, name)
         monkeypatch.setattr(attention, name, lambda *a, _f=real, _n=name, **k: (
-            calls.append(_n), _f(*a, **k))[1])
-    _, engine = backend_engine("gemma3_text", tmp_path)  # layer 0: a window of 8; layer 1 full
+            calls.append((_n, k.get("window", k.get("sliding_window")))), _f(*a, **k))[1])
+    _, engine = backend_engine("gemma3_text", tmp_path / "g")  # layer 0: a window of 8; 1 full
     calls.clear()
     engine.generate([list(range(3, 8))], SamplingParams(max_tokens=1))
-    assert calls == ["paged_attention", "paged_attention"]  # 5 tokens: the window changes nothing
+    assert calls == [("paged_attention", None)] * 2  # 5 tokens: the window changes nothing
     calls.clear()
     engine.generate([list(range(3, 23))], SamplingParams(max_tokens=1))
-    assert calls == ["reference_attention", "paged_attention"]
+    assert calls == [("paged_attention", 8), ("paged_attention", None)]
+    calls.clear()
+    _, engine = backend_engine("gpt_oss", tmp_path / "o")  # sinks on every layer
+    calls.clear()
+    engine.generate([list(range(3, 23))], SamplingParams(max_tokens=1))
+    assert calls == [("reference_attention", 8), ("reference_attention", None)]
 
 
 def test_sharded_checkpoint_loads(tmp_path):

@@ -2,9 +2,9 @@
 the name "batchrun": it writes the layer's K/V into the engine's paged cache and attends over it.
 
 The step's KV caches and metadata are not arguments transformers passes along, so the model's
-forward sets them for the duration of the call (`step`). Plain causal layers go through the
-engine's `paged_attention` (the C kernels on the CPU); layers with a sliding window, logit
-soft-capping or attention sinks through `reference_attention`. Key and value head dims that
+forward sets them for the duration of the call (`step`). Layers go through the engine's
+`paged_attention` (the C kernels on the CPU), sliding-window and soft-capped ones included;
+layers with attention sinks through `reference_attention`. Key and value head dims that
 differ (MLA: DeepSeek-V2) are stored zero-padded to the wider one, and the output cut back.
 """
 
@@ -73,11 +73,12 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
         q, k = F.pad(q, (0, width - k.shape[-1])), F.pad(k, (0, width - k.shape[-1]))
     k_cache, v_cache = current.kv_caches[layer]
     window = sliding_window if sliding_window and sliding_window < current.max_context else None
-    if window or softcap or s_aux is not None:
+    if s_aux is not None:
         out = reference_attention(q, k, v, k_cache, v_cache, current.meta, scale,
                                   sliding_window=window, softcap=softcap, sinks=s_aux)
     else:
-        out = paged_attention(q.contiguous(), k, v, k_cache, v_cache, current.meta, scale)
+        out = paged_attention(q.contiguous(), k, v, k_cache, v_cache, current.meta, scale,
+                              window=window, softcap=softcap or None)
     return out[..., :dv].unsqueeze(0), None
 
 
