@@ -16,6 +16,10 @@ NATIVE_MODULES = {
     "mistral": "batchrun.models.llama",
     "qwen2": "batchrun.models.llama",
     "qwen3": "batchrun.models.llama",
+    "phi3": "batchrun.models.llama",
+    "gemma": "batchrun.models.gemma",
+    "gemma2": "batchrun.models.gemma",
+    "gemma3_text": "batchrun.models.gemma",
 }
 
 

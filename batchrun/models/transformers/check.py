@@ -19,6 +19,7 @@ class CheckReport:
     architectures: list[str]
     impl: str  # native | transformers | refused
     reason: str  # why this path, or why refused
+    native_file: str = ""  # the native model file that runs it (impl native)
     parameters: int | None = None
     layers: int = 0
     kv_heads: int = 0
@@ -65,6 +66,10 @@ def check(hf) -> CheckReport:
                          impl, reason)
     if impl == "refused":
         return report
+    if impl == "native":
+        from batchrun.models import native
+
+        report.native_file = native.module_for(hf).__name__.rsplit(".", 1)[-1] + ".py"
     report.parameters = count_parameters(full)
     report.layers = full.num_hidden_layers
     report.kv_heads, report.k_head_dim, report.v_head_dim = attention_shape(full)
@@ -81,7 +86,7 @@ def features(hf, impl: str) -> list[tuple[str, str]]:
     if window and window < getattr(hf, "max_position_embeddings", window + 1):
         sliding = types.count("sliding_attention") if types else hf.num_hidden_layers
         out.append(("sliding window", f"{window} tokens on {sliding} of {hf.num_hidden_layers} "
-                                      f"layers (reference attention)"))
+                                      f"layers"))
     else:
         out.append(("sliding window", "no"))
     experts = next((getattr(hf, n) for n in ("num_local_experts", "num_experts", "n_routed_experts")
@@ -100,7 +105,7 @@ def features(hf, impl: str) -> list[tuple[str, str]]:
 
 
 def describe(name: str, report: CheckReport) -> list[str]:
-    path = {"native": "native (models/llama.py)", "transformers": "transformers backend",
+    path = {"native": f"native (models/{report.native_file})", "transformers": "transformers backend",
             "refused": "refused"}[report.impl]
     archs = ", ".join(report.architectures) or "no architectures listed"
     lines = [f"model: {name} ({report.model_type}; {archs})", f"path: {path} ({report.reason})"]
