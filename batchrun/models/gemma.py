@@ -33,10 +33,7 @@ class ModelConfig(llama.ModelConfig):
 
     @classmethod
     def from_hf(cls, hf) -> "ModelConfig":
-        archs = set(getattr(hf, "architectures", None) or ["GemmaForCausalLM"])
-        if not archs & SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"unsupported architecture {sorted(archs)}; the native Gemma model "
-                             f"runs {sorted(SUPPORTED_ARCHITECTURES)}")
+        llama.require_architecture(hf, SUPPORTED_ARCHITECTURES, "GemmaForCausalLM")
         act = getattr(hf, "hidden_activation", None) or getattr(hf, "hidden_act", None)
         if act not in GELU_TANH:
             raise ValueError(f"unsupported activation {act!r} (GeGLU with tanh-approximated "
@@ -96,15 +93,8 @@ class DecoderLayer(llama.DecoderLayer):
 
 
 class GemmaModel(llama.LlamaModel):
-    def __init__(self, cfg: ModelConfig):
-        nn.Module.__init__(self)
-        self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rope = Ropes(cfg)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.cpu_kernels = None  # as LlamaModel's
+    layer_class = DecoderLayer
+    rope_class = Ropes
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)

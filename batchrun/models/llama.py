@@ -60,10 +60,7 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf) -> "ModelConfig":
-        archs = set(getattr(hf, "architectures", None) or ["LlamaForCausalLM"])
-        if not archs & SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"unsupported architecture {sorted(archs)}; batchrun runs "
-                             f"{sorted(SUPPORTED_ARCHITECTURES)}")
+        require_architecture(hf, SUPPORTED_ARCHITECTURES, "LlamaForCausalLM")
         if getattr(hf, "hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported activation {hf.hidden_act!r} (SwiGLU/silu only)")
         model_type = getattr(hf, "model_type", "llama")
@@ -75,6 +72,14 @@ class ModelConfig:
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V per token across all layers, per byte of element size."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+
+def require_architecture(hf, supported: set[str], default: str) -> None:
+    """ValueError unless `hf` lists one of the `supported` architectures (none listed: default)."""
+    archs = set(getattr(hf, "architectures", None) or [default])
+    if not archs & supported:
+        raise ValueError(f"unsupported architecture {sorted(archs)}; this native model file "
+                         f"runs {sorted(supported)}")
 
 
 def shape_fields(hf) -> dict:
@@ -270,13 +275,16 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    layer_class: type[nn.Module] = DecoderLayer  # (cfg, index) -> a decoder layer
+    rope_class: type[nn.Module] = RotaryEmbedding  # (cfg) -> the RoPE tables step_rope reads
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(self.layer_class(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rope = RotaryEmbedding(cfg)
+        self.rope = self.rope_class(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         # Fused CPU kernels (batchrun.engine.kernels) for RoPE and SiLU-mul, set by the loader
         # when the model runs on the CPU in float32/bfloat16; None = PyTorch ops.
@@ -300,6 +308,12 @@ class LlamaModel(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
+
+    @property
+    def graph_safe(self) -> bool:
+        """Whether a decode step can be captured in a CUDA graph: not with windowed or
+        soft-capped layers (the Triton backend sends them to reference_attention)."""
+        return not any(layer.self_attn.window or layer.self_attn.softcap for layer in self.layers)
 
     def step_rope(self, positions: torch.Tensor, dtype: torch.dtype):
         """What the layers take for the step's rotary embedding."""
