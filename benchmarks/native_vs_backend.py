@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,6 +61,15 @@ def build_checkpoint(family: str):
     return path
 
 
+def parameter_count(path) -> int:
+    import math
+
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -68,6 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--families", default="gemma2,phi3", help=f"comma list of {', '.join(FAMILIES)}")
     ap.add_argument("--limit", type=int, default=16, help="first N HumanEval requests")
     ap.add_argument("--max-tokens", type=int, default=None, help="cap each request's max_tokens")
+    ap.add_argument("--rounds", type=int, default=2, help="native and backend runs alternate this "
+                    "many times (a shared machine's load drifts; the median ratio is reported)")
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
 
@@ -77,22 +89,28 @@ def main(argv: list[str] | None = None) -> None:
     base = {"threads": args.threads} if args.threads else {}
     for family in args.families.split(","):
         path = build_checkpoint(family)
-        results = []
-        for impl in ("native", "transformers"):
-            loaded = llm.load(str(path), EngineConfig.default(model_impl=impl, **base))
-            work = load_workload(args.workload or workload_path("humaneval_chat.jsonl"),
-                                 loaded.tokenizer, args.limit)
-            if args.max_tokens:
-                work.max_tokens = [min(m, args.max_tokens) for m in work.max_tokens]
-            model = loaded.engine.runner.model
-            params = sum(p.numel() for p in model.parameters()) if impl == "transformers" else None
-            results.append(run_batchrun(loaded, work, f"{family}-{impl}"))
-            del loaded
-        print(f"{family}: {params / 1e6:.0f}M parameters, {len(work.prompts)} requests, "
-              f"{sum(map(len, work.prompts))} prompt tokens")
-        print(report(results, baseline=f"{family}-transformers"))
-        print(f"native / transformers backend: {results[0].output_tps / results[1].output_tps:.2f}x "
-              f"output tok/s\n")
+        loaded = {impl: llm.load(str(path), EngineConfig.default(model_impl=impl, **base))
+                  for impl in ("native", "transformers")}
+        work = load_workload(args.workload or workload_path("humaneval_chat.jsonl"),
+                             loaded["native"].tokenizer, args.limit)
+        if args.max_tokens:
+            work.max_tokens = [min(m, args.max_tokens) for m in work.max_tokens]
+        results, ratios = [], []
+        for r in range(args.rounds):
+            pair = []
+            for impl in ("native", "transformers"):
+                pair.append(run_batchrun(loaded[impl], work, f"{family}-{impl}-{r + 1}"))
+                print(f"  {pair[-1].system}: {pair[-1].output_tps:.1f} output tok/s",
+                      file=sys.stderr)
+            ratios.append(pair[0].output_tps / pair[1].output_tps)
+            results += pair
+        print(f"{family}: {parameter_count(path) / 1e6:.0f}M parameters, {len(work.prompts)} "
+              f"requests, {sum(map(len, work.prompts))} prompt tokens, max_tokens "
+              f"{max(work.max_tokens)}")
+        print(report(results, baseline=f"{family}-transformers-1"))
+        print(f"native / transformers backend, output tok/s, per round: "
+              f"{', '.join(f'{x:.2f}x' for x in ratios)}; median {statistics.median(ratios):.2f}x\n")
+        del loaded
     print(f"torch threads {torch.get_num_threads()}")
     print(machine_line())
 

@@ -230,8 +230,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """down(act(gate) * up), act SiLU (SwiGLU; the CPU kernel's fused silu_mul) or GELU with
-    the tanh approximation (GeGLU)."""
+    """down(act(gate) * up), act SiLU (SwiGLU) or GELU with the tanh approximation (GeGLU); on the
+    CPU kernels one fused pass (silu_mul / gelu_tanh_mul)."""
 
     def __init__(self, cfg: ModelConfig, activation: str = "silu"):
         super().__init__()
@@ -242,16 +242,15 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, cpu_kernels=None) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if self.activation == "gelu_tanh":
-            gate, up = gate_up.split(self.intermediate, dim=-1)
-            return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        gelu = self.activation == "gelu_tanh"
         if cpu_kernels is not None:
             act = gate_up.new_empty((gate_up.shape[0], self.intermediate))
-            cpu_kernels.silu_mul(gate_up.data_ptr(), act.data_ptr(), gate_up.shape[0],
-                                 self.intermediate, kernels.kind(act.dtype), torch.get_num_threads())
+            fused = cpu_kernels.gelu_tanh_mul if gelu else cpu_kernels.silu_mul
+            fused(gate_up.data_ptr(), act.data_ptr(), gate_up.shape[0], self.intermediate,
+                  kernels.kind(act.dtype), torch.get_num_threads())
             return self.down_proj(act)
         gate, up = gate_up.split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj((F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up)
 
 
 class DecoderLayer(nn.Module):
