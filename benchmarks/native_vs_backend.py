@@ -17,6 +17,7 @@ import argparse
 import os
 import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -95,21 +96,27 @@ def main(argv: list[str] | None = None) -> None:
                              loaded["native"].tokenizer, args.limit)
         if args.max_tokens:
             work.max_tokens = [min(m, args.max_tokens) for m in work.max_tokens]
-        results, ratios = [], []
+        results, ratios, cpu_ratios = [], [], []
         for r in range(args.rounds):
-            pair = []
+            pair, cpu = [], []
             for impl in ("native", "transformers"):
+                start = time.process_time()
                 pair.append(run_batchrun(loaded[impl], work, f"{family}-{impl}-{r + 1}"))
-                print(f"  {pair[-1].system}: {pair[-1].output_tps:.1f} output tok/s",
-                      file=sys.stderr)
+                cpu.append(time.process_time() - start)
+                print(f"  {pair[-1].system}: {pair[-1].output_tps:.1f} output tok/s, "
+                      f"{cpu[-1]:.1f} CPU s", file=sys.stderr)
             ratios.append(pair[0].output_tps / pair[1].output_tps)
+            cpu_ratios.append(cpu[1] / cpu[0])
             results += pair
         print(f"{family}: {parameter_count(path) / 1e6:.0f}M parameters, {len(work.prompts)} "
               f"requests, {sum(map(len, work.prompts))} prompt tokens, max_tokens "
               f"{max(work.max_tokens)}")
         print(report(results, baseline=f"{family}-transformers-1"))
         print(f"native / transformers backend, output tok/s, per round: "
-              f"{', '.join(f'{x:.2f}x' for x in ratios)}; median {statistics.median(ratios):.2f}x\n")
+              f"{', '.join(f'{x:.2f}x' for x in ratios)}; median {statistics.median(ratios):.2f}x")
+        print(f"backend / native CPU seconds (this process's, steadier than wall time on a busy "
+              f"machine), per round: {', '.join(f'{x:.2f}x' for x in cpu_ratios)}; median "
+              f"{statistics.median(cpu_ratios):.2f}x\n")
         del loaded
     print(f"torch threads {torch.get_num_threads()}")
     print(machine_line())
