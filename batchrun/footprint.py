@@ -121,9 +121,12 @@ def model_config_for(model: str | None) -> ModelConfig:
     from batchrun.models.spec_config import config_for
     from batchrun.models.transformers.support import UnsupportedModelError, native_reason
 
+    from batchrun.models import native
+
     hf = config_for(model)
+    module = native.module_for(hf)
     try:
-        return ModelConfig.from_hf(hf)
+        return (module.ModelConfig if module else ModelConfig).from_hf(hf)
     except (ValueError, AttributeError) as exc:
         decoder = vision_language_decoder(hf)
         if decoder is not None:

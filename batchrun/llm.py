@@ -125,7 +125,9 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
     model = load_weights(path, config, device, dtype)
     from batchrun.models.transformers.model import TransformersModel
 
-    if isinstance(model, TransformersModel):  # its steps sync on the host: no CUDA graphs
+    # Steps that sync on the host (the transformers backend's; on CUDA a native model's
+    # windowed or soft-capped layers, which take reference_attention) get no CUDA graphs.
+    if isinstance(model, TransformersModel) or not getattr(model, "graph_safe", True):
         config = config.model_copy(update={"device": config.device.model_copy(
             update={"cuda_graphs": False})})
     tokenizer = load_tokenizer(path)

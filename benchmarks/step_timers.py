@@ -54,7 +54,8 @@ def install(engine) -> None:
     from batchrun.models import packed_linear
 
     model = engine.runner.model
-    if model.cpu_kernels is not None and not isinstance(model.cpu_kernels, TimedLibrary):
+    kernels = getattr(model, "cpu_kernels", None)  # the transformers backend has none
+    if kernels is not None and not isinstance(kernels, TimedLibrary):
         model.cpu_kernels = TimedLibrary(model.cpu_kernels)
         if getattr(engine.runner.attention, "lib", None) is not None:
             engine.runner.attention.lib = model.cpu_kernels

@@ -33,6 +33,14 @@ BACKEND_ARCHS = {
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
         "head_dim": 32, "query_pre_attn_scalar": 32, **_SWA}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
+    # Phi-4-mini's shape of RoPE: LongRoPE (short factors only within the original context) on
+    # half of each head; its 8-token window as Phi-3-mini's 2047 on every layer.
+    "phi3-longrope": ("Phi3Config", "Phi3ForCausalLM", {
+        "pad_token_id": 0, "partial_rotary_factor": 0.5, "sliding_window": 8,
+        "original_max_position_embeddings": 256, "rope_parameters": {
+            "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+            "original_max_position_embeddings": 256, "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 4.0],
+            "long_factor": [2.0] * 8}}),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
     "granite": ("GraniteConfig", "GraniteForCausalLM", {
         "logits_scaling": 2.0, "embedding_multiplier": 2.0, "residual_multiplier": 0.5,

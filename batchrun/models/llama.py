@@ -1,8 +1,11 @@
-"""Native Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, SmolLM) on the engine's flat batch.
+"""Native Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, SmolLM, Phi-3) on the engine's flat
+batch.
 
 One forward pass takes every token scheduled in a step as a single row ([T] ids and positions);
 attention reads and writes the paged KV cache through the metadata the runner built. Llama,
-Mistral, Qwen2 (QKV bias) and Qwen3 (q/k RMSNorm) differ only in config flags.
+Mistral (sliding window), Qwen2 (QKV bias, sliding layers), Qwen3 (q/k RMSNorm) and Phi-3
+(checkpoints with q/k/v and gate/up already fused, partial rotary, LongRoPE) differ only in
+config flags. gemma.py builds on these pieces.
 """
 
 from __future__ import annotations
@@ -16,14 +19,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from batchrun.engine import kernels
-from batchrun.engine.attention import AttentionMetadata, paged_attention
+from batchrun.engine.attention import AttentionMetadata, layer_metadata, paged_attention
 from batchrun.models.classifier import classifier_labels
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+    "Phi3ForCausalLM",
     "LlamaForSequenceClassification", "MistralForSequenceClassification",
     "Qwen2ForSequenceClassification", "Qwen3ForSequenceClassification",
 }
+
+
+def layer_windows(hf) -> tuple[int | None, ...]:
+    """Each layer's sliding window as transformers applies it (None: the whole context): the
+    config's window on its `sliding_attention` layers, or on every layer without layer_types."""
+    from batchrun.models.transformers.support import effective_window
+
+    window = effective_window(hf)
+    if window is not None and window >= hf.max_position_embeddings:
+        window = None  # no sequence is long enough for it to change anything
+    types = getattr(hf, "layer_types", None)
+    if types is None:
+        return (window,) * hf.num_hidden_layers
+    return tuple(window if t == "sliding_attention" else None for t in types)
 
 
 @dataclass(frozen=True)
@@ -41,55 +59,64 @@ class ModelConfig:
     qkv_bias: bool
     qk_norm: bool
     hf_config: object  # the transformers config, kept for RoPE parameters
+    windows: tuple[int | None, ...] = ()  # each layer's sliding window (None: whole context)
     # A *ForSequenceClassification checkpoint's labels (its `score` head's outputs); 0: a causal LM.
     num_labels: int = 0
     qk_norm_across_heads: bool = False  # OLMoE: one q norm over all heads (and one over k's)
 
     @classmethod
     def from_hf(cls, hf) -> "ModelConfig":
-        archs = set(getattr(hf, "architectures", None) or ["LlamaForCausalLM"])
-        if not archs & SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"unsupported architecture {sorted(archs)}; batchrun runs "
-                             f"{sorted(SUPPORTED_ARCHITECTURES)}")
+        require_architecture(hf, SUPPORTED_ARCHITECTURES, "LlamaForCausalLM")
         model_type = getattr(hf, "model_type", "llama")
-        return cls(**cls.shared_fields(hf),
+        return cls(**swiglu_fields(hf),
                    qkv_bias=model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
                    qk_norm=model_type == "qwen3")
 
-    @staticmethod
-    def shared_fields(hf) -> dict:
-        """The fields every native decoder reads from its config alike (models/moe.py too)."""
-        if getattr(hf, "hidden_act", "silu") != "silu":
-            raise ValueError(f"unsupported activation {hf.hidden_act!r} (SwiGLU/silu only)")
-        heads = hf.num_attention_heads
-        return dict(
-            vocab_size=hf.vocab_size,
-            hidden_size=hf.hidden_size,
-            intermediate_size=hf.intermediate_size,
-            num_layers=hf.num_hidden_layers,
-            num_heads=heads,
-            num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
-            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
-            rms_norm_eps=hf.rms_norm_eps,
-            max_position_embeddings=hf.max_position_embeddings,
-            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-            hf_config=hf,
-            num_labels=len(classifier_labels(hf) or ()),
-        )
-
     @property
     def layer_windows(self) -> tuple[int | None, ...]:
-        """Each layer's sliding window as the config says (engine/kv_groups.py). The native
-        model runs only models whose windows never bind (all None); for a windowed one (run on
-        the transformers backend) `plan` and the footprint size the KV cache from these."""
-        from batchrun.models.transformers.support import config_layer_windows
-
-        return config_layer_windows(self.hf_config)
+        """The layers' sliding windows for the KV groups (engine/kv_groups.py); () when none
+        binds."""
+        return self.windows if any(w is not None for w in self.windows) else ()
 
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V per token across all layers, per byte of element size."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+
+def require_architecture(hf, supported: set[str], default: str) -> None:
+    """ValueError unless `hf` lists one of the `supported` architectures (none listed: default)."""
+    archs = set(getattr(hf, "architectures", None) or [default])
+    if not archs & supported:
+        raise ValueError(f"unsupported architecture {sorted(archs)}; this native model file "
+                         f"runs {sorted(supported)}")
+
+
+def shape_fields(hf) -> dict:
+    """The ModelConfig fields every decoder of this shape reads the same way from `hf`."""
+    heads = hf.num_attention_heads
+    return dict(
+        vocab_size=hf.vocab_size,
+        hidden_size=hf.hidden_size,
+        intermediate_size=hf.intermediate_size,
+        num_layers=hf.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
+        head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
+        rms_norm_eps=hf.rms_norm_eps,
+        max_position_embeddings=hf.max_position_embeddings,
+        tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+        hf_config=hf,
+        windows=layer_windows(hf),
+        num_labels=len(classifier_labels(hf) or ()),
+    )
+
+
+def swiglu_fields(hf) -> dict:
+    """shape_fields of a SwiGLU decoder; ValueError for another activation."""
+    if getattr(hf, "hidden_act", "silu") != "silu":
+        raise ValueError(f"unsupported activation {hf.hidden_act!r} (SwiGLU/silu only)")
+    return shape_fields(hf)
 
 
 class RMSNorm(nn.Module):
@@ -112,24 +139,35 @@ class RMSNorm(nn.Module):
         return out
 
 
-class RotaryEmbedding(nn.Module):
-    """cos/sin tables for every position, computed as transformers does (all RoPE variants)."""
+def rope_parameters(hf, layer_type: str | None = None) -> dict:
+    """The RoPE parameters of `hf` (of its `layer_type` layers when they differ by type)."""
+    params = getattr(hf, "rope_parameters", None) or {}
+    return params.get(layer_type, params) if layer_type else params
 
-    def __init__(self, cfg: ModelConfig):
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for every position, computed as transformers does (all RoPE variants but
+    dynamic NTK; LongRoPE's short factors, the ones transformers uses up to its original
+    context), over the first rotary_dim dims of a head (partial_rotary_factor)."""
+
+    def __init__(self, cfg: ModelConfig, layer_type: str | None = None):
         super().__init__()
         hf = cfg.hf_config
-        params = getattr(hf, "rope_parameters", None) or {}
+        params = rope_parameters(hf, layer_type)
         rope_type = params.get("rope_type", params.get("type", "default"))
+        self.rotary_dim = int(cfg.head_dim * params.get("partial_rotary_factor", 1.0))
         if rope_type == "default":
             base = params.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
-            inv_freq = 1.0 / (base ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float) / cfg.head_dim))
+            dim = self.rotary_dim
+            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
             scaling = 1.0
         elif rope_type == "dynamic":
             raise ValueError("dynamic NTK RoPE scaling is not supported")
         else:
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf)
+            extra = {"layer_type": layer_type} if layer_type else {}
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf, None, **extra)
         pos = torch.arange(cfg.max_position_embeddings, dtype=torch.float)
         freqs = pos[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -143,7 +181,10 @@ class RotaryEmbedding(nn.Module):
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, head_dim]."""
+        """x: [T, heads, head_dim]; a table narrower than the head rotates its first dims."""
+        if cos.shape[-1] < x.shape[-1]:
+            rot = cos.shape[-1]
+            return torch.cat((RotaryEmbedding.apply(x[..., :rot], cos, sin), x[..., rot:]), -1)
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
@@ -163,7 +204,11 @@ class StepRope:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """window: the layer's sliding window; scale (default head_dim**-0.5) and softcap: of the
+    attention scores."""
+
+    def __init__(self, cfg: ModelConfig, window: int | None = None, scale: float | None = None,
+                 softcap: float | None = None):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
@@ -177,12 +222,14 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.kv_size if across else cfg.head_dim, cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = scale or cfg.head_dim ** -0.5
+        self.window, self.softcap = window, softcap
 
     def forward(self, x, rope: StepRope, kv: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x)
-        fused = rope.kernels is not None and self.q_norm is None
+        fused = (rope.kernels is not None and self.q_norm is None
+                 and rope.table.rotary_dim == self.head_dim)
         if fused:  # rotate the q and k heads in place, in one pass
             rc = rope.kernels.rope_inplace(
                 qkv.data_ptr(), rope.positions.data_ptr(), rope.table.cos.data_ptr(),
@@ -200,38 +247,46 @@ class Attention(nn.Module):
             if self.q_norm is not None and not self.norm_across_heads:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = RotaryEmbedding.apply(q, *rope.cos_sin), RotaryEmbedding.apply(k, *rope.cos_sin)
-        out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale)
+        out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.window, self.softcap)
         return self.o_proj(out.reshape(-1, self.q_size))
 
 
-def silu_mul(gate_up: torch.Tensor, cpu_kernels=None) -> torch.Tensor:
-    """silu(gate) * up of rows [gate | up]: one pass of the CPU kernel, or PyTorch ops."""
+def gated_activation(gate_up: torch.Tensor, cpu_kernels=None,
+                     activation: str = "silu") -> torch.Tensor:
+    """act(gate) * up of rows [gate | up], act SiLU (SwiGLU) or GELU with the tanh approximation
+    (GeGLU): one pass of the CPU kernel (silu_mul / gelu_tanh_mul), or PyTorch ops."""
     intermediate = gate_up.shape[-1] // 2
+    gelu = activation == "gelu_tanh"
     if cpu_kernels is not None:
         act = gate_up.new_empty((gate_up.shape[0], intermediate))
-        cpu_kernels.silu_mul(gate_up.data_ptr(), act.data_ptr(), gate_up.shape[0],
-                             intermediate, kernels.kind(act.dtype), torch.get_num_threads())
+        fused = cpu_kernels.gelu_tanh_mul if gelu else cpu_kernels.silu_mul
+        fused(gate_up.data_ptr(), act.data_ptr(), gate_up.shape[0], intermediate,
+              kernels.kind(act.dtype), torch.get_num_threads())
         return act
     gate, up = gate_up.split(intermediate, dim=-1)
-    return F.silu(gate) * up
+    return (F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None):
+    """down(act(gate) * up) (gated_activation)."""
+
+    def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None,
+                 activation: str = "silu"):
         super().__init__()
         intermediate = intermediate_size or cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, cfg.hidden_size, bias=False)
+        self.activation = activation
 
     def forward(self, x: torch.Tensor, cpu_kernels=None) -> torch.Tensor:
-        return self.down_proj(silu_mul(self.gate_up_proj(x), cpu_kernels))
+        return self.down_proj(gated_activation(self.gate_up_proj(x), cpu_kernels, self.activation))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, mlp: nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int, mlp: nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, cfg.windows[index] if cfg.windows else None)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp  # forward(x, cpu_kernels): the dense MLP, or an MoE block (models/moe.py)
 
@@ -248,14 +303,17 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    layer_class: type[nn.Module] = DecoderLayer  # (cfg, index, mlp) -> a decoder layer
+    rope_class: type[nn.Module] = RotaryEmbedding  # (cfg) -> the RoPE tables step_rope reads
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, self.make_mlp(cfg, i))
+        self.layers = nn.ModuleList(self.layer_class(cfg, i, self.make_mlp(cfg, i))
                                     for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rope = RotaryEmbedding(cfg)
+        self.rope = self.rope_class(cfg)
         # A sequence classifier has a `score` head in place of the LM head (it generates nothing).
         self.num_labels = cfg.num_labels
         self.score = nn.Linear(cfg.hidden_size, cfg.num_labels, bias=False) if cfg.num_labels \
@@ -267,24 +325,38 @@ class LlamaModel(nn.Module):
         self.cpu_kernels = None
 
     def make_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
-        """Layer `layer`'s feed-forward block (a subclass builds MoE blocks here)."""
+        """Layer `layer`'s feed-forward block (a subclass builds MoE or GeGLU blocks here)."""
         return MLP(cfg)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states [T, hidden] for the flat row of tokens of one step."""
-        x = self.embed_tokens(input_ids)
-        rope = StepRope(positions, self.rope, x.dtype, self.cpu_kernels)
+        x = self.embed(input_ids)
+        rope = self.step_rope(positions, x.dtype)
+        metas = [layer_metadata(meta, i) for i in range(len(self.layers))]  # each layer's KV group
         if self.cpu_kernels is not None and x.dtype == torch.float32:
             # Each residual add runs inside the norm that follows it (x is the stream, in place).
             norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
             h = self.layers[0].input_layernorm.add_forward(None, x, self.cpu_kernels)
-            for layer, kv, norm in zip(self.layers, kv_caches, norms):
-                h = norm.add_forward(layer.forward_fused(h, x, rope, kv, meta), x, self.cpu_kernels)
+            for layer, kv, m, norm in zip(self.layers, kv_caches, metas, norms):
+                h = norm.add_forward(layer.forward_fused(h, x, rope, kv, m), x, self.cpu_kernels)
             return h
-        for layer, kv in zip(self.layers, kv_caches):
-            x = layer(x, rope, kv, meta)
+        for layer, kv, m in zip(self.layers, kv_caches, metas):
+            x = layer(x, rope, kv, m)
         return self.norm(x)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    @property
+    def graph_safe(self) -> bool:
+        """Whether a decode step can be captured in a CUDA graph: not with windowed or
+        soft-capped layers (the Triton backend sends them to reference_attention)."""
+        return not any(layer.self_attn.window or layer.self_attn.softcap for layer in self.layers)
+
+    def step_rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        """What the layers take for the step's rotary embedding."""
+        return StepRope(positions, self.rope, dtype, self.cpu_kernels)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None:  # tied to the embeddings
@@ -367,12 +439,23 @@ Model = LlamaModel
 
 def unsupported(hf) -> str | None:
     """What ModelConfig.from_hf accepts that this model would not run exactly."""
-    other = sorted(set(getattr(hf, "layer_types", None) or ()) - {"full_attention"})
+    other = sorted(set(getattr(hf, "layer_types", None) or ()) - {"full_attention", "sliding_attention"})
     if other:
         return f"{', '.join(other)} layers"
-    from batchrun.models.transformers.support import effective_window
+    return longrope_reason(hf)
 
-    window = effective_window(hf)
-    if window is not None and window < hf.max_position_embeddings:
-        return f"sliding_window {window} (the native model attends the whole context)"
+
+def longrope_reason(hf, layer_type: str | None = None) -> str | None:
+    """Why LongRoPE would not run exactly: transformers switches every position of a forward
+    call to the long factors once that call reaches past the original context, which a
+    batched, chunked, prefix-cached engine cannot reproduce; only the short factors are run."""
+    params = rope_parameters(hf, layer_type)
+    if params.get("rope_type", params.get("type")) != "longrope":
+        return None
+    original = params.get("original_max_position_embeddings",
+                          getattr(hf, "original_max_position_embeddings", None))
+    if original is None or hf.max_position_embeddings > original:
+        return (f"LongRoPE beyond the original context ({original} of "
+                f"{hf.max_position_embeddings} positions: transformers switches a whole call to "
+                f"the long factors past it)")
     return None

@@ -16,7 +16,7 @@ from torch import nn
 
 from batchrun.models import llama
 from batchrun.models.grouped_gemm import grouped_mm, sort_by_expert
-from batchrun.models.llama import MLP, LlamaModel, silu_mul
+from batchrun.models.llama import MLP, LlamaModel, gated_activation
 
 SUPPORTED_ARCHITECTURES = {
     "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM",
@@ -49,7 +49,7 @@ class ModelConfig(llama.ModelConfig):
         step = getattr(hf, "decoder_sparse_step", 1) or 1
         dense = set(getattr(hf, "mlp_only_layers", None) or ())
         return cls(
-            **cls.shared_fields(hf),
+            **llama.swiglu_fields(hf),
             qkv_bias=bool(getattr(hf, "qkv_bias", False) or getattr(hf, "attention_bias", False)),
             qk_norm=model_type in ("qwen3_moe", "olmoe"),
             qk_norm_across_heads=model_type == "olmoe",
@@ -78,7 +78,8 @@ class Experts(nn.Module):
         """sum_j weights[t, j] * expert_{experts[t, j]}(x[t]) for each token t."""
         pairs = sort_by_expert(experts, self.gate_up_proj.shape[0])
         rows = x[pairs.token]
-        act = silu_mul(grouped_mm(rows, self.gate_up_proj, pairs, cpu_kernels), cpu_kernels)
+        act = gated_activation(grouped_mm(rows, self.gate_up_proj, pairs, cpu_kernels),
+                               cpu_kernels)
         out = grouped_mm(act, self.down_proj, pairs, cpu_kernels)
         out *= weights.reshape(-1)[pairs.order, None]
         return torch.zeros_like(x).index_add_(0, pairs.token, out)

@@ -21,6 +21,10 @@ NATIVE_MODULES = {
     "qwen2_moe": "batchrun.models.moe",
     "mixtral": "batchrun.models.moe",
     "olmoe": "batchrun.models.moe",
+    "phi3": "batchrun.models.llama",
+    "gemma": "batchrun.models.gemma",
+    "gemma2": "batchrun.models.gemma",
+    "gemma3_text": "batchrun.models.gemma",
 }
 
 

@@ -1,6 +1,7 @@
 """reference_attention (engine/attention/reference.py) against attention computed plainly in
 float64 from the sequences' full K/V, with and without each extra (sliding window, softcap,
-sinks), and against every backend that runs here on the same step's metadata."""
+sinks), and against every backend that runs here on the same step's metadata (with each
+backend's own sliding window and soft-capping)."""
 
 import math
 
@@ -20,22 +21,30 @@ SEQS = [(12, 1), (5, 1), (7, 6), (0, 5), (0, 5), (0, 3)]
 NUM_DECODE = 2
 
 
-def problem(device="cpu", seed=0):
+# Decodes of a shared 3-block prefix (the cascade kernel's groups), then prefills as in SEQS.
+SHARED_SEQS = [(12, 1), (13, 1), (14, 1), (20, 1), (7, 6), (0, 5), (0, 5), (0, 3)]
+
+
+def problem(device="cpu", seed=0, seqs=SEQS, num_decode=NUM_DECODE, shared=0, d=D):
+    """The step's tensors and layout; the first `shared` blocks of the first three sequences are
+    the same physical blocks."""
     g = torch.Generator().manual_seed(seed)
-    num_blocks = sum(-(-(c + n) // BS) for c, n in SEQS) + 2
+    num_blocks = sum(-(-(c + n) // BS) for c, n in seqs) + 2
     free = torch.randperm(num_blocks, generator=g).tolist()
-    tables = [[free.pop() for _ in range(-(-(c + n) // BS))] for c, n in SEQS]
-    k_cache = torch.randn(num_blocks * BS, HKV, D, generator=g)
-    v_cache = torch.randn(num_blocks * BS, HKV, D, generator=g)
+    tables = [[free.pop() for _ in range(-(-(c + n) // BS))] for c, n in seqs]
+    for table in tables[1:3 if shared else 1]:
+        table[:shared] = tables[0][:shared]
+    k_cache = torch.randn(num_blocks * BS, HKV, d, generator=g)
+    v_cache = torch.randn(num_blocks * BS, HKV, d, generator=g)
     history = []  # each sequence's cached K/V, as the cache holds them
-    for table, (c, _) in zip(tables, SEQS):
+    for table, (c, _) in zip(tables, seqs):
         slots = torch.tensor([table[p // BS] * BS + p % BS for p in range(c)], dtype=torch.long)
         history.append((k_cache[slots], v_cache[slots]))
-    rows = sum(n for _, n in SEQS)
-    q = torch.randn(rows, H, D, generator=g)
-    k = torch.randn(rows, HKV, D, generator=g)
-    v = torch.randn(rows, HKV, D, generator=g)
-    layout = StepLayout.of(tables, [c for c, _ in SEQS], [n for _, n in SEQS], NUM_DECODE, BS,
+    rows = sum(n for _, n in seqs)
+    q = torch.randn(rows, H, d, generator=g)
+    k = torch.randn(rows, HKV, d, generator=g)
+    v = torch.randn(rows, HKV, d, generator=g)
+    layout = StepLayout.of(tables, [c for c, _ in seqs], [n for _, n in seqs], num_decode, BS,
                            torch.device(device))
     to = lambda t: t.to(device)  # noqa: E731
     return to(q), to(k), to(v), to(k_cache), to(v_cache), history, layout
@@ -99,13 +108,27 @@ def backends():
     return found
 
 
+# (sliding window, soft-cap) a layer passes to the backend; windows of 3 and 6 tokens end inside
+# a block and cut both decodes and chunks, 2 keeps one position of the previous block.
+MASKS = {"plain": (None, None), "window": (6, None), "softcap": (None, 0.5),
+         "window+softcap": (3, 2.0), "window 2": (2, None)}
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("shape", ["d32", "d64 shared prefix"])
 @pytest.mark.parametrize("name,backend,device", backends(), ids=[b[0] for b in backends()])
-def test_every_backend_matches_the_reference(name, backend, device):
-    q, k, v, kc, vc, _, layout = problem(device)
+def test_every_backend_matches_the_reference(name, backend, device, shape, mask):
+    """Head dim 64 takes the kernel's specialised loops, and with a shared prefix its grouped
+    pass over the shared blocks (group_tile), which a windowed layer must not take."""
+    d = 64 if shape.startswith("d64") else D
+    kw = dict(seqs=SHARED_SEQS, num_decode=4, shared=3) if "shared" in shape else {}
+    q, k, v, kc, vc, _, layout = problem(device, d=d, **kw)
     meta = backend.build(layout)
+    window, softcap = MASKS[mask]
     kc_ref, vc_ref = kc.clone(), vc.clone()
-    expected = reference_attention(q, k, v, kc_ref, vc_ref, meta, D ** -0.5)
-    got = paged_attention(q, k, v, kc, vc, meta, D ** -0.5)
+    expected = reference_attention(q, k, v, kc_ref, vc_ref, meta, 0.3,
+                                   sliding_window=window, softcap=softcap)
+    got = paged_attention(q, k, v, kc, vc, meta, 0.3, window=window, softcap=softcap)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
 

@@ -106,7 +106,31 @@ def check_a_busy_engine(hf, engine, arch):
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", *MOE_ARCHS])
+# The native model files beyond Llama: Gemma (GeGLU, (1 + w) norms), Gemma 2 (soft-capping,
+# alternating 8-token windows), Gemma 3 (q/k norms, local RoPE base), Phi-3 (fused checkpoint
+# weights; LongRoPE on half the head, a window on every layer), windowed Mistral.
+NATIVE_FILES = {"gemma": "gemma", "gemma2": "gemma", "gemma3_text": "gemma", "phi3": "llama",
+                "phi3-longrope": "llama", "mistral": "llama"}
+
+
+@pytest.mark.parametrize("path", ["cpu-kernels", "pytorch-only"])
+@pytest.mark.parametrize("arch", sorted(NATIVE_FILES))
+def test_native_greedy_and_logprobs_match_transformers(arch, path, tmp_path, monkeypatch):
+    """The same batch on the native path: the C kernels' windowed and soft-capped attention, or
+    without them (BATCHRUN_DISABLE_KERNELS) the SDPA backend's."""
+    if path == "pytorch-only":
+        monkeypatch.setenv("BATCHRUN_DISABLE_KERNELS", "1")
+    blocks = 12 if arch == "mistral" else 24  # all windowed: a smaller pool to be preempted
+    hf, engine = backend_engine(arch, tmp_path, impl="native", max_num_batched_tokens=16,
+                                num_blocks=blocks)
+    model = engine.runner.model
+    assert type(model).__module__ == f"batchrun.models.{NATIVE_FILES[arch]}"
+    assert (model.cpu_kernels is None) == (path == "pytorch-only")
+    check_a_busy_engine(hf, engine, arch)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma", "gemma2", "gemma3_text",
+                                  "phi3-longrope", *MOE_ARCHS])
 def test_backend_equals_native_path(arch, tmp_path):
     _, native = backend_engine(arch, tmp_path / "n", impl="native", max_num_batched_tokens=32)
     _, ours = backend_engine(arch, tmp_path / "t", max_num_batched_tokens=32)
@@ -145,22 +169,27 @@ def test_prompt_logprobs_embeddings_and_n(arch, tmp_path):
     assert len(sampled.outputs) == 3 and all(len(o.token_ids) == 5 for o in sampled.outputs)
 
 
-def test_plain_layers_take_the_engine_kernels_and_windowed_ones_the_extras_path(tmp_path,
-                                                                                 monkeypatch):
+def test_windowed_layers_take_the_engine_kernels_with_their_window_and_sinks_the_reference(
+        tmp_path, monkeypatch):
     from batchrun.models.transformers import attention
 
     calls = []
     for name in ("paged_attention", "reference_attention"):
         real = getattr(attention, name)
         monkeypatch.setattr(attention, name, lambda *a, _f=real, _n=name, **k: (
-            calls.append(_n), _f(*a, **k))[1])
-    _, engine = backend_engine("gemma3_text", tmp_path)  # layer 0: a window of 8; layer 1 full
+            calls.append((_n, k.get("window", k.get("sliding_window")))), _f(*a, **k))[1])
+    _, engine = backend_engine("gemma3_text", tmp_path / "g")  # layer 0: a window of 8; 1 full
     calls.clear()
     engine.generate([list(range(3, 8))], SamplingParams(max_tokens=1))
-    assert calls == ["paged_attention", "paged_attention"]  # 5 tokens: the window changes nothing
+    assert calls == [("paged_attention", None)] * 2  # 5 tokens: the window changes nothing
     calls.clear()
     engine.generate([list(range(3, 23))], SamplingParams(max_tokens=1))
-    assert calls == ["reference_attention", "paged_attention"]
+    assert calls == [("paged_attention", 8), ("paged_attention", None)]
+    calls.clear()
+    _, engine = backend_engine("gpt_oss", tmp_path / "o")  # sinks on every layer
+    calls.clear()
+    engine.generate([list(range(3, 23))], SamplingParams(max_tokens=1))
+    assert calls == [("reference_attention", 8), ("reference_attention", None)]
 
 
 def test_sharded_checkpoint_loads(tmp_path):
@@ -271,14 +300,24 @@ def test_auto_picks_native_where_it_runs_the_model_exactly():
     llama = _config("llama", architectures=["LlamaForCausalLM"])
     assert choose(llama).impl == "native"
     assert choose(llama, "transformers").impl == "transformers"
-    gemma = _config("gemma", architectures=["GemmaForCausalLM"])
-    verdict = choose(gemma)
-    assert verdict.impl == "transformers" and "model type 'gemma'" in verdict.note
+    for model_type, arch in [("gemma", "GemmaForCausalLM"), ("gemma2", "Gemma2ForCausalLM"),
+                             ("gemma3_text", "Gemma3ForCausalLM"), ("phi3", "Phi3ForCausalLM")]:
+        assert choose(_config(model_type, architectures=[arch])).impl == "native", model_type
     windowed = _config("mistral", architectures=["MistralForCausalLM"], sliding_window=64,
                        max_position_embeddings=4096)
-    assert choose(windowed).impl == "transformers"
-    with pytest.raises(UnsupportedModelError, match="sliding_window 64"):
-        choose(windowed, "native")
+    assert choose(windowed).impl == "native"
+    olmo = choose(_config("olmo2", architectures=["Olmo2ForCausalLM"]))
+    assert olmo.impl == "transformers" and "model type 'olmo2'" in olmo.note
+    # Phi-3.5's LongRoPE: transformers switches whole calls to the long factors past 4096
+    long_rope = _config("phi3", architectures=["Phi3ForCausalLM"], max_position_embeddings=131072,
+                        original_max_position_embeddings=4096, rope_parameters={
+                            "rope_type": "longrope", "rope_theta": 10000.0,
+                            "original_max_position_embeddings": 4096,
+                            "short_factor": [1.0] * 48, "long_factor": [2.0] * 48})
+    verdict = choose(long_rope)
+    assert verdict.impl == "transformers" and "LongRoPE beyond the original context" in verdict.note
+    with pytest.raises(UnsupportedModelError, match="LongRoPE"):
+        choose(long_rope, "native")
 
 
 @pytest.mark.parametrize("model_type,kw,reason", [
@@ -350,20 +389,23 @@ def test_models_check_reads_the_config_only(tmp_path):
     (tmp_path / "gemma2" / "model.safetensors").unlink()  # no weights are read
     result = _models_cli("check", tmp_path / "gemma2")
     assert result.exit_code == 0, result.output
-    assert "path: transformers backend (the native path does not run it: model type 'gemma2'" \
-        in result.output
+    assert "path: native (models/gemma.py) (it runs the model exactly)" in result.output
     count = sum(p.numel() for p in hf.parameters())
     assert f"parameters: {count:,} (weights: fp32 {count * 4 / 2**20:.1f} MiB" in result.output
     assert "2 layers x 2 KV heads x head dim 32: fp32 1.0 KiB, bf16 512 B per token" in result.output
     assert "sliding window: 8 tokens on 1 of 2 layers" in result.output
     assert "LoRA: yes: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (the " \
         "plain linears of its decoder layers)" in result.output
+    make_tiny("olmo2", tmp_path / "olmo2", archs=BACKEND_ARCHS)
+    backend = _models_cli("check", tmp_path / "olmo2").output
+    assert "path: transformers backend (the native path does not run it: model type 'olmo2'" \
+        in backend
     make_tiny("llama", tmp_path / "llama")
     native = _models_cli("check", tmp_path / "llama").output
-    assert "path: native" in native and "LoRA: yes: q_proj" in native
+    assert "path: native (models/llama.py)" in native and "LoRA: yes: q_proj" in native
     make_tiny("qwen3_moe", tmp_path / "moe", archs=BACKEND_ARCHS)
     moe = _models_cli("check", tmp_path / "moe").output
-    assert "path: native" in moe and "MoE: 4 experts, 2 per token" in moe
+    assert "path: native (models/moe.py)" in moe and "MoE: 4 experts, 2 per token" in moe
     MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "m")
     refused = _models_cli("check", tmp_path / "m")
     assert refused.exit_code == 2 and "path: refused (unsupported model: mamba" in refused.output
@@ -373,6 +415,6 @@ def test_models_check_reads_the_config_only(tmp_path):
 def test_plan_says_it_covers_the_native_path_only(tmp_path):
     from batchrun.footprint import model_config_for
 
-    make_tiny("gemma", tmp_path, archs=BACKEND_ARCHS)
+    make_tiny("olmo2", tmp_path, archs=BACKEND_ARCHS)
     with pytest.raises(UnsupportedModelError, match="native path only .*`batchrun models check"):
         model_config_for(str(tmp_path))

@@ -4,6 +4,9 @@ Fresh chunks (no cached context) come sorted by length, so a run of them of one 
 batched causal SDPA call over views of the step's rows (an embedding run's many short prompts
 would otherwise cost a call each per layer). A chunk over a cached context is one SDPA call over
 its gathered context with a causal mask offset by that context.
+
+A layer's sliding window narrows those masks; logit soft-capping, which SDPA cannot apply, takes
+reference.attend on the same rows instead.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from batchrun.engine.attention.base import StepLayout
+from batchrun.engine.attention.reference import attend
 
 
 @dataclass
@@ -67,37 +71,54 @@ def plan_prefills(layout: StepLayout, in_kernel: list[bool] | None = None
     return prefills, same_length_runs(prefills)
 
 
+def chunk_mask(q_len: int, ctx_len: int, window: int | None, device) -> torch.Tensor:
+    """[q_len, ctx_len] bool: the last q_len of ctx_len positions attend causally, within
+    `window` positions when set."""
+    q_pos = torch.arange(ctx_len - q_len, ctx_len, device=device)[:, None]
+    k_pos = torch.arange(ctx_len, device=device)[None, :]
+    mask = k_pos <= q_pos
+    return mask if window is None else mask & (q_pos - k_pos < window)
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                    scale: float, softcap: float | None) -> torch.Tensor:
+    """q [B, n, H, D], k/v [B, L, Hkv, D], mask [n, L] bool (None: causal, n == L);
+    returns [B, n, H, D]."""
+    if softcap:
+        if mask is None:
+            mask = chunk_mask(q.shape[1], k.shape[1], None, q.device)
+        return attend(q, k, v, mask.expand(q.shape[0], -1, -1), scale, softcap)
+    og = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+        is_causal=mask is None, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
+    return og.transpose(1, 2)
+
+
 def prefill_attention(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       k_cache: torch.Tensor, v_cache: torch.Tensor,
                       prefills: list[PrefillChunk], same_length: list[tuple[int, int, int]],
-                      scale: float) -> None:
-    """Attention of the chunks not `in_kernel` into their rows of `out`."""
+                      scale: float, window: int | None = None,
+                      softcap: float | None = None) -> None:
+    """Attention of the chunks not `in_kernel` into their rows of `out` (window and softcap:
+    the layer's sliding window and logit soft-cap, None for none)."""
     num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
-    group = num_heads // num_kv_heads
     for s, count, n in same_length:
-        shape = (count, n)
-        qg = q[s:s + count * n].view(*shape, num_heads, head_dim).transpose(1, 2)  # [B, H, n, D]
-        kg = k[s:s + count * n].view(*shape, num_kv_heads, head_dim).transpose(1, 2)
-        vg = v[s:s + count * n].view(*shape, num_kv_heads, head_dim).transpose(1, 2)
-        og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, scale=scale,
-                                            enable_gqa=group > 1)
-        out[s:s + count * n] = og.transpose(1, 2).reshape(count * n, num_heads, head_dim)
+        rows = slice(s, s + count * n)
+        mask = None if window is None or window >= n else chunk_mask(n, n, window, q.device)
+        og = dense_attention(q[rows].view(count, n, num_heads, head_dim),
+                             k[rows].view(count, n, num_kv_heads, head_dim),
+                             v[rows].view(count, n, num_kv_heads, head_dim), mask, scale, softcap)
+        out[rows] = og.reshape(count * n, num_heads, head_dim)
     for chunk in prefills:
         if chunk.batched or chunk.in_kernel:
             continue
         s, n = chunk.q_start, chunk.q_len
-        qp = q[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         if chunk.slots is None:
             kp, vp = k[s:s + n], v[s:s + n]
-            mask, causal = None, True
+            mask = None if window is None or window >= n else chunk_mask(n, n, window, q.device)
         else:
             kp = k_cache[chunk.slots].to(q.dtype)
             vp = v_cache[chunk.slots].to(q.dtype)
-            q_pos = torch.arange(chunk.ctx_len - n, chunk.ctx_len, device=q.device)
-            mask = torch.arange(chunk.ctx_len, device=q.device)[None, :] <= q_pos[:, None]
-            causal = False
-        kp = kp.transpose(0, 1).unsqueeze(0)
-        vp = vp.transpose(0, 1).unsqueeze(0)
-        op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, is_causal=causal,
-                                            scale=scale, enable_gqa=group > 1)
-        out[s:s + n] = op[0].transpose(0, 1)
+            mask = chunk_mask(n, chunk.ctx_len, window, q.device)
+        out[s:s + n] = dense_attention(q[None, s:s + n], kp[None], vp[None], mask, scale,
+                                       softcap)[0]

@@ -5,6 +5,10 @@ they share once per step, and prefill chunks over a cached context by tiles (cas
 the rows once per step); a step where nothing is shared and no chunk has a cached context runs
 the plain per-sequence decode kernel. `--attention-kernel legacy` keeps every decode on its own
 and every prefill chunk on SDPA. Chunks the kernel leaves go to chunks.py.
+
+A layer with a sliding window or logit soft-capping runs the same kernel (each row starts its walk
+where its window does, without shared-prefix grouping); its decodes go through the grouped entry
+point even when the step has no groups.
 """
 
 from __future__ import annotations
@@ -30,20 +34,37 @@ class CpuKernelMetadata(AttentionMetadata):
     rows: KernelRows | None = None  # set: the kernel attends these rows (decode + some prefill)
     prefills: list[PrefillChunk] = field(default_factory=list)
     same_length: list[tuple[int, int, int]] = field(default_factory=list)
+    masked_rows: KernelRows | None = None  # the rows of windowed / soft-capped layers (lazily)
+
+    def rows_for_masked(self) -> KernelRows | None:
+        """The kernel's rows for a layer with a window or soft-cap: the step's rows, or when
+        the step runs the plain decode kernel, its decodes as groups of one."""
+        if self.rows is not None or not self.num_decode:
+            return self.rows
+        if self.masked_rows is None:
+            b = self.num_decode
+            self.masked_rows = KernelRows(
+                self.decode_tables, torch.arange(b), self.decode_lens.contiguous(),
+                torch.arange(b, dtype=torch.int32), torch.arange(b + 1, dtype=torch.int32),
+                torch.zeros(b, dtype=torch.int32))
+        return self.masked_rows
 
 
 def kernel_attention(lib, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     rows: KernelRows, block_size: int, scale: float) -> torch.Tensor:
+                     rows: KernelRows, block_size: int, scale: float, window: int | None = None,
+                     softcap: float | None = None) -> torch.Tensor:
     """The C kernel's attention for `rows` of q [T, H, D] over the paged cache, as float32
-    [T, H, D] (rows outside the groups are left uninitialised)."""
+    [T, H, D] (rows outside the groups are left uninitialised). window: a row sees its last
+    `window` positions only; softcap: scores become softcap * tanh(score / softcap)."""
     qf = q.float().contiguous()  # the kernel computes in float32 whatever the model's dtype
     of = torch.empty_like(qf)
-    rc = lib.paged_attention(
+    first = None if window is None else (rows.row_len - window).clamp_(min=0)
+    rc = lib.paged_attention_masked(
         qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), rows.tables.data_ptr(),
         rows.tables.shape[1], rows.row_table.data_ptr(), rows.row_len.data_ptr(), of.data_ptr(),
         q.shape[1], k_cache.shape[1], q.shape[2], block_size, scale, kind(k_cache.dtype),
         torch.get_num_threads(), rows.groups, rows.order.data_ptr(), rows.group_start.data_ptr(),
-        rows.group_shared.data_ptr())
+        rows.group_shared.data_ptr(), None if first is None else first.data_ptr(), softcap or 0.0)
     assert rc == 0, "paged_attention failed"
     return of
 
@@ -92,10 +113,13 @@ class CpuKernelBackend:
 
     @staticmethod
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: CpuKernelMetadata, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, meta: CpuKernelMetadata, scale: float,
+                window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.lib)
-        if meta.rows is not None:
-            of = kernel_attention(meta.lib, q, k_cache, v_cache, meta.rows, meta.block_size, scale)
+        rows = meta.rows if window is None and not softcap else meta.rows_for_masked()
+        if rows is not None:
+            of = kernel_attention(meta.lib, q, k_cache, v_cache, rows, meta.block_size, scale,
+                                  window, softcap)
             out = of if of.dtype == q.dtype else of.to(q.dtype)
         else:
             out = torch.empty_like(q)
@@ -105,5 +129,5 @@ class CpuKernelBackend:
                                            meta.decode_lens, meta.block_size, scale)
         if meta.prefills:
             prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, meta.same_length,
-                              scale)
+                              scale, window, softcap)
         return out

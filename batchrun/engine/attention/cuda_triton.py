@@ -1,6 +1,7 @@
 """CUDA: decode tokens by the Triton kernel (kernels/triton_decode.py), which reads context
 lengths on the device, so decode-only steps can be captured as CUDA graphs
-(engine/cuda_graphs.py); prefill chunks as in chunks.py."""
+(engine/cuda_graphs.py); prefill chunks as in chunks.py. Layers with a sliding window or logit
+soft-capping take reference_attention."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from batchrun.engine.attention.base import AttentionMetadata, BackendEnv, StepLayout
 from batchrun.engine.attention.chunks import PrefillChunk, plan_prefills, prefill_attention
 from batchrun.engine.attention.kv_write import write_kv
+from batchrun.engine.attention.reference import reference_attention
 
 
 @dataclass
@@ -45,7 +47,11 @@ class TritonBackend:
 
     @staticmethod
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: TritonMetadata, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, meta: TritonMetadata, scale: float,
+                window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+        if window is not None or softcap:
+            return reference_attention(q, k, v, k_cache, v_cache, meta, scale,
+                                       sliding_window=window, softcap=softcap)
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         b = meta.num_decode

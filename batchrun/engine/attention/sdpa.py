@@ -1,5 +1,6 @@
 """The portable backend: decode gathers each sequence's KV blocks and calls torch SDPA with a
-padding mask; prefill chunks as in chunks.py. Runs on any device and any head shape."""
+padding mask (narrowed to a layer's sliding window; soft-capped layers through
+reference.attend); prefill chunks as in chunks.py. Runs on any device and any head shape."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from batchrun.engine.attention.base import AttentionMetadata, BackendEnv, StepLayout
 from batchrun.engine.attention.chunks import PrefillChunk, plan_prefills, prefill_attention
 from batchrun.engine.attention.kv_write import write_kv
+from batchrun.engine.attention.reference import attend
 
 
 @dataclass
@@ -19,6 +21,7 @@ class SdpaMetadata(AttentionMetadata):
     num_decode: int = 0
     decode_slots: torch.Tensor | None = None  # [B, L] slots to read per decode sequence (padded)
     decode_bias: torch.Tensor | None = None  # [B, 1, 1, L] 0 where valid, -inf on padding
+    decode_valid: torch.Tensor | None = None  # [B, L] bool: the positions each decode sees
     prefills: list[PrefillChunk] = field(default_factory=list)
     same_length: list[tuple[int, int, int]] = field(default_factory=list)
     lib: object = None  # the CPU kernels, for the K/V write only
@@ -46,6 +49,7 @@ class SdpaBackend:
             valid = grid < ctx[:, None]
             slots = layout.block_tables[:b].gather(1, (grid // bs).expand(b, -1)) * bs + grid % bs
             meta.decode_slots = slots.masked_fill(~valid, 0)
+            meta.decode_valid = valid
             meta.decode_bias = torch.zeros(valid.shape, device=ctx.device, dtype=self.dtype
                                            ).masked_fill(~valid, float("-inf"))[:, None, None, :]
         meta.prefills, meta.same_length = plan_prefills(layout)
@@ -53,7 +57,8 @@ class SdpaBackend:
 
     @staticmethod
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: SdpaMetadata, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, meta: SdpaMetadata, scale: float,
+                window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.lib)
         out = torch.empty_like(q)
         b = meta.num_decode
@@ -61,11 +66,19 @@ class SdpaBackend:
             num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
             # The query heads of one KV group act as `group` query rows against that group's keys.
             qd = q[:b].view(b, num_kv_heads, num_heads // num_kv_heads, head_dim)
-            kd = k_cache[meta.decode_slots].to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
-            vd = v_cache[meta.decode_slots].to(q.dtype).transpose(1, 2)
-            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_bias, scale=scale)
+            kd = k_cache[meta.decode_slots].to(q.dtype)  # [B, L, Hkv, D]
+            vd = v_cache[meta.decode_slots].to(q.dtype)
+            if window is None and not softcap:
+                od = F.scaled_dot_product_attention(qd, kd.transpose(1, 2), vd.transpose(1, 2),
+                                                    attn_mask=meta.decode_bias, scale=scale)
+            else:
+                valid = meta.decode_valid
+                if window is not None:
+                    grid = torch.arange(valid.shape[1], device=valid.device)[None, :]
+                    valid = valid & (grid >= meta.context_lens[:b, None] - window)
+                od = attend(q[:b, None], kd, vd, valid[:, None], scale, softcap)
             out[:b] = od.reshape(b, num_heads, head_dim)
         if meta.prefills:
             prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, meta.same_length,
-                              scale)
+                              scale, window, softcap)
         return out

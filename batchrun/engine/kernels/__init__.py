@@ -124,8 +124,11 @@ def _library(extra_flags: tuple[str, ...]):
         "simd_path": (i, []),
         "paged_decode_attention": (i, [p] * 6 + [i] * 6 + [f] + [i] * 2),
         "paged_attention": (i, [p] * 4 + [i] + [p] * 3 + [i] * 4 + [f] + [i] * 3 + [p] * 3),
+        "paged_attention_masked": (i, [p] * 4 + [i] + [p] * 3 + [i] * 4 + [f] + [i] * 3 + [p] * 4
+                                   + [f]),
         "cascade_groups": (i, [p, p] + [i] * 4 + [p] * 3),
         "silu_mul": (None, [p, p, i64, i64, i, i]),
+        "gelu_tanh_mul": (None, [p, p, i64, i64, i, i]),
         "add_rms_norm": (None, [p] * 4 + [i64] * 2 + [f, i]),
         "rope_inplace": (i, [p, p, p, p, i64, i64, i, i, i, i]),
         "kv_write": (None, [p] * 5 + [i64] * 3 + [i] * 2),

@@ -29,8 +29,15 @@ static void parallel_rows(row_fn fn, const void *ctx, int64_t rows, int64_t work
     parallel_tasks(row_part, &split, threads);
 }
 
-// out[r, :] = silu(x[r, :n]) * x[r, n:2n]
-typedef struct { const void *x; void *out; int64_t n; int kind; } SiluMul;
+// out[r, :] = act(x[r, :n]) * x[r, n:2n], act SiLU or (gelu) GELU's tanh approximation. Both are
+// g / (1 + e^-z): z = g for SiLU; for GELU 0.5 g (1 + tanh y) = g / (1 + e^-2y), z = 2y with
+// y = sqrt(2 / pi) (g + 0.044715 g^3).
+typedef struct { const void *x; void *out; int64_t n; int kind, gelu; } SiluMul;
+#define GELU_C 0.7978845608028654f
+
+static inline float act_arg(float g, int gelu) {
+    return gelu ? 2.f * GELU_C * (g + 0.044715f * g * g * g) : g;
+}
 
 static void silu_mul_rows(const void *arg, int64_t first, int64_t last) {
     const SiluMul *a = (const SiluMul *)arg;
@@ -42,10 +49,13 @@ static void silu_mul_rows(const void *arg, int64_t first, int64_t last) {
             int64_t i = 0;
             for (; i + VW <= n; i += VW) {
                 const vf gv = vload(g + i);
-                const vf e = vexp(vsub(vzero(), gv));
+                const vf z = a->gelu ? vmul(vset1(2.f * GELU_C),
+                                            vfma(vmul(vmul(gv, gv), gv), vset1(0.044715f), gv))
+                                     : gv;
+                const vf e = vexp(vsub(vzero(), z));
                 vstore(o + i, vmul(vdiv(gv, vadd(vset1(1.f), e)), vload(u + i)));
             }
-            for (; i < n; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+            for (; i < n; i++) o[i] = g[i] / (1.f + expf(-act_arg(g[i], a->gelu))) * u[i];
         }
         return;
     }
@@ -57,13 +67,18 @@ static void silu_mul_rows(const void *arg, int64_t first, int64_t last) {
                 g[i] = load_elt(a->kind, a->x, r * 2 * n + c0 + i);
                 u[i] = load_elt(a->kind, a->x, r * 2 * n + n + c0 + i);
             }
-            for (int64_t i = 0; i < m; i++) g[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+            for (int64_t i = 0; i < m; i++) g[i] = g[i] / (1.f + expf(-act_arg(g[i], a->gelu))) * u[i];
             for (int64_t i = 0; i < m; i++) store_elt(a->kind, a->out, r * n + c0 + i, g[i]);
         }
 }
 
 void silu_mul(const void *x, void *out, int64_t rows, int64_t n, int kind, int threads) {
-    const SiluMul a = {x, out, n, kind};
+    const SiluMul a = {x, out, n, kind, 0};
+    parallel_rows(silu_mul_rows, &a, rows, n, threads);
+}
+
+void gelu_tanh_mul(const void *x, void *out, int64_t rows, int64_t n, int kind, int threads) {
+    const SiluMul a = {x, out, n, kind, 1};
     parallel_rows(silu_mul_rows, &a, rows, n, threads);
 }
 

@@ -53,9 +53,11 @@ typedef struct {
     const int32_t *order;      // rows in group order
     const int32_t *group_start;  // [groups + 1] into order
     const int32_t *group_shared; // [groups] leading blocks read once for the group (NULL: none)
+    const int64_t *row_first;  // [rows] first position a row sees (sliding window; NULL: 0)
     int H, Hkv, D, bs, max_blocks, kind;
     int per_item;              // KV heads per work item (all of them, or 1 when there are few groups)
     float scale;
+    float softcap;             // scores become softcap * tanh(score / softcap) (0: as they are)
     int first, last;           // range of (group, first head) work items
 } Job;
 
@@ -116,12 +118,22 @@ SIMD_INLINE void add_values(const Job *j, float *const *acc, const float *p, int
     }
 }
 
+// x[0, n) = cap * tanh(x / cap), with tanh y = 1 - 2 / (e^2y + 1) (|y| clamped to 15, where
+// tanh is 1 in float32); n rounded up to whole vectors, x padded to them.
+SIMD_INLINE void soft_cap(float *x, int64_t n, float cap) {
+    const vf inv2 = vset1(2.f / cap), vcap = vset1(cap), one = vset1(1.f), two = vset1(2.f);
+    for (int64_t t = 0; t < n; t += VW) {
+        const vf y = vmax(vmin(vmul(vload(x + t), inv2), vset1(30.f)), vset1(-30.f));
+        vstore(x + t, vmul(vcap, vsub(one, vdiv(two, vadd(vexp(y), one)))));
+    }
+}
+
 // Fold a tile of nblk blocks into a row's state: block b's rows start at element row0[b] of the
 // pools and hold bs keys, the last one last_n. The tile's scores are all computed before one
 // online-softmax update (one max, one rescale per query head per tile, not per block: the
 // update is a chain of dependent reductions that a single 16-key block cannot hide).
 SIMD_INLINE void attend_tile(const Job *j, State *s, const int64_t *row0, int nblk, int last_n,
-                             float *p, const int G, const int CH) {
+                             int skip, float *p, const int G, const int CH) {
     const int D = CH * VW, bs = j->bs;
     const int64_t stride = (int64_t)j->Hkv * D;
     const int n = (nblk - 1) * bs + last_n;
@@ -138,6 +150,8 @@ SIMD_INLINE void attend_tile(const Job *j, State *s, const int64_t *row0, int nb
     const int padded = (n + VW - 1) / VW * VW;
     for (int g = 0; g < G; g++) {  // online softmax: rescale to the new max, exponentiate
         float *pg = p + g * MAX_TILE;
+        if (j->softcap > 0.f) soft_cap(pg, n, j->softcap);
+        for (int t = 0; t < skip; t++) pg[t] = NEG;  // before the row's window
         for (int t = n; t < padded; t++) pg[t] = NEG;
         vf vm = vset1(NEG);
         for (int t = 0; t < padded; t += VW) vm = vmax(vm, vload(pg + t));
@@ -211,6 +225,7 @@ SIMD_INLINE void group_tile(const Job *j, const float *qt, float *sc, float *m, 
                         group_scores(j, qt, RP, rv0, krow + kk * (int64_t)j->Hkv * D, out + (int64_t)kk * RP, 1, 1, D);
             }
         }
+    if (j->softcap > 0.f) soft_cap(sc, (int64_t)n * RP, j->softcap);
     float c[MAX_GROUP * MAX_G + VW];
     for (int rv = 0; rv < RV; rv++) {  // online softmax of every query vector, across the keys
         vf mx = vset1(NEG);
@@ -268,7 +283,8 @@ SIMD_INLINE void run_group(const Job *j, int item, float *buf, State *st, float 
     const int D = CH * VW, bs = j->bs, first = j->group_start[grp];
     const int tile = TILE_KEYS / bs > 1 ? TILE_KEYS / bs : 1;  // blocks per tile
     const int count = j->group_start[grp + 1] - first;
-    const int64_t shared = j->group_shared ? j->group_shared[grp] : 0;
+    // A row with a window starts its walk where its window does: no blocks are shared then.
+    const int64_t shared = j->group_shared && !j->row_first ? j->group_shared[grp] : 0;
     float p[MAX_G * MAX_TILE + 16];
     int64_t row0[MAX_TILE];
     for (int s = 0; s < count; s++) {  // state s * per + h: row s, head h0 + h
@@ -312,7 +328,7 @@ SIMD_INLINE void run_group(const Job *j, int item, float *buf, State *st, float 
                 for (int r = 0; r < R; r++) acc[r] = st[(r / G) * per + h].acc + (r % G) * D;
                 group_tile(j, gm + 2 * RP, sc, gm, gm + RP, acc, R, row0, nblk, CH);
             } else {
-                for (int s = 0; s < count; s++) attend_tile(j, &st[s * per + h], row0, nblk, bs, p, G, CH);
+                for (int s = 0; s < count; s++) attend_tile(j, &st[s * per + h], row0, nblk, bs, 0, p, G, CH);
             }
         }
     }
@@ -326,15 +342,17 @@ SIMD_INLINE void run_group(const Job *j, int item, float *buf, State *st, float 
     for (int s = 0; s < count; s++) {  // each row's own blocks, then out = acc / l
         const int64_t row = j->order[first + s], L = j->row_len[row];
         const int64_t *table = TABLE(s);
-        const int64_t blocks = BLOCKS(s);
-        for (int64_t b0 = shared; b0 < blocks; b0 += tile) {
+        const int64_t blocks = BLOCKS(s), first_pos = j->row_first ? j->row_first[row] : 0;
+        const int64_t start = shared > first_pos / bs ? shared : first_pos / bs;
+        for (int64_t b0 = start; b0 < blocks; b0 += tile) {
             const int nblk = (int)min64(blocks - b0, tile);
             if (b0 + nblk < blocks) prefetch_blocks(j, table, b0 + nblk, min64(tile, blocks - b0 - nblk), h0, per);
             else if (s + 1 < count) prefetch_blocks(j, TABLE(s + 1), shared, min64(tile, BLOCKS(s + 1) - shared), h0, per);
             const int last_n = (int)(b0 + nblk == blocks ? L - (blocks - 1) * bs : bs);
+            const int skip = (int)(b0 == start ? first_pos - start * bs : 0);
             for (int h = 0; h < per; h++) {
                 for (int b = 0; b < nblk; b++) row0[b] = (table[b0 + b] * bs * j->Hkv + h0 + h) * D;
-                attend_tile(j, &st[s * per + h], row0, nblk, last_n, p, G, CH);
+                attend_tile(j, &st[s * per + h], row0, nblk, last_n, skip, p, G, CH);
             }
         }
         for (int h = 0; h < per; h++) {
@@ -380,13 +398,15 @@ static void run_range(const void *arg, int i) {
     free(gbuf);
 }
 
-// Attention for the rows of `groups` groups (see the top of the file). Returns 0, or -1 for
-// shapes the kernel does not take (the caller then uses PyTorch).
-int paged_attention(const float *q, const void *k, const void *v, const int64_t *tables,
-                    int max_blocks, const int64_t *row_table, const int64_t *row_len, float *out,
-                    int H, int Hkv, int D, int block_size, float scale, int kind, int threads,
-                    int groups, const int32_t *order, const int32_t *group_start,
-                    const int32_t *group_shared) {
+// Attention for the rows of `groups` groups (see the top of the file), row r seeing positions
+// [row_first[r], row_len[r]) (row_first NULL: from 0) with scores soft-capped at softcap (0:
+// none). Returns 0, or -1 for shapes the kernel does not take (the caller then uses PyTorch).
+int paged_attention_masked(const float *q, const void *k, const void *v, const int64_t *tables,
+                           int max_blocks, const int64_t *row_table, const int64_t *row_len,
+                           float *out, int H, int Hkv, int D, int block_size, float scale, int kind,
+                           int threads, int groups, const int32_t *order,
+                           const int32_t *group_start, const int32_t *group_shared,
+                           const int64_t *row_first, float softcap) {
     if (D > MAX_D || D % VW || H % Hkv || H / Hkv > MAX_G || block_size > MAX_BS) return -1;
     for (int g = 0; g < groups; g++)
         if (group_start[g + 1] - group_start[g] > MAX_GROUP) return -1;
@@ -401,10 +421,10 @@ int paged_attention(const float *q, const void *k, const void *v, const int64_t 
     int64_t *cost = malloc(sizeof(int64_t) * (groups + 1)), total = 0;
     if (!cost) return -1;
     for (int g = 0; g < groups; g++) {
-        const int64_t shared_rows = (group_shared ? group_shared[g] : 0) * (int64_t)block_size;
+        const int64_t shared_rows = (group_shared && !row_first ? group_shared[g] : 0) * (int64_t)block_size;
         int64_t c = shared_rows;
         for (int s = group_start[g]; s < group_start[g + 1]; s++)
-            c += 2 * row_len[order[s]] - shared_rows;
+            c += 2 * (row_len[order[s]] - (row_first ? row_first[order[s]] : 0)) - shared_rows;
         cost[g] = c;
         total += c * (Hkv / per);
     }
@@ -414,13 +434,25 @@ int paged_attention(const float *q, const void *k, const void *v, const int64_t 
     for (int i = 0; i < threads; i++) {
         const int64_t goal = total * (i + 1) / threads;
         jobs[i] = (Job){q, k, v, tables, row_table, row_len, out, order, group_start, group_shared,
-                        H, Hkv, D, block_size, max_blocks, kind, per, scale, item, item};
+                        row_first, H, Hkv, D, block_size, max_blocks, kind, per, scale, softcap,
+                        item, item};
         while (item < items && (acc < goal || i == threads - 1)) acc += cost[item++ / (Hkv / per)];
         jobs[i].last = item;
     }
     free(cost);
     parallel_tasks(run_range, jobs, threads);
     return 0;
+}
+
+// paged_attention_masked with every row seeing its whole context, scores as they are.
+int paged_attention(const float *q, const void *k, const void *v, const int64_t *tables,
+                    int max_blocks, const int64_t *row_table, const int64_t *row_len, float *out,
+                    int H, int Hkv, int D, int block_size, float scale, int kind, int threads,
+                    int groups, const int32_t *order, const int32_t *group_start,
+                    const int32_t *group_shared) {
+    return paged_attention_masked(q, k, v, tables, max_blocks, row_table, row_len, out, H, Hkv,
+                                  D, block_size, scale, kind, threads, groups, order, group_start,
+                                  group_shared, NULL, 0.f);
 }
 
 // Decode attention, one query token per sequence, each sequence on its own (no grouping): the

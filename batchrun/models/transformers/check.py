@@ -19,6 +19,7 @@ class CheckReport:
     architectures: list[str]
     impl: str  # native | transformers | refused
     reason: str  # why this path, or why refused
+    native_file: str = ""  # the native model file that runs it (impl native)
     parameters: int | None = None
     layers: int = 0
     kv_heads: int = 0
@@ -96,6 +97,10 @@ def check(hf) -> CheckReport:
                          impl, reason)
     if impl == "refused":
         return report
+    if impl == "native":
+        from batchrun.models import native
+
+        report.native_file = native.module_for(hf).__name__.rsplit(".", 1)[-1] + ".py"
     model = meta_model(full)
     report.parameters = count_parameters(model)
     report.layers = full.num_hidden_layers
@@ -111,8 +116,7 @@ def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
     if window and window < getattr(hf, "max_position_embeddings", window + 1):
         sliding = types.count("sliding_attention") if types else hf.num_hidden_layers
         out.append(("sliding window", f"{window} tokens on {sliding} of {hf.num_hidden_layers} "
-                                      f"layers (reference attention; their KV kept over the "
-                                      f"window only)"))
+                                      f"layers (their KV kept over the window only)"))
     else:
         out.append(("sliding window", "no"))
     experts = next((getattr(hf, n) for n in ("num_local_experts", "num_experts", "n_routed_experts")
@@ -131,7 +135,7 @@ def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
 
 
 def describe(name: str, report: CheckReport) -> list[str]:
-    path = {"native": "native (models/llama.py)", "transformers": "transformers backend",
+    path = {"native": f"native (models/{report.native_file})", "transformers": "transformers backend",
             "refused": "refused"}[report.impl]
     archs = ", ".join(report.architectures) or "no architectures listed"
     lines = [f"model: {name} ({report.model_type}; {archs})", f"path: {path} ({report.reason})"]
