@@ -57,15 +57,20 @@ def windowed(arch: str) -> bool:
     return bool(BACKEND_ARCHS[arch][2].get("sliding_window"))
 
 
+def pool_blocks(arch: str) -> int:
+    """A KV pool small enough for the busy batch to preempt: a model whose every layer is
+    windowed holds only its windows' blocks (engine/kv_groups.py), so it gets a smaller one."""
+    every_layer = windowed(arch) and "layer_types" not in BACKEND_ARCHS[arch][2]
+    return 12 if every_layer else 24
+
+
 @pytest.mark.parametrize("arch", sorted(BACKEND_ARCHS))
 def test_greedy_and_logprobs_match_transformers(arch, tmp_path):
     """Mixed-length prompts in one engine, prefilled in chunks of at most 16 tokens (crossing the
     8-token sliding windows), in a KV pool too small for all of them (preemption), then two
     prompts extending an earlier one's prefix (prefix-cache hits)."""
-    # A model whose every layer is windowed holds only its windows' blocks: it needs a smaller
-    # pool to be preempted (engine/kv_groups.py).
-    blocks = 12 if arch == "mistral" else 24
-    hf, engine = backend_engine(arch, tmp_path, max_num_batched_tokens=16, num_blocks=blocks)
+    hf, engine = backend_engine(arch, tmp_path, max_num_batched_tokens=16,
+                                num_blocks=pool_blocks(arch))
     assert isinstance(engine.runner.model, TransformersModel)
     check_a_busy_engine(hf, engine, arch)
 
@@ -120,9 +125,8 @@ def test_native_greedy_and_logprobs_match_transformers(arch, path, tmp_path, mon
     without them (BATCHRUN_DISABLE_KERNELS) the SDPA backend's."""
     if path == "pytorch-only":
         monkeypatch.setenv("BATCHRUN_DISABLE_KERNELS", "1")
-    blocks = 12 if arch == "mistral" else 24  # all windowed: a smaller pool to be preempted
     hf, engine = backend_engine(arch, tmp_path, impl="native", max_num_batched_tokens=16,
-                                num_blocks=blocks)
+                                num_blocks=pool_blocks(arch))
     model = engine.runner.model
     assert type(model).__module__ == f"batchrun.models.{NATIVE_FILES[arch]}"
     assert (model.cpu_kernels is None) == (path == "pytorch-only")
@@ -394,12 +398,14 @@ def test_models_check_reads_the_config_only(tmp_path):
     assert f"parameters: {count:,} (weights: fp32 {count * 4 / 2**20:.1f} MiB" in result.output
     assert "2 layers x 2 KV heads x head dim 32: fp32 1.0 KiB, bf16 512 B per token" in result.output
     assert "sliding window: 8 tokens on 1 of 2 layers" in result.output
-    assert "LoRA: yes: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (the " \
-        "plain linears of its decoder layers)" in result.output
+    assert "LoRA: yes: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (on the " \
+        "fused qkv_proj and gate_up_proj)" in result.output
     make_tiny("olmo2", tmp_path / "olmo2", archs=BACKEND_ARCHS)
     backend = _models_cli("check", tmp_path / "olmo2").output
     assert "path: transformers backend (the native path does not run it: model type 'olmo2'" \
         in backend
+    assert "LoRA: yes: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (the " \
+        "plain linears of its decoder layers)" in backend
     make_tiny("llama", tmp_path / "llama")
     native = _models_cli("check", tmp_path / "llama").output
     assert "path: native (models/llama.py)" in native and "LoRA: yes: q_proj" in native
