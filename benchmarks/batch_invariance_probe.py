@@ -4,7 +4,7 @@ after a prefix-cache hit on its prompt, and with its prefill chunked; prints the
 its logprobs against the run alone and whether its tokens changed, with and without
 --batch-invariant. Bundled SmolLM2-135M, float32 on the CPU.
 
-    PYTHONPATH=$PWD python benchmarks/batch_invariance_probe.py [--max-tokens 8]
+    PYTHONPATH=$PWD python benchmarks/batch_invariance_probe.py [--max-tokens 8] [--prompt-tokens 64]
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = Path("/work/shared/workloads/humaneval_chat.jsonl")
 
 
-def prompts(tokenizer, count: int) -> list[list[int]]:
+def prompts(tokenizer, count: int, length: int) -> list[list[int]]:
     source = WORKLOAD if WORKLOAD.exists() else ROOT / "sample_data" / "chat.jsonl"
     texts = [json.loads(line)["body"]["messages"][-1]["content"]
              for line in source.read_text().splitlines() if line.strip()]
-    return [tokenizer.encode(texts[i % len(texts)] + f" ({i})")[:96] for i in range(count)]
+    return [tokenizer.encode(texts[i % len(texts)] + f" ({i})")[:length] for i in range(count)]
 
 
 def run(loaded, batch_invariant: bool, work: list[list[int]], target: int, params,
@@ -54,6 +54,7 @@ def compare(ref, out) -> tuple[float, bool]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="each prompt cut to this")
     args = parser.parse_args(argv)
     from benchmarks.scoring import cpu_name
 
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
                             ignore_eos=True)
     for invariant in (False, True):
         loaded = llm.load(None, EngineConfig.default(batch_invariant=invariant))
-        ps = prompts(loaded.tokenizer, 64)
+        ps = prompts(loaded.tokenizer, 64, args.prompt_tokens)
         p = ps[0]
         alone = run(loaded, invariant, [p], 0, params)
         cases = {

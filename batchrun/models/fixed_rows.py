@@ -1,8 +1,9 @@
 """--batch-invariant linears: every GEMM runs on slices of exactly ROWS rows.
 
 oneDNN and MKL choose their kernel, blocking and thread split by the GEMM's shape, so the same
-input row summed in a GEMM of 7 rows and in one of 64 can differ in the last bits (and a
-1-row GEMM takes a GEMV kernel of its own). Computing every linear as slices of one fixed
+input row can come out of GEMMs of different row counts with different last bits (measured
+here: a 1-row GEMM takes a GEMV kernel of its own, |diff| ~1e-4 at K=1,536; unpacked F.linear
+differs at every row count). Computing every linear as slices of one fixed
 shape, the last padded with zero rows, gives each row the same arithmetic whatever the batch:
 the K reduction of a fixed-shape call is the same for all its rows, whichever slice or place
 in it the row lands in (tests/unit/test_batch_invariant.py checks this on the running machine;
@@ -14,9 +15,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from batchrun.models.packed_linear import ROWS_HINT, PackedLinear
+from batchrun.models.packed_linear import PackedLinear
 
-ROWS = ROWS_HINT  # the shape oneDNN's packed layout is tuned for
+# 16: a decode step of a few sequences pads little (at 64, padding 16 decode rows made the
+# 49152-wide logits GEMM 3.6x slower), while 256 prefill rows as 16-row slices cost about what
+# one 256-row GEMM does on one thread (SmolLM2's shapes, 2-core AMD EPYC).
+ROWS = 16
 
 
 class FixedRows(nn.Module):
