@@ -127,3 +127,20 @@ def test_the_engine_says_what_it_runs(loaded):
 def test_what_it_does_not_cover_is_refused_by_name(folder, options, named):
     with pytest.raises(UnsupportedModelError, match=f"--batch-invariant does not cover {named}"):
         llm.load_from_path(folder, EngineConfig.default(batch_invariant=True, **options))
+
+
+def test_run_serve_and_job_specs_take_the_option(tmp_path):
+    from click.testing import CliRunner
+
+    from batchrun.batch.shell.jobspec import JobSpecError, load
+    from batchrun.cli import main
+
+    for command in ("run", "serve"):
+        help_text = CliRunner().invoke(main, [command, "--help"]).output
+        assert "--batch-invariant" in help_text, command
+    spec = tmp_path / "job.toml"
+    spec.write_text('input = "in.jsonl"\noutput = "out.jsonl"\n[engine]\nbatch_invariant = true\n')
+    assert load(str(spec)).engine.batch_invariant is True
+    spec.write_text('input = "in.jsonl"\noutput = "out.jsonl"\n[engine]\nbatch_invariant = "on"\n')
+    with pytest.raises(JobSpecError, match="batch_invariant"):
+        load(str(spec))
