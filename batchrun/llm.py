@@ -158,10 +158,12 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
     from batchrun.models.transformers.support import UnsupportedModelError, choose
 
     hf = read_config(path)
-    if choose(hf, config.model_impl).impl == "native":
+    native_path = choose(hf, config.model_impl).impl == "native"
+    check_batch_invariant(config, native_path)
+    if native_path:
         module = native.module_for(hf)
         return build_model(module.Model, module.ModelConfig.from_hf(hf), path, device, dtype,
-                           config.device.quantization)
+                           config.device.quantization, config.batch_invariant)
     native_types = ", ".join(sorted(native.NATIVE_MODULES))
     if config.device.quantization != "none":
         raise UnsupportedModelError(f"--quantization needs the native path ({native_types}); "
@@ -171,6 +173,21 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
     model = (vision if vision.is_vision_language(hf) else text).load(path, device, dtype)
     phases.mark("weights (transformers backend)")
     return model
+
+
+def check_batch_invariant(config: EngineConfig, native_path: bool) -> None:
+    """UnsupportedModelError where --batch-invariant would promise what it does not cover."""
+    from batchrun.models.transformers.support import UnsupportedModelError
+
+    if not config.batch_invariant:
+        return
+    beside = ("--quantization" if config.device.quantization != "none" else
+              "--lora" if config.lora.adapters else
+              "the transformers backend" if not native_path else None)
+    if beside:
+        raise UnsupportedModelError(f"--batch-invariant does not cover {beside}: it runs native "
+                                    "models (Llama, Mistral, Qwen2, Qwen3) in float32 or bfloat16 "
+                                    "on the CPU, without LoRA")
 
 
 def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: torch.device,
@@ -190,10 +207,11 @@ def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: 
 
 
 def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.dtype,
-                quantization: str = "none"):
+                quantization: str = "none", batch_invariant: bool = False):
     """The model with its weights (memory-mapped safetensors), its linears packed for oneDNN
-    (or quantized: models/quant/) and, on the CPU, its C kernels, which build (once per
-    machine) while the weights load."""
+    (or quantized: models/quant/), with batch_invariant run on fixed-size row slices
+    (models/fixed_rows.py), and, on the CPU, its C kernels, which build (once per machine)
+    while the weights load."""
     from safetensors import safe_open
 
     from batchrun.models import packed_linear
@@ -242,13 +260,17 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
 
     model.load_weights(tensors())
     pack_float = device.type == "cpu" and packed_linear.available(dtype)
-    if pack_float or quantization != "none":
+    if pack_float or quantization != "none" or batch_invariant:
         if model.lm_head is None and not getattr(model, "num_labels", 0):
-            # a packed copy of the tied embeddings for the logits (a classifier has none)
+            # a linear (packed) over the tied embeddings for the logits (a classifier has none)
             model.lm_head = torch.nn.Linear(model_cfg.hidden_size, model_cfg.vocab_size, bias=False,
                                             device="meta")
             model.lm_head.weight = model.embed_tokens.weight
         packed_linear.pack_linears(model, quantization, pack_float)
+    if batch_invariant:
+        from batchrun.models.fixed_rows import fix_rows
+
+        fix_rows(model)
     phases.mark("weights (load, pack)")
     if kernels is not None:
         model.cpu_kernels = kernels.result()

@@ -53,7 +53,8 @@ class Engine:
         self.runner = ModelRunner(model, num_blocks, bs, device, dtype, kv_dtype,
                                   config.scheduler.max_num_seqs, max_model_len,
                                   cuda_graphs=config.device.cuda_graphs, adapters=adapters,
-                                  attention_kernel=config.device.attention_kernel, groups=groups)
+                                  attention_kernel="invariant" if config.batch_invariant
+                                  else config.device.attention_kernel, groups=groups)
         self.sampler = Sampler(device, tokenizer, self.eos_token_ids)
         self.stats = EngineStats(num_kv_blocks=num_blocks)
         self.sequences = Sequences(tokenizer, self.scheduler, self.sampler, self.stats)

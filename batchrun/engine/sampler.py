@@ -130,14 +130,17 @@ class Sampler:
                  min(TOP_P_CANDIDATES, vocab) if p.top_p < 1.0 else vocab for p in ps]
         narrow = [j for j, k in enumerate(sizes) if k < vocab]
         whole = [j for j, k in enumerate(sizes) if k == vocab]
-        if narrow:
-            done, tokens, missed = self._sample_narrow(scaled[torch.tensor(narrow, device=dev)],
-                                                       [ps[j] for j in narrow],
-                                                       [ids[j] for j in narrow],
-                                                       [sizes[j] for j in narrow], vocab)
+        # One call per candidate count: the row sums then run over exactly a row's own
+        # candidates, so they do not change with the widest top_k in the batch.
+        for size in sorted({sizes[j] for j in narrow}):
+            same = [j for j in narrow if sizes[j] == size]
+            done, tokens, missed = self._sample_narrow(scaled[torch.tensor(same, device=dev)],
+                                                       [ps[j] for j in same],
+                                                       [ids[j] for j in same],
+                                                       [size] * len(same), vocab)
             if done:
-                choice[torch.tensor([narrow[j] for j in done], device=dev)] = tokens
-            whole = sorted(whole + [narrow[j] for j in missed])
+                choice[torch.tensor([same[j] for j in done], device=dev)] = tokens
+            whole = sorted(whole + [same[j] for j in missed])
         if whole:
             w = torch.tensor(whole, device=dev)
             w_params = [ps[j] for j in whole]

@@ -79,6 +79,11 @@ class EngineConfig(BaseModel):
         "auto", "Model code. native: batchrun's own (Llama, Mistral, Qwen2, Qwen3); "
         "transformers: transformers' modelling code on batchrun's engine (any decoder-only "
         "attention model); auto: native where it runs the model, else transformers.")
+    batch_invariant: bool = option(
+        False, "A request's tokens and logprobs do not depend on what else is in the batch, its "
+        "place in it, prefix-cache hits, chunked prefill, Ray replicas or a resume (CPU, "
+        "native models; same machine and --threads). Costs throughput: README, Batch "
+        "invariance.")
 
     @classmethod
     def default(cls, **overrides: Any) -> "EngineConfig":

@@ -245,6 +245,8 @@ def _run(model: ServedModel, engine: EngineClient, plan: JobPlan, staging: Stagi
         job_loop.read if job_loop.exhausted else None)
     result["this_run"] = {"ok": metrics.ok, "failed": metrics.failed}
     result["input_fingerprint"] = plan.fingerprint_json
+    # Whether each line's output is independent of what ran beside it (--batch-invariant).
+    result["batch_invariant"] = bool(model.engine_config and model.engine_config.batch_invariant)
     replicas = getattr(engine, "replica_stats", None)  # an engine on Ray: per replica
     if replicas is not None:
         result["replicas"] = replicas()

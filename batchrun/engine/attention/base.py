@@ -124,7 +124,7 @@ class BackendEnv:
     head_dim: int
     block_size: int
     lib: Any = None  # the CPU kernels' ctypes library, None without one
-    kernel_mode: str = "cascade"  # --attention-kernel: "cascade" or "legacy"
+    kernel_mode: str = "cascade"  # --attention-kernel ("cascade", "legacy"), or "invariant"
 
 
 class AttentionBackend(Protocol):

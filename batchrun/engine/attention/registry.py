@@ -9,9 +9,10 @@ import torch
 from batchrun.engine.attention.base import AttentionBackend, AttentionMetadata, BackendEnv
 from batchrun.engine.attention.cpu_kernel import CpuKernelBackend
 from batchrun.engine.attention.cuda_triton import TritonBackend
+from batchrun.engine.attention.invariant import InvariantBackend
 from batchrun.engine.attention.sdpa import SdpaBackend
 
-BACKENDS: tuple[type, ...] = (TritonBackend, CpuKernelBackend, SdpaBackend)
+BACKENDS: tuple[type, ...] = (InvariantBackend, TritonBackend, CpuKernelBackend, SdpaBackend)
 
 # Each metadata type's forward: what paged_attention dispatches on.
 _FORWARD = {backend.metadata_type: backend.forward for backend in BACKENDS}

@@ -1,0 +1,70 @@
+"""--batch-invariant attention: every token of a step, decode or prefill, is attended on its
+own by the C kernel over the paged cache (a group of one row, no shared blocks), after its K/V
+is written there.
+
+A token's numbers then depend only on its own query and the KV of its context: not on the
+other rows of the step, on whether its context came from a prefix-cache hit, an earlier chunk
+or this one (the other backends take fresh chunks through SDPA, cached contexts through tiles
+or gathers, shared prefixes through grouped GEMMs, each summing in its own order), nor on how
+the rows are split across threads (each row is summed by one thread, block tile by block tile
+from position 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from batchrun.engine.attention.base import AttentionMetadata, BackendEnv, StepLayout
+from batchrun.engine.attention.cascade import KernelRows, supported
+from batchrun.engine.attention.cpu_kernel import kernel_attention
+from batchrun.engine.attention.kv_write import write_kv
+
+MODE = "invariant"  # BackendEnv.kernel_mode that selects this backend
+
+
+@dataclass
+class InvariantMetadata(AttentionMetadata):
+    lib: object = None
+    rows: KernelRows | None = None
+
+
+class InvariantBackend:
+    name: ClassVar[str] = "cpu-invariant"
+    metadata_type: ClassVar[type] = InvariantMetadata
+
+    def __init__(self, lib):
+        self.lib = lib
+
+    @classmethod
+    def create(cls, env: BackendEnv) -> InvariantBackend | None:
+        if env.kernel_mode != MODE:
+            return None
+        if env.device.type != "cpu" or env.lib is None or not supported(
+                env.num_heads, env.num_kv_heads, env.head_dim, env.block_size):
+            raise RuntimeError(
+                "--batch-invariant needs the CPU attention kernel (a C compiler, float32/float16/"
+                f"bfloat16 KV, head_dim a multiple of 16); this engine has device "
+                f"{env.device.type}, head_dim {env.head_dim}, kernel "
+                f"{'built' if env.lib is not None else 'unavailable'}")
+        return cls(env.lib)
+
+    def build(self, layout: StepLayout) -> InvariantMetadata:
+        rows = len(layout.positions)
+        seq = torch.repeat_interleave(torch.arange(len(layout.counts)),
+                                      torch.tensor(layout.counts))
+        every = torch.arange(rows + 1, dtype=torch.int32)
+        kernel_rows = KernelRows(tables=layout.block_tables.contiguous(), row_table=seq,
+                                 row_len=layout.positions.to(torch.long) + 1, order=every[:-1],
+                                 group_start=every,
+                                 group_shared=torch.zeros(rows, dtype=torch.int32))
+        return InvariantMetadata(**layout.metadata_fields(), lib=self.lib, rows=kernel_rows)
+
+    @staticmethod
+    def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, meta: InvariantMetadata, scale: float) -> torch.Tensor:
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.lib)
+        of = kernel_attention(meta.lib, q, k_cache, v_cache, meta.rows, meta.block_size, scale)
+        return of if of.dtype == q.dtype else of.to(q.dtype)

@@ -1,0 +1,146 @@
+"""--batch-invariant: a request's tokens and logprobs are bitwise the same run alone, in a batch
+of 7 or 64 at any place, after a prefix-cache hit on its prompt, and with its prefill chunked
+at different splits; greedy and seeded sampling (top-k, top-p, n=2) alike. On a tiny random
+Llama with the bundled tokenizer's vocabulary; its greedy tokens also match transformers'."""
+
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from batchrun import llm
+from batchrun.engine.sampling_params import SamplingParams
+from batchrun.models.transformers.support import UnsupportedModelError
+from batchrun.options.engine import EngineConfig
+from tests.parity import assert_greedy_match
+from tests.tiny_models import make_tiny
+
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, smol_tokenizer):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    # A GEMM inner dimension of 1,024: wide enough for oneDNN's kernels to sum differently by
+    # row count in the default mode.
+    make_tiny("llama", path, vocab_size=len(smol_tokenizer), intermediate_size=1024)
+    smol_tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def loaded(folder):
+    return llm.load_from_path(folder, EngineConfig.default(batch_invariant=True))
+
+
+def engine(loaded, **overrides):
+    """A fresh engine (empty KV cache) over the loaded invariant model."""
+    config = EngineConfig.default(batch_invariant=True, block_size=4, **overrides)
+    return llm.build_engine(loaded.engine.runner.model, loaded.tokenizer, config,
+                            loaded.eos_token_ids, torch.device("cpu"), torch.float32)
+
+
+def prompt(seed: int, length: int | None = None) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 49152) for _ in range(length or rng.randint(5, 40))]
+
+
+# The requests whose outputs are compared, and the mix of others around them.
+TARGETS = [
+    (prompt(1, 37), SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=5,
+                                   ignore_eos=True)),
+    (prompt(2, 23), SamplingParams(temperature=0.9, top_k=20, seed=7, max_tokens=MAX_TOKENS,
+                                   logprobs=3, ignore_eos=True)),
+    (prompt(3, 30), SamplingParams(temperature=1.1, top_p=0.9, seed=11, n=2,
+                                   max_tokens=MAX_TOKENS, logprobs=2, ignore_eos=True)),
+]
+
+
+def other(i: int) -> tuple[list[int], SamplingParams]:
+    kinds = [dict(temperature=0.0), dict(temperature=0.8, top_k=5 + i % 50),
+             dict(temperature=0.7, top_p=0.8), dict(temperature=1.0, seed=i)]
+    # Half of them begin with a target's prompt: in a batch they share its cached blocks.
+    start = TARGETS[i % 3][0][:16] if i % 2 == 0 else []
+    return start + prompt(100 + i), SamplingParams(max_tokens=1 + i % MAX_TOKENS, logprobs=1 + i % 4,
+                                           ignore_eos=True, **kinds[i % 4])
+
+
+def result(out) -> list:
+    """Every choice's tokens and logprobs (chosen and top alternatives), bit for bit."""
+    return [(c.token_ids, [(lp.logprob, lp.top) for lp in c.logprobs]) for c in out.outputs]
+
+
+def run(eng, work):
+    return [result(o) for o in eng.generate([p for p, _ in work], [s for _, s in work])]
+
+
+@pytest.fixture(scope="module")
+def alone(loaded):
+    """Each target run on its own in a fresh engine."""
+    return [run(engine(loaded), [t])[0] for t in TARGETS]
+
+
+@pytest.mark.parametrize("size,places", [(7, (0, 3, 6)), (64, (5, 31, 63))])
+def test_a_request_gives_the_same_bits_in_a_batch_at_any_place(loaded, alone, size, places):
+    work = [other(i) for i in range(size)]
+    for place, target in zip(places, TARGETS):
+        work[place] = target
+    got = run(engine(loaded), work)
+    for place, expected in zip(places, alone):
+        assert got[place] == expected
+
+
+def test_a_prefix_cache_hit_gives_the_same_bits_as_a_miss(loaded, alone):
+    eng = engine(loaded)
+    # Earlier requests leave the targets' prompts, all but their last tokens, in the cache.
+    eng.generate([p[:-3] for p, _ in TARGETS], SamplingParams(max_tokens=1))
+    outs = eng.generate([p for p, _ in TARGETS], [s for _, s in TARGETS])
+    assert all(o.num_cached_tokens > 0 for o in outs)
+    assert [result(o) for o in outs] == alone
+
+
+@pytest.mark.parametrize("budget", [5, 13])
+def test_chunked_prefill_gives_the_same_bits_at_any_split(loaded, alone, budget):
+    eng = engine(loaded, max_num_batched_tokens=budget)
+    assert run(eng, TARGETS) == alone
+
+
+def test_greedy_tokens_match_transformers(folder, loaded, alone):
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids, params = TARGETS[0]
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                          output_scores=True, return_dict_in_generate=True, eos_token_id=None)
+    ref = out.sequences[0, len(ids):].tolist()
+    assert_greedy_match(alone[0][0][0], ref, [s[0] for s in out.scores], "invariant greedy")
+
+
+def test_the_engine_says_what_it_runs(loaded):
+    assert loaded.engine.config.batch_invariant
+    assert loaded.engine.runner.attention.name == "cpu-invariant"
+
+
+@pytest.mark.parametrize("options,named", [({"quantization": "int8"}, "--quantization"),
+                                           ({"model_impl": "transformers"},
+                                            "the transformers backend")])
+def test_what_it_does_not_cover_is_refused_by_name(folder, options, named):
+    with pytest.raises(UnsupportedModelError, match=f"--batch-invariant does not cover {named}"):
+        llm.load_from_path(folder, EngineConfig.default(batch_invariant=True, **options))
+
+
+def test_run_serve_and_job_specs_take_the_option(tmp_path):
+    from click.testing import CliRunner
+
+    from batchrun.batch.shell.jobspec import JobSpecError, load
+    from batchrun.cli import main
+
+    for command in ("run", "serve"):
+        help_text = CliRunner().invoke(main, [command, "--help"]).output
+        assert "--batch-invariant" in help_text, command
+    spec = tmp_path / "job.toml"
+    spec.write_text('input = "in.jsonl"\noutput = "out.jsonl"\n[engine]\nbatch_invariant = true\n')
+    assert load(str(spec)).engine.batch_invariant is True
+    spec.write_text('input = "in.jsonl"\noutput = "out.jsonl"\n[engine]\nbatch_invariant = "on"\n')
+    with pytest.raises(JobSpecError, match="batch_invariant"):
+        load(str(spec))
