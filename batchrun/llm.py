@@ -159,7 +159,7 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
 
     hf = read_config(path)
     native_path = choose(hf, config.model_impl).impl == "native"
-    check_batch_invariant(config, native_path)
+    check_batch_invariant(config, native_path, getattr(native.module_for(hf), "__name__", ""))
     if native_path:
         module = native.module_for(hf)
         return build_model(module.Model, module.ModelConfig.from_hf(hf), path, device, dtype,
@@ -175,7 +175,7 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
     return model
 
 
-def check_batch_invariant(config: EngineConfig, native_path: bool) -> None:
+def check_batch_invariant(config: EngineConfig, native_path: bool, native_module: str) -> None:
     """UnsupportedModelError where --batch-invariant would promise what it does not cover."""
     from batchrun.models.transformers.support import UnsupportedModelError
 
@@ -183,11 +183,13 @@ def check_batch_invariant(config: EngineConfig, native_path: bool) -> None:
         return
     beside = ("--quantization" if config.device.quantization != "none" else
               "--lora" if config.lora.adapters else
-              "the transformers backend" if not native_path else None)
+              "the transformers backend" if not native_path else
+              # the experts' grouped GEMMs sum over however many rows an expert gets
+              "mixture-of-experts models" if native_module.endswith(".moe") else None)
     if beside:
-        raise UnsupportedModelError(f"--batch-invariant does not cover {beside}: it runs native "
-                                    "models (Llama, Mistral, Qwen2, Qwen3) in float32 or bfloat16 "
-                                    "on the CPU, without LoRA")
+        raise UnsupportedModelError(f"--batch-invariant does not cover {beside}: it runs the "
+                                    "dense native models (Llama, Mistral, Qwen2, Qwen3, Phi-3, "
+                                    "Gemma) in float32 or bfloat16 on the CPU, without LoRA")
 
 
 def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: torch.device,

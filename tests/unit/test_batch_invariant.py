@@ -144,3 +144,29 @@ def test_run_serve_and_job_specs_take_the_option(tmp_path):
     spec.write_text('input = "in.jsonl"\noutput = "out.jsonl"\n[engine]\nbatch_invariant = "on"\n')
     with pytest.raises(JobSpecError, match="batch_invariant"):
         load(str(spec))
+
+
+def test_a_windowed_soft_capped_gemma2_gives_the_same_bits_in_a_batch(tmp_path, smol_tokenizer):
+    """Native Gemma 2 (8-token windows on alternate layers, soft-capped scores and logits, two KV
+    groups): the invariant attention takes each layer's window and cap."""
+    from tests.tiny_models import BACKEND_ARCHS
+
+    make_tiny("gemma2", tmp_path, archs=BACKEND_ARCHS, vocab_size=len(smol_tokenizer),
+              intermediate_size=1024)
+    smol_tokenizer.save_pretrained(tmp_path)
+    gemma = llm.load_from_path(tmp_path, EngineConfig.default(batch_invariant=True))
+    assert type(gemma.engine.runner.model).__module__ == "batchrun.models.gemma"
+    solo = [run(engine(gemma), [t])[0] for t in TARGETS]
+    work = [other(i) for i in range(20)]
+    for place, target in zip((0, 9, 19), TARGETS):
+        work.insert(place, target)
+    batch = run(engine(gemma), work)
+    assert [batch[p] for p in (0, 9, 19)] == solo
+
+
+def test_mixture_of_experts_models_are_refused(tmp_path):
+    from tests.tiny_models import BACKEND_ARCHS
+
+    make_tiny("qwen3_moe", tmp_path, archs=BACKEND_ARCHS)
+    with pytest.raises(UnsupportedModelError, match="does not cover mixture-of-experts models"):
+        llm.load_from_path(tmp_path, EngineConfig.default(batch_invariant=True))
