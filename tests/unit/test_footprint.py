@@ -9,7 +9,10 @@ from batchrun import llm
 from batchrun.options.engine import EngineConfig
 from transformers import AutoModelForCausalLM
 
-from batchrun.footprint import kv_reservation, model_config_for, parameter_count, weights_bytes
+from batchrun.engine.kv_groups import kv_groups
+from batchrun.footprint import (compute, kv_reservation, model_config_for, parameter_count,
+                                weights_bytes)
+from tests.helpers import held_bytes
 from tests.tiny_models import make_tiny
 
 
@@ -107,3 +110,65 @@ def test_model_config_for_an_unconverted_gguf_reads_its_metadata(tmp_path, monke
     assert not (tmp_path / "cache").exists()  # nothing converted
     with capsys.disabled():
         print(f"\nmodel_config_for(gguf, not converted): {took:.2f} s")
+
+
+@pytest.fixture
+def backend_folder(tmp_path, smol_tokenizer):
+    """A tiny random model of tests/tiny_models.BACKEND_ARCHS (native MoE ones included)."""
+    from tests.tiny_models import BACKEND_ARCHS
+
+    def make(arch, **overrides):
+        folder = tmp_path / arch
+        model = make_tiny(arch, folder, archs=BACKEND_ARCHS, vocab_size=len(smol_tokenizer),
+                          **overrides)
+        smol_tokenizer.save_pretrained(folder)
+        return folder, model
+    return make
+
+
+# A native MoE with a shared expert and a dense layer, a windowed backend model (gemma2: one
+# window layer, one full), one without RMSNorm/SwiGLU (gpt_neox), and MLA (deepseek_v2).
+@pytest.mark.parametrize("arch,impl", [("qwen2_moe", "native"), ("mixtral", "native"),
+                                       ("gemma2", "transformers"), ("gpt_neox", "transformers"),
+                                       ("deepseek_v2", "transformers")])
+def test_every_path_is_sized_as_the_engine_holds_it(arch, impl, backend_folder):
+    """Parameters equal transformers' model's, weight bytes what the loaded model holds, and
+    the KV pool (its groups, blocks and bytes) what the engine allocates."""
+    folder, reference = backend_folder(arch, tie_word_embeddings=arch == "gpt_neox")
+    cfg = model_config_for(str(folder))
+    assert parameter_count(cfg) == sum(p.numel() for p in reference.parameters())
+    config = EngineConfig.default(device="cpu", kv_cache_memory=1 << 20, block_size=8)
+    blocks, nbytes = kv_reservation(config, cfg)
+    engine = llm.load_from_path(folder, config).engine
+    model = engine.runner.model
+    assert (model.config.num_layers > 0) and (impl == "native") == (type(model).__module__ != "batchrun.models.transformers.model")
+    assert weights_bytes(cfg, "float32") == resident_bytes(model)
+    assert (blocks, engine.kv.groups) == (engine.kv.num_blocks, kv_groups(model.config))
+    assert engine.kv.groups == kv_groups(cfg)
+    assert nbytes == sum(k.nbytes + v.nbytes for k, v in engine.runner.tensors)
+
+
+def test_moe_quantized_weights_equal_the_loaded_model(backend_folder):
+    folder, _ = backend_folder("qwen2_moe")
+    cfg = model_config_for(str(folder))
+    config = EngineConfig.default(device="cpu", num_blocks=8, quantization="int8-weight")
+    model = llm.load_from_path(folder, config).engine.runner.model
+    assert weights_bytes(cfg, "float32", quantization="int8-weight") == held_bytes(model)
+
+
+def test_moe_active_parameters_and_flops_by_hand(backend_folder):
+    """qwen2_moe of tests/tiny_models: hidden 128, 4 heads (head dim 32), 2 KV heads, QKV bias,
+    layer 0 sparse (router 4 experts, 2 per token, expert width 64, shared expert 96 with its
+    gate), layer 1 dense (256), vocab V untied."""
+    folder, reference = backend_folder("qwen2_moe")
+    cfg = model_config_for(str(folder))
+    h, v = 128, cfg.vocab_size
+    attention = h * (128 + 2 * 64) + (128 + 2 * 64) + 128 * h + 2 * h  # qkv(+bias), o, norms
+    sparse = h * 4 + 2 * 3 * h * 64 + 3 * h * 96 + h  # router, 2 experts, shared expert, gate
+    dense = 3 * h * 256
+    active = 2 * v * h + 2 * attention + sparse + dense + h  # embed, lm_head, final norm
+    got = compute(cfg)
+    assert got.active_parameters == active
+    assert got.parameters == active + 2 * 3 * h * 64  # the 2 experts a token skips
+    assert got.layer_flops == 2 * (active - 2 * v * h)
+    assert got.logits_flops == 2 * v * h and got.attention_flops == 4 * 2 * 4 * 32

@@ -62,6 +62,23 @@ def count_parameters(model) -> int | None:
     return None if model is None else sum(p.numel() for p in model.parameters())
 
 
+def expert_counts(hf) -> tuple[int, int]:
+    """(routed experts, experts per token) the config names; (0, 0) for a dense model."""
+    experts = next((getattr(hf, n) for n in ("num_local_experts", "num_experts", "n_routed_experts")
+                    if getattr(hf, n, None)), 0)
+    return experts, (getattr(hf, "num_experts_per_tok", None) or 0) if experts else 0
+
+
+def routed_expert_parameters(model, hf) -> int:
+    """Parameters of the routed experts (`...experts.<weight>` with the expert count first,
+    biases included); a shared expert and the router are not among them."""
+    experts, _ = expert_counts(hf)
+    if model is None or not experts:
+        return 0
+    return sum(p.numel() for name, p in model.named_parameters()
+               if ".experts." in f".{name}" and p.dim() >= 2 and p.shape[0] == experts)
+
+
 def lora_support(model, hf, impl: str) -> str:
     """Whether LoRA adapters run on the model, and on which of its modules."""
     if impl == "native":
@@ -115,9 +132,7 @@ def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
                                       f"window only)"))
     else:
         out.append(("sliding window", "no"))
-    experts = next((getattr(hf, n) for n in ("num_local_experts", "num_experts", "n_routed_experts")
-                    if getattr(hf, n, None)), None)
-    per_token = getattr(hf, "num_experts_per_tok", None)
+    experts, per_token = expert_counts(hf)
     out.append(("MoE", f"{experts} experts, {per_token} per token" if experts else "no"))
     caps = [n for n in ("attn_logit_softcapping", "final_logit_softcapping")
             if getattr(hf, n, None)]
