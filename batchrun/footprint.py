@@ -219,21 +219,20 @@ def backend_config(hf):
     """The transformers backend's config for `hf` as the engine will build it at load
     (model.config_of): each layer's attention shape and window as its modelling code calls
     attention, read by a forward pass of transformers' model on the meta device (no weights,
-    no memory: probe.shapes_from_config); where that forward cannot run on meta tensors, as
+    no memory: check.shapes_from_config); where that forward cannot run on meta tensors, as
     the config's fields describe them (models check's attention_shape, config_layer_windows)."""
-    from batchrun.models.transformers import probe
-    from batchrun.models.transformers.check import attention_shape
+    from batchrun.models.transformers import check
     from batchrun.models.transformers.model import config_of
     from batchrun.models.transformers.support import as_transformers_config, config_layer_windows
 
     full = as_transformers_config(hf)
     text = full.get_text_config()
     try:
-        shapes, windows = probe.shapes_from_config(full)
+        shapes, windows = check.shapes_from_config(full)
     except UnsupportedModelError:
         raise
     except Exception:  # data-dependent code in its forward: the config's own description
-        shape = (text.num_attention_heads, *attention_shape(text))
+        shape = (text.num_attention_heads, *check.attention_shape(text))
         shapes = {i: shape for i in range(text.num_hidden_layers)}
         windows = dict(enumerate(config_layer_windows(text)))
     config = config_of(text, shapes, windows)

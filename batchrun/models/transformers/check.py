@@ -41,6 +41,18 @@ def attention_shape(hf) -> tuple[int, int, int]:
     return getattr(hf, "num_key_value_heads", None) or heads, head_dim, head_dim
 
 
+def kv_shape(hf) -> tuple[int, int, int]:
+    """(KV heads, K head dim, V head dim) as the model's layers call attention (one shape: the
+    load refuses models whose layers differ), read by shapes_from_config; where its forward
+    cannot run on meta tensors, as the config describes them (attention_shape)."""
+    try:
+        shapes, _ = shapes_from_config(hf)
+    except Exception:  # data-dependent code in its forward, or no model from the config
+        return attention_shape(hf.get_text_config())
+    _, kv_heads, k_dim, v_dim = max(shapes.values())
+    return kv_heads, k_dim, v_dim
+
+
 def meta_model(hf):
     """transformers' model for `hf` on the meta device (nothing allocated); None if it cannot be
     built (what needs it is not essential to the report)."""
@@ -55,6 +67,35 @@ def meta_model(hf):
             return auto.from_config(hf)
     except Exception:  # a config transformers cannot build
         return None
+
+
+def shapes_from_config(hf) -> tuple[dict, dict]:
+    """What probe.run reports (layer_idx -> attention shape; layer_idx -> window), without weights:
+    transformers' model for `hf` built on the meta device and run over the probe tokens with
+    the attention function recording the shapes and returning zeros. Raises what transformers
+    raises when its model cannot be built or run so."""
+    import torch
+
+    from batchrun.models.transformers import attention
+    from batchrun.models.transformers.model import attention_implementation
+    from batchrun.models.transformers.probe import PROBE_IDS
+
+    hf_model = meta_model(hf)
+    if hf_model is None:
+        raise UnsupportedModelError(f"transformers cannot build {hf.model_type} from its config")
+    attention.register()
+    hf_model.set_attn_implementation(attention_implementation(hf, hf.get_text_config()))
+    hf_model.to(torch.bfloat16)  # grouped expert GEMMs have meta kernels in bfloat16 only
+    n = len(PROBE_IDS)
+    ids = torch.zeros(1, n, dtype=torch.long, device="meta")
+    shapes: dict = {}
+    windows: dict = {}
+    with torch.inference_mode(), attention.step(None, None, n, shapes, windows):
+        # An all-ones mask: without one, transformers' mask preparation reads the positions'
+        # values (packed sequences), which meta tensors do not have.
+        hf_model.base_model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                            position_ids=torch.arange(n, device="meta")[None], use_cache=False)
+    return shapes, windows
 
 
 def count_parameters(model) -> int | None:
@@ -116,7 +157,7 @@ def check(hf) -> CheckReport:
     model = meta_model(full)
     report.parameters = count_parameters(model)
     report.layers = full.num_hidden_layers
-    report.kv_heads, report.k_head_dim, report.v_head_dim = attention_shape(full)
+    report.kv_heads, report.k_head_dim, report.v_head_dim = kv_shape(full)
     report.features = features(full, impl, lora_support(model, full, impl))
     return report
 

@@ -131,7 +131,7 @@ def attention_implementation(config, text_config) -> str | dict:
 
 def config_of(cfg, shapes: dict, windows: dict) -> BackendConfig:
     """The engine's config of a model whose text config is `cfg`, from what the probe saw its
-    layers attend (probe.run, or probe.shapes_from_config without weights): one KV shape."""
+    layers attend (probe.run, or check.shapes_from_config without weights): one KV shape."""
     layers = cfg.num_hidden_layers
     if sorted(shapes) != list(range(layers)):
         raise UnsupportedModelError(

@@ -53,33 +53,6 @@ def run(hf, fn, windows: dict | None = None):
     return out, shapes
 
 
-@torch.inference_mode()
-def shapes_from_config(hf) -> tuple[dict, dict]:
-    """What `run` reports (layer_idx -> attention shape; layer_idx -> window), without weights:
-    transformers' model for `hf` built on the meta device and run over the probe tokens with
-    the attention function recording the shapes and returning zeros. Raises what transformers
-    raises when its model cannot be built or run so."""
-    from batchrun.models.transformers.check import meta_model
-    from batchrun.models.transformers.model import attention_implementation
-
-    hf_model = meta_model(hf)
-    if hf_model is None:
-        raise UnsupportedModelError(f"transformers cannot build {hf.model_type} from its config")
-    attention.register()
-    hf_model.set_attn_implementation(attention_implementation(hf, hf.get_text_config()))
-    hf_model.to(torch.bfloat16)  # grouped expert GEMMs have meta kernels in bfloat16 only
-    n = len(PROBE_IDS)
-    ids = torch.zeros(1, n, dtype=torch.long, device="meta")
-    shapes: dict = {}
-    windows: dict = {}
-    with attention.step(None, None, n, shapes, windows):
-        # An all-ones mask: without one, transformers' mask preparation reads the positions'
-        # values (packed sequences), which meta tensors do not have.
-        hf_model.base_model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                            position_ids=torch.arange(n, device="meta")[None], use_cache=False)
-    return shapes, windows
-
-
 def check_logits(model, hidden: torch.Tensor) -> None:
     """model.compute_logits over the probe's final hidden states must equal transformers' own
     causal-LM forward (final soft-capping, logit scaling, ...); a sequence classifier's
