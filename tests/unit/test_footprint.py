@@ -27,20 +27,6 @@ def tiny_folder(tmp_path, smol_tokenizer):
     return make
 
 
-def resident_bytes(model) -> int:
-    """Bytes of every distinct tensor the model holds: parameters and packed linear weights."""
-    seen, total = set(), 0
-    tensors = [p for p in model.parameters()]
-    tensors += [m.packed for m in model.modules() if hasattr(m, "packed")]
-    tensors += [m.bias for m in model.modules() if hasattr(m, "packed") and m.bias is not None]
-    for t in tensors:
-        key = id(t) if t.is_mkldnn else t.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            total += t.numel() * t.element_size()
-    return total
-
-
 @pytest.mark.parametrize("arch", ["llama", "tied", "qwen2", "qwen3"])
 @pytest.mark.parametrize("packed", [True, False])
 def test_weights_bytes_equal_the_loaded_model(arch, packed, tiny_folder, monkeypatch):
@@ -50,7 +36,7 @@ def test_weights_bytes_equal_the_loaded_model(arch, packed, tiny_folder, monkeyp
     cfg = model_config_for(str(folder))
     loaded = llm.load_from_path(folder, EngineConfig.default(device="cpu", num_blocks=8))
     model = loaded.engine.runner.model
-    assert weights_bytes(cfg, "float32") == resident_bytes(model)
+    assert weights_bytes(cfg, "float32") == held_bytes(model)
     hf = AutoModelForCausalLM.from_pretrained(folder)
     assert parameter_count(cfg) == sum(p.numel() for p in hf.parameters())
 
@@ -142,7 +128,7 @@ def test_every_path_is_sized_as_the_engine_holds_it(arch, impl, backend_folder):
     engine = llm.load_from_path(folder, config).engine
     model = engine.runner.model
     assert (model.config.num_layers > 0) and (impl == "native") == (type(model).__module__ != "batchrun.models.transformers.model")
-    assert weights_bytes(cfg, "float32") == resident_bytes(model)
+    assert weights_bytes(cfg, "float32") == held_bytes(model)
     assert (blocks, engine.kv.groups) == (engine.kv.num_blocks, kv_groups(model.config))
     assert engine.kv.groups == kv_groups(cfg)
     assert nbytes == sum(k.nbytes + v.nbytes for k, v in engine.runner.tensors)
