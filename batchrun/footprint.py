@@ -249,8 +249,13 @@ def vision_language_decoder(hf) -> ModelConfig | None:
         return None
     import copy
 
+    from batchrun.models.native import NATIVE_MODULES
+
     text = copy.copy(hf.get_text_config())
-    qwen = str(getattr(text, "model_type", "")).startswith("qwen2")
+    model_type = str(getattr(text, "model_type", ""))
+    qwen = model_type.startswith("qwen2")
+    if not (qwen or model_type in NATIVE_MODULES):  # Gemma 3's: as the backend runs it
+        return None
     text.architectures = ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"]
     try:
         cfg = ModelConfig.from_hf(text)

@@ -158,3 +158,19 @@ def test_moe_active_parameters_and_flops_by_hand(backend_folder):
     assert got.parameters == active + 2 * 3 * h * 64  # the 2 experts a token skips
     assert got.layer_flops == 2 * (active - 2 * v * h)
     assert got.logits_flops == 2 * v * h and got.attention_flops == 4 * 2 * 4 * 32
+
+
+def test_a_vlm_on_a_windowed_decoder_is_sized_as_the_backend_holds_it(tmp_path, smol_tokenizer):
+    """Gemma 3 (a sliding and a full layer): whole-model weights, its decoder's KV groups."""
+    from tests.tiny_vlms import make_tiny_vlm
+
+    hf, *_ = make_tiny_vlm("gemma3", tmp_path, smol_tokenizer)
+    cfg = model_config_for(str(tmp_path))
+    config = EngineConfig.default(device="cpu", kv_cache_memory=1 << 20)
+    blocks, nbytes = kv_reservation(config, cfg)
+    engine = llm.load_from_path(tmp_path, config).engine
+    assert weights_bytes(cfg, "float32") == held_bytes(engine.runner.model) == \
+        4 * sum(p.numel() for p in hf.parameters())
+    assert (blocks, kv_groups(cfg)) == (engine.kv.num_blocks, engine.kv.groups)
+    assert len(engine.kv.groups.groups) == 2
+    assert nbytes == sum(k.nbytes + v.nbytes for k, v in engine.runner.tensors)
