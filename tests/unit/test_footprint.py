@@ -10,6 +10,7 @@ from batchrun.options.engine import EngineConfig
 from transformers import AutoModelForCausalLM
 
 from batchrun.engine.kv_groups import kv_groups
+from batchrun.models.transformers.model import TransformersModel
 from batchrun.footprint import (compute, kv_reservation, model_config_for, parameter_count,
                                 weights_bytes)
 from tests.helpers import held_bytes
@@ -113,10 +114,11 @@ def backend_folder(tmp_path, smol_tokenizer):
 
 
 # A native MoE with a shared expert and a dense layer, a windowed backend model (gemma2: one
-# window layer, one full), one without RMSNorm/SwiGLU (gpt_neox), and MLA (deepseek_v2).
-@pytest.mark.parametrize("arch,impl", [("qwen2_moe", "native"), ("mixtral", "native"),
-                                       ("gemma2", "transformers"), ("gpt_neox", "transformers"),
-                                       ("deepseek_v2", "transformers")])
+# window layer, one full), one without RMSNorm/SwiGLU (gpt_neox), MLA (deepseek_v2), and an MoE
+# with sinks and windows on the backend (gpt_oss).
+@pytest.mark.parametrize("arch,impl", [
+    ("qwen2_moe", "native"), ("mixtral", "native"), ("gemma2", "transformers"),
+    ("gpt_neox", "transformers"), ("deepseek_v2", "transformers"), ("gpt_oss", "transformers")])
 def test_every_path_is_sized_as_the_engine_holds_it(arch, impl, backend_folder):
     """Parameters equal transformers' model's, weight bytes what the loaded model holds, and
     the KV pool (its groups, blocks and bytes) what the engine allocates."""
@@ -127,7 +129,7 @@ def test_every_path_is_sized_as_the_engine_holds_it(arch, impl, backend_folder):
     blocks, nbytes = kv_reservation(config, cfg)
     engine = llm.load_from_path(folder, config).engine
     model = engine.runner.model
-    assert (model.config.num_layers > 0) and (impl == "native") == (type(model).__module__ != "batchrun.models.transformers.model")
+    assert isinstance(model, TransformersModel) == (impl == "transformers")
     assert weights_bytes(cfg, "float32") == held_bytes(model)
     assert (blocks, engine.kv.groups) == (engine.kv.num_blocks, kv_groups(model.config))
     assert engine.kv.groups == kv_groups(cfg)

@@ -386,5 +386,6 @@ def test_plan_sizes_backend_models_and_says_why_it_refuses_one(tmp_path):
         (loaded.num_kv_heads, loaded.head_dim, loaded.layer_windows) == (4, 32, (None, None))
     assert "2 layers x 4 KV heads" in _models_cli("check", tmp_path / "neox").output
     MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "m")
-    with pytest.raises(UnsupportedModelError, match="mamba keeps a recurrent .*`batchrun models check"):
+    with pytest.raises(UnsupportedModelError,
+                       match="mamba keeps a recurrent .*`batchrun models check"):
         model_config_for(str(tmp_path / "m"))

@@ -217,8 +217,8 @@ def describe_model(estimate: Estimate, cfg: Any, engine: EngineConfig, groups: A
     # One pool block holds layers_per_block layers' K and V of the group that owns it.
     per_token = 2 * groups.layers_per_block * cfg.num_kv_heads * cfg.head_dim * \
         kv_dtype.itemsize
-    estimate.kv_groups = [{"window": g.window, "layers": len(g.layers), "bytes_per_token": per_token}
-                          for g in groups.groups]
+    estimate.kv_groups = [{"window": g.window, "layers": len(g.layers),
+                           "bytes_per_token": per_token} for g in groups.groups]
     if any(g.window for g in groups.groups):
         estimate.assumptions.append("a sliding-window group holds a request's KV over its "
                                     "window only; the prefix-cache replay counts each cached "
@@ -260,8 +260,9 @@ def _flops(n: int) -> str:
 
 def _kv_groups(groups: list[dict[str, Any]]) -> str:
     """Per KV group: its layers, what a token's K and V take, and its window."""
-    return ", ".join(f"{g['layers']} layers {'full' if g['window'] is None else 'window ' + str(g['window'])}"
-                     f" {_size(g['bytes_per_token'])}/token" for g in groups)
+    return ", ".join(f"{g['layers']} layers "
+                     f"{'full' if g['window'] is None else 'window ' + str(g['window'])} "
+                     f"{_size(g['bytes_per_token'])}/token" for g in groups)
 
 
 def report_text(e: Estimate) -> str:
