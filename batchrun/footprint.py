@@ -18,11 +18,16 @@ import torch
 
 from batchrun.options.engine import EngineConfig
 from batchrun.models.llama import ModelConfig
+from batchrun.models.transformers.support import UnsupportedModelError
 from batchrun.served_model import TokenizerModel
 
 
-def parameter_count(cfg: ModelConfig) -> int:
-    """Parameters of the checkpoint as the native model holds them; tied embeddings once."""
+def parameter_count(cfg) -> int:
+    """Parameters of the checkpoint as the model holds them; tied embeddings once. The native
+    Llama's by formula; any other (native MoE, the transformers backend) counted on
+    transformers' model built on the meta device (models/transformers/check.py)."""
+    if type(cfg) is not ModelConfig:
+        return _meta_counts(cfg.hf_config)[0]
     h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     layer = (h * (q + 2 * kv) + (q + 2 * kv if cfg.qkv_bias else 0)  # qkv_proj
              + q * h  # o_proj
@@ -31,6 +36,57 @@ def parameter_count(cfg: ModelConfig) -> int:
              + (2 * cfg.head_dim if cfg.qk_norm else 0))
     embed = cfg.vocab_size * h
     return embed + cfg.num_layers * layer + h + (0 if cfg.tie_word_embeddings else embed)
+
+
+_COUNTS: dict[str, tuple[int, int]] = {}  # a config's JSON -> _meta_counts
+
+
+def _meta_counts(hf) -> tuple[int, int]:
+    """(parameters, of them the routed experts') of transformers' model for `hf`, built on the
+    meta device once per config (a plan asks several times)."""
+    from batchrun.models.transformers import check
+    from batchrun.models.transformers.support import as_transformers_config
+
+    full = as_transformers_config(hf)
+    key = full.to_json_string(use_diff=False)
+    if key not in _COUNTS:
+        model = check.meta_model(full)
+        if model is None:
+            raise UnsupportedModelError(f"transformers cannot build {full.model_type} from its "
+                                        "config, so its parameters cannot be counted")
+        _COUNTS[key] = (check.count_parameters(model), check.routed_expert_parameters(model, full))
+    return _COUNTS[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class Compute:
+    """What one token costs in weights and FLOPs (a multiply-add is 2 FLOPs)."""
+    parameters: int
+    active_parameters: int  # those a token passes through: top-k routed experts, not all
+    experts: int  # routed experts (0: a dense model)
+    experts_per_token: int
+    layer_flops: int  # per token through the decoder's weights: 2 x their active parameters
+    logits_flops: int  # per sampled token: 2 x vocab x hidden
+    attention_flops: int  # per (query, key) pair over all layers: QK^T and PV, 4 x heads x head_dim
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def compute(cfg) -> Compute:
+    """Parameters, active parameters and FLOPs per token of `cfg`'s model. A routed expert
+    counts top_k / experts of its weights (the router, a shared expert and attention whole);
+    embeddings are a lookup, the logits layer runs for sampled tokens only."""
+    from batchrun.models.transformers.check import expert_counts
+
+    total = parameter_count(cfg)
+    experts, top_k = expert_counts(cfg.hf_config)
+    routed = _meta_counts(cfg.hf_config)[1] if experts else 0
+    active = total - routed + routed * top_k // max(experts, 1)
+    head = cfg.vocab_size * cfg.hidden_size
+    body = active - head * (1 if cfg.tie_word_embeddings else 2)
+    return Compute(total, active, experts, top_k, 2 * body, 2 * head,
+                   4 * cfg.num_layers * cfg.num_heads * cfg.head_dim)
 
 
 def _device(device) -> torch.device:
@@ -49,22 +105,26 @@ def _elem(dtype: torch.dtype) -> int:
     return torch.tensor([], dtype=dtype).element_size()
 
 
-def weights_bytes(cfg: ModelConfig, dtype: torch.dtype | str | None = None,
+def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
                   device: torch.device | str = "cpu", quantization: str = "none") -> int:
     """Bytes the loaded model's weights hold: parameter count x element size of `dtype`
     ("auto"/None = the engine's default for `device`: float32 on the CPU), with the decoder
-    layers' projections at `quantization`'s size (models/quant/: int8 or int4 and their scales).
+    layers' linears at `quantization`'s size (models/quant/: int8 or int4 and their scales;
+    MoE routers and the routed experts' 3-D weights stay float, as quantize_linears keeps them).
 
     Tied embeddings are one tensor in the checkpoint, but on the CPU, where the loader packs
-    every linear layer for oneDNN (models/packed_linear.py), the logits get a packed copy of
-    them: counted, since it is memory the run holds. The RoPE cos/sin tables (computed, not
-    loaded) are not weights and not counted.
+    every linear layer for oneDNN (models/packed_linear.py; the transformers backend's too),
+    the logits get a packed copy of them: counted, since it is memory the run holds. The RoPE
+    cos/sin tables (computed, not loaded) are not weights and not counted.
     """
     dev = _device(device)
     dt = _dtype(dtype, dev)
     whole = vision_language_parameters(cfg)
     if whole is not None:  # the transformers backend holds them as built, in the run dtype
         return whole * _elem(dt)
+    if quantization != "none" and not _native(cfg):
+        raise UnsupportedModelError(f"--quantization {quantization} needs the native path; "
+                                    "this model runs on the transformers backend")
     count = parameter_count(cfg)
     packed = False
     if dev.type == "cpu":
@@ -83,16 +143,35 @@ def weights_bytes(cfg: ModelConfig, dtype: torch.dtype | str | None = None,
         if not cfg.tie_word_embeddings or packed:
             count -= logits
         extra += logits * 2
-    for out_features, in_features in projection_shapes(cfg):
-        count -= out_features * in_features * cfg.num_layers
-        extra += linear_class(quantization).nbytes(out_features, in_features) * cfg.num_layers
+    for (out_features, in_features), n in quantized_linear_shapes(cfg).items():
+        count -= out_features * in_features * n
+        extra += linear_class(quantization).nbytes(out_features, in_features) * n
     return count * _elem(dt) + extra
 
 
-def projection_shapes(cfg: ModelConfig) -> list[tuple[int, int]]:
-    """(out, in) of each decoder layer's fused projections: qkv, o, gate_up, down."""
-    h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    return [(q + 2 * kv, h), (h, q), (2 * cfg.intermediate_size, h), (h, cfg.intermediate_size)]
+def _native(cfg) -> bool:
+    return isinstance(cfg, ModelConfig)
+
+
+def quantized_linear_shapes(cfg: ModelConfig) -> dict[tuple[int, int], int]:
+    """(out, in) -> how many of the native model's linears of that shape --quantization
+    replaces: all but the logits layer and MoE routers (quant.KEEP_FLOAT). The Llama's from
+    its config; any other native model's read off the model built on the meta device."""
+    if type(cfg) is ModelConfig:
+        h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        shapes = [(q + 2 * kv, h), (h, q), (2 * cfg.intermediate_size, h),
+                  (h, cfg.intermediate_size)]
+        return {shape: cfg.num_layers for shape in shapes}
+    from collections import Counter
+
+    from batchrun.models import native
+    from batchrun.models.quant import KEEP_FLOAT
+
+    with torch.device("meta"):
+        model = native.module_for(cfg.hf_config).Model(cfg)
+    return dict(Counter((m.out_features, m.in_features) for name, m in model.named_modules()
+                        if isinstance(m, torch.nn.Linear)
+                        and name.rsplit(".", 1)[-1] not in KEEP_FLOAT))
 
 
 def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,
@@ -113,29 +192,53 @@ def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,
     return num_blocks, (num_blocks + 1) * per_block
 
 
-def model_config_for(model: str | None) -> ModelConfig:
-    """The ModelConfig of `model` (registry name, HF folder, .gguf file, hub id; None = the
-    default model) without loading, converting or downloading its weights: config.json of the
-    folder or of the GGUF's cached conversion, else the GGUF's metadata (a few seconds for the
-    bundled model), else the hub's config.json."""
-    from batchrun.models.spec_config import config_for
-    from batchrun.models.transformers.support import UnsupportedModelError, native_reason
-
+def model_config_for(model: str | None, impl: str = "auto"):
+    """The config of `model` (registry name, HF folder, .gguf file, hub id; None = the default
+    model) as the path `impl` (--model-impl) picks runs it, without loading, converting or
+    downloading its weights: config.json of the folder or of the GGUF's cached conversion,
+    else the GGUF's metadata (a few seconds for the bundled model), else the hub's config.json.
+    A native model's ModelConfig (models/native.py: Llama family, MoE), a vision-language
+    model's decoder (vision_language_decoder), else the transformers backend's BackendConfig
+    read from the config (backend_config). UnsupportedModelError says why no path runs it."""
     from batchrun.models import native
+    from batchrun.models.spec_config import config_for
+    from batchrun.models.transformers.support import choose
 
     hf = config_for(model)
-    module = native.module_for(hf)
     try:
-        return (module.ModelConfig if module else ModelConfig).from_hf(hf)
-    except (ValueError, AttributeError) as exc:
-        decoder = vision_language_decoder(hf)
-        if decoder is not None:
-            return decoder
-        raise UnsupportedModelError(
-            f"the footprint and `batchrun plan` cover models of the native path only "
-            f"({native_reason(hf) or exc}) and vision-language models on a Llama- or "
-            f"Qwen2-shaped decoder; `batchrun models check {model}` describes this "
-            f"one") from exc
+        verdict = choose(hf, impl)
+    except UnsupportedModelError as exc:
+        raise UnsupportedModelError(f"{exc}; `batchrun models check {model or 'default'}` "
+                                    "describes it") from exc
+    if verdict.impl == "native":
+        return native.module_for(hf).ModelConfig.from_hf(hf)
+    return vision_language_decoder(hf) or backend_config(hf)
+
+
+def backend_config(hf):
+    """The transformers backend's config for `hf` as the engine will build it at load
+    (model.config_of): each layer's attention shape and window as its modelling code calls
+    attention, read by a forward pass of transformers' model on the meta device (no weights,
+    no memory: check.shapes_from_config); where that forward cannot run on meta tensors, as
+    the config's fields describe them (models check's attention_shape, config_layer_windows)."""
+    from batchrun.models.transformers import check
+    from batchrun.models.transformers.model import config_of
+    from batchrun.models.transformers.support import as_transformers_config, config_layer_windows
+
+    full = as_transformers_config(hf)
+    text = full.get_text_config()
+    try:
+        shapes, windows = check.shapes_from_config(full)
+    except UnsupportedModelError:
+        raise
+    except Exception:  # data-dependent code in its forward: the config's own description
+        shape = (text.num_attention_heads, *check.attention_shape(text))
+        shapes = {i: shape for i in range(text.num_hidden_layers)}
+        windows = dict(enumerate(config_layer_windows(text)))
+    config = config_of(text, shapes, windows)
+    if getattr(full, "vision_config", None) is not None:  # its weights: the whole model's
+        config = dataclasses.replace(config, hf_config=full)
+    return config
 
 
 def vision_language_decoder(hf) -> ModelConfig | None:
@@ -146,8 +249,13 @@ def vision_language_decoder(hf) -> ModelConfig | None:
         return None
     import copy
 
+    from batchrun.models.native import NATIVE_MODULES
+
     text = copy.copy(hf.get_text_config())
-    qwen = str(getattr(text, "model_type", "")).startswith("qwen2")
+    model_type = str(getattr(text, "model_type", ""))
+    qwen = model_type.startswith("qwen2")
+    if not (qwen or model_type in NATIVE_MODULES):  # Gemma 3's: as the backend runs it
+        return None
     text.architectures = ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"]
     try:
         cfg = ModelConfig.from_hf(text)

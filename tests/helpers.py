@@ -156,3 +156,21 @@ def file_records(client, file_id) -> list[dict]:
     import json
 
     return [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x.strip()]
+
+
+def held_bytes(model) -> int:
+    """Every distinct tensor the model holds: parameters, and the tensors quantized and packed
+    layers keep as attributes."""
+    import torch
+
+    seen, total = set(), 0
+    tensors = list(model.parameters())
+    for module in model.modules():
+        tensors += [v for k, v in vars(module).items() if isinstance(v, torch.Tensor)
+                    and not k.startswith("_")]
+    for t in tensors:
+        key = id(t) if t.is_mkldnn else t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total

@@ -103,3 +103,51 @@ def test_text_report_names_every_figure():
     for words in ("30: 30 valid", "1,401 tokens", "expected hit rate 16.0%", "1,304 requested",
                   "weights", "KV cache", "estimated (calibrated by last run"):
         assert words in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("arch", ["qwen2_moe", "gemma2", "gpt_neox"])
+def test_plan_sizes_every_model_path_as_the_engine_holds_it(arch, tmp_path, smol_tokenizer):
+    """A native MoE, a windowed backend model (gemma2: a window of 8 on one of its two layers)
+    and one the native path lacks: plan's weights and KV figures equal what the loaded engine
+    holds, its parameters transformers' count, and its calibration times the model's own kind."""
+    from batchrun import llm
+    from tests.helpers import held_bytes
+    from tests.tiny_models import BACKEND_ARCHS, make_tiny
+
+    folder = tmp_path / arch
+    reference = make_tiny(arch, folder, archs=BACKEND_ARCHS, vocab_size=len(smol_tokenizer))
+    smol_tokenizer.save_pretrained(folder)
+    got = run_plan(SAMPLES / "chat.jsonl", "--model", folder, "--kv-cache-memory", "1MiB")
+    engine = llm.load_from_path(folder, EngineConfig.default(
+        device="cpu", kv_cache_memory=1 << 20)).engine
+    assert got["weights_bytes"] == held_bytes(engine.runner.model)
+    assert got["parameters"] == sum(p.numel() for p in reference.parameters())
+    assert got["kv_blocks"] == engine.kv.num_blocks
+    assert got["kv_bytes"] == sum(k.nbytes + v.nbytes for k, v in engine.runner.tensors)
+    assert [g["window"] for g in got["kv_groups"]] == engine.kv.groups.windows
+    k = engine.runner.tensors[0][0]  # one layer's K: [slots, KV heads, head dim]
+    per_layer = 2 * k.nbytes // k.shape[0]
+    assert all(g["bytes_per_token"] == per_layer * engine.kv.groups.layers_per_block
+               for g in got["kv_groups"])
+    native = arch == "qwen2_moe"
+    assert got["model_path"] == ("native" if native else "transformers")
+    assert "micro-benchmark" in got["calibration"] and got["estimated_seconds"] > 0
+    assert ("expert" in got["calibration"]) == native
+    assert ("transformers backend" in got["calibration"]) == (not native)
+    if native:
+        assert got["experts"] == "4 experts, 2 per token"
+        assert got["active_parameters"] < got["parameters"]
+    else:
+        assert got["active_parameters"] == got["parameters"]
+    assert any("sliding-window group" in a for a in got["assumptions"]) == (arch == "gemma2")
+
+
+def test_plan_on_a_refused_model_says_why(tmp_path, smol_tokenizer):
+    from transformers import MambaConfig
+
+    MambaConfig(vocab_size=len(smol_tokenizer), hidden_size=64, num_hidden_layers=2,
+                architectures=["MambaForCausalLM"]).save_pretrained(tmp_path)
+    smol_tokenizer.save_pretrained(tmp_path)
+    result = CliRunner().invoke(plan, [str(SAMPLES / "chat.jsonl"), "--model", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "mamba keeps a recurrent" in result.output and "models check" in result.output

@@ -9,7 +9,11 @@ from batchrun import llm
 from batchrun.options.engine import EngineConfig
 from transformers import AutoModelForCausalLM
 
-from batchrun.footprint import kv_reservation, model_config_for, parameter_count, weights_bytes
+from batchrun.engine.kv_groups import kv_groups
+from batchrun.models.transformers.model import TransformersModel
+from batchrun.footprint import (compute, kv_reservation, model_config_for, parameter_count,
+                                weights_bytes)
+from tests.helpers import held_bytes
 from tests.tiny_models import make_tiny
 
 
@@ -24,20 +28,6 @@ def tiny_folder(tmp_path, smol_tokenizer):
     return make
 
 
-def resident_bytes(model) -> int:
-    """Bytes of every distinct tensor the model holds: parameters and packed linear weights."""
-    seen, total = set(), 0
-    tensors = [p for p in model.parameters()]
-    tensors += [m.packed for m in model.modules() if hasattr(m, "packed")]
-    tensors += [m.bias for m in model.modules() if hasattr(m, "packed") and m.bias is not None]
-    for t in tensors:
-        key = id(t) if t.is_mkldnn else t.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            total += t.numel() * t.element_size()
-    return total
-
-
 @pytest.mark.parametrize("arch", ["llama", "tied", "qwen2", "qwen3"])
 @pytest.mark.parametrize("packed", [True, False])
 def test_weights_bytes_equal_the_loaded_model(arch, packed, tiny_folder, monkeypatch):
@@ -47,7 +37,7 @@ def test_weights_bytes_equal_the_loaded_model(arch, packed, tiny_folder, monkeyp
     cfg = model_config_for(str(folder))
     loaded = llm.load_from_path(folder, EngineConfig.default(device="cpu", num_blocks=8))
     model = loaded.engine.runner.model
-    assert weights_bytes(cfg, "float32") == resident_bytes(model)
+    assert weights_bytes(cfg, "float32") == held_bytes(model)
     hf = AutoModelForCausalLM.from_pretrained(folder)
     assert parameter_count(cfg) == sum(p.numel() for p in hf.parameters())
 
@@ -107,3 +97,82 @@ def test_model_config_for_an_unconverted_gguf_reads_its_metadata(tmp_path, monke
     assert not (tmp_path / "cache").exists()  # nothing converted
     with capsys.disabled():
         print(f"\nmodel_config_for(gguf, not converted): {took:.2f} s")
+
+
+@pytest.fixture
+def backend_folder(tmp_path, smol_tokenizer):
+    """A tiny random model of tests/tiny_models.BACKEND_ARCHS (native MoE ones included)."""
+    from tests.tiny_models import BACKEND_ARCHS
+
+    def make(arch, **overrides):
+        folder = tmp_path / arch
+        model = make_tiny(arch, folder, archs=BACKEND_ARCHS, vocab_size=len(smol_tokenizer),
+                          **overrides)
+        smol_tokenizer.save_pretrained(folder)
+        return folder, model
+    return make
+
+
+# A native MoE with a shared expert and a dense layer, a windowed backend model (gemma2: one
+# window layer, one full), one without RMSNorm/SwiGLU (gpt_neox), MLA (deepseek_v2), and an MoE
+# with sinks and windows on the backend (gpt_oss).
+@pytest.mark.parametrize("arch,impl", [
+    ("qwen2_moe", "native"), ("mixtral", "native"), ("gemma2", "transformers"),
+    ("gpt_neox", "transformers"), ("deepseek_v2", "transformers"), ("gpt_oss", "transformers")])
+def test_every_path_is_sized_as_the_engine_holds_it(arch, impl, backend_folder):
+    """Parameters equal transformers' model's, weight bytes what the loaded model holds, and
+    the KV pool (its groups, blocks and bytes) what the engine allocates."""
+    folder, reference = backend_folder(arch, tie_word_embeddings=arch == "gpt_neox")
+    cfg = model_config_for(str(folder))
+    assert parameter_count(cfg) == sum(p.numel() for p in reference.parameters())
+    config = EngineConfig.default(device="cpu", kv_cache_memory=1 << 20, block_size=8)
+    blocks, nbytes = kv_reservation(config, cfg)
+    engine = llm.load_from_path(folder, config).engine
+    model = engine.runner.model
+    assert isinstance(model, TransformersModel) == (impl == "transformers")
+    assert weights_bytes(cfg, "float32") == held_bytes(model)
+    assert (blocks, engine.kv.groups) == (engine.kv.num_blocks, kv_groups(model.config))
+    assert engine.kv.groups == kv_groups(cfg)
+    assert nbytes == sum(k.nbytes + v.nbytes for k, v in engine.runner.tensors)
+
+
+def test_moe_quantized_weights_equal_the_loaded_model(backend_folder):
+    folder, _ = backend_folder("qwen2_moe")
+    cfg = model_config_for(str(folder))
+    config = EngineConfig.default(device="cpu", num_blocks=8, quantization="int8-weight")
+    model = llm.load_from_path(folder, config).engine.runner.model
+    assert weights_bytes(cfg, "float32", quantization="int8-weight") == held_bytes(model)
+
+
+def test_moe_active_parameters_and_flops_by_hand(backend_folder):
+    """qwen2_moe of tests/tiny_models: hidden 128, 4 heads (head dim 32), 2 KV heads, QKV bias,
+    layer 0 sparse (router 4 experts, 2 per token, expert width 64, shared expert 96 with its
+    gate), layer 1 dense (256), vocab V untied."""
+    folder, reference = backend_folder("qwen2_moe")
+    cfg = model_config_for(str(folder))
+    h, v = 128, cfg.vocab_size
+    attention = h * (128 + 2 * 64) + (128 + 2 * 64) + 128 * h + 2 * h  # qkv(+bias), o, norms
+    sparse = h * 4 + 2 * 3 * h * 64 + 3 * h * 96 + h  # router, 2 experts, shared expert, gate
+    dense = 3 * h * 256
+    active = 2 * v * h + 2 * attention + sparse + dense + h  # embed, lm_head, final norm
+    got = compute(cfg)
+    assert got.active_parameters == active
+    assert got.parameters == active + 2 * 3 * h * 64  # the 2 experts a token skips
+    assert got.layer_flops == 2 * (active - 2 * v * h)
+    assert got.logits_flops == 2 * v * h and got.attention_flops == 4 * 2 * 4 * 32
+
+
+def test_a_vlm_on_a_windowed_decoder_is_sized_as_the_backend_holds_it(tmp_path, smol_tokenizer):
+    """Gemma 3 (a sliding and a full layer): whole-model weights, its decoder's KV groups."""
+    from tests.tiny_vlms import make_tiny_vlm
+
+    hf, *_ = make_tiny_vlm("gemma3", tmp_path, smol_tokenizer)
+    cfg = model_config_for(str(tmp_path))
+    config = EngineConfig.default(device="cpu", kv_cache_memory=1 << 20)
+    blocks, nbytes = kv_reservation(config, cfg)
+    engine = llm.load_from_path(tmp_path, config).engine
+    assert weights_bytes(cfg, "float32") == held_bytes(engine.runner.model) == \
+        4 * sum(p.numel() for p in hf.parameters())
+    assert (blocks, kv_groups(cfg)) == (engine.kv.num_blocks, engine.kv.groups)
+    assert len(engine.kv.groups.groups) == 2
+    assert nbytes == sum(k.nbytes + v.nbytes for k, v in engine.runner.tensors)

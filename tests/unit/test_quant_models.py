@@ -14,6 +14,7 @@ from batchrun.models.llama import LlamaModel, ModelConfig
 from batchrun.models.quant import cpu
 from batchrun.options.engine import EngineConfig
 from tests.parity import ParityReport, assert_greedy_match
+from tests.helpers import held_bytes
 from tests.tiny_models import IdTokenizer, make_tiny
 
 CPU = torch.device("cpu")
@@ -106,22 +107,6 @@ def test_quality_gate_figures_are_computed_and_finite(tmp_path):
     assert "int4-weight:bfloat16" in table([ref, int8, int4])
 
 
-def _held_bytes(model) -> int:
-    """Every distinct tensor the model holds: parameters, and the tensors quantized and packed
-    layers keep as attributes."""
-    seen, total = set(), 0
-    tensors = list(model.parameters())
-    for module in model.modules():
-        tensors += [v for k, v in vars(module).items() if isinstance(v, torch.Tensor)
-                    and not k.startswith("_")]
-    for t in tensors:
-        key = id(t) if t.is_mkldnn else t.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            total += t.numel() * t.element_size()
-    return total
-
-
 @pytest.mark.parametrize("fast_bf16", [True, False])
 @pytest.mark.parametrize("arch", ["tied", "llama"])
 @pytest.mark.parametrize("quantization", ["none", "int8", "int8-weight", "int4-weight", "bf16"])
@@ -133,7 +118,7 @@ def test_footprint_counts_the_quantized_weights(quantization, arch, fast_bf16, t
     make_tiny(arch, tmp_path)
     cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
     model = build_model(LlamaModel, cfg, tmp_path, CPU, torch.float32, quantization)
-    assert weights_bytes(cfg, "float32", quantization=quantization) == _held_bytes(model)
+    assert weights_bytes(cfg, "float32", quantization=quantization) == held_bytes(model)
     # int8's logits: a bfloat16 GEMM where the CPU has fast bfloat16, else float32
     assert isinstance(model.lm_head, Bf16Linear) == (quantization == "int8" and fast_bf16)
 

@@ -418,9 +418,22 @@ def test_models_check_reads_the_config_only(tmp_path):
     assert "transformers backend" in _models_cli("list").output
 
 
-def test_plan_says_it_covers_the_native_path_only(tmp_path):
-    from batchrun.footprint import model_config_for
+def test_plan_sizes_backend_models_and_says_why_it_refuses_one(tmp_path):
+    """footprint.model_config_for (what `batchrun plan` sizes) takes the backend's models with
+    the KV shape the load's probe finds (GPT-NeoX ignores num_key_value_heads: 4 KV heads, not
+    the config's 2), and refuses what models check refuses, saying why."""
+    from transformers import MambaConfig
 
-    make_tiny("olmo2", tmp_path, archs=BACKEND_ARCHS)
-    with pytest.raises(UnsupportedModelError, match="native path only .*`batchrun models check"):
-        model_config_for(str(tmp_path))
+    from batchrun.footprint import model_config_for
+    from batchrun.models.transformers.model import load
+
+    make_tiny("gpt_neox", tmp_path / "neox", archs=BACKEND_ARCHS)
+    cfg = model_config_for(str(tmp_path / "neox"))
+    loaded = load(tmp_path / "neox", torch.device("cpu"), torch.float32).config
+    assert (cfg.num_kv_heads, cfg.head_dim, cfg.layer_windows) == \
+        (loaded.num_kv_heads, loaded.head_dim, loaded.layer_windows) == (4, 32, (None, None))
+    assert "2 layers x 4 KV heads" in _models_cli("check", tmp_path / "neox").output
+    MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "m")
+    with pytest.raises(UnsupportedModelError,
+                       match="mamba keeps a recurrent .*`batchrun models check"):
+        model_config_for(str(tmp_path / "m"))

@@ -19,27 +19,30 @@ class _NoTokenizer:
         return ""
 
 
+# The most bytes a 2-layer MoE's routed experts may take in the benchmark: more experts are cut
+# (each token still runs top-k of them, so the step does the same work).
+BENCH_EXPERT_BYTES = 1 << 30
+
+
 def _bench_model(model_cfg, layers: int, device, dtype, quantization: str = "none"):
-    """A random-weight model of model_cfg's architecture with `layers` decoder layers, made
-    ready for the engine as llm.build_model makes a loaded one (packed or quantized linears,
-    CPU kernels)."""
+    """(model, assumptions): a random-weight model of model_cfg's kind (the native model's own
+    class: Llama, MoE; else transformers' model on the backend) with `layers` decoder layers,
+    made ready for the engine as loading makes one (packed or quantized linears, CPU kernels),
+    and what it assumed on the way."""
     import torch
 
-    from batchrun.models import packed_linear
-    from batchrun.models.llama import LlamaModel
+    from batchrun.models.llama import ModelConfig
 
-    cfg = dataclasses.replace(model_cfg, num_layers=layers)
+    if not isinstance(model_cfg, ModelConfig):
+        return _bench_backend(model_cfg, layers, device, dtype)
+    from batchrun.models import native, packed_linear
+
+    cfg, assumed = _bench_config(model_cfg, layers, torch.tensor([], dtype=dtype).element_size())
     with torch.device("meta"):
-        model = LlamaModel(cfg)
+        model = native.module_for(cfg.hf_config).Model(cfg)
     model = model.to_empty(device=device).to(dtype)
     model.rope = type(model.rope)(cfg).to(device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
+    _randomise(model, device)
     # As llm.build_model does after loading the weights.
     pack_float = device.type == "cpu" and packed_linear.available(dtype)
     if pack_float or quantization != "none":
@@ -56,7 +59,65 @@ def _bench_model(model_cfg, layers: int, device, dtype, quantization: str = "non
             from batchrun.models.quant.int8_linear import attach_kernels
 
             attach_kernels(model, model.cpu_kernels)
-    return model.eval()
+    return model.eval(), assumed
+
+
+def _bench_config(model_cfg, layers: int, elem: int):
+    """model_cfg cut to `layers` layers (an MoE's routed experts cut to BENCH_EXPERT_BYTES, at
+    least twice top-k), and the assumptions that makes."""
+    cfg = dataclasses.replace(model_cfg, num_layers=layers)
+    experts = getattr(cfg, "num_experts", 0)
+    if not experts:
+        return cfg, []
+    per_expert = 3 * cfg.hidden_size * cfg.expert_intermediate_size * elem * layers
+    keep = max(min(experts, BENCH_EXPERT_BYTES // per_expert), min(experts, 2 * cfg.top_k))
+    assumed = ["MoE routed by random router weights (about uniform over the experts)"]
+    if keep < experts:
+        cfg = dataclasses.replace(cfg, num_experts=keep)
+        assumed.append(f"{keep} of {experts} experts built (top-{cfg.top_k} each token, as the "
+                       f"model)")
+    return cfg, assumed
+
+
+def _randomise(model, device) -> None:
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+
+
+def _bench_backend(model_cfg, layers: int, device, dtype):
+    """transformers' model of model_cfg's text config with `layers` layers (one of each
+    attention kind where the model mixes full and sliding-window layers), random weights, on
+    the transformers backend as models/transformers/model.load makes it."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from batchrun.models import packed_linear
+    from batchrun.models.transformers.model import wrap
+
+    text = copy.deepcopy(model_cfg.hf_config.get_text_config())
+    assumed = ["transformers backend, random weights"]
+    types = list(getattr(text, "layer_types", None) or [])
+    if types:
+        kinds = list(dict.fromkeys(types))
+        text.layer_types = (kinds * layers)[:layers]
+        if len(kinds) > 1:
+            share = ", ".join(f"{types.count(k)} {k}" for k in kinds)
+            assumed.append(f"one layer of each kind timed, scaled as the average ({share})")
+    text.num_hidden_layers = layers
+    hf = AutoModelForCausalLM.from_config(text).to(device=device, dtype=dtype)
+    model = wrap(hf.eval())
+    if device.type == "cpu" and packed_linear.available(dtype):
+        packed_linear.pack_linears(hf)
+    return model, assumed
 
 
 class _StepRecorder:
@@ -100,7 +161,8 @@ class _StepRecorder:
             return out
 
         engine.step = timed_step
-        for layer in runner.model.layers:
+        model = runner.model
+        for layer in getattr(model, "layers", None) or model.decoder.layers:
             forward = layer.forward
 
             def timed_forward(*args, _forward=forward, **kwargs):
@@ -155,11 +217,12 @@ def _nonneg_fit(rows: list[list[float]], target: list[float]) -> list[float]:
 
 def pair_token_ratio(model_config, inefficiency: float = 2.0) -> float:
     """Cost of one prefill attention (query, key) pair relative to one token's pass through a
-    decoder layer's matmuls, from their FLOPs (QK^T and PV: 4 x heads x head_dim)."""
-    cfg = model_config
-    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    layer_params = cfg.hidden_size * (2 * q + 2 * kv) + 3 * cfg.hidden_size * cfg.intermediate_size
-    return inefficiency * 4 * q / (2 * layer_params)
+    decoder layer's matmuls, from their FLOPs (footprint.compute: the layer's *active*
+    parameters, top-k of an MoE's experts; QK^T and PV: 4 x heads x head_dim)."""
+    from batchrun.footprint import compute
+
+    cost = compute(model_config)
+    return inefficiency * cost.attention_flops / cost.layer_flops
 
 
 def calibrate(model_config, engine_config: EngineConfig | None = None,
@@ -181,7 +244,8 @@ def calibrate(model_config, engine_config: EngineConfig | None = None,
         set_cpu_threads(config)
     try:
         layers = min(2, model_config.num_layers)
-        model = _bench_model(model_config, layers, device, dtype, config.device.quantization)
+        model, assumed = _bench_model(model_config, layers, device, dtype,
+                                      config.device.quantization)
         sched = config.scheduler
         max_seqs = sched.max_num_seqs
         budget = sched.max_num_batched_tokens
@@ -247,7 +311,8 @@ def calibrate(model_config, engine_config: EngineConfig | None = None,
         elapsed = time.perf_counter() - start
         return Calibration(
             source=f"micro-benchmark ({elapsed:.1f} s, {len(recorder.rows)} steps, {layers}-layer "
-                   f"random-weight model scaled to {depth} layers)",
+                   f"random-weight model scaled to {depth} layers"
+                   + "".join(f"; {a}" for a in assumed) + ")",
             step_s=rest[0] + depth * per_layer[0],
             token_s=rest[1] + depth * per_layer[1],
             context_s=depth * per_layer[2],
@@ -256,6 +321,7 @@ def calibrate(model_config, engine_config: EngineConfig | None = None,
             request_s=max(0.0, sorted(outside)[len(outside) // 2]) if outside else 0.0,
             details={"layers_timed": layers, "depth": depth, "per_layer": per_layer,
                      "outside_layers": rest, "steps": len(recorder.rows), "seconds": elapsed,
-                     "threads": torch.get_num_threads(), "dtype": str(dtype)})
+                     "threads": torch.get_num_threads(), "dtype": str(dtype),
+                     "assumptions": assumed})
     finally:
         torch.set_num_threads(threads_before)

@@ -27,7 +27,9 @@ from batchrun.batch.job.progress import format_duration
 from batchrun.batch.job.runner import prepare_line
 from batchrun.batch.estimate.throughput import WorkloadShape
 from batchrun.batch.job.validate import validate
+from batchrun.engine.kv_groups import kv_groups
 from batchrun.footprint import tokenizer_model
+from batchrun.models.llama import ModelConfig
 from batchrun.openai.serving import POOLED, OpenAIServing
 from batchrun.options.engine import EngineConfig
 from batchrun.served_model import ServedModel
@@ -56,11 +58,20 @@ class Estimate:
     scan_seconds: float = 0.0
     weights_bytes: int = 0
     weights_dtype: str = ""
+    model_path: str = ""  # native | transformers (the path --model-impl picks)
+    parameters: int = 0
+    active_parameters: int = 0  # per token: top-k of an MoE's routed experts
+    experts: str = ""  # "E experts, k per token"; "" for a dense model
+    flops_per_token: int = 0  # through the decoder layers' weights; the logits come on top
+    logits_flops_per_token: int = 0  # per sampled token
+    kv_groups: list[dict[str, Any]] = field(default_factory=list)  # window, layers, bytes/token
     kv_blocks: int = 0
     kv_bytes: int = 0
     block_size: int = 16
+    concurrency: int = 0  # requests running at once (max_num_seqs, in-flight window, KV room)
     estimated_seconds: float | None = None
     calibration: str = ""
+    assumptions: list[str] = field(default_factory=list)  # what the sizes and times assume
 
     @property
     def cache_hit_rate(self) -> float:
@@ -139,11 +150,13 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
 
     spec = plan.inputs.model
     on_stage("reading the model's config and tokenizer (not its weights)")
-    cfg = footprint.model_config_for(spec)
     engine = plan.engine
+    cfg = footprint.model_config_for(spec, engine.model_impl)
     model = tokenizer_model(spec, engine.max_model_len)
     blocks, kv_bytes = footprint.kv_reservation(engine, cfg)
-    sharing = PrefixSharing(engine.cache.block_size, blocks,
+    groups = kv_groups(cfg)
+    # A cached block of prompt tokens takes one pool block in each KV group.
+    sharing = PrefixSharing(engine.cache.block_size, blocks // len(groups.groups),
                             enabled=engine.cache.enable_prefix_caching)
     key = run_key(model.name, engine)
     last = run_store.load_last_run(key) if calibration in ("auto", "last-run") else None
@@ -162,6 +175,14 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
                                                      quantization=engine.device.quantization)
     estimate.weights_dtype = _dtype_name(engine)
     estimate.kv_blocks, estimate.kv_bytes = blocks, kv_bytes
+    describe_model(estimate, cfg, engine, groups)
+    # The pool as the estimator's blocks of full-attention tokens: a request of the mean length
+    # holds kv_groups.blocks_per_sequence pool blocks (a window group's capped at its window).
+    mean = max(1, round(shape.mean_prompt_tokens + shape.mean_completion_tokens))
+    bs = engine.cache.block_size
+    blocks = blocks * -(-mean // bs) // max(1, groups.blocks_per_sequence(
+        mean, bs, engine.scheduler.max_num_batched_tokens))
+    estimate.concurrency = throughput.concurrency(shape, engine, plan.max_in_flight, blocks)
 
     cal = throughput.calibration_from_run(
         last, engine, cfg, max_in_flight=plan.max_in_flight,
@@ -172,9 +193,39 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
         if calibration == "last-run":
             cal = cal.scaled(1.0, f"{cal.source}; no last run of {model.name} on this machine")
     estimate.calibration = cal.source
+    estimate.assumptions += cal.details.get("assumptions", [])
     estimate.estimated_seconds = throughput.estimate_seconds(
         shape, cal, engine, max_in_flight=plan.max_in_flight, num_blocks=blocks)
     return estimate
+
+
+def describe_model(estimate: Estimate, cfg: Any, engine: EngineConfig, groups: Any) -> None:
+    """The model's compute (footprint.compute) and KV groups into `estimate`, with what the
+    figures assume."""
+    from batchrun import footprint
+    from batchrun.llm import kv_layout, pick_device, pick_dtype
+
+    device = pick_device(engine.device.device)
+    _, _, kv_dtype = kv_layout(engine, cfg, device, pick_dtype(engine.device.dtype, device))
+    cost = footprint.compute(cfg)
+    estimate.model_path = "native" if isinstance(cfg, ModelConfig) else "transformers"
+    estimate.parameters, estimate.active_parameters = cost.parameters, cost.active_parameters
+    estimate.flops_per_token, estimate.logits_flops_per_token = cost.layer_flops, cost.logits_flops
+    if cost.experts:
+        estimate.experts = f"{cost.experts} experts, {cost.experts_per_token} per token"
+        estimate.assumptions.append("MoE FLOPs count top-k of the routed experts per token")
+    # One pool block holds layers_per_block layers' K and V of the group that owns it.
+    per_token = 2 * groups.layers_per_block * cfg.num_kv_heads * cfg.head_dim * \
+        kv_dtype.itemsize
+    estimate.kv_groups = [{"window": g.window, "layers": len(g.layers),
+                           "bytes_per_token": per_token} for g in groups.groups]
+    if any(g.window for g in groups.groups):
+        estimate.assumptions.append("a sliding-window group holds a request's KV over its "
+                                    "window only; the prefix-cache replay counts each cached "
+                                    "block once per KV group")
+    if estimate.model_path == "transformers":
+        estimate.assumptions.append("KV shape and windows read by a forward pass of "
+                                    "transformers' model on the meta device (no weights)")
 
 
 def run_key(model_name: str, engine: EngineConfig) -> str:
@@ -198,6 +249,20 @@ def _size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"
+
+
+def _flops(n: int) -> str:
+    for unit, scale in (("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} FLOP"
+
+
+def _kv_groups(groups: list[dict[str, Any]]) -> str:
+    """Per KV group: its layers, what a token's K and V take, and its window."""
+    return ", ".join(f"{g['layers']} layers "
+                     f"{'full' if g['window'] is None else 'window ' + str(g['window'])} "
+                     f"{_size(g['bytes_per_token'])}/token" for g in groups)
 
 
 def report_text(e: Estimate) -> str:
@@ -228,10 +293,16 @@ def report_text(e: Estimate) -> str:
         f"{e.prompt_tokens / max(e.requests, 1):,.0f}), {e.cached_tokens:,} from the prefix "
         f"cache: expected hit rate {e.cache_hit_rate:.1%}",
         f"completion  {completion}",
-        f"memory      weights {_size(e.weights_bytes)} ({e.weights_dtype}); KV cache "
-        f"{_size(e.kv_bytes)} reserved ({e.kv_blocks:,} blocks of {e.block_size} tokens)",
+        f"weights     {_size(e.weights_bytes)} ({e.weights_dtype}; {e.model_path} path): "
+        f"{e.parameters:,} parameters" + (f", {e.active_parameters:,} active per token "
+                                          f"({e.experts})" if e.experts else ""),
+        f"compute     {_flops(e.flops_per_token)} per token through the layers, "
+        f"{_flops(e.logits_flops_per_token)} per sampled token for the logits",
+        f"KV cache    {_size(e.kv_bytes)} reserved ({e.kv_blocks:,} blocks of {e.block_size} "
+        f"tokens; {_kv_groups(e.kv_groups)}); ~{e.concurrency:,} requests at once",
         f"wall time   ~{format_duration(e.estimated_seconds or 0)} estimated (calibrated by "
         f"{e.calibration})",
         f"a run does  {starts[e.start]}",
     ]
+    lines += [f"assumes     {a}" for a in e.assumptions]
     return "\n".join(lines)

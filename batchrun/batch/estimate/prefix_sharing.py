@@ -44,6 +44,11 @@ an LRU of `capacity_blocks`. The engine differs in three ways:
    *over*-estimates under memory pressure; pass `num_blocks - running working set` (about
    concurrency x (prompt + completion) / block_size) for a tighter figure.
 
+A model with sliding-window layers keeps its KV in several groups (engine/kv_groups.py), each
+holding its own block of a prompt's tokens: the plan passes the pool divided by the number of
+groups as the capacity (a window group hands back blocks behind its window, so this counts
+them as held longer than they are: the replay errs towards fewer hits).
+
 For the usual batch shapes (one system prompt or a few few-shot blocks, far smaller than the
 pool) the three effects vanish and the replay is exact; see tests/unit/test_prefix_sharing.py,
 which compares it with the engine's own counts.

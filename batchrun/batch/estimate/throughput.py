@@ -245,18 +245,17 @@ def prior(model_config, flops: float = 50e9, bandwidth: float = 10e9,
     """An uncalibrated cost model from the architecture alone (float32, an assumed machine of
     `flops` and `bandwidth`): only the ratios between coefficients matter once a run rescales
     it (calibration_from_run)."""
-    from batchrun.footprint import parameter_count
+    from batchrun.footprint import compute
 
     cfg = model_config
-    head = cfg.vocab_size * cfg.hidden_size
-    body = parameter_count(cfg) - head * (1 if cfg.tie_word_embeddings else 2)
+    cost = compute(cfg)  # FLOPs of the active parameters: top-k of an MoE's experts
     return Calibration(
         source="prior (uncalibrated)",
-        step_s=step_overhead_s + 4 * (body + head) / bandwidth,
-        token_s=2 * body / flops,
+        step_s=step_overhead_s + 2 * (cost.layer_flops + cost.logits_flops) / bandwidth,
+        token_s=cost.layer_flops / flops,
         context_s=4 * cfg.kv_bytes_per_token / bandwidth,
-        pair_s=4 * cfg.num_layers * cfg.num_heads * cfg.head_dim / flops,
-        sample_s=2 * head / flops + 50e-6,
+        pair_s=cost.attention_flops / flops,
+        sample_s=cost.logits_flops / flops + 50e-6,
         request_s=200e-6)
 
 

@@ -42,6 +42,18 @@ def attention_shape(hf) -> tuple[int, int, int]:
     return getattr(hf, "num_key_value_heads", None) or heads, head_dim, head_dim
 
 
+def kv_shape(hf) -> tuple[int, int, int]:
+    """(KV heads, K head dim, V head dim) as the model's layers call attention (one shape: the
+    load refuses models whose layers differ), read by shapes_from_config; where its forward
+    cannot run on meta tensors, as the config describes them (attention_shape)."""
+    try:
+        shapes, _ = shapes_from_config(hf)
+    except Exception:  # data-dependent code in its forward, or no model from the config
+        return attention_shape(hf.get_text_config())
+    _, kv_heads, k_dim, v_dim = max(shapes.values())
+    return kv_heads, k_dim, v_dim
+
+
 def meta_model(hf):
     """transformers' model for `hf` on the meta device (nothing allocated); None if it cannot be
     built (what needs it is not essential to the report)."""
@@ -58,9 +70,55 @@ def meta_model(hf):
         return None
 
 
+def shapes_from_config(hf) -> tuple[dict, dict]:
+    """What probe.run reports (layer_idx -> attention shape; layer_idx -> window), without weights:
+    transformers' model for `hf` built on the meta device and run over the probe tokens with
+    the attention function recording the shapes and returning zeros. Raises what transformers
+    raises when its model cannot be built or run so."""
+    import torch
+
+    from batchrun.models.transformers import attention
+    from batchrun.models.transformers.model import attention_implementation
+    from batchrun.models.transformers.probe import PROBE_IDS
+
+    hf_model = meta_model(hf)
+    if hf_model is None:
+        raise UnsupportedModelError(f"transformers cannot build {hf.model_type} from its config")
+    attention.register()
+    hf_model.set_attn_implementation(attention_implementation(hf, hf.get_text_config()))
+    hf_model.to(torch.bfloat16)  # grouped expert GEMMs have meta kernels in bfloat16 only
+    n = len(PROBE_IDS)
+    ids = torch.zeros(1, n, dtype=torch.long, device="meta")
+    shapes: dict = {}
+    windows: dict = {}
+    with torch.inference_mode(), attention.step(None, None, n, shapes, windows):
+        # An all-ones mask: without one, transformers' mask preparation reads the positions'
+        # values (packed sequences), which meta tensors do not have.
+        hf_model.base_model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                            position_ids=torch.arange(n, device="meta")[None], use_cache=False)
+    return shapes, windows
+
+
 def count_parameters(model) -> int | None:
     """Parameters of the model, tied ones once."""
     return None if model is None else sum(p.numel() for p in model.parameters())
+
+
+def expert_counts(hf) -> tuple[int, int]:
+    """(routed experts, experts per token) the config names; (0, 0) for a dense model."""
+    experts = next((getattr(hf, n) for n in ("num_local_experts", "num_experts", "n_routed_experts")
+                    if getattr(hf, n, None)), 0)
+    return experts, (getattr(hf, "num_experts_per_tok", None) or 0) if experts else 0
+
+
+def routed_expert_parameters(model, hf) -> int:
+    """Parameters of the routed experts (`...experts.<weight>` with the expert count first,
+    biases included); a shared expert and the router are not among them."""
+    experts, _ = expert_counts(hf)
+    if model is None or not experts:
+        return 0
+    return sum(p.numel() for name, p in model.named_parameters()
+               if ".experts." in f".{name}" and p.dim() >= 2 and p.shape[0] == experts)
 
 
 def lora_support(model, hf, impl: str) -> str:
@@ -104,7 +162,7 @@ def check(hf) -> CheckReport:
     model = meta_model(full)
     report.parameters = count_parameters(model)
     report.layers = full.num_hidden_layers
-    report.kv_heads, report.k_head_dim, report.v_head_dim = attention_shape(full)
+    report.kv_heads, report.k_head_dim, report.v_head_dim = kv_shape(full)
     report.features = features(full, impl, lora_support(model, full, impl))
     return report
 
@@ -119,9 +177,7 @@ def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
                                       f"layers (their KV kept over the window only)"))
     else:
         out.append(("sliding window", "no"))
-    experts = next((getattr(hf, n) for n in ("num_local_experts", "num_experts", "n_routed_experts")
-                    if getattr(hf, n, None)), None)
-    per_token = getattr(hf, "num_experts_per_tok", None)
+    experts, per_token = expert_counts(hf)
     out.append(("MoE", f"{experts} experts, {per_token} per token" if experts else "no"))
     caps = [n for n in ("attn_logit_softcapping", "final_logit_softcapping")
             if getattr(hf, n, None)]

@@ -129,6 +129,29 @@ def attention_implementation(config, text_config) -> str | dict:
     raise UnsupportedModelError(f"{config.model_type}: no sub-config holds its text config")
 
 
+def config_of(cfg, shapes: dict, windows: dict) -> BackendConfig:
+    """The engine's config of a model whose text config is `cfg`, from what the probe saw its
+    layers attend (probe.run, or check.shapes_from_config without weights): one KV shape."""
+    layers = cfg.num_hidden_layers
+    if sorted(shapes) != list(range(layers)):
+        raise UnsupportedModelError(
+            f"{cfg.model_type}: attention ran for layers {sorted(shapes)} of {layers}; the "
+            f"backend needs one attention call per layer, indexed by layer_idx")
+    distinct = set(shapes.values())
+    if len(distinct) > 1:
+        raise UnsupportedModelError(f"{cfg.model_type}: attention shapes differ between layers "
+                                    f"({sorted(distinct)}); the KV cache has one shape")
+    heads, kv_heads, dk, dv = distinct.pop()
+    longest = getattr(cfg, "max_position_embeddings", None) or 2048
+    return BackendConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_layers=layers,
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=max(dk, dv),
+        max_position_embeddings=longest,
+        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), hf_config=cfg,
+        layer_windows=tuple(w if w and w < longest else None
+                            for w in (windows.get(i) for i in range(layers))))
+
+
 def wrap(hf: nn.Module, cls=TransformersModel) -> TransformersModel:
     """`hf` (its attention implementation set to "batchrun") as the engine's model, after a
     probe forward over a few tokens: every layer must attend through the paged cache with one
@@ -145,24 +168,7 @@ def wrap(hf: nn.Module, cls=TransformersModel) -> TransformersModel:
     except Exception as exc:  # its modelling code does something the flat step cannot feed
         raise UnsupportedModelError(f"{cfg.model_type}: a forward pass on the transformers "
                                     f"backend failed: {type(exc).__name__}: {exc}") from exc
-    layers = cfg.num_hidden_layers
-    if sorted(shapes) != list(range(layers)):
-        raise UnsupportedModelError(
-            f"{cfg.model_type}: attention ran for layers {sorted(shapes)} of {layers}; the "
-            f"backend needs one attention call per layer, indexed by layer_idx")
-    distinct = set(shapes.values())
-    if len(distinct) > 1:
-        raise UnsupportedModelError(f"{cfg.model_type}: attention shapes differ between layers "
-                                    f"({sorted(distinct)}); the KV cache has one shape")
-    heads, kv_heads, dk, dv = distinct.pop()
-    longest = getattr(cfg, "max_position_embeddings", None) or 2048
-    config = BackendConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_layers=layers,
-        num_heads=heads, num_kv_heads=kv_heads, head_dim=max(dk, dv),
-        max_position_embeddings=longest,
-        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), hf_config=cfg,
-        layer_windows=tuple(w if w and w < longest else None
-                            for w in (windows.get(i) for i in range(layers))))
+    config = config_of(cfg, shapes, windows)
     model = cls(hf, config)
     probe.check_logits(model, hidden)
     return model
