@@ -107,7 +107,7 @@ def test_text_report_names_every_figure():
 
 @pytest.mark.parametrize("arch", ["qwen2_moe", "gemma2", "gpt_neox"])
 def test_plan_sizes_every_model_path_as_the_engine_holds_it(arch, tmp_path, smol_tokenizer):
-    """A native MoE, a windowed backend model (gemma2: a window of 8 on one of its two layers)
+    """A native MoE, a windowed native model (gemma2: a window of 8 on one of its two layers)
     and one the native path lacks: plan's weights and KV figures equal what the loaded engine
     holds, its parameters transformers' count, and its calibration times the model's own kind."""
     from batchrun import llm
@@ -129,12 +129,12 @@ def test_plan_sizes_every_model_path_as_the_engine_holds_it(arch, tmp_path, smol
     per_layer = 2 * k.nbytes // k.shape[0]
     assert all(g["bytes_per_token"] == per_layer * engine.kv.groups.layers_per_block
                for g in got["kv_groups"])
-    native = arch == "qwen2_moe"
+    native, moe = arch in ("qwen2_moe", "gemma2"), arch == "qwen2_moe"
     assert got["model_path"] == ("native" if native else "transformers")
     assert "micro-benchmark" in got["calibration"] and got["estimated_seconds"] > 0
-    assert ("expert" in got["calibration"]) == native
+    assert ("expert" in got["calibration"]) == moe
     assert ("transformers backend" in got["calibration"]) == (not native)
-    if native:
+    if moe:
         assert got["experts"] == "4 experts, 2 per token"
         assert got["active_parameters"] < got["parameters"]
     else:

@@ -113,11 +113,11 @@ def backend_folder(tmp_path, smol_tokenizer):
     return make
 
 
-# A native MoE with a shared expert and a dense layer, a windowed backend model (gemma2: one
+# A native MoE with a shared expert and a dense layer, a windowed native model (gemma2: one
 # window layer, one full), one without RMSNorm/SwiGLU (gpt_neox), MLA (deepseek_v2), and an MoE
 # with sinks and windows on the backend (gpt_oss).
 @pytest.mark.parametrize("arch,impl", [
-    ("qwen2_moe", "native"), ("mixtral", "native"), ("gemma2", "transformers"),
+    ("qwen2_moe", "native"), ("mixtral", "native"), ("gemma2", "native"),
     ("gpt_neox", "transformers"), ("deepseek_v2", "transformers"), ("gpt_oss", "transformers")])
 def test_every_path_is_sized_as_the_engine_holds_it(arch, impl, backend_folder):
     """Parameters equal transformers' model's, weight bytes what the loaded model holds, and
