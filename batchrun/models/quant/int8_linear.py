@@ -50,11 +50,15 @@ def onednn_int8_available() -> bool:
 
 
 class Int8Linear(nn.Module):
-    """W8A8: y = (q_x @ q_w.T) * s_x * s_w (+ bias), q_x the per-token int8 activations."""
+    """W8A8: y = (q_x @ q_w.T) * s_x * s_w (+ bias), q_x the per-token int8 activations; with
+    `smooth` (per input channel, quant/smoothing.py) of x / smooth and of weight * smooth."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, smooth: torch.Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        self.inv_smooth = None if smooth is None else smooth.float().reciprocal()
+        if smooth is not None:
+            weight = weight.float() * smooth.float()
         self.qweight, self.w_scale = quantize_per_channel(weight)
         self.bias = None if bias is None else bias.detach().float()
         self.onednn = onednn_int8_available()
@@ -74,6 +78,8 @@ class Int8Linear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         if x2.shape[0] == 0:
             return x.new_empty(*shape[:-1], self.out_features)
+        if self.inv_smooth is not None:
+            x2 = x2 * self.inv_smooth.to(x2.dtype)
         qx, x_scale = quantize_rows(x2, self.kernels)
         if self.onednn:
             y = torch.ops.onednn.qlinear_pointwise(qx, 1.0, 0, self.packed, self.w_scale, self.w_zero, None,
@@ -84,8 +90,10 @@ class Int8Linear(nn.Module):
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
     def dequantized_weight(self) -> torch.Tensor:
+        """The weights this layer's GEMM computes with, in the input's own scale."""
         q = self.qweight if self.qweight is not None else _unpack_onednn(self)
-        return q.float() * self.w_scale[:, None]
+        w = q.float() * self.w_scale[:, None]
+        return w if self.inv_smooth is None else w * self.inv_smooth
 
 
 def attach_kernels(model: nn.Module, kernels) -> None:
