@@ -1,4 +1,4 @@
-"""Experiment: which W8A8 repair reaches the int8 quality target (top-1 >= 97%) on the bundled model.
+"""Experiment: which W8A8 repair reaches int8's quality target (top-1 >= 97%) on the bundled model.
 
     python benchmarks/int8_smoothing.py [WINDOWS [ALPHA/OUTLIERS ...]]   e.g.  4 none/0 0.5/16
 
@@ -68,7 +68,8 @@ def main(argv: list[str]) -> None:
     engine, model = loaded.engine, loaded.engine.runner.model
     windows = text_windows(loaded.tokenizer, WINDOW, count)
     refs = [torch.log_softmax(window_logits(engine, w)[:-1].double(), -1) for w in windows]
-    linears = {n: m for n, m in model.named_modules() if isinstance(m, PackedLinear) and n != "lm_head"}
+    linears = {n: m for n, m in model.named_modules()
+               if isinstance(m, PackedLinear) and n != "lm_head"}
     # the float weights back from the packed layout: the GEMM of the identity (exact)
     weights = {n: m(torch.eye(m.in_features)).T.contiguous() for n, m in linears.items()}
     with record_input_max(linears) as input_max:
@@ -80,7 +81,8 @@ def main(argv: list[str]) -> None:
         start = time.time()
         for name, layer in linears.items():
             parent, _, child = name.rpartition(".")
-            smooth = None if alpha == "none" else smoothing_factors(input_max[name], weights[name], float(alpha))
+            smooth = None if alpha == "none" else smoothing_factors(input_max[name], weights[name],
+                                                                    float(alpha))
             top = torch.topk(input_max[name], int(outliers)).indices
             setattr(model.get_submodule(parent), child, Repaired(weights[name], smooth, top))
         agree = positions = 0
@@ -94,7 +96,8 @@ def main(argv: list[str]) -> None:
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, layer)
         print(f"alpha={alpha} float outlier channels={outliers}: top-1 {agree / positions:.2%}, "
-              f"mean KL {kl / positions:.5f} over {positions} positions ({time.time() - start:.0f} s)",
+              f"mean KL {kl / positions:.5f} over {positions} positions "
+              f"({time.time() - start:.0f} s)",
               flush=True)
     from benchmarks.bench import machine_line
 

@@ -83,7 +83,7 @@ def window_logits(engine, tokens: list[int]) -> torch.Tensor:
     runner = engine.runner
     model = runner.model
     scored: list[torch.Tensor] = []  # the prompt's rows (engine/prompt_logprobs.py)
-    sampled: list[torch.Tensor] = []  # the last row's, for sampling: the engine may compute it first
+    sampled: list[torch.Tensor] = []  # the last row's (sampling), which the engine may compute first
     compute, sample = model.compute_logits, runner.logits
     sampling = False
 

@@ -36,7 +36,8 @@ def test_smoothed_w8a8_is_the_int8_product_of_the_smoothed_input(shape, rows):
     layer = Int8Linear(w, b, smooth=s)
     qx, sx = quantize_rows(x / s, layer.kernels)
     # dequantized_weight is in the input's scale: undo its 1/s on the smoothed input
-    ref = (qx.double() * sx.double()) @ (layer.dequantized_weight().double() * s.double()).T + b.double()
+    w = layer.dequantized_weight().double() * s.double()
+    ref = (qx.double() * sx.double()) @ w.T + b.double()
     assert _rel_err(layer(x), ref) < 1e-5
     exact = x.double() @ w.double().T + b.double()
     assert _rel_err(layer(x), exact) < _rel_err(Int8Linear(w, b)(x), exact)

@@ -48,7 +48,8 @@ def onednn_int8_available() -> bool:
         return False
 
 
-def onednn_qlinear(qx: torch.Tensor, packed, w_scale: torch.Tensor, w_zero: torch.Tensor) -> torch.Tensor:
+def onednn_qlinear(qx: torch.Tensor, packed, w_scale: torch.Tensor,
+                   w_zero: torch.Tensor) -> torch.Tensor:
     """float32 (qx @ q_w.T) * w_scale through oneDNN. qx goes in as uint8 with zero point 128
     (the same values): oneDNN has VNNI/AMX kernels for u8 x s8, while signed int8 activations
     send it to its reference kernel (`ref_int8`, 200x slower) on a CPU without AMX."""
@@ -61,7 +62,8 @@ class Int8Linear(nn.Module):
     """W8A8: y = (q_x @ q_w.T) * s_x * s_w (+ bias), q_x the per-token int8 activations; with
     `smooth` (per input channel, quant/smoothing.py) of x / smooth and of weight * smooth."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, smooth: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 smooth: torch.Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.inv_smooth = None if smooth is None else smooth.float().reciprocal()
