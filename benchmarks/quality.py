@@ -80,21 +80,33 @@ def window_logits(engine, tokens: list[int]) -> torch.Tensor:
     after the window), as the engine computes them while scoring the prompt."""
     from batchrun.engine import SamplingParams
 
-    model = engine.runner.model
-    rows: list[torch.Tensor] = []
-    compute = model.compute_logits
+    runner = engine.runner
+    model = runner.model
+    scored: list[torch.Tensor] = []  # the prompt's rows (engine/prompt_logprobs.py)
+    sampled: list[torch.Tensor] = []  # the last row's (sampling), which the engine may compute first
+    compute, sample = model.compute_logits, runner.logits
+    sampling = False
 
     def capture(hidden):
         out = compute(hidden)
-        rows.append(out.float().cpu())
+        (sampled if sampling else scored).append(out.float().cpu())
         return out
 
-    model.compute_logits = capture
+    def capture_sample(batch, hidden):
+        nonlocal sampling
+        sampling = True
+        try:
+            return sample(batch, hidden)
+        finally:
+            sampling = False
+
+    model.compute_logits, runner.logits = capture, capture_sample
     try:
         engine.kv.reset_prefix_cache()
         engine.generate([tokens], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0))
     finally:
-        del model.compute_logits  # back to the class's method
+        del model.compute_logits, runner.logits  # back to the classes' methods
+    rows = scored + sampled
     logits = torch.cat(rows)
     if logits.shape[0] != len(tokens):
         raise RuntimeError(f"captured {logits.shape[0]} logit rows for {len(tokens)} tokens")

@@ -41,20 +41,34 @@ def onednn_int8_available() -> bool:
         x = torch.cat((torch.full((1, k), 127), torch.full((1, k), -127),
                        torch.arange(k).flip(0).remainder(255).sub(127).reshape(1, k))).to(torch.int8)
         packed = torch.ops.onednn.qlinear_prepack(q, None)
-        y = torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, torch.ones(3), torch.zeros(3, dtype=torch.int64),
-                                               None, 1.0, 0, torch.float32, "none", [], "")
+        y = onednn_qlinear(x, packed, torch.ones(3), torch.zeros(3, dtype=torch.int64))
         return torch.equal(y, x.double().matmul(q.double().T).float())
     except (RuntimeError, AttributeError) as exc:
         log.info("oneDNN int8 linear unavailable, int8 GEMMs emulated in float: %s", exc)
         return False
 
 
-class Int8Linear(nn.Module):
-    """W8A8: y = (q_x @ q_w.T) * s_x * s_w (+ bias), q_x the per-token int8 activations."""
+def onednn_qlinear(qx: torch.Tensor, packed, w_scale: torch.Tensor,
+                   w_zero: torch.Tensor) -> torch.Tensor:
+    """float32 (qx @ q_w.T) * w_scale through oneDNN. qx goes in as uint8 with zero point 128
+    (the same values): oneDNN has VNNI/AMX kernels for u8 x s8, while signed int8 activations
+    send it to its reference kernel (`ref_int8`, 200x slower) on a CPU without AMX."""
+    ux = qx.view(torch.uint8).bitwise_xor(0x80)  # two's complement byte b -> b + 128
+    return torch.ops.onednn.qlinear_pointwise(ux, 1.0, 128, packed, w_scale, w_zero, None, 1.0, 0,
+                                              torch.float32, "none", [], "")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+
+class Int8Linear(nn.Module):
+    """W8A8: y = (q_x @ q_w.T) * s_x * s_w (+ bias), q_x the per-token int8 activations; with
+    `smooth` (per input channel, quant/smoothing.py) of x / smooth and of weight * smooth."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 smooth: torch.Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        self.inv_smooth = None if smooth is None else smooth.float().reciprocal()
+        if smooth is not None:
+            weight = weight.float() * smooth.float()
         self.qweight, self.w_scale = quantize_per_channel(weight)
         self.bias = None if bias is None else bias.detach().float()
         self.onednn = onednn_int8_available()
@@ -74,18 +88,21 @@ class Int8Linear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         if x2.shape[0] == 0:
             return x.new_empty(*shape[:-1], self.out_features)
+        if self.inv_smooth is not None:
+            x2 = x2 * self.inv_smooth.to(x2.dtype)
         qx, x_scale = quantize_rows(x2, self.kernels)
         if self.onednn:
-            y = torch.ops.onednn.qlinear_pointwise(qx, 1.0, 0, self.packed, self.w_scale, self.w_zero, None,
-                                                   1.0, 0, torch.float32, "none", [], "")
+            y = onednn_qlinear(qx, self.packed, self.w_scale, self.w_zero)
         else:  # exact while the int32 sums stay below 2**24 (float32's integers); relative 6e-8 above
             y = (qx.float() @ self.qweight.float().T) * self.w_scale
         rescale_rows(y, x_scale, self.bias, self.kernels)
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
     def dequantized_weight(self) -> torch.Tensor:
+        """The weights this layer's GEMM computes with, in the input's own scale."""
         q = self.qweight if self.qweight is not None else _unpack_onednn(self)
-        return q.float() * self.w_scale[:, None]
+        w = q.float() * self.w_scale[:, None]
+        return w if self.inv_smooth is None else w * self.inv_smooth
 
 
 def attach_kernels(model: nn.Module, kernels) -> None:
@@ -98,8 +115,7 @@ def attach_kernels(model: nn.Module, kernels) -> None:
 def _unpack_onednn(layer: Int8Linear) -> torch.Tensor:
     """The int8 weights back from oneDNN's layout: the GEMM of the identity (exact)."""
     eye = torch.eye(layer.in_features, dtype=torch.int8)
-    y = torch.ops.onednn.qlinear_pointwise(eye, 1.0, 0, layer.packed, torch.ones(layer.out_features),
-                                           layer.w_zero, None, 1.0, 0, torch.float32, "none", [], "")
+    y = onednn_qlinear(eye, layer.packed, torch.ones(layer.out_features), layer.w_zero)
     return y.T.round().to(torch.int8)
 
 

@@ -1,0 +1,66 @@
+"""SmoothQuant smoothing (models/quant/smoothing.py) in the W8A8 layer: the smoothed layer is the
+int8 product of x / s against its own dequantized weights, it keeps the float layer's function,
+and on inputs with outlier channels it is closer to the float layer than unsmoothed W8A8."""
+
+import pytest
+import torch
+
+from batchrun.models.quant.activations import quantize_rows
+from batchrun.models.quant.int8_linear import Int8Linear
+from batchrun.models.quant.smoothing import record_input_max, smoothing_factors
+
+
+def _outlier_inputs(rows, k, seed=1):
+    """Activations like a residual stream's: a few channels 30x the others' scale."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g)
+    x[:, :: max(1, k // 4)] *= 30.0
+    return x
+
+
+def _weights(n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=g) * 0.05, torch.randn(n, generator=g)
+
+
+def _rel_err(got, ref):
+    return float((got.double() - ref).abs().max() / ref.abs().max())
+
+
+@pytest.mark.parametrize("shape", [(960, 576), (100, 96)])
+@pytest.mark.parametrize("rows", [1, 40])
+def test_smoothed_w8a8_is_the_int8_product_of_the_smoothed_input(shape, rows):
+    w, b = _weights(*shape)
+    x = _outlier_inputs(rows, shape[1])
+    s = smoothing_factors(x.abs().amax(dim=0), w, alpha=0.5)
+    layer = Int8Linear(w, b, smooth=s)
+    qx, sx = quantize_rows(x / s, layer.kernels)
+    # dequantized_weight is in the input's scale: undo its 1/s on the smoothed input
+    w = layer.dequantized_weight().double() * s.double()
+    ref = (qx.double() * sx.double()) @ w.T + b.double()
+    assert _rel_err(layer(x), ref) < 1e-5
+    exact = x.double() @ w.double().T + b.double()
+    assert _rel_err(layer(x), exact) < _rel_err(Int8Linear(w, b)(x), exact)
+
+
+def test_smoothing_factors_balance_activation_and_weight_ranges():
+    w, _ = _weights(64, 32)
+    x_max = torch.linspace(0.1, 40.0, 32)
+    s = smoothing_factors(x_max, w, alpha=0.5)
+    w_max = w.abs().amax(dim=0)
+    # at alpha 0.5 the smoothed activation and weight column ranges are equal
+    torch.testing.assert_close(x_max / s, w_max * s, rtol=1e-5, atol=0)
+    assert torch.equal(smoothing_factors(x_max, w, 0.5), s)  # deterministic
+    torch.testing.assert_close(smoothing_factors(x_max, w, 0.0), 1 / w_max)
+
+
+def test_record_input_max_sees_every_row_and_leaves_the_output_alone():
+    lin = torch.nn.Linear(8, 4)
+    x1, x2 = torch.randn(3, 8), torch.randn(2, 5, 8) * 3
+    with record_input_max({"lin": lin}) as stats:
+        y = lin(x1)
+        lin(x2)
+    torch.testing.assert_close(y, x1 @ lin.weight.T + lin.bias)
+    torch.testing.assert_close(stats["lin"], torch.cat([x1, x2.reshape(-1, 8)]).abs().amax(dim=0))
+    lin(torch.full((1, 8), 100.0))  # hooks removed on exit
+    assert float(stats["lin"].max()) < 100
