@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from batchrun.models import llama
-from batchrun.models.llama import Attention, MLP, RMSNorm, RotaryEmbedding, StepRope
+from batchrun.models.llama import Attention, MLP, RMSNorm
+from batchrun.models.rope import RotaryEmbedding, StepRope, longrope_reason
 
 SUPPORTED_ARCHITECTURES = {"GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"}
 GELU_TANH = {"gelu_pytorch_tanh", "gelu_tanh"}
@@ -132,7 +133,7 @@ def unsupported(hf) -> str | None:
         return reason
     params = getattr(hf, "rope_parameters", None) or {}
     for layer_type in sorted(set(getattr(hf, "layer_types", None) or ()) & set(params)):
-        reason = llama.longrope_reason(hf, layer_type)
+        reason = longrope_reason(hf, layer_type)
         if reason:
             return reason
     return None

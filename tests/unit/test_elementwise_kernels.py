@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from batchrun.engine import kernels
-from batchrun.models.llama import RotaryEmbedding
+from batchrun.models.rope import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(kernels.library() is None, reason="no C compiler here")
 TOLERANCE = {torch.float32: dict(atol=1e-6, rtol=1e-5), torch.bfloat16: dict(atol=1e-2, rtol=1e-2)}

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from batchrun.models.hf_config import plain_config, read_config
-from batchrun.models.llama import ModelConfig, RotaryEmbedding
+from batchrun.models.llama import ModelConfig
+from batchrun.models.rope import RotaryEmbedding
 from tests.tiny_models import ARCHS, make_tiny
 
 
