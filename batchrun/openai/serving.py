@@ -44,7 +44,8 @@ from batchrun.openai.responses_request import ResponsesRequest
 from batchrun.openai.render import (load_chat_template, render_prompt, request_template_kwargs,
                                     tokenize_prompt)
 from batchrun.openai.structured import (after_reasoning, check_satisfiable, completes,
-                                        response_format_grammar, tool_choice_grammar)
+                                        in_output_format, response_format_grammar,
+                                        tool_choice_grammar)
 from batchrun.options.openai import OpenAIOptions, RequestDefaults
 from batchrun.served_model import ServedModel
 
@@ -316,6 +317,8 @@ class OpenAIServing:
         self._check_satisfiable(grammar, *grammar_param(request, tool_grammar))
         if grammar is not None and self.reasoning is not None:
             grammar = after_reasoning(grammar, self.reasoning)
+        elif grammar is not None and tool_grammar is None and parser is not None:
+            grammar = in_output_format(grammar, parser, self.tokenizer)
         params = self._params(request, [prompt], grammar, adapter)
         if parser is not None and parser.needs_special_tokens:
             params.skip_special_tokens = False

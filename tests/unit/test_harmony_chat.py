@@ -106,6 +106,16 @@ def test_required_tool_choice_is_forced_in_harmony(model, serving):
     assert choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
 
 
+def test_response_format_is_held_in_the_final_channel(model, serving):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    p = serving.prepare(CHAT, body(response_format={"type": "json_schema", "json_schema": {
+        "name": "a", "schema": schema}}))
+    answer = THOUGHT + '<|channel|>final<|message|>{"a": 1}<|return|>'
+    message = finalize(model, p, answer)["choices"][0]["message"]
+    assert message["content"] == '{"a": 1}'  # the grammar let the thought and channel through
+    assert message["reasoning_content"] == "User asks the weather. Use the tool."
+
+
 def test_responses_reasoning_effort_reaches_the_template(model, serving):
     p = serving.prepare("/v1/responses", {"model": "gpt-oss", "input": "Weather in Paris?",
                                           "reasoning": {"effort": "low"}})

@@ -160,6 +160,11 @@ class ToolParser:
     def stream(self) -> ToolStream:
         return ToolStream(self.parse_text, self.new_id)
 
+    def answer_grammar(self, rules: str, body: str, literal: Callable[[str], str]) -> str | None:
+        """A Lark grammar putting an answer held to `body` (`rules` define what it names) where
+        the format wants it; None: the answer is the raw output."""
+        return None
+
     def grammar(self, tools: list[dict[str, Any]], parallel: bool,
                 literal: Callable[[str], str]) -> str:
         """A Lark grammar (llguidance dialect) whose language is one or more calls of `tools`

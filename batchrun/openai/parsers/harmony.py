@@ -125,6 +125,15 @@ class HarmonyParser(ToolParser):
             header = json.dumps(f"commentary to={FUNCTIONS}{fn['name']} ")
             calls.append(f'{literal(CHANNEL)} {header} {literal(CONSTRAIN)} "json" '
                          f'{literal(MESSAGE)} %json {json.dumps(params)}')
-        thought = (f'{literal(CHANNEL)} "analysis" {literal(MESSAGE)} /(.|\\n)*/ {literal(END)} '
-                   f'{literal(START)} "assistant"')
-        return f"start: thought? call\nthought: {thought}\ncall: {' | '.join(calls)}\n"
+        return f"start: thought? call\n{_thought(literal)}call: {' | '.join(calls)}\n"
+
+    def answer_grammar(self, rules: str, body: str, literal: Callable[[str], str]) -> str:
+        """response_format's answer in the final channel, after an optional thought."""
+        return (f'start: thought? {literal(CHANNEL)} "final" {literal(MESSAGE)} {body}\n'
+                f"{_thought(literal)}{rules}")
+
+
+def _thought(literal: Callable[[str], str]) -> str:
+    """The grammar rule of an analysis message and the header of the message after it."""
+    return (f'thought: {literal(CHANNEL)} "analysis" {literal(MESSAGE)} /(.|\\n)*/ {literal(END)} '
+            f'{literal(START)} "assistant"\n')
