@@ -12,6 +12,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from batchrun.llm import read_generation_config
 from batchrun.openai.serving import OpenAIServing, ServingOptions
+from batchrun.openai.structured import special_literal
 from tests.harmony_tokenizer import eos_ids, harmony_tokenizer
 from tests.scripted_model import scripted_model
 from tests.unit.test_harmony_parser import CALL, FINAL, PREAMBLE, THOUGHT
@@ -71,23 +72,24 @@ def test_preamble_and_call_stop_at_call(model, serving):
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
 
 
-def test_stream_concatenates_to_the_whole_response(model, serving):
+def test_stream_sends_the_same_as_deltas(model, serving):
+    """The same answer as test_preamble_and_call_stop_at_call's, streamed."""
     text = THOUGHT + PREAMBLE + CALL
-    whole = finalize(model, serving.prepare(CHAT, body(tools=[WEATHER])), text)
     chunks = stream(model, serving.prepare(CHAT, body(tools=[WEATHER], stream=True, stream_options={
-        "include_usage": True})), text)
+        "include_usage": True})), text + AFTER)
     deltas = [c["choices"][0] for c in chunks if c["choices"]]
-    message = whole["choices"][0]["message"]
-    for field in ("content", "reasoning_content"):
-        assert "".join(d["delta"].get(field) or "" for d in deltas) == message[field]
+    joined = {field: "".join(d["delta"].get(field) or "" for d in deltas)
+              for field in ("content", "reasoning_content")}
+    assert joined == {"content": "Let me look that up.",
+                      "reasoning_content": "User asks the weather. Use the tool."}
     calls = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
-    assert calls[0]["function"]["name"] == "get_weather"
-    assert "".join(t["function"].get("arguments", "") for t in calls) == \
-        message["tool_calls"][0]["function"]["arguments"]
+    assert calls[0]["function"]["name"] == "get_weather" and calls[0]["id"].startswith("call_")
+    assert "".join(t["function"].get("arguments", "") for t in calls) == '{"city": "Paris"}'
     assert deltas[-1]["finish_reason"] == "tool_calls"
-    usage = chunks[-1]["usage"]  # (its prompt was cached by the first run)
-    assert usage["completion_tokens"] == whole["usage"]["completion_tokens"]
-    assert usage["completion_tokens_details"] == whole["usage"]["completion_tokens_details"]
+    usage = chunks[-1]["usage"]
+    assert usage["completion_tokens"] == len(model.tokenizer.encode(text))
+    thought = len(model.tokenizer.encode(THOUGHT.removesuffix("<|start|>assistant")))
+    assert usage["completion_tokens_details"]["reasoning_tokens"] == thought
 
 
 def test_a_turn_cut_by_max_tokens_keeps_what_it_has(model, serving):
@@ -99,11 +101,10 @@ def test_a_turn_cut_by_max_tokens_keeps_what_it_has(model, serving):
 
 
 def test_required_tool_choice_is_forced_in_harmony(model, serving):
+    """The call grammar (its sentences: test_harmony_parser.py) is what the engine runs under."""
     p = serving.prepare(CHAT, body(tools=[WEATHER], tool_choice="required"))
-    assert p.params.grammar is not None
-    choice = finalize(model, p, CALL)["choices"][0]  # the grammar lets the call through
-    assert choice["finish_reason"] == "tool_calls"
-    assert choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert p.params.grammar.lark == serving.tool_parser.grammar(
+        [WEATHER], True, special_literal(model.tokenizer))
 
 
 def test_response_format_is_held_in_the_final_channel(model, serving):
