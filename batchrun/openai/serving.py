@@ -284,8 +284,8 @@ class OpenAIServing:
         if self.tool_parser is None:
             raise RequestError(
                 "tools: no tool-call parser for this model's chat template; run with "
-                "--tool-parser (hermes, llama3_json, mistral, harmony) and a --chat-template that renders "
-                "tools", code="tools_not_supported", param="tools")
+                "--tool-parser (hermes, llama3_json, mistral, harmony) and a --chat-template "
+                "that renders tools", code="tools_not_supported", param="tools")
         tools = [t.model_dump(exclude_none=True) for t in request.tools]
         parallel = request.parallel_tool_calls is not False
         grammar = tool_choice_grammar(self.tool_parser, tools, choice, parallel, self.tokenizer)

@@ -11,7 +11,8 @@ from batchrun.openai.chat import ChoiceParser
 from batchrun.openai.parsers import detect_tool_parser, tool_parser
 from tests.harmony_tokenizer import harmony_tokenizer
 
-THOUGHT = "<|channel|>analysis<|message|>User asks the weather. Use the tool.<|end|><|start|>assistant"
+THOUGHT = ("<|channel|>analysis<|message|>User asks the weather. Use the tool.<|end|>"
+           "<|start|>assistant")
 CALL = ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
         '{"city": "Paris"}<|call|>')
 FINAL = THOUGHT + "<|channel|>final<|message|>It is sunny in Paris.<|return|>"

@@ -3,7 +3,7 @@ terminator, the channel in the header saying what the body is.
 
     <|channel|>analysis<|message|>THOUGHT<|end|>
     <|start|>assistant<|channel|>commentary<|message|>PREAMBLE<|end|>
-    <|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>
+    <|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{..}<|call|>
     <|start|>assistant<|channel|>final<|message|>ANSWER<|return|>
 
 The prompt ends with `<|start|>assistant`, so the output opens inside the first header. A
