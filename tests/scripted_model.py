@@ -46,12 +46,14 @@ class ScriptedModel(torch.nn.Module):
         return EOS
 
 
-def scripted_model(tokenizer, name: str = "scripted") -> LoadedModel:
+def scripted_model(tokenizer, name: str = "scripted", eos=(EOS,), path=None) -> LoadedModel:
+    """`eos`: the ids that end a generation (a checkpoint's generation_config may list
+    several); `path`: the model folder the adapter reads (its config.json)."""
     model = ScriptedModel(len(tokenizer))
     config = EngineConfig.default(num_blocks=512)
     config.device.device = "cpu"
-    engine = build_engine(model, tokenizer, config, [EOS], torch.device("cpu"), torch.float32)
-    return LoadedModel(engine, tokenizer, name, (), {})
+    engine = build_engine(model, tokenizer, config, list(eos), torch.device("cpu"), torch.float32)
+    return LoadedModel(engine, tokenizer, name, (), {}, path)
 
 
 def script(loaded: LoadedModel, prompt: list[int], text: str, keep: bool = False) -> list[int]:

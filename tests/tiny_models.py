@@ -71,7 +71,18 @@ def make_tiny(arch: str, path: Path, seed: int = 0, archs: dict = ARCHS, **overr
     table `arch` names an entry of (BACKEND_ARCHS for the transformers backend's)."""
     import transformers
 
-    cfg_cls, model_cls, extra = archs[arch]
+    cfg = tiny_config(arch, archs, **overrides)
+    torch.manual_seed(seed)
+    model = getattr(transformers, archs[arch][1])(cfg).eval()
+    model.save_pretrained(path)
+    return model
+
+
+def tiny_config(arch: str, archs: dict = ARCHS, **overrides):
+    """The transformers config make_tiny builds `arch` from (no weights)."""
+    import transformers
+
+    cfg_cls, _, extra = archs[arch]
     options = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                    rms_norm_eps=1e-6, initializer_range=0.2, tie_word_embeddings=False)
@@ -79,10 +90,7 @@ def make_tiny(arch: str, path: Path, seed: int = 0, archs: dict = ARCHS, **overr
     options.update(overrides)
     cfg = getattr(transformers, cfg_cls)(**options)
     cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = 1, 2, 0
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_cls)(cfg).eval()
-    model.save_pretrained(path)
-    return model
+    return cfg
 
 
 class IdTokenizer:

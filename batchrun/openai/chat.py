@@ -36,8 +36,9 @@ class ChoiceParser:
         if final:
             last = self.tools.finish()
             inner.content += last.content
+            inner.reasoning += last.reasoning
             inner.tool_calls += last.tool_calls
-        return Delta(inner.content, delta.reasoning, inner.tool_calls)
+        return Delta(inner.content, delta.reasoning + inner.reasoning, inner.tool_calls)
 
     def feed(self, text: str) -> Delta:
         delta = self.reasoning.feed(text) if self.reasoning else Delta(content=text)
@@ -68,9 +69,17 @@ class ChatFormatter:
             return "tool_calls"
         return reason
 
+    @property
+    def splits_reasoning(self) -> bool:
+        """Whether messages carry reasoning_content: a reasoning parser, or a tool parser whose
+        format holds the thought too (Harmony)."""
+        return self.reasoning is not None or bool(self.tools and self.tools.splits_reasoning)
+
     def _reasoning_tokens(self, c: CompletionOutput, reasoning: str | None) -> int:
-        if not reasoning or self.reasoning is None:
+        if not reasoning or not self.splits_reasoning:
             return 0
+        if self.reasoning is None:
+            return self.tools.reasoning_tokens(self.tokenizer, c.token_ids)
         return reasoning_token_count(self.tokenizer, c.token_ids, self.reasoning,
                                      self.skip_special_tokens)
 
@@ -104,7 +113,7 @@ class ChatFormatter:
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = calls
-        if self.reasoning is not None:
+        if self.splits_reasoning:
             message["reasoning_content"] = reasoning
         choice = {"index": c.index, "message": message,
                   "finish_reason": self._finish_reason(c, bool(calls)),
@@ -133,7 +142,7 @@ class ChatFormatter:
             reasoning_tokens += r
         completion_tokens = sum(len(c.token_ids) for c in output.outputs)
         use = usage(len(output.prompt_token_ids), completion_tokens, output.num_cached_tokens,
-                    reasoning_tokens if self.reasoning is not None else None)
+                    reasoning_tokens if self.splits_reasoning else None)
         body = chat_completion_body(choices, use, self.model_name, self.system_fingerprint,
                                     created)
         if self.prompt_logprobs is not None:
@@ -176,7 +185,7 @@ class ChatChunks(StreamChunks):
     def usage(self) -> dict[str, Any]:
         completion = sum(c.tokens for c in self.choices)
         reasoning = sum(c.reasoning_tokens for c in self.choices) \
-            if self.fmt.reasoning is not None else None
+            if self.fmt.splits_reasoning else None
         return usage(self.prompt_tokens, completion, self.cached_tokens, reasoning)
 
     def start(self) -> list[dict]:

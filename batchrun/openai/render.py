@@ -170,6 +170,14 @@ def template_call_kwargs(tokenizer: Any, tools: list[dict[str, Any]] | None,
     return kwargs
 
 
+def request_template_kwargs(request: Any) -> dict[str, Any] | None:
+    """A chat request's chat_template_kwargs, with its `reasoning_effort` (GPT-OSS's template
+    reads it) unless they set it themselves."""
+    if request.reasoning_effort is None:
+        return request.chat_template_kwargs
+    return {"reasoning_effort": request.reasoning_effort, **(request.chat_template_kwargs or {})}
+
+
 def render_prompt(tokenizer: Any, messages: Sequence[ChatMessage], *,
                   tools: list[dict[str, Any]] | None = None, chat_template: str | None = None,
                   add_generation_prompt: bool = True, continue_final_message: bool = False,

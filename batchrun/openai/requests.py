@@ -205,6 +205,8 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     metadata: Metadata | None = None
+    # Given to the chat template as `reasoning_effort` (GPT-OSS's reads it; others ignore it).
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     # vLLM's chat extensions.
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True

@@ -243,6 +243,8 @@ def to_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
             body[name] = value
     if request.max_output_tokens is not None:
         body["max_completion_tokens"] = request.max_output_tokens
+    if request.reasoning is not None and request.reasoning.effort is not None:
+        body["reasoning_effort"] = request.reasoning.effort  # to the template, as chat's
     tools = _tools(request)
     if tools is not None:
         body["tools"] = tools

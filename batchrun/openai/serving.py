@@ -41,9 +41,11 @@ from batchrun.openai.requests import ChatCompletionRequest, CompletionRequest, E
 from batchrun.openai.requests import MAX_EMBEDDING_REQUEST_TOKENS
 from batchrun.openai.responses import prepare_response
 from batchrun.openai.responses_request import ResponsesRequest
-from batchrun.openai.render import load_chat_template, render_prompt, tokenize_prompt
+from batchrun.openai.render import (load_chat_template, render_prompt, request_template_kwargs,
+                                    tokenize_prompt)
 from batchrun.openai.structured import (after_reasoning, check_satisfiable, completes,
-                                        response_format_grammar, tool_choice_grammar)
+                                        in_output_format, response_format_grammar,
+                                        tool_choice_grammar)
 from batchrun.options.openai import OpenAIOptions, RequestDefaults
 from batchrun.served_model import ServedModel
 
@@ -160,7 +162,7 @@ class OpenAIServing:
         self.tokenizer = model.tokenizer
         self.texts = TokenText(self.tokenizer)
         template = options.chat_template or getattr(self.tokenizer, "chat_template", None) or ""
-        name = options.tool_parser or detect_tool_parser(template)
+        name = options.tool_parser or detect_tool_parser(template, _model_type(model.path))
         self.tool_parser: ToolParser | None = tool_parser(name) if name else None
         self.reasoning = reasoning_parser(options.reasoning_parser) \
             if options.reasoning_parser else None
@@ -194,8 +196,10 @@ class OpenAIServing:
                 f"/v1/classify, /v1/score, /v1/rerank and /v1/embeddings, not {url}",
                 code="unsupported_task", param="model")
         if isinstance(request, ResponsesRequest):
+            thinks = self.reasoning or (self.tool_parser if self.tool_parser is not None and
+                                        self.tool_parser.splits_reasoning else None)
             return prepare_response(request, functools.partial(self._chat, adapter=adapter),
-                                    self.reasoning)
+                                    thinks)
         if isinstance(request, ChatCompletionRequest):
             return self._chat(request, adapter)
         if isinstance(request, EmbeddingRequest):
@@ -266,20 +270,22 @@ class OpenAIServing:
     def _tools(self, request: ChatCompletionRequest):
         """(tools for the template, tool parser, forcing grammar, named) for a chat request."""
         choice = request.tool_choice
+        # A parser of the whole output format (Harmony) reads every answer, tools or not.
+        whole = self.tool_parser if self.tool_parser and self.tool_parser.always_applies else None
         if not request.tools:
             if choice not in (None, "none"):
                 raise RequestError("tool_choice: only allowed when tools are given",
                                    code="invalid_value", param="tool_choice")
-            return None, None, None, False
+            return None, whole, None, False
         for i, tool in enumerate(request.tools):  # a schema a forced call could not use is
             check_tool_schema(tool.function.parameters, i)  # refused whatever the choice
         if choice == "none":
-            return None, None, None, False  # the model is not to call tools: it does not see them
+            return None, whole, None, False  # the model is not to call tools: it does not see them
         if self.tool_parser is None:
             raise RequestError(
                 "tools: no tool-call parser for this model's chat template; run with "
-                "--tool-parser (hermes, llama3_json, mistral) and a --chat-template that renders "
-                "tools", code="tools_not_supported", param="tools")
+                "--tool-parser (hermes, llama3_json, mistral, harmony) and a --chat-template "
+                "that renders tools", code="tools_not_supported", param="tools")
         tools = [t.model_dump(exclude_none=True) for t in request.tools]
         parallel = request.parallel_tool_calls is not False
         grammar = tool_choice_grammar(self.tool_parser, tools, choice, parallel, self.tokenizer)
@@ -299,18 +305,20 @@ class OpenAIServing:
                 chat_template=self.options.chat_template,
                 add_generation_prompt=request.add_generation_prompt,
                 continue_final_message=request.continue_final_message,
-                template_kwargs=request.chat_template_kwargs)
+                template_kwargs=request_template_kwargs(request))
         else:
             prompt = render_prompt(
                 self.tokenizer, request.messages, tools=tools,
                 chat_template=self.options.chat_template,
                 add_generation_prompt=request.add_generation_prompt,
                 continue_final_message=request.continue_final_message,
-                template_kwargs=request.chat_template_kwargs)
+                template_kwargs=request_template_kwargs(request))
         grammar = tool_grammar or response_format_grammar(request.response_format)
         self._check_satisfiable(grammar, *grammar_param(request, tool_grammar))
         if grammar is not None and self.reasoning is not None:
             grammar = after_reasoning(grammar, self.reasoning)
+        elif grammar is not None and tool_grammar is None and parser is not None:
+            grammar = in_output_format(grammar, parser, self.tokenizer)
         params = self._params(request, [prompt], grammar, adapter)
         if parser is not None and parser.needs_special_tokens:
             params.skip_special_tokens = False
@@ -418,6 +426,14 @@ class OpenAIServing:
         return PreparedRequest(url.rsplit("/", 1)[-1], request, prompts, params, fmt)
 
 
+def _model_type(path) -> str | None:
+    """config.json's model_type where the model folder is here (a parser is picked by it)."""
+    try:
+        return json.loads((path / "config.json").read_text()).get("model_type")
+    except (TypeError, OSError, ValueError, AttributeError):
+        return None
+
+
 class _FirstCallOnly(ToolParser):
     """parallel_tool_calls=false: only the first call counts."""
 
@@ -425,9 +441,14 @@ class _FirstCallOnly(ToolParser):
         self.inner = inner
         self.name = inner.name
         self.needs_special_tokens = inner.needs_special_tokens
+        self.splits_reasoning = inner.splits_reasoning
+        self.always_applies = inner.always_applies
 
     def new_id(self) -> str:
         return self.inner.new_id()
+
+    def reasoning_tokens(self, tokenizer, token_ids):
+        return self.inner.reasoning_tokens(tokenizer, token_ids)
 
     def parse_text(self, text: str, partial: bool):
         parsed = self.inner.parse_text(text, partial)

@@ -73,10 +73,9 @@ def tool_choice_grammar(parser: ToolParser, tools: list[dict[str, Any]], choice:
     return _checked(GrammarSpec(lark=lark), "tools", "the tools' parameter schemas")
 
 
-def after_reasoning(spec: GrammarSpec, reasoning: ReasoningParser) -> GrammarSpec:
-    """The same constraint, applied only after the thought: `<think>…</think>` stays free text
-    (optional for models that may skip it, required when the template opened it in the prompt),
-    then the answer must match."""
+def _answer_rule(spec: GrammarSpec) -> tuple[str, str]:
+    """(rules, body): the constraint as a Lark expression `body` another grammar can embed,
+    with the `rules` it needs."""
     rules = ""
     if spec.json_schema is not None:
         schema = spec.json_schema if isinstance(spec.json_schema, dict) else \
@@ -87,6 +86,22 @@ def after_reasoning(spec: GrammarSpec, reasoning: ReasoningParser) -> GrammarSpe
     else:  # our own grammars all open with their start rule
         assert spec.lark.startswith("start:"), spec.lark
         rules, body = "answer" + spec.lark[len("start"):], "answer"
+    return rules, body
+
+
+def in_output_format(spec: GrammarSpec, parser: ToolParser, tokenizer: Any) -> GrammarSpec:
+    """response_format's constraint where the parser's format puts the answer (Harmony: in the
+    final channel, after an optional thought); unchanged where the answer is the raw output."""
+    rules, body = _answer_rule(spec)
+    lark = parser.answer_grammar(rules, body, special_literal(tokenizer))
+    return spec if lark is None else GrammarSpec(lark=lark)
+
+
+def after_reasoning(spec: GrammarSpec, reasoning: ReasoningParser) -> GrammarSpec:
+    """The same constraint, applied only after the thought: `<think>…</think>` stays free text
+    (optional for models that may skip it, required when the template opened it in the prompt),
+    then the answer must match."""
+    rules, body = _answer_rule(spec)
     end = json.dumps(reasoning.end)
     if reasoning.starts_in_prompt:
         thought, optional = f"/(.|\\n)*/ {end}", ""

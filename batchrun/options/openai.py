@@ -11,7 +11,7 @@ from batchrun.options.fields import option
 
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 # The parsers batchrun.openai.parsers registers (it checks, on import, that they are these).
-ToolParserName = Literal["hermes", "llama3", "llama3_json", "mistral", "qwen"]
+ToolParserName = Literal["harmony", "hermes", "llama3", "llama3_json", "mistral", "openai", "qwen"]
 ReasoningParserName = Literal["deepseek_r1", "qwen3", "think"]
 # How /v1/embeddings pools the final hidden states (batchrun.engine.pooling).
 PoolingName = Literal["last", "mean", "cls"]
@@ -39,8 +39,9 @@ class OpenAIOptions(BaseModel):
         None, "A Jinja chat template file overriding the model's (e.g. one that renders tools: "
         "batchrun/openai/templates/chatml_tools.jinja).", metavar="FILE")
     tool_parser: ToolParserName | None = option(
-        None, "How tool calls are read from the output [default: from the chat template's "
-        "markers].")
+        None, "How tool calls are read from the output (harmony, alias openai: GPT-OSS's "
+        "channels, which also give reasoning_content) [default: from the chat template's "
+        "markers; harmony for a gpt_oss model].")
     reasoning_parser: ReasoningParserName | None = option(
         None, "Move <think>...</think> into message.reasoning_content [default: leave it in "
         "content].")

@@ -6,6 +6,7 @@ from typing import get_args
 
 from batchrun.options.openai import ReasoningParserName, ToolParserName
 from batchrun.openai.parsers.base import Delta, ToolCall, ToolCallDelta, ToolParser
+from batchrun.openai.parsers.harmony import HarmonyParser
 from batchrun.openai.parsers.hermes import HermesToolParser
 from batchrun.openai.parsers.llama3_json import Llama3JsonToolParser
 from batchrun.openai.parsers.mistral import MistralToolParser
@@ -15,6 +16,7 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesToolParser, "qwen": HermesToolParser,
     "llama3_json": Llama3JsonToolParser, "llama3": Llama3JsonToolParser,
     "mistral": MistralToolParser,
+    "harmony": HarmonyParser, "openai": HarmonyParser,  # vLLM's name for GPT-OSS's
 }
 REASONING_PARSERS = {
     "deepseek_r1": ReasoningParser("deepseek_r1", starts_in_prompt=True),
@@ -43,8 +45,11 @@ def reasoning_parser(name: str) -> ReasoningParser:
                          f"(known: {', '.join(REASONING_PARSERS)})") from None
 
 
-def detect_tool_parser(template: str) -> str | None:
-    """The tool-call format a chat template teaches, from its markers."""
+def detect_tool_parser(template: str, model_type: str | None = None) -> str | None:
+    """The tool-call format a chat template teaches, from its markers (GPT-OSS by its
+    config's model_type too: Harmony is its whole output format, tools or not)."""
+    if model_type == "gpt_oss" or "<|channel|>" in template:
+        return "harmony"
     if "<tool_call>" in template:
         return "hermes"
     if "[TOOL_CALLS]" in template:

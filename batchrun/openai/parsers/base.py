@@ -62,6 +62,7 @@ class Parsed:
     content is only what can no longer change."""
     content: str | None
     calls: list[tuple[str, str | None]] = field(default_factory=list)  # (name, arguments)
+    reasoning: str | None = None  # a parser whose format carries the thought (splits_reasoning)
 
 
 @dataclass
@@ -95,6 +96,7 @@ class ToolStream:
         self._new_id = new_id
         self.text = ""
         self.content_sent = 0
+        self.reasoning_sent = 0
         self.ids: list[str] = []
         self.names_sent = 0  # calls whose id and name went out
         self.args_sent: list[bool] = []
@@ -112,6 +114,10 @@ class ToolStream:
         if len(content) > self.content_sent:
             out.content = content[self.content_sent:]
             self.content_sent = len(content)
+        reasoning = parsed.reasoning or ""
+        if len(reasoning) > self.reasoning_sent:
+            out.reasoning = reasoning[self.reasoning_sent:]
+            self.reasoning_sent = len(reasoning)
         for i, (name, args) in enumerate(parsed.calls):
             if i >= self.names_sent:
                 self.ids.append(self._new_id())
@@ -130,12 +136,21 @@ class ToolParser:
     name = ""
     # The call markers are special tokens that decoding must keep (skip_special_tokens=False).
     needs_special_tokens = False
+    # The format also carries the thought (Parsed.reasoning -> reasoning_content).
+    splits_reasoning = False
+    # The format is the whole output (Harmony's channels), not only calls: it is parsed for
+    # every chat request, with tools or without.
+    always_applies = False
 
     def new_id(self) -> str:
         return f"call_{random_id()}"
 
     def parse_text(self, text: str, partial: bool) -> Parsed:
         raise NotImplementedError
+
+    def reasoning_tokens(self, tokenizer: Any, token_ids: list[int]) -> int:
+        """Output tokens spent thinking (parsers that split reasoning)."""
+        return 0
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         parsed = self.parse_text(text, False)
@@ -144,6 +159,11 @@ class ToolParser:
 
     def stream(self) -> ToolStream:
         return ToolStream(self.parse_text, self.new_id)
+
+    def answer_grammar(self, rules: str, body: str, literal: Callable[[str], str]) -> str | None:
+        """A Lark grammar putting an answer held to `body` (`rules` define what it names) where
+        the format wants it; None: the answer is the raw output."""
+        return None
 
     def grammar(self, tools: list[dict[str, Any]], parallel: bool,
                 literal: Callable[[str], str]) -> str:

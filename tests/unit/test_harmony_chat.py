@@ -1,0 +1,128 @@
+"""GPT-OSS's Harmony output through the chat path: a tiny gpt_oss checkpoint folder (config and
+generation_config as GPT-OSS ships them) served by the scripted stand-in model on the real engine,
+with the bundled tokenizer plus Harmony's special tokens. Bodies validated by the `openai`
+package's types."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from batchrun.llm import read_generation_config
+from batchrun.openai.serving import OpenAIServing, ServingOptions
+from batchrun.openai.structured import special_literal
+from tests.harmony_tokenizer import eos_ids, harmony_tokenizer
+from tests.scripted_model import scripted_model
+from tests.unit.test_harmony_parser import CALL, FINAL, PREAMBLE, THOUGHT
+from tests.unit.test_serving import WEATHER, body, finalize, run, stream
+
+CHAT = "/v1/chat/completions"
+AFTER = " and then more text the turn must not reach"  # scripted past the end of the turn
+
+
+@pytest.fixture(scope="module")
+def model(smol_tokenizer, tmp_path_factory):
+    from tests.tiny_models import BACKEND_ARCHS, tiny_config
+
+    tokenizer = harmony_tokenizer(smol_tokenizer)
+    folder = tmp_path_factory.mktemp("gpt-oss")
+    tiny_config("gpt_oss", BACKEND_ARCHS, vocab_size=len(tokenizer)).save_pretrained(folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_ids(tokenizer)}))
+    return scripted_model(tokenizer, "gpt-oss", eos=read_generation_config(folder)[1], path=folder)
+
+
+@pytest.fixture(scope="module")
+def serving(model):
+    return OpenAIServing(model, ServingOptions())
+
+
+def test_picked_by_the_checkpoints_model_type(model, serving):
+    assert serving.tool_parser.name == "harmony"
+    # without the template's markers, config.json's model_type still picks it
+    assert OpenAIServing(model, ServingOptions(chat_template="{{ messages }}")).tool_parser.name \
+        == "harmony"
+
+
+def test_thought_and_answer_stop_at_return(model, serving):
+    p = serving.prepare(CHAT, body(reasoning_effort="high"))
+    assert "Reasoning: high" in model.tokenizer.decode(p.prompts[0])
+    assert p.params.skip_special_tokens is False
+    result = finalize(model, p, FINAL + AFTER)
+    choice = result["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "It is sunny in Paris.",
+                                 "reasoning_content": "User asks the weather. Use the tool."}
+    assert choice["finish_reason"] == "stop"
+    assert result["usage"]["completion_tokens"] == len(model.tokenizer.encode(FINAL))
+    thought = len(model.tokenizer.encode(THOUGHT.removesuffix("<|start|>assistant")))
+    assert result["usage"]["completion_tokens_details"]["reasoning_tokens"] == thought
+
+
+def test_preamble_and_call_stop_at_call(model, serving):
+    result = finalize(model, serving.prepare(CHAT, body(tools=[WEATHER])),
+                      THOUGHT + PREAMBLE + CALL + AFTER)
+    ChatCompletion.model_validate(result)
+    choice = result["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Let me look that up."
+    assert choice["message"]["reasoning_content"] == "User asks the weather. Use the tool."
+    (call,) = choice["message"]["tool_calls"]
+    assert call["id"].startswith("call_") and call["type"] == "function"
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+
+
+def test_stream_sends_the_same_as_deltas(model, serving):
+    """The same answer as test_preamble_and_call_stop_at_call's, streamed."""
+    text = THOUGHT + PREAMBLE + CALL
+    chunks = stream(model, serving.prepare(CHAT, body(tools=[WEATHER], stream=True, stream_options={
+        "include_usage": True})), text + AFTER)
+    deltas = [c["choices"][0] for c in chunks if c["choices"]]
+    joined = {field: "".join(d["delta"].get(field) or "" for d in deltas)
+              for field in ("content", "reasoning_content")}
+    assert joined == {"content": "Let me look that up.",
+                      "reasoning_content": "User asks the weather. Use the tool."}
+    calls = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
+    assert calls[0]["function"]["name"] == "get_weather" and calls[0]["id"].startswith("call_")
+    assert "".join(t["function"].get("arguments", "") for t in calls) == '{"city": "Paris"}'
+    assert deltas[-1]["finish_reason"] == "tool_calls"
+    usage = chunks[-1]["usage"]
+    assert usage["completion_tokens"] == len(model.tokenizer.encode(text))
+    thought = len(model.tokenizer.encode(THOUGHT.removesuffix("<|start|>assistant")))
+    assert usage["completion_tokens_details"]["reasoning_tokens"] == thought
+
+
+def test_a_turn_cut_by_max_tokens_keeps_what_it_has(model, serving):
+    choice = finalize(model, serving.prepare(CHAT, body(max_tokens=6)), FINAL)["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert choice["message"]["content"] is None
+    assert choice["message"]["reasoning_content"] and \
+        "User asks the weather".startswith(choice["message"]["reasoning_content"])
+
+
+def test_required_tool_choice_is_forced_in_harmony(model, serving):
+    """The call grammar (its sentences: test_harmony_parser.py) is what the engine runs under."""
+    p = serving.prepare(CHAT, body(tools=[WEATHER], tool_choice="required"))
+    assert p.params.grammar.lark == serving.tool_parser.grammar(
+        [WEATHER], True, special_literal(model.tokenizer))
+
+
+def test_response_format_is_held_in_the_final_channel(model, serving):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    p = serving.prepare(CHAT, body(response_format={"type": "json_schema", "json_schema": {
+        "name": "a", "schema": schema}}))
+    answer = THOUGHT + '<|channel|>final<|message|>{"a": 1}<|return|>'
+    message = finalize(model, p, answer)["choices"][0]["message"]
+    assert message["content"] == '{"a": 1}'  # the grammar let the thought and channel through
+    assert message["reasoning_content"] == "User asks the weather. Use the tool."
+
+
+def test_responses_reasoning_effort_reaches_the_template(model, serving):
+    p = serving.prepare("/v1/responses", {"model": "gpt-oss", "input": "Weather in Paris?",
+                                          "reasoning": {"effort": "low"}})
+    assert "Reasoning: low" in model.tokenizer.decode(p.prompts[0])
+    out = run(model, p, FINAL)[-1]
+    items = p.finalize(out)["output"]
+    assert [i["type"] for i in items] == ["reasoning", "message"]
+    assert items[0]["content"][0]["text"] == "User asks the weather. Use the tool."
+    assert items[1]["content"][0]["text"] == "It is sunny in Paris."
