@@ -174,7 +174,7 @@ def test_cross_encoder_score_and_rerank_equal_transformers(tiny, arch):
     assert len(bare["results"]) == 4 and all("document" not in r for r in bare["results"])
 
 
-def test_yes_no_reranker_with_a_score_template_equals_transformers(tiny):
+def test_yes_no_reranker_with_a_score_template_equals_transformers(tiny, tmp_path):
     """--score-tokens no,yes --score-template (the Qwen3-Reranker template shipped): a pair's
     score is the softmax over the two tokens' logits at the last position of the templated
     prompt, as transformers computes it; one token: the sigmoid of its logit."""
@@ -212,6 +212,11 @@ def test_yes_no_reranker_with_a_score_template_equals_transformers(tiny):
     for bad, model in [("yes,definitely not", t), ("", t), ("no,yes", tiny("llama", 3))]:
         with pytest.raises(ValueError, match="--score-tokens"):
             OpenAIServing(model.model, ServingOptions.of(OpenAIOptions(score_tokens=bad)))
+    src = tmp_path / "in.jsonl"  # and from the command line, a usage error before any line
+    src.write_text(json.dumps(_lines()[2]) + "\n")
+    result = CliRunner().invoke(validate, [str(src), "--check-prompts", "--model", str(t.path),
+                                           "--score-tokens", "yes,definitely not"])
+    assert result.exit_code == 2 and "'definitely not' is not one token" in result.output
 
 
 def test_without_a_head_score_is_the_cosine_of_embeddings(tiny):
