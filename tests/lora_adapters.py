@@ -14,6 +14,9 @@ import torch
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # (targets, rank, alpha, use_rslora): attention only, everything, MLP only.
 KINDS = [(["q_proj", "v_proj"], 4, 16, False), (ALL, 8, 16, True), (["up_proj", "down_proj"], 6, 12, False)]
+# Phi-3's checkpoint has fused linears, PEFT's targets there.
+PHI3_KINDS = [(["qkv_proj"], 4, 16, False), (["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], 8, 16, True),
+              (["gate_up_proj", "down_proj"], 6, 12, False)]
 
 
 def make_adapter(hf, path: Path, seed: int, targets, r: int = 4, alpha: int = 16,
@@ -35,8 +38,11 @@ def make_adapter(hf, path: Path, seed: int, targets, r: int = 4, alpha: int = 16
     return peft_model.eval()
 
 
-def make_adapters(hf, root: Path, kinds=KINDS, scale_b: float = 1.0) -> dict[str, tuple[str, object]]:
-    """name -> (folder, PEFT model) for one adapter of each kind."""
+def make_adapters(hf, root: Path, kinds=None, scale_b: float = 1.0) -> dict[str, tuple[str, object]]:
+    """name -> (folder, PEFT model) for one adapter of each kind (default: KINDS, PHI3_KINDS
+    on Phi-3)."""
+    if kinds is None:
+        kinds = PHI3_KINDS if hf.config.model_type == "phi3" else KINDS
     out = {}
     for i, (targets, r, alpha, rslora) in enumerate(kinds):
         path = root / f"adapter{i}"

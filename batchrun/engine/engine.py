@@ -94,6 +94,9 @@ class Engine:
         if params.pooling is not None and params.pooling.head and \
                 not getattr(self.runner.model, "num_labels", 0):
             raise ValueError("this model has no sequence-classification head")
+        if params.pooling is not None and params.pooling.token_ids and \
+                getattr(self.runner.model, "num_labels", 0):
+            raise ValueError("a sequence classifier has no LM head to read token logits from")
         prompt_len = len(prompt_token_ids)
         if prompt_len == 0:
             raise ValueError("the prompt is empty")

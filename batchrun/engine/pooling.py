@@ -8,7 +8,9 @@ vLLM's default for them), `mean` averages every position, `cls` takes the first.
 scales the vector to unit L2 norm. `head` (with `last`, not normalised) hands the last
 position's hidden state to the model's sequence-classification head (`model.classify`, applied
 by the runner): the result is that head's logits, as transformers' *ForSequenceClassification
-gives them.
+gives them. `token_ids` (with `last`, not normalised) reads a causal LM as a classifier: the
+result is the LM head's logits of those vocabulary tokens at the last position (a yes/no
+reranker such as Qwen3-Reranker scores with the pair).
 
 The prefix cache keeps K/V, not hidden states. `last` is computed at the last prompt token,
 which a cache hit never covers (the last token is always computed), so a `last` request takes
@@ -33,13 +35,22 @@ class PoolingParams:
     pooling: PoolingType = "last"
     normalize: bool = True
     head: bool = False  # the model's classification head's logits instead of the hidden state
+    token_ids: tuple[int, ...] = ()  # these tokens' logits instead of the hidden state
 
     def __post_init__(self):
         if self.pooling not in POOLING_TYPES:
             raise ValueError(f"pooling must be one of {', '.join(POOLING_TYPES)}, "
                              f"got {self.pooling!r}")
-        if self.head and (self.pooling != "last" or self.normalize):
+        if self.head and self.token_ids:
+            raise ValueError("a pooled request reads the classification head or token logits, "
+                             "not both")
+        if self.reads_logits and (self.pooling != "last" or self.normalize):
             raise ValueError("a classification head reads the last position, not normalised")
+
+    @property
+    def reads_logits(self) -> bool:
+        """Whether the result is logits of the last position (a head's, or the tokens')."""
+        return self.head or bool(self.token_ids)
 
     @property
     def needs_all_positions(self) -> bool:

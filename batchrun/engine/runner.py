@@ -118,10 +118,14 @@ class ModelRunner:
     def pool(self, batch: StepBatch, hidden: torch.Tensor) -> None:
         for req, row, rows, first in batch.pooling:
             states = hidden[row:row + rows]
-            if req.pooled.params.head:  # the classification head reads the last position only
+            params = req.pooled.params
+            if params.reads_logits:  # a head (or the LM head) reads the last position only
                 if first + rows < req.pooled.n:
                     continue
-                states, first = self.model.classify(states[-1:]), req.pooled.n - 1
+                last = states[-1:]
+                states = self.model.classify(last) if params.head else \
+                    self.model.compute_logits(last)[:, list(params.token_ids)]
+                first = req.pooled.n - 1
             req.pooled.add(first, states)
 
     def score_prompt(self, batch: StepBatch, hidden: torch.Tensor) -> list[tuple]:

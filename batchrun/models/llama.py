@@ -319,6 +319,12 @@ class LlamaModel(nn.Module):
         mlp = {"mlp.gate_proj": Target(gate_up, 0, i, h),
                "mlp.up_proj": Target(gate_up, i, 2 * i, h),
                "mlp.down_proj": Target("mlp.down_proj", 0, h, i)}
+        if getattr(cfg.hf_config, "model_type", None) == "phi3":
+            # Phi-3's checkpoint fuses them as we do: PEFT targets the fused linears whole.
+            attention = {"self_attn.qkv_proj": Target(qkv, 0, q + 2 * kv, h),
+                         "self_attn.o_proj": attention["self_attn.o_proj"]}
+            mlp = {"mlp.gate_up_proj": Target(gate_up, 0, 2 * i, h),
+                   "mlp.down_proj": mlp["mlp.down_proj"]}
         targets = {}
         for index, layer in enumerate(self.layers):
             per_layer = attention | (mlp if isinstance(layer.mlp, MLP) else {})

@@ -1,6 +1,7 @@
 """Request bodies of vLLM's pooling endpoints: /v1/classify, /v1/score and /v1/rerank.
 
     /v1/classify  {"input": str | [str] | [ids] | [[ids]], "use_activation"?: bool}
+                  or {"messages": [...], "add_generation_prompt"?: false, ...} (the chat form)
     /v1/score     {"text_1" | "queries": str | [str], "text_2" | "documents": str | [str]}
     /v1/rerank    {"query": str, "documents": [str], "top_n"?: int, "return_documents"?: bool}
 
@@ -13,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, model_validator
 
-from batchrun.openai.requests import (MAX_EMBEDDING_INPUTS, EmbeddingInput, StrictModel,
+from batchrun.openai.requests import (MAX_EMBEDDING_INPUTS, PooledInput, StrictModel,
                                       warn_unknown_fields)
 
 # Pairs one /v1/score or /v1/rerank request may score (each is its own engine request, or two
@@ -37,19 +38,12 @@ class _PoolingRequest(StrictModel):
         warn_unknown_fields(self, "the request body")
 
 
-class ClassifyRequest(_PoolingRequest):
-    """/v1/classify: each input through the model's sequence-classification head."""
-    input: EmbeddingInput
+class ClassifyRequest(_PoolingRequest, PooledInput):
+    """/v1/classify: each input (or the rendered `messages`) through the model's head."""
 
     @model_validator(mode="after")
     def _check(self) -> "ClassifyRequest":
-        if isinstance(self.input, list):
-            if len(self.input) == 0:
-                raise ValueError("input: must not be empty")
-            many = not isinstance(self.input[0], int)
-            if many and len(self.input) > MAX_EMBEDDING_INPUTS:
-                raise ValueError(f"input: at most {MAX_EMBEDDING_INPUTS} inputs per request, "
-                                 f"got {len(self.input)}")
+        self.check_input()
         self._warn()
         return self
 

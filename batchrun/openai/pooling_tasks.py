@@ -10,9 +10,12 @@
 What a model can do decides how: a sequence classifier (`*ForSequenceClassification`) runs
 each input through its head (PoolingParams(head=True)): classify gives the softmax of its
 logits (sigmoid for a single label) and the label of the largest; with a single label it is a
-cross-encoder, and score / rerank tokenise each pair as tokenizer(text_1, text_pair=text_2) and
-give the sigmoid of its logit. A model without a head scores a pair by the cosine of the two
-texts' embeddings (the /v1/embeddings pooling). `use_activation: false` gives raw logits.
+cross-encoder, and score / rerank tokenise each pair as tokenizer(text_1, text_pair=text_2)
+(or render it with --score-template) and give the sigmoid of its logit. A causal LM run with
+--score-tokens is read the same way over those tokens' logits (PoolingParams.token_ids): a
+`no,yes` pair scores by the sigmoid of yes - no, the softmax over the two at yes. A model
+without a head scores a pair by the cosine of the two texts' embeddings (the /v1/embeddings
+pooling). `use_activation: false` gives raw logits.
 """
 
 from __future__ import annotations
@@ -21,16 +24,44 @@ import math
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from batchrun.engine.outputs import RequestOutput
 from batchrun.engine.pooling import PoolingParams
 from batchrun.engine.sampling_params import SamplingParams
-from batchrun.models.classifier import ClassifierHead
+from batchrun.models.classifier import ClassifierHead, folder_head, token_head
+from batchrun.openai.render import render_score_pair
 from batchrun.openai.pooling_requests import ClassifyRequest, RerankRequest, ScoreRequest
 from batchrun.openai.wire import RequestError
 
-HEAD = PoolingParams("last", normalize=False, head=True)
+
+
+def model_head(path, tokenizer, score_tokens: str | None, model_name: str
+               ) -> ClassifierHead | None:
+    """A sequence classifier's head (labels, padding) from the model folder's config, or
+    --score-tokens' head over a causal LM's logits; None: no head. ValueError for a token that
+    is not one, or --score-tokens on a classifier."""
+    head = folder_head(path)
+    if score_tokens is None:
+        return head
+    if head is not None:
+        raise ValueError(f"--score-tokens: {model_name!r} is a sequence classifier (its own "
+                         "head scores); the option reads a causal LM's logits")
+    return token_head(tokenizer, score_tokens)
+
+
+def pair_prompt(tokenizer, score_template: str | None, query: str, document: str) -> list[int]:
+    """A cross-encoder's one sequence of a pair: --score-template's rendering, else the
+    tokenizer's pair encoding."""
+    if score_template:
+        return render_score_pair(tokenizer, score_template, query, document)
+    return list(tokenizer(query, text_pair=document)["input_ids"])
+
+
+def head_params(head: ClassifierHead) -> PoolingParams:
+    """What a pooled request through `head` asks of the engine."""
+    return PoolingParams("last", normalize=False, head=not head.token_ids,
+                         token_ids=head.token_ids)
 
 
 def _usage(outputs: Sequence[RequestOutput]) -> dict[str, Any]:
@@ -80,15 +111,16 @@ class ClassifyFormatter:
 
 @dataclass
 class ScoreFormatter:
-    """pairs: None for a cross-encoder (output i is pair i, its head's logit), else the output
-    indexes of each pair's two embeddings."""
+    """pairs: None for a cross-encoder (output i is pair i, `pair_logit` of its logits), else
+    the output indexes of each pair's two embeddings."""
     model_name: str
     pairs: list[tuple[int, int]] | None
     activation: bool = True
+    pair_logit: Callable[[list[float]], float] = lambda logits: logits[0]
 
     def scores(self, outputs: Sequence[RequestOutput]) -> list[float]:
         if self.pairs is None:
-            logits = [(o.embedding or [0.0])[0] for o in outputs]
+            logits = [self.pair_logit(list(o.embedding or [0.0])) for o in outputs]
             return [_sigmoid(x) for x in logits] if self.activation else logits
         return [cosine(outputs[a].embedding or [], outputs[b].embedding or [])
                 for a, b in self.pairs]
@@ -135,21 +167,22 @@ def prepare_classify(request: ClassifyRequest, prompts: list[list[int]],
     if head is None:
         raise _unsupported("/v1/classify", model_name, "has no sequence-classification head "
                            "(a *ForSequenceClassification checkpoint classifies)")
-    params = SamplingParams(max_tokens=0, pooling=HEAD, lora=adapter)
+    params = SamplingParams(max_tokens=0, pooling=head_params(head), lora=adapter)
     fmt = ClassifyFormatter(adapter or model_name, head.labels,
                             request.use_activation is not False)
     return [head.pooled_prompt(p) for p in prompts], params, fmt
 
 
-def prepare_scoring(url: str, request: ScoreRequest | RerankRequest, tokenizer: Any,
-                    token_prompts, head: ClassifierHead | None, pooling: PoolingParams | None,
+def prepare_scoring(url: str, request: ScoreRequest | RerankRequest, pair_prompt, token_prompts,
+                    head: ClassifierHead | None, pooling: PoolingParams | None,
                     model_name: str, adapter: str | None):
-    """(prompts, params, formatter) of a /v1/score or /v1/rerank request; `token_prompts(texts,
-    field)` gives texts' token ids as the embeddings endpoint makes them."""
-    if head is not None and len(head.labels) != 1:
+    """(prompts, params, formatter) of a /v1/score or /v1/rerank request; `pair_prompt(a, b)`
+    gives a pair's token ids for a cross-encoder, `token_prompts(texts, field)` texts' token ids
+    as the embeddings endpoint makes them."""
+    if head is not None and not head.scores_pairs:
         raise _unsupported(url, model_name, f"classifies into {len(head.labels)} labels; scoring "
-                           "needs a cross-encoder (one label) or a model without a head "
-                           "(cosine of embeddings)")
+                           "needs a cross-encoder (one label, or --score-tokens) or a model "
+                           "without a head (cosine of embeddings)")
     left, right = request.pairs
     name = adapter or model_name
     activation = request.use_activation is not False
@@ -160,10 +193,9 @@ def prepare_scoring(url: str, request: ScoreRequest | RerankRequest, tokenizer: 
     else:
         extra, cls = {}, ScoreFormatter
     if head is not None:  # a cross-encoder: each pair is one sequence
-        prompts = [head.pooled_prompt(list(tokenizer(a, text_pair=b)["input_ids"]))
-                   for a, b in zip(left, right)]
-        params = SamplingParams(max_tokens=0, pooling=HEAD, lora=adapter)
-        return prompts, params, cls(name, None, activation, **extra)
+        prompts = [head.pooled_prompt(pair_prompt(a, b)) for a, b in zip(left, right)]
+        params = SamplingParams(max_tokens=0, pooling=head_params(head), lora=adapter)
+        return prompts, params, cls(name, None, activation, head.pair_logit, **extra)
     texts = list(dict.fromkeys(left + right))  # each distinct text embedded once
     index = {t: i for i, t in enumerate(texts)}
     params = SamplingParams(max_tokens=0, pooling=pooling, lora=adapter)

@@ -197,6 +197,20 @@ def render_prompt(tokenizer: Any, messages: Sequence[ChatMessage], *,
     return list(ids.tolist() if hasattr(ids, "tolist") else ids)
 
 
+def render_score_pair(tokenizer: Any, template: str, query: str, document: str) -> list[int]:
+    """A /v1/score or /v1/rerank pair through a score template (--score-template): a chat of a
+    `query` and a `document` message, as vLLM's score templates take it."""
+    messages = [{"role": "query", "content": query}, {"role": "document", "content": document}]
+    try:
+        encoded = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=True,
+                                                return_dict=True)
+    except Exception as exc:  # the template's own checks raise many kinds
+        raise RequestError(f"the score template failed on this pair: {exc}",
+                           code="invalid_value", param="documents") from None
+    ids = encoded["input_ids"]
+    return list(ids.tolist() if hasattr(ids, "tolist") else ids)
+
+
 def tokenize_prompt(tokenizer: Any, prompt: str) -> list[int]:
     """A /v1/completions text prompt, with the special tokens the tokenizer adds (e.g. BOS)."""
     ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator,
                       model_validator)
+from pydantic_core import PydanticCustomError
 
 log = logging.getLogger(__name__)
 
@@ -298,10 +299,38 @@ EmbeddingInput = Annotated[
 ]
 
 
-class EmbeddingRequest(StrictModel):
+class PooledInput(StrictModel):
+    """What /v1/embeddings and /v1/classify pool: `input` (texts or token ids), or vLLM's chat
+    form, `messages` rendered with the model's chat template (no assistant prompt unless
+    add_generation_prompt), one input."""
+    input: EmbeddingInput | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def check_input(self) -> None:
+        if self.messages is not None:
+            if self.input is not None:
+                raise ValueError("messages: give input or messages, not both")
+            if self.add_generation_prompt and self.continue_final_message:
+                raise ValueError("continue_final_message: cannot be combined with "
+                                 "add_generation_prompt")
+            return
+        if self.input is None:
+            raise PydanticCustomError("missing", "input: required (or messages, the chat form)")
+        if isinstance(self.input, list):
+            if len(self.input) == 0:
+                raise ValueError("input: must not be empty")
+            many = not isinstance(self.input[0], int)
+            if many and len(self.input) > MAX_EMBEDDING_INPUTS:
+                raise ValueError(f"input: at most {MAX_EMBEDDING_INPUTS} inputs per request, "
+                                 f"got {len(self.input)}")
+
+
+class EmbeddingRequest(PooledInput):
     """/v1/embeddings. `dimensions` keeps the first N values of each vector, renormalised."""
     model_config = ConfigDict(strict=True, extra="allow")
-    input: EmbeddingInput
     model: str | None = None
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: int | None = Field(None, ge=1, le=INT32_MAX)
@@ -313,12 +342,6 @@ class EmbeddingRequest(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> "EmbeddingRequest":
-        if isinstance(self.input, list):
-            if len(self.input) == 0:
-                raise ValueError("input: must not be empty")
-            many = self.input and not isinstance(self.input[0], int)
-            if many and len(self.input) > MAX_EMBEDDING_INPUTS:
-                raise ValueError(f"input: at most {MAX_EMBEDDING_INPUTS} inputs per request, "
-                                 f"got {len(self.input)}")
+        self.check_input()
         warn_unknown_fields(self, "the request body")
         return self

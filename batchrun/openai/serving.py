@@ -32,10 +32,10 @@ from batchrun.openai.media import MediaFetcher
 from batchrun.openai.params import check_model_field, to_sampling_params
 from batchrun.openai.parsers import (ToolParser, detect_tool_parser, reasoning_parser,
                                      tool_parser)
-from batchrun.models.classifier import ClassifierHead, folder_head
+from batchrun.models.classifier import ClassifierHead
 from batchrun.openai.pooling_requests import ClassifyRequest, RerankRequest, ScoreRequest
-from batchrun.openai.pooling_tasks import (ClassifyFormatter, ScoreFormatter, prepare_classify,
-                                           prepare_scoring)
+from batchrun.openai.pooling_tasks import (ClassifyFormatter, ScoreFormatter, model_head,
+                                           pair_prompt, prepare_classify, prepare_scoring)
 from batchrun.openai.wire import RequestError, parse_body
 from batchrun.openai.requests import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from batchrun.openai.requests import MAX_EMBEDDING_REQUEST_TOKENS
@@ -53,7 +53,8 @@ from batchrun.served_model import ServedModel
 @dataclass(frozen=True)
 class ServingOptions:
     """What the adapter works with: the user's OpenAI options and request defaults, with the
-    chat template file read (`chat_template` is its text)."""
+    chat template and score template files read (`chat_template`, `score_template`: their
+    text)."""
 
     openai: OpenAIOptions = field(default_factory=OpenAIOptions)
     defaults: RequestDefaults = field(default_factory=RequestDefaults)
@@ -61,12 +62,14 @@ class ServingOptions:
     # open_url(url) -> binary stream: how image parts' fsspec URLs (s3://, gs://, ...) are read,
     # with the job's storage options; None: such URLs are refused.
     open_url: Callable[[str], Any] | None = None
+    score_template: str | None = None
 
     @classmethod
     def of(cls, openai: OpenAIOptions, defaults: RequestDefaults | None = None,
            open_url: Callable[[str], Any] | None = None) -> "ServingOptions":
         template = load_chat_template(openai.chat_template) if openai.chat_template else None
-        return cls(openai, defaults or RequestDefaults(), template, open_url)
+        score = load_chat_template(openai.score_template) if openai.score_template else None
+        return cls(openai, defaults or RequestDefaults(), template, open_url, score)
 
     @property
     def tool_parser(self) -> str | None:
@@ -180,6 +183,8 @@ class OpenAIServing:
         self.processor = model.processor
         self.media = MediaFetcher(options.openai, options.open_url) \
             if self.processor is not None else None
+        if options.openai.score_tokens is not None:
+            _ = self.head  # a token that is not one, or a model with a head: refused now
 
     def prepare(self, url: str, body: Any, *, allow_stream: bool = True) -> PreparedRequest:
         """Validate and prepare one request; RequestError (with status and param) if it is bad."""
@@ -189,7 +194,7 @@ class OpenAIServing:
                                code="unsupported_value", param="stream")
         adapter = check_model_field(request.model, self.model.name, self.model.aliases,
                                     self.options.ignore_model_field, self.model.adapters)
-        if self.head is not None and isinstance(
+        if self.head is not None and not self.head.token_ids and isinstance(
                 request, (ResponsesRequest, ChatCompletionRequest, CompletionRequest)):
             raise RequestError(
                 f"model: {self.model.name!r} is a sequence-classification model: it serves "
@@ -218,9 +223,13 @@ class OpenAIServing:
 
     @functools.cached_property
     def head(self) -> ClassifierHead | None:
-        """A sequence classifier's head (labels, padding) from the model folder's config;
-        None: no head."""
-        return folder_head(self.model.path)
+        """A sequence classifier's head (labels, padding) from the model folder's config, or
+        --score-tokens' head over a causal LM's logits; None: no head."""
+        return model_head(self.model.path, self.tokenizer, self.options.openai.score_tokens,
+                          self.model.name)
+
+    def _pair_prompt(self, query: str, document: str) -> list[int]:
+        return pair_prompt(self.tokenizer, self.options.score_template, query, document)
 
     def _check_grammar_support(self) -> None:
         if self._grammar_error is None:
@@ -394,9 +403,25 @@ class OpenAIServing:
                 f"{field}: at most {MAX_EMBEDDING_REQUEST_TOKENS} tokens summed over all inputs "
                 f"of one request, got {total}", code="max_tokens_per_request", param=field)
 
+    def _pooled_inputs(self, request: EmbeddingRequest | ClassifyRequest
+                       ) -> tuple[list[list[int]], str]:
+        """(token ids, the field they came from) of a pooled request's `input`, or of its
+        `messages` rendered with the chat template (vLLM's chat form: one input)."""
+        if request.messages is None:
+            return self._token_prompts(request.input, "input"), "input"
+        if has_images(request.messages):
+            raise RequestError("messages: images are not supported in a pooled request",
+                               code="unsupported_value", param="messages")
+        prompt = render_prompt(
+            self.tokenizer, request.messages, chat_template=self.options.chat_template,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            template_kwargs=request.chat_template_kwargs)
+        return [prompt], "messages"
+
     def _embedding(self, request: EmbeddingRequest, adapter: str | None) -> PreparedRequest:
-        prompts = self._token_prompts(request.input, "input")
-        self._check_inputs(prompts, "input")
+        prompts, field = self._pooled_inputs(request)
+        self._check_inputs(prompts, field)
         # Unknown (an engine on Ray): a larger `dimensions` gives the whole vector.
         width = self.model.hidden_size
         if request.dimensions is not None and width is not None and request.dimensions > width:
@@ -413,14 +438,13 @@ class OpenAIServing:
                 adapter: str | None) -> PreparedRequest:
         """/v1/classify, /v1/score, /v1/rerank (openai/pooling_tasks.py)."""
         if isinstance(request, ClassifyRequest):
-            field = "input"
-            prompts, params, fmt = prepare_classify(
-                request, self._token_prompts(request.input, field), self.head,
-                self.model.name, adapter)
+            inputs, field = self._pooled_inputs(request)
+            prompts, params, fmt = prepare_classify(request, inputs, self.head, self.model.name,
+                                                    adapter)
         else:
             field = request.second_field
             prompts, params, fmt = prepare_scoring(
-                url, request, self.tokenizer, self._token_prompts, self.head,
+                url, request, self._pair_prompt, self._token_prompts, self.head,
                 self.pooling if self.head is None else None, self.model.name, adapter)
         self._check_inputs(prompts, field)
         return PreparedRequest(url.rsplit("/", 1)[-1], request, prompts, params, fmt)

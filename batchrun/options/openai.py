@@ -53,6 +53,17 @@ class OpenAIOptions(BaseModel):
         None, "Scale embeddings to unit length (--no-normalize: the raw pooled vector) "
         "[default: the sentence-transformers config's Normalize module when it has one, "
         "else normalize].")
+    # Rerankers that are causal LMs or need their pair in a prompt (/v1/score, /v1/rerank).
+    score_tokens: str | None = option(
+        None, "Read the model (a causal LM) as a reranker: the logits of these tokens at the "
+        "last position, comma-separated: `no,yes` scores a pair by the softmax of the two at "
+        "`yes` (Qwen3-Reranker), one token by the sigmoid of its logit; /v1/classify gives "
+        "them as labels.", metavar="TOKENS")
+    score_template: str | None = option(
+        None, "A Jinja template file (or inline text) a /v1/score or /v1/rerank pair is "
+        "rendered with, as a chat whose messages have the roles `query` and `document` "
+        "(vLLM's score templates; e.g. batchrun/openai/templates/qwen3_reranker.jinja) "
+        "[default: the tokenizer's pair encoding].", metavar="FILE")
     # Images in requests (vision-language models): where they may come from and how big.
     allowed_media_path: str | None = option(
         None, "A directory under which image parts may name local files (a path or file:// "

@@ -63,7 +63,10 @@ def serve(ctx, model, **kwargs):
         raise UsageError(str(exc)) from None
     with sock:
         loaded = model_loader(ctx)(model, engine_config)
-        state = ServerState(loaded, server, serving)
+        try:
+            state = ServerState(loaded, server, serving)
+        except ValueError as exc:  # an option the loaded model cannot take (--score-tokens)
+            raise UsageError(str(exc)) from None
         click.echo(f"serving {state.served_name} on http://{server.host}:{server.port} (data in "
                    f"{server.data_dir}{', API key required' if server.api_key else ''})",
                    err=True)

@@ -7,6 +7,7 @@ requests as batch lines (`run`, `validate`, `plan`), over HTTP (`serve`, httpx) 
 Batches API."""
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,9 +18,10 @@ from batchrun.batch.job.result import RequestCounts
 from batchrun.batch.job.runner import run_batch
 from batchrun.batch.shell.commands import plan, validate
 from batchrun.llm import load_from_path
-from batchrun.openai.serving import OpenAIServing
+from batchrun.openai.serving import OpenAIServing, ServingOptions
 from batchrun.openai.wire import RequestError
 from batchrun.options.engine import EngineConfig
+from batchrun.options.openai import OpenAIOptions
 from tests.helpers import batchrun, file_records, job_plan, poll_batch, upload_batch_file
 from tests.openai_batch_shape import error_of
 from tests.server.conftest import API_KEY, serve
@@ -30,6 +32,15 @@ TEXTS = ["I loved every minute of this film.", "Terrible service, never again",
 QUERY = "Where is the Eiffel Tower?"
 DOCS = ["The Eiffel Tower is in Paris.", "Bananas are yellow.",
         "Paris is the capital of France and home to the Eiffel Tower.", "Tuesday"]
+# Qwen3-Reranker's prompt as its model card writes it: what the shipped template must render.
+QWEN3_RERANK = ('<|im_start|>system\nJudge whether the Document meets the requirements based on '
+                'the Query and the Instruct provided. Note that the answer can only be "yes" or '
+                '"no".<|im_end|>\n<|im_start|>user\n<Instruct>: Given a web search query, '
+                'retrieve relevant passages that answer the query\n<Query>: {q}\n<Document>: '
+                '{d}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n')
+TEMPLATES = Path(__file__).parents[2] / "batchrun" / "openai" / "templates"
+CHAT = [{"role": "system", "content": "Rate the review."}, {"role": "user", "content": TEXTS[0]},
+        {"role": "assistant", "content": "It is"}]
 
 
 class Tiny:
@@ -42,8 +53,8 @@ class Tiny:
         self.tokenizer = AutoTokenizer.from_pretrained(path)  # transformers' own, the reference
         self.path = path
 
-    def run(self, url, body):
-        prepared = self.serving.prepare(url, body)
+    def run(self, url, body, serving=None):
+        prepared = (serving or self.serving).prepare(url, body)
         return prepared.finalize(self.model.engine.generate(prepared.prompts, prepared.params))
 
     def logits(self, text, pair=None):
@@ -51,8 +62,13 @@ class Tiny:
         with torch.no_grad():
             return self.hf(torch.tensor([ids])).logits[0].double()
 
+    def chat_ids(self, messages, **kw):
+        """transformers' own rendering of a chat (the reference for the `messages` form)."""
+        return list(self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                                       **kw)["input_ids"])
+
     def embedding(self, text):
-        ids = self.tokenizer(text)["input_ids"]
+        ids = self.tokenizer(text)["input_ids"] if isinstance(text, str) else text
         with torch.no_grad():
             states = self.hf(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1]
         return states[0, -1].double()
@@ -100,6 +116,32 @@ def test_classify_equals_transformers(tiny, arch):
                                want, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "gemma"])
+def test_classify_chat_messages_equal_transformers(tiny, arch):
+    """vLLM's chat form: the messages rendered by the chat template, without the assistant
+    prompt unless add_generation_prompt; continue_final_message leaves the last one open."""
+    t = tiny(arch, 3)
+    for extra in ({}, {"add_generation_prompt": True}, {"continue_final_message": True}):
+        messages = CHAT if extra.get("continue_final_message") else CHAT[:2]
+        body = t.run("/v1/classify", {"messages": messages, "use_activation": False, **extra})
+        ids = t.chat_ids(messages, add_generation_prompt=extra.get("add_generation_prompt",
+                                                                    False), **{
+            k: v for k, v in extra.items() if k == "continue_final_message"})
+        with torch.no_grad():
+            want = t.hf(torch.tensor([ids])).logits[0].double()
+        torch.testing.assert_close(torch.tensor(body["data"][0]["probs"], dtype=torch.double),
+                                   want, atol=1e-4, rtol=1e-4)
+        assert len(body["data"]) == 1 and body["usage"]["prompt_tokens"] == len(ids), extra
+
+
+def test_embeddings_chat_messages_equal_transformers(tiny):
+    t = tiny("llama", 0, causal=True)
+    body = t.run("/v1/embeddings", {"messages": CHAT[:2]})
+    want = torch.nn.functional.normalize(t.embedding(t.chat_ids(CHAT[:2])), dim=0)
+    torch.testing.assert_close(torch.tensor(body["data"][0]["embedding"], dtype=torch.double),
+                               want, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "gpt_neox"])
 def test_cross_encoder_score_and_rerank_equal_transformers(tiny, arch):
     t = tiny(arch, 1)
@@ -130,6 +172,51 @@ def test_cross_encoder_score_and_rerank_equal_transformers(tiny, arch):
     assert rerank["usage"] == {"prompt_tokens": pair_tokens, "total_tokens": pair_tokens}
     bare = t.run("/v1/rerank", {"query": QUERY, "documents": DOCS, "return_documents": False})
     assert len(bare["results"]) == 4 and all("document" not in r for r in bare["results"])
+
+
+def test_yes_no_reranker_with_a_score_template_equals_transformers(tiny, tmp_path):
+    """--score-tokens no,yes --score-template (the Qwen3-Reranker template shipped): a pair's
+    score is the softmax over the two tokens' logits at the last position of the templated
+    prompt, as transformers computes it; one token: the sigmoid of its logit."""
+    t = tiny("qwen3", 0, causal=True)
+    options = OpenAIOptions(score_tokens="no,yes",
+                            score_template=str(TEMPLATES / "qwen3_reranker.jinja"))
+    serving = OpenAIServing(t.model, ServingOptions.of(options))
+    no, yes = t.tokenizer.convert_tokens_to_ids(["no", "yes"])
+
+    def last_logits(ids):
+        with torch.no_grad():
+            return t.hf(torch.tensor([ids])).logits[0, -1].double()
+    pairs = [last_logits(t.tokenizer(QWEN3_RERANK.format(q=QUERY, d=d))["input_ids"])[[no, yes]]
+             for d in DOCS]
+    want = [float(p.softmax(0)[1]) for p in pairs]
+    score = t.run("/v1/score", {"text_1": QUERY, "text_2": DOCS}, serving)
+    assert [d["score"] for d in score["data"]] == pytest.approx(want, abs=1e-5)
+    raw = t.run("/v1/score", {"queries": QUERY, "documents": DOCS, "use_activation": False},
+                serving)
+    assert [d["score"] for d in raw["data"]] == pytest.approx(
+        [float(p[1] - p[0]) for p in pairs], abs=1e-4)
+    rerank = t.run("/v1/rerank", {"query": QUERY, "documents": DOCS}, serving)
+    assert [r["index"] for r in rerank["results"]] == sorted(range(4), key=lambda i: -want[i])
+    # /v1/classify over the two tokens (the input as given), and generation still works
+    body = t.run("/v1/classify", {"input": TEXTS[0]}, serving)
+    logits = last_logits(t.tokenizer(TEXTS[0])["input_ids"])[[no, yes]]
+    assert body["data"][0]["label"] == ["no", "yes"][int(logits.argmax())]
+    assert body["data"][0]["probs"] == pytest.approx(logits.softmax(0).tolist(), abs=1e-5)
+    serving.prepare("/v1/completions", {"prompt": "x", "max_tokens": 1})
+    # one token, no template: the tokenizer's pair encoding, the sigmoid of the token's logit
+    one = OpenAIServing(t.model, ServingOptions.of(OpenAIOptions(score_tokens="yes")))
+    got = t.run("/v1/score", {"text_1": QUERY, "text_2": DOCS[0]}, one)
+    logit = last_logits(t.tokenizer(QUERY, text_pair=DOCS[0])["input_ids"])[yes]
+    assert got["data"][0]["score"] == pytest.approx(float(torch.sigmoid(logit)), abs=1e-5)
+    for bad, model in [("yes,definitely not", t), ("", t), ("no,yes", tiny("llama", 3))]:
+        with pytest.raises(ValueError, match="--score-tokens"):
+            OpenAIServing(model.model, ServingOptions.of(OpenAIOptions(score_tokens=bad)))
+    src = tmp_path / "in.jsonl"  # and from the command line, a usage error before any line
+    src.write_text(json.dumps(_lines()[2]) + "\n")
+    result = CliRunner().invoke(validate, [str(src), "--check-prompts", "--model", str(t.path),
+                                           "--score-tokens", "yes,definitely not"])
+    assert result.exit_code == 2 and "'definitely not' is not one token" in result.output
 
 
 def test_without_a_head_score_is_the_cosine_of_embeddings(tiny):
@@ -172,6 +259,13 @@ def test_what_a_model_cannot_do_is_a_400_naming_it(tiny):
     ("/v1/rerank", {"query": "a", "documents": []}, "documents"),
     ("/v1/rerank", {"query": "a", "documents": ["b"], "top_n": -1}, "top_n"),
     ("/v1/rerank", {"documents": ["b"]}, "query"),
+    ("/v1/classify", {}, "input"),
+    ("/v1/classify", {"input": "x", "messages": CHAT}, "messages"),
+    ("/v1/classify", {"messages": []}, "messages"),
+    ("/v1/classify", {"messages": CHAT, "add_generation_prompt": True,
+                      "continue_final_message": True}, "continue_final_message"),
+    ("/v1/embeddings", {"input": "x", "messages": CHAT}, "messages"),
+    ("/v1/embeddings", {"dimensions": 3}, "input"),
 ])
 def test_bad_bodies_name_the_field(tiny, url, body, param):
     with pytest.raises(RequestError) as e:
@@ -189,7 +283,13 @@ def _lines():
          "body": {"query": QUERY, "documents": DOCS, "top_n": 2}},
         {"custom_id": "bad", "method": "POST", "url": "/v1/rerank",
          "body": {"query": QUERY, "documents": DOCS, "top_n": "2"}},
+        {"custom_id": "chat", "method": "POST", "url": "/v1/classify",
+         "body": {"messages": CHAT[:2]}},
     ]
+
+
+def _good():
+    return [line for line in _lines() if line["custom_id"] != "bad"]
 
 
 def _same(got, want):
@@ -207,18 +307,19 @@ def test_batch_lines_run_validate_and_plan(tiny, tmp_path):
     t = tiny("qwen2", 1)
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(x) + "\n" for x in _lines()))
-    result = CliRunner().invoke(validate, [str(src), "--json"])
-    problems = [json.loads(x) for x in result.stdout.splitlines() if x.strip()]
-    assert [(error_of(p)["line"], error_of(p)["param"]) for p in problems] == [(4, "top_n")]
+    for checked in ([], ["--check-prompts", "--model", str(t.path)]):
+        result = CliRunner().invoke(validate, [str(src), "--json", *checked])
+        problems = [json.loads(x) for x in result.stdout.splitlines() if x.strip()]
+        assert [(error_of(p)["line"], error_of(p)["param"]) for p in problems] == [(4, "top_n")]
     estimate = CliRunner().invoke(plan, [str(src), "--model", str(t.path), "--json",
                                          "--calibration", "benchmark"])
     assert estimate.exit_code == 0, estimate.output
     got = json.loads(estimate.stdout)
-    assert (got["lines"], got["valid"], got["invalid"]) == (4, 3, 1)
-    assert got["requests"] == 2 + 4 + 4 and got["requested_completion_tokens"] == 0
+    assert (got["lines"], got["valid"], got["invalid"]) == (5, 4, 1)
+    assert got["requests"] == 2 + 4 + 4 + 1 and got["requested_completion_tokens"] == 0
     summary = run_batch(t.model, job_plan(input=str(src), output=str(tmp_path / "out.jsonl"),
                                           progress="none"))
-    assert summary.requests == RequestCounts(4, 3, 1)
+    assert summary.requests == RequestCounts(5, 4, 1)
     # and `batchrun run` itself, loading the checkpoint from its folder
     proc = batchrun("run", src, "-o", tmp_path / "cli.jsonl", "--model", t.path, real=True,
                     timeout=300, text=True)
@@ -226,7 +327,7 @@ def test_batch_lines_run_validate_and_plan(tiny, tmp_path):
     for name in ("out", "cli"):
         out = {o["custom_id"]: o["response"]["body"]
                for o in map(json.loads, (tmp_path / f"{name}.jsonl").read_text().splitlines())}
-        for line in _lines()[:3]:
+        for line in _good():
             _same(out[line["custom_id"]], t.run(line["url"], line["body"]))
         errors = [json.loads(x)
                   for x in (tmp_path / f"{name}.errors.jsonl").read_text().splitlines()]
@@ -239,7 +340,7 @@ def test_serve_routes_and_batches_api(tiny, tmp_path):
     with serve(t.model, tmp_path) as running:
         headers = {"Authorization": f"Bearer {API_KEY}"}
         with httpx.Client(base_url=running.url, headers=headers, timeout=60) as http:
-            for line in _lines()[:3]:
+            for line in _good():
                 r = http.post(line["url"], json=line["body"])
                 assert r.status_code == 200, r.text
                 _same(r.json(), t.run(line["url"], line["body"]))
@@ -249,7 +350,7 @@ def test_serve_routes_and_batches_api(tiny, tmp_path):
                           json={"messages": [{"role": "user", "content": "hi"}]})
             assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_task"
         client = running.client()
-        for line in _lines()[:3]:
+        for line in _good():
             f = upload_batch_file(client, [line, {**line, "custom_id": "again"}])
             batch = poll_batch(client, client.batches.create(
                 input_file_id=f.id, endpoint=line["url"], completion_window="24h").id)

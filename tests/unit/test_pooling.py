@@ -109,6 +109,21 @@ def test_mixed_with_generation_and_unnormalised(tmp_path, hf):
     check(outs[3].embedding, reference(hf, ps[1], "last", normalize=False))
 
 
+def test_token_logits_under_chunked_prefill_equal_transformers(tmp_path, hf):
+    """PoolingParams(token_ids=...): the LM head's logits of those tokens at the last position
+    (what --score-tokens reads), also when the prompt is computed in chunks."""
+    ids = (7, 300, 11)
+    params = SamplingParams(max_tokens=0, pooling=PoolingParams("last", False, token_ids=ids))
+    ps = prompts(lengths=(9, 40, 63))
+    _, chunked = tiny_engine("llama", tmp_path, max_num_batched_tokens=7)
+    for p, o in zip(ps, chunked.generate(ps, params)):
+        with torch.no_grad():
+            want = hf(torch.tensor([p])).logits[0, -1, list(ids)]
+        torch.testing.assert_close(torch.tensor(o.embedding), want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="not both"):
+        PoolingParams("last", False, head=True, token_ids=ids)
+
+
 def test_pooling_needs_prefill_only(tmp_path):
     _, engine = tiny_engine("llama", tmp_path)
     with pytest.raises(ValueError, match="max_tokens=0"):

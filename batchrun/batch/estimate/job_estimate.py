@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from batchrun.batch.storage import io
-from batchrun.batch.job.plan import JobPlan
+from batchrun.batch.job.plan import BatchConfigError, JobPlan
 from batchrun.batch.estimate.prefix_sharing import PrefixSharing
 from batchrun.batch.job.progress import format_duration
 from batchrun.batch.job.runner import prepare_line
@@ -91,7 +91,10 @@ def scan(plan: JobPlan, model: ServedModel, sharing: PrefixSharing, shape: Workl
                                 for s, (_, size, _) in zip(plan.sources, plan.fingerprint)],
                         start=plan.start, model=model.name, block_size=sharing.block_size,
                         committed=plan.committed, staging=plan.targets.staging, busy=plan.busy)
-    serving = OpenAIServing(model, plan.serving)
+    try:
+        serving = OpenAIServing(model, plan.serving)
+    except ValueError as exc:  # an option the model cannot take (--score-tokens)
+        raise BatchConfigError(str(exc)) from exc
     context = model.max_model_len
     codes: Counter = Counter()
 

@@ -215,7 +215,10 @@ def _run(model: ServedModel, engine: EngineClient, plan: JobPlan, staging: Stagi
     counts = Counts(total=total)
     reporter = Reporter(mode, counts, metrics, job.log_interval, work=_work_counter(engine))
     lines = read_all(sources, plan.storage, plan.inputs.columns)
-    serving = OpenAIServing(model, plan.serving)
+    try:
+        serving = OpenAIServing(model, plan.serving)
+    except ValueError as exc:  # an option the loaded model cannot take (--score-tokens)
+        raise BatchConfigError(str(exc)) from exc
     if serving.media is not None:  # a vision-language model: images fetched ahead of the loop
         lines = Prefetch(lines, serving.media, max(64, 4 * plan.serving.openai.media_fetch_workers))
     job_loop = Job(engine, plan, lines, staging, committed, counts, reporter, metrics,

@@ -86,7 +86,10 @@ def validate(inputs, check_prompts, fetch_media, max_model_len, as_json, quiet, 
     media = None
     if check_prompts:
         serving_options = dataclasses.replace(serving_options, open_url=storage.open_read)
-        serving = OpenAIServing(_tokenizer_model(read.model, max_model_len), serving_options)
+        try:
+            serving = OpenAIServing(_tokenizer_model(read.model, max_model_len), serving_options)
+        except ValueError as exc:  # an option the model cannot take (--score-tokens)
+            raise UsageError(str(exc)) from exc
         prepare = lambda text, line: prepare_line(text, line, serving)  # noqa: E731
     else:
         served = v.served_names(read.model)
@@ -174,7 +177,7 @@ def plan(inputs, **kwargs):
     try:
         estimate = estimate_plan(job_plan, shown.calibration, on_stage=lambda text:
                                  shown.as_json or click.echo(text + " ...", err=True))
-    except UnsupportedModelError as exc:
+    except (UnsupportedModelError, BatchConfigError) as exc:
         raise UsageError(str(exc)) from exc
     if not given_output:
         estimate.start = "unknown"
