@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Literal, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from batchrun.engine import structured as engine_structured
-from batchrun.engine.outputs import RequestOutput
 from batchrun.engine.pooling import PoolingParams
 from batchrun.engine.sampling_params import GrammarSpec, SamplingParams
-from batchrun.openai.chat import ChatChunks, ChatFormatter
-from batchrun.openai.completions import CompletionChunks, CompletionFormatter
+from batchrun.openai.chat import ChatFormatter
+from batchrun.openai.completions import CompletionFormatter
 from batchrun.openai.embeddings import EmbeddingFormatter, resolve_pooling
 from batchrun.openai.grammar_checks import check_tool_schema, grammar_param
 from batchrun.openai.images import has_images, render_with_images
@@ -32,10 +31,12 @@ from batchrun.openai.media import MediaFetcher
 from batchrun.openai.params import check_model_field, to_sampling_params
 from batchrun.openai.parsers import (ToolParser, detect_tool_parser, reasoning_parser,
                                      tool_parser)
+from batchrun.openai.parsers.first_call import FirstCallOnly
+from batchrun.openai.prepared import PreparedRequest
 from batchrun.models.classifier import ClassifierHead
 from batchrun.openai.pooling_requests import ClassifyRequest, RerankRequest, ScoreRequest
-from batchrun.openai.pooling_tasks import (ClassifyFormatter, ScoreFormatter, model_head,
-                                           pair_prompt, prepare_classify, prepare_scoring)
+from batchrun.openai.pooling_tasks import (model_head, pair_prompt, prepare_classify,
+                                           prepare_scoring)
 from batchrun.openai.wire import RequestError, parse_body
 from batchrun.openai.requests import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from batchrun.openai.requests import MAX_EMBEDDING_REQUEST_TOKENS
@@ -82,74 +83,6 @@ class ServingOptions:
     @property
     def ignore_model_field(self) -> bool:
         return self.openai.ignore_model_field
-
-
-# Kinds whose prompts are pooled (prefill only): one engine request per prompt, no stream.
-POOLED = ("embedding", "classify", "score", "rerank")
-
-
-@dataclass
-class PreparedRequest:
-    # response: chat, answered as /v1/responses; the POOLED kinds: prefill only, no stream
-    kind: Literal["chat", "completion", "response", "embedding", "classify", "score", "rerank"]
-    request: ChatCompletionRequest | CompletionRequest | EmbeddingRequest | ClassifyRequest \
-        | ScoreRequest | RerankRequest
-    prompts: list[list[int]]  # one engine request per prompt
-    params: SamplingParams  # params.n choices per prompt
-    formatter: ChatFormatter | CompletionFormatter | EmbeddingFormatter | ClassifyFormatter \
-        | ScoreFormatter
-    # under a grammar: whether a choice's token ids complete it. A choice the engine ended
-    # while its grammar was incomplete (it allowed no next token) finishes "length", not
-    # "stop": its content is not the whole answer.
-    grammar_complete: Callable[[list[int]], bool] | None = None
-    # The prompt's images (engine.multimodal.MultiModalInputs) for the engine; None: text only.
-    multimodal: Any = None
-
-    def checked(self, output: RequestOutput) -> RequestOutput:
-        if self.grammar_complete is None or not any(
-                c.finish_reason == "stop" and c.stop_reason is None for c in output.outputs):
-            return output
-        choices = [replace(c, finish_reason="length") if c.finish_reason == "stop" and
-                   c.stop_reason is None and not self.grammar_complete(c.token_ids) else c
-                   for c in output.outputs]
-        return replace(output, outputs=choices)
-
-    @property
-    def stream(self) -> bool:
-        return bool(self.request.stream)
-
-    def finalize(self, outputs: RequestOutput | Sequence[RequestOutput],
-                 created: int | None = None) -> dict[str, Any]:
-        """The response body from the finished outputs (one per prompt, in prompt order)."""
-        if isinstance(outputs, RequestOutput):
-            outputs = [outputs]
-        outputs = [self.checked(o) for o in outputs]
-        if self.kind not in ("completion", *POOLED):  # one prompt
-            return self.formatter.body(outputs[0], created)
-        return self.formatter.body(outputs, created)
-
-    @property
-    def prompts_param(self) -> str:
-        """The body field its prompts come from (what a 400 about their number names)."""
-        if self.kind in POOLED:
-            return getattr(self.request, "second_field", "input")
-        return "prompt"
-
-    def chunks(self) -> ChatChunks | CompletionChunks:
-        """Per-request stream state: start(), update(output[, prompt_index]), end()."""
-        if self.kind in POOLED:
-            raise TypeError(f"{self.kind} requests do not stream")
-        opts = self.request.stream_options
-        include = bool(opts and opts.include_usage)
-        continuous = bool(opts and opts.continuous_usage_stats)
-        if self.kind != "completion":
-            chunks = self.formatter.stream(self.params.n, include, continuous)
-        else:
-            chunks = self.formatter.stream(len(self.prompts), include, continuous)
-        if self.grammar_complete is not None:
-            update = chunks.update
-            chunks.update = lambda output, *rest: update(self.checked(output), *rest)
-        return chunks
 
 
 def _text(content: Any) -> str:
@@ -332,7 +265,7 @@ class OpenAIServing:
         if parser is not None and parser.needs_special_tokens:
             params.skip_special_tokens = False
         if parser is not None and request.parallel_tool_calls is False:
-            parser = _FirstCallOnly(parser)
+            parser = FirstCallOnly(parser)
         last = request.messages[-1]
         echo = _text(last.content) if request.echo and last.role == "assistant" else ""
         fmt = ChatFormatter(
@@ -456,26 +389,3 @@ def _model_type(path) -> str | None:
         return json.loads((path / "config.json").read_text()).get("model_type")
     except (TypeError, OSError, ValueError, AttributeError):
         return None
-
-
-class _FirstCallOnly(ToolParser):
-    """parallel_tool_calls=false: only the first call counts."""
-
-    def __init__(self, inner: ToolParser):
-        self.inner = inner
-        self.name = inner.name
-        self.needs_special_tokens = inner.needs_special_tokens
-        self.splits_reasoning = inner.splits_reasoning
-        self.always_applies = inner.always_applies
-
-    def new_id(self) -> str:
-        return self.inner.new_id()
-
-    def reasoning_tokens(self, tokenizer, token_ids):
-        return self.inner.reasoning_tokens(tokenizer, token_ids)
-
-    def parse_text(self, text: str, partial: bool):
-        parsed = self.inner.parse_text(text, partial)
-        parsed.calls = parsed.calls[:1]
-        return parsed
-

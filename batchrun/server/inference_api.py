@@ -18,7 +18,7 @@ from batchrun.engine.errors import EngineDeadError
 from batchrun.engine.outputs import RequestOutput
 from batchrun.openai.wire import ENDPOINTS, RESPONSES_URL, RequestError
 from batchrun.openai.bodies import completion_id, engine_error, error_body
-from batchrun.openai.serving import PreparedRequest
+from batchrun.openai.prepared import PreparedRequest
 from batchrun.server.errors import as_request_error
 
 router = APIRouter()

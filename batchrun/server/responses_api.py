@@ -16,7 +16,7 @@ from batchrun.engine.async_engine import RequestStream
 from batchrun.engine.errors import EngineDeadError
 from batchrun.openai.wire import RESPONSES_URL
 from batchrun.openai.bodies import engine_error
-from batchrun.openai.serving import PreparedRequest
+from batchrun.openai.prepared import PreparedRequest
 from batchrun.server.inference_api import read_json, until_disconnected
 from batchrun.server.errors import as_request_error
 

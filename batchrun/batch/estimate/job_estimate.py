@@ -30,7 +30,8 @@ from batchrun.batch.job.validate import validate
 from batchrun.engine.kv_groups import kv_groups
 from batchrun.footprint import tokenizer_model
 from batchrun.models.llama import ModelConfig
-from batchrun.openai.serving import POOLED, OpenAIServing
+from batchrun.openai.prepared import POOLED
+from batchrun.openai.serving import OpenAIServing
 from batchrun.options.engine import EngineConfig
 from batchrun.served_model import ServedModel
 

@@ -37,7 +37,8 @@ from batchrun.openai.media import MediaFetcher
 from batchrun.openai.requests import ChatCompletionRequest
 from batchrun.openai.responses import content_part_error, responses_error, to_chat_request
 from batchrun.openai.responses_request import ResponsesRequest
-from batchrun.openai.serving import OpenAIServing, PreparedRequest
+from batchrun.openai.prepared import PreparedRequest
+from batchrun.openai.serving import OpenAIServing
 from batchrun.options.openai import OpenAIOptions
 from batchrun.served_model import ServedModel
 
