@@ -173,8 +173,8 @@ def test_prompt_logprobs_embeddings_and_n(arch, tmp_path):
     assert len(sampled.outputs) == 3 and all(len(o.token_ids) == 5 for o in sampled.outputs)
 
 
-def test_windowed_layers_take_the_engine_kernels_with_their_window_and_sinks_the_reference(
-        tmp_path, monkeypatch):
+def test_windowed_and_sink_layers_take_the_engine_kernels_with_their_window(tmp_path,
+                                                                          monkeypatch):
     from batchrun.models.transformers import attention
 
     calls = []
@@ -193,7 +193,7 @@ def test_windowed_layers_take_the_engine_kernels_with_their_window_and_sinks_the
     _, engine = backend_engine("gpt_oss", tmp_path / "o")  # sinks on every layer
     calls.clear()
     engine.generate([list(range(3, 23))], SamplingParams(max_tokens=1))
-    assert calls == [("reference_attention", 8), ("reference_attention", None)]
+    assert calls == [("paged_attention", 8), ("paged_attention", None)]
 
 
 def test_sharded_checkpoint_loads(tmp_path):

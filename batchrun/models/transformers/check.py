@@ -186,7 +186,7 @@ def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
     if getattr(hf, "qk_nope_head_dim", None) is not None:
         out.append(("MLA", "K/V expanded per head, the narrower zero-padded in the cache"))
     if getattr(hf, "model_type", "") == "gpt_oss":
-        out.append(("attention sinks", "yes (reference attention)"))
+        out.append(("attention sinks", "yes (in the engine's attention kernels)"))
     return out
 
 
