@@ -8,6 +8,7 @@ from safetensors.torch import save_file
 from batchrun.engine import SamplingParams, kernels
 from batchrun.llm import build_engine, load_weights
 from batchrun.models import grouped_gemm
+from batchrun.models import gpt_oss
 from batchrun.models.moe import Experts, ModelConfig
 from batchrun.options.engine import EngineConfig
 from tests.tiny_models import BACKEND_ARCHS, IdTokenizer, make_tiny
@@ -49,6 +50,41 @@ def test_experts_match_transformers_experts(route, tokens, monkeypatch):
         got = ours(x, chosen, weights, cpu_kernels)
         # outputs of size ~10: float32 summation order
         torch.testing.assert_close(got, hf(x, chosen, weights), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("route", ["C kernel", "torch._grouped_mm"])
+def test_gpt_oss_experts_match_transformers(route, monkeypatch):
+    """GPT-OSS's experts: biases, gate/up interleaved in transformers' [experts, hidden, 2I],
+    and the activation's clamps (inputs large enough that gate > limit and |up| > limit occur)."""
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    cpu_kernels = None
+    if route == "C kernel":
+        cpu_kernels = kernels.library()
+        if cpu_kernels is None:
+            pytest.skip("no C compiler here")
+        monkeypatch.setattr(grouped_gemm, "KERNEL_ROWS_PER_EXPERT", 80)
+    hf_cfg = GptOssConfig(hidden_size=24, intermediate_size=20, num_local_experts=8,
+                          num_experts_per_tok=2, swiglu_limit=2.0)
+    hf_cfg._experts_implementation = "eager"  # transformers' own loop over experts
+    hf = GptOssExperts(hf_cfg)
+    gen = torch.Generator().manual_seed(2)
+    cfg = gpt_oss.ModelConfig.from_hf(GptOssConfig(
+        hidden_size=24, intermediate_size=20, num_local_experts=8, num_experts_per_tok=2,
+        swiglu_limit=2.0, architectures=["GptOssForCausalLM"]))
+    ours = gpt_oss.ClampedExperts(cfg)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+            getattr(ours, name).copy_(gpt_oss.expert_tensor(name, p))
+        x = torch.randn(9, 24, generator=gen)
+        chosen = torch.rand(9, 8, generator=gen).topk(2, dim=-1).indices
+        weights = torch.rand(9, 2, generator=gen)
+        gate_up = x @ hf.gate_up_proj[0] + hf.gate_up_proj_bias[0]
+        assert (gate_up[:, ::2] > 2).any() and (gate_up[:, 1::2].abs() > 2).any()
+        torch.testing.assert_close(ours(x, chosen, weights, cpu_kernels), hf(x, chosen, weights),
+                                   rtol=1e-5, atol=1e-4)
 
 
 def test_expert_kernel_in_bfloat16():

@@ -18,7 +18,9 @@ from tests.unit.test_native_model import hf_greedy
 
 CPU = torch.device("cpu")
 MAX_TOKENS = 12
-MOE_ARCHS = ["mixtral", "olmoe", "qwen2_moe", "qwen3_moe"]  # the native MoE path runs these
+# The native MoE paths run these (models/moe.py; GPT-OSS's sinks, windows, biases and clamped
+# experts in models/gpt_oss.py).
+MOE_ARCHS = ["gpt_oss", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe"]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -305,7 +307,8 @@ def test_auto_picks_native_where_it_runs_the_model_exactly():
     assert choose(llama).impl == "native"
     assert choose(llama, "transformers").impl == "transformers"
     for model_type, arch in [("gemma", "GemmaForCausalLM"), ("gemma2", "Gemma2ForCausalLM"),
-                             ("gemma3_text", "Gemma3ForCausalLM"), ("phi3", "Phi3ForCausalLM")]:
+                             ("gemma3_text", "Gemma3ForCausalLM"), ("phi3", "Phi3ForCausalLM"),
+                             ("gpt_oss", "GptOssForCausalLM")]:
         assert choose(_config(model_type, architectures=[arch])).impl == "native", model_type
     windowed = _config("mistral", architectures=["MistralForCausalLM"], sliding_window=64,
                        max_position_embeddings=4096)
@@ -412,6 +415,10 @@ def test_models_check_reads_the_config_only(tmp_path):
     make_tiny("qwen3_moe", tmp_path / "moe", archs=BACKEND_ARCHS)
     moe = _models_cli("check", tmp_path / "moe").output
     assert "path: native (models/moe.py)" in moe and "MoE: 4 experts, 2 per token" in moe
+    make_tiny("gpt_oss", tmp_path / "gpt_oss", archs=BACKEND_ARCHS)
+    oss = _models_cli("check", tmp_path / "gpt_oss").output
+    assert "path: native (models/gpt_oss.py) (it runs the model exactly)" in oss
+    assert "attention sinks: yes (in the engine's attention kernels)" in oss
     MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "m")
     refused = _models_cli("check", tmp_path / "m")
     assert refused.exit_code == 2 and "path: refused (unsupported model: mamba" in refused.output
