@@ -1,5 +1,6 @@
 """The native MoE path's parts against transformers' own: the experts block (both grouped-GEMM
-routes), and loading transformers 5's fused 3-D expert tensors as well as the per-expert layout."""
+routes; GPT-OSS's biased, clamped experts), loading transformers 5's fused 3-D expert tensors as
+well as the per-expert layout, and what --quantization takes on GPT-OSS."""
 
 import pytest
 import torch
@@ -161,3 +162,26 @@ def test_sparse_layers_follow_the_config(model_type, arch, kw, sparse):
     assert ModelConfig.from_hf(hf).sparse_layers == sparse
     model = getattr(transformers, arch)(hf)
     assert tuple("Sparse" in type(layer.mlp).__name__ for layer in model.model.layers) == sparse
+
+
+def test_quantization_on_gpt_oss_takes_its_attention_linears_only(tmp_path):
+    """--quantization int8-weight: q/k/v/o quantized; the router a float linear, the experts'
+    3-D weights float; the next token's logprob still within int8 rounding of transformers'."""
+    from batchrun.models.quant.int8_linear import Int8WeightLinear
+
+    hf = make_tiny("gpt_oss", tmp_path, archs=BACKEND_ARCHS)
+    config = EngineConfig.default(model_impl="native", block_size=4, quantization="int8-weight")
+    model = load_weights(tmp_path, config, CPU, torch.float32)
+    for layer in model.layers:
+        assert isinstance(layer.self_attn.qkv_proj, Int8WeightLinear)
+        assert isinstance(layer.self_attn.o_proj, Int8WeightLinear)
+        assert not isinstance(layer.mlp.gate, Int8WeightLinear)
+        assert all(p.dtype == torch.float32 for p in layer.mlp.experts.parameters())
+    engine = build_engine(model, IdTokenizer(), config, [2], CPU, torch.float32)
+    prompt = list(range(3, 30))
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, -1], -1)
+    top = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=1, logprobs=1)
+                          )[0].outputs[0].logprobs[0].top
+    assert top[0][0] == int(ref.argmax())
+    assert top[0][1] == pytest.approx(float(ref.max()), abs=0.05)
