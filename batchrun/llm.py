@@ -185,7 +185,8 @@ def check_batch_invariant(config: EngineConfig, native_path: bool, native_module
               "--lora" if config.lora.adapters else
               "the transformers backend" if not native_path else
               # the experts' grouped GEMMs sum over however many rows an expert gets
-              "mixture-of-experts models" if native_module.endswith(".moe") else None)
+              "mixture-of-experts models" if native_module.endswith((".moe", ".gpt_oss"))
+              else None)
     if beside:
         raise UnsupportedModelError(f"--batch-invariant does not cover {beside}: it runs the "
                                     "dense native models (Llama, Mistral, Qwen2, Qwen3, Phi-3, "

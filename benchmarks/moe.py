@@ -1,5 +1,6 @@
-"""MoE step time against the number of experts: the native path (models/moe.py) beside the
-transformers backend on the same random-weight Qwen3-MoE checkpoint.
+"""MoE step time against the number of experts: the native path (models/moe.py, or
+models/gpt_oss.py with --family gpt_oss) beside the transformers backend on the same random-weight
+Qwen3-MoE (or GPT-OSS) checkpoint.
 
 Each row is one checkpoint: EXPERTS experts of the same size, top-k fixed, so every token runs the
 same active parameters whatever the expert count. Columns: engine step wall time (median) of a
@@ -12,6 +13,7 @@ a shared machine).
 
     python benchmarks/moe.py [--experts 8 32 128] [--top-k 2] [--layers 4] [--hidden 512]
         [--expert-size 256] [--steps 4] [--rounds 3] [--threads 1] [--dtype float32]
+        [--family qwen3_moe|gpt_oss]
 """
 
 from __future__ import annotations
@@ -45,16 +47,26 @@ class _Tokens:
 
 
 def make_checkpoint(path: Path, experts: int, args) -> int:
-    """A random Qwen3-MoE checkpoint in `path`; returns its parameter count."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    """A random Qwen3-MoE (or GPT-OSS: sliding 128-token windows on every other layer, sinks)
+    checkpoint in `path`; returns its parameter count."""
+    import transformers
 
-    cfg = Qwen3MoeConfig(vocab_size=8192, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                         moe_intermediate_size=args.expert_size, num_hidden_layers=args.layers,
-                         num_attention_heads=8, num_key_value_heads=4, head_dim=args.hidden // 8,
-                         num_experts=experts, num_experts_per_tok=args.top_k, norm_topk_prob=True,
-                         max_position_embeddings=1024, architectures=["Qwen3MoeForCausalLM"])
+    shape = dict(vocab_size=8192, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                 num_attention_heads=8, num_key_value_heads=4, head_dim=args.hidden // 8,
+                 num_experts_per_tok=args.top_k, max_position_embeddings=1024)
+    if args.family == "gpt_oss":
+        cfg = transformers.GptOssConfig(**shape, intermediate_size=args.expert_size,
+                                        num_local_experts=experts,
+                                        architectures=["GptOssForCausalLM"])
+        model_class = transformers.GptOssForCausalLM
+    else:
+        cfg = transformers.Qwen3MoeConfig(**shape, intermediate_size=4 * args.hidden,
+                                          moe_intermediate_size=args.expert_size,
+                                          num_experts=experts, norm_topk_prob=True,
+                                          architectures=["Qwen3MoeForCausalLM"])
+        model_class = transformers.Qwen3MoeForCausalLM
     torch.manual_seed(0)
-    model = Qwen3MoeForCausalLM(cfg)
+    model = model_class(cfg)
     model.save_pretrained(path)
     return sum(p.numel() for p in model.parameters())
 
@@ -79,12 +91,10 @@ def step_times(engine, prompts: list[list[int]], steps: int, skip: int) -> list[
 
 def hit_experts(engine, prompts) -> float:
     """Mean distinct experts per MoE layer in a decode step of `prompts` (native engine)."""
-    from batchrun.models.moe import SparseMoeBlock
-
     seen: list[int] = []
     hooks = [m.gate.register_forward_hook(lambda mod, inp, out, k=m.top_k: seen.append(
         int(out.topk(k, dim=-1).indices.unique().numel())))
-        for m in engine.runner.model.modules() if isinstance(m, SparseMoeBlock)]
+        for m in engine.runner.model.modules() if hasattr(m, "experts") and hasattr(m, "gate")]
     step_times(engine, prompts, 1, 1)
     for hook in hooks:
         hook.remove()
@@ -121,12 +131,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--family", default="qwen3_moe", choices=["qwen3_moe", "gpt_oss"])
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     torch.set_num_threads(args.threads)
     print(machine_line())
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}; "
-          f"Qwen3-MoE, {args.layers} layers, hidden {args.hidden}, expert size {args.expert_size}, "
+          f"{args.family}, {args.layers} layers, hidden {args.hidden}, expert size {args.expert_size}, "
           f"top-{args.top_k}; engine step wall time, best of {args.rounds} rounds, ms "
           f"(native / transformers = speed-up)")
     kinds = ["decode-1", f"decode-{DECODE_WIDE}", f"prefill-{PREFILL}"]

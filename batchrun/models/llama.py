@@ -160,6 +160,7 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.scale = scale or cfg.head_dim ** -0.5
         self.window, self.softcap = window, softcap
+        self.sinks: torch.Tensor | None = None  # [heads] attention sinks (models/gpt_oss.py)
 
     def forward(self, x, rope: StepRope, kv: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -183,7 +184,8 @@ class Attention(nn.Module):
             if self.q_norm is not None and not self.norm_across_heads:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = RotaryEmbedding.apply(q, *rope.cos_sin), RotaryEmbedding.apply(k, *rope.cos_sin)
-        out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.window, self.softcap)
+        out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.window, self.softcap,
+                              self.sinks)
         return self.o_proj(out.reshape(-1, self.q_size))
 
 
@@ -286,9 +288,10 @@ class LlamaModel(nn.Module):
 
     @property
     def graph_safe(self) -> bool:
-        """Whether a decode step can be captured in a CUDA graph: not with windowed or
-        soft-capped layers (the Triton backend sends them to reference_attention)."""
-        return not any(layer.self_attn.window or layer.self_attn.softcap for layer in self.layers)
+        """Whether a decode step can be captured in a CUDA graph: not with windowed,
+        soft-capped or sink layers (the Triton backend sends them to reference_attention)."""
+        return not any(layer.self_attn.window or layer.self_attn.softcap
+                       or layer.self_attn.sinks is not None for layer in self.layers)
 
     def step_rope(self, positions: torch.Tensor, dtype: torch.dtype):
         """What the layers take for the step's rotary embedding."""

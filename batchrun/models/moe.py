@@ -66,21 +66,34 @@ class ModelConfig(llama.ModelConfig):
 
 class Experts(nn.Module):
     """The routed experts' weights as 3-D tensors, in transformers 5's layout: gate_up_proj
-    [experts, 2 * intermediate, hidden] (gate rows first), down_proj [experts, hidden, intermediate]."""
+    [experts, 2 * intermediate, hidden] (gate rows first), down_proj [experts, hidden, intermediate]
+    (and with `bias` one bias row per expert for each: GPT-OSS's)."""
 
-    def __init__(self, num_experts: int, hidden: int, intermediate: int):
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+        if bias:
+            self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * intermediate))
+            self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden))
+        else:
+            self.gate_up_proj_bias = self.down_proj_bias = None
+
+    def activate(self, gate_up: torch.Tensor, cpu_kernels=None) -> torch.Tensor:
+        """The gated activation of rows [gate | up] (SwiGLU; models/gpt_oss.py clamps it)."""
+        return gated_activation(gate_up, cpu_kernels)
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                 cpu_kernels=None) -> torch.Tensor:
         """sum_j weights[t, j] * expert_{experts[t, j]}(x[t]) for each token t."""
         pairs = sort_by_expert(experts, self.gate_up_proj.shape[0])
         rows = x[pairs.token]
-        act = gated_activation(grouped_mm(rows, self.gate_up_proj, pairs, cpu_kernels),
-                               cpu_kernels)
-        out = grouped_mm(act, self.down_proj, pairs, cpu_kernels)
+        gate_up = grouped_mm(rows, self.gate_up_proj, pairs, cpu_kernels)
+        if self.gate_up_proj_bias is not None:
+            gate_up += self.gate_up_proj_bias[pairs.expert]
+        out = grouped_mm(self.activate(gate_up, cpu_kernels), self.down_proj, pairs, cpu_kernels)
+        if self.down_proj_bias is not None:
+            out += self.down_proj_bias[pairs.expert]
         out *= weights.reshape(-1)[pairs.order, None]
         return torch.zeros_like(x).index_add_(0, pairs.token, out)
 

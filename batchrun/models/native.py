@@ -21,6 +21,7 @@ NATIVE_MODULES = {
     "qwen2_moe": "batchrun.models.moe",
     "mixtral": "batchrun.models.moe",
     "olmoe": "batchrun.models.moe",
+    "gpt_oss": "batchrun.models.gpt_oss",
     "phi3": "batchrun.models.llama",
     "gemma": "batchrun.models.gemma",
     "gemma2": "batchrun.models.gemma",

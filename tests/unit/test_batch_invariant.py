@@ -164,9 +164,10 @@ def test_a_windowed_soft_capped_gemma2_gives_the_same_bits_in_a_batch(tmp_path, 
     assert [batch[p] for p in (0, 9, 19)] == solo
 
 
-def test_mixture_of_experts_models_are_refused(tmp_path):
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+def test_mixture_of_experts_models_are_refused(arch, tmp_path):
     from tests.tiny_models import BACKEND_ARCHS
 
-    make_tiny("qwen3_moe", tmp_path, archs=BACKEND_ARCHS)
+    make_tiny(arch, tmp_path, archs=BACKEND_ARCHS)
     with pytest.raises(UnsupportedModelError, match="does not cover mixture-of-experts models"):
         llm.load_from_path(tmp_path, EngineConfig.default(batch_invariant=True))

@@ -75,18 +75,24 @@ def tables_tensor(tables):
     return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
 
 
-def reference(q, pool, tables, lens, scale):
-    """Attention of row r (q[r], [H, D]) over positions [0, lens[r]) of tables[r], float64."""
+def reference(q, pool, tables, lens, scale, sinks=None, window=None):
+    """Attention of row r (q[r], [H, D]) over positions [0, lens[r]) of tables[r] (the last
+    `window` of them), float64; sinks [H]: a logit per head in the softmax's denominator only."""
     H, Hkv = q.shape[1], pool.k.shape[1]
     out = torch.zeros(q.shape, dtype=torch.float64)
     for r, (t, n) in enumerate(zip(tables, lens)):
         if n == 0:
             continue
-        pos = torch.arange(n)
+        pos = torch.arange(0 if window is None else max(0, n - window), n)
         slots = torch.tensor(t)[pos // pool.bs] * pool.bs + pos % pool.bs
         k = pool.k[slots].double().repeat_interleave(H // Hkv, 1).transpose(0, 1)  # [H, n, D]
         v = pool.v[slots].double().repeat_interleave(H // Hkv, 1).transpose(0, 1)
-        out[r] = F.scaled_dot_product_attention(q[r].double()[:, None], k, v, scale=scale)[:, 0]
+        if sinks is None:
+            out[r] = F.scaled_dot_product_attention(q[r].double()[:, None], k, v, scale=scale)[:, 0]
+            continue
+        scores = torch.einsum("hd,hld->hl", q[r].double(), k) * scale
+        weights = torch.softmax(torch.cat([scores, sinks.double()[:, None]], -1), -1)[:, :-1]
+        out[r] = torch.einsum("hl,hld->hd", weights, v)
     return out.float()
 
 
@@ -221,3 +227,32 @@ def test_nothing_shared_and_no_cached_chunk_keeps_the_plain_kernel():
     rows, in_kernel = cascade.plan_rows(lib, tables_tensor(tables), [n - 1 for n in lens] + [0],
                                         [1] * len(lens) + [10], len(lens), bs)
     assert rows is None and in_kernel == [False]
+
+
+@pytest.mark.parametrize("window", [None, 11])
+@pytest.mark.parametrize("H,Hkv,D,bs", [(8, 2, 64, 16), (6, 3, 32, 4)])
+def test_attention_sinks_join_the_softmax_denominator(lib, H, Hkv, D, bs, window):
+    """GPT-OSS's sinks (a logit per query head, some far above the scores, some far below) on
+    cascade decode groups sharing prefix blocks and on chunks over a cached context, with and
+    without a sliding window, against float64."""
+    g = torch.Generator().manual_seed(H + D)
+    pool = Pool(800, bs, Hkv, D, torch.float32, g)
+    dec_tables, dec_lens = shared_prefix_batch(g, pool, bs, prefixes=2, per_prefix=3, loners=2)
+    chunks = [(37, 9), (3 * bs, 2 * bs)]
+    tables = dec_tables + [pool.take(-(-(c + n) // bs)) for c, n in chunks]
+    starts = [n - 1 for n in dec_lens] + [c for c, _ in chunks]
+    counts = [1] * len(dec_lens) + [n for _, n in chunks]
+    rows, _ = cascade.plan_rows(lib, tables_tensor(tables), starts, counts, len(dec_lens), bs)
+    assert int(rows.group_shared.max()) > 0, "no group found"
+    q = torch.randn(sum(counts), H, D, generator=g)
+    sinks = torch.linspace(-30.0, 30.0, H)  # beyond and below every score
+    row_tables, row_lens = [], []
+    for i, (c, n) in enumerate(zip(starts, counts)):
+        row_tables += [tables[i]] * n
+        row_lens += [c + j + 1 for j in range(n)]
+    got = kernel_attention(lib, q, pool.k, pool.v, rows, bs, D ** -0.5, window=window,
+                           sinks=sinks)
+    expected = reference(q, pool, row_tables, row_lens, D ** -0.5, sinks, window)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=2e-5)
+    without = reference(q, pool, row_tables, row_lens, D ** -0.5, None, window)
+    assert not torch.allclose(got, without, atol=1e-2)  # the sinks changed the output

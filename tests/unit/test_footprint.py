@@ -114,11 +114,11 @@ def backend_folder(tmp_path, smol_tokenizer):
 
 
 # A native MoE with a shared expert and a dense layer, a windowed native model (gemma2: one
-# window layer, one full), one without RMSNorm/SwiGLU (gpt_neox), MLA (deepseek_v2), and an MoE
-# with sinks and windows on the backend (gpt_oss).
+# window layer, one full), one without RMSNorm/SwiGLU (gpt_neox), MLA (deepseek_v2), and a native
+# MoE with sinks, biases and windows (gpt_oss).
 @pytest.mark.parametrize("arch,impl", [
     ("qwen2_moe", "native"), ("mixtral", "native"), ("gemma2", "native"),
-    ("gpt_neox", "transformers"), ("deepseek_v2", "transformers"), ("gpt_oss", "transformers")])
+    ("gpt_neox", "transformers"), ("deepseek_v2", "transformers"), ("gpt_oss", "native")])
 def test_every_path_is_sized_as_the_engine_holds_it(arch, impl, backend_folder):
     """Parameters equal transformers' model's, weight bytes what the loaded model holds, and
     the KV pool (its groups, blocks and bytes) what the engine allocates."""

@@ -70,16 +70,17 @@ def test_each_adapter_and_the_base_in_one_batch_match_peft(arch, tmp_path):
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
 
 
-def test_attention_adapters_on_an_moe_model_match_peft(tmp_path):
-    """The native MoE path takes adapters on its attention projections (its experts take none)."""
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+def test_attention_adapters_on_an_moe_model_match_peft(arch, tmp_path):
+    """The native MoE paths take adapters on their attention projections (experts take none)."""
     (tmp_path / "base").mkdir()
-    hf, _ = tiny_engine("qwen3_moe", tmp_path / "base")
+    hf, _ = tiny_engine(arch, tmp_path / "base")
     (name, (path, peft_model)), = make_adapters(hf, tmp_path, kinds=KINDS[:1]).items()
-    _, engine = tiny_engine("qwen3_moe", tmp_path / "base", lora={name: path})
+    _, engine = tiny_engine(arch, tmp_path / "base", lora={name: path})
     outs = engine.generate(PROMPTS, greedy(name))
     for prompt, out in zip(PROMPTS, outs):
         ref, logits = reference(peft_model, prompt, MAX_NEW)
-        assert_greedy_match(out.outputs[0].token_ids, ref, logits, f"qwen3_moe {name}")
+        assert_greedy_match(out.outputs[0].token_ids, ref, logits, f"{arch} {name}")
         assert ref != reference(hf, prompt, MAX_NEW)[0], "the adapter changes nothing"
 
 

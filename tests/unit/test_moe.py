@@ -1,5 +1,6 @@
 """The native MoE path's parts against transformers' own: the experts block (both grouped-GEMM
-routes), and loading transformers 5's fused 3-D expert tensors as well as the per-expert layout."""
+routes; GPT-OSS's biased, clamped experts), loading transformers 5's fused 3-D expert tensors as
+well as the per-expert layout, and what --quantization takes on GPT-OSS."""
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from safetensors.torch import save_file
 from batchrun.engine import SamplingParams, kernels
 from batchrun.llm import build_engine, load_weights
 from batchrun.models import grouped_gemm
+from batchrun.models import gpt_oss
 from batchrun.models.moe import Experts, ModelConfig
 from batchrun.options.engine import EngineConfig
 from tests.tiny_models import BACKEND_ARCHS, IdTokenizer, make_tiny
@@ -49,6 +51,41 @@ def test_experts_match_transformers_experts(route, tokens, monkeypatch):
         got = ours(x, chosen, weights, cpu_kernels)
         # outputs of size ~10: float32 summation order
         torch.testing.assert_close(got, hf(x, chosen, weights), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("route", ["C kernel", "torch._grouped_mm"])
+def test_gpt_oss_experts_match_transformers(route, monkeypatch):
+    """GPT-OSS's experts: biases, gate/up interleaved in transformers' [experts, hidden, 2I],
+    and the activation's clamps (inputs large enough that gate > limit and |up| > limit occur)."""
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    cpu_kernels = None
+    if route == "C kernel":
+        cpu_kernels = kernels.library()
+        if cpu_kernels is None:
+            pytest.skip("no C compiler here")
+        monkeypatch.setattr(grouped_gemm, "KERNEL_ROWS_PER_EXPERT", 80)
+    hf_cfg = GptOssConfig(hidden_size=24, intermediate_size=20, num_local_experts=8,
+                          num_experts_per_tok=2, swiglu_limit=2.0)
+    hf_cfg._experts_implementation = "eager"  # transformers' own loop over experts
+    hf = GptOssExperts(hf_cfg)
+    gen = torch.Generator().manual_seed(2)
+    cfg = gpt_oss.ModelConfig.from_hf(GptOssConfig(
+        hidden_size=24, intermediate_size=20, num_local_experts=8, num_experts_per_tok=2,
+        swiglu_limit=2.0, architectures=["GptOssForCausalLM"]))
+    ours = gpt_oss.ClampedExperts(cfg)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+            getattr(ours, name).copy_(gpt_oss.expert_tensor(name, p))
+        x = torch.randn(9, 24, generator=gen)
+        chosen = torch.rand(9, 8, generator=gen).topk(2, dim=-1).indices
+        weights = torch.rand(9, 2, generator=gen)
+        gate_up = x @ hf.gate_up_proj[0] + hf.gate_up_proj_bias[0]
+        assert (gate_up[:, ::2] > 2).any() and (gate_up[:, 1::2].abs() > 2).any()
+        torch.testing.assert_close(ours(x, chosen, weights, cpu_kernels), hf(x, chosen, weights),
+                                   rtol=1e-5, atol=1e-4)
 
 
 def test_expert_kernel_in_bfloat16():
@@ -125,3 +162,26 @@ def test_sparse_layers_follow_the_config(model_type, arch, kw, sparse):
     assert ModelConfig.from_hf(hf).sparse_layers == sparse
     model = getattr(transformers, arch)(hf)
     assert tuple("Sparse" in type(layer.mlp).__name__ for layer in model.model.layers) == sparse
+
+
+def test_quantization_on_gpt_oss_takes_its_attention_linears_only(tmp_path):
+    """--quantization int8-weight: q/k/v/o quantized; the router a float linear, the experts'
+    3-D weights float; the next token's logprob still within int8 rounding of transformers'."""
+    from batchrun.models.quant.int8_linear import Int8WeightLinear
+
+    hf = make_tiny("gpt_oss", tmp_path, archs=BACKEND_ARCHS)
+    config = EngineConfig.default(model_impl="native", block_size=4, quantization="int8-weight")
+    model = load_weights(tmp_path, config, CPU, torch.float32)
+    for layer in model.layers:
+        assert isinstance(layer.self_attn.qkv_proj, Int8WeightLinear)
+        assert isinstance(layer.self_attn.o_proj, Int8WeightLinear)
+        assert not isinstance(layer.mlp.gate, Int8WeightLinear)
+        assert all(p.dtype == torch.float32 for p in layer.mlp.experts.parameters())
+    engine = build_engine(model, IdTokenizer(), config, [2], CPU, torch.float32)
+    prompt = list(range(3, 30))
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, -1], -1)
+    top = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=1, logprobs=1)
+                          )[0].outputs[0].logprobs[0].top
+    assert top[0][0] == int(ref.argmax())
+    assert top[0][1] == pytest.approx(float(ref.max()), abs=0.05)

@@ -108,10 +108,12 @@ def backends():
     return found
 
 
-# (sliding window, soft-cap) a layer passes to the backend; windows of 3 and 6 tokens end inside
-# a block and cut both decodes and chunks, 2 keeps one position of the previous block.
-MASKS = {"plain": (None, None), "window": (6, None), "softcap": (None, 0.5),
-         "window+softcap": (3, 2.0), "window 2": (2, None)}
+# (sliding window, soft-cap, sinks) a layer passes to the backend; windows of 3 and 6 tokens end
+# inside a block and cut both decodes and chunks, 2 keeps one position of the previous block.
+SINKS = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.5, -0.5])
+MASKS = {"plain": (None, None, None), "window": (6, None, None), "softcap": (None, 0.5, None),
+         "window+softcap": (3, 2.0, None), "window 2": (2, None, None),
+         "sinks": (None, None, SINKS), "window+sinks": (6, None, SINKS)}
 
 
 @pytest.mark.parametrize("mask", list(MASKS))
@@ -124,11 +126,13 @@ def test_every_backend_matches_the_reference(name, backend, device, shape, mask)
     kw = dict(seqs=SHARED_SEQS, num_decode=4, shared=3) if "shared" in shape else {}
     q, k, v, kc, vc, _, layout = problem(device, d=d, **kw)
     meta = backend.build(layout)
-    window, softcap = MASKS[mask]
+    window, softcap, sinks = MASKS[mask]
+    sinks = None if sinks is None else sinks.to(device)
     kc_ref, vc_ref = kc.clone(), vc.clone()
     expected = reference_attention(q, k, v, kc_ref, vc_ref, meta, 0.3,
-                                   sliding_window=window, softcap=softcap)
-    got = paged_attention(q, k, v, kc, vc, meta, 0.3, window=window, softcap=softcap)
+                                   sliding_window=window, softcap=softcap, sinks=sinks)
+    got = paged_attention(q, k, v, kc, vc, meta, 0.3, window=window, softcap=softcap,
+                          sinks=sinks)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
 

@@ -18,7 +18,9 @@ from tests.unit.test_native_model import hf_greedy
 
 CPU = torch.device("cpu")
 MAX_TOKENS = 12
-MOE_ARCHS = ["mixtral", "olmoe", "qwen2_moe", "qwen3_moe"]  # the native MoE path runs these
+# The native MoE paths run these (models/moe.py; GPT-OSS's sinks, windows, biases and clamped
+# experts in models/gpt_oss.py).
+MOE_ARCHS = ["gpt_oss", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe"]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -173,8 +175,8 @@ def test_prompt_logprobs_embeddings_and_n(arch, tmp_path):
     assert len(sampled.outputs) == 3 and all(len(o.token_ids) == 5 for o in sampled.outputs)
 
 
-def test_windowed_layers_take_the_engine_kernels_with_their_window_and_sinks_the_reference(
-        tmp_path, monkeypatch):
+def test_windowed_and_sink_layers_take_the_engine_kernels_with_their_window(tmp_path,
+                                                                          monkeypatch):
     from batchrun.models.transformers import attention
 
     calls = []
@@ -193,7 +195,7 @@ def test_windowed_layers_take_the_engine_kernels_with_their_window_and_sinks_the
     _, engine = backend_engine("gpt_oss", tmp_path / "o")  # sinks on every layer
     calls.clear()
     engine.generate([list(range(3, 23))], SamplingParams(max_tokens=1))
-    assert calls == [("reference_attention", 8), ("reference_attention", None)]
+    assert calls == [("paged_attention", 8), ("paged_attention", None)]
 
 
 def test_sharded_checkpoint_loads(tmp_path):
@@ -305,7 +307,8 @@ def test_auto_picks_native_where_it_runs_the_model_exactly():
     assert choose(llama).impl == "native"
     assert choose(llama, "transformers").impl == "transformers"
     for model_type, arch in [("gemma", "GemmaForCausalLM"), ("gemma2", "Gemma2ForCausalLM"),
-                             ("gemma3_text", "Gemma3ForCausalLM"), ("phi3", "Phi3ForCausalLM")]:
+                             ("gemma3_text", "Gemma3ForCausalLM"), ("phi3", "Phi3ForCausalLM"),
+                             ("gpt_oss", "GptOssForCausalLM")]:
         assert choose(_config(model_type, architectures=[arch])).impl == "native", model_type
     windowed = _config("mistral", architectures=["MistralForCausalLM"], sliding_window=64,
                        max_position_embeddings=4096)
@@ -412,6 +415,12 @@ def test_models_check_reads_the_config_only(tmp_path):
     make_tiny("qwen3_moe", tmp_path / "moe", archs=BACKEND_ARCHS)
     moe = _models_cli("check", tmp_path / "moe").output
     assert "path: native (models/moe.py)" in moe and "MoE: 4 experts, 2 per token" in moe
+    make_tiny("gpt_oss", tmp_path / "gpt_oss", archs=BACKEND_ARCHS)
+    oss = _models_cli("check", tmp_path / "gpt_oss").output
+    assert "path: native (models/gpt_oss.py) (it runs the model exactly)" in oss
+    assert "attention sinks: yes (in the engine's attention kernels)" in oss
+    assert "LoRA: yes: q_proj, k_proj, v_proj, o_proj (on the fused qkv_proj), and gate_proj, " \
+        "up_proj, down_proj of dense layers only, not the experts" in oss
     MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "m")
     refused = _models_cli("check", tmp_path / "m")
     assert refused.exit_code == 2 and "path: refused (unsupported model: mamba" in refused.output

@@ -6,9 +6,10 @@ the rows once per step); a step where nothing is shared and no chunk has a cache
 the plain per-sequence decode kernel. `--attention-kernel legacy` keeps every decode on its own
 and every prefill chunk on SDPA. Chunks the kernel leaves go to chunks.py.
 
-A layer with a sliding window or logit soft-capping runs the same kernel (each row starts its walk
-where its window does, without shared-prefix grouping); its decodes go through the grouped entry
-point even when the step has no groups.
+A layer with a sliding window, logit soft-capping or attention sinks runs the same kernel (each
+row starts its walk where its window does, without shared-prefix grouping; a sink joins each
+row's softmax sum at the end); its decodes go through the grouped entry point even when the step
+has no groups.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class CpuKernelMetadata(AttentionMetadata):
     masked_rows: KernelRows | None = None  # the rows of windowed / soft-capped layers (lazily)
 
     def rows_for_masked(self) -> KernelRows | None:
-        """The kernel's rows for a layer with a window or soft-cap: the step's rows, or when
+        """The kernel's rows for a layer with a window, soft-cap or sinks: the step's rows, or when
         the step runs the plain decode kernel, its decodes as groups of one."""
         if self.rows is not None or not self.num_decode:
             return self.rows
@@ -52,19 +53,23 @@ class CpuKernelMetadata(AttentionMetadata):
 
 def kernel_attention(lib, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      rows: KernelRows, block_size: int, scale: float, window: int | None = None,
-                     softcap: float | None = None) -> torch.Tensor:
+                     softcap: float | None = None, sinks: torch.Tensor | None = None
+                     ) -> torch.Tensor:
     """The C kernel's attention for `rows` of q [T, H, D] over the paged cache, as float32
     [T, H, D] (rows outside the groups are left uninitialised). window: a row sees its last
-    `window` positions only; softcap: scores become softcap * tanh(score / softcap)."""
+    `window` positions only; softcap: scores become softcap * tanh(score / softcap); sinks [H]:
+    a logit per head that joins the softmax's denominator only."""
     qf = q.float().contiguous()  # the kernel computes in float32 whatever the model's dtype
     of = torch.empty_like(qf)
     first = None if window is None else (rows.row_len - window).clamp_(min=0)
+    sinks = None if sinks is None else sinks.detach().float().contiguous()
     rc = lib.paged_attention_masked(
         qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), rows.tables.data_ptr(),
         rows.tables.shape[1], rows.row_table.data_ptr(), rows.row_len.data_ptr(), of.data_ptr(),
         q.shape[1], k_cache.shape[1], q.shape[2], block_size, scale, kind(k_cache.dtype),
         torch.get_num_threads(), rows.groups, rows.order.data_ptr(), rows.group_start.data_ptr(),
-        rows.group_shared.data_ptr(), None if first is None else first.data_ptr(), softcap or 0.0)
+        rows.group_shared.data_ptr(), None if first is None else first.data_ptr(), softcap or 0.0,
+        None if sinks is None else sinks.data_ptr())
     assert rc == 0, "paged_attention failed"
     return of
 
@@ -114,12 +119,14 @@ class CpuKernelBackend:
     @staticmethod
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: CpuKernelMetadata, scale: float,
-                window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+                window: int | None = None, softcap: float | None = None,
+                sinks: torch.Tensor | None = None) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.lib)
-        rows = meta.rows if window is None and not softcap else meta.rows_for_masked()
+        plain = window is None and not softcap and sinks is None
+        rows = meta.rows if plain else meta.rows_for_masked()
         if rows is not None:
             of = kernel_attention(meta.lib, q, k_cache, v_cache, rows, meta.block_size, scale,
-                                  window, softcap)
+                                  window, softcap, sinks)
             out = of if of.dtype == q.dtype else of.to(q.dtype)
         else:
             out = torch.empty_like(q)
@@ -129,5 +136,5 @@ class CpuKernelBackend:
                                            meta.decode_lens, meta.block_size, scale)
         if meta.prefills:
             prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, meta.same_length,
-                              scale, window, softcap)
+                              scale, window, softcap, sinks)
         return out

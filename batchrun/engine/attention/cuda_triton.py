@@ -1,7 +1,7 @@
 """CUDA: decode tokens by the Triton kernel (kernels/triton_decode.py), which reads context
 lengths on the device, so decode-only steps can be captured as CUDA graphs
-(engine/cuda_graphs.py); prefill chunks as in chunks.py. Layers with a sliding window or logit
-soft-capping take reference_attention."""
+(engine/cuda_graphs.py); prefill chunks as in chunks.py. Layers with a sliding window, logit
+soft-capping or attention sinks take reference_attention."""
 
 from __future__ import annotations
 
@@ -48,10 +48,11 @@ class TritonBackend:
     @staticmethod
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: TritonMetadata, scale: float,
-                window: int | None = None, softcap: float | None = None) -> torch.Tensor:
-        if window is not None or softcap:
+                window: int | None = None, softcap: float | None = None,
+                sinks: torch.Tensor | None = None) -> torch.Tensor:
+        if window is not None or softcap or sinks is not None:
             return reference_attention(q, k, v, k_cache, v_cache, meta, scale,
-                                       sliding_window=window, softcap=softcap)
+                                       sliding_window=window, softcap=softcap, sinks=sinks)
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         b = meta.num_decode

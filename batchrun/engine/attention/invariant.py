@@ -65,8 +65,9 @@ class InvariantBackend:
     @staticmethod
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: InvariantMetadata, scale: float,
-                window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+                window: int | None = None, softcap: float | None = None,
+                sinks: torch.Tensor | None = None) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.lib)
         of = kernel_attention(meta.lib, q, k_cache, v_cache, meta.rows, meta.block_size, scale,
-                              window, softcap)
+                              window, softcap, sinks)
         return of if of.dtype == q.dtype else of.to(q.dtype)

@@ -28,11 +28,13 @@ def select_backend(env: BackendEnv) -> AttentionBackend:
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                    window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+                    window: int | None = None, softcap: float | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One layer's attention for the step: q [T, H, D], k/v [T, Hkv, D] of the step's rows (written
     into k_cache/v_cache at meta.slot_mapping); returns [T, H, D]. Runs the backend whose
     builder made `meta`. window: the layer's sliding window (a row at position p sees
-    positions p - window < j <= p); softcap: scores become softcap * tanh(score / softcap)."""
-    if window is None and not softcap:
+    positions p - window < j <= p); softcap: scores become softcap * tanh(score / softcap);
+    sinks [H]: a learned logit per head that joins the softmax's denominator only (GPT-OSS)."""
+    if window is None and not softcap and sinks is None:
         return _FORWARD[type(meta)](q, k, v, k_cache, v_cache, meta, scale)
-    return _FORWARD[type(meta)](q, k, v, k_cache, v_cache, meta, scale, window, softcap)
+    return _FORWARD[type(meta)](q, k, v, k_cache, v_cache, meta, scale, window, softcap, sinks)

@@ -1,6 +1,6 @@
 """The portable backend: decode gathers each sequence's KV blocks and calls torch SDPA with a
-padding mask (narrowed to a layer's sliding window; soft-capped layers through
-reference.attend); prefill chunks as in chunks.py. Runs on any device and any head shape."""
+padding mask (narrowed to a layer's sliding window; soft-capped layers and layers with
+attention sinks through reference.attend); prefill chunks as in chunks.py. Runs on any device and any head shape."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ class SdpaBackend:
     @staticmethod
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: SdpaMetadata, scale: float,
-                window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+                window: int | None = None, softcap: float | None = None,
+                sinks: torch.Tensor | None = None) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.lib)
         out = torch.empty_like(q)
         b = meta.num_decode
@@ -68,7 +69,7 @@ class SdpaBackend:
             qd = q[:b].view(b, num_kv_heads, num_heads // num_kv_heads, head_dim)
             kd = k_cache[meta.decode_slots].to(q.dtype)  # [B, L, Hkv, D]
             vd = v_cache[meta.decode_slots].to(q.dtype)
-            if window is None and not softcap:
+            if window is None and not softcap and sinks is None:
                 od = F.scaled_dot_product_attention(qd, kd.transpose(1, 2), vd.transpose(1, 2),
                                                     attn_mask=meta.decode_bias, scale=scale)
             else:
@@ -76,9 +77,9 @@ class SdpaBackend:
                 if window is not None:
                     grid = torch.arange(valid.shape[1], device=valid.device)[None, :]
                     valid = valid & (grid >= meta.context_lens[:b, None] - window)
-                od = attend(q[:b, None], kd, vd, valid[:, None], scale, softcap)
+                od = attend(q[:b, None], kd, vd, valid[:, None], scale, softcap, sinks)
             out[:b] = od.reshape(b, num_heads, head_dim)
         if meta.prefills:
             prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, meta.same_length,
-                              scale, window, softcap)
+                              scale, window, softcap, sinks)
         return out

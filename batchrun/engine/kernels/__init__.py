@@ -125,7 +125,7 @@ def _library(extra_flags: tuple[str, ...]):
         "paged_decode_attention": (i, [p] * 6 + [i] * 6 + [f] + [i] * 2),
         "paged_attention": (i, [p] * 4 + [i] + [p] * 3 + [i] * 4 + [f] + [i] * 3 + [p] * 3),
         "paged_attention_masked": (i, [p] * 4 + [i] + [p] * 3 + [i] * 4 + [f] + [i] * 3 + [p] * 4
-                                   + [f]),
+                                   + [f, p]),
         "cascade_groups": (i, [p, p] + [i] * 4 + [p] * 3),
         "silu_mul": (None, [p, p, i64, i64, i, i]),
         "gelu_tanh_mul": (None, [p, p, i64, i64, i, i]),

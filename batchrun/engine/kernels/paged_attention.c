@@ -58,6 +58,8 @@ typedef struct {
     int per_item;              // KV heads per work item (all of them, or 1 when there are few groups)
     float scale;
     float softcap;             // scores become softcap * tanh(score / softcap) (0: as they are)
+    const float *sinks;        // [H] a logit per query head that joins the softmax's denominator
+                               // only (GPT-OSS's attention sinks; NULL: none)
     int first, last;           // range of (group, first head) work items
 } Job;
 
@@ -359,7 +361,12 @@ SIMD_INLINE void run_group(const Job *j, int item, float *buf, State *st, float 
             const State *x = &st[s * per + h];
             float *out = j->out + (row * j->H + (int64_t)(h0 + h) * G) * D;
             for (int g = 0; g < G; g++) {
-                const float inv = 1.f / x->l[g];
+                float inv = 1.f / x->l[g];
+                if (j->sinks) {  // the sink's exp(logit) joins the sum, rescaled to a common max
+                    const float sink = j->sinks[(h0 + h) * G + g], mx = sink > x->m[g] ? sink : x->m[g];
+                    const float c = expf(x->m[g] - mx);
+                    inv = c / (x->l[g] * c + expf(sink - mx));
+                }
                 for (int d = 0; d < D; d++) out[g * D + d] = x->acc[g * D + d] * inv;
             }
         }
@@ -400,13 +407,14 @@ static void run_range(const void *arg, int i) {
 
 // Attention for the rows of `groups` groups (see the top of the file), row r seeing positions
 // [row_first[r], row_len[r]) (row_first NULL: from 0) with scores soft-capped at softcap (0:
-// none). Returns 0, or -1 for shapes the kernel does not take (the caller then uses PyTorch).
+// none) and sinks[h] (NULL: none) added to head h's softmax denominator as exp(sinks[h]).
+// Returns 0, or -1 for shapes the kernel does not take (the caller then uses PyTorch).
 int paged_attention_masked(const float *q, const void *k, const void *v, const int64_t *tables,
                            int max_blocks, const int64_t *row_table, const int64_t *row_len,
                            float *out, int H, int Hkv, int D, int block_size, float scale, int kind,
                            int threads, int groups, const int32_t *order,
                            const int32_t *group_start, const int32_t *group_shared,
-                           const int64_t *row_first, float softcap) {
+                           const int64_t *row_first, float softcap, const float *sinks) {
     if (D > MAX_D || D % VW || H % Hkv || H / Hkv > MAX_G || block_size > MAX_BS) return -1;
     for (int g = 0; g < groups; g++)
         if (group_start[g + 1] - group_start[g] > MAX_GROUP) return -1;
@@ -435,7 +443,7 @@ int paged_attention_masked(const float *q, const void *k, const void *v, const i
         const int64_t goal = total * (i + 1) / threads;
         jobs[i] = (Job){q, k, v, tables, row_table, row_len, out, order, group_start, group_shared,
                         row_first, H, Hkv, D, block_size, max_blocks, kind, per, scale, softcap,
-                        item, item};
+                        sinks, item, item};
         while (item < items && (acc < goal || i == threads - 1)) acc += cost[item++ / (Hkv / per)];
         jobs[i].last = item;
     }
@@ -452,7 +460,7 @@ int paged_attention(const float *q, const void *k, const void *v, const int64_t 
                     const int32_t *group_shared) {
     return paged_attention_masked(q, k, v, tables, max_blocks, row_table, row_len, out, H, Hkv,
                                   D, block_size, scale, kind, threads, groups, order, group_start,
-                                  group_shared, NULL, 0.f);
+                                  group_shared, NULL, 0.f, NULL);
 }
 
 // Decode attention, one query token per sequence, each sequence on its own (no grouping): the

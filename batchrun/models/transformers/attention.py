@@ -4,9 +4,9 @@ the name "batchrun": it writes the layer's K/V into the engine's paged cache and
 The step's KV caches and metadata are not arguments transformers passes along, so the model's
 forward sets them for the duration of the call (`step`); with several KV groups (a model of
 full and sliding-window layers) each layer reads its group's metadata. Layers go through the
-engine's `paged_attention` (the C kernels on the CPU), sliding-window and soft-capped ones
-included; layers with attention sinks, and steps whose image tokens attend both ways within an
-image (the metadata's visible_until), through `reference_attention`. Key and value head dims that
+engine's `paged_attention` (the C kernels on the CPU), sliding-window, soft-capped and
+attention-sink ones included; steps whose image tokens attend both ways within an image (the
+metadata's visible_until) through `reference_attention`. Key and value head dims that
 differ (MLA: DeepSeek-V2) are stored zero-padded to the wider one, and the output cut back.
 """
 
@@ -83,12 +83,12 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
     meta = layer_metadata(current.meta, layer)
     window = sliding_window if sliding_window and sliding_window < current.max_context else None
     both_ways = meta.visible_until is not None  # image rows
-    if s_aux is not None or both_ways:
+    if both_ways:
         out = reference_attention(q, k, v, k_cache, v_cache, meta, scale,
                                   sliding_window=window, softcap=softcap, sinks=s_aux)
     else:
         out = paged_attention(q.contiguous(), k, v, k_cache, v_cache, meta, scale,
-                              window=window, softcap=softcap or None)
+                              window=window, softcap=softcap or None, sinks=s_aux)
     return out[..., :dv].unsqueeze(0), None
 
 

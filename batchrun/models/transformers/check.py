@@ -124,6 +124,9 @@ def routed_expert_parameters(model, hf) -> int:
 def lora_support(model, hf, impl: str) -> str:
     """Whether LoRA adapters run on the model, and on which of its modules."""
     if impl == "native":
+        if expert_counts(hf)[0]:  # models/moe.py, gpt_oss.py: experts are no linears
+            return ("yes: q_proj, k_proj, v_proj, o_proj (on the fused qkv_proj), and "
+                    "gate_proj, up_proj, down_proj of dense layers only, not the experts")
         return ("yes: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (on the "
                 "fused qkv_proj and gate_up_proj)")
     if model is None:
@@ -186,7 +189,7 @@ def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
     if getattr(hf, "qk_nope_head_dim", None) is not None:
         out.append(("MLA", "K/V expanded per head, the narrower zero-padded in the cache"))
     if getattr(hf, "model_type", "") == "gpt_oss":
-        out.append(("attention sinks", "yes (reference attention)"))
+        out.append(("attention sinks", "yes (in the engine's attention kernels)"))
     return out
 
 
