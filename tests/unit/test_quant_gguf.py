@@ -13,13 +13,16 @@ from batchrun.engine import SamplingParams
 from batchrun.llm import build_engine, build_model
 from batchrun.models.llama import LlamaModel, ModelConfig
 from batchrun.engine import kernels
+from batchrun.footprint import weights_bytes
 from batchrun.models.quant import QuantizationError, cpu, gguf_blocks
 from batchrun.models.quant.gguf import GgufLinears, StackedLinear, family_of, module_of, source_of
 from batchrun.models.quant.grouped_int8_linear import GroupedInt8Linear
 from batchrun.models.quant.int4_linear import Int4WeightLinear
 from batchrun.models.quant.int8_linear import Int8WeightLinear
+from batchrun.models.spec_config import gguf_file
 from batchrun.options.engine import EngineConfig
 from tests import gguf_kquants
+from tests.helpers import held_bytes
 from tests.parity import ParityReport, assert_greedy_match
 from tests.tiny_models import IdTokenizer, make_tiny
 
@@ -145,6 +148,10 @@ def test_a_gguf_models_projections_load_quantized_and_decode_as_its_dequantisati
         assert [type(m) for m in layer0.mlp.gate_up_proj.parts] == [GroupedInt8Linear, Int4WeightLinear]
         assert isinstance(layer0.self_attn.o_proj, GroupedInt8Linear)
         assert layer0.mlp.down_proj.group == 16 and layer0.mlp.down_proj.kernels is not None
+        # `batchrun plan`'s weight bytes: the blocks as the loaded modules hold them
+        cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
+        assert gguf_file(str(tmp_path)) == gguf_path
+        assert weights_bytes(cfg, "float32", quantization="gguf", gguf=gguf_path) == held_bytes(quantized.runner.model)
     else:
         assert isinstance(layer0.self_attn.qkv_proj, Int4WeightLinear)
         assert isinstance(layer0.self_attn.o_proj, Int4WeightLinear)

@@ -16,7 +16,7 @@ from torch import nn
 from batchrun.models.quant import cpu
 
 # Up to this many rows the kernel beats dequantize + GEMM (benchmarks/grouped_int8.py).
-KERNEL_ROWS = 16
+KERNEL_ROWS = 4
 
 
 class GroupedInt8Linear(nn.Module):
