@@ -8,24 +8,13 @@ Run: python benchmarks/grouped_int8.py [--shapes 960x576,3072x576,576x1536] [--r
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torch.nn.functional as F
 
 from batchrun.engine import kernels
 from batchrun.models.quant.grouped_int8_linear import GroupedInt8Linear
-
-
-def timed(fn, repeat: int) -> float:
-    """The fastest of `repeat` calls (the machine is shared: the minimum is the least disturbed)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+from benchmarks.machine import best_time as timed
 
 
 def main() -> None:
@@ -35,29 +24,46 @@ def main() -> None:
     ap.add_argument("--rows", default="1,4,16,64,256")
     ap.add_argument("--group", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--cold-mib", type=int, default=256, help="float32 MiB of distinct copies "
+                    "of each layer, cycled (0: one copy, cache-hot)")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: as is)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     lib = kernels.library(("-DNO_SPECIALISED",))
     torch.manual_seed(0)
-    print(f"threads {torch.get_num_threads()}, group {args.group}, with min; ms per call, "
+    print(f"threads {torch.get_num_threads()}, group {args.group}, with min, weights cycled over "
+          f"{args.cold_mib} MiB of float32 copies; ms per call (fastest of {args.repeat}), "
           "(x float32) = float32 time / this time")
     print(f"{'shape':>10} {'rows':>5} {'float32':>9} {'C kernel':>16} {'dequant+GEMM':>16}")
     for shape in args.shapes.split(","):
         n, k = map(int, shape.split("x"))
-        q = torch.randint(-32, 32, (n, k), dtype=torch.int8)
-        scale, minimum = torch.rand(n, k // args.group) / 50, torch.randn(n, k // args.group) / 50
-        layer = GroupedInt8Linear(q, scale, minimum, args.group)
-        dense = layer.dequantized_weight()
-        layer.kernels = lib
+        # distinct copies, cycled, so each call reads its weights from memory as a model's
+        # layers do (one layer called again and again would sit in the cache)
+        copies = max(1, min(64, (args.cold_mib << 20) // (4 * n * k)))
+        layers = []
+        for _ in range(copies):
+            q = torch.randint(-32, 32, (n, k), dtype=torch.int8)
+            scale, minimum = torch.rand(n, k // args.group) / 50, torch.randn(n, k // args.group) / 50
+            layers.append(GroupedInt8Linear(q, scale, minimum, args.group))
+        dense = [layer.dequantized_weight() for layer in layers]
+        turn = [0]
+
+        def cycled(fn):
+            def call():
+                turn[0] = (turn[0] + 1) % copies
+                return fn(turn[0])
+            return call
+
         for rows in map(int, args.rows.split(",")):
             x = torch.randn(rows, k)
-            base = timed(lambda: F.linear(x, dense), args.repeat)
-            kernel = timed(lambda: layer.kernel_forward(x), args.repeat) if lib else float("nan")
-            layer.kernels = None
-            ops = timed(lambda: layer(x), args.repeat)
-            layer.kernels = lib
+            base = timed(cycled(lambda i: F.linear(x, dense[i])), args.repeat)
+            for layer in layers:
+                layer.kernels = lib
+            kernel = timed(cycled(lambda i: layers[i].kernel_forward(x)), args.repeat) if lib else float("nan")
+            for layer in layers:
+                layer.kernels = None  # forward() takes the PyTorch ops
+            ops = timed(cycled(lambda i: layers[i](x)), args.repeat)
             print(f"{shape:>10} {rows:>5} {base * 1e3:9.3f} {kernel * 1e3:9.3f} ({base / kernel:4.2f}x)"
                   f" {ops * 1e3:9.3f} ({base / ops:4.2f}x)")
 

@@ -21,30 +21,41 @@ typedef struct {
     int kind, parts;
 } GroupedInt8;
 
-static void grouped_columns(const GroupedInt8 *a, int64_t c0, int64_t c1) {
+// R rows (a constant once inlined, so the accumulators stay in registers) of columns [c0, c1).
+SIMD_INLINE void grouped_rows(const GroupedInt8 *a, int64_t p, const int R, int64_t c0, int64_t c1) {
     const int64_t k = a->k, g = a->group, ng = k / g;
+    for (int64_t c = c0; c < c1; c++) {
+        const int8_t *q = a->q + c * k;
+        const float *scale = a->scale + c * ng;
+        vf acc[RB];
+        for (int r = 0; r < R; r++) acc[r] = vzero();
+        for (int64_t j = 0; j < ng; j++) {
+            vf part[RB];
+            for (int r = 0; r < R; r++) part[r] = vzero();
+            for (int64_t i = j * g; i < (j + 1) * g; i += VW) {
+                const vf w = vload_i8(q + i);
+                for (int r = 0; r < R; r++)
+                    part[r] = vfma(vload_kv(a->kind, a->x, (p + r) * k + i), w, part[r]);
+            }
+            const vf s = vset1(scale[j]);
+            for (int r = 0; r < R; r++) acc[r] = vfma(part[r], s, acc[r]);
+        }
+        for (int r = 0; r < R; r++) {
+            float y = vhsum(acc[r]);
+            if (a->min)
+                for (int64_t j = 0; j < ng; j++) y += a->min[c * ng + j] * a->xsum[(p + r) * ng + j];
+            store_elt(a->kind, a->out, (p + r) * a->n + c, y);
+        }
+    }
+}
+
+static void grouped_columns(const GroupedInt8 *a, int64_t c0, int64_t c1) {
     for (int64_t p = 0; p < a->rows; p += RB) {
-        const int rows = a->rows - p < RB ? (int)(a->rows - p) : RB;
-        for (int64_t c = c0; c < c1; c++) {
-            const int8_t *q = a->q + c * k;
-            const float *scale = a->scale + c * ng;
-            vf acc[RB] = {vzero(), vzero(), vzero(), vzero()};
-            for (int64_t j = 0; j < ng; j++) {
-                vf part[RB] = {vzero(), vzero(), vzero(), vzero()};
-                for (int64_t i = j * g; i < (j + 1) * g; i += VW) {
-                    const vf w = vload_i8(q + i);
-                    for (int r = 0; r < rows; r++)
-                        part[r] = vfma(vload_kv(a->kind, a->x, (p + r) * k + i), w, part[r]);
-                }
-                const vf s = vset1(scale[j]);
-                for (int r = 0; r < rows; r++) acc[r] = vfma(part[r], s, acc[r]);
-            }
-            for (int r = 0; r < rows; r++) {
-                float y = vhsum(acc[r]);
-                if (a->min)
-                    for (int64_t j = 0; j < ng; j++) y += a->min[c * ng + j] * a->xsum[(p + r) * ng + j];
-                store_elt(a->kind, a->out, (p + r) * a->n + c, y);
-            }
+        switch (a->rows - p < RB ? (int)(a->rows - p) : RB) {
+            case 1: grouped_rows(a, p, 1, c0, c1); break;
+            case 2: grouped_rows(a, p, 2, c0, c1); break;
+            case 3: grouped_rows(a, p, 3, c0, c1); break;
+            default: grouped_rows(a, p, RB, c0, c1); break;
         }
     }
 }

@@ -2,7 +2,7 @@
 of 16 or 32. The exact form of GGUF's Q8_0 (int8, groups of 32), Q5_K (0..31 with a min, 32)
 and Q6_K (-32..31, 16); the weights stay one byte each.
 
-A few rows (decode) run the C kernel (engine/kernels/grouped_int8.c), which widens the int8
+Up to KERNEL_ROWS rows (decode) run the C kernel (engine/kernels/grouped_int8.c), which widens the int8
 weights a vector at a time; more rows (prefill), or no kernel library, dequantize this layer's
 weights for one dense GEMM, in bfloat16 where the CPU has fast bfloat16 (cpu.weight_only_dtype).
 `python benchmarks/grouped_int8.py` measures both ways side by side."""
@@ -15,8 +15,9 @@ from torch import nn
 
 from batchrun.models.quant import cpu
 
-# Up to this many rows the kernel beats dequantize + GEMM (benchmarks/grouped_int8.py).
-KERNEL_ROWS = 4
+# Up to this many rows the kernel beats dequantize + GEMM (benchmarks/grouped_int8.py, one
+# thread, SmolLM2's shapes: 2.6-3.3x float32 at 1 row, even at 16, dequantize + GEMM 1.6-2.2x at 256).
+KERNEL_ROWS = 16
 
 
 class GroupedInt8Linear(nn.Module):
