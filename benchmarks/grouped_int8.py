@@ -60,7 +60,8 @@ def main() -> None:
             base = timed(cycled(lambda i: F.linear(x, dense[i])), args.repeat)
             for layer in layers:
                 layer.kernels = lib
-            kernel = timed(cycled(lambda i: layers[i].kernel_forward(x)), args.repeat) if lib else float("nan")
+            kernel = (timed(cycled(lambda i: layers[i].kernel_forward(x)), args.repeat)
+                      if lib else float("nan"))
             for layer in layers:
                 layer.kernels = None  # forward() takes the PyTorch ops
             ops = timed(cycled(lambda i: layers[i](x)), args.repeat)

@@ -5,12 +5,14 @@ dequantisation, and end to end on tiny models whose projections come from a GGUF
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 from transformers import AutoConfig
 
 from batchrun.engine import SamplingParams
 from batchrun.llm import build_engine, build_model
+from batchrun.models.cli import models
 from batchrun.models.llama import LlamaModel, ModelConfig
 from batchrun.engine import kernels
 from batchrun.footprint import weights_bytes
@@ -68,7 +70,8 @@ def test_grouped_int8_layer_runs_the_kernel_for_decode_rows(monkeypatch):
     if lib is None:
         pytest.skip("no C compiler here")
     monkeypatch.setattr(cpu, "has_fast_bf16", lambda: False)
-    raw = gguf_kquants.quantize(np.random.default_rng(1).standard_normal((64, 256)).astype(np.float32), Q.Q5_K)
+    w = np.random.default_rng(1).standard_normal((64, 256)).astype(np.float32)
+    raw = gguf_kquants.quantize(w, Q.Q5_K)
     layer = module_of("int8/32", [gguf_blocks.groups(raw.reshape(-1), int(Q.Q5_K), 64, 256)])
     layer.kernels = lib
     calls = []
@@ -133,7 +136,8 @@ CASES = {  # quantization, projection types, model size (K-quants need inputs in
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_gguf_models_projections_load_quantized_and_decode_as_its_dequantisation(case, tmp_path, monkeypatch):
+def test_a_gguf_models_projections_load_quantized_and_decode_as_its_dequantisation(case, tmp_path,
+                                                                                  monkeypatch):
     monkeypatch.setattr(cpu, "has_fast_bf16", lambda: False)  # float32 compute, as the reference
     quantization, kinds, size = CASES[case]
     hf = make_tiny("llama", tmp_path, **size)
@@ -144,6 +148,7 @@ def test_a_gguf_models_projections_load_quantized_and_decode_as_its_dequantisati
     quantized = _engine(tmp_path, quantization)
     layer0 = quantized.runner.model.layers[0]
     if quantization == "gguf":  # each part in its own format; mixed fused projections stacked
+        assert isinstance(layer0.self_attn.qkv_proj, StackedLinear)
         assert [type(m) for m in layer0.self_attn.qkv_proj.parts] == [Int4WeightLinear, GroupedInt8Linear]
         assert [type(m) for m in layer0.mlp.gate_up_proj.parts] == [GroupedInt8Linear, Int4WeightLinear]
         assert isinstance(layer0.self_attn.o_proj, GroupedInt8Linear)
@@ -151,7 +156,10 @@ def test_a_gguf_models_projections_load_quantized_and_decode_as_its_dequantisati
         # `batchrun plan`'s weight bytes: the blocks as the loaded modules hold them
         cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
         assert gguf_file(str(tmp_path)) == gguf_path
-        assert weights_bytes(cfg, "float32", quantization="gguf", gguf=gguf_path) == held_bytes(quantized.runner.model)
+        held = held_bytes(quantized.runner.model)
+        assert weights_bytes(cfg, "float32", quantization="gguf", gguf=gguf_path) == held
+        check = CliRunner().invoke(models, ["check", str(tmp_path)]).output
+        assert f"--quantization gguf: weights {held / 2**20:.1f} MiB" in check
     else:
         assert isinstance(layer0.self_attn.qkv_proj, Int4WeightLinear)
         assert isinstance(layer0.self_attn.o_proj, Int4WeightLinear)

@@ -142,7 +142,8 @@ def module_of(family: str, items: list) -> nn.Module:
     scale = torch.from_numpy(np.concatenate([g.scale for g in gs]))
     mins = None
     if any(g.min is not None for g in gs):
-        mins = torch.from_numpy(np.concatenate([np.zeros_like(g.scale) if g.min is None else g.min for g in gs]))
+        mins = torch.from_numpy(np.concatenate([np.zeros_like(g.scale) if g.min is None else g.min
+                                                for g in gs]))
     if family == "int4":
         return Int4WeightLinear(None, None, q=q, scale=scale, minimum=mins)
     return GroupedInt8Linear(q, scale, mins, gs[0].group)

@@ -25,7 +25,8 @@ class GroupedInt8Linear(nn.Module):
                  group: int, bias: torch.Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = q.shape
-        if group % 16 or self.in_features % group or scale.shape != (self.out_features, self.in_features // group):
+        groups = (self.out_features, self.in_features // group)
+        if group % 16 or self.in_features % group or tuple(scale.shape) != groups:
             raise ValueError(f"grouped int8 weights: group {group} for {tuple(q.shape)} with "
                              f"scales {tuple(scale.shape)}")
         self.group = group
@@ -43,7 +44,8 @@ class GroupedInt8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        if self.kernels is not None and 0 < x2.shape[0] <= KERNEL_ROWS and x.dtype in (torch.float32, torch.bfloat16):
+        if (self.kernels is not None and 0 < x2.shape[0] <= KERNEL_ROWS
+                and x.dtype in (torch.float32, torch.bfloat16)):
             y = self.kernel_forward(x2)
         else:
             dtype = cpu.weight_only_dtype(x.dtype)
