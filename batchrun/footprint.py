@@ -13,6 +13,7 @@ dtype, not the size of the GGUF file.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import torch
 
@@ -106,11 +107,13 @@ def _elem(dtype: torch.dtype) -> int:
 
 
 def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
-                  device: torch.device | str = "cpu", quantization: str = "none") -> int:
+                  device: torch.device | str = "cpu", quantization: str = "none",
+                  gguf: Path | None = None) -> int:
     """Bytes the loaded model's weights hold: parameter count x element size of `dtype`
     ("auto"/None = the engine's default for `device`: float32 on the CPU), with the decoder
     layers' linears at `quantization`'s size (models/quant/: int8 or int4 and their scales;
-    MoE routers and the routed experts' 3-D weights stay float, as quantize_linears keeps them).
+    MoE routers and the routed experts' 3-D weights stay float, as quantize_linears keeps them);
+    under `gguf`, the projections of the `gguf` file in their own formats (quant/gguf.py).
 
     Tied embeddings are one tensor in the checkpoint, but on the CPU, where the loader packs
     every linear layer for oneDNN (models/packed_linear.py; the transformers backend's too),
@@ -133,7 +136,12 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
         packed = packed_linear.available(dt)
     if cfg.tie_word_embeddings and packed:
         count += cfg.vocab_size * cfg.hidden_size
-    if quantization == "none":
+    if quantization == "gguf" and gguf is not None:
+        from batchrun.models.quant.gguf import kept_bytes
+
+        weights, kept = kept_bytes(gguf)
+        return (count - weights) * _elem(dt) + kept
+    if quantization in ("none", "gguf"):  # gguf without its file: counted as float
         return count * _elem(dt)
     from batchrun.models.quant import linear_class, logits_in_bf16
 

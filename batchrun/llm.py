@@ -219,7 +219,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
 
     from batchrun.models import packed_linear
 
-    from batchrun.models.quant import check_checkpoint, check_device
+    from batchrun.models.quant import QuantizationError, check_checkpoint, check_device
 
     check_checkpoint(model_cfg.hf_config)
     check_device(quantization, device)
@@ -248,6 +248,9 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
         source = quant_gguf.source_of(path)
         if source is not None:
             in_gguf = quant_gguf.load_linears(model, source, quantization)
+        elif quantization == "gguf":
+            raise QuantizationError("--quantization gguf keeps a GGUF checkpoint's own block "
+                                    f"formats; {path} is not a GGUF model")
 
     def tensors():
         for f in files:

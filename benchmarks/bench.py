@@ -217,6 +217,7 @@ MODE_SYSTEMS = {"batchrun-bf16": "batchrun[dtype=bfloat16]",
                 "batchrun-int8": "batchrun[quantization=int8]",
                 "batchrun-int8-weight": "batchrun[quantization=int8-weight]",
                 "batchrun-int4-weight": "batchrun[quantization=int4-weight]",
+                "batchrun-gguf": "batchrun[quantization=gguf]",
                 "batchrun-bf16-linears": "batchrun[quantization=bf16]",
                 "batchrun-int8-bf16": "batchrun[quantization=int8;dtype=bfloat16]"}
 

@@ -47,7 +47,9 @@ def isa_cap_note() -> str:
     return f", instruction set capped at {name} ({', '.join(f'{k}={v}' for k, v in ISA_CAPS[name].items())})"
 
 
-def _best(fn, repeat: int = 5) -> float:
+def best_time(fn, repeat: int = 5) -> float:
+    """Seconds of the fastest of `repeat` calls after a warm-up (the least disturbed on a shared
+    machine)."""
     fn()
     best = float("inf")
     for _ in range(repeat):
@@ -63,7 +65,7 @@ def gemm_gflops(cfg, rows: int = 256, dtype=torch.float32) -> float:
               (cfg.num_heads * cfg.head_dim, cfg.hidden_size),
               (cfg.hidden_size, 2 * cfg.intermediate_size), (cfg.intermediate_size, cfg.hidden_size)]
     mats = [(torch.randn(rows, k, dtype=dtype), torch.randn(k, n, dtype=dtype)) for k, n in shapes]
-    seconds = _best(lambda: [a @ b for a, b in mats])
+    seconds = best_time(lambda: [a @ b for a, b in mats])
     return sum(2 * rows * k * n for k, n in shapes) / seconds / 1e9
 
 
@@ -71,7 +73,7 @@ def bandwidth_gbs(mib: int = 512) -> float:
     """GB/s of copying `mib` MiB (read + write bytes) — the best of 5 runs."""
     src = torch.ones(mib << 18)  # float32
     dst = torch.empty_like(src)
-    seconds = _best(lambda: dst.copy_(src))
+    seconds = best_time(lambda: dst.copy_(src))
     return 2 * src.numel() * 4 / seconds / 1e9
 
 

@@ -46,8 +46,26 @@ def check_cmd(model: str) -> None:
         raise click.ClickException(str(exc)) from exc
     for line in describe(model, report):
         click.echo(line)
+    if report.impl == "native":
+        line = _kept_quantized(model)
+        if line:
+            click.echo(line)
     if report.impl == "refused":
         raise SystemExit(2)  # what loading it exits with (usage.EXIT_USAGE)
+
+
+def _kept_quantized(model: str) -> str | None:
+    """The weight memory of a GGUF model run with --quantization gguf (None for other models)."""
+    from batchrun import footprint
+    from batchrun.models.spec_config import gguf_file
+
+    source = gguf_file(model)
+    if source is None:
+        return None
+    kept = footprint.weights_bytes(footprint.model_config_for(model), "float32",
+                                   quantization="gguf", gguf=source)
+    return (f"  --quantization gguf: weights {kept / 2**20:.1f} MiB (the projections' blocks "
+            "as stored, the rest float32)")
 
 
 @models.command("pull")

@@ -57,3 +57,19 @@ def _gguf_config(gguf: Path):
     if (converted / "config.json").is_file():
         return read_config(converted)
     return _auto_config(gguf.parent, gguf_file=gguf.name)
+
+
+def gguf_file(model: str | None) -> Path | None:
+    """The .gguf file `model` (as config_for takes it) loads from, if any: a registry model's,
+    a .gguf path, or the source of a converted folder."""
+    from batchrun.models import registry
+    from batchrun.models.quant.gguf import source_of
+
+    spec = (model or "").strip()
+    entry = registry.lookup(registry.DEFAULT_MODEL if spec in ("", "default") else spec)
+    if entry is not None:
+        return registry.find_gguf(entry)
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return path
+    return source_of(path) if path.is_dir() else None

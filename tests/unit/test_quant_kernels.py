@@ -41,3 +41,25 @@ def test_rescale_rows_matches_pytorch(path, bias):
     expected = y * scale + (b if bias else 0)
     rescale_rows(y, scale, b, _lib(path))
     torch.testing.assert_close(y, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", ["native", "avx2", "portable"])
+@pytest.mark.parametrize("group,with_min", [(32, True), (32, False), (16, False)])  # Q5_K, Q8_0, Q6_K
+@pytest.mark.parametrize("rows", [1, 3, 5, 200])  # 5: a partial block of rows; 200: threaded
+def test_grouped_int8_linear_matches_float64(path, group, with_min, rows):
+    from batchrun.models.quant.grouped_int8_linear import GroupedInt8Linear
+
+    n, k = 80, 512
+    q = torch.randint(-128, 128, (n, k), dtype=torch.int8)
+    layer = GroupedInt8Linear(q, torch.rand(n, k // group) / 10, torch.randn(n, k // group) / 10
+                              if with_min else None, group)
+    layer.kernels = _lib(path)
+    w = layer.dequantized_weight(torch.float64)
+    x = torch.randn(rows, k)
+    bound = x.double().abs() @ w.abs().T  # float32 sums of k terms: a few ulp of this
+    error = (layer.kernel_forward(x).double() - x.double() @ w.T).abs()
+    assert (error <= 1e-6 * bound).all(), float((error / bound).max())
+    xb = x.bfloat16()  # bfloat16 activations in, bfloat16 out (rounded once: 2**-9 of the value)
+    expected = xb.double() @ w.T
+    error = (layer.kernel_forward(xb).double() - expected).abs()
+    assert (error <= 2 ** -8 * expected.abs() + 1e-6 * bound).all()

@@ -175,8 +175,14 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     estimate = scan(plan, model, sharing, shape, share, cfg)
     if share < 1.0:
         estimate.expected_completion_tokens = shape.completion_tokens
+    quantization = engine.device.quantization
+    kept = None
+    if quantization == "gguf":
+        from batchrun.models.spec_config import gguf_file
+
+        kept = gguf_file(spec)
     estimate.weights_bytes = footprint.weights_bytes(cfg, engine.device.dtype,
-                                                     quantization=engine.device.quantization)
+                                                     quantization=quantization, gguf=kept)
     estimate.weights_dtype = _dtype_name(engine)
     estimate.kv_blocks, estimate.kv_bytes = blocks, kv_bytes
     describe_model(estimate, cfg, engine, groups)

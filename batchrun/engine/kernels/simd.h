@@ -10,6 +10,7 @@
 //   vexp(x)              e^x, lanes below -87 give exactly 0 (a 5th-degree polynomial after
 //                        range reduction, within 2 ulp of expf on [-87, 88])
 //   vload_kv(kind, p, i) VW consecutive KV elements from element i, widened to float32
+//   vload_i8(p)          VW consecutive int8 values, widened to float32
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -72,6 +73,9 @@ SIMD_INLINE vf vload_kv(int kind, const void *pool, int64_t i) {
     if (kind == F16) return _mm512_cvtph_ps(raw);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
+SIMD_INLINE vf vload_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 enum { VW = 8, SIMD_PATH = 1 };
 typedef __m256 vf;
@@ -121,6 +125,9 @@ SIMD_INLINE vf vload_kv(int kind, const void *pool, int64_t i) {
 #endif
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
+SIMD_INLINE vf vload_i8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
 #else
 enum { VW = 1, SIMD_PATH = 0 };
 typedef float vf;
@@ -147,6 +154,7 @@ SIMD_INLINE vf vpow2i(vf n) {
 }
 SIMD_INLINE vf vzero_below(vf x, vf r, float lo) { return x >= lo ? r : 0.f; }
 SIMD_INLINE vf vload_kv(int kind, const void *pool, int64_t i) { return load_elt(kind, pool, i); }
+SIMD_INLINE vf vload_i8(const int8_t *p) { return (float)*p; }
 #endif
 
 SIMD_INLINE vf vexp(vf x) {

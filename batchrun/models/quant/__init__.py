@@ -5,6 +5,9 @@
 - int8-weight: int8 weights per output channel, float activations.
 - int4-weight: int4 weights in groups of 32 along the input with a scale and a zero each (the
   layout of GGUF's Q4_1), float activations.
+- gguf: a GGUF checkpoint's projections in their own block formats, exactly (quant/gguf.py:
+  Q4_0/Q4_1/Q4_K as int4-weight's groups, Q8_0/Q5_K/Q6_K as grouped int8); every other
+  linear stays float.
 - bf16: bfloat16 weights and GEMMs (AMX / AVX512-BF16) in a float32 model: unlike
   --dtype bfloat16, the residual stream, norms, attention and KV cache stay float32.
 
@@ -22,7 +25,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-METHODS = ("none", "int8", "int8-weight", "int4-weight", "bf16")
+METHODS = ("none", "int8", "int8-weight", "int4-weight", "gguf", "bf16")
 # precision-critical: the logits (a classifier's head), and MoE routers (a rounding there switches a
 # token's experts; the experts themselves are 3-D tensors, not linears, and stay float)
 KEEP_FLOAT = ("lm_head", "score", "gate", "shared_expert_gate")
@@ -62,7 +65,7 @@ def check_checkpoint(hf_config) -> None:
         f"the checkpoint is quantized with {method!r}, which batchrun does not load (GPTQ, AWQ, "
         "compressed-tensors, FP8 and bitsandbytes checkpoints are not read quantized); use its "
         "float checkpoint with --quantization int8 / int8-weight / int4-weight / bf16, or a GGUF "
-        "file (Q4_0, Q4_1 and Q8_0 load quantized)")
+        "file with --quantization gguf (Q4_0, Q4_1, Q4_K, Q5_K, Q6_K and Q8_0 load as they are)")
 
 
 def logits_in_bf16(method: str) -> bool:
@@ -77,8 +80,12 @@ def logits_in_bf16(method: str) -> bool:
 def quantize_linears(model: nn.Module, method: str, keep: tuple[str, ...] = KEEP_FLOAT,
                      float_linear=None) -> int:
     """Replace every nn.Linear of `model` not named in `keep` by `method`'s module (those in
-    `keep` by float_linear(weight, bias) when given); returns how many were quantized."""
-    make = linear_class(method)
+    `keep` by float_linear(weight, bias) when given); returns how many were quantized. Under
+    `gguf` the quantized layers are in place already (quant/gguf.py): the rest stay float."""
+    if method == "gguf":
+        keep, make = (), None
+    else:
+        make = linear_class(method)
     if logits_in_bf16(method):
         float_linear = linear_class("bf16")
     count = 0
@@ -86,7 +93,7 @@ def quantize_linears(model: nn.Module, method: str, keep: tuple[str, ...] = KEEP
         for child_name, child in list(module.named_children()):
             if not isinstance(child, nn.Linear):
                 continue
-            if child_name in keep:
+            if child_name in keep or make is None:
                 if float_linear is not None:
                     setattr(module, child_name, float_linear(child.weight, child.bias))
                 continue

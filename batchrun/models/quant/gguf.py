@@ -1,14 +1,15 @@
 """A GGUF checkpoint's linear layers loaded in their own format, never the whole model in float.
 
-- Q4_1 blocks (32 weights: fp16 d and m, 16 bytes of nibbles, w = d * q + m) are int4-weight's
-  groups as they are: exact.
-- Q4_0 blocks (w = d * (q - 8)) are the same with m = -8 d: exact.
-- Q8_0 blocks (w = d * q, int8 q, 32 per fp16 d) and every other type go to the layer's method
-  one layer at a time through the gguf package's dequantisation, then quantized as a float
-  layer is (Q8_0 into per-channel int8: a requantisation, not exact).
+Block types unpack exactly into integer groups (gguf_blocks.py): Q4_0, Q4_1 and Q4_K into
+Int4WeightLinear (4-bit q, groups of 32 with scale and min), Q8_0, Q5_K and Q6_K into
+GroupedInt8Linear (int8 q, groups of 32 or 16). `--quantization gguf` runs every projection
+that way (float-typed ones stay float; any other block type is refused, naming the tensor);
+`int4-weight` runs the 4-bit types exactly and requantizes the rest from the gguf package's
+dequantisation, one layer at a time, as every other method does.
 
 The q/k rows are un-permuted as gguf_weights.py does for the float conversion, and q/k/v (and
-gate/up) are stacked into the model's fused projections.
+gate/up) are stacked into the model's fused projections; parts of different formats (llama.cpp's
+Q4_K_M stores attn_v as Q6_K beside Q4_K q/k) become a StackedLinear of one module per format.
 """
 
 from __future__ import annotations
@@ -17,15 +18,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from batchrun.models.gguf_weights import read_header, unpermute
 from batchrun.models.loader import GGUF_SOURCE as SOURCE_FILE  # the .gguf a converted folder came from
+from batchrun.models.quant import gguf_blocks as blocks
+from batchrun.models.quant.gguf_blocks import Groups
 
-Q4_0, Q4_1, Q8_0 = 2, 3, 8  # GGMLQuantizationType values
-_BLOCK = 32
-_BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
+FLOAT_KINDS = {0: "F32", 1: "F16", 30: "BF16"}
 _FUSED = {"qkv_proj": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",),
           "gate_up_proj": ("ffn_gate", "ffn_up"), "down_proj": ("ffn_down",)}
+_HF_PARTS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+             "ffn_down": "mlp.down_proj"}
 
 
 def source_of(folder: Path) -> Path | None:
@@ -37,19 +42,13 @@ def source_of(folder: Path) -> Path | None:
     return source if source.is_file() else None
 
 
-def q4_groups(raw: np.ndarray, kind: int, rows: int, cols: int):
-    """(q uint8 [rows, cols] in 0..15, scale float32 [rows, cols/32], min float32 [rows, cols/32])
-    of Q4_0 or Q4_1 blocks."""
-    blocks = raw.reshape(rows, cols // _BLOCK, _BLOCK_BYTES[kind])
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    if kind == Q4_1:
-        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-        qs = blocks[..., 4:]
-    else:
-        m = -8 * d
-        qs = blocks[..., 2:]
-    q = np.concatenate((qs & 15, qs >> 4), axis=-1)  # byte j: weights j (low) and j + 16 (high)
-    return q.reshape(rows, cols), d, m
+def kind_name(kind: int) -> str:
+    from gguf import GGMLQuantizationType
+
+    try:
+        return GGMLQuantizationType(kind).name
+    except ValueError:
+        return f"type {kind}"
 
 
 class GgufLinears:
@@ -91,13 +90,108 @@ class GgufLinears:
         heads = self._heads(part)
         return torch.from_numpy(np.ascontiguousarray(unpermute(values, heads) if heads else values))
 
-    def q4_weight(self, name: str, part: str):
+    def groups(self, name: str, part: str) -> Groups:
+        """The tensor's integer groups (gguf_blocks), rows in the model's order."""
         raw, rows, cols = self.raw(name)
-        q, d, m = q4_groups(raw, self.kind(name), rows, cols)
+        g = blocks.groups(raw, self.kind(name), rows, cols)
         heads = self._heads(part)
         if heads:
-            q, d, m = (unpermute(a, heads) for a in (q, d, m))
-        return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in (q, d, m))
+            g = Groups(*(None if a is None else np.ascontiguousarray(unpermute(a, heads))
+                         for a in g[:3]), g.group)
+        return g
+
+
+class StackedLinear(nn.Module):
+    """Modules side by side along the output: a fused projection whose parts are stored in
+    different formats."""
+
+    def __init__(self, parts: list[nn.Module]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.out_features = sum(p.out_features for p in parts)
+        self.in_features = parts[0].in_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return torch.cat([p.weight.detach().float() if isinstance(p, nn.Linear)
+                          else p.dequantized_weight().float() for p in self.parts])
+
+
+def family_of(kind: int) -> str:
+    """Which module holds a block type exactly: int4, int8/32, int8/16 (group size) or float."""
+    if kind in blocks.INT4:
+        return "int4"
+    if kind == blocks.Q6_K:
+        return "int8/16"
+    return "int8/32" if kind in blocks.INT8 else "float"
+
+
+def module_of(family: str, items: list) -> nn.Module:
+    """The module of consecutive parts of one family (float weights, or Groups)."""
+    from batchrun.models.quant.grouped_int8_linear import GroupedInt8Linear
+    from batchrun.models.quant.int4_linear import Int4WeightLinear
+
+    if family == "float":
+        layer = nn.Linear(items[0].shape[1], sum(f.shape[0] for f in items), bias=False, device="meta")
+        layer.weight = nn.Parameter(torch.cat(items), requires_grad=False)
+        return layer
+    gs: list[Groups] = items
+    q = torch.from_numpy(np.concatenate([g.q for g in gs]))
+    scale = torch.from_numpy(np.concatenate([g.scale for g in gs]))
+    mins = None
+    if any(g.min is not None for g in gs):
+        mins = torch.from_numpy(np.concatenate([np.zeros_like(g.scale) if g.min is None else g.min
+                                                for g in gs]))
+    if family == "int4":
+        return Int4WeightLinear(None, None, q=q, scale=scale, minimum=mins)
+    return GroupedInt8Linear(q, scale, mins, gs[0].group)
+
+
+def own_format(gguf: GgufLinears, names: list[str], parts: tuple[str, ...]) -> nn.Module:
+    """One module for a fused projection's tensors in their own formats (a StackedLinear where
+    they differ); refuses a block type it has no exact form for, naming the tensor."""
+    from batchrun.models.quant import QuantizationError
+
+    runs: list[tuple[str, list]] = []
+    for name, part in zip(names, parts):
+        kind = gguf.kind(name)
+        if not blocks.supported(kind) and kind not in FLOAT_KINDS:
+            raise QuantizationError(
+                f"--quantization gguf: tensor {name} is {kind_name(kind)}, which is not loaded in "
+                f"its own format (supported: {', '.join(blocks.NAMES.values())} and float); use "
+                "--quantization int4-weight / int8-weight (requantized) or none (float32)")
+        family = family_of(kind)
+        item = gguf.float_weight(name, part) if family == "float" else gguf.groups(name, part)
+        if runs and runs[-1][0] == family:
+            runs[-1][1].append(item)
+        else:
+            runs.append((family, [item]))
+    modules = [module_of(f, items) for f, items in runs]
+    return modules[0] if len(modules) == 1 else StackedLinear(modules)
+
+
+def kept_bytes(path: Path) -> tuple[int, int]:
+    """(weights, bytes) of the decoder projections `--quantization gguf` keeps in their own
+    format, as the loaded modules hold them (float32 scales and mins per group)."""
+    from batchrun.models.quant.grouped_int8_linear import GroupedInt8Linear
+    from batchrun.models.quant.int4_linear import Int4WeightLinear
+
+    meta, tensors, _ = read_header(path)
+    count = total = 0
+    for name, dims, kind, _ in tensors:
+        part = name.split(".")[-2] if name.startswith("blk.") else ""
+        if part not in _HF_PARTS or not blocks.supported(kind):
+            continue
+        cols, rows = dims[0], int(np.prod(dims[1:]))
+        count += rows * cols
+        if kind in blocks.INT4:
+            total += Int4WeightLinear.nbytes(rows, cols)
+        else:
+            total += GroupedInt8Linear.nbytes(rows, cols, 16 if kind == blocks.Q6_K else 32,
+                                              kind == blocks.Q5_K)
+    return count, total
 
 
 @torch.no_grad()
@@ -106,25 +200,21 @@ def load_linears(model: torch.nn.Module, path: Path, method: str) -> set[str]:
     projections of `model`; returns the checkpoint tensor names they stand for (which the float
     weights' loading then skips)."""
     from batchrun.models.quant import linear_class
-    from batchrun.models.quant.int4_linear import Int4WeightLinear
 
     gguf = GgufLinears(path)
     covered: set[str] = set()
-    hf_parts = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-                "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-                "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
     for i, layer in enumerate(model.layers):
         for fused, parts in _FUSED.items():
             parent = layer.self_attn if fused in ("qkv_proj", "o_proj") else layer.mlp
             if getattr(parent, fused).bias is not None:
                 continue  # biased projections (Qwen2) load as float weights
             names = [f"blk.{i}.{p}.weight" for p in parts]
-            if method == "int4-weight" and all(gguf.kind(n) in (Q4_0, Q4_1) for n in names):
-                q, d, m = (torch.cat(t) for t in zip(*(gguf.q4_weight(n, p) for n, p in zip(names, parts))))
-                module = Int4WeightLinear(None, None, q=q, scale=d, minimum=m)
+            kinds = [gguf.kind(n) for n in names]
+            if method == "gguf" or (method == "int4-weight" and all(k in blocks.INT4 for k in kinds)):
+                module = own_format(gguf, names, parts)
             else:
                 weight = torch.cat([gguf.float_weight(n, p) for n, p in zip(names, parts)])
                 module = linear_class(method)(weight, None)
             setattr(parent, fused, module)
-            covered.update(f"model.layers.{i}.{hf_parts[p]}.weight" for p in parts)
+            covered.update(f"model.layers.{i}.{_HF_PARTS[p]}.weight" for p in parts)
     return covered

@@ -106,9 +106,12 @@ class Int8Linear(nn.Module):
 
 
 def attach_kernels(model: nn.Module, kernels) -> None:
-    """Give the model's W8A8 layers the CPU kernel library (built beside the weights' loading)."""
+    """Give the model's W8A8 and grouped-int8 layers the CPU kernel library (built beside the
+    weights' loading)."""
+    from batchrun.models.quant.grouped_int8_linear import GroupedInt8Linear
+
     for module in model.modules():
-        if isinstance(module, Int8Linear):
+        if isinstance(module, (Int8Linear, GroupedInt8Linear)):
             module.kernels = kernels
 
 
