@@ -1,5 +1,7 @@
-"""int4 weights with float activations: weights in groups of GROUP along the input, each
-w = q * scale + min with q in 0..15 (GGUF Q4_1's form; Q4_0 is min = -8 * scale).
+"""int4 weights with float activations: weights in groups along the input (GROUP when quantized
+here; a checkpoint's own size when loaded from GPTQ / AWQ / compressed-tensors), each
+w = q * scale + min with q in 0..15 (GGUF Q4_1's form; Q4_0 is min = -8 * scale; a zero point z
+is min = -z * scale).
 
 The nibbles live once, in the layout of torch's CPU int4 kernel (_weight_int4pack_mm_for_cpu,
 which computes (q - 8) * s + z: s = scale, z = min + 8 * scale); that kernel runs a few rows
@@ -17,6 +19,7 @@ from batchrun.models.quant import cpu
 from batchrun.models.quant.int8_linear import WEIGHT_ONLY_KERNEL_ROWS
 
 GROUP = 32
+KERNEL_GROUPS = (32, 64, 128, 256)  # the group sizes torch's CPU int4 kernel takes
 _BLOCK_N = 64  # the CPU kernel's packing: per 64 output rows, byte j of input k holds rows j, j+32
 
 
@@ -83,7 +86,8 @@ class Int4WeightLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         dtype = cpu.weight_only_dtype(x.dtype)
         x2 = x2.to(dtype)
-        if self.kernel_layout and dtype == torch.bfloat16 and 0 < x2.shape[0] <= WEIGHT_ONLY_KERNEL_ROWS:
+        if (self.kernel_layout and dtype == torch.bfloat16 and self.group in KERNEL_GROUPS
+                and 0 < x2.shape[0] <= WEIGHT_ONLY_KERNEL_ROWS):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), self.packed, self.group,
                                                            self._scales_and_zeros())
         else:
