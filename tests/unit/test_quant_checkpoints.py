@@ -115,7 +115,12 @@ def _engine(path):
 def test_a_quantized_checkpoint_decodes_as_transformers_on_its_dequantised_weights(case, tmp_path, monkeypatch):
     monkeypatch.setattr(cpu, "has_fast_bf16", lambda: False)
     config, pack, cls = CASES[case]
-    hf = make_tiny("llama", tmp_path)
+    hf = make_tiny("qwen2" if case == "awq-g32" else "llama", tmp_path)
+    if case == "awq-g32":  # Qwen2's q/k/v biases, stored beside the quantized weights
+        for layer in hf.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.data.normal_(0, 0.5)
+        hf.save_pretrained(tmp_path)
     reference = qc.quantize_checkpoint(tmp_path, pack, config)
     engine = _engine(tmp_path)
     model = engine.runner.model
@@ -194,3 +199,17 @@ def test_plan_reads_the_quantized_footprint_from_the_config(tmp_path):
     h, inter, layers = 128, 256, 2  # make_tiny's: q 128, k/v 64 wide; int4 + fp32 scale, min per 64
     linears = (256 * h + h * h + 2 * inter * h + h * inter) * layers
     assert weights_bytes(cfg, "float32") == float_bytes - linears * 4 + linears // 2 + linears // 64 * 8
+
+
+def test_models_check_names_the_stored_format_or_why_it_is_refused(tmp_path):
+    from batchrun.models.transformers.check import check, describe
+
+    make_tiny("llama", tmp_path)
+    qc.quantize_checkpoint(tmp_path, CASES["ct-w8a8"][1], CASES["ct-w8a8"][0])
+    hf = AutoConfig.from_pretrained(tmp_path)
+    lines = describe("tiny", check(hf))
+    assert any(line.startswith("stored quantized: compressed-tensors int8 weights and per-token "
+                               "activations (W8A8); weights ") for line in lines), lines
+    hf.quantization_config = {"quant_method": "gptq", "bits": 2}
+    report = check(hf)
+    assert report.impl == "refused" and "GPTQ with 2-bit weights" in report.reason

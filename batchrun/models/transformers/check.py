@@ -26,6 +26,7 @@ class CheckReport:
     k_head_dim: int = 0
     v_head_dim: int = 0
     features: list[tuple[str, str]] = field(default_factory=list)
+    stored_quantized: str = ""  # a checkpoint stored quantized: its format and loaded weight size
 
     @property
     def kv_elements_per_token(self) -> int:
@@ -150,6 +151,9 @@ def check(hf) -> CheckReport:
         impl, reason = verdict.impl, verdict.note or "it runs the model exactly"
     except UnsupportedModelError as exc:
         impl, reason = "refused", str(exc)
+    stored = ""
+    if impl != "refused":
+        impl, reason, stored = _stored_quantized(hf, impl, reason)
     full = as_transformers_config(hf)
     report = CheckReport(getattr(full, "model_type", "?"), list(full.architectures or []),
                          impl, reason)
@@ -164,7 +168,29 @@ def check(hf) -> CheckReport:
     report.layers = full.num_hidden_layers
     report.kv_heads, report.k_head_dim, report.v_head_dim = kv_shape(full)
     report.features = features(full, impl, lora_support(model, full, impl))
+    report.stored_quantized = stored
     return report
+
+
+def _stored_quantized(hf, impl: str, reason: str) -> tuple[str, str, str]:
+    """(impl, reason, what the stored quantization loads as) of a checkpoint stored quantized:
+    refused where batchrun cannot run its method, or off the native path."""
+    from batchrun.models.quant import QuantizationError, check_checkpoint, checkpoint_method
+
+    if checkpoint_method(hf) is None:
+        return impl, reason, ""
+    try:
+        stored = check_checkpoint(hf)
+    except QuantizationError as exc:
+        return "refused", str(exc), ""
+    if impl != "native":
+        return "refused", (f"the checkpoint is stored quantized ({stored.method}), which loads on "
+                           "the native path only"), ""
+    from batchrun.footprint import weights_bytes
+    from batchrun.models import native
+
+    size = weights_bytes(native.module_for(hf).ModelConfig.from_hf(hf), "float32")
+    return impl, reason, f"{stored.describe()}; weights {_size(size)} loaded (the rest float32, CPU only)"
 
 
 def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
@@ -200,6 +226,8 @@ def describe(name: str, report: CheckReport) -> list[str]:
     if report.parameters is not None:
         weights = ", ".join(f"{d} {_size(report.parameters * b)}" for d, b in DTYPE_BYTES.items())
         lines.append(f"parameters: {report.parameters:,} (weights: {weights})")
+    if report.stored_quantized:
+        lines.append(f"stored quantized: {report.stored_quantized}")
     kv = ", ".join(f"{d} {_size(report.kv_elements_per_token * b)}" for d, b in
                    DTYPE_BYTES.items())
     dims = (f"head dim {report.k_head_dim}" if report.k_head_dim == report.v_head_dim
