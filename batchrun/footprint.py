@@ -140,7 +140,7 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
     if stored is not None and not _native(cfg):
         raise UnsupportedModelError(f"the checkpoint is stored quantized ({stored.method}), which "
                                     "loads on the native path only")
-    if stored is not None:
+    if stored is not None and quantization == "none":
         extra = 0
         for (out_features, in_features), n in quantized_linear_shapes(cfg).items():
             count -= out_features * in_features * n

@@ -227,10 +227,9 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
 
     stored = check_checkpoint(model_cfg.hf_config, device)  # a checkpoint stored quantized
     check_device(quantization, device)
-    if stored is not None and (quantization != "none" or batch_invariant):
-        raise QuantizationError(f"the checkpoint is stored quantized ({stored.describe()}) and "
-                                "runs as stored: --quantization and --batch-invariant apply to "
-                                "float checkpoints")
+    if stored is not None and batch_invariant:
+        raise QuantizationError(f"--batch-invariant does not cover a checkpoint stored quantized "
+                                f"({stored.describe()})")
     files = sorted(glob.glob(str(path / "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {path}")
@@ -251,7 +250,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
 
     in_gguf: set[str] = set()  # tensors the quantized layers already hold (GGUF, stored quantized)
     if stored is not None:
-        in_gguf = stored.load_linears(model, path)
+        in_gguf = stored.load_linears(model, path, quantization)
     elif quantization != "none":
         from batchrun.models.quant import gguf as quant_gguf
 

@@ -165,15 +165,31 @@ def test_a_variant_batchrun_cannot_run_is_refused_naming_it(config, reason):
         check_checkpoint(_config(config))
 
 
-def test_cuda_and_float_options_on_a_quantized_checkpoint_are_refused(tmp_path):
+def test_cuda_and_batch_invariance_on_a_quantized_checkpoint_are_refused(tmp_path):
     config = CASES["awq-g32"][0]
     with pytest.raises(QuantizationError, match="awq checkpoint's quantized layers run on the CPU only"):
         check_checkpoint(_config(config), torch.device("cuda"))
     make_tiny("llama", tmp_path)
     qc.quantize_checkpoint(tmp_path, CASES["awq-g32"][1], config)
     cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
-    with pytest.raises(QuantizationError, match=r"stored quantized \(awq int4.*--quantization"):
-        build_model(LlamaModel, cfg, tmp_path, CPU, torch.float32, "int8")
+    with pytest.raises(QuantizationError, match=r"--batch-invariant does not cover .*\(awq int4"):
+        build_model(LlamaModel, cfg, tmp_path, CPU, torch.float32, batch_invariant=True)
+
+
+def test_fp8_requantized_to_int8_weight_stays_within_half_a_step(tmp_path):
+    from batchrun.models.quant.int8_linear import Int8WeightLinear
+
+    config, pack, _ = CASES["fp8-block"]
+    make_tiny("llama", tmp_path)
+    reference = qc.quantize_checkpoint(tmp_path, pack, config)
+    cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
+    model = build_model(LlamaModel, cfg, tmp_path, CPU, torch.float32, "int8-weight")
+    assert weights_bytes(cfg, "float32", quantization="int8-weight") == held_bytes(model)
+    down = model.layers[1].mlp.down_proj
+    assert isinstance(down, Int8WeightLinear)
+    fp8 = reference["model.layers.1.mlp.down_proj"]
+    step = down.w_scale[:, None].numpy()
+    assert (np.abs(down.dequantized_weight().numpy() - fp8) <= step / 2 + 1e-7).all()
 
 
 def test_act_order_with_a_permuted_g_idx_is_refused(tmp_path):

@@ -243,9 +243,10 @@ def _dtype_name(engine: EngineConfig, cfg) -> str:
 
     name = str(pick_dtype(engine.device.dtype, pick_device(engine.device.device))).split(".")[-1]
     stored = check_checkpoint(cfg.hf_config)
-    if stored is not None:
-        return f"{stored.describe()} linears, the rest {name}"
     quantization = engine.device.quantization
+    if stored is not None:
+        into = "" if quantization == "none" else f" requantized to {quantization}"
+        return f"{stored.describe()} linears{into}, the rest {name}"
     return name if quantization == "none" else f"{name}, {quantization} linears"
 
 

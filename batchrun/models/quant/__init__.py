@@ -72,11 +72,15 @@ class CheckpointFormat:
     def nbytes(self, out_features: int, in_features: int) -> int:
         return self.module.nbytes(self.config, out_features, in_features)
 
-    def load_linears(self, model: nn.Module, folder) -> set[str]:
+    def load_linears(self, model: nn.Module, folder, quantization: str = "none") -> set[str]:
+        """The stored layers in place of the model's linears, as stored, or with a
+        `quantization` method dequantised one layer at a time and quantized by it (not exact)."""
         from batchrun.models.quant import checkpoint
 
-        return checkpoint.load_linears(model, folder, lambda t, p: self.module.read(t, p, self.config),
-                                       self.method)
+        make = None if quantization == "none" else linear_class(quantization)
+        return checkpoint.load_linears(
+            model, folder, lambda t, p: self.module.read(t, p, self.config), self.method,
+            None if make is None else lambda layer: make(layer.dequantized_weight().float(), layer.bias))
 
 
 def checkpoint_method(hf_config) -> tuple[str, dict] | None:

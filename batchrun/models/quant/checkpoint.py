@@ -87,10 +87,11 @@ def _fuse(layers: list[Layer], bias: torch.Tensor | None, name: str) -> nn.Modul
 
 @torch.no_grad()
 def load_linears(model: nn.Module, folder: Path, read: Callable[[Tensors, str], Layer],
-                 method: str) -> set[str]:
-    """Put the layers `read(tensors, prefix)` builds in place of each of the model's linears the
-    checkpoint stores quantized; returns the checkpoint tensor names they hold (which the float
-    loading then skips). A quantized tensor no linear took is a QuantizationError."""
+                 method: str, convert: Callable[[nn.Module], nn.Module] | None = None) -> set[str]:
+    """Put the layers `read(tensors, prefix)` builds (passed through `convert` when given) in
+    place of each of the model's linears the checkpoint stores quantized; returns the checkpoint
+    tensor names they hold (which the float loading then skips). A quantized tensor no linear
+    took is a QuantizationError."""
     tensors = Tensors(folder)
     covered: set[str] = set()
     for parent, attr, own, fused in _targets(model):
@@ -103,7 +104,8 @@ def load_linears(model: nn.Module, folder: Path, read: Callable[[Tensors, str], 
         biases = [tensors.get(f"{p}.bias") for p in prefixes]
         bias = None if biases[0] is None else torch.cat(biases).float()
         layers = [read(tensors, p) for p in prefixes]
-        setattr(parent, attr, _fuse(layers, bias, own))
+        module = _fuse(layers, bias, own)
+        setattr(parent, attr, module if convert is None else convert(module))
         covered.update(name for name in tensors.where
                        if any(name.rsplit(".", 1)[0] == p for p in prefixes))
     left = sorted(name for name in tensors.where if name not in covered
