@@ -39,25 +39,30 @@ def int4_groups(w: np.ndarray, group: int, sym: bool):
     return q.reshape(n, k).astype(np.int64), scale, zero
 
 
-def dequantize_groups(q, scale, zero, group):
-    """w[n, k] = scale[n, k // group] * (q[n, k] - zero[n, k // group]) in float32."""
-    cols = np.arange(q.shape[1]) // group
+def dequantize_groups(q, scale, zero, group, g_idx=None):
+    """w[n, k] = scale[n, g] * (q[n, k] - zero[n, g]) in float32, g = g_idx[k] (k // group)."""
+    cols = np.arange(q.shape[1]) // group if g_idx is None else g_idx
     return scale.astype(np.float32)[:, cols] * (q - zero[:, cols]).astype(np.float32)
 
 
-def gptq(w, group, sym, v2):
-    """GPTQ's tensors of w [N, K] and their dequantisation."""
+def gptq(w, group, sym, v2, act_order=False):
+    """GPTQ's tensors of w [N, K] and their dequantisation; with act_order, the groups are of
+    the inputs in a permuted order (the same for every K-wide layer, as q/k/v share theirs)."""
     n, k = w.shape
     size = k if group == -1 else group
-    q, scale, zero = int4_groups(w, size, sym)
+    perm = np.random.default_rng(k).permutation(k) if act_order else np.arange(k)
+    q_sorted, scale, zero = int4_groups(w[:, perm], size, sym)
+    q = np.empty_like(q_sorted)
+    q[:, perm] = q_sorted
+    g_idx = np.empty(k, dtype=np.int32)
+    g_idx[perm] = np.arange(k) // size
     if not v2:
         zero = np.maximum(zero, 1)  # the original packing stores zero - 1, so zero 0 cannot be stored
         q = np.clip(q, 0, 15)
     stored = zero if v2 else zero - 1
     tensors = {"qweight": pack_nibbles(q).T.copy(),  # eight input rows a word
-               "qzeros": pack_nibbles(stored.T), "scales": scale.T.copy(),
-               "g_idx": (np.arange(k) // size).astype(np.int32)}
-    return tensors, dequantize_groups(q, scale, zero, size)
+               "qzeros": pack_nibbles(stored.T), "scales": scale.T.copy(), "g_idx": g_idx}
+    return tensors, dequantize_groups(q, scale, zero, size, g_idx)
 
 
 def awq(w, group):

@@ -43,8 +43,11 @@ CASES = {
     "gptq-sym-g64": ({"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": True,
                       "desc_act": False}, lambda w: qc.gptq(w, 64, sym=True, v2=False), Int4WeightLinear),
     "gptq_v2-asym-channel": ({"quant_method": "gptq", "bits": 4, "group_size": -1, "sym": False,
-                              "desc_act": True, "checkpoint_format": "gptq_v2"},
+                              "desc_act": False, "checkpoint_format": "gptq_v2"},
                              lambda w: qc.gptq(w, -1, sym=False, v2=True), Int4WeightLinear),
+    "gptq-act-order-g32": ({"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": False,
+                            "desc_act": True}, lambda w: qc.gptq(w, 32, sym=False, v2=False, act_order=True),
+                           Int4WeightLinear),
     "awq-g32": ({"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True,
                  "version": "gemm"}, lambda w: qc.awq(w, 32), Int4WeightLinear),
     "ct-w4a16-asym": (_ct("pack-quantized", {**INT4, "symmetric": False}),
@@ -110,7 +113,8 @@ def _engine(path):
     return build_engine(model, IdTokenizer(), EngineConfig.default(block_size=4), [2], CPU, torch.float32)
 
 
-@pytest.mark.parametrize("case", ["gptq-sym-g64", "gptq_v2-asym-channel", "awq-g32", "ct-w4a16-asym",
+@pytest.mark.parametrize("case", ["gptq-sym-g64", "gptq_v2-asym-channel", "gptq-act-order-g32", "awq-g32",
+                                  "ct-w4a16-asym",
                                   "ct-w8a8", "ct-fp8-channel", "fp8-block"])
 def test_a_quantized_checkpoint_decodes_as_transformers_on_its_dequantised_weights(case, tmp_path, monkeypatch):
     monkeypatch.setattr(cpu, "has_fast_bf16", lambda: False)
@@ -192,18 +196,18 @@ def test_fp8_requantized_to_int8_weight_stays_within_half_a_step(tmp_path):
     assert (np.abs(down.dequantized_weight().numpy() - fp8) <= step / 2 + 1e-7).all()
 
 
-def test_act_order_with_a_permuted_g_idx_is_refused(tmp_path):
+def test_a_g_idx_with_unequal_groups_is_refused(tmp_path):
     config, pack, _ = CASES["gptq-sym-g64"]
     make_tiny("llama", tmp_path)
 
-    def permuted(w):
+    def unequal(w):
         tensors, reference = pack(w)
-        tensors["g_idx"] = np.random.default_rng(0).permutation(tensors["g_idx"])
+        tensors["g_idx"] = np.where(np.arange(len(tensors["g_idx"])) == 0, 1, tensors["g_idx"]).astype(np.int32)
         return tensors, reference
 
-    qc.quantize_checkpoint(tmp_path, permuted, {**config, "desc_act": True})
+    qc.quantize_checkpoint(tmp_path, unequal, {**config, "desc_act": True})
     cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
-    with pytest.raises(QuantizationError, match="act-order"):
+    with pytest.raises(QuantizationError, match="g_idx whose groups are not all 64 inputs wide"):
         build_model(LlamaModel, cfg, tmp_path, CPU, torch.float32)
 
 

@@ -76,9 +76,15 @@ def _quantized(tensors: Tensors, prefix: str) -> bool:
     return any(f"{prefix}.{s}" in tensors for s in QUANTIZED_SUFFIXES)
 
 
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) or isinstance(b[k], torch.Tensor)
+        else a[k] == b[k] for k in a)
+
+
 def _fuse(layers: list[Layer], bias: torch.Tensor | None, name: str) -> nn.Module:
     first = layers[0]
-    if any(layer.make is not first.make or layer.options != first.options for layer in layers):
+    if any(layer.make is not first.make or not _same(layer.options, first.options) for layer in layers):
         raise QuantizationError(f"{name}: its fused projections are quantized differently "
                                 f"({[layer.options for layer in layers]}); they run as one layer")
     rows = {key: torch.cat([layer.rows[key] for layer in layers]) for key in first.rows}
@@ -118,19 +124,20 @@ def load_linears(model: nn.Module, folder: Path, read: Callable[[Tensors, str], 
     return covered
 
 
-def int4_layer(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> Layer:
-    """An int4 projection, w[n, k] = scale[n, g] * (q[n, k] - zero[n, g]) with g = k // group,
-    as Int4WeightLinear's groups: min = -zero * scale (exact in float32: an fp16 or bf16 scale
-    times an integer below 16 fits its 24 bits)."""
+def int4_layer(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int,
+               in_perm: torch.Tensor | None = None) -> Layer:
+    """An int4 projection, w[n, k] = scale[n, g] * (q[n, k] - zero[n, g]) with g = k // group
+    (k counted in `in_perm`'s order when given), as Int4WeightLinear's groups: min = -zero *
+    scale (exact in float32: an fp16 or bf16 scale times an integer up to 16 fits its 24 bits)."""
     scale = scale.float()
     return Layer(_int4_module, {"q": q.to(torch.uint8), "scale": scale,
-                                "minimum": -zero.float() * scale}, {"group": group})
+                                "minimum": -zero.float() * scale}, {"group": group, "in_perm": in_perm})
 
 
-def _int4_module(bias, q, scale, minimum, group):
+def _int4_module(bias, q, scale, minimum, group, in_perm):
     from batchrun.models.quant.int4_linear import Int4WeightLinear
 
-    return Int4WeightLinear(None, bias, q=q, scale=scale, minimum=minimum, group=group)
+    return Int4WeightLinear(None, bias, q=q, scale=scale, minimum=minimum, group=group, in_perm=in_perm)
 
 
 def unpack_int32(packed: torch.Tensor, order: tuple[int, ...] = tuple(range(8))) -> torch.Tensor:
