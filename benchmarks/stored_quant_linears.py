@@ -1,7 +1,8 @@
 """Per-layer time of the layers a stored-quantized checkpoint loads into, side by side in one run
-on Qwen2.5-0.5B's decoder shapes (every dimension a multiple of 128, as FP8 block checkpoints'): float32 (oneDNN pre-packed, the float path), int4 groups of
-128 (GPTQ / AWQ / compressed-tensors W4A16), int8 weights (W8A16), W8A8, and FP8 e4m3 weights
-per channel and in 128x128 blocks (dequantised per call). Prints each layer's time over the
+on Qwen2.5-0.5B's decoder shapes (every dimension a multiple of 128, as FP8 block checkpoints
+need): float32 (oneDNN pre-packed, the float path), int4 groups of 128 (GPTQ / AWQ /
+compressed-tensors W4A16), int8 weights (W8A16), W8A8, and FP8 e4m3 weights per channel and in
+128x128 blocks (dequantised per call). Prints each layer's time over the
 float32 layer's, summed over the four projections, for 1, 16 and 256 rows; then what
 `--quantization int8-weight` on an FP8 checkpoint costs in accuracy (each layer's FP8 weights
 dequantised and requantised to int8 per channel): the relative RMS error against the FP8 weights,

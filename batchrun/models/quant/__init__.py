@@ -22,14 +22,14 @@ from typing import Callable
 import torch
 from torch import nn
 
+from batchrun.models.quant.errors import QuantizationError
+
 METHODS = ("none", "int8", "int8-weight", "int4-weight", "bf16")
 # precision-critical: the logits (a classifier's head), and MoE routers (a rounding there switches a
 # token's experts; the experts themselves are 3-D tensors, not linears, and stay float)
 KEEP_FLOAT = ("lm_head", "score", "gate", "shared_expert_gate")
 
 
-class QuantizationError(ValueError):
-    """A quantization method this model, device or checkpoint cannot run; says which and why."""
 
 
 def linear_class(method: str) -> Callable[[torch.Tensor, torch.Tensor | None], nn.Module]:

@@ -8,7 +8,7 @@ same way, scales [G, N]: w[n, k] = scales[k // group, n] * (q[k, n] - z[k // gro
 
 from __future__ import annotations
 
-from batchrun.models.quant import QuantizationError
+from batchrun.models.quant.errors import QuantizationError
 from batchrun.models.quant.checkpoint import Layer, Tensors, int4_layer, unpack_int32
 from batchrun.models.quant.int4_linear import Int4WeightLinear
 

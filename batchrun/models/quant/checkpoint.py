@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from batchrun.models.quant import QuantizationError
+from batchrun.models.quant.errors import QuantizationError
 
 # the checkpoint's projections the native model holds fused
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}

@@ -21,7 +21,7 @@ import re
 
 import torch
 
-from batchrun.models.quant import QuantizationError
+from batchrun.models.quant.errors import QuantizationError
 from batchrun.models.quant.checkpoint import Layer, Tensors, int4_layer, unpack_int32
 from batchrun.models.quant.fp8_linear import Fp8WeightLinear, fp8_layer
 

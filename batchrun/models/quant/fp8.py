@@ -5,7 +5,7 @@ bytes, float activations: the checkpoint's dynamic fp8 activations are not emula
 
 from __future__ import annotations
 
-from batchrun.models.quant import QuantizationError
+from batchrun.models.quant.errors import QuantizationError
 from batchrun.models.quant.checkpoint import Layer, Tensors
 from batchrun.models.quant.fp8_linear import Fp8WeightLinear, fp8_layer
 

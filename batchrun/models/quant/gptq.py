@@ -4,15 +4,15 @@ Per projection: qweight int32 [K/8, N] (input rows 8r..8r+7 of column n in one w
 in bits 4i..4i+3), qzeros int32 [G, N/8] (eight output columns a word, the same order), scales
 [G, N], g_idx int32 [K] (each input row's group): w[n, k] = scales[g, n] * (q[k, n] - z[g, n])
 with g = g_idx[k] (act-order: g_idx permuted, each group's inputs apart; read by gathering the
-inputs sorted by group, Int4WeightLinear's in_perm). The original packing (checkpoint_format "gptq") stores z - 1 in qzeros, so
-z is the stored value + 1; "gptq_v2" stores z itself.
+inputs sorted by group, Int4WeightLinear's in_perm). The original packing (checkpoint_format
+"gptq") stores z - 1 in qzeros, so z is the stored value + 1; "gptq_v2" stores z itself.
 """
 
 from __future__ import annotations
 
 import torch
 
-from batchrun.models.quant import QuantizationError
+from batchrun.models.quant.errors import QuantizationError
 from batchrun.models.quant.checkpoint import Layer, Tensors, group_size, int4_layer, unpack_int32
 from batchrun.models.quant.int4_linear import Int4WeightLinear
 

@@ -151,7 +151,7 @@ def check(hf) -> CheckReport:
         impl, reason = verdict.impl, verdict.note or "it runs the model exactly"
     except UnsupportedModelError as exc:
         impl, reason = "refused", str(exc)
-    stored = ""
+    stored = None
     if impl != "refused":
         impl, reason, stored = _stored_quantized(hf, impl, reason)
     full = as_transformers_config(hf)
@@ -168,29 +168,39 @@ def check(hf) -> CheckReport:
     report.layers = full.num_hidden_layers
     report.kv_heads, report.k_head_dim, report.v_head_dim = kv_shape(full)
     report.features = features(full, impl, lora_support(model, full, impl))
-    report.stored_quantized = stored
+    report.stored_quantized = "" if stored is None else _stored_size(stored, model)
     return report
 
 
-def _stored_quantized(hf, impl: str, reason: str) -> tuple[str, str, str]:
-    """(impl, reason, what the stored quantization loads as) of a checkpoint stored quantized:
-    refused where batchrun cannot run its method, or off the native path."""
+def _stored_quantized(hf, impl: str, reason: str):
+    """(impl, reason, its CheckpointFormat) of a checkpoint stored quantized (None: a float
+    one): refused where batchrun cannot run its method, or off the native path."""
     from batchrun.models.quant import QuantizationError, check_checkpoint, checkpoint_method
 
     if checkpoint_method(hf) is None:
-        return impl, reason, ""
+        return impl, reason, None
     try:
         stored = check_checkpoint(hf)
     except QuantizationError as exc:
-        return "refused", str(exc), ""
+        return "refused", str(exc), None
     if impl != "native":
         return "refused", (f"the checkpoint is stored quantized ({stored.method}), which loads on "
-                           "the native path only"), ""
-    from batchrun.footprint import weights_bytes
-    from batchrun.models import native
+                           "the native path only"), None
+    return impl, reason, stored
 
-    size = weights_bytes(native.module_for(hf).ModelConfig.from_hf(hf), "float32")
-    return impl, reason, f"{stored.describe()}; weights {_size(size)} loaded (the rest float32, CPU only)"
+
+def _stored_size(stored, model) -> str:
+    """What the decoder's linears (not the logits layer or routers) hold as stored."""
+    import torch
+
+    from batchrun.models.quant import KEEP_FLOAT
+
+    linears = [m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+               and name.rsplit(".", 1)[-1] not in KEEP_FLOAT]
+    held = sum(stored.nbytes(m.out_features, m.in_features) for m in linears)
+    dense = sum(m.out_features * m.in_features * 4 for m in linears)
+    return (f"{stored.describe()}; its {len(linears)} linears hold {_size(held)} (float32: "
+            f"{_size(dense)}), the rest float32; CPU only")
 
 
 def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
