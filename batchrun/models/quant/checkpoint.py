@@ -77,16 +77,20 @@ def _quantized(tensors: Tensors, prefix: str) -> bool:
 
 
 def _same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(
-        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) or isinstance(b[k], torch.Tensor)
-        else a[k] == b[k] for k in a)
+    def equal(x, y) -> bool:
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            return isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and torch.equal(x, y)
+        return x == y
+
+    return a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
 
 
 def _fuse(layers: list[Layer], bias: torch.Tensor | None, name: str) -> nn.Module:
     first = layers[0]
     if any(layer.make is not first.make or not _same(layer.options, first.options) for layer in layers):
-        raise QuantizationError(f"{name}: its fused projections are quantized differently "
-                                f"({[layer.options for layer in layers]}); they run as one layer")
+        raise QuantizationError(f"{name}: its fused projections are quantized differently (group "
+                                "or block sizes, layer kinds or act-order input orders differ); "
+                                "batchrun runs them as one layer")
     rows = {key: torch.cat([layer.rows[key] for layer in layers]) for key in first.rows}
     return first.make(bias=bias, **rows, **first.options)
 
