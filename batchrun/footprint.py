@@ -113,7 +113,8 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
     ("auto"/None = the engine's default for `device`: float32 on the CPU), with the decoder
     layers' linears at `quantization`'s size (models/quant/: int8 or int4 and their scales;
     MoE routers and the routed experts' 3-D weights stay float, as quantize_linears keeps them);
-    under `gguf`, the projections of the `gguf` file in their own formats (quant/gguf.py).
+    under `gguf`, the projections of the `gguf` file in their own formats (quant/gguf.py);
+    for a checkpoint stored quantized (GPTQ, AWQ, compressed-tensors, FP8), at its format's.
 
     Tied embeddings are one tensor in the checkpoint, but on the CPU, where the loader packs
     every linear layer for oneDNN (models/packed_linear.py; the transformers backend's too),
@@ -141,9 +142,20 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
 
         weights, kept = kept_bytes(gguf)
         return (count - weights) * _elem(dt) + kept
+    from batchrun.models.quant import check_checkpoint, linear_class, logits_in_bf16
+
+    stored = check_checkpoint(cfg.hf_config)  # a checkpoint stored quantized: its layers' sizes
+    if stored is not None and not _native(cfg):
+        raise UnsupportedModelError(f"the checkpoint is stored quantized ({stored.method}), which "
+                                    "loads on the native path only")
+    if stored is not None and quantization == "none":
+        extra = 0
+        for (out_features, in_features), n in quantized_linear_shapes(cfg).items():
+            count -= out_features * in_features * n
+            extra += stored.nbytes(out_features, in_features) * n
+        return count * _elem(dt) + extra
     if quantization in ("none", "gguf"):  # gguf without its file: counted as float
         return count * _elem(dt)
-    from batchrun.models.quant import linear_class, logits_in_bf16
 
     extra = 0
     if logits_in_bf16(quantization):  # the logits matrix in bfloat16 instead of a dt copy

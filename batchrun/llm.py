@@ -168,6 +168,11 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
     if config.device.quantization != "none":
         raise UnsupportedModelError(f"--quantization needs the native path ({native_types}); "
                                     "this model runs on the transformers backend")
+    from batchrun.models.quant import checkpoint_method
+
+    if checkpoint_method(hf) is not None:
+        raise UnsupportedModelError(f"the checkpoint is stored quantized ({checkpoint_method(hf)[0]}); "
+                                    f"quantized checkpoints load on the native path only ({native_types})")
     from batchrun.models.transformers import model as text, vision
 
     model = (vision if vision.is_vision_language(hf) else text).load(path, device, dtype)
@@ -221,8 +226,11 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
 
     from batchrun.models.quant import QuantizationError, check_checkpoint, check_device
 
-    check_checkpoint(model_cfg.hf_config)
+    stored = check_checkpoint(model_cfg.hf_config, device)  # a checkpoint stored quantized
     check_device(quantization, device)
+    if stored is not None and batch_invariant:
+        raise QuantizationError(f"--batch-invariant does not cover a checkpoint stored quantized "
+                                f"({stored.describe()})")
     files = sorted(glob.glob(str(path / "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {path}")
@@ -241,8 +249,10 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     if device.type != "cpu" or dtype != torch.float32:  # float32 tables computed on the CPU
         model.rope = type(model.rope)(model_cfg).to(device)
 
-    in_gguf: set[str] = set()  # tensors a GGUF checkpoint's quantized layers already hold
-    if quantization != "none":
+    in_gguf: set[str] = set()  # tensors the quantized layers already hold (GGUF, stored quantized)
+    if stored is not None:
+        in_gguf = stored.load_linears(model, path, quantization)
+    elif quantization != "none":
         from batchrun.models.quant import gguf as quant_gguf
 
         source = quant_gguf.source_of(path)
@@ -280,7 +290,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     phases.mark("weights (load, pack)")
     if kernels is not None:
         model.cpu_kernels = kernels.result()
-        if quantization != "none":
+        if quantization != "none" or stored is not None:
             from batchrun.models.quant.int8_linear import attach_kernels
 
             attach_kernels(model, model.cpu_kernels)

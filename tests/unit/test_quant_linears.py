@@ -127,7 +127,7 @@ def test_int4_refuses_input_sizes_its_groups_do_not_divide():
         Int4WeightLinear(torch.randn(8, 40), None)
 
 
-@pytest.mark.parametrize("method", ["gptq", "awq", "compressed-tensors", "fp8"])
+@pytest.mark.parametrize("method", ["bitsandbytes", "hqq", "eetq"])
 def test_checkpoints_quantized_in_other_formats_are_refused_by_name(method):
     from types import SimpleNamespace
 

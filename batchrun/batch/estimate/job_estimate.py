@@ -183,7 +183,7 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
         kept = gguf_file(spec)
     estimate.weights_bytes = footprint.weights_bytes(cfg, engine.device.dtype,
                                                      quantization=quantization, gguf=kept)
-    estimate.weights_dtype = _dtype_name(engine)
+    estimate.weights_dtype = _dtype_name(engine, cfg)
     estimate.kv_blocks, estimate.kv_bytes = blocks, kv_bytes
     describe_model(estimate, cfg, engine, groups)
     # The pool as the estimator's blocks of full-attention tokens: a request of the mean length
@@ -245,12 +245,18 @@ def run_key(model_name: str, engine: EngineConfig) -> str:
     return key if quantization == "none" else f"{key}|q={quantization}"
 
 
-def _dtype_name(engine: EngineConfig) -> str:
-    """The dtype the weights will have here (auto: float32 on the CPU, bfloat16 on CUDA)."""
+def _dtype_name(engine: EngineConfig, cfg) -> str:
+    """The dtype the weights will have here (auto: float32 on the CPU, bfloat16 on CUDA), and
+    the format of a checkpoint stored quantized."""
     from batchrun.llm import pick_device, pick_dtype
+    from batchrun.models.quant import check_checkpoint
 
     name = str(pick_dtype(engine.device.dtype, pick_device(engine.device.device))).split(".")[-1]
+    stored = check_checkpoint(cfg.hf_config)
     quantization = engine.device.quantization
+    if stored is not None:
+        into = "" if quantization == "none" else f" requantized to {quantization}"
+        return f"{stored.describe()} linears{into}, the rest {name}"
     return name if quantization == "none" else f"{name}, {quantization} linears"
 
 

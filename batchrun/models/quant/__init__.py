@@ -25,14 +25,14 @@ from typing import Callable
 import torch
 from torch import nn
 
+from batchrun.models.quant.errors import QuantizationError
+
 METHODS = ("none", "int8", "int8-weight", "int4-weight", "gguf", "bf16")
 # precision-critical: the logits (a classifier's head), and MoE routers (a rounding there switches a
 # token's experts; the experts themselves are 3-D tensors, not linears, and stay float)
 KEEP_FLOAT = ("lm_head", "score", "gate", "shared_expert_gate")
 
 
-class QuantizationError(ValueError):
-    """A quantization method this model, device or checkpoint cannot run; says which and why."""
 
 
 def linear_class(method: str) -> Callable[[torch.Tensor, torch.Tensor | None], nn.Module]:
@@ -53,19 +53,70 @@ def check_device(method: str, device: torch.device) -> None:
                                 "use --dtype bfloat16 (or --quantization none)")
 
 
-def check_checkpoint(hf_config) -> None:
-    """Refuse a checkpoint stored quantized in a format batchrun does not read (its float
-    loading would fail on tensors such as qweight or weight_scale, or run garbage)."""
+# A checkpoint stored quantized, read in its own format: quant_method -> the module that reads it
+# (check, describe, nbytes, read: models/quant/checkpoint.py loads through it).
+CHECKPOINT_FORMATS = {"gptq": "batchrun.models.quant.gptq", "awq": "batchrun.models.quant.awq",
+                      "compressed-tensors": "batchrun.models.quant.compressed_tensors",
+                      "fp8": "batchrun.models.quant.fp8"}
+
+
+class CheckpointFormat:
+    """A quantized checkpoint's method and config, with the module that reads it."""
+
+    def __init__(self, method: str, config: dict):
+        import importlib
+
+        self.method, self.config = method, config
+        self.module = importlib.import_module(CHECKPOINT_FORMATS[method])
+
+    def describe(self) -> str:
+        return self.module.describe(self.config)
+
+    def nbytes(self, out_features: int, in_features: int) -> int:
+        return self.module.nbytes(self.config, out_features, in_features)
+
+    def load_linears(self, model: nn.Module, folder, quantization: str = "none") -> set[str]:
+        """The stored layers in place of the model's linears, as stored, or with a
+        `quantization` method dequantised one layer at a time and quantized by it (not exact)."""
+        from batchrun.models.quant import checkpoint
+
+        make = None if quantization == "none" else linear_class(quantization)
+        return checkpoint.load_linears(
+            model, folder, lambda t, p: self.module.read(t, p, self.config), self.method,
+            None if make is None else lambda layer: make(layer.dequantized_weight().float(), layer.bias))
+
+
+def checkpoint_method(hf_config) -> tuple[str, dict] | None:
+    """(quant_method, its config as a dict) of a checkpoint stored quantized; None for a float one."""
     config = getattr(hf_config, "quantization_config", None)
     if not config:
-        return
-    method = config.get("quant_method") if isinstance(config, dict) else getattr(config, "quant_method", None)
-    method = str(getattr(method, "value", method) or "unknown")
-    raise QuantizationError(
-        f"the checkpoint is quantized with {method!r}, which batchrun does not load (GPTQ, AWQ, "
-        "compressed-tensors, FP8 and bitsandbytes checkpoints are not read quantized); use its "
-        "float checkpoint with --quantization int8 / int8-weight / int4-weight / bf16, or a GGUF "
-        "file with --quantization gguf (Q4_0, Q4_1, Q4_K, Q5_K, Q6_K and Q8_0 load as they are)")
+        return None
+    if not isinstance(config, dict):
+        config = config.to_dict() if hasattr(config, "to_dict") else dict(vars(config))
+    method = config.get("quant_method")
+    return str(getattr(method, "value", method) or "unknown"), config
+
+
+def check_checkpoint(hf_config, device: torch.device | None = None) -> CheckpointFormat | None:
+    """The format of a checkpoint stored quantized (None for a float one); a QuantizationError
+    naming the method and why where batchrun cannot run it (a format it does not read, a
+    variant of one it does, or a device other than the CPU)."""
+    found = checkpoint_method(hf_config)
+    if found is None:
+        return None
+    method, config = found
+    if method not in CHECKPOINT_FORMATS:
+        raise QuantizationError(
+            f"the checkpoint is quantized with {method!r}, which batchrun does not load (it reads "
+            f"{', '.join(CHECKPOINT_FORMATS)} checkpoints quantized); use its float checkpoint "
+            "with --quantization int8 / int8-weight / int4-weight / bf16, or a GGUF file with "
+            "--quantization gguf (Q4_0, Q4_1, Q4_K, Q5_K, Q6_K and Q8_0 load as they are)")
+    fmt = CheckpointFormat(method, config)
+    fmt.module.check(config)
+    if device is not None and device.type != "cpu":
+        raise QuantizationError(f"the {method} checkpoint's quantized layers run on the CPU only "
+                                f"(batchrun has no {device.type} kernels for them); use --device cpu")
+    return fmt
 
 
 def logits_in_bf16(method: str) -> bool:

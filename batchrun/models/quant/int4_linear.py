@@ -1,5 +1,7 @@
-"""int4 weights with float activations: weights in groups of GROUP along the input, each
-w = q * scale + min with q in 0..15 (GGUF Q4_1's form; Q4_0 is min = -8 * scale).
+"""int4 weights with float activations: weights in groups along the input (GROUP when quantized
+here; a checkpoint's own size when loaded from GPTQ / AWQ / compressed-tensors), each
+w = q * scale + min with q in 0..15 (GGUF Q4_1's form; Q4_0 is min = -8 * scale; a zero point z
+is min = -z * scale).
 
 The nibbles live once, in the layout of torch's CPU int4 kernel (_weight_int4pack_mm_for_cpu,
 which computes (q - 8) * s + z: s = scale, z = min + 8 * scale); that kernel runs a few rows
@@ -17,6 +19,7 @@ from batchrun.models.quant import cpu
 from batchrun.models.quant.int8_linear import WEIGHT_ONLY_KERNEL_ROWS
 
 GROUP = 32
+KERNEL_GROUPS = (32, 64, 128, 256)  # the group sizes torch's CPU int4 kernel takes
 _BLOCK_N = 64  # the CPU kernel's packing: per 64 output rows, byte j of input k holds rows j, j+32
 
 
@@ -58,7 +61,10 @@ def unpack(packed: torch.Tensor, kernel_layout: bool) -> torch.Tensor:
 class Int4WeightLinear(nn.Module):
     def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None, *,
                  q: torch.Tensor | None = None, scale: torch.Tensor | None = None,
-                 minimum: torch.Tensor | None = None, group: int = GROUP):
+                 minimum: torch.Tensor | None = None, group: int = GROUP,
+                 in_perm: torch.Tensor | None = None):
+        """`in_perm`: the nibbles' columns are the inputs in this order (GPTQ act-order, its
+        groups contiguous once the inputs are sorted by group); the layer gathers x by it."""
         super().__init__()
         if weight is not None:
             if weight.shape[1] % group:
@@ -70,12 +76,14 @@ class Int4WeightLinear(nn.Module):
         self.packed, self.kernel_layout = pack(q)
         self.scale, self.minimum = scale.float().contiguous(), minimum.float().contiguous()
         self.bias = None if bias is None else bias.detach().float()
+        self.in_perm = None if in_perm is None else in_perm.long().contiguous()
         self._kernel_scales: torch.Tensor | None = None
 
     @staticmethod
     def nbytes(out_features: int, in_features: int, group: int = GROUP) -> int:
         """Bytes one layer holds: two weights a byte, a float32 scale and min per group (the
-        kernel's bfloat16 copy of them, made on first use, not counted)."""
+        kernel's bfloat16 copy of them, made on first use, and an act-order in_perm, 8 bytes an
+        input, not counted)."""
         return out_features * in_features // 2 + out_features * (in_features // group) * 8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -83,16 +91,28 @@ class Int4WeightLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         dtype = cpu.weight_only_dtype(x.dtype)
         x2 = x2.to(dtype)
-        if self.kernel_layout and dtype == torch.bfloat16 and 0 < x2.shape[0] <= WEIGHT_ONLY_KERNEL_ROWS:
+        if self.in_perm is not None:
+            x2 = x2.index_select(1, self.in_perm)
+        if (self.kernel_layout and dtype == torch.bfloat16 and self.group in KERNEL_GROUPS
+                and 0 < x2.shape[0] <= WEIGHT_ONLY_KERNEL_ROWS):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), self.packed, self.group,
                                                            self._scales_and_zeros())
         else:
-            y = F.linear(x2, self.dequantized_weight(dtype))
+            y = F.linear(x2, self._grouped_weight(dtype))
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weights over the inputs in their own order."""
+        w = self._grouped_weight(dtype)
+        if self.in_perm is None:
+            return w
+        out = torch.empty_like(w)
+        out[:, self.in_perm] = w
+        return out
+
+    def _grouped_weight(self, dtype: torch.dtype) -> torch.Tensor:
         q = unpack(self.packed, self.kernel_layout).to(dtype)
         n, k = q.shape
         q = q.reshape(n, k // self.group, self.group)

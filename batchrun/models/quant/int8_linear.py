@@ -62,14 +62,17 @@ class Int8Linear(nn.Module):
     """W8A8: y = (q_x @ q_w.T) * s_x * s_w (+ bias), q_x the per-token int8 activations; with
     `smooth` (per input channel, quant/smoothing.py) of x / smooth and of weight * smooth."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 smooth: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                 smooth: torch.Tensor | None = None, *, qweight: torch.Tensor | None = None,
+                 scale: torch.Tensor | None = None):
         super().__init__()
-        self.out_features, self.in_features = weight.shape
         self.inv_smooth = None if smooth is None else smooth.float().reciprocal()
-        if smooth is not None:
-            weight = weight.float() * smooth.float()
-        self.qweight, self.w_scale = quantize_per_channel(weight)
+        if qweight is None:  # quantized here, else a checkpoint's int8 weights and scales as they are
+            if smooth is not None:
+                weight = weight.float() * smooth.float()
+            qweight, scale = quantize_per_channel(weight)
+        self.out_features, self.in_features = qweight.shape
+        self.qweight, self.w_scale = qweight.contiguous(), scale.float().reshape(-1).contiguous()
         self.bias = None if bias is None else bias.detach().float()
         self.onednn = onednn_int8_available()
         self.kernels = None  # the CPU kernel library, once built (attach_kernels)

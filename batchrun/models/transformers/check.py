@@ -26,6 +26,7 @@ class CheckReport:
     k_head_dim: int = 0
     v_head_dim: int = 0
     features: list[tuple[str, str]] = field(default_factory=list)
+    stored_quantized: str = ""  # a checkpoint stored quantized: its format and loaded weight size
 
     @property
     def kv_elements_per_token(self) -> int:
@@ -153,6 +154,9 @@ def check(hf) -> CheckReport:
         impl, reason = verdict.impl, verdict.note or "it runs the model exactly"
     except UnsupportedModelError as exc:
         impl, reason = "refused", str(exc)
+    stored = None
+    if impl != "refused":
+        impl, reason, stored = _stored_quantized(hf, impl, reason)
     full = as_transformers_config(hf)
     report = CheckReport(getattr(full, "model_type", "?"), list(full.architectures or []),
                          impl, reason)
@@ -167,7 +171,39 @@ def check(hf) -> CheckReport:
     report.layers = full.num_hidden_layers
     report.kv_heads, report.k_head_dim, report.v_head_dim = kv_shape(full)
     report.features = features(full, impl, lora_support(model, full, impl))
+    report.stored_quantized = "" if stored is None else _stored_size(stored, model)
     return report
+
+
+def _stored_quantized(hf, impl: str, reason: str):
+    """(impl, reason, its CheckpointFormat) of a checkpoint stored quantized (None: a float
+    one): refused where batchrun cannot run its method, or off the native path."""
+    from batchrun.models.quant import QuantizationError, check_checkpoint, checkpoint_method
+
+    if checkpoint_method(hf) is None:
+        return impl, reason, None
+    try:
+        stored = check_checkpoint(hf)
+    except QuantizationError as exc:
+        return "refused", str(exc), None
+    if impl != "native":
+        return "refused", (f"the checkpoint is stored quantized ({stored.method}), which loads on "
+                           "the native path only"), None
+    return impl, reason, stored
+
+
+def _stored_size(stored, model) -> str:
+    """What the decoder's linears (not the logits layer or routers) hold as stored."""
+    import torch
+
+    from batchrun.models.quant import KEEP_FLOAT
+
+    linears = [m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+               and name.rsplit(".", 1)[-1] not in KEEP_FLOAT]
+    held = sum(stored.nbytes(m.out_features, m.in_features) for m in linears)
+    dense = sum(m.out_features * m.in_features * 4 for m in linears)
+    return (f"{stored.describe()}; its {len(linears)} linears hold {_size(held)} (float32: "
+            f"{_size(dense)}), the rest float32; CPU only")
 
 
 def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
@@ -203,6 +239,8 @@ def describe(name: str, report: CheckReport) -> list[str]:
     if report.parameters is not None:
         weights = ", ".join(f"{d} {_size(report.parameters * b)}" for d, b in DTYPE_BYTES.items())
         lines.append(f"parameters: {report.parameters:,} (weights: {weights})")
+    if report.stored_quantized:
+        lines.append(f"stored quantized: {report.stored_quantized}")
     kv = ", ".join(f"{d} {_size(report.kv_elements_per_token * b)}" for d, b in
                    DTYPE_BYTES.items())
     dims = (f"head dim {report.k_head_dim}" if report.k_head_dim == report.v_head_dim

@@ -1,0 +1,249 @@
+"""Checkpoints stored quantized (GPTQ, AWQ, compressed-tensors, FP8) loaded in their own format
+(models/quant/checkpoint.py and a file per format): per layer against the format's reference
+dequantisation (written in tests/quant_checkpoints.py; the compressed-tensors package's
+decompressor for its formats), end to end on a tiny Llama against transformers on the
+dequantised weights, and the refusals."""
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoConfig
+
+from batchrun.engine import SamplingParams
+from batchrun.footprint import model_config_for, weights_bytes
+from batchrun.llm import build_engine, build_model
+from batchrun.models.llama import LlamaModel, ModelConfig
+from batchrun.models.quant import QuantizationError, check_checkpoint, cpu
+from batchrun.models.quant.checkpoint import Tensors
+from batchrun.models.quant.fp8_linear import Fp8WeightLinear
+from batchrun.models.quant.int4_linear import Int4WeightLinear
+from batchrun.models.quant.int8_linear import Int8Linear
+from batchrun.options.engine import EngineConfig
+from tests import quant_checkpoints as qc
+from tests.helpers import held_bytes
+from tests.parity import ParityReport, assert_greedy_match
+from tests.tiny_models import IdTokenizer, make_tiny
+
+CPU = torch.device("cpu")
+
+
+def _ct(fmt, weights, acts=None):
+    return {"quant_method": "compressed-tensors", "format": fmt, "ignore": ["lm_head"],
+            "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                          "input_activations": acts}}}
+
+
+INT4 = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}
+INT8 = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}
+FP8_CHANNEL = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"}
+TOKEN_INT8 = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True}
+# name: (quantization_config, packing of one float weight, the layer it loads as)
+CASES = {
+    "gptq-sym-g64": ({"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": True,
+                      "desc_act": False}, lambda w: qc.gptq(w, 64, sym=True, v2=False), Int4WeightLinear),
+    "gptq_v2-asym-channel": ({"quant_method": "gptq", "bits": 4, "group_size": -1, "sym": False,
+                              "desc_act": False, "checkpoint_format": "gptq_v2"},
+                             lambda w: qc.gptq(w, -1, sym=False, v2=True), Int4WeightLinear),
+    "gptq-act-order-g32": ({"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": False,
+                            "desc_act": True}, lambda w: qc.gptq(w, 32, sym=False, v2=False, act_order=True),
+                           Int4WeightLinear),
+    "awq-g32": ({"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True,
+                 "version": "gemm"}, lambda w: qc.awq(w, 32), Int4WeightLinear),
+    "ct-w4a16-asym": (_ct("pack-quantized", {**INT4, "symmetric": False}),
+                      lambda w: qc.ct_int4(w, 32, sym=False), Int4WeightLinear),
+    "ct-w4a16-sym": (_ct("pack-quantized", {**INT4, "symmetric": True}),
+                     lambda w: qc.ct_int4(w, 32, sym=True), Int4WeightLinear),
+    "ct-w8a8": (_ct("int-quantized", INT8, TOKEN_INT8), qc.ct_int8, Int8Linear),
+    "ct-fp8-channel": (_ct("float-quantized", FP8_CHANNEL),
+                       lambda w: qc.fp8(w, (1, w.shape[1]), "weight_scale"), Fp8WeightLinear),
+    "fp8-block": ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
+                  lambda w: qc.fp8(w, (128, 128), "weight_scale_inv"), Fp8WeightLinear),
+}
+
+
+def _fake_quant_rows(x: torch.Tensor) -> torch.Tensor:
+    """W8A8's dynamic activations: each row rounded to int8 steps of max|row| / 127."""
+    scale = x.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127
+    return torch.round(x / scale) * scale
+
+
+def _package_reference(config, stored):
+    """The compressed-tensors package's own decompression of one layer's tensors."""
+    from compressed_tensors.compressors.naive_quantized.base import (FloatQuantizationCompressor,
+                                                                      IntQuantizationCompressor)
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+
+    group = config["config_groups"]["group_0"]
+    scheme = QuantizationScheme(targets=["Linear"], weights=group["weights"],
+                                input_activations=group["input_activations"])
+    compressor = {"pack-quantized": PackedQuantizationCompressor, "int-quantized": IntQuantizationCompressor,
+                  "float-quantized": FloatQuantizationCompressor}[config["format"]]
+    tensors = {k: v if isinstance(v, torch.Tensor) else torch.from_numpy(v) for k, v in stored.items()}
+    return compressor.decompress(tensors, scheme)["weight"].float().numpy()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_layer_reads_as_its_formats_reference_dequantisation(case, tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu, "has_fast_bf16", lambda: False)  # float32 compute, as the reference
+    config, pack, cls = CASES[case]
+    w = np.random.default_rng(1).standard_normal((128, 256)).astype(np.float32)
+    stored, reference = pack(w)
+    from safetensors.torch import save_file
+
+    save_file({f"layer.{k}": v if isinstance(v, torch.Tensor) else torch.from_numpy(v)
+               for k, v in stored.items()}, tmp_path / "model.safetensors")
+    fmt = check_checkpoint(type("Cfg", (), {"quantization_config": config}))
+    read = fmt.module.read(Tensors(tmp_path), "layer", config)
+    layer = read.make(bias=None, **read.rows, **read.options)
+    assert type(layer) is cls
+    np.testing.assert_allclose(layer.dequantized_weight().numpy(), reference, rtol=0, atol=0)
+    if config["quant_method"] == "compressed-tensors":
+        np.testing.assert_allclose(reference, _package_reference(config, stored), rtol=1e-6, atol=0)
+    assert np.abs(reference - w).max() < 0.25 * np.abs(w).max()  # a quantization of w, not noise
+    x = torch.randn(5, 256)
+    expected = (_fake_quant_rows(x) if cls is Int8Linear else x) @ torch.from_numpy(reference).T
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-4)
+
+
+def _engine(path):
+    cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(path))
+    model = build_model(LlamaModel, cfg, path, CPU, torch.float32)
+    return build_engine(model, IdTokenizer(), EngineConfig.default(block_size=4), [2], CPU, torch.float32)
+
+
+@pytest.mark.parametrize("case", ["gptq-sym-g64", "gptq-act-order-g32", "awq-g32", "ct-w4a16-asym",
+                                  "ct-w8a8", "fp8-block"])  # the other cases' layers: per layer above
+def test_a_quantized_checkpoint_decodes_as_transformers_on_its_dequantised_weights(case, tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu, "has_fast_bf16", lambda: False)
+    config, pack, cls = CASES[case]
+    hf = make_tiny("qwen2" if case == "awq-g32" else "llama", tmp_path)
+    if case == "awq-g32":  # Qwen2's q/k/v biases, stored beside the quantized weights
+        for layer in hf.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.data.normal_(0, 0.5)
+        hf.save_pretrained(tmp_path)
+    reference = qc.quantize_checkpoint(tmp_path, pack, config)
+    engine = _engine(tmp_path)
+    model = engine.runner.model
+    for layer in model.layers:
+        assert all(type(m) is cls for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                            layer.mlp.gate_up_proj, layer.mlp.down_proj))
+    assert weights_bytes(ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path)), "float32") == \
+        held_bytes(model)
+
+    for prefix, weight in reference.items():  # transformers on the format's dequantised weights
+        linear = hf.get_submodule(prefix)
+        linear.weight.data = torch.from_numpy(weight)
+        if cls is Int8Linear:
+            linear.register_forward_pre_hook(lambda m, args: (_fake_quant_rows(args[0]),))
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 512, (n,), generator=gen).tolist() for n in (5, 17, 40)]
+    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    report = ParityReport()
+    for i, (prompt, out) in enumerate(zip(prompts, outs)):
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, output_logits=True,
+                          return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+        assert_greedy_match(out.outputs[0].token_ids, ref.sequences[0, len(prompt):].tolist(),
+                            [lg[0] for lg in ref.logits], f"{case}[{i}]", report)
+    assert report.compared == 3
+
+
+def _config(quantization_config):
+    return type("Cfg", (), {"quantization_config": quantization_config})
+
+
+@pytest.mark.parametrize("config, reason", [
+    ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "3-bit weights"),
+    ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"}, "'marlin'"),
+    ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "AWQ version 'gemv'"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quantized with 'bitsandbytes'"),
+    (_ct("pack-quantized", {**INT4, "symmetric": True}, TOKEN_INT8), "compressed-tensors 4-bit int"),
+    (_ct("nvfp4-pack-quantized", {"num_bits": 4, "type": "float"}), "nvfp4-pack-quantized"),
+    ({**_ct("int-quantized", INT8, TOKEN_INT8), "sparsity_config": {"format": "sparse-24"}}, "sparse"),
+])
+def test_a_variant_batchrun_cannot_run_is_refused_naming_it(config, reason):
+    with pytest.raises(QuantizationError, match=reason):
+        check_checkpoint(_config(config))
+
+
+def test_cuda_and_batch_invariance_on_a_quantized_checkpoint_are_refused(tmp_path):
+    config = CASES["awq-g32"][0]
+    with pytest.raises(QuantizationError, match="awq checkpoint's quantized layers run on the CPU only"):
+        check_checkpoint(_config(config), torch.device("cuda"))
+    make_tiny("llama", tmp_path)
+    qc.quantize_checkpoint(tmp_path, CASES["awq-g32"][1], config)
+    cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
+    with pytest.raises(QuantizationError, match=r"--batch-invariant does not cover .*\(awq int4"):
+        build_model(LlamaModel, cfg, tmp_path, CPU, torch.float32, batch_invariant=True)
+
+
+def test_fp8_requantized_to_int8_weight_stays_within_half_a_step(tmp_path):
+    from batchrun.models.quant.int8_linear import Int8WeightLinear
+
+    config, pack, _ = CASES["fp8-block"]
+    make_tiny("llama", tmp_path)
+    reference = qc.quantize_checkpoint(tmp_path, pack, config)
+    cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
+    model = build_model(LlamaModel, cfg, tmp_path, CPU, torch.float32, "int8-weight")
+    assert weights_bytes(cfg, "float32", quantization="int8-weight") == held_bytes(model)
+    down = model.layers[1].mlp.down_proj
+    assert isinstance(down, Int8WeightLinear)
+    fp8 = reference["model.layers.1.mlp.down_proj"]
+    step = down.w_scale[:, None].numpy()
+    assert (np.abs(down.dequantized_weight().numpy() - fp8) <= step / 2 + 1e-7).all()
+
+
+def test_a_g_idx_with_unequal_groups_is_refused(tmp_path):
+    config, pack, _ = CASES["gptq-sym-g64"]
+    make_tiny("llama", tmp_path)
+
+    def unequal(w):
+        tensors, reference = pack(w)
+        tensors["g_idx"] = np.where(np.arange(len(tensors["g_idx"])) == 0, 1, tensors["g_idx"]).astype(np.int32)
+        return tensors, reference
+
+    qc.quantize_checkpoint(tmp_path, unequal, {**config, "desc_act": True})
+    cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
+    with pytest.raises(QuantizationError, match="g_idx whose groups are not all 64 inputs wide"):
+        build_model(LlamaModel, cfg, tmp_path, CPU, torch.float32)
+
+
+def test_plan_reads_the_quantized_footprint_from_the_config(tmp_path):
+    make_tiny("llama", tmp_path)
+    float_bytes = weights_bytes(model_config_for(str(tmp_path)), "float32")
+    qc.quantize_checkpoint(tmp_path, CASES["gptq-sym-g64"][1], CASES["gptq-sym-g64"][0])
+    cfg = model_config_for(str(tmp_path))
+    h, inter, layers = 128, 256, 2  # make_tiny's: q 128, k/v 64 wide; int4 + fp32 scale, min per 64
+    linears = (256 * h + h * h + 2 * inter * h + h * inter) * layers
+    assert weights_bytes(cfg, "float32") == float_bytes - linears * 4 + linears // 2 + linears // 64 * 8
+
+
+def test_models_check_names_the_stored_format_or_why_it_is_refused(tmp_path):
+    from batchrun.models.transformers.check import check, describe
+
+    make_tiny("llama", tmp_path)
+    qc.quantize_checkpoint(tmp_path, CASES["ct-w8a8"][1], CASES["ct-w8a8"][0])
+    hf = AutoConfig.from_pretrained(tmp_path)
+    lines = describe("tiny", check(hf))
+    assert "stored quantized: compressed-tensors int8 weights and per-token activations (W8A8); " \
+        "its 14 linears hold 312.0 KiB (float32: 1.1 MiB), the rest float32; CPU only" in lines, lines
+    hf.quantization_config = {"quant_method": "gptq", "bits": 2}
+    report = check(hf)
+    assert report.impl == "refused" and "GPTQ with 2-bit weights" in report.reason
+
+
+def test_the_transformers_backend_refuses_a_quantized_checkpoint(tmp_path):
+    import json
+
+    from batchrun.llm import load_weights
+    from batchrun.models.transformers.support import UnsupportedModelError
+    from tests.tiny_models import BACKEND_ARCHS
+
+    make_tiny("olmo2", tmp_path, archs=BACKEND_ARCHS)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "quantization_config": CASES["awq-g32"][0]}))
+    with pytest.raises(UnsupportedModelError, match=r"stored quantized \(awq\); quantized checkpoints "
+                                                    "load on the native path only"):
+        load_weights(tmp_path, EngineConfig.default(device="cpu"), CPU, torch.float32)
