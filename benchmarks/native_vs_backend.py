@@ -7,7 +7,7 @@ one process, on a slice of the HumanEval chat workload.
     python benchmarks/native_vs_backend.py --families llama,gemma2,phi3,qwen3moe,olmo2 \
         --hf-static --limit 64 --max-tokens 32 --ignore-eos      # issue 25's table
 
-Each family is a random-weight checkpoint of a realistic small size (about 120-250M parameters,
+Each family is a random-weight checkpoint of a realistic small size (about 140-230M parameters,
 SmolLM2's tokenizer and chat template), built once under $BATCHRUN_CACHE/bench-models. Gemma 2's
 sliding layers get a 128-token window, so the HumanEval prompts (150-300 tokens) cross it and
 the windowed layers do real work. A family without a native model file (OLMo 2) runs on the
@@ -44,7 +44,7 @@ FAMILIES = {
         query_pre_attn_scalar=64, sliding_window=128, tie_word_embeddings=True)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
         sliding_window=2047, original_max_position_embeddings=4096, tie_word_embeddings=False)),
-    # 8 experts of 768, top 2: about 230M parameters, 55M of them active per token.
+    # 8 experts of 768, top 2: 227M parameters.
     "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=768, norm_topk_prob=True,
         tie_word_embeddings=True)),
