@@ -82,8 +82,9 @@ def cli_options(args) -> list[str]:
     return out
 
 
-def run_batchrun(loaded, work: Workload, label: str = "batchrun") -> Result:
-    """The engine in this process (engine.generate on the rendered prompts), step timers on."""
+def run_batchrun(loaded, work: Workload, label: str = "batchrun", ignore_eos: bool = False) -> Result:
+    """The engine in this process (engine.generate on the rendered prompts), step timers on;
+    ignore_eos: every request runs to its max_tokens (forced lengths)."""
     from batchrun.engine import SamplingParams
     from benchmarks import step_timers
 
@@ -93,7 +94,8 @@ def run_batchrun(loaded, work: Workload, label: str = "batchrun") -> Result:
         engine._bench_timed = True
     step_timers.reset()
     engine.kv.reset_prefix_cache()  # every system starts cold
-    params = [SamplingParams(temperature=0, max_tokens=m) for m in work.max_tokens]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=ignore_eos)
+              for m in work.max_tokens]
     before = engine.stats.cached_tokens, engine.stats.prompt_tokens, engine.stats.steps
     start = time.perf_counter()
     outs = engine.generate(work.prompts, params)
@@ -107,8 +109,10 @@ def run_batchrun(loaded, work: Workload, label: str = "batchrun") -> Result:
                   timers=dict(step_timers.SECONDS), steps=engine.stats.steps - before[2])
 
 
-def run_hf_static(hf_model, work: Workload, eos_id: int, batch_size: int = 32) -> Result:
-    """transformers generate on left-padded static batches, in input order."""
+def run_hf_static(hf_model, work: Workload, eos_id: int, batch_size: int = 32,
+                  ignore_eos: bool = False) -> Result:
+    """transformers generate on left-padded static batches, in input order; ignore_eos: each
+    batch runs to its longest max_tokens (min_new_tokens), each row cut to its own."""
     outputs: list[list[int]] = []
     start = time.perf_counter()
     for i in range(0, len(work.prompts), batch_size):
@@ -116,13 +120,16 @@ def run_hf_static(hf_model, work: Workload, eos_id: int, batch_size: int = 32) -
         width = max(map(len, batch))
         ids = torch.tensor([[eos_id] * (width - len(p)) + p for p in batch])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        longest = max(work.max_tokens[i:i + batch_size])
         with torch.inference_mode():
             out = hf_model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                                    max_new_tokens=max(work.max_tokens[i:i + batch_size]),
+                                    max_new_tokens=longest,
+                                    min_new_tokens=longest if ignore_eos else None,
                                     pad_token_id=eos_id, eos_token_id=eos_id)
         for row, limit in zip(out[:, width:].tolist(), work.max_tokens[i:i + batch_size]):
             row = row[:limit]
-            outputs.append(row[:row.index(eos_id) + 1] if eos_id in row else row)
+            outputs.append(row[:row.index(eos_id) + 1] if eos_id in row and not ignore_eos
+                           else row)
     seconds = time.perf_counter() - start
     return Result("hf-static-32", seconds, sum(map(len, work.prompts)),
                   sum(map(len, outputs)), outputs)

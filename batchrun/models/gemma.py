@@ -88,9 +88,11 @@ class DecoderLayer(llama.DecoderLayer):
         rope = ropes[self.layer_type]
         if not self.sandwich:
             return super().forward_fused(h, residual, rope, kv, meta)
-        attn = self.post_attention_layernorm(self.self_attn(h, rope, kv, meta))
+        attn = self.post_attention_layernorm.inplace_forward(self.self_attn(h, rope, kv, meta),
+                                                             rope.kernels)
         h = self.pre_feedforward_layernorm.add_forward(attn, residual, rope.kernels)
-        return self.post_feedforward_layernorm(self.mlp(h, rope.kernels))
+        return self.post_feedforward_layernorm.inplace_forward(self.mlp(h, rope.kernels),
+                                                               rope.kernels)
 
 
 class GemmaModel(llama.LlamaModel):
@@ -101,17 +103,24 @@ class GemmaModel(llama.LlamaModel):
         return MLP(cfg, activation="gelu_tanh")
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        return x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
+        x = self.embed_tokens(input_ids)  # a new tensor: scaled in place
+        return x.mul_(torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype))
 
     def step_rope(self, positions: torch.Tensor, dtype: torch.dtype) -> dict[str, StepRope]:
         return {t: StepRope(positions, table, dtype, self.cpu_kernels)
                 for t, table in self.rope.tables.items()}
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = super().compute_logits(hidden)
+        logits = super().compute_logits(hidden)  # float32, a new tensor: capped in place
         cap = self.config.final_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        if cap is None:
+            return logits
+        if self.cpu_kernels is not None and logits.is_contiguous():
+            n = logits.shape[-1]
+            self.cpu_kernels.softcap_inplace(logits.data_ptr(), logits.numel() // n, n, cap,
+                                             torch.get_num_threads())
+            return logits
+        return logits.div_(cap).tanh_().mul_(cap)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -138,6 +138,14 @@ class RMSNorm(nn.Module):
                                  residual.shape[1], self.eps, torch.get_num_threads())
         return out
 
+    def inplace_forward(self, x: torch.Tensor, cpu_kernels) -> torch.Tensor:
+        """x (contiguous float32, the CPU kernel's path) normed in place by the kernel: a norm
+        with no residual to add (Gemma 2's after attention and after the MLP)."""
+        x = x.contiguous()
+        cpu_kernels.add_rms_norm(None, x.data_ptr(), self.weight.data_ptr(), x.data_ptr(),
+                                 x.shape[0], x.shape[1], self.eps, torch.get_num_threads())
+        return x
+
 
 class Attention(nn.Module):
     """window: the layer's sliding window; scale (default head_dim**-0.5) and softcap: of the

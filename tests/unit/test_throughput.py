@@ -11,7 +11,7 @@ from batchrun.batch.estimate import run_store
 
 from batchrun.batch.estimate import throughput
 from batchrun.batch.estimate.run_store import load_last_run, save_run
-from batchrun.batch.estimate.calibrate import calibrate
+from batchrun.batch.estimate.calibrate import _bench_model, _NoTokenizer, _StepRecorder, calibrate
 from batchrun.batch.estimate.throughput import (Calibration, WorkloadShape, calibration_from_run,
                                        estimate_seconds, estimate_steps)
 from batchrun.options.engine import EngineConfig
@@ -45,8 +45,30 @@ def test_micro_benchmark_gives_positive_finite_coefficients(tiny_config):
     assert all(math.isfinite(c) and c >= 0 for c in coefs)
     assert cal.step_s > 0 and (cal.token_s > 0 or cal.sample_s > 0)
     assert cal.details["layers_timed"] == 2 and cal.details["depth"] == 4
+    assert cal.details["per_layer"][0] > 0  # the decoder layers' time was measured
     assert cal.source.startswith("micro-benchmark")
     assert estimate_seconds(shape(), cal, EngineConfig.default()) > 0
+
+
+def test_step_recorder_times_the_layers_on_the_fused_cpu_path(tiny_config):
+    """On the CPU kernels' float32 path the model calls each layer's forward_fused, not forward:
+    the recorder must time that too, or every step's layer time reads 0."""
+    import torch
+
+    from batchrun.engine.engine import Engine
+    from batchrun.engine.sampling_params import SamplingParams
+
+    model, _ = _bench_model(tiny_config, 2, torch.device("cpu"), torch.float32)
+    if model.cpu_kernels is None:
+        pytest.skip("no CPU kernels here: the model runs the plain forward")
+    config = EngineConfig.default(device="cpu")
+    engine = Engine(model, _NoTokenizer(), config, [], torch.device("cpu"), torch.float32, 64, 256)
+    recorder = _StepRecorder(engine)
+    engine.generate([[5, 6, 7, 8] * 4, [9, 10, 11]],
+                    SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert len(recorder.rows) >= 3  # a prefill step, then decodes
+    for *_, layer_s, step_s in recorder.rows:
+        assert 0 < layer_s <= step_s
 
 
 def test_calibration_respects_small_max_num_seqs(tiny_config):

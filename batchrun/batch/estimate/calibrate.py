@@ -163,16 +163,20 @@ class _StepRecorder:
         engine.step = timed_step
         model = runner.model
         for layer in getattr(model, "layers", None) or model.decoder.layers:
-            forward = layer.forward
+            # The CPU kernels' float32 path calls forward_fused in place of forward.
+            for name in ("forward", "forward_fused"):
+                if hasattr(layer, name):
+                    setattr(layer, name, self._timed(getattr(layer, name)))
 
-            def timed_forward(*args, _forward=forward, **kwargs):
-                start = time.perf_counter()
-                try:
-                    return _forward(*args, **kwargs)
-                finally:
-                    self._layer_s += time.perf_counter() - start
+    def _timed(self, forward):
+        def timed_forward(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self._layer_s += time.perf_counter() - start
 
-            layer.forward = timed_forward
+        return timed_forward
 
 
 def _robust_rows(groups: list[list[tuple]]) -> list[tuple]:
@@ -192,7 +196,9 @@ def _robust_rows(groups: list[list[tuple]]) -> list[tuple]:
 
 def _nonneg_fit(rows: list[list[float]], target: list[float]) -> list[float]:
     """Least squares with coefficients >= 0, relative residuals (each row weighted by 1/target):
-    the best of the non-negative unconstrained fits over subsets of the columns."""
+    the best of the non-negative unconstrained fits over the subsets of the columns that keep
+    column 0, the intercept. A step (and a layer) always costs something fixed; without that
+    column a noisy machine's fit can put all the time on the per-token terms, a 0 step cost."""
     import numpy as np
 
     a = np.asarray(rows, dtype=float)
@@ -200,9 +206,10 @@ def _nonneg_fit(rows: list[list[float]], target: list[float]) -> list[float]:
     w = 1.0 / np.maximum(y, 1e-6)
     a, y = a * w[:, None], y * w
     best, best_err = np.zeros(a.shape[1]), float(np.sum(y ** 2))
-    cols = range(a.shape[1])
-    for k in range(1, a.shape[1] + 1):
-        for subset in itertools.combinations(cols, k):
+    cols = range(1, a.shape[1])
+    for k in range(a.shape[1]):
+        for rest in itertools.combinations(cols, k):
+            subset = (0,) + rest
             sub = a[:, subset]
             coef, *_ = np.linalg.lstsq(sub, y, rcond=None)
             if np.any(coef < 0):

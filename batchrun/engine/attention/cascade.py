@@ -60,10 +60,11 @@ def decode_groups(kernel, tables: torch.Tensor, lens: torch.Tensor, block_size: 
 
 
 def plan_rows(kernel, table: torch.Tensor, starts: list[int], counts: list[int], num_decode: int,
-              block_size: int) -> tuple[KernelRows | None, list[bool]]:
+              block_size: int, every_chunk: bool = False) -> tuple[KernelRows | None, list[bool]]:
     """The kernel's rows for a step laid out as the runner does (decodes first, then chunks;
     request i has `table[i]`, starts[i] computed tokens and counts[i] scheduled), and for each
-    prefill chunk whether the kernel attends it."""
+    prefill chunk whether the kernel attends it: a chunk over a cached context, or with
+    every_chunk any chunk (a soft-capped layer's, which SDPA cannot attend)."""
     bs = block_size
     orders, group_starts, shareds = [], [], []
     total = sum(counts)
@@ -83,8 +84,8 @@ def plan_rows(kernel, table: torch.Tensor, starts: list[int], counts: list[int],
     row, ordered = num_decode, num_decode  # ordered: rows in `orders` so far
     for i in range(num_decode, len(counts)):
         c, n = starts[i], counts[i]
-        in_kernel.append(c > 0)
-        if c > 0:
+        in_kernel.append(c > 0 or every_chunk)
+        if in_kernel[-1]:
             j = np.arange(n)
             row_table[row:row + n] = i
             row_len[row:row + n] = c + j + 1

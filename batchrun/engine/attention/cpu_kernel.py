@@ -9,7 +9,9 @@ and every prefill chunk on SDPA. Chunks the kernel leaves go to chunks.py.
 A layer with a sliding window, logit soft-capping or attention sinks runs the same kernel (each
 row starts its walk where its window does, without shared-prefix grouping; a sink joins each
 row's softmax sum at the end); its decodes go through the grouped entry point even when the step
-has no groups.
+has no groups. A soft-capped or sink layer's fresh prefill chunks take the kernel too (in
+cascade mode): SDPA can neither cap scores nor add a sink, and the dense fallback
+(reference.attend) builds every [rows, context] score matrix in memory.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class CpuKernelMetadata(AttentionMetadata):
     prefills: list[PrefillChunk] = field(default_factory=list)
     same_length: list[tuple[int, int, int]] = field(default_factory=list)
     masked_rows: KernelRows | None = None  # the rows of windowed / soft-capped layers (lazily)
+    layout: StepLayout | None = None  # cascade mode: the step's, to plan every_chunk_rows from
+    every_chunk_rows: KernelRows | None = None  # the step's rows and all its chunks' (lazily)
 
     def rows_for_masked(self) -> KernelRows | None:
         """The kernel's rows for a layer with a window, soft-cap or sinks: the step's rows, or when
@@ -49,6 +53,19 @@ class CpuKernelMetadata(AttentionMetadata):
                 torch.arange(b, dtype=torch.int32), torch.arange(b + 1, dtype=torch.int32),
                 torch.zeros(b, dtype=torch.int32))
         return self.masked_rows
+
+    def rows_for_sdpa_misfits(self) -> tuple[KernelRows | None, bool]:
+        """The kernel rows of a layer SDPA cannot run (soft-capped, or with sinks), and whether
+        every prefill chunk is among them (cascade mode, where the step has chunks)."""
+        if self.layout is None or not self.prefills:
+            return self.rows_for_masked(), False
+        if all(chunk.in_kernel for chunk in self.prefills):
+            return self.rows, True
+        if self.every_chunk_rows is None:
+            lay = self.layout
+            self.every_chunk_rows = plan_rows(self.lib, lay.block_tables, lay.starts, lay.counts,
+                                              self.num_decode, lay.block_size, every_chunk=True)[0]
+        return self.every_chunk_rows, True
 
 
 def kernel_attention(lib, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -111,6 +128,7 @@ class CpuKernelBackend:
             meta.decode_lens = layout.context_lens[:b]
         in_kernel = None
         if self.cascade:
+            meta.layout = layout
             meta.rows, in_kernel = plan_rows(self.lib, layout.block_tables, layout.starts,
                                              layout.counts, b, layout.block_size)
         meta.prefills, meta.same_length = plan_prefills(layout, in_kernel)
@@ -122,8 +140,11 @@ class CpuKernelBackend:
                 window: int | None = None, softcap: float | None = None,
                 sinks: torch.Tensor | None = None) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.lib)
-        plain = window is None and not softcap and sinks is None
-        rows = meta.rows if plain else meta.rows_for_masked()
+        every_chunk = False
+        if softcap or sinks is not None:
+            rows, every_chunk = meta.rows_for_sdpa_misfits()
+        else:
+            rows = meta.rows if window is None else meta.rows_for_masked()
         if rows is not None:
             of = kernel_attention(meta.lib, q, k_cache, v_cache, rows, meta.block_size, scale,
                                   window, softcap, sinks)
@@ -134,7 +155,7 @@ class CpuKernelBackend:
             if b:
                 out[:b] = decode_attention(meta.lib, q[:b], k_cache, v_cache, meta.decode_tables,
                                            meta.decode_lens, meta.block_size, scale)
-        if meta.prefills:
+        if meta.prefills and not every_chunk:
             prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, meta.same_length,
                               scale, window, softcap, sinks)
         return out

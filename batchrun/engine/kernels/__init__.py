@@ -131,6 +131,7 @@ def _library(extra_flags: tuple[str, ...]):
         "silu_mul": (None, [p, p, i64, i64, i, i]),
         "gelu_tanh_mul": (None, [p, p, i64, i64, i, i]),
         "add_rms_norm": (None, [p] * 4 + [i64] * 2 + [f, i]),
+        "softcap_inplace": (None, [p, i64, i64, f, i]),
         "rope_inplace": (i, [p, p, p, p, i64, i64, i, i, i, i]),
         "kv_write": (None, [p] * 5 + [i64] * 3 + [i] * 2),
         "quantize_rows_int8": (None, [p] * 3 + [i64] * 2 + [i] * 2),

@@ -1,6 +1,6 @@
 // Fused elementwise ops of a decoder layer: SiLU-and-multiply, rotary embedding applied in place,
-// the residual add fused with the RMSNorm after it, and writing a step's K/V rows into the paged
-// cache. Each replaces several PyTorch ops (and
+// the residual add fused with the RMSNorm after it, logit soft-capping, and writing a step's K/V
+// rows into the paged cache. Each replaces several PyTorch ops (and
 // their temporaries) with one pass over the data. Tensors are float32 or bfloat16 (kind 0 / 2);
 // arithmetic is float32.
 #include <math.h>
@@ -116,6 +116,26 @@ void add_rms_norm(const float *x, float *res, const float *w, float *out, int64_
                   float eps, int threads) {
     const AddNorm a = {x, w, res, out, n, eps};
     parallel_rows(add_rms_norm_rows, &a, rows, n, threads);
+}
+
+// x[r, :n] = cap * tanh(x[r, :n] / cap) in place, float32: Gemma 2's final-logit soft-cap in one
+// pass over the [rows, vocab] logits (PyTorch's div, tanh and mul are three).
+typedef struct { float *x; int64_t n; float cap; } SoftCap;
+
+static void softcap_rows(const void *arg, int64_t first, int64_t last) {
+    const SoftCap *a = (const SoftCap *)arg;
+    const vf inv2 = vset1(2.f / a->cap), cap = vset1(a->cap);
+    for (int64_t r = first; r < last; r++) {
+        float *x = a->x + r * a->n;
+        int64_t i = 0;
+        for (; i + VW <= a->n; i += VW) vstore(x + i, vsoftcap(vload(x + i), inv2, cap));
+        for (; i < a->n; i++) x[i] = a->cap * tanhf(x[i] / a->cap);
+    }
+}
+
+void softcap_inplace(float *x, int64_t rows, int64_t n, float cap, int threads) {
+    const SoftCap a = {x, n, cap};
+    parallel_rows(softcap_rows, &a, rows, n, threads);
 }
 
 // Rotary embedding (rotate-half form) in place on the q and k heads of each row of a fused qkv

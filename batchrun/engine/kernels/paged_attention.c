@@ -120,14 +120,11 @@ SIMD_INLINE void add_values(const Job *j, float *const *acc, const float *p, int
     }
 }
 
-// x[0, n) = cap * tanh(x / cap), with tanh y = 1 - 2 / (e^2y + 1) (|y| clamped to 15, where
-// tanh is 1 in float32); n rounded up to whole vectors, x padded to them.
+// x[0, n) = cap * tanh(x / cap) (simd.h's vsoftcap); n rounded up to whole vectors, x padded
+// to them.
 SIMD_INLINE void soft_cap(float *x, int64_t n, float cap) {
-    const vf inv2 = vset1(2.f / cap), vcap = vset1(cap), one = vset1(1.f), two = vset1(2.f);
-    for (int64_t t = 0; t < n; t += VW) {
-        const vf y = vmax(vmin(vmul(vload(x + t), inv2), vset1(30.f)), vset1(-30.f));
-        vstore(x + t, vmul(vcap, vsub(one, vdiv(two, vadd(vexp(y), one)))));
-    }
+    const vf inv2 = vset1(2.f / cap), vcap = vset1(cap);
+    for (int64_t t = 0; t < n; t += VW) vstore(x + t, vsoftcap(vload(x + t), inv2, vcap));
 }
 
 // Fold a tile of nblk blocks into a row's state: block b's rows start at element row0[b] of the

@@ -172,3 +172,11 @@ SIMD_INLINE vf vexp(vf x) {
     y = vfma(y, vmul(x, x), vadd(x, vset1(1.f)));
     return vzero_below(in, vmul(y, vpow2i(n)), -87.0f);
 }
+
+// cap * tanh(x / cap) with inv2 = 2 / cap, as tanh y = 1 - 2 / (e^2y + 1) (2y clamped to +-30,
+// where tanh is +-1 in float32): Gemma 2's soft-capping of attention scores and logits.
+SIMD_INLINE vf vsoftcap(vf x, vf inv2, vf cap) {
+    const vf one = vset1(1.f);
+    const vf y = vmax(vmin(vmul(x, inv2), vset1(30.f)), vset1(-30.f));
+    return vmul(cap, vsub(one, vdiv(vset1(2.f), vadd(vexp(y), one))));
+}
