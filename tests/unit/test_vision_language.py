@@ -84,6 +84,14 @@ def test_greedy_tokens_match_generate(family):
 
     forward = model.forward
     model.forward = spy
+    planned = []
+    plan = CpuKernelMetadata.rows_seeing_ahead
+
+    def counted(meta):
+        planned.append(meta.visible_until)
+        return plan(meta)
+
+    CpuKernelMetadata.rows_seeing_ahead = counted
     try:
         done = run(loaded.engine, requests)
     finally:
@@ -134,7 +142,10 @@ def test_gemma3_image_tokens_attend_both_ways_and_are_never_split(tmp_path, smol
     """Gemma 3's image tokens see their whole image (transformers' token_type_ids mask): the
     step budget (12) would cut the image's span [10, 14), so the scheduler ends that chunk
     before the image and computes the image in one step; tokens and logprobs are
-    transformers'. (Its causal mask instead changes the logprobs: the check can fail.)"""
+    transformers'. (Its causal mask instead changes the logprobs: the check can fail.) With the
+    CPU kernels the image's step runs on them (every row in the kernel up to visible_until)."""
+    from batchrun.engine.attention.cpu_kernel import CpuKernelMetadata
+
     hf, _ = make_tiny_vlm("gemma3", tmp_path, smol_tokenizer)
     loaded = load_from_path(tmp_path, EngineConfig.default(
         block_size=4, max_num_batched_tokens=12, num_blocks=256, threads=1))
@@ -153,6 +164,14 @@ def test_gemma3_image_tokens_attend_both_ways_and_are_never_split(tmp_path, smol
 
     forward = model.forward
     model.forward = spy
+    planned = []
+    plan = CpuKernelMetadata.rows_seeing_ahead
+
+    def counted(meta):
+        planned.append(meta.visible_until)
+        return plan(meta)
+
+    CpuKernelMetadata.rows_seeing_ahead = counted
     try:
         engine.add_request("g", prompt, SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
                                                        logprobs=0), multimodal=mm)
@@ -162,6 +181,8 @@ def test_gemma3_image_tokens_attend_both_ways_and_are_never_split(tmp_path, smol
                     result = out.outputs[0]
     finally:
         del model.forward
+        CpuKernelMetadata.rows_seeing_ahead = plan
+    assert bool(planned) == (engine.runner.attention.name == "cpu-kernel")
     (first, end), = mm.spans
     assert (first, end) == (10, 14)
     assert chunks[:2] == [(0, 10), (10, 12)], chunks  # not (0, 12): the image stays whole

@@ -8,7 +8,9 @@ and every prefill chunk on SDPA. Chunks the kernel leaves go to chunks.py.
 
 A layer with a sliding window or logit soft-capping runs the same kernel (each row starts its walk
 where its window does, without shared-prefix grouping); its decodes go through the grouped entry
-point even when the step has no groups.
+point even when the step has no groups. A step whose metadata sets visible_until (an image's
+tokens attend both ways: Gemma 3) puts every row in the kernel, each row's walk ending at
+max(its position + 1, visible_until); a window is still measured from the row's own position.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import ClassVar
 import torch
 
 from batchrun.engine.attention.base import AttentionMetadata, BackendEnv, StepLayout
-from batchrun.engine.attention.cascade import KernelRows, plan_rows, supported
+from batchrun.engine.attention.cascade import (KernelRows, plan_rows, plan_seeing_ahead,
+                                               supported)
 from batchrun.engine.attention.chunks import PrefillChunk, plan_prefills, prefill_attention
 from batchrun.engine.attention.kv_write import write_kv
 from batchrun.engine.kernels import kind
@@ -35,6 +38,16 @@ class CpuKernelMetadata(AttentionMetadata):
     prefills: list[PrefillChunk] = field(default_factory=list)
     same_length: list[tuple[int, int, int]] = field(default_factory=list)
     masked_rows: KernelRows | None = None  # the rows of windowed / soft-capped layers (lazily)
+    ahead_rows: KernelRows | None = None  # every row, when visible_until is set (lazily)
+
+    def rows_seeing_ahead(self) -> KernelRows:
+        """Every row of the step in the kernel, each up to its visible_until (an image's rows
+        see their whole image): built once per step, every layer reads it."""
+        if self.ahead_rows is None:
+            self.ahead_rows = plan_seeing_ahead(self.block_tables, self.query_start,
+                                                self.context_lens, self.visible_until,
+                                                self.block_size)
+        return self.ahead_rows
 
     def rows_for_masked(self) -> KernelRows | None:
         """The kernel's rows for a layer with a window or soft-cap: the step's rows, or when
@@ -58,7 +71,8 @@ def kernel_attention(lib, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     `window` positions only; softcap: scores become softcap * tanh(score / softcap)."""
     qf = q.float().contiguous()  # the kernel computes in float32 whatever the model's dtype
     of = torch.empty_like(qf)
-    first = None if window is None else (rows.row_len - window).clamp_(min=0)
+    causal = rows.row_len if rows.causal_len is None else rows.causal_len
+    first = None if window is None else (causal - window).clamp_(min=0)
     rc = lib.paged_attention_masked(
         qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), rows.tables.data_ptr(),
         rows.tables.shape[1], rows.row_table.data_ptr(), rows.row_len.data_ptr(), of.data_ptr(),
@@ -86,6 +100,7 @@ def decode_attention(lib, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
 class CpuKernelBackend:
     name: ClassVar[str] = "cpu-kernel"
     metadata_type: ClassVar[type] = CpuKernelMetadata
+    sees_ahead: ClassVar[bool] = True  # forward honours meta.visible_until
 
     def __init__(self, lib, cascade: bool = True):
         self.lib = lib
@@ -116,6 +131,10 @@ class CpuKernelBackend:
                 v_cache: torch.Tensor, meta: CpuKernelMetadata, scale: float,
                 window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.lib)
+        if meta.visible_until is not None:  # every row in the kernel, none to SDPA
+            of = kernel_attention(meta.lib, q, k_cache, v_cache, meta.rows_seeing_ahead(),
+                                  meta.block_size, scale, window, softcap)
+            return of if of.dtype == q.dtype else of.to(q.dtype)
         rows = meta.rows if window is None and not softcap else meta.rows_for_masked()
         if rows is not None:
             of = kernel_attention(meta.lib, q, k_cache, v_cache, rows, meta.block_size, scale,
