@@ -84,14 +84,6 @@ def test_greedy_tokens_match_generate(family):
 
     forward = model.forward
     model.forward = spy
-    planned = []
-    plan = CpuKernelMetadata.rows_seeing_ahead
-
-    def counted(meta):
-        planned.append(meta.visible_until)
-        return plan(meta)
-
-    CpuKernelMetadata.rows_seeing_ahead = counted
     try:
         done = run(loaded.engine, requests)
     finally:
@@ -138,7 +130,8 @@ def test_vision_language_families_it_cannot_run_are_refused_with_the_reason():
         choose(transformers.PaliGemmaConfig(), "auto")
 
 
-def test_gemma3_image_tokens_attend_both_ways_and_are_never_split(tmp_path, smol_tokenizer):
+def test_gemma3_image_tokens_attend_both_ways_and_are_never_split(tmp_path, smol_tokenizer,
+                                                                  monkeypatch):
     """Gemma 3's image tokens see their whole image (transformers' token_type_ids mask): the
     step budget (12) would cut the image's span [10, 14), so the scheduler ends that chunk
     before the image and computes the image in one step; tokens and logprobs are
@@ -166,12 +159,8 @@ def test_gemma3_image_tokens_attend_both_ways_and_are_never_split(tmp_path, smol
     model.forward = spy
     planned = []
     plan = CpuKernelMetadata.rows_seeing_ahead
-
-    def counted(meta):
-        planned.append(meta.visible_until)
-        return plan(meta)
-
-    CpuKernelMetadata.rows_seeing_ahead = counted
+    monkeypatch.setattr(CpuKernelMetadata, "rows_seeing_ahead",
+                        lambda meta: planned.append(meta) or plan(meta))
     try:
         engine.add_request("g", prompt, SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
                                                        logprobs=0), multimodal=mm)
@@ -181,7 +170,6 @@ def test_gemma3_image_tokens_attend_both_ways_and_are_never_split(tmp_path, smol
                     result = out.outputs[0]
     finally:
         del model.forward
-        CpuKernelMetadata.rows_seeing_ahead = plan
     assert bool(planned) == (engine.runner.attention.name == "cpu-kernel")
     (first, end), = mm.spans
     assert (first, end) == (10, 14)
