@@ -10,7 +10,7 @@ Models (random weights, the bundled tokenizer plus the family's image tokens):
 - smolvlm: SmolVLM-256M's decoder as it ships (SmolLM2-135M's shape: 30 layers, 576 wide, 9
   heads / 3 KV heads, MLP 1536), a SigLIP-shaped tower cut to 4 layers of 384 on 256-px images
   (16-px patches, pixel shuffle 2: 64 image tokens per image, as SmolVLM's 512-px tiles give).
-- qwen2_vl: Qwen2-VL with a 12-layer 768-wide decoder (~150M without embeddings) and a 4-block
+- qwen2_vl: Qwen2-VL with a 24-layer 768-wide decoder (~150M without embeddings) and a 4-block
   vision tower; images of a few sizes give 12-64 image tokens each.
 The vision towers are cut down because on a shared 2-core machine a full SigLIP-base costs
 seconds per image in both systems alike (the same transformers module runs in each).
@@ -79,7 +79,7 @@ def qwen2_vl_config(tok, ids):
     from tests import tiny_vlms
 
     text = dict(tiny_vlms.TEXT, vocab_size=len(tok), hidden_size=768, intermediate_size=2048,
-                num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
+                num_hidden_layers=24, num_attention_heads=12, num_key_value_heads=4,
                 initializer_range=0.02,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "mrope_section": [8, 12, 12]})
@@ -110,9 +110,8 @@ def build_model(family: str, path: Path):
     model = t.AutoModelForImageTextToText.from_config(cfg).eval()
     model.save_pretrained(path)
     tiny_vlms.save_processor(processor, path)
-    decoder = sum(p.numel() for n, p in model.named_parameters() if "vision" not in n)
-    vision = sum(p.numel() for n, p in model.named_parameters() if "vision" in n)
-    return model, processor, (decoder, vision)
+    tower = [p.numel() for n, p in model.named_parameters() if "vision" in n or "visual" in n]
+    return model, processor, (model.num_parameters() - sum(tower), sum(tower))
 
 
 def caption_lengths(n: int, seed: int = 0) -> list[int]:
@@ -213,7 +212,8 @@ def main() -> None:
                             EngineConfig.default(threads=torch.get_num_threads()))
     print(f"CPU: {cpu_name()}; torch threads: {torch.get_num_threads()}; load average "
           f"{os.getloadavg()[0]:.2f} at start")
-    print(f"{args.family}: decoder {decoder / 1e6:.0f}M params (embeddings included), vision "
+    print(f"{args.family}: decoder {decoder / 1e6:.0f}M params (embeddings and connector "
+          f"included), vision "
           f"{vision / 1e6:.0f}M; {args.lines} lines, max_tokens 16..96 per line (mean "
           f"{statistics.mean(lengths):.0f}), image server delay {args.delay * 1000:.0f} ms")
     ours, theirs, waits = [], [], []
