@@ -159,10 +159,14 @@ def test_a_killed_driver_resumes_from_its_commits(tmp_path):
     assert [r["custom_id"] for r in records(out)] == [f"r{i}" for i in range(300)]
 
 
-def test_image_lines_on_two_replicas_give_the_single_process_output(tmp_path, smol_tokenizer):
+# Gemma 3: its image rows attend both ways (visible_until travels with the request); SmolVLM
+# renders like LLaVA and is left to test_vision_batch's serve test (a Ray case costs ~20-50 s).
+@pytest.mark.parametrize("family,replicas", [("llava", 2), ("gemma3", 1)])
+def test_image_lines_on_replicas_give_the_single_process_output(tmp_path, smol_tokenizer,
+                                                                family, replicas):
     """The driver fetches and renders the images; the processor's tensors travel with each
-    request to the replica that runs it (a tiny random LLaVA, data: URLs of several sizes, a
-    repeated image, two images in one line, a broken image failing alone)."""
+    request to the replica that runs it (tiny random LLaVA on two replicas, Gemma 3 on one; data: URLs of several sizes, a repeated image, two images in one line, a broken
+    image failing alone)."""
     import base64
     import io
 
@@ -170,8 +174,8 @@ def test_image_lines_on_two_replicas_give_the_single_process_output(tmp_path, sm
     from batchrun.footprint import tokenizer_model
     from tests.tiny_vlms import image, make_tiny_vlm
 
-    path = tmp_path / "llava"
-    make_tiny_vlm("llava", path, smol_tokenizer)
+    path = tmp_path / family
+    make_tiny_vlm(family, path, smol_tokenizer)
 
     def data_url(img):
         out = io.BytesIO()
@@ -191,7 +195,8 @@ def test_image_lines_on_two_replicas_give_the_single_process_output(tmp_path, sm
     config = EngineConfig.default(block_size=4, num_blocks=512, threads=1)
     local = run_batch(llm.load(str(path), config),
                       job_plan(input=str(src), output=str(tmp_path / "local.jsonl")))
-    client = RayEngineClient(OPTIONS, llm.load, str(path), config)
+    options = OPTIONS if replicas == 2 else RayOptions(ray=True, replicas=1, cpus_per_replica=1)
+    client = RayEngineClient(options, llm.load, str(path), config)
     try:
         model = RayModel(client, tokenizer_model(str(path)))
         remote = run_batch(model, job_plan(input=str(src), output=str(tmp_path / "ray.jsonl")))

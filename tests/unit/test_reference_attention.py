@@ -137,23 +137,32 @@ def test_every_backend_matches_the_reference(name, backend, device, shape, mask)
     assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
 
 
-@pytest.mark.parametrize("extra", ["none", "sliding_window"])
-def test_rows_of_an_image_see_the_whole_image(extra):
+@pytest.mark.parametrize("extra", ["none", "sliding_window", "window+softcap"])
+@pytest.mark.parametrize("name,backend,device", [("reference", None, "cpu")] + backends(),
+                         ids=["reference"] + [b[0] for b in backends()])
+def test_rows_of_an_image_see_the_whole_image(extra, name, backend, device):
     """meta.visible_until: the rows of an image span (tokens [8, 11) of the chunk over a cached
     context, [1, 4) of a fresh prompt) see every key of their image; other rows stay causal.
-    The window (3) is as long as the images, as the model's is at least an image long."""
-    q, k, v, kc, vc, history, layout = problem()
-    meta = SdpaBackend(torch.float32).build(layout)
+    The window (3) is as long as the images, as the model's is at least an image long.
+    reference_attention, and paged_attention on each backend (the CPU kernels read it; the
+    others hand such steps to the reference)."""
+    q, k, v, kc, vc, history, layout = problem(device)
+    meta = (backend or SdpaBackend(torch.float32)).build(layout)
     until = [0] * q.shape[0]
     first_row = {i: sum(n for _, n in SEQS[:i]) for i in range(len(SEQS))}
     for seq, (a, b) in ((2, (8, 11)), (3, (1, 4))):
         c = SEQS[seq][0]
         for p in range(a, b):
             until[first_row[seq] + p - c] = b
-    meta.visible_until = torch.tensor(until)
-    kw = EXTRAS[extra]
-    got = reference_attention(q, k, v, kc, vc, meta, D ** -0.5, **kw)
-    expected = plain(q, k, v, history, D ** -0.5, kw.get("sliding_window"), until=until)
-    torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
-    causal = plain(q, k, v, history, D ** -0.5, kw.get("sliding_window"))
-    assert not torch.allclose(got.double(), causal, atol=1e-3)
+    meta.visible_until = torch.tensor(until, device=device)
+    window = 3 if extra != "none" else None
+    softcap = 1.0 if "softcap" in extra else None
+    if backend is None:
+        got = reference_attention(q, k, v, kc, vc, meta, D ** -0.5, sliding_window=window,
+                                  softcap=softcap)
+    else:
+        got = paged_attention(q, k, v, kc, vc, meta, D ** -0.5, window=window, softcap=softcap)
+    expected = plain(q.cpu(), k.cpu(), v.cpu(), history, D ** -0.5, window, softcap, until=until)
+    torch.testing.assert_close(got.cpu().double(), expected, atol=1e-5, rtol=1e-5)
+    causal = plain(q.cpu(), k.cpu(), v.cpu(), history, D ** -0.5, window, softcap)
+    assert not torch.allclose(got.cpu().double(), causal, atol=1e-3)

@@ -179,11 +179,10 @@ def test_windowed_and_sink_layers_take_the_engine_kernels_with_their_window(tmp_
                                                                           monkeypatch):
     from batchrun.models.transformers import attention
 
-    calls = []
-    for name in ("paged_attention", "reference_attention"):
-        real = getattr(attention, name)
-        monkeypatch.setattr(attention, name, lambda *a, _f=real, _n=name, **k: (
-            calls.append((_n, k.get("window", k.get("sliding_window")))), _f(*a, **k))[1])
+    calls = []  # every layer goes through paged_attention (no reference_attention is imported)
+    real = attention.paged_attention
+    monkeypatch.setattr(attention, "paged_attention", lambda *a, **k: (
+        calls.append(("paged_attention", k.get("window"))), real(*a, **k))[1])
     _, engine = backend_engine("gemma3_text", tmp_path / "g")  # layer 0: a window of 8; 1 full
     calls.clear()
     engine.generate([list(range(3, 8))], SamplingParams(max_tokens=1))

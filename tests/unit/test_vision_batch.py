@@ -267,6 +267,26 @@ def test_serve_answers_the_openai_clients_image_messages(vlm, http_base, tmp_pat
         assert error_of(bad)["param"] == "messages.0.content.1.image_url.url"
 
 
+@pytest.mark.parametrize("family", ["gemma3", "smolvlm"])
+def test_serve_answers_image_messages_for_gemma3_and_smolvlm(family, tmp_path, smol_tokenizer):
+    """The official client's image message through `serve` on Gemma 3 (image tokens that attend
+    both ways) and SmolVLM (tiles around the image): transformers' text and prompt tokens."""
+    from tests.server.conftest import serve
+
+    hf, processor = make_tiny_vlm(family, tmp_path / family, smol_tokenizer)
+    loaded = load_from_path(tmp_path / family,
+                            EngineConfig.default(block_size=4, num_blocks=512, threads=1))
+    with serve(loaded, tmp_path / "server") as running:
+        reply = running.client().chat.completions.create(
+            model=loaded.name, max_tokens=MAX_TOKENS, temperature=0, messages=[{
+                "role": "user", "content": [
+                    {"type": "text", "text": "What is in the picture?"},
+                    {"type": "image_url", "image_url": {"url": data_url(BLUE)}}]}])
+    text, prompt_tokens = expected(hf, processor, [BLUE])
+    assert reply.choices[0].message.content == text
+    assert reply.usage.prompt_tokens == prompt_tokens
+
+
 def test_prefetch_queues_images_ahead_and_says_when_the_next_line_is_ready():
     from concurrent.futures import Future
 

@@ -130,11 +130,15 @@ def test_vision_language_families_it_cannot_run_are_refused_with_the_reason():
         choose(transformers.PaliGemmaConfig(), "auto")
 
 
-def test_gemma3_image_tokens_attend_both_ways_and_are_never_split(tmp_path, smol_tokenizer):
+def test_gemma3_image_tokens_attend_both_ways_and_are_never_split(tmp_path, smol_tokenizer,
+                                                                  monkeypatch):
     """Gemma 3's image tokens see their whole image (transformers' token_type_ids mask): the
     step budget (12) would cut the image's span [10, 14), so the scheduler ends that chunk
     before the image and computes the image in one step; tokens and logprobs are
-    transformers'. (Its causal mask instead changes the logprobs: the check can fail.)"""
+    transformers'. (Its causal mask instead changes the logprobs: the check can fail.) With the
+    CPU kernels the image's step runs on them (every row in the kernel up to visible_until)."""
+    from batchrun.engine.attention.cpu_kernel import CpuKernelMetadata
+
     hf, _ = make_tiny_vlm("gemma3", tmp_path, smol_tokenizer)
     loaded = load_from_path(tmp_path, EngineConfig.default(
         block_size=4, max_num_batched_tokens=12, num_blocks=256, threads=1))
@@ -153,6 +157,10 @@ def test_gemma3_image_tokens_attend_both_ways_and_are_never_split(tmp_path, smol
 
     forward = model.forward
     model.forward = spy
+    planned = []
+    plan = CpuKernelMetadata.rows_seeing_ahead
+    monkeypatch.setattr(CpuKernelMetadata, "rows_seeing_ahead",
+                        lambda meta: planned.append(meta) or plan(meta))
     try:
         engine.add_request("g", prompt, SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
                                                        logprobs=0), multimodal=mm)
@@ -162,6 +170,7 @@ def test_gemma3_image_tokens_attend_both_ways_and_are_never_split(tmp_path, smol
                     result = out.outputs[0]
     finally:
         del model.forward
+    assert bool(planned) == (engine.runner.attention.name == "cpu-kernel")
     (first, end), = mm.spans
     assert (first, end) == (10, 14)
     assert chunks[:2] == [(0, 10), (10, 12)], chunks  # not (0, 12): the image stays whole

@@ -81,7 +81,8 @@ class AttentionMetadata:
     positions: torch.Tensor  # [T]
     # [T] or None: a row also sees the keys of its sequence before position visible_until[row]
     # (0: none past its own position). The model sets it for image tokens that attend to each
-    # other both ways (Gemma 3); only the reference path (reference.py) reads it.
+    # other both ways (Gemma 3); the CPU kernels and the reference path (reference.py) read it,
+    # paged_attention sends other backends' steps with it to the reference.
     visible_until: torch.Tensor | None = field(default=None, kw_only=True)
 
 

@@ -29,6 +29,9 @@ class KernelRows:
     order: torch.Tensor  # [rows in groups] int32
     group_start: torch.Tensor  # [groups + 1] int32
     group_shared: torch.Tensor  # [groups] int32
+    # [T] int64 or None (= row_len): where each row's causal context ends, which a sliding window
+    # is measured from when row_len reaches past it (rows that see ahead: plan_seeing_ahead)
+    causal_len: torch.Tensor | None = None
 
     @property
     def groups(self) -> int:
@@ -102,3 +105,25 @@ def plan_rows(kernel, table: torch.Tensor, starts: list[int], counts: list[int],
     return KernelRows(table, torch.from_numpy(row_table), torch.from_numpy(row_len),
                       torch.from_numpy(order), torch.from_numpy(group_start),
                       torch.from_numpy(np.concatenate(shareds))), in_kernel
+
+
+def plan_seeing_ahead(table: torch.Tensor, query_start: torch.Tensor, context_lens: torch.Tensor,
+                      until: torch.Tensor, block_size: int) -> KernelRows:
+    """Every row of a step in the kernel, where row r also sees the keys of its sequence before
+    position until[r] (AttentionMetadata.visible_until: an image's tokens attend both ways within
+    the image, the whole image in this step): its row_len is max(position + 1, until[r]).
+    Rows are grouped in tiles of TILE consecutive rows of one sequence that share the blocks
+    every row of the tile sees."""
+    starts = query_start.cpu().numpy()
+    counts = np.diff(starts)
+    seq = np.repeat(np.arange(len(counts)), counts)
+    causal = (context_lens.cpu().numpy() - counts)[seq] + np.arange(starts[-1]) - starts[seq] + 1
+    row_len = np.maximum(causal, until.cpu().numpy())
+    group_start = np.concatenate([s + np.arange(0, n, TILE) for s, n in zip(starts, counts)]
+                                 + [starts[-1:]]).astype(np.int32)
+    shared = np.minimum.reduceat(row_len, group_start[:-1]) // block_size
+    return KernelRows(table, torch.from_numpy(seq.astype(np.int64)),
+                      torch.from_numpy(row_len.astype(np.int64)),
+                      torch.arange(starts[-1], dtype=torch.int32), torch.from_numpy(group_start),
+                      torch.from_numpy(shared.astype(np.int32)),
+                      torch.from_numpy(causal.astype(np.int64)))

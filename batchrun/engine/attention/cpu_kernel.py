@@ -12,6 +12,9 @@ row's softmax sum at the end); its decodes go through the grouped entry point ev
 has no groups. A soft-capped or sink layer's fresh prefill chunks take the kernel too (in
 cascade mode): SDPA can neither cap scores nor add a sink, and the dense fallback
 (reference.attend) builds every [rows, context] score matrix in memory.
+A step whose metadata sets visible_until (an image's tokens attend both ways: Gemma 3) puts
+every row in the kernel, each row's walk ending at max(its position + 1, visible_until); a window
+is still measured from the row's own position.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from typing import ClassVar
 import torch
 
 from batchrun.engine.attention.base import AttentionMetadata, BackendEnv, StepLayout
-from batchrun.engine.attention.cascade import KernelRows, plan_rows, supported
+from batchrun.engine.attention.cascade import (KernelRows, plan_rows, plan_seeing_ahead,
+                                               supported)
 from batchrun.engine.attention.chunks import PrefillChunk, plan_prefills, prefill_attention
 from batchrun.engine.attention.kv_write import write_kv
 from batchrun.engine.kernels import kind
@@ -40,6 +44,16 @@ class CpuKernelMetadata(AttentionMetadata):
     masked_rows: KernelRows | None = None  # the rows of windowed / soft-capped layers (lazily)
     layout: StepLayout | None = None  # cascade mode: the step's, to plan every_chunk_rows from
     every_chunk_rows: KernelRows | None = None  # the step's rows and all its chunks' (lazily)
+    ahead_rows: KernelRows | None = None  # every row, when visible_until is set (lazily)
+
+    def rows_seeing_ahead(self) -> KernelRows:
+        """Every row of the step in the kernel, each up to its visible_until (an image's rows
+        see their whole image): built once per step, every layer reads it."""
+        if self.ahead_rows is None:
+            self.ahead_rows = plan_seeing_ahead(self.block_tables, self.query_start,
+                                                self.context_lens, self.visible_until,
+                                                self.block_size)
+        return self.ahead_rows
 
     def rows_for_masked(self) -> KernelRows | None:
         """The kernel's rows for a layer with a window, soft-cap or sinks: the step's rows, or when
@@ -78,7 +92,8 @@ def kernel_attention(lib, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     a logit per head that joins the softmax's denominator only."""
     qf = q.float().contiguous()  # the kernel computes in float32 whatever the model's dtype
     of = torch.empty_like(qf)
-    first = None if window is None else (rows.row_len - window).clamp_(min=0)
+    causal = rows.row_len if rows.causal_len is None else rows.causal_len
+    first = None if window is None else (causal - window).clamp_(min=0)
     sinks = None if sinks is None else sinks.detach().float().contiguous()
     rc = lib.paged_attention_masked(
         qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), rows.tables.data_ptr(),
@@ -108,6 +123,7 @@ def decode_attention(lib, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
 class CpuKernelBackend:
     name: ClassVar[str] = "cpu-kernel"
     metadata_type: ClassVar[type] = CpuKernelMetadata
+    sees_ahead: ClassVar[bool] = True  # forward honours meta.visible_until
 
     def __init__(self, lib, cascade: bool = True):
         self.lib = lib
@@ -140,6 +156,10 @@ class CpuKernelBackend:
                 window: int | None = None, softcap: float | None = None,
                 sinks: torch.Tensor | None = None) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.lib)
+        if meta.visible_until is not None:  # every row in the kernel, none to SDPA
+            of = kernel_attention(meta.lib, q, k_cache, v_cache, meta.rows_seeing_ahead(),
+                                  meta.block_size, scale, window, softcap, sinks)
+            return of if of.dtype == q.dtype else of.to(q.dtype)
         every_chunk = False
         if softcap or sinks is not None:
             rows, every_chunk = meta.rows_for_sdpa_misfits()

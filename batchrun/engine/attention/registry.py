@@ -10,12 +10,16 @@ from batchrun.engine.attention.base import AttentionBackend, AttentionMetadata, 
 from batchrun.engine.attention.cpu_kernel import CpuKernelBackend
 from batchrun.engine.attention.cuda_triton import TritonBackend
 from batchrun.engine.attention.invariant import InvariantBackend
+from batchrun.engine.attention.reference import reference_attention
 from batchrun.engine.attention.sdpa import SdpaBackend
 
 BACKENDS: tuple[type, ...] = (InvariantBackend, TritonBackend, CpuKernelBackend, SdpaBackend)
 
 # Each metadata type's forward: what paged_attention dispatches on.
 _FORWARD = {backend.metadata_type: backend.forward for backend in BACKENDS}
+# The metadata types whose forward reads visible_until; the others' steps with it go to the
+# reference attention.
+_SEES_AHEAD = {b.metadata_type for b in BACKENDS if getattr(b, "sees_ahead", False)}
 
 
 def select_backend(env: BackendEnv) -> AttentionBackend:
@@ -34,7 +38,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     into k_cache/v_cache at meta.slot_mapping); returns [T, H, D]. Runs the backend whose
     builder made `meta`. window: the layer's sliding window (a row at position p sees
     positions p - window < j <= p); softcap: scores become softcap * tanh(score / softcap);
-    sinks [H]: a learned logit per head that joins the softmax's denominator only (GPT-OSS)."""
+    sinks [H]: a learned logit per head that joins the softmax's denominator only (GPT-OSS).
+    meta.visible_until set: rows also see later keys of their sequence before it."""
+    if meta.visible_until is not None and type(meta) not in _SEES_AHEAD:
+        return reference_attention(q, k, v, k_cache, v_cache, meta, scale,
+                                   sliding_window=window, softcap=softcap, sinks=sinks)
     if window is None and not softcap and sinks is None:
         return _FORWARD[type(meta)](q, k, v, k_cache, v_cache, meta, scale)
     return _FORWARD[type(meta)](q, k, v, k_cache, v_cache, meta, scale, window, softcap, sinks)

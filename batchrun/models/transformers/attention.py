@@ -5,8 +5,8 @@ The step's KV caches and metadata are not arguments transformers passes along, s
 forward sets them for the duration of the call (`step`); with several KV groups (a model of
 full and sliding-window layers) each layer reads its group's metadata. Layers go through the
 engine's `paged_attention` (the C kernels on the CPU), sliding-window, soft-capped and
-attention-sink ones included; steps whose image tokens attend both ways within an image (the
-metadata's visible_until) through `reference_attention`. Key and value head dims that
+attention-sink ones included, and steps whose image tokens attend both ways within an image
+(the metadata's visible_until, which the C kernels read). Key and value head dims that
 differ (MLA: DeepSeek-V2) are stored zero-padded to the wider one, and the output cut back.
 """
 
@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 
 from batchrun.engine.attention import layer_metadata, paged_attention
-from batchrun.engine.attention import reference_attention
 from batchrun.models.transformers.support import UnsupportedModelError
 
 NAME = "batchrun"
@@ -82,13 +81,8 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
     k_cache, v_cache = current.kv_caches[layer]
     meta = layer_metadata(current.meta, layer)
     window = sliding_window if sliding_window and sliding_window < current.max_context else None
-    both_ways = meta.visible_until is not None  # image rows
-    if both_ways:
-        out = reference_attention(q, k, v, k_cache, v_cache, meta, scale,
-                                  sliding_window=window, softcap=softcap, sinks=s_aux)
-    else:
-        out = paged_attention(q.contiguous(), k, v, k_cache, v_cache, meta, scale,
-                              window=window, softcap=softcap or None, sinks=s_aux)
+    out = paged_attention(q.contiguous(), k, v, k_cache, v_cache, meta, scale,
+                          window=window, softcap=softcap or None, sinks=s_aux)
     return out[..., :dv].unsqueeze(0), None
 
 
