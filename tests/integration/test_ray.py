@@ -165,7 +165,8 @@ def test_a_killed_driver_resumes_from_its_commits(tmp_path):
 def test_image_lines_on_replicas_give_the_single_process_output(tmp_path, smol_tokenizer,
                                                                 family, replicas):
     """The driver fetches and renders the images; the processor's tensors travel with each
-    request to the replica that runs it (tiny random LLaVA on two replicas, Gemma 3 on one; data: URLs of several sizes, a repeated image, two images in one line, a broken
+    request to the replica that runs it (tiny random LLaVA on two replicas, Gemma 3 on one;
+    data: URLs of several sizes, a repeated image, two images in one line, a broken
     image failing alone)."""
     import base64
     import io
