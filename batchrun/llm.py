@@ -241,7 +241,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
         model.rope = type(model.rope)(model_cfg).to(device)
 
     in_gguf: set[str] = set()  # tensors a GGUF checkpoint's quantized layers already hold
-    if quantization != "none":
+    if quantization not in ("none", "int8"):  # int8 calibrates on the float model: below
         from batchrun.models.quant import gguf as quant_gguf
 
         source = quant_gguf.source_of(path)
@@ -261,6 +261,11 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
                     yield key, tensor
 
     model.load_weights(tensors())
+    if quantization == "int8":
+        from batchrun.models.quant.smoothquant import prepare_int8
+
+        prepare_int8(model, [Path(f) for f in files], path)
+        phases.mark("int8 calibration (cached after the first load)")
     pack_float = device.type == "cpu" and packed_linear.available(dtype)
     if pack_float or quantization != "none" or batch_invariant:
         if model.lm_head is None and not getattr(model, "num_labels", 0):
