@@ -265,7 +265,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
         from batchrun.models.quant.smoothquant import prepare_int8
 
         prepare_int8(model, [Path(f) for f in files], path)
-        phases.mark("int8 calibration (cached after the first load)")
+        phases.mark("weights (load) and int8 calibration (cached after the first load)")
     pack_float = device.type == "cpu" and packed_linear.available(dtype)
     if pack_float or quantization != "none" or batch_invariant:
         if model.lm_head is None and not getattr(model, "num_labels", 0):
