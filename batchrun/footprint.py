@@ -166,6 +166,11 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
     for (out_features, in_features), n in quantized_linear_shapes(cfg).items():
         count -= out_features * in_features * n
         extra += linear_class(quantization).nbytes(out_features, in_features) * n
+    if quantization == "int8":  # calibrated smoothing and float outlier channels
+        from batchrun.models.quant.smoothquant import smoothed_bytes
+
+        smoothed = quantized_linear_shapes(cfg, smoothed=True)
+        extra += sum(smoothed_bytes(*shape) * n for shape, n in smoothed.items())
     return count * _elem(dt) + extra
 
 
@@ -173,9 +178,10 @@ def _native(cfg) -> bool:
     return isinstance(cfg, ModelConfig)
 
 
-def quantized_linear_shapes(cfg: ModelConfig) -> dict[tuple[int, int], int]:
+def quantized_linear_shapes(cfg: ModelConfig, smoothed: bool = False) -> dict[tuple[int, int], int]:
     """(out, in) -> how many of the native model's linears of that shape --quantization
-    replaces: all but the logits layer and MoE routers (quant.KEEP_FLOAT). The Llama's from
+    replaces: all but the logits layer and MoE routers (quant.KEEP_FLOAT); with `smoothed`,
+    those int8 smooths (quant/smoothquant.py targets: an MoE's attention only). The Llama's from
     its config; any other native model's read off the model built on the meta device."""
     if type(cfg) is ModelConfig:
         h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
@@ -189,6 +195,10 @@ def quantized_linear_shapes(cfg: ModelConfig) -> dict[tuple[int, int], int]:
 
     with torch.device("meta"):
         model = native.module_for(cfg.hf_config).Model(cfg)
+    if smoothed:
+        from batchrun.models.quant.smoothquant import targets
+
+        return dict(Counter((m.out_features, m.in_features) for m, _ in targets(model).values()))
     return dict(Counter((m.out_features, m.in_features) for name, m in model.named_modules()
                         if isinstance(m, torch.nn.Linear)
                         and name.rsplit(".", 1)[-1] not in KEEP_FLOAT))

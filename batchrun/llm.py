@@ -252,7 +252,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     in_gguf: set[str] = set()  # tensors the quantized layers already hold (GGUF, stored quantized)
     if stored is not None:
         in_gguf = stored.load_linears(model, path, quantization)
-    elif quantization != "none":
+    elif quantization not in ("none", "int8"):  # int8 calibrates on the float model: below
         from batchrun.models.quant import gguf as quant_gguf
 
         source = quant_gguf.source_of(path)
@@ -275,6 +275,11 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
                     yield key, tensor
 
     model.load_weights(tensors())
+    if quantization == "int8" and stored is None:  # a stored checkpoint's layers: requantized plain
+        from batchrun.models.quant.smoothquant import prepare_int8
+
+        prepare_int8(model, [Path(f) for f in files], path)
+        phases.mark("weights (load) and int8 calibration (cached after the first load)")
     pack_float = device.type == "cpu" and packed_linear.available(dtype)
     if pack_float or quantization != "none" or batch_invariant:
         if model.lm_head is None and not getattr(model, "num_labels", 0):

@@ -6,7 +6,8 @@ Per linear (not the logits): SmoothQuant factors from calibrated input maxima (A
 and the OUTLIERS input channels with the largest calibrated maxima computed in a float GEMM beside
 the int8 one (LLM.int8()-style). Calibration: 8 windows of 256 tokens of HumanEval problems 100+
 (the quality gate scores the first problems' windows only). Scored on the gate's first WINDOWS
-windows, against float32, as benchmarks/quality.py does. Not yet a --quantization mode.
+windows, against float32, as benchmarks/quality.py does. `--quantization int8` runs 0.5/16,
+calibrated at load on its own text (models/quant/smoothquant.py).
 """
 
 from __future__ import annotations

@@ -100,3 +100,15 @@ class IdTokenizer:
 
     def decode(self, ids, skip_special_tokens=True):
         return "".join(f"<{i}>" for i in ids if not (skip_special_tokens and i == 2))
+
+
+def calibrate_int8_on_random_tokens(monkeypatch, vocab_size: int = 512) -> None:
+    """--quantization int8 calibrates on the shipped text through the model's tokenizer; a tiny
+    model has none (nor its vocabulary): it calibrates on four random 64-token windows instead."""
+    import torch
+
+    from batchrun.models.quant import calibration
+
+    gen = torch.Generator().manual_seed(9)
+    windows = [torch.randint(3, vocab_size, (64,), generator=gen).tolist() for _ in range(4)]
+    monkeypatch.setattr(calibration, "token_windows", lambda path: windows)

@@ -15,9 +15,15 @@ from batchrun.models.quant import cpu
 from batchrun.options.engine import EngineConfig
 from tests.parity import ParityReport, assert_greedy_match
 from tests.helpers import held_bytes
-from tests.tiny_models import IdTokenizer, make_tiny
+from tests.tiny_models import IdTokenizer, calibrate_int8_on_random_tokens, make_tiny
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _int8_calibration(tmp_path, monkeypatch):
+    monkeypatch.setenv("BATCHRUN_CACHE", str(tmp_path / "cache"))
+    calibrate_int8_on_random_tokens(monkeypatch)
 
 
 def _engine(path, quantization="none", dtype=torch.float32, **options):

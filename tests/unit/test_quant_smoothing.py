@@ -36,10 +36,10 @@ def test_smoothed_w8a8_is_the_int8_product_of_the_smoothed_input(shape, rows):
     layer = Int8Linear(w, b, smooth=s)
     qx, sx = quantize_rows(x / s, layer.kernels)
     # dequantized_weight is in the input's scale: undo its 1/s on the smoothed input
-    w = layer.dequantized_weight().double() * s.double()
-    ref = (qx.double() * sx.double()) @ w.T + b.double()
+    w_smoothed = layer.dequantized_weight().double() * s.double()
+    ref = (qx.double() * sx.double()) @ w_smoothed.T + b.double()
     assert _rel_err(layer(x), ref) < 1e-5
-    exact = x.double() @ w.double().T + b.double()
+    exact = x.double() @ w.double().T + b.double()  # the float layer's own weights
     assert _rel_err(layer(x), exact) < _rel_err(Int8Linear(w, b)(x), exact)
 
 
@@ -64,3 +64,36 @@ def test_record_input_max_sees_every_row_and_leaves_the_output_alone():
     torch.testing.assert_close(stats["lin"], torch.cat([x1, x2.reshape(-1, 8)]).abs().amax(dim=0))
     lin(torch.full((1, 8), 100.0))  # hooks removed on exit
     assert float(stats["lin"].max()) < 100
+
+
+def _float64_w8a8(x, w, b, s, outliers):
+    """y of the W8A8 layer with smoothing and float outlier channels, in float64: x / s with the
+    outlier channels zeroed, quantized per token; w * s with those columns zeroed, per output
+    channel; the outlier channels' x @ w.T in float."""
+    x, w = x.double(), w.double()
+    rest = torch.ones(w.shape[1], dtype=torch.float64).index_fill_(0, outliers, 0.0)
+    xs, ws = x / s.double() * rest, w * s.double() * rest
+    sx = xs.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
+    sw = ws.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
+    qx, qw = torch.round(xs / sx).clamp(-127, 127), torch.round(ws / sw).clamp(-127, 127)
+    return (qx * sx) @ (qw * sw).T + x[:, outliers] @ w[:, outliers].T + b.double()
+
+
+@pytest.mark.parametrize("folded", [False, True])
+@pytest.mark.parametrize("rows", [1, 33])
+def test_smoothed_w8a8_with_outlier_channels_is_its_float64_reference(folded, rows):
+    """Both forms --quantization int8 builds (smoothquant.py): 1/s applied in the layer (o_proj,
+    down_proj), or already divided out upstream by the norm (qkv, gate_up: the layer gets w * s)."""
+    w, b = _weights(96, 160)
+    x = _outlier_inputs(rows, 160)
+    s = smoothing_factors(x.abs().amax(dim=0), w, alpha=0.5)
+    outliers = torch.topk(x.abs().amax(dim=0), 16).indices
+    if folded:
+        layer = Int8Linear(w * s, b, outliers=outliers, input_divided_by=s)
+        got = layer(x / s)
+    else:
+        got = Int8Linear(w, b, smooth=s, outliers=outliers)(x)
+    ref = _float64_w8a8(x, w, b, s, outliers)
+    assert _rel_err(got, ref) < 1e-5
+    exact = x.double() @ w.double().T + b.double()
+    assert _rel_err(got, exact) < 0.5 * _rel_err(Int8Linear(w, b)(x), exact)

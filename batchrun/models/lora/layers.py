@@ -62,6 +62,9 @@ class LoraLinear(nn.Module):
         if not self.step.segments:
             return y
         flat_x, flat_y = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
+        divided_by = getattr(self.base, "input_divided_by", None)  # a smoothed int8 base's
+        if divided_by is not None:  # (models/quant/smoothquant.py): the adapter reads the true input
+            flat_x = flat_x * divided_by.to(flat_x.dtype)
         for start, end, slot in self.step.segments:
             update = self.step.updates[slot].get(self.key)
             if update is None:

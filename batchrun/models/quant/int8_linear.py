@@ -59,17 +59,34 @@ def onednn_qlinear(qx: torch.Tensor, packed, w_scale: torch.Tensor,
 
 
 class Int8Linear(nn.Module):
-    """W8A8: y = (q_x @ q_w.T) * s_x * s_w (+ bias), q_x the per-token int8 activations; with
-    `smooth` (per input channel, quant/smoothing.py) of x / smooth and of weight * smooth."""
+    """W8A8: y = (q_x @ q_w.T) * s_x * s_w (+ bias), q_x the per-token int8 activations.
+
+    smooth (per input channel, quant/smoothing.py): the GEMM runs on x / smooth against
+    weight * smooth. outliers (input channel indices): those channels skip the int8 GEMM (their
+    weight columns are zeroed there, their activations zeroed before the per-token scale is
+    taken) and go through a float GEMM beside it (LLM.int8()'s decomposition). input_divided_by:
+    the factors the layer's input already arrives divided by (folded into the preceding norm;
+    `weight` is then already the smoothed one): LoRA adapters on this layer multiply them back."""
 
     def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                 smooth: torch.Tensor | None = None, *, qweight: torch.Tensor | None = None,
-                 scale: torch.Tensor | None = None):
+                 smooth: torch.Tensor | None = None, outliers: torch.Tensor | None = None,
+                 input_divided_by: torch.Tensor | None = None, *,
+                 qweight: torch.Tensor | None = None, scale: torch.Tensor | None = None):
         super().__init__()
         self.inv_smooth = None if smooth is None else smooth.float().reciprocal()
+        self.input_divided_by = input_divided_by
+        self.outliers = None if outliers is None or not len(outliers) else outliers.long()
+        self.float_part = None
         if qweight is None:  # quantized here, else a checkpoint's int8 weights and scales as they are
+            weight = weight.float()
+            if self.outliers is not None:
+                # one pass over the activations does both: 1/smooth, and zero on the outlier channels
+                self.channel_mult = (torch.ones(weight.shape[1]) if self.inv_smooth is None
+                                     else self.inv_smooth.clone()).index_fill_(0, self.outliers, 0.0)
+                self.float_part = weight[:, self.outliers].T.contiguous()  # [outliers, N]
+                weight = weight.index_fill(1, self.outliers, 0.0)
             if smooth is not None:
-                weight = weight.float() * smooth.float()
+                weight = weight * smooth.float()
             qweight, scale = quantize_per_channel(weight)
         self.out_features, self.in_features = qweight.shape
         self.qweight, self.w_scale = qweight.contiguous(), scale.float().reshape(-1).contiguous()
@@ -82,16 +99,22 @@ class Int8Linear(nn.Module):
             self.qweight = None
 
     @staticmethod
-    def nbytes(out_features: int, in_features: int) -> int:
-        """Bytes one layer holds: int8 weights, float32 scales (and oneDNN's int64 zero points)."""
-        return out_features * in_features + out_features * (4 + (8 if onednn_int8_available() else 0))
+    def nbytes(out_features: int, in_features: int, outliers: int = 0) -> int:
+        """Bytes one layer holds: int8 weights, float32 scales (and oneDNN's int64 zero points),
+        float32 weight columns of `outliers` input channels."""
+        return (out_features * in_features + out_features * (4 + (8 if onednn_int8_available() else 0))
+                + 4 * out_features * outliers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
         if x2.shape[0] == 0:
             return x.new_empty(*shape[:-1], self.out_features)
-        if self.inv_smooth is not None:
+        x_float = None
+        if self.outliers is not None:
+            x_float = x2.index_select(1, self.outliers).float()
+            x2 = x2 * self.channel_mult.to(x2.dtype)
+        elif self.inv_smooth is not None:
             x2 = x2 * self.inv_smooth.to(x2.dtype)
         qx, x_scale = quantize_rows(x2, self.kernels)
         if self.onednn:
@@ -99,13 +122,19 @@ class Int8Linear(nn.Module):
         else:  # exact while the int32 sums stay below 2**24 (float32's integers); relative 6e-8 above
             y = (qx.float() @ self.qweight.float().T) * self.w_scale
         rescale_rows(y, x_scale, self.bias, self.kernels)
+        if x_float is not None:
+            y.addmm_(x_float, self.float_part)
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
     def dequantized_weight(self) -> torch.Tensor:
-        """The weights this layer's GEMM computes with, in the input's own scale."""
+        """The weights this layer's GEMMs compute with, in the input's own scale."""
         q = self.qweight if self.qweight is not None else _unpack_onednn(self)
         w = q.float() * self.w_scale[:, None]
-        return w if self.inv_smooth is None else w * self.inv_smooth
+        if self.inv_smooth is not None:
+            w = w * self.inv_smooth
+        if self.outliers is not None:
+            w[:, self.outliers] = self.float_part.T
+        return w
 
 
 def attach_kernels(model: nn.Module, kernels) -> None:

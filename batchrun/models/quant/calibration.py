@@ -1,0 +1,107 @@
+"""Calibration for W8A8: the largest |input| each linear's input channels reach on a short text.
+
+The text (calibration.txt, shipped in the package) was written for this purpose: English prose,
+a letter, arithmetic Q&A, a chat turn, some German/French/Spanish, and code in Python,
+JavaScript, SQL, Rust, JSON and shell, so the channels that code and prose each light up are both
+seen. It shares nothing with the quality gate's HumanEval text (tests/unit/test_quant_calibration.py
+checks). It runs through the float model once, in windows of WINDOW tokens that each start a
+fresh sequence (the first positions carry this kind of model's largest activations), with no
+engine. The result is cached per model under
+batchrun.paths.cache_dir()/int8-calibration, keyed by the weight files' identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from importlib import resources
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from batchrun.models.quant.smoothing import record_input_max
+
+log = logging.getLogger(__name__)
+WINDOW = 256
+VERSION = 1  # bump when what the cache holds, or how it is computed, changes
+_SAMPLES, _CHUNK = 16, 1 << 16  # of each weight file's bytes hashed for its identity
+
+
+def calibration_text() -> str:
+    return resources.files("batchrun.models.quant").joinpath("calibration.txt").read_text("utf-8")
+
+
+def token_windows(tokenizer_path: Path) -> list[list[int]]:
+    from batchrun.models.tokenizer import load_tokenizer
+
+    ids = load_tokenizer(tokenizer_path).encode(calibration_text())
+    return [ids[i:i + WINDOW] for i in range(0, len(ids), WINDOW) if len(ids) - i >= 16]
+
+
+def weights_identity(files: list[Path]) -> str:
+    """A digest of the weight files: names, sizes, modification times, and SAMPLES chunks of
+    each spread over the file (the first one the safetensors header: every tensor's name,
+    shape and offset). A rewritten or copied file calibrates again, once."""
+    digest = hashlib.sha256()
+    for f in sorted(Path(p) for p in files):
+        stat = f.stat()
+        digest.update(f"{f.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+        with f.open("rb") as handle:
+            for i in range(_SAMPLES):
+                handle.seek(max(0, (stat.st_size - _CHUNK) * i // (_SAMPLES - 1)))
+                digest.update(handle.read(_CHUNK))
+    return digest.hexdigest()
+
+
+def cache_path(files: list[Path], method: str, dtype: torch.dtype) -> Path:
+    from batchrun.paths import cache_dir
+
+    text = hashlib.sha256(calibration_text().encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{VERSION}:{method}:{dtype}:{WINDOW}:{text}:{weights_identity(files)}"
+                         .encode()).hexdigest()[:32]
+    return cache_dir() / "int8-calibration" / f"{key}.pt"
+
+
+@torch.no_grad()
+def run_float(model: nn.Module, windows: list[list[int]]) -> None:
+    """Each window through `model` (a native decoder) as one fresh sequence: a KV cache of the
+    window's own length, the portable SDPA attention backend's prefill."""
+    from batchrun.engine.attention.base import StepLayout
+    from batchrun.engine.attention.sdpa import SdpaBackend
+
+    dtype = model.embed_tokens.weight.dtype
+    backend = SdpaBackend(dtype)
+    for ids in windows:
+        t = len(ids)
+        kv = [tuple(torch.zeros(t, layer.self_attn.num_kv_heads, layer.self_attn.head_dim, dtype=dtype)
+                    for _ in range(2)) for layer in model.layers]
+        layout = StepLayout.of([[0]], [0], [t], 0, t, torch.device("cpu"))
+        model(torch.tensor(ids), layout.positions, kv, backend.build(layout))
+
+
+def input_maxima(model: nn.Module, linears: dict[str, nn.Module], files: list[Path], tokenizer_path: Path,
+                 method: str) -> dict[str, torch.Tensor]:
+    """{name: float32 [in_features]} for `linears` (float nn.Linear modules of `model`): from
+    the cache when this model was calibrated before, else measured now and cached."""
+    path = cache_path(files, method, model.embed_tokens.weight.dtype)
+    if path.is_file():
+        try:
+            cached = torch.load(path, weights_only=True)
+            if set(cached) == set(linears) and all(
+                    cached[n].shape == (m.in_features,) for n, m in linears.items()):
+                log.debug("int8 calibration from %s", path)
+                return cached
+        except (RuntimeError, OSError, ValueError) as exc:
+            log.warning("ignoring the unreadable int8 calibration cache %s: %s", path, exc)
+    windows = token_windows(tokenizer_path)
+    with record_input_max(linears) as stats:
+        run_float(model, windows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    torch.save(stats, tmp)
+    os.replace(tmp, path)
+    log.info("int8 calibration: %d tokens through the float model, cached at %s",
+             sum(map(len, windows)), path)
+    return stats

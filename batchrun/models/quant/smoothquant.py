@@ -1,0 +1,85 @@
+"""`--quantization int8` at load: calibrated SmoothQuant smoothing plus float outlier channels.
+
+On the float model (weights loaded, linears still nn.Linear), per decoder layer:
+
+- qkv_proj and gate_up_proj read an RMSNorm's output: s divides that norm's weight (free at run
+  time) and multiplies the linear's weight columns.
+- o_proj (reads attention's output) and down_proj (reads act(gate) * up): 1/s is applied to the
+  activations inside the layer, in the same elementwise pass that zeroes its outlier channels
+  (so it costs nothing extra). Folding it upstream instead would need v_proj rows (o_proj; not
+  possible where grouped-query heads share a v head but want different factors) or up_proj rows.
+- Each linear's OUTLIERS input channels with the largest calibrated maxima run in a float GEMM
+  beside the int8 one.
+
+s = smoothing_factors(calibrated max|x|, weight, ALPHA). benchmarks/int8_smoothing.py chose
+ALPHA 0.5 and 16 outlier channels on the bundled model. MoE models: the attention linears only
+(their MLP's norm also feeds the router and the float experts). The remaining linears are
+quantized plainly by quantize_linears afterwards.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from batchrun.models.quant.smoothing import smoothing_factors
+
+ALPHA = 0.5
+OUTLIERS = 16
+
+
+def targets(model: nn.Module) -> dict[str, tuple[nn.Module, nn.Module | None]]:
+    """{qualified linear name: (linear, the RMSNorm whose output it reads, or None)}."""
+    found = {}
+    for i, layer in enumerate(model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        found[f"layers.{i}.self_attn.qkv_proj"] = (attn.qkv_proj, layer.input_layernorm)
+        found[f"layers.{i}.self_attn.o_proj"] = (attn.o_proj, None)
+        if isinstance(getattr(mlp, "gate_up_proj", None), nn.Linear) and \
+                isinstance(getattr(mlp, "down_proj", None), nn.Linear):
+            norm = getattr(layer, "pre_feedforward_layernorm", None) or layer.post_attention_layernorm
+            found[f"layers.{i}.mlp.gate_up_proj"] = (mlp.gate_up_proj, norm)
+            found[f"layers.{i}.mlp.down_proj"] = (mlp.down_proj, None)
+    return {name: pair for name, pair in found.items() if isinstance(pair[0], nn.Linear)}
+
+
+def smoothed_bytes(out_features: int, in_features: int) -> int:
+    """What a smoothed Int8Linear holds beyond a plain one: its outlier channels' float32 weight
+    columns and int64 indices, and two float32 vectors over its input (the factors, and the
+    activations' multiplier that zeroes the outlier channels)."""
+    return OUTLIERS * (4 * out_features + 8) + 8 * in_features
+
+
+@torch.no_grad()
+def smooth_and_quantize(model: nn.Module, input_max: dict[str, torch.Tensor]) -> int:
+    """Replace the target linears by smoothed Int8Linear layers (folding s into their norms);
+    returns how many."""
+    from batchrun.models.quant.int8_linear import Int8Linear
+
+    count = 0
+    for name, (linear, norm) in targets(model).items():
+        weight = linear.weight.detach().float()
+        maxima = input_max[name]
+        s = smoothing_factors(maxima, weight, ALPHA)
+        outliers = torch.topk(maxima, min(OUTLIERS, len(maxima))).indices.sort().values
+        if norm is not None:
+            norm.weight.div_(s.to(norm.weight.dtype))
+            layer = Int8Linear(weight * s, linear.bias, outliers=outliers, input_divided_by=s)
+        else:
+            layer = Int8Linear(weight, linear.bias, smooth=s, outliers=outliers)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, layer)
+        count += 1
+    return count
+
+
+def prepare_int8(model: nn.Module, files: list[Path], tokenizer_path: Path) -> int:
+    """Calibrate (or read the cached calibration) and put the smoothed int8 layers in place."""
+    from batchrun.models.quant.calibration import input_maxima
+
+    found = targets(model)
+    maxima = input_maxima(model, {n: lin for n, (lin, _) in found.items()}, files, tokenizer_path,
+                          "int8")
+    return smooth_and_quantize(model, maxima)
