@@ -54,6 +54,12 @@ def onednn_qlinear(qx: torch.Tensor, packed, w_scale: torch.Tensor,
     (the same values): oneDNN has VNNI/AMX kernels for u8 x s8, while signed int8 activations
     send it to its reference kernel (`ref_int8`, 200x slower) on a CPU without AMX."""
     ux = qx.view(torch.uint8).bitwise_xor(0x80)  # two's complement byte b -> b + 128
+    return onednn_qlinear_u8(ux, packed, w_scale, w_zero)
+
+
+def onednn_qlinear_u8(ux: torch.Tensor, packed, w_scale: torch.Tensor,
+                      w_zero: torch.Tensor) -> torch.Tensor:
+    """onednn_qlinear of ux = qx + 128 as uint8 (quantize_rows(unsigned=True) writes it so)."""
     return torch.ops.onednn.qlinear_pointwise(ux, 1.0, 128, packed, w_scale, w_zero, None, 1.0, 0,
                                               torch.float32, "none", [], "")
 
@@ -90,9 +96,9 @@ class Int8Linear(nn.Module):
             return x.new_empty(*shape[:-1], self.out_features)
         if self.inv_smooth is not None:
             x2 = x2 * self.inv_smooth.to(x2.dtype)
-        qx, x_scale = quantize_rows(x2, self.kernels)
+        qx, x_scale = quantize_rows(x2, self.kernels, unsigned=self.onednn)
         if self.onednn:
-            y = onednn_qlinear(qx, self.packed, self.w_scale, self.w_zero)
+            y = onednn_qlinear_u8(qx, self.packed, self.w_scale, self.w_zero)
         else:  # exact while the int32 sums stay below 2**24 (float32's integers); relative 6e-8 above
             y = (qx.float() @ self.qweight.float().T) * self.w_scale
         rescale_rows(y, x_scale, self.bias, self.kernels)
