@@ -39,6 +39,7 @@ def test_quantize_rows_matches_pytorch(path, rows, cols):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_quantize_rows_unsigned_matches_float64(path, rows, cols, dtype):
     """The uint8 form oneDNN takes: q + 128 with q = round(x / s) computed in float64."""
+    torch.manual_seed(rows)
     x = (torch.randn(rows, cols) * 3).to(dtype)
     x[0] = 0
     x[1, 5] = -x[1].float().abs().max() * 2  # the row's extreme is negative: q = -127 -> byte 1
@@ -47,9 +48,11 @@ def test_quantize_rows_unsigned_matches_float64(path, rows, cols, dtype):
     x64 = x.double()
     ref_scale = x64.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
     torch.testing.assert_close(scale.double(), ref_scale, rtol=1e-6, atol=0)
-    ref_u = torch.round(x64 / ref_scale) + 128
-    assert (u.double() - ref_u).abs().max() <= 1  # a value at a tie may round the other way
-    assert int((u.double() != ref_u).sum()) <= 2 + 1e-3 * u.numel()  # (float32's x / s vs float64's)
+    exact = x64 / ref_scale
+    ref_u = torch.round(exact) + 128
+    # float32's x / s may round a value at (or within float32's error of) a tie the other way
+    at_tie = (exact.abs().remainder(1) - 0.5).abs() < 1e-4
+    assert (u.double() - ref_u).abs().max() <= 1 and not ((u.double() != ref_u) & ~at_tie).any()
     assert int(u[1, 5]) == 1 and (u[0] == 128).all()
     assert torch.equal(u, quantize_rows(x, _lib(path))[0].view(torch.uint8) ^ 0x80)
 
