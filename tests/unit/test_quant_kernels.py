@@ -17,7 +17,7 @@ def _lib(path):
 
 
 @pytest.mark.parametrize("path", ["native", "avx2", "portable"])
-@pytest.mark.parametrize("rows,cols", [(2, 576), (3, 1536), (300, 576), (2, 37)])  # 300: threaded
+@pytest.mark.parametrize("rows,cols", [(2, 576), (3, 1536), (300, 576), (2, 37)])
 def test_quantize_rows_matches_pytorch(path, rows, cols):
     x = torch.randn(rows, cols) * 3
     x[0] = 0  # an all-zero row: scale floored, all zeros
@@ -33,10 +33,34 @@ def test_quantize_rows_matches_pytorch(path, rows, cols):
     assert (qb.int() - ref_qb.int()).abs().max() <= 1
 
 
+@pytest.mark.parametrize("path,rows,cols", [(p, r, c) for p in ("native", "avx2", "portable")
+                                             for r, c in ((3, 576), (2, 37))]
+                         + [("native", 1900, 576)])  # 1900 x 576: over a million, threaded
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_rows_unsigned_matches_float64(path, rows, cols, dtype):
+    """The uint8 form oneDNN takes: q + 128 with q = round(x / s) computed in float64."""
+    torch.manual_seed(rows)
+    x = (torch.randn(rows, cols) * 3).to(dtype)
+    x[0] = 0
+    x[1, 5] = -x[1].float().abs().max() * 2  # the row's extreme is negative: q = -127 -> byte 1
+    u, scale = quantize_rows(x, _lib(path), unsigned=True)
+    assert u.dtype == torch.uint8
+    x64 = x.double()
+    ref_scale = x64.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
+    torch.testing.assert_close(scale.double(), ref_scale, rtol=1e-6, atol=0)
+    exact = x64 / ref_scale
+    ref_u = torch.round(exact) + 128
+    # float32's x / s may round a value at (or within float32's error of) a tie the other way
+    at_tie = (exact.abs().remainder(1) - 0.5).abs() < 1e-4
+    assert (u.double() - ref_u).abs().max() <= 1 and not ((u.double() != ref_u) & ~at_tie).any()
+    assert int(u[1, 5]) == 1 and (u[0] == 128).all()
+    assert torch.equal(u, quantize_rows(x, _lib(path))[0].view(torch.uint8) ^ 0x80)
+
+
 @pytest.mark.parametrize("path", ["native", "avx2", "portable"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_rescale_rows_matches_pytorch(path, bias):
-    y, scale = torch.randn(300, 960), torch.rand(300, 1)
+    y, scale = torch.randn(1100, 960), torch.rand(1100, 1)  # threaded
     b = torch.randn(960) if bias else None
     expected = y * scale + (b if bias else 0)
     rescale_rows(y, scale, b, _lib(path))

@@ -8,7 +8,7 @@
 #include "dtypes.h"
 #include "parallel.h"
 
-typedef struct { const void *x; int8_t *q; float *scales; int64_t cols; int kind; } QuantRows;
+typedef struct { const void *x; int8_t *q; float *scales; int64_t cols; int kind; int flip; } QuantRows;
 typedef struct { float *y; const float *scales; const float *bias; int64_t cols; } ScaleRows;
 typedef struct { void (*fn)(const void *, int64_t, int64_t); const void *ctx; int64_t rows; int parts; } Split;
 
@@ -19,7 +19,9 @@ static void split_part(const void *arg, int i) {
 
 static void over_rows(void (*fn)(const void *, int64_t, int64_t), const void *ctx, int64_t rows,
                       int64_t cols, int threads) {
-    if (threads < 1 || rows * cols < (1 << 16)) threads = 1;
+    // these passes take tens of microseconds below a million elements: a thread team's wake-up
+    // (and on a busy machine, a descheduled team member) costs more than it saves
+    if (threads < 1 || rows * cols < (1 << 20)) threads = 1;
     if (threads > rows) threads = (int)rows;
     if (threads <= 1) { fn(ctx, 0, rows); return; }
     const Split split = {fn, ctx, rows, threads};
@@ -44,14 +46,22 @@ static void quantize_part(const void *arg, int64_t first, int64_t last) {
         const float scale = (amax > 1e-12f ? amax : 1e-12f) / 127.f;  // as activations.py
         a->scales[r] = scale;
         int8_t *q = a->q + r * n;
+        const int flip = a->flip;  // 0x80 turns a two's complement byte b into the uint8 b + 128
 #pragma omp simd
-        for (int64_t i = 0; i < n; i++) q[i] = (int8_t)rintf(x[i] / scale);
+        for (int64_t i = 0; i < n; i++) q[i] = (int8_t)((int)rintf(x[i] / scale) ^ flip);
     }
 }
 
 void quantize_rows_int8(const void *x, int8_t *q, float *scales, int64_t rows, int64_t cols,
                         int kind, int threads) {
-    const QuantRows a = {x, q, scales, cols, kind};
+    const QuantRows a = {x, q, scales, cols, kind, 0};
+    over_rows(quantize_part, &a, rows, cols, threads);
+}
+
+// As quantize_rows_int8, each value stored as the uint8 q + 128 (zero point 128).
+void quantize_rows_u8(const void *x, uint8_t *q, float *scales, int64_t rows, int64_t cols,
+                      int kind, int threads) {
+    const QuantRows a = {x, (int8_t *)q, scales, cols, kind, 0x80};
     over_rows(quantize_part, &a, rows, cols, threads);
 }
 

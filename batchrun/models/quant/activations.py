@@ -11,21 +11,24 @@ _TINY = 1e-12  # an all-zero row gets this scale instead of 0 (its int8 values a
 _KERNEL_MAX_COLS = 4096  # the kernel's row buffer for bfloat16 input
 
 
-def quantize_rows(x: torch.Tensor, kernels=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 [M, K], float32 scales [M, 1]) of a float [M, K]."""
+def quantize_rows(x: torch.Tensor, kernels=None, unsigned: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 [M, K], float32 scales [M, 1]) of a float [M, K]; with `unsigned` the same values
+    as uint8 q + 128 (zero point 128), the input oneDNN's VNNI int8 GEMM takes."""
     if kernels is not None and x.dtype in (torch.float32, torch.bfloat16) and (
             x.dtype == torch.float32 or x.shape[1] <= _KERNEL_MAX_COLS):
         from batchrun.engine.kernels import kind
 
         x = x.contiguous()
-        q = torch.empty(x.shape, dtype=torch.int8)
+        q = torch.empty(x.shape, dtype=torch.uint8 if unsigned else torch.int8)
         scale = torch.empty((x.shape[0], 1), dtype=torch.float32)
-        kernels.quantize_rows_int8(x.data_ptr(), q.data_ptr(), scale.data_ptr(), x.shape[0],
-                                   x.shape[1], kind(x.dtype), torch.get_num_threads())
+        fn = kernels.quantize_rows_u8 if unsigned else kernels.quantize_rows_int8
+        fn(x.data_ptr(), q.data_ptr(), scale.data_ptr(), x.shape[0], x.shape[1], kind(x.dtype),
+           torch.get_num_threads())
         return q, scale
     x = x.float()
     scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=_TINY).div_(127.0)
-    return torch.round(x / scale).to(torch.int8), scale
+    q = torch.round(x / scale).to(torch.int8)
+    return (q.view(torch.uint8).bitwise_xor(0x80) if unsigned else q), scale
 
 
 def rescale_rows(y: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, kernels=None) -> None:

@@ -16,7 +16,7 @@ from batchrun.models.quant.activations import quantize_rows, rescale_rows
 log = logging.getLogger(__name__)
 # Up to this many rows of bfloat16 activations the weight-only kernel wins; above it (and for
 # float32 activations, which that kernel runs without vector code) this layer's weights are
-# dequantized for one dense GEMM (`python benchmarks/quant_linears.py`).
+# dequantized for one dense GEMM (measured once per shape, rows 1-256; `benchmarks/int8_gemms.py` times the W8A8 GEMMs).
 WEIGHT_ONLY_KERNEL_ROWS = 4
 
 
@@ -54,6 +54,12 @@ def onednn_qlinear(qx: torch.Tensor, packed, w_scale: torch.Tensor,
     (the same values): oneDNN has VNNI/AMX kernels for u8 x s8, while signed int8 activations
     send it to its reference kernel (`ref_int8`, 200x slower) on a CPU without AMX."""
     ux = qx.view(torch.uint8).bitwise_xor(0x80)  # two's complement byte b -> b + 128
+    return onednn_qlinear_u8(ux, packed, w_scale, w_zero)
+
+
+def onednn_qlinear_u8(ux: torch.Tensor, packed, w_scale: torch.Tensor,
+                      w_zero: torch.Tensor) -> torch.Tensor:
+    """onednn_qlinear of ux = qx + 128 as uint8 (quantize_rows(unsigned=True) writes it so)."""
     return torch.ops.onednn.qlinear_pointwise(ux, 1.0, 128, packed, w_scale, w_zero, None, 1.0, 0,
                                               torch.float32, "none", [], "")
 
@@ -116,9 +122,9 @@ class Int8Linear(nn.Module):
             x2 = x2 * self.channel_mult.to(x2.dtype)
         elif self.inv_smooth is not None:
             x2 = x2 * self.inv_smooth.to(x2.dtype)
-        qx, x_scale = quantize_rows(x2, self.kernels)
+        qx, x_scale = quantize_rows(x2, self.kernels, unsigned=self.onednn)
         if self.onednn:
-            y = onednn_qlinear(qx, self.packed, self.w_scale, self.w_zero)
+            y = onednn_qlinear_u8(qx, self.packed, self.w_scale, self.w_zero)
         else:  # exact while the int32 sums stay below 2**24 (float32's integers); relative 6e-8 above
             y = (qx.float() @ self.qweight.float().T) * self.w_scale
         rescale_rows(y, x_scale, self.bias, self.kernels)
