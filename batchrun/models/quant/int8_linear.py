@@ -16,7 +16,7 @@ from batchrun.models.quant.activations import quantize_rows, rescale_rows
 log = logging.getLogger(__name__)
 # Up to this many rows of bfloat16 activations the weight-only kernel wins; above it (and for
 # float32 activations, which that kernel runs without vector code) this layer's weights are
-# dequantized for one dense GEMM (measured once per shape, rows 1-256; `benchmarks/int8_gemms.py` times the W8A8 GEMMs).
+# dequantized for one dense GEMM (measured on SmolLM2's shapes, rows 1-256).
 WEIGHT_ONLY_KERNEL_ROWS = 4
 
 
