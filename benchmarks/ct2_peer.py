@@ -31,7 +31,8 @@ def converted(folder: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
     try:
-        ctranslate2.converters.TransformersConverter(str(folder)).convert(str(tmp / "m"), force=True)
+        converter = ctranslate2.converters.TransformersConverter(str(folder))
+        converter.convert(str(tmp / "m"), force=True)
         os.replace(tmp / "m", target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
