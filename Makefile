@@ -42,7 +42,7 @@ bench:
 lock:
 	rm -rf $(LOCK_VENV)
 	$(PYTHON) -m venv $(LOCK_VENV)
-	$(LOCK_VENV)/bin/pip install -q --no-cache-dir -e '.[test,s3,gcs,http,zstd,ray]'
+	$(LOCK_VENV)/bin/pip install -q --no-cache-dir -e '.[test,bench,s3,gcs,http,zstd,ray]'
 	( echo "# pip constraints for every install of batchrun (make lock rewrites this file)"; \
 	  $(LOCK_VENV)/bin/pip freeze --exclude-editable --all \
 	    | grep -v '^\(pip\|setuptools\|wheel\)==' | sed 's/+[a-z0-9.]*$$//' ) > $(LOCK)

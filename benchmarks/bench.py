@@ -29,7 +29,8 @@ import torch  # noqa: E402
 
 from benchmarks import machine, step_timers  # noqa: E402
 from benchmarks.cli_run import run_cli  # noqa: E402
-from benchmarks.results import Result  # noqa: E402
+from benchmarks.ct2_peer import SYSTEMS as CT2_SYSTEMS, run_ct2  # noqa: E402
+from benchmarks.results import Result, trim  # noqa: E402
 from benchmarks.workloads import fewshot_lines, read_batch_file, workload_path  # noqa: E402
 
 
@@ -127,9 +128,7 @@ def run_hf_static(hf_model, work: Workload, eos_id: int, batch_size: int = 32,
                                     min_new_tokens=longest if ignore_eos else None,
                                     pad_token_id=eos_id, eos_token_id=eos_id)
         for row, limit in zip(out[:, width:].tolist(), work.max_tokens[i:i + batch_size]):
-            row = row[:limit]
-            outputs.append(row[:row.index(eos_id) + 1] if eos_id in row and not ignore_eos
-                           else row)
+            outputs.append(row[:limit] if ignore_eos else trim(row, limit, eos_id))
     seconds = time.perf_counter() - start
     return Result("hf-static-32", seconds, sum(map(len, work.prompts)),
                   sum(map(len, outputs)), outputs)
@@ -149,8 +148,7 @@ def run_hf_paged(hf_model, work: Workload, eos_id: int) -> Result:
     hf_model.set_attn_implementation("sdpa")
     outputs = []
     for i, limit in enumerate(work.max_tokens):
-        got = res[f"req_{i}"].generated_tokens[:limit]
-        outputs.append(got[:got.index(eos_id) + 1] if eos_id in got else got)
+        outputs.append(trim(res[f"req_{i}"].generated_tokens, limit, eos_id))
     return Result("hf-paged-cb", seconds, sum(map(len, work.prompts)), sum(map(len, outputs)), outputs)
 
 
@@ -253,7 +251,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--systems", default="batchrun,hf-static", help="comma list of "
                     "batchrun, batchrun-run (the whole `batchrun run` CLI in a subprocess, files in and "
                     "out), batchrun-run@REV (the same with git revision REV's package: today's code "
-                    "against an earlier one's), batchrun-no-prefix-cache, hf-static, hf-paged; a batchrun entry "
+                    "against an earlier one's), batchrun-no-prefix-cache, hf-static, hf-paged, "
+                    f"{', '.join(MODE_SYSTEMS)}, {', '.join(CT2_SYSTEMS)} (CTranslate2, the "
+                    "`bench` extra); a batchrun entry "
                     "may override engine options: 'batchrun[max_num_seqs=64;kv_cache_dtype=float16]'")
     ap.add_argument("--max-num-seqs", type=int, default=None, help="[engine default]")
     ap.add_argument("--max-batched-tokens", type=int, default=None, help="[engine default]")
@@ -321,6 +321,9 @@ def main(argv: list[str] | None = None) -> None:
             loaded.engine.kv.enable_prefix_caching = False
             results.append(run_batchrun(loaded, work, system))
             loaded.engine.kv.enable_prefix_caching = config.cache.enable_prefix_caching
+        elif system in CT2_SYSTEMS:
+            results.append(run_ct2(system, loaded.path, loaded.tokenizer, work.prompts,
+                                   work.max_tokens, eos, torch.get_num_threads()))
         elif system in ("hf-static", "hf-paged"):
             if hf_model is None:
                 from transformers import AutoModelForCausalLM

@@ -106,12 +106,21 @@ def workload_bytes(cfg, prompts: list[int], outputs: list[int], steps: int,
     return float(weights * steps + kv_per_token * context)
 
 
+# Multiply-adds per instruction against float32's on AVX-512: VNNI's vpdpbusd (int8) and
+# AVX512-BF16's vdpbf16ps. The reduced-precision floors are the measured float32 rate times these.
+REDUCED_RATE = {"int8": 4, "bf16": 2}
+
+
 def limits_report(cfg, prompts: list[int], outputs: list[int], results, dtype=torch.float32) -> str:
-    """The machine's measured rates and each system's time against the workload's floors."""
+    """The machine's measured rates and each system's time against the workload's floors; over a
+    float32 rate also the int8 and bf16 compute floors (REDUCED_RATE times that rate)."""
     gemm, bw = gemm_gflops(cfg, dtype=dtype), bandwidth_gbs()
     elem = torch.tensor([], dtype=dtype).element_size()
+    reduced = REDUCED_RATE if dtype == torch.float32 else {}
     lines = [f"machine: GEMM {gemm:.1f} GFLOP/s ({dtype}, the model's linear shapes x 256 rows), "
-             f"memory bandwidth {bw:.1f} GB/s (copy)"]
+             f"memory bandwidth {bw:.1f} GB/s (copy)"
+             + "".join(f"; {name} peak {k}x float32 = {k * gemm:.1f} GFLOP/s"
+                       for name, k in reduced.items())]
     for r in results:
         cached = round((r.cache_hit_rate or 0) * sum(prompts))
         flops = workload_flops(cfg, prompts, outputs, cached)
@@ -119,6 +128,8 @@ def limits_report(cfg, prompts: list[int], outputs: list[int], results, dtype=to
         memory = (workload_bytes(cfg, prompts, outputs, r.steps, elem) / (bw * 1e9)
                   if r.steps else None)
         floor = f"memory floor {memory:.1f} s ({r.steps} steps)" if memory else "memory floor -"
+        others = "".join(f", {name} {compute / k:.1f} s" for name, k in reduced.items())
         lines.append(f"{r.system:<22}{r.seconds:>8.1f} s: compute floor {compute:.1f} s "
-                     f"({flops / 1e12:.2f} TFLOP, {compute / r.seconds:.0%} of the time), {floor}")
+                     f"({flops / 1e12:.2f} TFLOP, {compute / r.seconds:.0%} of the time{others}), "
+                     f"{floor}")
     return "\n".join(lines)

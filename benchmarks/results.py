@@ -27,3 +27,10 @@ class Result:
     @property
     def total_tps(self) -> float:
         return (self.prompt_tokens + self.output_tokens) / self.seconds
+
+
+def trim(row: list[int], limit: int, eos_id: int) -> list[int]:
+    """A generated row as every system's output is counted: at most `limit` tokens, ending at
+    (and counting) the first EOS."""
+    row = list(row[:limit])
+    return row[:row.index(eos_id) + 1] if eos_id in row else row
