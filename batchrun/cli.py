@@ -3,7 +3,7 @@
     batchrun run | validate | job | plan   batch/shell/commands.py
     batchrun sweep [report]                sweep/commands.py
     batchrun serve                         server/cli.py
-    batchrun models ...                    models/cli.py
+    batchrun models ...                    models_cli.py
 
 Exit codes of a run are in batch/shell/launch.py (0 ok, 1 crash, 2 usage, 3 too many failed
 lines, 4 deadline passed, 75 interrupted). torch and transformers are imported inside
@@ -20,7 +20,7 @@ import click
 
 from batchrun import __version__
 from batchrun.batch.shell.commands import COMMANDS
-from batchrun.models.cli import models
+from batchrun.models_cli import models
 from batchrun.server.cli import serve
 from batchrun.sweep.commands import sweep
 

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from batchrun.models import loader, registry
-from batchrun.models.cli import models
+from batchrun.models_cli import models
 from batchrun.models.loader import ModelNotFoundError
 from batchrun.models.resolve import resolve_model
 from batchrun.paths import cache_dir

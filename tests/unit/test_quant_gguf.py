@@ -12,7 +12,7 @@ from transformers import AutoConfig
 
 from batchrun.engine import SamplingParams
 from batchrun.llm import build_engine, build_model
-from batchrun.models.cli import models
+from batchrun.models_cli import models
 from batchrun.models.llama import LlamaModel, ModelConfig
 from batchrun.engine import kernels
 from batchrun.footprint import weights_bytes

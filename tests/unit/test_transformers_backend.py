@@ -383,7 +383,7 @@ def test_cli_refuses_with_exit_code_2_and_runs_json_mode(tmp_path, smol_tokenize
 def _models_cli(*args):
     from click.testing import CliRunner
 
-    from batchrun.models.cli import models
+    from batchrun.models_cli import models
 
     return CliRunner().invoke(models, list(map(str, args)))
 

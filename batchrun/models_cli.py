@@ -1,4 +1,4 @@
-"""`batchrun models list` and `batchrun models pull NAME`."""
+"""`batchrun models list | check | pull`: the model commands (above footprint.py, which `check` reads)."""
 
 from __future__ import annotations
 
