@@ -238,3 +238,24 @@ def test_continuing_a_final_answer_writes_its_thought_first(model, serving):
     assert text.endswith(f"<|start|>assistant<|channel|>analysis<|message|>{PLAN}<|end|>"
                          "<|start|>assistant<|channel|>final<|message|>It is")
 
+
+
+def test_responses_reasoning_items_are_the_thought_of_the_turn_they_precede(model, serving):
+    """/v1/responses input: a reasoning item (as batchrun's responses write it) before a
+    function_call is that call turn's reasoning_content: the same prompt as the chat request."""
+    items = [{"role": "user", "content": "Weather in Paris?"},
+             {"type": "reasoning", "id": "rs_1", "summary": [],
+              "content": [{"type": "reasoning_text", "text": PLAN}]},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+              "arguments": '{"city": "Paris"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]
+    tool = {"type": "function", **WEATHER["function"]}
+    responses = serving.prepare("/v1/responses", {"model": "gpt-oss", "input": items,
+                                                  "tools": [tool]}).prompts[0]
+    chat = serving.prepare(CHAT, {"tools": [WEATHER], "messages": [
+        USER, {"role": "assistant", "reasoning_content": PLAN,
+               "tool_calls": [_call("get_weather", {"city": "Paris"}, "call_1")]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]}).prompts[0]
+    assert responses == chat
+    assert f"<|channel|>analysis<|message|>{PLAN}<|end|>" in \
+        model.tokenizer.decode(responses, skip_special_tokens=False)
