@@ -1,6 +1,12 @@
 """A GPT-OSS stand-in tokenizer without the hub: the bundled SmolLM2 tokenizer with Harmony's
-special tokens added, and a small Harmony chat template (the real one's system / developer /
-generation-prompt shape, and its `reasoning_effort` variable)."""
+special tokens added, and a reduced Harmony chat template written after GPT-OSS's: its system
+message with the `reasoning_effort` variable, its developer message (the first system /
+developer message as instructions, then the tools), and its message loop as the real one
+behaves: an assistant turn that made a call writes its thought (`thinking`, else `content`;
+both is an error) on the analysis channel unless a later assistant turn answered, then its
+first call only; a tool result is addressed from the latest call's name, its content as JSON;
+earlier answers go on the final channel without their thought. (Its tool signatures are
+simplified, and it has no date line.)"""
 
 from __future__ import annotations
 
@@ -15,7 +21,12 @@ Reasoning: {{ reasoning_effort | default('medium') }}
 {%- if tools %}
 Calls to these tools must go to the commentary channel: 'functions'.
 {%- endif %}<|end|>
-{%- if tools %}<|start|>developer<|message|># Tools
+{%- if messages[0].role in ('system', 'developer') %}
+{%- set instructions = messages[0].content %}{% set turns = messages[1:] %}
+{%- else %}{% set instructions = '' %}{% set turns = messages %}{% endif %}
+{%- if instructions or tools %}<|start|>developer<|message|>
+{%- if instructions %}{{ '# Instructions\n\n' + instructions + '\n\n' }}{% endif %}
+{%- if tools %}# Tools
 
 ## functions
 
@@ -24,11 +35,51 @@ namespace functions {
 // {{ tool.function.description | default('') }}
 type {{ tool.function.name }} = (_: {{ tool.function.parameters | tojson }}) => any;
 {%- endfor %}
-} // namespace functions<|end|>
+} // namespace functions
+{%- endif %}<|end|>
 {%- endif %}
-{%- for message in messages %}
-{%- if message.role == 'tool' %}<|start|>functions.{{ message.name | default('tool') }} to=assistant<|channel|>commentary<|message|>{{ message.content }}<|end|>
-{%- else %}<|start|>{{ message.role }}<|message|>{{ message.content }}<|end|>
+{%- set latest = namespace(call=none) %}
+{%- for message in turns %}
+{%- if message.role == 'assistant' %}
+{%- for field in ('content', 'thinking') %}
+{%- if field in message and ('<|channel|>analysis<|message|>' in message[field] or
+                              '<|channel|>final<|message|>' in message[field]) %}
+{{- raise_exception('channel tags in the ' + field + ' field') }}
+{%- endif %}
+{%- endfor %}
+{%- if 'tool_calls' in message %}
+{%- set answered = namespace(yes=false) %}
+{%- for later in turns[loop.index:] %}
+{%- if later.role == 'assistant' and 'tool_calls' not in later %}{% set answered.yes = true %}{% endif %}
+{%- endfor %}
+{%- set call = message.tool_calls[0] %}
+{%- if call.function %}{% set call = call.function %}{% endif %}
+{%- if message.content and message.thinking %}
+{{- raise_exception('Cannot pass both content and thinking in an assistant message with tool calls') }}
+{%- elif message.content and not answered.yes %}
+{{- '<|start|>assistant<|channel|>analysis<|message|>' + message.content + '<|end|>' }}
+{%- elif message.thinking and not answered.yes %}
+{{- '<|start|>assistant<|channel|>analysis<|message|>' + message.thinking + '<|end|>' }}
+{%- endif %}
+{{- '<|start|>assistant to=functions.' + call.name + '<|channel|>commentary ' }}
+{{- (call.content_type if call.content_type is defined else 'json') + '<|message|>' }}
+{{- call.arguments | tojson }}<|call|>
+{%- set latest.call = call.name %}
+{%- elif loop.last and not add_generation_prompt %}
+{%- if 'thinking' in message %}
+{{- '<|start|>assistant<|channel|>analysis<|message|>' + message.thinking + '<|end|>' }}
+{%- endif %}
+{{- '<|start|>assistant<|channel|>final<|message|>' + message.content + '<|return|>' }}
+{%- else %}
+{{- '<|start|>assistant<|channel|>final<|message|>' + message.content + '<|end|>' }}
+{%- set latest.call = none %}
+{%- endif %}
+{%- elif message.role == 'tool' %}
+{%- if latest.call is none %}{{ raise_exception('a tool result with no call before it') }}{% endif %}
+{{- '<|start|>functions.' + latest.call + ' to=assistant<|channel|>commentary<|message|>' }}
+{{- message.content | tojson + '<|end|>' }}
+{%- elif message.role == 'user' %}
+{{- '<|start|>user<|message|>' + message.content + '<|end|>' }}
 {%- endif %}
 {%- endfor %}
 {%- if add_generation_prompt %}<|start|>assistant{% endif %}"""

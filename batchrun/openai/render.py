@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import orjson
 
+from batchrun.openai.parsers.harmony import is_harmony_template
+from batchrun.openai.parsers.harmony_turns import harmony_turns
 from batchrun.openai.wire import RequestError
 from batchrun.openai.requests import ChatMessage
 
@@ -24,6 +27,10 @@ _RESERVED_KWARGS = {"conversation", "messages", "tools", "documents", "chat_temp
 # Keyed by (id, template): tokenizers are not hashable, and a run holds one for its whole life.
 _format_cache: dict[tuple[int, str], ContentFormat] = {}
 _tools_cache: dict[tuple[int, str], bool] = {}
+# A template that reads a turn's chain of thought from `thinking` (GPT-OSS's) rather than
+# `reasoning_content` (Qwen3's, DeepSeek-R1's, GLM's).
+_READS_THINKING = re.compile(r"""message\s*(\.\s*thinking\b|\[\s*['"]thinking['"]\s*\])|"""
+                             r"""['"]thinking['"]\s+in\s+message\b""")
 
 
 def load_chat_template(spec: str) -> str:
@@ -119,6 +126,7 @@ def to_template_messages(messages: Sequence[ChatMessage], tokenizer: Any,
     processor, whose template takes content-part lists)."""
     fmt = "openai" if images else content_format(tokenizer, chat_template)
     template = _template_of(tokenizer, chat_template)
+    reasoning_key = reasoning_field(template)
     out = []
     for i, m in enumerate(messages):
         role = m.role
@@ -139,9 +147,16 @@ def to_template_messages(messages: Sequence[ChatMessage], tokenizer: Any,
         if m.tool_call_id is not None:
             msg["tool_call_id"] = m.tool_call_id
         if m.reasoning_content is not None:
-            msg["reasoning_content"] = m.reasoning_content
+            msg[reasoning_key] = m.reasoning_content
         out.append(msg)
-    return out
+    return harmony_turns(out) if is_harmony_template(template) else out
+
+
+def reasoning_field(template: str) -> str:
+    """The message field the template reads an earlier turn's reasoning from."""
+    if "reasoning_content" not in template and _READS_THINKING.search(template):
+        return "thinking"
+    return "reasoning_content"
 
 
 def template_call_kwargs(tokenizer: Any, tools: list[dict[str, Any]] | None,

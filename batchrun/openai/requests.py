@@ -13,8 +13,8 @@ import logging
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator,
-                      model_validator)
+from pydantic import (AliasChoices, BaseModel, ConfigDict, Discriminator, Field, Tag,
+                      field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,10 @@ class ChatMessage(StrictModel):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
-    reasoning_content: str | None = None
+    # An earlier turn's chain of thought, under either name vLLM has given it (`reasoning` in
+    # its newer responses); render.py hands it to the template under the name it reads.
+    reasoning_content: str | None = Field(
+        None, validation_alias=AliasChoices("reasoning_content", "reasoning"))
 
 
 class FunctionDefinition(_Open):

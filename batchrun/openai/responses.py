@@ -95,6 +95,7 @@ def _messages(request: ResponsesRequest,
     if isinstance(request.input, str):
         messages.append({"role": "user", "content": request.input})
         return messages
+    thought: list[str] = []  # reasoning items' text, for the assistant turn they precede
     for i, item in enumerate(request.input):
         where = f"input.{i}"
         kind = item.get("type", "message" if "role" in item else None)
@@ -105,6 +106,9 @@ def _messages(request: ResponsesRequest,
             messages.append({"role": role,
                              "content": _content(item.get("content"), f"{where}.content")})
             origins.append(where)
+            if role == "assistant":
+                _attach(messages[-1], thought)
+            thought = []
         elif kind == "function_call":
             call = {"id": _string(item, "call_id", where), "type": "function",
                     "function": {"name": _string(item, "name", where),
@@ -116,11 +120,16 @@ def _messages(request: ResponsesRequest,
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
                 origins.append(None)
+            _attach(messages[-1], thought)
+            thought = []
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
                              "content": _content(item.get("output"), f"{where}.output")})
             origins.append(None)
-        elif kind == "reasoning":
+        elif kind == "reasoning":  # the chain of thought of the turn that follows
+            thought += [part["text"] for part in item.get("content") or []
+                        if isinstance(part, dict) and part.get("type") == "reasoning_text"
+                        and isinstance(part.get("text"), str)]
             continue
         elif kind == "item_reference":
             raise _bad(f"{where}.type", "item_reference needs stored responses, which batchrun "
@@ -132,6 +141,13 @@ def _messages(request: ResponsesRequest,
     if not any(m["role"] != "system" for m in messages):
         raise _bad("input", "needs at least one message that is not a system message")
     return messages
+
+
+def _attach(turn: dict[str, Any], thought: list[str]) -> None:
+    """Reasoning items' text as the assistant turn's reasoning_content (what a chat request's
+    earlier turn carries; render.py passes it on under the name the template reads)."""
+    if thought and "reasoning_content" not in turn:
+        turn["reasoning_content"] = "\n".join(thought)
 
 
 def _tools(request: ResponsesRequest) -> list[dict[str, Any]] | None:

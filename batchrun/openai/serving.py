@@ -29,8 +29,7 @@ from batchrun.openai.images import has_images, render_with_images
 from batchrun.openai.logprobs import TokenText
 from batchrun.openai.media import MediaFetcher
 from batchrun.openai.params import check_model_field, to_sampling_params
-from batchrun.openai.parsers import (ToolParser, detect_tool_parser, reasoning_parser,
-                                     tool_parser)
+from batchrun.openai.parsers import ToolParser, choose_parsers
 from batchrun.openai.parsers.first_call import FirstCallOnly
 from batchrun.openai.prepared import PreparedRequest
 from batchrun.models.classifier import ClassifierHead
@@ -98,10 +97,9 @@ class OpenAIServing:
         self.tokenizer = model.tokenizer
         self.texts = TokenText(self.tokenizer)
         template = options.chat_template or getattr(self.tokenizer, "chat_template", None) or ""
-        name = options.tool_parser or detect_tool_parser(template, _model_type(model.path))
-        self.tool_parser: ToolParser | None = tool_parser(name) if name else None
-        self.reasoning = reasoning_parser(options.reasoning_parser) \
-            if options.reasoning_parser else None
+        self.tool_parser: ToolParser | None
+        self.tool_parser, self.reasoning = choose_parsers(
+            options.tool_parser, options.reasoning_parser, template, _model_type(model.path))
         try:
             self.vocab_size: int | None = len(self.tokenizer)
         except TypeError:

@@ -11,8 +11,10 @@ from batchrun.options.fields import option
 
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 # The parsers batchrun.openai.parsers registers (it checks, on import, that they are these).
-ToolParserName = Literal["harmony", "hermes", "llama3", "llama3_json", "mistral", "openai", "qwen"]
-ReasoningParserName = Literal["deepseek_r1", "qwen3", "think"]
+# Aliases included (batchrun.openai.parsers.ALIASES: vLLM's names and short forms).
+ToolParserName = Literal["harmony", "hermes", "llama3", "llama3_json", "llama4_json", "mistral",
+                         "openai", "qwen"]
+ReasoningParserName = Literal["deepseek_r1", "harmony", "mimo", "openai_gptoss", "qwen3", "think"]
 # How /v1/embeddings pools the final hidden states (batchrun.engine.pooling).
 PoolingName = Literal["last", "mean", "cls"]
 
@@ -39,12 +41,15 @@ class OpenAIOptions(BaseModel):
         None, "A Jinja chat template file overriding the model's (e.g. one that renders tools: "
         "batchrun/openai/templates/chatml_tools.jinja).", metavar="FILE")
     tool_parser: ToolParserName | None = option(
-        None, "How tool calls are read from the output (harmony, alias openai: GPT-OSS's "
-        "channels, which also give reasoning_content) [default: from the chat template's "
-        "markers; harmony for a gpt_oss model].")
+        None, "How tool calls are read from the output: hermes (alias qwen), llama3_json "
+        "(aliases llama3, llama4_json), mistral, harmony (alias openai: GPT-OSS's channels, "
+        "which also give reasoning_content) [default: from the chat template's markers; "
+        "harmony for a gpt_oss model].")
     reasoning_parser: ReasoningParserName | None = option(
-        None, "Move <think>...</think> into message.reasoning_content [default: leave it in "
-        "content].")
+        None, "Move <think>...</think> into message.reasoning_content: qwen3 (alias mimo), "
+        "deepseek_r1 (the thought opened in the prompt), think; harmony (alias openai_gptoss) "
+        "is the Harmony tool parser, which splits GPT-OSS's reasoning itself [default: leave "
+        "it in content; Harmony's split for a gpt_oss model].")
     pooling: PoolingName | None = option(
         None, "How /v1/embeddings pools the final hidden states over an input: the last "
         "token's, their mean, or the first token's (cls) [default: the model folder's "

@@ -29,7 +29,8 @@ def test_serve_rejects_an_unknown_parser():
     proc = subprocess.run([sys.executable, "-m", "batchrun", "serve", "--reasoning-parser", "x"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--reasoning-parser" in proc.stderr
-    assert "'x' is not one of 'deepseek_r1', 'qwen3', 'think'" in proc.stderr
+    assert "'x' is not one of 'deepseek_r1', 'harmony', 'mimo', 'openai_gptoss', 'qwen3', " \
+        "'think'" in proc.stderr
 
 
 @pytest.mark.parametrize("args, env_key", [(["--api-key", ""], None), (["--api-key", "  "], None),

@@ -141,6 +141,33 @@ def test_parser_detection_from_templates():
         tool_parser("nope")
 
 
+def test_vllms_names_are_aliases_of_the_same_parsers():
+    from typing import get_args
+
+    from batchrun.openai.parsers import ALIASES, TOOL_PARSERS, choose_parsers
+    from batchrun.options.openai import ReasoningParserName, ToolParserName
+
+    assert {name: type(tool_parser(name)) for name in ("openai", "llama4_json", "llama3", "qwen")} \
+        == {"openai": TOOL_PARSERS["harmony"], "llama4_json": TOOL_PARSERS["llama3_json"],
+            "llama3": TOOL_PARSERS["llama3_json"], "qwen": TOOL_PARSERS["hermes"]}
+    assert reasoning_parser("mimo") is REASONING_PARSERS["qwen3"]
+    # --help and job-spec validation take every name, aliases too
+    assert set(ALIASES["tool"]) <= set(get_args(ToolParserName))
+    assert set(ALIASES["reasoning"]) <= set(get_args(ReasoningParserName))
+    # openai_gptoss is Harmony's reasoning: the Harmony tool parser splits it, whatever the template
+    for name in ("openai_gptoss", "harmony"):
+        tools, reasoning = choose_parsers(None, name, "{{ messages }}", None)
+        assert tools.name == "harmony" and reasoning is None
+    assert choose_parsers("openai", "openai_gptoss", "", None)[0].name == "harmony"
+    with pytest.raises(ValueError, match="--reasoning-parser openai_gptoss reads the harmony "
+                                         "output format, which --tool-parser hermes does not"):
+        choose_parsers("hermes", "openai_gptoss", "", None)
+    tools, reasoning = choose_parsers(None, "qwen3", "<tool_call>", None)
+    assert tools.name == "hermes" and reasoning is REASONING_PARSERS["qwen3"]
+    with pytest.raises(ValueError, match="unknown tool parser 'pythonic'"):
+        tool_parser("pythonic")  # vLLM's, a format batchrun does not read: no alias
+
+
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]

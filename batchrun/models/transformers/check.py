@@ -126,8 +126,13 @@ def lora_support(model, hf, impl: str) -> str:
     """Whether LoRA adapters run on the model, and on which of its modules."""
     if impl == "native":
         if expert_counts(hf)[0]:  # models/moe.py, gpt_oss.py: experts are no linears
-            return ("yes: q_proj, k_proj, v_proj, o_proj (on the fused qkv_proj), and "
-                    "gate_proj, up_proj, down_proj of dense layers only, not the experts")
+            from batchrun.models import native
+
+            n = native.module_for(hf).ModelConfig.from_hf(hf).sparse_layers.count(False)
+            dense = f", and gate_proj, up_proj, down_proj of its {n} dense layer" \
+                f"{'s' if n > 1 else ''}" if n else ""
+            return f"yes: q_proj, k_proj, v_proj, o_proj (on the fused qkv_proj){dense}; not " \
+                "the experts"
         return ("yes: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (on the "
                 "fused qkv_proj and gate_up_proj)")
     if model is None:

@@ -30,6 +30,11 @@ _RECIPIENT = re.compile(r"to=([^\s<]+)")
 _CHANNEL = re.compile(re.escape(CHANNEL) + r"\s*([^\s<]+)")
 
 
+def is_harmony_template(template: str) -> bool:
+    """Whether a chat template writes Harmony (GPT-OSS's: its messages carry channels)."""
+    return CHANNEL in template
+
+
 def _kind(header: str) -> tuple[str, str | None]:
     """("call", tool name) | ("reasoning", None) | ("content", None) for a message header."""
     recipient = _RECIPIENT.search(header)
