@@ -158,11 +158,20 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
         return count * _elem(dt)
 
     extra = 0
-    if logits_in_bf16(quantization):  # the logits matrix in bfloat16 instead of a dt copy
-        logits = cfg.vocab_size * cfg.hidden_size
+    logits = cfg.vocab_size * cfg.hidden_size
+    if quantization == "int8" and stored is None and _native(cfg) and not cfg.num_labels:
+        # calibrated: the logits layer is a smoothed int8 one (quant/smoothquant.py LOGITS)
+        from batchrun.models.quant.int8_linear import Int8Linear
+        from batchrun.models.quant.smoothquant import LOGITS_OUTLIERS, smoothed_bytes
+
+        logits_bytes = (Int8Linear.nbytes(cfg.vocab_size, cfg.hidden_size)
+                        + smoothed_bytes(cfg.vocab_size, cfg.hidden_size, LOGITS_OUTLIERS))
+    else:
+        logits_bytes = logits * 2 if logits_in_bf16(quantization) else None  # bfloat16
+    if logits_bytes is not None:  # in place of a dt copy of the logits matrix
         if not cfg.tie_word_embeddings or packed:
             count -= logits
-        extra += logits * 2
+        extra += logits_bytes
     for (out_features, in_features), n in quantized_linear_shapes(cfg).items():
         count -= out_features * in_features * n
         extra += linear_class(quantization).nbytes(out_features, in_features) * n

@@ -251,7 +251,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--systems", default="batchrun,hf-static", help="comma list of "
                     "batchrun, batchrun-run (the whole `batchrun run` CLI in a subprocess, files in and "
                     "out), batchrun-run@REV (the same with git revision REV's package: today's code "
-                    "against an earlier one's), batchrun-no-prefix-cache, hf-static, hf-paged, "
+                    "against an earlier one's; batchrun-run[quantization=int8] and "
+                    "batchrun-run@REV[quantization=int8] add CLI options), batchrun-no-prefix-cache, "
+                    "hf-static, hf-paged, "
                     f"{', '.join(MODE_SYSTEMS)}, {', '.join(CT2_SYSTEMS)} (CTranslate2, the "
                     "`bench` extra); a batchrun entry "
                     "may override engine options: 'batchrun[max_num_seqs=64;kv_cache_dtype=float16]'")
@@ -314,9 +316,11 @@ def main(argv: list[str] | None = None) -> None:
             variant = llm.load(args.model, EngineConfig.default(**{**base, **overrides}))
             results.append(run_batchrun(variant, work, system))
             del variant
-        elif system == "batchrun-run" or system.startswith("batchrun-run@"):
-            revision = system.partition("@")[2] or None
-            results.append(run_cli(lines, cli_options(args), system, revision))
+        elif system == "batchrun-run" or system.startswith(("batchrun-run@", "batchrun-run[")):
+            revision = system.partition("@")[2].partition("[")[0] or None
+            extra = [] if "[" not in system else [
+                x for k, v in parse_overrides(system).items() for x in (f"--{k.replace('_', '-')}", str(v))]
+            results.append(run_cli(lines, cli_options(args) + extra, system, revision))
         elif system == "batchrun-no-prefix-cache":
             loaded.engine.kv.enable_prefix_caching = False
             results.append(run_batchrun(loaded, work, system))

@@ -9,6 +9,7 @@ whole context, each prefill chunk a gathered copy of its cached context) reads f
 
     python benchmarks/step_breakdown.py [WORKLOAD] [--dtype bfloat16] [--fewshot]
         [--fewshot-prefixes N] [--attention-kernel cascade|legacy] [--max-tokens N]
+        [--quantization int8]
 
 WORKLOAD defaults to the generated benchmarks/data/humaneval_chat.jsonl (benchmarks/workloads.py).
 """
@@ -54,12 +55,12 @@ def kv_rows_read(meta) -> tuple[int, int]:
 
 
 def counting(fn):
-    def wrapper(q, k, v, k_cache, v_cache, meta, scale):
+    def wrapper(q, k, v, k_cache, v_cache, meta, *rest, **kwargs):
         read, legacy = kv_rows_read(meta)
         KV_ROWS["read"] += read
         KV_ROWS["legacy"] += legacy
         KV_ROWS["bytes per row"] = k_cache.shape[1] * k_cache.shape[2] * k_cache.element_size() * 2
-        return fn(q, k, v, k_cache, v_cache, meta, scale)
+        return fn(q, k, v, k_cache, v_cache, meta, *rest, **kwargs)
     return wrapper
 
 
@@ -67,6 +68,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("workload", nargs="?", help="chat batch JSONL [benchmarks/data/humaneval_chat.jsonl]")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--quantization", default="none", help="as batchrun's --quantization (int8, ...)")
     ap.add_argument("--limit", type=int)
     ap.add_argument("--fewshot", action="store_true", help="the bench's few-shot sweep built from "
                     "WORKLOAD (a HumanEval chat batch file) instead of WORKLOAD itself")
@@ -81,7 +83,8 @@ def main() -> None:
     read_batch_file(args.workload)  # a missing file stops here, before the model loads
 
     loaded = llm.load(None, EngineConfig.default(dtype=args.dtype,
-                                                 attention_kernel=args.attention_kernel))
+                                                 attention_kernel=args.attention_kernel,
+                                                 quantization=args.quantization))
     engine = loaded.engine
     step_timers.install(engine)
     llama.paged_attention = counting(llama.paged_attention)
@@ -96,7 +99,7 @@ def main() -> None:
     total = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in outs)
     print(f"{len(work.prompts)} requests, {generated} output tokens in {total:.1f} s "
-          f"({generated / total:.1f} output tok/s), dtype {args.dtype}, attention "
+          f"({generated / total:.1f} output tok/s), dtype {args.dtype}, quantization {args.quantization}, attention "
           f"{args.attention_kernel}")
     print(f"{'call':32}{'calls':>8}{'seconds':>10}{'share':>8}")
     for name, sec in step_timers.SECONDS.most_common():

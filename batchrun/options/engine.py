@@ -53,8 +53,8 @@ class DeviceConfig(BaseModel):
                           "CUDA.")
     quantization: Literal["none", "int8", "int8-weight", "int4-weight", "gguf", "bf16"] = option(
         "none", "CPU linear layers at reduced precision, quantized at load (the logits layer "
-        "stays in --dtype). int8: int8 weights per output channel and int8 activations per "
-        "token (int8 GEMMs); int8-weight / int4-weight: weights only (int4 in groups of 32; a "
+        "stays in --dtype, except int8's). int8: int8 weights per output channel and int8 "
+        "activations per token (int8 GEMMs, calibrated at load, the logits layer too); int8-weight / int4-weight: weights only (int4 in groups of 32; a "
         "GGUF's Q4_0/Q4_1/Q4_K blocks as they are), float activations; gguf: a GGUF's "
         "projections in their own formats, exactly (Q4_0/Q4_1/Q4_K as int4, Q8_0/Q5_K/Q6_K as "
         "grouped int8; other block types refused); bf16: bfloat16 GEMMs in a float32 model. "

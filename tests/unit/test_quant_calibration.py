@@ -21,11 +21,11 @@ TOKEN_WINDOWS = calibration.token_windows  # the real one (the tests below patch
 
 def _tiny(arch, path):
     """A tiny model with this model family's outliers: a few residual-stream channels that the
-    norms scale up 20x."""
+    norms (the final one too) scale up 20x."""
     make_tiny(arch, path, archs=BACKEND_ARCHS)
     weights = load_file(path / "model.safetensors")
     for key, tensor in weights.items():
-        if key.endswith("layernorm.weight"):
+        if key.endswith("layernorm.weight") or key == "model.norm.weight":
             tensor[list(OUTLIER_CHANNELS)] = 20.0
     save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
 
@@ -78,6 +78,27 @@ def test_every_native_family_gets_smoothed_int8_layers(arch, smoothed_per_layer,
         assert set(OUTLIER_CHANNELS) <= set(layer.self_attn.qkv_proj.outliers.tolist())
         # folded into the norm: its weight is divided by the factors the qkv layer recorded
         assert layer.self_attn.qkv_proj.input_divided_by is not None
+    # the logits layer too, smoothed inside the layer (the final norm's output is also pooled)
+    assert isinstance(model.lm_head, Int8Linear) and model.lm_head.input_divided_by is None
+    assert set(OUTLIER_CHANNELS) <= set(model.lm_head.outliers.tolist())
+
+
+@pytest.mark.parametrize("arch", ["llama", "tied"])
+def test_calibrated_int8_logits_are_closer_to_float64_than_plain_int8(arch, tmp_path):
+    """The logits layer of the calibrated model against the float64 logits of its float weights,
+    on hidden states with the final norm's outlier channels."""
+    make_tiny(arch, tmp_path / "m")
+    weights = load_file(tmp_path / "m" / "model.safetensors")
+    weights["model.norm.weight"][list(OUTLIER_CHANNELS)] = 20.0
+    save_file(weights, tmp_path / "m" / "model.safetensors", metadata={"format": "pt"})
+    w = weights.get("lm_head.weight", weights["model.embed_tokens.weight"]).double()
+    logits = _load(tmp_path / "m", "int8").runner.model.lm_head
+    hidden = torch.randn(64, w.shape[1], generator=torch.Generator().manual_seed(5))
+    hidden[:, list(OUTLIER_CHANNELS)] *= 20
+    expected = hidden.double() @ w.T
+    smoothed_error = (logits(hidden).double() - expected).abs().mean()
+    plain_error = (Int8Linear(w.float(), None)(hidden).double() - expected).abs().mean()
+    assert smoothed_error < 0.25 * plain_error, (float(smoothed_error), float(plain_error))
 
 
 def test_a_second_load_reads_the_cached_calibration(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from batchrun.engine import kernels
-from batchrun.models.quant.activations import quantize_rows, rescale_rows
+from batchrun.models.quant.activations import quantize_rows, quantize_rows_split, rescale_rows
 
 pytestmark = pytest.mark.skipif(kernels.library(("-DNO_SPECIALISED",)) is None,
                                 reason="no C compiler here")
@@ -65,6 +65,32 @@ def test_rescale_rows_matches_pytorch(path, bias):
     expected = y * scale + (b if bias else 0)
     rescale_rows(y, scale, b, _lib(path))
     torch.testing.assert_close(y, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("path,rows", [(p, 3) for p in ("native", "avx2", "portable")]
+                         + [("native", 1900)])  # 1900 x 576: threaded
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_rows_split_matches_float64(path, rows, dtype):
+    """A smoothed Int8Linear's input pass: the outlier columns of x as they are, then x * mult
+    quantized as quantize_rows(unsigned=True) would (q + 128, q = round(x * mult / s))."""
+    torch.manual_seed(rows)
+    cols = 576
+    x = (torch.randn(rows, cols) * 3).to(dtype)
+    outliers = torch.tensor([0, 7, 300, 575])
+    x[:, outliers] *= 50  # the outliers dwarf the rest, as they do in the model
+    mult = (torch.rand(cols) + 0.5).index_fill_(0, outliers, 0.0)
+    u, scale, x_out = quantize_rows_split(x, mult, outliers, _lib(path))
+    assert torch.equal(x_out, x.float()[:, outliers])
+    x64 = x.double() * mult.double()
+    ref_scale = x64.abs().amax(dim=1, keepdim=True) / 127
+    torch.testing.assert_close(scale.double(), ref_scale, rtol=1e-6, atol=0)
+    exact = x64 / ref_scale
+    ref_u = torch.round(exact) + 128
+    at_tie = (exact.abs().remainder(1) - 0.5).abs() < 1e-4
+    assert (u.double() - ref_u).abs().max() <= 1 and not ((u.double() != ref_u) & ~at_tie).any()
+    assert (u[:, outliers] == 128).all()
+    ref = quantize_rows_split(x, mult, outliers)  # the PyTorch ops it replaces
+    assert torch.equal(ref[2], x_out) and (ref[0].int() - u.int()).abs().max() <= 1
 
 
 @pytest.mark.parametrize("path", ["native", "avx2", "portable"])

@@ -119,14 +119,16 @@ def test_quality_gate_figures_are_computed_and_finite(tmp_path):
 def test_footprint_counts_the_quantized_weights(quantization, arch, fast_bf16, tmp_path, monkeypatch):
     from batchrun.footprint import weights_bytes
     from batchrun.models.quant.bf16_linear import Bf16Linear
+    from batchrun.models.quant.int8_linear import Int8Linear
 
     monkeypatch.setattr(cpu, "has_fast_bf16", lambda: fast_bf16)
     make_tiny(arch, tmp_path)
     cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
     model = build_model(LlamaModel, cfg, tmp_path, CPU, torch.float32, quantization)
     assert weights_bytes(cfg, "float32", quantization=quantization) == held_bytes(model)
-    # int8's logits: a bfloat16 GEMM where the CPU has fast bfloat16, else float32
-    assert isinstance(model.lm_head, Bf16Linear) == (quantization == "int8" and fast_bf16)
+    # int8's logits: calibrated int8 (quant/smoothquant.py); bf16's are float32
+    assert isinstance(model.lm_head, Int8Linear) == (quantization == "int8")
+    assert not isinstance(model.lm_head, Bf16Linear)
 
 
 def test_plan_calibrates_quantized_runs_apart_from_float_ones():

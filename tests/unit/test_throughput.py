@@ -71,6 +71,24 @@ def test_step_recorder_times_the_layers_on_the_fused_cpu_path(tiny_config):
         assert 0 < layer_s <= step_s
 
 
+def test_the_int8_bench_model_has_a_calibrated_loads_layers(tiny_config):
+    """The cost model times int8 on what an int8 load runs: smoothed projections with float
+    outlier channels and the int8 logits layer (not plain W8A8 and a bfloat16 logits GEMM)."""
+    import torch
+
+    from batchrun.engine.engine import Engine
+    from batchrun.engine.sampling_params import SamplingParams
+    from batchrun.models.quant.int8_linear import Int8Linear
+
+    model, _ = _bench_model(tiny_config, 2, torch.device("cpu"), torch.float32, "int8")
+    assert isinstance(model.lm_head, Int8Linear) and model.lm_head.outliers is not None
+    assert all(layer.self_attn.qkv_proj.outliers is not None for layer in model.layers)
+    engine = Engine(model, _NoTokenizer(), EngineConfig.default(device="cpu"), [],
+                    torch.device("cpu"), torch.float32, 64, 256)
+    out = engine.generate([[5, 6, 7, 8]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3
+
+
 def test_calibration_respects_small_max_num_seqs(tiny_config):
     cal = calibrate(tiny_config, EngineConfig.default(device="cpu", max_num_seqs=4,
                                                       max_num_batched_tokens=64), seconds=0.5)

@@ -43,6 +43,13 @@ def _bench_model(model_cfg, layers: int, device, dtype, quantization: str = "non
     model = model.to_empty(device=device).to(dtype)
     model.rope = type(model.rope)(cfg).to(device)
     _randomise(model, device)
+    if quantization == "int8":  # as a calibrated load's layers (smoothed, outlier channels, int8 logits)
+        from batchrun.models.quant import smoothquant
+
+        maxima = {n: torch.ones(lin.in_features) for n, (lin, _) in smoothquant.targets(model).items()}
+        if smoothquant.has_logits_layer(model):
+            maxima[smoothquant.LOGITS] = torch.ones(cfg.hidden_size)
+        smoothquant.smooth_and_quantize(model, maxima)
     # As llm.build_model does after loading the weights.
     pack_float = device.type == "cpu" and packed_linear.available(dtype)
     if pack_float or quantization != "none":

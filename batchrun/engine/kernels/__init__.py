@@ -136,6 +136,7 @@ def _library(extra_flags: tuple[str, ...]):
         "kv_write": (None, [p] * 5 + [i64] * 3 + [i] * 2),
         "quantize_rows_int8": (None, [p] * 3 + [i64] * 2 + [i] * 2),
         "quantize_rows_u8": (None, [p] * 3 + [i64] * 2 + [i] * 2),
+        "quantize_rows_split_u8": (None, [p] * 3 + [i64] + [p] * 3 + [i64] * 2 + [i] * 2),
         "scale_rows": (None, [p] * 3 + [i64] * 2 + [i]),
         "expert_gemm": (None, [p] * 5 + [i64] * 3 + [i] * 2),
         "grouped_int8_linear": (None, [p] * 5 + [i64] * 4 + [i] * 2),

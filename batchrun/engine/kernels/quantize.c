@@ -8,7 +8,10 @@
 #include "dtypes.h"
 #include "parallel.h"
 
-typedef struct { const void *x; int8_t *q; float *scales; int64_t cols; int kind; int flip; } QuantRows;
+typedef struct {
+    const void *x; int8_t *q; float *scales; int64_t cols; int kind; int flip;
+    const float *mult; const int64_t *outliers; int64_t n_out; float *x_out;  // mult..x_out: optional
+} QuantRows;
 typedef struct { float *y; const float *scales; const float *bias; int64_t cols; } ScaleRows;
 typedef struct { void (*fn)(const void *, int64_t, int64_t); const void *ctx; int64_t rows; int parts; } Split;
 
@@ -34,10 +37,22 @@ static void quantize_part(const void *arg, int64_t first, int64_t last) {
     float buf[4096];
     for (int64_t r = first; r < last; r++) {
         const float *x;
-        if (a->kind == F32 || n > 4096) {
-            x = (const float *)a->x + r * n;  // (a wider bfloat16 row is refused in Python)
+        if ((a->kind == F32 && !a->mult && !a->n_out) || n > 4096) {
+            x = (const float *)a->x + r * n;  // (a wider bfloat16 or multiplied row: refused in Python)
         } else {
-            for (int64_t i = 0; i < n; i++) buf[i] = load_elt(a->kind, a->x, r * n + i);
+            const float *xf = (const float *)a->x + r * n;
+            if (a->kind == F32) {
+                for (int64_t j = 0; j < a->n_out; j++) a->x_out[r * a->n_out + j] = xf[a->outliers[j]];
+#pragma omp simd
+                for (int64_t i = 0; i < n; i++) buf[i] = xf[i] * a->mult[i];
+            } else {
+                for (int64_t i = 0; i < n; i++) buf[i] = load_elt(a->kind, a->x, r * n + i);
+                for (int64_t j = 0; j < a->n_out; j++) a->x_out[r * a->n_out + j] = buf[a->outliers[j]];
+                if (a->mult) {
+#pragma omp simd
+                    for (int64_t i = 0; i < n; i++) buf[i] *= a->mult[i];
+                }
+            }
             x = buf;
         }
         float amax = 0.f;
@@ -54,14 +69,23 @@ static void quantize_part(const void *arg, int64_t first, int64_t last) {
 
 void quantize_rows_int8(const void *x, int8_t *q, float *scales, int64_t rows, int64_t cols,
                         int kind, int threads) {
-    const QuantRows a = {x, q, scales, cols, kind, 0};
+    const QuantRows a = {x, q, scales, cols, kind, 0, 0, 0, 0, 0};
     over_rows(quantize_part, &a, rows, cols, threads);
 }
 
 // As quantize_rows_int8, each value stored as the uint8 q + 128 (zero point 128).
 void quantize_rows_u8(const void *x, uint8_t *q, float *scales, int64_t rows, int64_t cols,
                       int kind, int threads) {
-    const QuantRows a = {x, (int8_t *)q, scales, cols, kind, 0x80};
+    const QuantRows a = {x, (int8_t *)q, scales, cols, kind, 0x80, 0, 0, 0, 0};
+    over_rows(quantize_part, &a, rows, cols, threads);
+}
+
+// As quantize_rows_u8 of x * mult (per column; mult NULL: 1), after copying the n_out columns
+// `outliers` of the unmultiplied x to x_out [rows, n_out] (float32). cols <= 4096.
+void quantize_rows_split_u8(const void *x, const float *mult, const int64_t *outliers, int64_t n_out,
+                            float *x_out, uint8_t *q, float *scales, int64_t rows, int64_t cols,
+                            int kind, int threads) {
+    const QuantRows a = {x, (int8_t *)q, scales, cols, kind, 0x80, mult, outliers, n_out, x_out};
     over_rows(quantize_part, &a, rows, cols, threads);
 }
 

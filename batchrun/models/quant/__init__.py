@@ -12,9 +12,11 @@
   --dtype bfloat16, the residual stream, norms, attention and KV cache stay float32.
 
 The logits layer (lm_head, or the tied embeddings' packed copy) stays in the model's dtype,
-except under int8 on a CPU with fast bfloat16, where it is a bfloat16 GEMM (logits_in_bf16):
-benchmarks/quality.py measured int8 logits at +0.85% perplexity for int8, and bfloat16 logits
-at no change for int8 but 98.6% top-1 instead of 99.7% for bf16. `quantize_linears` is the one
+except under int8: calibrated (a float checkpoint) it is a smoothed int8 layer with float outlier
+channels (smoothquant.py LOGITS); uncalibrated (a stored checkpoint requantized) on a CPU with
+fast bfloat16 it is a bfloat16 GEMM (logits_in_bf16). benchmarks/quality.py measured plain int8
+logits at +0.85% perplexity for int8, and bfloat16 logits at 98.6% top-1 instead of 99.7% for
+bf16. `quantize_linears` is the one
 place a model's nn.Linear layers become quantized modules (packed_linear.pack_linears calls it).
 """
 
@@ -120,8 +122,9 @@ def check_checkpoint(hf_config, device: torch.device | None = None) -> Checkpoin
 
 
 def logits_in_bf16(method: str) -> bool:
-    """Whether `method` computes the logits layer in bfloat16 (a Bf16Linear) here: int8 on a
-    CPU with fast bfloat16, where the float32 logits GEMM was half of an int8 run's linear time."""
+    """Whether `method` computes an uncalibrated logits layer in bfloat16 (a Bf16Linear) here:
+    int8 on a CPU with fast bfloat16, where the float32 logits GEMM was half of an int8 run's
+    linear time (a calibrated int8 model's logits layer is int8 already: smoothquant.py)."""
     from batchrun.models.quant import cpu
 
     return method == "int8" and cpu.has_fast_bf16()

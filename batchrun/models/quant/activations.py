@@ -31,6 +31,27 @@ def quantize_rows(x: torch.Tensor, kernels=None, unsigned: bool = False) -> tupl
     return (q.view(torch.uint8).bitwise_xor(0x80) if unsigned else q), scale
 
 
+def quantize_rows_split(x: torch.Tensor, mult: torch.Tensor, outliers: torch.Tensor,
+                        kernels=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(uint8 q + 128 and scales of x * mult as quantize_rows(unsigned=True) gives them, float32
+    [M, len(outliers)] columns `outliers` of x itself): a smoothed Int8Linear's input in one pass.
+    mult float32 [K], outliers int64 [n]."""
+    rows, cols = x.shape
+    if kernels is not None and x.dtype in (torch.float32, torch.bfloat16) and cols <= _KERNEL_MAX_COLS:
+        from batchrun.engine.kernels import kind
+
+        x = x.contiguous()
+        q = torch.empty((rows, cols), dtype=torch.uint8)
+        scale = torch.empty((rows, 1), dtype=torch.float32)
+        x_out = torch.empty((rows, len(outliers)), dtype=torch.float32)
+        kernels.quantize_rows_split_u8(x.data_ptr(), mult.data_ptr(), outliers.data_ptr(), len(outliers),
+                                       x_out.data_ptr(), q.data_ptr(), scale.data_ptr(), rows, cols,
+                                       kind(x.dtype), torch.get_num_threads())
+        return q, scale, x_out
+    q, scale = quantize_rows(x.float() * mult, kernels, unsigned=True)
+    return q, scale, x.index_select(1, outliers).float()
+
+
 def rescale_rows(y: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, kernels=None) -> None:
     """y[i] = y[i] * scale[i] (+ bias), float32 [M, N] in place."""
     if kernels is not None and y.is_contiguous() and y.dtype == torch.float32:

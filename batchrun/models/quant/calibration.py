@@ -12,6 +12,7 @@ batchrun.paths.cache_dir()/int8-calibration, keyed by the weight files' identity
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -21,11 +22,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from batchrun.models.quant.smoothing import record_input_max
+from batchrun.models.quant.smoothing import record_input_max, record_output_max
 
 log = logging.getLogger(__name__)
 WINDOW = 256
-VERSION = 1  # bump when what the cache holds, or how it is computed, changes
+VERSION = 2  # bump when what the cache holds, or how it is computed, changes (2: the logits input)
 _SAMPLES, _CHUNK = 16, 1 << 16  # of each weight file's bytes hashed for its identity
 
 
@@ -82,22 +83,28 @@ def run_float(model: nn.Module, windows: list[list[int]]) -> None:
 
 
 def input_maxima(model: nn.Module, linears: dict[str, nn.Module], files: list[Path], tokenizer_path: Path,
-                 method: str) -> dict[str, torch.Tensor]:
-    """{name: float32 [in_features]} for `linears` (float nn.Linear modules of `model`): from
+                 method: str, logits: str | None = None) -> dict[str, torch.Tensor]:
+    """{name: float32 [in_features]} for `linears` (float nn.Linear modules of `model`), and
+    with `logits` a name for the logits layer's input (the model's final hidden states): from
     the cache when this model was calibrated before, else measured now and cached."""
     path = cache_path(files, method, model.embed_tokens.weight.dtype)
+    sizes = {n: m.in_features for n, m in linears.items()}
+    if logits:
+        sizes[logits] = model.embed_tokens.weight.shape[1]
     if path.is_file():
         try:
             cached = torch.load(path, weights_only=True)
-            if set(cached) == set(linears) and all(
-                    cached[n].shape == (m.in_features,) for n, m in linears.items()):
+            if set(cached) == set(sizes) and all(cached[n].shape == (k,) for n, k in sizes.items()):
                 log.debug("int8 calibration from %s", path)
                 return cached
         except (RuntimeError, OSError, ValueError) as exc:
             log.warning("ignoring the unreadable int8 calibration cache %s: %s", path, exc)
     windows = token_windows(tokenizer_path)
-    with record_input_max(linears) as stats:
+    final_hidden = record_output_max(model, sizes[logits]) if logits else contextlib.nullcontext()
+    with record_input_max(linears) as stats, final_hidden as final:
         run_float(model, windows)
+    if logits:
+        stats[logits] = final
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     torch.save(stats, tmp)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from batchrun.models.quant import cpu
-from batchrun.models.quant.activations import quantize_rows, rescale_rows
+from batchrun.models.quant.activations import quantize_rows, quantize_rows_split, rescale_rows
 
 log = logging.getLogger(__name__)
 # Up to this many rows of bfloat16 activations the weight-only kernel wins; above it (and for
@@ -117,12 +117,15 @@ class Int8Linear(nn.Module):
         if x2.shape[0] == 0:
             return x.new_empty(*shape[:-1], self.out_features)
         x_float = None
-        if self.outliers is not None:
-            x_float = x2.index_select(1, self.outliers).float()
-            x2 = x2 * self.channel_mult.to(x2.dtype)
-        elif self.inv_smooth is not None:
-            x2 = x2 * self.inv_smooth.to(x2.dtype)
-        qx, x_scale = quantize_rows(x2, self.kernels, unsigned=self.onednn)
+        if self.outliers is not None and self.onednn:  # one pass: gather, multiply, quantize
+            qx, x_scale, x_float = quantize_rows_split(x2, self.channel_mult, self.outliers, self.kernels)
+        else:
+            if self.outliers is not None:
+                x_float = x2.index_select(1, self.outliers).float()
+                x2 = x2 * self.channel_mult.to(x2.dtype)
+            elif self.inv_smooth is not None:
+                x2 = x2 * self.inv_smooth.to(x2.dtype)
+            qx, x_scale = quantize_rows(x2, self.kernels, unsigned=self.onednn)
         if self.onednn:
             y = onednn_qlinear_u8(qx, self.packed, self.w_scale, self.w_zero)
         else:  # exact while the int32 sums stay below 2**24 (float32's integers); relative 6e-8 above
@@ -130,7 +133,9 @@ class Int8Linear(nn.Module):
         rescale_rows(y, x_scale, self.bias, self.kernels)
         if x_float is not None:
             y.addmm_(x_float, self.float_part)
-        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+        if x.dtype != torch.float32:
+            y = y.to(x.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
 
     def dequantized_weight(self) -> torch.Tensor:
         """The weights this layer's GEMMs compute with, in the input's own scale."""

@@ -43,3 +43,21 @@ def record_input_max(modules: dict[str, nn.Module]):
     finally:
         for h in handles:
             h.remove()
+
+
+@contextlib.contextmanager
+def record_output_max(module: nn.Module, size: int):
+    """While open, float32 [size]: the largest |output| each channel of `module`'s output (a
+    decoder's final hidden states: the logits layer's input) has reached."""
+    stats = torch.zeros(size)
+
+    def record(_module, _args, out):
+        y = out.detach().reshape(-1, size).float()
+        if y.shape[0]:
+            torch.maximum(stats, y.abs().amax(dim=0), out=stats)
+
+    handle = module.register_forward_hook(record)
+    try:
+        yield stats
+    finally:
+        handle.remove()
