@@ -12,7 +12,8 @@ from batchrun.engine.attention.cpu_kernel import kernel_attention
 
 pytestmark = pytest.mark.skipif(kernels.library() is None, reason="no C compiler here")
 PATHS = {"avx512": 2, "avx2": 1, "portable": 0}
-TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2,
+             torch.float8_e4m3fn: 2e-5}  # the reference reads the same fp8 values
 
 
 def cpu_has(flag: str) -> bool:

@@ -17,5 +17,14 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                      slot_mapping.data_ptr(), k.shape[0], k.stride(0), k.shape[1] * k.shape[2],
                      kind(k.dtype), kind(k_cache.dtype))
     else:
-        k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+        store_rows(k_cache, slot_mapping, k)
+        store_rows(v_cache, slot_mapping, v)
+
+
+def store_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """cache[slots] = rows in the cache's dtype (index_copy_; an fp8 cache through its bytes,
+    which index_copy_ takes where it does not take fp8 itself)."""
+    if cache.element_size() == 1:
+        cache.view(torch.uint8).index_copy_(0, slots, rows.to(cache.dtype).view(torch.uint8))
+    else:
+        cache.index_copy_(0, slots, rows.to(cache.dtype))

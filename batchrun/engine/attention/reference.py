@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from batchrun.engine.attention.base import AttentionMetadata
+from batchrun.engine.attention.kv_write import store_rows
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -26,8 +27,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cac
     also see later keys of their sequence (an image's tokens, both ways within the image; the
     step holds the whole image).
     """
-    k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    store_rows(k_cache, meta.slot_mapping, k)
+    store_rows(v_cache, meta.slot_mapping, v)
     starts = meta.query_start.tolist()
     ctx = meta.context_lens.tolist()
     out = torch.empty_like(q)
