@@ -79,35 +79,29 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [12, 13, 14], [5, 6, 7, 8, 9
            list(range(20, 47))]
 
 
-@pytest.fixture
-def engines(tmp_path, monkeypatch):
-    calibrate_int8_on_random_tokens(monkeypatch)
-    # chunked prefill over the fp8 cache and prefix-cache hits (the prompts share a prefix)
-    opts = dict(max_num_batched_tokens=16, num_blocks=64)
-    return {dt: tiny_engine("llama", tmp_path / dt, kv_cache_dtype=dt, **opts)[1]
-            for dt in ("float32", "fp8")}
-
-
 @needs_kernels
-def test_greedy_tokens_match_the_rounded_reference(engines, monkeypatch):
-    fp8 = engines["fp8"]
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])  # gemma2: windowed, soft-capped layers
+def test_an_fp8_engine_against_the_rounded_reference_and_float32(arch, tmp_path, monkeypatch):
+    """Greedy tokens equal the float32 engine's with attention replaced by the reference over
+    e4m3-rounded K/V (same scales); teacher-forced prompt logprobs near float32's: e4m3 keeps
+    3 mantissa bits to bfloat16's 7, and on the llama bfloat16 KV is off by 0.0056 on average
+    (0.054 at most), fp8 by 0.13 (0.54); the bounds leave twice that. Chunked prefill reads the
+    fp8 cache; the prompts share a prefix (cache hits, cascade groups)."""
+    calibrate_int8_on_random_tokens(monkeypatch)
+    opts = dict(max_num_batched_tokens=16, num_blocks=64)
+    fp8, f32 = (tiny_engine(arch, tmp_path / dt, kv_cache_dtype=dt, **opts)[1]
+                for dt in ("fp8", "float32"))
     assert fp8.runner.attention.name == "cpu-kernel" and fp8.runner.kv_caches[0][0].dtype == FP8
-    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    got = [o.outputs[0].token_ids for o in fp8.generate(PROMPTS, params)]
-    ref = engines["float32"]
-    ref.runner.kv_caches = [fp8_kv.layer_caches(k, v, k8.kv_scale, v8.kv_scale)
-                            for (k, v), (k8, v8) in zip(ref.runner.kv_caches, fp8.runner.kv_caches)]
-    monkeypatch.setattr(llama, "paged_attention", rounded_reference)
-    want = [o.outputs[0].token_ids for o in ref.generate(PROMPTS, params)]
-    assert got == want
-
-
-def test_prompt_logprobs_stay_near_float32s(engines):
-    """Teacher-forced, so both score the same tokens (prefill chunks over the fp8 cache). e4m3
-    keeps 3 mantissa bits to bfloat16's 7: on this random model bfloat16 KV is off by 0.0056
-    on average (0.054 at most), fp8 by 0.13 (0.54); the bounds leave twice that."""
-    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
-    lp = {dt: torch.tensor([x for o in e.generate(PROMPTS, params) for x in o.prompt_logprobs.logprob[1:]])
-          for dt, e in engines.items()}
-    diff = (lp["fp8"] - lp["float32"]).abs()
+    scoring = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
+    lp = [torch.tensor([x for o in e.generate(PROMPTS, scoring) for x in o.prompt_logprobs.logprob[1:]])
+          for e in (fp8, f32)]
+    diff = (lp[0] - lp[1]).abs()
     assert 0 < float(diff.mean()) < 0.26 and float(diff.max()) < 1.1
+
+    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in fp8.generate(PROMPTS, greedy)]
+    f32.kv.reset_prefix_cache()  # its cached prefixes hold unrounded K/V
+    f32.runner.kv_caches = [fp8_kv.layer_caches(k, v, k8.kv_scale, v8.kv_scale)
+                            for (k, v), (k8, v8) in zip(f32.runner.kv_caches, fp8.runner.kv_caches)]
+    monkeypatch.setattr(llama, "paged_attention", rounded_reference)
+    assert got == [o.outputs[0].token_ids for o in f32.generate(PROMPTS, greedy)]
