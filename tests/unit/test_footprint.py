@@ -68,6 +68,13 @@ def test_kv_reservation_equals_the_engine_pool(options, window, tiny_folder):
     assert nbytes == sum(k.nbytes + v.nbytes for k, v in engine.runner.tensors)
 
 
+def test_an_fp8_cache_holds_a_byte_per_element_plus_its_scales(tiny_folder):
+    cfg = model_config_for(str(tiny_folder("llama")))
+    f32 = kv_reservation(EngineConfig.default(device="cpu", num_blocks=37), cfg)
+    fp8 = kv_reservation(EngineConfig.default(device="cpu", num_blocks=37, kv_cache_dtype="fp8"), cfg)
+    assert fp8 == (37, f32[1] // 4 + 2 * 4 * cfg.num_layers)
+
+
 def test_model_config_for_folder_gguf_and_registry(tmp_path, tiny_folder, capsys):
     folder = tiny_folder("qwen2")
     assert model_config_for(str(folder)).qkv_bias
