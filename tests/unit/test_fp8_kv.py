@@ -10,6 +10,7 @@ from batchrun.engine.attention import fp8_kv, reference_attention
 from batchrun.engine.attention.kv_write import write_kv
 from batchrun.models import llama
 from tests.helpers import tiny_engine
+from tests.lora_adapters import KINDS, make_adapters
 from tests.tiny_models import calibrate_int8_on_random_tokens
 
 FP8 = torch.float8_e4m3fn
@@ -85,21 +86,27 @@ def test_an_fp8_engine_against_the_rounded_reference_and_float32(arch, tmp_path,
     """Greedy tokens equal the float32 engine's with attention replaced by the reference over
     e4m3-rounded K/V (same scales); teacher-forced prompt logprobs near float32's: e4m3 keeps
     3 mantissa bits to bfloat16's 7, and on the llama bfloat16 KV is off by 0.0056 on average
-    (0.054 at most), fp8 by 0.13 (0.54); the bounds leave twice that. Chunked prefill reads the
-    fp8 cache; the prompts share a prefix (cache hits, cascade groups)."""
+    (0.054 at most), fp8 by 0.13 (0.54); the bounds leave twice that. Half the greedy requests
+    run under a LoRA adapter (its K/V were not calibrated; they round alike); chunked prefill reads the fp8 cache; the prompts share a prefix
+    (cache hits, cascade groups); a pool of 16 blocks of 4 preempts."""
     calibrate_int8_on_random_tokens(monkeypatch)
-    opts = dict(max_num_batched_tokens=16, num_blocks=64)
-    fp8, f32 = (tiny_engine(arch, tmp_path / dt, kv_cache_dtype=dt, **opts)[1]
+    (tmp_path / "base").mkdir()
+    hf, _ = tiny_engine(arch, tmp_path / "base")
+    (name, (path, _)), = make_adapters(hf, tmp_path, kinds=KINDS[:1]).items()
+    opts = dict(max_num_batched_tokens=16, num_blocks=16, lora={name: path})
+    fp8, f32 = (tiny_engine(arch, tmp_path / "base", kv_cache_dtype=dt, **opts)[1]
                 for dt in ("fp8", "float32"))
     assert fp8.runner.attention.name == "cpu-kernel" and fp8.runner.kv_caches[0][0].dtype == FP8
+    adapter = [None, name] * (len(PROMPTS) // 2)
     scoring = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
     lp = [torch.tensor([x for o in e.generate(PROMPTS, scoring) for x in o.prompt_logprobs.logprob[1:]])
           for e in (fp8, f32)]
     diff = (lp[0] - lp[1]).abs()
     assert 0 < float(diff.mean()) < 0.26 and float(diff.max()) < 1.1
 
-    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    greedy = [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, lora=a) for a in adapter]
     got = [o.outputs[0].token_ids for o in fp8.generate(PROMPTS, greedy)]
+    assert fp8.scheduler.num_preemptions > 0
     f32.kv.reset_prefix_cache()  # its cached prefixes hold unrounded K/V
     f32.runner.kv_caches = [fp8_kv.layer_caches(k, v, k8.kv_scale, v8.kv_scale)
                             for (k, v), (k8, v8) in zip(f32.runner.kv_caches, fp8.runner.kv_caches)]
