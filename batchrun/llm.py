@@ -203,7 +203,8 @@ def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: 
     """The engine over `model`, with the LoRA adapters config.lora names (checked now: a bad
     one is a LoraError, a ValueError)."""
     num_blocks, max_model_len, kv_dtype = kv_layout(config, model.config, device, dtype)
-    kv_scales = fp8_kv_scales(model) if kv_dtype.itemsize == 1 else None
+    kv_scales = fp8_kv_scales(model) if kv_dtype.is_floating_point and kv_dtype.itemsize == 1 \
+        else None
     adapters = None
     if config.lora.adapters:
         from batchrun.models.lora import LoraManager
@@ -377,11 +378,11 @@ def kv_dtype_of(name: str, device: torch.device, dtype: torch.dtype) -> torch.dt
     """The KV cache's element type for --kv-cache-dtype `name` (auto: the model's `dtype`)."""
     from batchrun.engine.attention.fp8_kv import NAMES as FP8_NAMES
 
-    if name in FP8_NAMES:
+    if name in FP8_NAMES or name == "int8":
         if device.type != "cpu":
             raise ValueError(f"--kv-cache-dtype {name} runs on the CPU only (the CUDA attention "
                              "kernel reads 16- and 32-bit caches); use bfloat16 or float16 there")
-        return FP8_NAMES[name]
+        return FP8_NAMES.get(name, torch.int8)
     return dtype if name == "auto" else pick_dtype(name, device)
 
 
@@ -390,8 +391,8 @@ def kv_blocks_for(config: EngineConfig, model_cfg, device: torch.device, dtype: 
     cache = config.cache
     if cache.num_blocks:
         return cache.num_blocks
-    elem = torch.tensor([], dtype=dtype).element_size()
-    block_bytes = kv_block_bytes(model_cfg, cache.block_size, elem)
+    block_bytes = kv_block_bytes(model_cfg, cache.block_size, dtype.itemsize,
+                                 4 if dtype == torch.int8 else 0)  # attention/int8_kv.py
     budget = cache.kv_cache_memory
     if budget is None:
         if device.type == "cuda":

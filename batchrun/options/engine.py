@@ -12,7 +12,7 @@ from batchrun.options.fields import OptionsError, option, public_fields, validat
 from batchrun.options.lora import LoraConfig
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
-KvDtype = Literal["auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3"]
+KvDtype = Literal["auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", "int8"]
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
 
@@ -32,7 +32,8 @@ class CacheConfig(BaseModel):
         "auto", "KV cache element type; auto = the model's dtype. 16-bit halves the memory "
         "decode attention reads, and changes outputs slightly; fp8 (= fp8_e4m3, CPU, native "
         "models) stores float8 e4m3 with a K and a V scale per layer from a calibration run "
-        "at load (cached): a quarter of float32's bytes. benchmarks/quality.py measures each.")
+        "at load (cached): a quarter of float32's bytes; int8 (CPU): int8 with a float32 scale "
+        "per token and KV head. benchmarks/quality.py measures each.")
 
 
 class SchedulerConfig(BaseModel):

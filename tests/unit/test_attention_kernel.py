@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from batchrun.engine import kernels
-from batchrun.engine.attention import fp8_kv, paged_attention
+from batchrun.engine.attention import fp8_kv, int8_kv, paged_attention
 from batchrun.engine.attention.cpu_kernel import CpuKernelMetadata
 from batchrun.engine.attention.sdpa import SdpaMetadata
 
@@ -45,7 +45,7 @@ def paged_problem(kv_dtype, B=7, H=6, Hkv=2, D=32, bs=4, seed=0):
 
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2,
-             torch.float8_e4m3fn: 1e-5}  # both read the same fp8 values (and scales)
+             torch.float8_e4m3fn: 1e-5, torch.int8: 1e-5}  # both read the same values, scales
 
 
 # The AVX-512 path is compiled for (query heads per KV head, head_dim) in {1..8} x {64, 128};
@@ -58,6 +58,10 @@ def test_kernel_matches_gather_sdpa(kv_dtype, H, Hkv, D, bs):
     if kv_dtype == torch.float8_e4m3fn:  # a layer's scales (attention/fp8_kv.py)
         kc, vc = fp8_kv.layer_caches(kc, vc, 0.5, 3.0)
         kc_ref, vc_ref = fp8_kv.layer_caches(kc_ref, vc_ref, 0.5, 3.0)
+    if kv_dtype == torch.int8:  # a scale per (slot, KV head) beside the pool (int8_kv.py)
+        scales = [torch.rand(kc.shape[:2]) + 0.01 for _ in range(2)]
+        kc, vc = int8_kv.layer_caches(kc, vc, *scales)
+        kc_ref, vc_ref = int8_kv.layer_caches(kc_ref, vc_ref, *(s.clone() for s in scales))
     expected = paged_attention(q, k, v, kc_ref, vc_ref, reference, D ** -0.5)
     got = paged_attention(q, k, v, kc, vc, kernel, D ** -0.5)
     tol = TOLERANCE[kv_dtype]
@@ -66,6 +70,8 @@ def test_kernel_matches_gather_sdpa(kv_dtype, H, Hkv, D, bs):
     # no torch.equal)
     assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
                for a, b in ((kc, kc_ref), (vc, vc_ref)))
+    if kv_dtype == torch.int8:
+        assert torch.equal(kc.row_scales, kc_ref.row_scales)
 
 
 def test_loading_the_kernels_leaves_the_process_floating_point_mode_alone():

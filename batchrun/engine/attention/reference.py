@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from batchrun.engine.attention.base import AttentionMetadata
-from batchrun.engine.attention.kv_write import store_rows
+from batchrun.engine.attention.kv_write import read_rows, store_rows
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -70,7 +70,9 @@ def _attend_sequences(q: torch.Tensor, ctx: list[int], seqs: list[int], k_cache,
         keys = kpos[:, None, :]
         later = (keys > qpos[:, :, None]) & (keys < until.to(dev)[:, :, None])
         allowed |= valid[:, None, :] & later
-    return attend(q, k_cache[slots], v_cache[slots], allowed, scale, softcap, sinks)
+    dt = torch.promote_types(q.dtype, torch.float32)
+    return attend(q, read_rows(k_cache, slots, dt), read_rows(v_cache, slots, dt), allowed, scale,
+                  softcap, sinks)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float,

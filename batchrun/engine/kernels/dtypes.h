@@ -7,9 +7,10 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { F32 = 0, F16 = 1, BF16 = 2, FP8 = 3 };
+enum { F32 = 0, F16 = 1, BF16 = 2, FP8 = 3, I8 = 4 };  // I8: read only (int8 KV, its scales
+                                                        // per (token, head) beside it)
 
-static inline int elt_size(int kind) { return kind == F32 ? 4 : kind == FP8 ? 1 : 2; }
+static inline int elt_size(int kind) { return kind == F32 ? 4 : kind >= FP8 ? 1 : 2; }
 
 extern float fp8_e4m3_table[256];  // fp8.c fills it when the library loads
 
@@ -32,6 +33,7 @@ static inline float load_elt(int kind, const void *p, int64_t i) {
     if (kind == F32) return ((const float *)p)[i];
     if (kind == F16) return (float)((const _Float16 *)p)[i];
     if (kind == FP8) return fp8_e4m3_table[((const uint8_t *)p)[i]];
+    if (kind == I8) return (float)((const int8_t *)p)[i];
     const uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
     float f;
     memcpy(&f, &bits, 4);
