@@ -220,15 +220,19 @@ def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,
     (llm.kv_layout / kv_blocks_for: kv_cache_memory or num_blocks, else a share of free memory,
     never more than max_num_seqs full-length sequences). `dtype` is the model dtype (None = the
     engine config's); kv_cache_dtype applies on top. Bytes include the one padding block the
-    runner adds; on the CPU they are reserved, and touched (resident) only as blocks fill."""
+    runner adds, and an fp8 cache's scales (a K and a V float32 per layer; an int8 cache's per
+    token and KV head are in the blocks); on the CPU they are
+    reserved, and touched (resident) only as blocks fill."""
     from batchrun.engine.kv_groups import kv_block_bytes
     from batchrun.llm import kv_layout
 
     dev = _device(device)
     dt = _dtype(dtype if dtype is not None else engine_config.device.dtype, dev)
     num_blocks, _, kv_dtype = kv_layout(engine_config, cfg, dev, dt)
-    per_block = kv_block_bytes(cfg, engine_config.cache.block_size, _elem(kv_dtype))
-    return num_blocks, (num_blocks + 1) * per_block
+    per_block = kv_block_bytes(cfg, engine_config.cache.block_size, _elem(kv_dtype),
+                               4 if kv_dtype == torch.int8 else 0)
+    scales = 2 * 4 * cfg.num_layers if kv_dtype.is_floating_point and kv_dtype.itemsize == 1 else 0
+    return num_blocks, (num_blocks + 1) * per_block + scales
 
 
 def model_config_for(model: str | None, impl: str = "auto"):

@@ -203,6 +203,8 @@ def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: 
     """The engine over `model`, with the LoRA adapters config.lora names (checked now: a bad
     one is a LoraError, a ValueError)."""
     num_blocks, max_model_len, kv_dtype = kv_layout(config, model.config, device, dtype)
+    kv_scales = fp8_kv_scales(model) if kv_dtype.is_floating_point and kv_dtype.itemsize == 1 \
+        else None
     adapters = None
     if config.lora.adapters:
         from batchrun.models.lora import LoraManager
@@ -211,7 +213,23 @@ def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: 
         adapters = LoraManager(model, lora.adapters, lora.max_loras, lora.max_lora_rank, device,
                                dtype, base_names)
     return Engine(model, tokenizer, config, eos_token_ids, device, dtype, num_blocks, max_model_len,
-                  kv_dtype=kv_dtype, adapters=adapters)
+                  kv_dtype=kv_dtype, adapters=adapters, kv_scales=kv_scales)
+
+
+def fp8_kv_scales(model) -> torch.Tensor:
+    """[layers, 2] K/V scales of an fp8 KV cache, from the calibration text's K/V maxima
+    (computed at the first load, cached): engine/attention/fp8_kv.py."""
+    from batchrun.engine.attention.fp8_kv import scales_from_absmax
+    from batchrun.models.quant.calibration import kv_absmax
+
+    if getattr(model, "checkpoint", None) is None:
+        raise ValueError("--kv-cache-dtype fp8 needs the native path (its scales come from a "
+                         "calibration run through the native model); this model runs on the "
+                         "transformers backend")
+    path, files = model.checkpoint
+    scales = scales_from_absmax(kv_absmax(model, files, path))
+    phases.mark("fp8 KV scales (calibration, cached after the first load)")
+    return scales
 
 
 def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.dtype,
@@ -275,6 +293,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
                     yield key, tensor
 
     model.load_weights(tensors())
+    model.checkpoint = (path, [Path(f) for f in files])  # what calibrations key their caches by
     if quantization == "int8" and stored is None:  # a stored checkpoint's layers: requantized plain
         from batchrun.models.quant.smoothquant import prepare_int8
 
@@ -351,8 +370,20 @@ def kv_layout(config: EngineConfig, model_cfg, device: torch.device,
     """(KV blocks, max_model_len, KV dtype) of the engine build_engine makes; needs no weights."""
     max_model_len = min(config.max_model_len or model_cfg.max_position_embeddings,
                         model_cfg.max_position_embeddings)
-    kv_dtype = dtype if config.cache.kv_cache_dtype == "auto" else pick_dtype(config.cache.kv_cache_dtype, device)
+    kv_dtype = kv_dtype_of(config.cache.kv_cache_dtype, device, dtype)
     return kv_blocks_for(config, model_cfg, device, kv_dtype, max_model_len), max_model_len, kv_dtype
+
+
+def kv_dtype_of(name: str, device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's element type for --kv-cache-dtype `name` (auto: the model's `dtype`)."""
+    from batchrun.engine.attention.fp8_kv import NAMES as FP8_NAMES
+
+    if name in FP8_NAMES or name == "int8":
+        if device.type != "cpu":
+            raise ValueError(f"--kv-cache-dtype {name} runs on the CPU only (the CUDA attention "
+                             "kernel reads 16- and 32-bit caches); use bfloat16 or float16 there")
+        return FP8_NAMES.get(name, torch.int8)
+    return dtype if name == "auto" else pick_dtype(name, device)
 
 
 def kv_blocks_for(config: EngineConfig, model_cfg, device: torch.device, dtype: torch.dtype,
@@ -360,8 +391,8 @@ def kv_blocks_for(config: EngineConfig, model_cfg, device: torch.device, dtype: 
     cache = config.cache
     if cache.num_blocks:
         return cache.num_blocks
-    elem = torch.tensor([], dtype=dtype).element_size()
-    block_bytes = kv_block_bytes(model_cfg, cache.block_size, elem)
+    block_bytes = kv_block_bytes(model_cfg, cache.block_size, dtype.itemsize,
+                                 4 if dtype == torch.int8 else 0)  # attention/int8_kv.py
     budget = cache.kv_cache_memory
     if budget is None:
         if device.type == "cuda":

@@ -53,7 +53,7 @@ def main() -> None:
     threads = torch.get_num_threads()
     kv_bytes = {}
     rows = []
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn):
         pools = [(torch.randn(slots, Hkv, D).to(dtype), torch.randn(slots, Hkv, D).to(dtype))
                  for _ in range(args.layers)]
         layer = [0]

@@ -37,7 +37,8 @@ class Engine:
 
     def __init__(self, model, tokenizer, config: EngineConfig, eos_token_ids: Sequence[int],
                  device: torch.device, dtype: torch.dtype, num_blocks: int, max_model_len: int,
-                 kv_dtype: torch.dtype | None = None, adapters: AdapterSlots | None = None):
+                 kv_dtype: torch.dtype | None = None, adapters: AdapterSlots | None = None,
+                 kv_scales: torch.Tensor | None = None):
         self.tokenizer = tokenizer
         self.config = config
         self.eos_token_ids = set(eos_token_ids)
@@ -54,7 +55,8 @@ class Engine:
                                   config.scheduler.max_num_seqs, max_model_len,
                                   cuda_graphs=config.device.cuda_graphs, adapters=adapters,
                                   attention_kernel="invariant" if config.batch_invariant
-                                  else config.device.attention_kernel, groups=groups)
+                                  else config.device.attention_kernel, groups=groups,
+                                  kv_scales=kv_scales)
         self.sampler = Sampler(device, tokenizer, self.eos_token_ids)
         self.stats = EngineStats(num_kv_blocks=num_blocks)
         self.sequences = Sequences(tokenizer, self.scheduler, self.sampler, self.stats)

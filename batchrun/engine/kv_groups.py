@@ -81,7 +81,8 @@ def kv_groups(model_cfg) -> KVGroups:
     return KVGroups.of(layer_windows(model_cfg))
 
 
-def kv_block_bytes(model_cfg, block_size: int, elem_size: int) -> int:
-    """Bytes of one pool block: K and V of layers_per_block layers for block_size tokens."""
-    return (2 * kv_groups(model_cfg).layers_per_block * model_cfg.num_kv_heads
-            * model_cfg.head_dim * elem_size * block_size)
+def kv_block_bytes(model_cfg, block_size: int, elem_size: int, row_scale_bytes: int = 0) -> int:
+    """Bytes of one pool block: K and V of layers_per_block layers for block_size tokens, plus
+    row_scale_bytes per token and KV head (an int8 cache's scales: attention/int8_kv.py)."""
+    row = model_cfg.head_dim * elem_size + row_scale_bytes
+    return 2 * kv_groups(model_cfg).layers_per_block * model_cfg.num_kv_heads * row * block_size

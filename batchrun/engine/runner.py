@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from batchrun.engine import kernels
+from batchrun.engine.attention import fp8_kv, int8_kv
 from batchrun.engine.attention import (AttentionMetadata, BackendEnv, GroupedMetadata,
                                        StepLayout, select_backend)
 from batchrun.engine.kv_groups import KVGroups, kv_groups
@@ -26,7 +27,8 @@ class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, device: torch.device,
                  dtype: torch.dtype, kv_dtype: torch.dtype | None = None, max_num_seqs: int = 64,
                  max_model_len: int = 2048, cuda_graphs: bool = True, adapters=None,
-                 attention_kernel: str = "cascade", groups: KVGroups | None = None):
+                 attention_kernel: str = "cascade", groups: KVGroups | None = None,
+                 kv_scales: torch.Tensor | None = None):
         cfg = model.config
         self.groups = groups or kv_groups(cfg)
         self.model = model
@@ -54,6 +56,17 @@ class ModelRunner:
         # different groups share the tensors (kv_groups.py).
         placement = self.groups.placement()
         self.kv_caches = [self.tensors[placement[layer][1]] for layer in range(cfg.num_layers)]
+        self.row_scales = []  # an int8 cache's per (slot, KV head) K and V scales, per tensor pair
+        if kv_dtype == int8_kv.INT8:
+            self.row_scales = [tuple(torch.empty(shape[:2], device=device) for _ in range(2))
+                               for _ in self.tensors]
+            self.kv_caches = [int8_kv.layer_caches(*self.tensors[t], *self.row_scales[t])
+                              for _, t in (placement[layer] for layer in range(cfg.num_layers))]
+        if kv_dtype == fp8_kv.FP8:  # kv_scales [layers, 2]: each layer's K and V scale
+            if kv_scales is None:
+                raise ValueError("an fp8 KV cache needs its layers' scales (kv_scales)")
+            self.kv_caches = [fp8_kv.layer_caches(k, v, *kv_scales[layer].tolist())
+                              for layer, (k, v) in enumerate(self.kv_caches)]
         self.layer_group = [placement[layer][0] for layer in range(cfg.num_layers)]
         self.graphs = None
         if self.attention.name == "triton" and cuda_graphs and len(self.groups.groups) == 1:
@@ -66,7 +79,7 @@ class ModelRunner:
     @torch.inference_mode()
     def copy_block(self, src: int, dst: int) -> None:
         bs = self.block_size
-        for k, v in self.tensors:
+        for k, v in self.tensors + self.row_scales:
             k[dst * bs:(dst + 1) * bs] = k[src * bs:(src + 1) * bs]
             v[dst * bs:(dst + 1) * bs] = v[src * bs:(src + 1) * bs]
 

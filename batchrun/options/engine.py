@@ -12,6 +12,7 @@ from batchrun.options.fields import OptionsError, option, public_fields, validat
 from batchrun.options.lora import LoraConfig
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+KvDtype = Literal["auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", "int8"]
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
 
@@ -27,9 +28,12 @@ class CacheConfig(BaseModel):
         "kv_cache_memory.", cli=False, ge=1)
     enable_prefix_caching: bool = option(True, "Reuse the KV of prompt prefixes already "
                                          "computed.", name="prefix_cache")
-    kv_cache_dtype: Dtype = option(
+    kv_cache_dtype: KvDtype = option(
         "auto", "KV cache element type; auto = the model's dtype. 16-bit halves the memory "
-        "decode attention reads, and changes outputs slightly.")
+        "decode attention reads, and changes outputs slightly; fp8 (= fp8_e4m3, CPU, native "
+        "models) stores float8 e4m3 with a K and a V scale per layer from a calibration run "
+        "at load (cached): a quarter of float32's bytes; int8 (CPU): int8 with a float32 scale "
+        "per token and KV head. benchmarks/quality.py measures each.")
 
 
 class SchedulerConfig(BaseModel):

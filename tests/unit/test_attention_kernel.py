@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from batchrun.engine import kernels
-from batchrun.engine.attention import paged_attention
+from batchrun.engine.attention import fp8_kv, int8_kv, paged_attention
 from batchrun.engine.attention.cpu_kernel import CpuKernelMetadata
 from batchrun.engine.attention.sdpa import SdpaMetadata
 
@@ -44,7 +44,8 @@ def paged_problem(kv_dtype, B=7, H=6, Hkv=2, D=32, bs=4, seed=0):
     return q, k, v, k_cache, v_cache, reference, kernel
 
 
-TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2,
+             torch.float8_e4m3fn: 1e-5, torch.int8: 1e-5}  # both read the same values, scales
 
 
 # The AVX-512 path is compiled for (query heads per KV head, head_dim) in {1..8} x {64, 128};
@@ -54,12 +55,23 @@ TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 def test_kernel_matches_gather_sdpa(kv_dtype, H, Hkv, D, bs):
     q, k, v, kc, vc, reference, kernel = paged_problem(kv_dtype, H=H, Hkv=Hkv, D=D, bs=bs)
     kc_ref, vc_ref = kc.clone(), vc.clone()
+    if kv_dtype == torch.float8_e4m3fn:  # a layer's scales (attention/fp8_kv.py)
+        kc, vc = fp8_kv.layer_caches(kc, vc, 0.5, 3.0)
+        kc_ref, vc_ref = fp8_kv.layer_caches(kc_ref, vc_ref, 0.5, 3.0)
+    if kv_dtype == torch.int8:  # a scale per (slot, KV head) beside the pool (int8_kv.py)
+        scales = [torch.rand(kc.shape[:2]) + 0.01 for _ in range(2)]
+        kc, vc = int8_kv.layer_caches(kc, vc, *scales)
+        kc_ref, vc_ref = int8_kv.layer_caches(kc_ref, vc_ref, *(s.clone() for s in scales))
     expected = paged_attention(q, k, v, kc_ref, vc_ref, reference, D ** -0.5)
     got = paged_attention(q, k, v, kc, vc, kernel, D ** -0.5)
     tol = TOLERANCE[kv_dtype]
     torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
-    # the step's own K/V went into the cache exactly as index_copy_ puts them
-    assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
+    # the step's own K/V went into the cache exactly as index_copy_ puts them (bytes: fp8 has
+    # no torch.equal)
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+               for a, b in ((kc, kc_ref), (vc, vc_ref)))
+    if kv_dtype == torch.int8:
+        assert torch.equal(kc.row_scales, kc_ref.row_scales)
 
 
 def test_loading_the_kernels_leaves_the_process_floating_point_mode_alone():

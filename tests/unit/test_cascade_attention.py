@@ -7,12 +7,14 @@ import torch
 import torch.nn.functional as F
 
 from batchrun.engine import kernels
-from batchrun.engine.attention import cascade
+from batchrun.engine.attention import cascade, int8_kv
+from batchrun.engine.attention.kv_write import read_rows
 from batchrun.engine.attention.cpu_kernel import kernel_attention
 
 pytestmark = pytest.mark.skipif(kernels.library() is None, reason="no C compiler here")
 PATHS = {"avx512": 2, "avx2": 1, "portable": 0}
-TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2,
+             torch.float8_e4m3fn: 2e-5, torch.int8: 2e-5}  # the reference reads the same values
 
 
 def cpu_has(flag: str) -> bool:
@@ -62,8 +64,12 @@ class Pool:
     def __init__(self, nblocks, bs, Hkv, D, dtype, g):
         self.free = torch.randperm(nblocks, generator=g).tolist()
         self.bs = bs
-        self.k = torch.randn(nblocks * bs, Hkv, D, generator=g).to(dtype)
-        self.v = torch.randn(nblocks * bs, Hkv, D, generator=g).to(dtype)
+        k, v = (torch.randn(nblocks * bs, Hkv, D, generator=g) for _ in range(2))
+        if dtype == torch.int8:  # a scale per (slot, KV head) beside the pool: int8_kv.py
+            (k, ks), (v, vs) = int8_kv.quantize_rows(k), int8_kv.quantize_rows(v)
+            self.k, self.v = int8_kv.layer_caches(k, v, ks, vs)
+        else:
+            self.k, self.v = k.to(dtype), v.to(dtype)
 
     def take(self, n):
         out, self.free = self.free[:n], self.free[n:]
@@ -85,8 +91,8 @@ def reference(q, pool, tables, lens, scale, sinks=None, window=None):
             continue
         pos = torch.arange(0 if window is None else max(0, n - window), n)
         slots = torch.tensor(t)[pos // pool.bs] * pool.bs + pos % pool.bs
-        k = pool.k[slots].double().repeat_interleave(H // Hkv, 1).transpose(0, 1)  # [H, n, D]
-        v = pool.v[slots].double().repeat_interleave(H // Hkv, 1).transpose(0, 1)
+        k = read_rows(pool.k, slots, torch.float64).repeat_interleave(H // Hkv, 1).transpose(0, 1)
+        v = read_rows(pool.v, slots, torch.float64).repeat_interleave(H // Hkv, 1).transpose(0, 1)
         if sinks is None:
             out[r] = F.scaled_dot_product_attention(q[r].double()[:, None], k, v, scale=scale)[:, 0]
             continue
@@ -188,7 +194,7 @@ def test_large_groups_are_cut_at_the_kernels_limit():
     assert max(sizes) == cascade.TILE and sum(sizes) == 40 and (shared > 0).all()
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("H,Hkv,D,bs", [(9, 3, 64, 16), (8, 2, 128, 16), (4, 2, 32, 8)])
 def test_prefill_chunks_over_cached_context_match_sdpa(lib, kv_dtype, H, Hkv, D, bs):
     """A step of decodes, a chunk with no cached context (left to SDPA) and chunks over cached

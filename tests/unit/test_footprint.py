@@ -68,6 +68,16 @@ def test_kv_reservation_equals_the_engine_pool(options, window, tiny_folder):
     assert nbytes == sum(k.nbytes + v.nbytes for k, v in engine.runner.tensors)
 
 
+def test_fp8_and_int8_caches_hold_a_byte_per_element_plus_their_scales(tiny_folder):
+    cfg = model_config_for(str(tiny_folder("llama")))
+    f32, fp8, int8 = (kv_reservation(EngineConfig.default(device="cpu", num_blocks=37,
+                                                          kv_cache_dtype=dt), cfg)[1]
+                      for dt in ("float32", "fp8", "int8"))
+    assert fp8 == f32 // 4 + 2 * 4 * cfg.num_layers  # a K and a V scale per layer
+    rows = 2 * cfg.num_layers * 38 * 16 * cfg.num_kv_heads  # K and V rows of 37 + 1 blocks of 16
+    assert int8 == f32 // 4 + 4 * rows  # a scale per row
+
+
 def test_model_config_for_folder_gguf_and_registry(tmp_path, tiny_folder, capsys):
     folder = tiny_folder("qwen2")
     assert model_config_for(str(folder)).qkv_bias

@@ -13,8 +13,8 @@ def test_cli_offers_and_checks_the_option(tmp_path):
     runner = CliRunner()
     for command in ("run", "serve"):
         assert "--kv-cache-dtype" in runner.invoke(main, [command, "--help"]).output
-    bad = runner.invoke(main, ["run", str(tmp_path / "in.jsonl"), "--kv-cache-dtype", "int8"])
-    assert bad.exit_code == 2 and "int8" in bad.output
+    bad = runner.invoke(main, ["run", str(tmp_path / "in.jsonl"), "--kv-cache-dtype", "int4"])
+    assert bad.exit_code == 2 and "int4" in bad.output
 
 
 def test_job_spec_sets_it(tmp_path):

@@ -27,7 +27,7 @@ from batchrun.batch.job.progress import format_duration
 from batchrun.batch.job.runner import prepare_line
 from batchrun.batch.estimate.throughput import WorkloadShape
 from batchrun.batch.job.validate import validate
-from batchrun.engine.kv_groups import kv_groups
+from batchrun.engine.kv_groups import kv_block_bytes, kv_groups
 from batchrun.footprint import tokenizer_model
 from batchrun.models.llama import ModelConfig
 from batchrun.openai.prepared import POOLED
@@ -225,8 +225,7 @@ def describe_model(estimate: Estimate, cfg: Any, engine: EngineConfig, groups: A
         estimate.experts = f"{cost.experts} experts, {cost.experts_per_token} per token"
         estimate.assumptions.append("MoE FLOPs count top-k of the routed experts per token")
     # One pool block holds layers_per_block layers' K and V of the group that owns it.
-    per_token = 2 * groups.layers_per_block * cfg.num_kv_heads * cfg.head_dim * \
-        kv_dtype.itemsize
+    per_token = kv_block_bytes(cfg, 1, kv_dtype.itemsize, 4 if str(kv_dtype) == "torch.int8" else 0)
     estimate.kv_groups = [{"window": g.window, "layers": len(g.layers),
                            "bytes_per_token": per_token} for g in groups.groups]
     if any(g.window for g in groups.groups):

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from batchrun.engine.attention.base import StepLayout
+from batchrun.engine.attention.kv_write import read_rows
 from batchrun.engine.attention.reference import attend
 
 
@@ -119,8 +120,8 @@ def prefill_attention(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             kp, vp = k[s:s + n], v[s:s + n]
             mask = None if window is None or window >= n else chunk_mask(n, n, window, q.device)
         else:
-            kp = k_cache[chunk.slots].to(q.dtype)
-            vp = v_cache[chunk.slots].to(q.dtype)
+            kp = read_rows(k_cache, chunk.slots, q.dtype)
+            vp = read_rows(v_cache, chunk.slots, q.dtype)
             mask = chunk_mask(n, chunk.ctx_len, window, q.device)
         out[s:s + n] = dense_attention(q[None, s:s + n], kp[None], vp[None], mask, scale,
                                        softcap, sinks)[0]

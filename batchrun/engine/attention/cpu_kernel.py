@@ -28,6 +28,7 @@ from batchrun.engine.attention.base import AttentionMetadata, BackendEnv, StepLa
 from batchrun.engine.attention.cascade import (KernelRows, plan_rows, plan_seeing_ahead,
                                                supported)
 from batchrun.engine.attention.chunks import PrefillChunk, plan_prefills, prefill_attention
+from batchrun.engine.attention.int8_kv import INT8
 from batchrun.engine.attention.kv_write import write_kv
 from batchrun.engine.kernels import kind
 
@@ -95,13 +96,15 @@ def kernel_attention(lib, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     causal = rows.row_len if rows.causal_len is None else rows.causal_len
     first = None if window is None else (causal - window).clamp_(min=0)
     sinks = None if sinks is None else sinks.detach().float().contiguous()
-    rc = lib.paged_attention_masked(
+    ks, vs = (getattr(c, "row_scales", None) for c in (k_cache, v_cache))  # int8_kv.py
+    rc = lib.paged_attention_scaled(
         qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), rows.tables.data_ptr(),
         rows.tables.shape[1], rows.row_table.data_ptr(), rows.row_len.data_ptr(), of.data_ptr(),
         q.shape[1], k_cache.shape[1], q.shape[2], block_size, scale, kind(k_cache.dtype),
         torch.get_num_threads(), rows.groups, rows.order.data_ptr(), rows.group_start.data_ptr(),
         rows.group_shared.data_ptr(), None if first is None else first.data_ptr(), softcap or 0.0,
-        None if sinks is None else sinks.data_ptr())
+        None if sinks is None else sinks.data_ptr(), None if ks is None else ks.data_ptr(),
+        None if vs is None else vs.data_ptr())
     assert rc == 0, "paged_attention failed"
     return of
 
@@ -164,7 +167,8 @@ class CpuKernelBackend:
         if softcap or sinks is not None:
             rows, every_chunk = meta.rows_for_sdpa_misfits()
         else:
-            rows = meta.rows if window is None else meta.rows_for_masked()
+            # the plain decode kernel reads no row scales: an int8 cache's decodes take groups of one
+            rows = meta.rows if window is None and k_cache.dtype != INT8 else meta.rows_for_masked()
         if rows is not None:
             of = kernel_attention(meta.lib, q, k_cache, v_cache, rows, meta.block_size, scale,
                                   window, softcap, sinks)

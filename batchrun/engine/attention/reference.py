@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from batchrun.engine.attention.base import AttentionMetadata
+from batchrun.engine.attention.kv_write import read_rows, store_rows
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -26,8 +27,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cac
     also see later keys of their sequence (an image's tokens, both ways within the image; the
     step holds the whole image).
     """
-    k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    store_rows(k_cache, meta.slot_mapping, k)
+    store_rows(v_cache, meta.slot_mapping, v)
     starts = meta.query_start.tolist()
     ctx = meta.context_lens.tolist()
     out = torch.empty_like(q)
@@ -69,7 +70,9 @@ def _attend_sequences(q: torch.Tensor, ctx: list[int], seqs: list[int], k_cache,
         keys = kpos[:, None, :]
         later = (keys > qpos[:, :, None]) & (keys < until.to(dev)[:, :, None])
         allowed |= valid[:, None, :] & later
-    return attend(q, k_cache[slots], v_cache[slots], allowed, scale, softcap, sinks)
+    dt = torch.promote_types(q.dtype, torch.float32)
+    return attend(q, read_rows(k_cache, slots, dt), read_rows(v_cache, slots, dt), allowed, scale,
+                  softcap, sinks)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float,

@@ -9,12 +9,15 @@ import torch
 from batchrun.engine.attention.base import AttentionBackend, AttentionMetadata, BackendEnv
 from batchrun.engine.attention.cpu_kernel import CpuKernelBackend
 from batchrun.engine.attention.cuda_triton import TritonBackend
+from batchrun.engine.attention import fp8_kv, int8_kv
 from batchrun.engine.attention.invariant import InvariantBackend
 from batchrun.engine.attention.reference import reference_attention
 from batchrun.engine.attention.sdpa import SdpaBackend
 
 BACKENDS: tuple[type, ...] = (InvariantBackend, TritonBackend, CpuKernelBackend, SdpaBackend)
 
+# Quantized KV caches: their attend wraps the backend's forward (fp8_kv.py, int8_kv.py).
+QUANTIZED = {fp8_kv.FP8: fp8_kv.attend, int8_kv.INT8: int8_kv.attend}
 # Each metadata type's forward: what paged_attention dispatches on.
 _FORWARD = {backend.metadata_type: backend.forward for backend in BACKENDS}
 # The metadata types whose forward reads visible_until; the others' steps with it go to the
@@ -39,7 +42,15 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     builder made `meta`. window: the layer's sliding window (a row at position p sees
     positions p - window < j <= p); softcap: scores become softcap * tanh(score / softcap);
     sinks [H]: a learned logit per head that joins the softmax's denominator only (GPT-OSS).
-    meta.visible_until set: rows also see later keys of their sequence before it."""
+    meta.visible_until set: rows also see later keys of their sequence before it. An fp8 or
+    int8 cache carries its scales (fp8_kv.py, int8_kv.py)."""
+    if k_cache.dtype in QUANTIZED:
+        return QUANTIZED[k_cache.dtype](_attend, q, k, v, k_cache, v_cache, meta, scale, window,
+                                        softcap, sinks)
+    return _attend(q, k, v, k_cache, v_cache, meta, scale, window, softcap, sinks)
+
+
+def _attend(q, k, v, k_cache, v_cache, meta, scale, window, softcap, sinks) -> torch.Tensor:
     if meta.visible_until is not None and type(meta) not in _SEES_AHEAD:
         return reference_attention(q, k, v, k_cache, v_cache, meta, scale,
                                    sliding_window=window, softcap=softcap, sinks=sinks)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from batchrun.engine.attention.base import AttentionMetadata, BackendEnv, StepLayout
 from batchrun.engine.attention.chunks import PrefillChunk, plan_prefills, prefill_attention
-from batchrun.engine.attention.kv_write import write_kv
+from batchrun.engine.attention.kv_write import read_rows, write_kv
 from batchrun.engine.attention.reference import attend
 
 
@@ -67,8 +67,8 @@ class SdpaBackend:
             num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
             # The query heads of one KV group act as `group` query rows against that group's keys.
             qd = q[:b].view(b, num_kv_heads, num_heads // num_kv_heads, head_dim)
-            kd = k_cache[meta.decode_slots].to(q.dtype)  # [B, L, Hkv, D]
-            vd = v_cache[meta.decode_slots].to(q.dtype)
+            kd = read_rows(k_cache, meta.decode_slots, q.dtype)  # [B, L, Hkv, D]
+            vd = read_rows(v_cache, meta.decode_slots, q.dtype)
             if window is None and not softcap and sinks is None:
                 od = F.scaled_dot_product_attention(qd, kd.transpose(1, 2), vd.transpose(1, 2),
                                                     attn_mask=meta.decode_bias, scale=scale)

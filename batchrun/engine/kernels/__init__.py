@@ -27,10 +27,11 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 # Tensor element types the kernels read and write, and their codes (dtypes.h).
-KINDS = {"torch.float32": 0, "torch.float16": 1, "torch.bfloat16": 2}
+KINDS = {"torch.float32": 0, "torch.float16": 1, "torch.bfloat16": 2, "torch.float8_e4m3fn": 3,
+         "torch.int8": 4}
 SOURCES = [Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c",
                                                           "quantize.c", "expert_gemm.c",
-                                                          "grouped_int8.c")]
+                                                          "grouped_int8.c", "fp8.c")]
 HEADERS = [Path(__file__).with_name(n) for n in ("dtypes.h", "parallel.h", "simd.h")]
 # -ffast-math's parts, not the flag: with it (or -funsafe-math-optimizations) GCC before 13 links
 # crtfastmath.o into the library, whose constructor turns on flush-to-zero for the whole process
@@ -127,6 +128,8 @@ def _library(extra_flags: tuple[str, ...]):
         "paged_attention": (i, [p] * 4 + [i] + [p] * 3 + [i] * 4 + [f] + [i] * 3 + [p] * 3),
         "paged_attention_masked": (i, [p] * 4 + [i] + [p] * 3 + [i] * 4 + [f] + [i] * 3 + [p] * 4
                                    + [f, p]),
+        "paged_attention_scaled": (i, [p] * 4 + [i] + [p] * 3 + [i] * 4 + [f] + [i] * 3 + [p] * 4
+                                   + [f, p, p, p]),
         "cascade_groups": (i, [p, p] + [i] * 4 + [p] * 3),
         "silu_mul": (None, [p, p, i64, i64, i, i]),
         "gelu_tanh_mul": (None, [p, p, i64, i64, i, i]),
@@ -140,6 +143,8 @@ def _library(extra_flags: tuple[str, ...]):
         "scale_rows": (None, [p] * 3 + [i64] * 2 + [i]),
         "expert_gemm": (None, [p] * 5 + [i64] * 3 + [i] * 2),
         "grouped_int8_linear": (None, [p] * 5 + [i64] * 4 + [i] * 2),
+        "fp8_from_floats": (None, [p, p, i64]),
+        "fp8_to_floats": (None, [p, p, i64]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)

@@ -24,7 +24,10 @@
 // hardware prefetchers do not look). Over a group's shared blocks (AVX-512 and AVX2 paths) all
 // its query vectors are scored at once as a small GEMM against the tile's keys (group_tile).
 // KV elements are
-// float32, float16 or bfloat16, widened to float32 on load; arithmetic is float32. The vector
+// float32, float16, bfloat16, fp8 e4m3 or int8, widened to float32 on load; arithmetic is
+// float32. An int8 cache has a float32 scale per (slot, KV head) beside it (ks / vs): a tile's
+// scores are multiplied by their keys' scales before the softmax, its weights by the values'
+// scales after it (the sum l stays the weights' own). The vector
 // width comes from simd.h (AVX-512, AVX2+FMA or portable); G (query heads per KV head) and D
 // are compile-time constants for the common shapes so the loops unroll into registers.
 #include <stdlib.h>
@@ -60,6 +63,7 @@ typedef struct {
     float softcap;             // scores become softcap * tanh(score / softcap) (0: as they are)
     const float *sinks;        // [H] a logit per query head that joins the softmax's denominator
                                // only (GPT-OSS's attention sinks; NULL: none)
+    const float *ks, *vs;      // [slots, Hkv] int8 KV's scales (NULL: none)
     int first, last;           // range of (group, first head) work items
 } Job;
 
@@ -120,6 +124,21 @@ SIMD_INLINE void add_values(const Job *j, float *const *acc, const float *p, int
     }
 }
 
+// x[r * rs + t * ts] *= scale[key t] for r < R (query vectors) over the keys of a tile (as
+// add_values walks them): key t of block b is slot row0[b] / D + t * Hkv of the scales.
+SIMD_INLINE void scale_keys(const Job *j, const float *scale, float *x, int64_t rs, int64_t ts,
+                            const int64_t *row0, int nblk, int last_n, int R, int D) {
+    for (int b = 0; b < nblk; b++) {
+        const int nb = b == nblk - 1 ? last_n : j->bs;
+        const float *sb = scale + row0[b] / D;
+        for (int t = 0; t < nb; t++) {
+            const float st = sb[(int64_t)t * j->Hkv];
+            float *xt = x + (int64_t)(b * j->bs + t) * ts;
+            for (int r = 0; r < R; r++) xt[r * rs] *= st;
+        }
+    }
+}
+
 // x[0, n) = cap * tanh(x / cap) (simd.h's vsoftcap); n rounded up to whole vectors, x padded
 // to them.
 SIMD_INLINE void soft_cap(float *x, int64_t n, float cap) {
@@ -146,6 +165,7 @@ SIMD_INLINE void attend_tile(const Job *j, State *s, const int64_t *row0, int nb
             else score_keys(j, s, row0[b] + t0 * stride, nb - t0, p + b * bs + t0, G, CH);
         }
     }
+    if (j->ks) scale_keys(j, j->ks, p, MAX_TILE, 1, row0, nblk, last_n, G, D);
     const int padded = (n + VW - 1) / VW * VW;
     for (int g = 0; g < G; g++) {  // online softmax: rescale to the new max, exponentiate
         float *pg = p + g * MAX_TILE;
@@ -171,6 +191,7 @@ SIMD_INLINE void attend_tile(const Job *j, State *s, const int64_t *row0, int nb
         }
         s->l[g] += vhsum(sum);
     }
+    if (j->vs) scale_keys(j, j->vs, p, MAX_TILE, 1, row0, nblk, last_n, G, D);
     float *acc[MAX_G];  // acc_g += sum_t p[g][t] v_t
     for (int g = 0; g < G; g++) acc[g] = s->acc + g * D;
     add_values(j, acc, p, MAX_TILE, 1, row0, nblk, last_n, G, CH);
@@ -224,6 +245,7 @@ SIMD_INLINE void group_tile(const Job *j, const float *qt, float *sc, float *m, 
                         group_scores(j, qt, RP, rv0, krow + kk * (int64_t)j->Hkv * D, out + (int64_t)kk * RP, 1, 1, D);
             }
         }
+    if (j->ks) scale_keys(j, j->ks, sc, 1, RP, row0, nblk, bs, RP, D);
     if (j->softcap > 0.f) soft_cap(sc, (int64_t)n * RP, j->softcap);
     float c[MAX_GROUP * MAX_G + VW];
     for (int rv = 0; rv < RV; rv++) {  // online softmax of every query vector, across the keys
@@ -246,6 +268,7 @@ SIMD_INLINE void group_tile(const Job *j, const float *qt, float *sc, float *m, 
             const vf vc = vset1(c[r]);
             for (int d = 0; d < D; d += VW) vstore(acc[r] + d, vmul(vload(acc[r] + d), vc));
         }
+    if (j->vs) scale_keys(j, j->vs, sc, 1, RP, row0, nblk, bs, RP, D);
     const int NR = VW == 1 ? 1 : 12 / CH > 0 ? 12 / CH : 1;
     int r0 = 0;
     for (; r0 + NR <= R; r0 += NR) add_values(j, acc + r0, sc + r0, 1, RP, row0, nblk, bs, NR, CH);
@@ -404,14 +427,16 @@ static void run_range(const void *arg, int i) {
 
 // Attention for the rows of `groups` groups (see the top of the file), row r seeing positions
 // [row_first[r], row_len[r]) (row_first NULL: from 0) with scores soft-capped at softcap (0:
-// none) and sinks[h] (NULL: none) added to head h's softmax denominator as exp(sinks[h]).
+// none) and sinks[h] (NULL: none) added to head h's softmax denominator as exp(sinks[h]);
+// ks / vs: an int8 cache's scales per (slot, KV head) (NULL: none).
 // Returns 0, or -1 for shapes the kernel does not take (the caller then uses PyTorch).
-int paged_attention_masked(const float *q, const void *k, const void *v, const int64_t *tables,
+int paged_attention_scaled(const float *q, const void *k, const void *v, const int64_t *tables,
                            int max_blocks, const int64_t *row_table, const int64_t *row_len,
                            float *out, int H, int Hkv, int D, int block_size, float scale, int kind,
                            int threads, int groups, const int32_t *order,
                            const int32_t *group_start, const int32_t *group_shared,
-                           const int64_t *row_first, float softcap, const float *sinks) {
+                           const int64_t *row_first, float softcap, const float *sinks,
+                           const float *ks, const float *vs) {
     if (D > MAX_D || D % VW || H % Hkv || H / Hkv > MAX_G || block_size > MAX_BS) return -1;
     for (int g = 0; g < groups; g++)
         if (group_start[g + 1] - group_start[g] > MAX_GROUP) return -1;
@@ -440,13 +465,25 @@ int paged_attention_masked(const float *q, const void *k, const void *v, const i
         const int64_t goal = total * (i + 1) / threads;
         jobs[i] = (Job){q, k, v, tables, row_table, row_len, out, order, group_start, group_shared,
                         row_first, H, Hkv, D, block_size, max_blocks, kind, per, scale, softcap,
-                        sinks, item, item};
+                        sinks, ks, vs, item, item};
         while (item < items && (acc < goal || i == threads - 1)) acc += cost[item++ / (Hkv / per)];
         jobs[i].last = item;
     }
     free(cost);
     parallel_tasks(run_range, jobs, threads);
     return 0;
+}
+
+// paged_attention_scaled for a cache without scales.
+int paged_attention_masked(const float *q, const void *k, const void *v, const int64_t *tables,
+                           int max_blocks, const int64_t *row_table, const int64_t *row_len,
+                           float *out, int H, int Hkv, int D, int block_size, float scale, int kind,
+                           int threads, int groups, const int32_t *order,
+                           const int32_t *group_start, const int32_t *group_shared,
+                           const int64_t *row_first, float softcap, const float *sinks) {
+    return paged_attention_scaled(q, k, v, tables, max_blocks, row_table, row_len, out, H, Hkv, D,
+                                  block_size, scale, kind, threads, groups, order, group_start,
+                                  group_shared, row_first, softcap, sinks, NULL, NULL);
 }
 
 // paged_attention_masked with every row seeing its whole context, scores as they are.

@@ -9,7 +9,9 @@
 //   vhsums(a)            lane i = horizontal sum of a[i], for VW vectors at once
 //   vexp(x)              e^x, lanes below -87 give exactly 0 (a 5th-degree polynomial after
 //                        range reduction, within 2 ulp of expf on [-87, 88])
-//   vload_kv(kind, p, i) VW consecutive KV elements from element i, widened to float32
+//   vload_kv(kind, p, i) VW consecutive KV elements from element i, widened to float32 (fp8
+//                        e4m3 through float16: its bits shifted into a half's are the value
+//                        times 2^-8, subnormals included, which vcvtph2ps widens exactly)
 //   vload_i8(p)          VW consecutive int8 values, widened to float32
 #pragma once
 #include <math.h>
@@ -67,14 +69,21 @@ SIMD_INLINE vf vpow2i(vf n) {  // 2^n for integral n in [-126, 127]
 SIMD_INLINE vf vzero_below(vf x, vf r, float lo) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_GE_OQ), r);
 }
+SIMD_INLINE vf vload_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
 SIMD_INLINE vf vload_kv(int kind, const void *pool, int64_t i) {
     if (kind == F32) return _mm512_loadu_ps((const float *)pool + i);
+    if (kind == I8) return vload_i8((const int8_t *)pool + i);
+    if (kind == FP8) {
+        const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)((const uint8_t *)pool + i)));
+        const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x7f)), 7),
+                                          _mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x80)), 8));
+        return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f));
+    }
     const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)pool + i));
     if (kind == F16) return _mm512_cvtph_ps(raw);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-SIMD_INLINE vf vload_i8(const int8_t *p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 enum { VW = 8, SIMD_PATH = 1 };
@@ -111,8 +120,24 @@ SIMD_INLINE vf vpow2i(vf n) {
 SIMD_INLINE vf vzero_below(vf x, vf r, float lo) {
     return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(lo), _CMP_GE_OQ), r);
 }
+SIMD_INLINE vf vload_i8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
 SIMD_INLINE vf vload_kv(int kind, const void *pool, int64_t i) {
     if (kind == F32) return _mm256_loadu_ps((const float *)pool + i);
+    if (kind == I8) return vload_i8((const int8_t *)pool + i);
+    if (kind == FP8) {
+#if defined(__F16C__)
+        const __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)((const uint8_t *)pool + i)));
+        const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7f)), 7),
+                                       _mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x80)), 8));
+        return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
+#else
+        float f[8];
+        for (int d = 0; d < 8; d++) f[d] = load_elt(FP8, pool, i + d);
+        return _mm256_loadu_ps(f);
+#endif
+    }
     const __m128i raw = _mm_loadu_si128((const __m128i *)((const uint16_t *)pool + i));
 #if defined(__F16C__)
     if (kind == F16) return _mm256_cvtph_ps(raw);
@@ -124,9 +149,6 @@ SIMD_INLINE vf vload_kv(int kind, const void *pool, int64_t i) {
     }
 #endif
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
-SIMD_INLINE vf vload_i8(const int8_t *p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 #else
 enum { VW = 1, SIMD_PATH = 0 };

@@ -1,4 +1,5 @@
-"""Calibration for W8A8: the largest |input| each linear's input channels reach on a short text.
+"""Calibration for W8A8: the largest |input| each linear's input channels reach on a short text
+(and for an fp8 KV cache: the largest |K| and |V| of each layer, kv_absmax).
 
 The text (calibration.txt, shipped in the package) was written for this purpose: English prose,
 a letter, arithmetic Q&A, a chat turn, some German/French/Spanish, and code in Python,
@@ -18,6 +19,7 @@ import logging
 import os
 from importlib import resources
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -66,9 +68,11 @@ def cache_path(files: list[Path], method: str, dtype: torch.dtype) -> Path:
 
 
 @torch.no_grad()
-def run_float(model: nn.Module, windows: list[list[int]]) -> None:
+def run_float(model: nn.Module, windows: list[list[int]],
+              after: Callable[[list[tuple[torch.Tensor, torch.Tensor]]], None] | None = None) -> None:
     """Each window through `model` (a native decoder) as one fresh sequence: a KV cache of the
-    window's own length, the portable SDPA attention backend's prefill."""
+    window's own length, the portable SDPA attention backend's prefill; `after(kv)` sees each
+    window's K/V, [(k, v) [tokens, kv heads, head dim] per layer]."""
     from batchrun.engine.attention.base import StepLayout
     from batchrun.engine.attention.sdpa import SdpaBackend
 
@@ -80,6 +84,30 @@ def run_float(model: nn.Module, windows: list[list[int]]) -> None:
                     for _ in range(2)) for layer in model.layers]
         layout = StepLayout.of([[0]], [0], [t], 0, t, torch.device("cpu"))
         model(torch.tensor(ids), layout.positions, kv, backend.build(layout))
+        if after is not None:
+            after(kv)
+
+
+def _cached(path: Path, fits: Callable[[dict], bool], what: str) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        cached = torch.load(path, weights_only=True)
+        if fits(cached):
+            log.debug("%s from %s", what, path)
+            return cached
+    except (RuntimeError, OSError, ValueError) as exc:
+        log.warning("ignoring the unreadable %s cache %s: %s", what, path, exc)
+    return None
+
+
+def _save(path: Path, stats: dict, what: str, windows: list[list[int]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    torch.save(stats, tmp)
+    os.replace(tmp, path)
+    log.info("%s: %d tokens through the float model, cached at %s", what,
+             sum(map(len, windows)), path)
 
 
 def input_maxima(model: nn.Module, linears: dict[str, nn.Module], files: list[Path], tokenizer_path: Path,
@@ -91,24 +119,37 @@ def input_maxima(model: nn.Module, linears: dict[str, nn.Module], files: list[Pa
     sizes = {n: m.in_features for n, m in linears.items()}
     if logits:
         sizes[logits] = model.embed_tokens.weight.shape[1]
-    if path.is_file():
-        try:
-            cached = torch.load(path, weights_only=True)
-            if set(cached) == set(sizes) and all(cached[n].shape == (k,) for n, k in sizes.items()):
-                log.debug("int8 calibration from %s", path)
-                return cached
-        except (RuntimeError, OSError, ValueError) as exc:
-            log.warning("ignoring the unreadable int8 calibration cache %s: %s", path, exc)
+    cached = _cached(path, lambda c: set(c) == set(sizes) and all(
+        c[n].shape == (k,) for n, k in sizes.items()), "int8 calibration")
+    if cached is not None:
+        return cached
     windows = token_windows(tokenizer_path)
     final_hidden = record_output_max(model, sizes[logits]) if logits else contextlib.nullcontext()
     with record_input_max(linears) as stats, final_hidden as final:
         run_float(model, windows)
     if logits:
         stats[logits] = final
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    torch.save(stats, tmp)
-    os.replace(tmp, path)
-    log.info("int8 calibration: %d tokens through the float model, cached at %s",
-             sum(map(len, windows)), path)
+    _save(path, stats, "int8 calibration", windows)
     return stats
+
+
+def kv_absmax(model: nn.Module, files: list[Path], tokenizer_path: Path) -> torch.Tensor:
+    """float32 [layers, 2]: each layer's largest |K| and |V| on the calibration text (what an
+    fp8 KV cache's scales are set from: engine/attention/fp8_kv.py), cached like input_maxima."""
+    path = cache_path(files, "kv-absmax", model.embed_tokens.weight.dtype)
+    shape = (len(model.layers), 2)
+    cached = _cached(path, lambda c: set(c) == {"absmax"} and c["absmax"].shape == shape,
+                     "KV calibration")
+    if cached is not None:
+        return cached["absmax"]
+    absmax = torch.zeros(shape)
+
+    def note(kv):
+        for i, (k, v) in enumerate(kv):
+            absmax[i, 0] = max(absmax[i, 0], k.abs().max().float())
+            absmax[i, 1] = max(absmax[i, 1], v.abs().max().float())
+
+    windows = token_windows(tokenizer_path)
+    run_float(model, windows, note)
+    _save(path, {"absmax": absmax}, "KV calibration", windows)
+    return absmax
