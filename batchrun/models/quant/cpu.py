@@ -18,7 +18,8 @@ ONEDNN_BF16_ISAS = ("AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX1
 def has_fast_bf16() -> bool:
     """AVX512-BF16 or AMX-BF16, and oneDNN not capped below them (ONEDNN_MAX_CPU_ISA, as
     benchmarks/bench.py --isa avx2 sets): oneDNN's bfloat16 GEMMs beat float32 ones several times
-    over. Without, oneDNN widens bfloat16 to float32 and a bfloat16 GEMM is no faster."""
+    over. Without, oneDNN has no bfloat16 kernel (torch will not pack bfloat16 weights for it)
+    and bfloat16 GEMMs fall back to ATen's, which widen each weight to float32."""
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     if cap and cap not in ONEDNN_BF16_ISAS:
         return False
@@ -31,15 +32,16 @@ def has_fast_bf16() -> bool:
 
 
 def slow_bf16_note(dtype: torch.dtype, device: torch.device, quantization: str = "none") -> str | None:
-    """Why --dtype bfloat16 (or --quantization bf16) will run slowly here, None where it will
-    not: a CPU without a bfloat16 dot product, where every bfloat16 GEMM widens to float32."""
+    """What --dtype bfloat16 (or --quantization bf16) runs on here when the CPU has no bfloat16
+    dot product (None where it has): GEMMs that widen bfloat16 to float32."""
     asked = "--dtype bfloat16" if dtype == torch.bfloat16 else \
         "--quantization bf16" if quantization == "bf16" else None
     if asked is None or device.type != "cpu" or has_fast_bf16():
         return None
     return (f"{asked} on a CPU without AVX512-BF16 or AMX (or with oneDNN capped below them by "
-            "ONEDNN_MAX_CPU_ISA): its GEMMs widen bfloat16 to float32, so expect it no faster "
-            "than float32")
+            "ONEDNN_MAX_CPU_ISA): no bfloat16 dot product, so its GEMMs widen bfloat16 to "
+            "float32 (PyTorch's, not oneDNN's); it reads half float32's weight bytes at float32's "
+            "multiply rate")
 
 
 def weight_only_dtype(activations: torch.dtype) -> torch.dtype:
