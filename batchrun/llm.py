@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,12 +241,15 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     while the weights load."""
     from safetensors import safe_open
 
-    from batchrun.models import packed_linear
+    from batchrun.models import bf16_logits, packed_linear
 
-    from batchrun.models.quant import QuantizationError, check_checkpoint, check_device
+    from batchrun.models.quant import QuantizationError, check_checkpoint, check_device, cpu
 
     stored = check_checkpoint(model_cfg.hf_config, device)  # a checkpoint stored quantized
     check_device(quantization, device)
+    slow_bf16 = cpu.slow_bf16_note(dtype, device, quantization)
+    if slow_bf16:
+        logging.getLogger("batchrun").warning(slow_bf16)
     if stored is not None and batch_invariant:
         raise QuantizationError(f"--batch-invariant does not cover a checkpoint stored quantized "
                                 f"({stored.describe()})")
@@ -300,12 +304,15 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
         prepare_int8(model, [Path(f) for f in files], path)
         phases.mark("weights (load) and int8 calibration (cached after the first load)")
     pack_float = device.type == "cpu" and packed_linear.available(dtype)
-    if pack_float or quantization != "none" or batch_invariant:
+    float32_logits = kernels is not None and dtype == torch.bfloat16  # models/bf16_logits.py
+    if pack_float or quantization != "none" or batch_invariant or float32_logits:
         if model.lm_head is None and not getattr(model, "num_labels", 0):
             # a linear (packed) over the tied embeddings for the logits (a classifier has none)
             model.lm_head = torch.nn.Linear(model_cfg.hidden_size, model_cfg.vocab_size, bias=False,
                                             device="meta")
             model.lm_head.weight = model.embed_tokens.weight
+        if float32_logits:
+            bf16_logits.use_float32_logits(model)
         packed_linear.pack_linears(model, quantization, pack_float)
     if batch_invariant:
         from batchrun.models.fixed_rows import fix_rows
@@ -314,6 +321,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     phases.mark("weights (load, pack)")
     if kernels is not None:
         model.cpu_kernels = kernels.result()
+        bf16_logits.attach(model, model.cpu_kernels, packed_linear.PackedLinear)
         if quantization != "none" or stored is not None:
             from batchrun.models.quant.int8_linear import attach_kernels
 

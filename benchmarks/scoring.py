@@ -27,10 +27,12 @@ import torch
 import yaml
 
 CHOICE = re.compile(r"\(([A-D])\) ")
+ANSWER = re.compile(r"answer is \(([A-D])\)")
 
 
-def mmlu_questions() -> list[tuple[str, str, list[str]]]:
-    """(subject description, question stem, four choices) from lm-eval's MMLU CoT task files."""
+def mmlu_questions() -> list[tuple[str, str, list[str], int | None]]:
+    """(subject description, question stem, four choices, the answer's index) from lm-eval's
+    MMLU CoT task files (their worked answers end "The answer is (X)."; None where not)."""
     import lm_eval
 
     root = os.path.join(os.path.dirname(lm_eval.__file__), "tasks", "mmlu", "flan_cot_fewshot")
@@ -40,11 +42,13 @@ def mmlu_questions() -> list[tuple[str, str, list[str]]]:
             spec = yaml.safe_load(f)
         for sample in spec.get("fewshot_config", {}).get("samples", []):
             parts = CHOICE.split(sample["question"])
+            answer = ANSWER.search(sample.get("target", ""))
             if len(parts) != 9:  # stem, then (letter, text) x 4
                 continue
             stem = parts[0].strip()
             choices = [parts[i].strip() for i in (2, 4, 6, 8)]
-            out.append((spec["description"].strip(), stem, choices))
+            out.append((spec["description"].strip(), stem, choices,
+                        answer and "ABCD".index(answer.group(1))))
     return out
 
 
@@ -54,9 +58,9 @@ def workload(tokenizer, questions: int, shots: int) -> list[list[int]]:
     for item in items:
         by_subject.setdefault(item[0], []).append(item)
     prompts = []
-    for description, stem, choices in items:
+    for description, stem, choices, _ in items:
         same = [q for q in by_subject[description] if q[1] != stem][:shots]
-        shot_text = "".join(f"Question: {s}\nAnswer: {c[0]}\n\n" for _, s, c in same)
+        shot_text = "".join(f"Question: {s}\nAnswer: {c[0]}\n\n" for _, s, c, _ in same)
         context = f"{description}\n\n{shot_text}Question: {stem}\nAnswer:"
         for choice in choices:
             prompts.append(tokenizer(context + " " + choice)["input_ids"])

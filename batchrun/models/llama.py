@@ -129,21 +129,24 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor | None, residual: torch.Tensor, cpu_kernels) -> torch.Tensor:
-        """residual += x in place (x None: nothing added), and the norm of the sum: one pass of the
-        CPU kernel (float32 only, the stream's dtype on the kernel path)."""
-        out = torch.empty_like(residual)
-        x = None if x is None else x.contiguous()
+        """residual += x in place (x None: nothing added), and the norm of the sum, in the norm's
+        dtype: one pass of the CPU kernel. x is in the norm's dtype (float32 or bfloat16), the
+        residual stream float32 either way."""
+        out = torch.empty(residual.shape, dtype=self.weight.dtype)
+        x = None if x is None else x.to(self.weight.dtype).contiguous()
         cpu_kernels.add_rms_norm(None if x is None else x.data_ptr(), residual.data_ptr(),
                                  self.weight.data_ptr(), out.data_ptr(), residual.shape[0],
-                                 residual.shape[1], self.eps, torch.get_num_threads())
+                                 residual.shape[1], self.eps, kernels.kind(self.weight.dtype),
+                                 kernels.kind(residual.dtype), torch.get_num_threads())
         return out
 
     def inplace_forward(self, x: torch.Tensor, cpu_kernels) -> torch.Tensor:
-        """x (contiguous float32, the CPU kernel's path) normed in place by the kernel: a norm
+        """x (in the norm's dtype, the CPU kernel's path) normed in place by the kernel: a norm
         with no residual to add (Gemma 2's after attention and after the MLP)."""
-        x = x.contiguous()
+        x = x.to(self.weight.dtype).contiguous()
+        k = kernels.kind(x.dtype)
         cpu_kernels.add_rms_norm(None, x.data_ptr(), self.weight.data_ptr(), x.data_ptr(),
-                                 x.shape[0], x.shape[1], self.eps, torch.get_num_threads())
+                                 x.shape[0], x.shape[1], self.eps, k, k, torch.get_num_threads())
         return x
 
 
@@ -241,7 +244,7 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x), rope.kernels)
 
     def forward_fused(self, h, residual, rope: StepRope, kv, meta) -> torch.Tensor:
-        """The CPU kernels' float32 path: h is this layer's normed input and residual the stream,
+        """The CPU kernels' path: h is this layer's normed input and residual the float32 stream,
         updated in place; returns the MLP's output, which the next norm adds to the stream."""
         attn = self.self_attn(h, rope, kv, meta)
         return self.mlp(self.post_attention_layernorm.add_forward(attn, residual, rope.kernels),
@@ -280,8 +283,12 @@ class LlamaModel(nn.Module):
         x = self.embed(input_ids)
         rope = self.step_rope(positions, x.dtype)
         metas = [layer_metadata(meta, i) for i in range(len(self.layers))]  # each layer's KV group
-        if self.cpu_kernels is not None and x.dtype == torch.float32:
+        if self.cpu_kernels is not None and x.dtype in (torch.float32, torch.bfloat16):
             # Each residual add runs inside the norm that follows it (x is the stream, in place).
+            # The stream is float32 under bfloat16 too (the layers compute in bfloat16): summing
+            # the layers' outputs in bfloat16 cost top-1 agreement with float32
+            # (benchmarks/quality.py), and the kernel reads and writes either at one pass's cost.
+            x = x.float()
             norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
             h = self.layers[0].input_layernorm.add_forward(None, x, self.cpu_kernels)
             for layer, kv, m, norm in zip(self.layers, kv_caches, metas, norms):

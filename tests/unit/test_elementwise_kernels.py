@@ -33,15 +33,20 @@ def test_activation_mul(fn, dtype, rows, n, path):
 @pytest.mark.parametrize("path", ["native", "avx2", "portable"])
 @pytest.mark.parametrize("add", [True, False])
 @pytest.mark.parametrize("rows,n", [(1, 8), (3, 576), (700, 200), (2, 37)])  # 700 x 200: threaded
-def test_add_rms_norm(rows, n, add, path):
-    x, residual, weight = torch.randn(rows, n), torch.randn(rows, n) * 3, torch.randn(n)
-    stream = residual + x if add else residual.clone()
-    out = torch.empty(rows, n)
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+def test_add_rms_norm(rows, n, add, path, dtype):
+    """x, weight and out in dtype; the stream float32 (a bfloat16 model's too): the sum is exact
+    float32, not x + stream rounded to bfloat16."""
+    x, weight = torch.randn(rows, n).to(dtype), torch.randn(n).to(dtype)
+    residual = torch.randn(rows, n) * 3
+    stream = residual + x.float() if add else residual.clone()
+    out = torch.empty(rows, n, dtype=dtype)
     kernels.library(kernels.VARIANTS.get(path, ())).add_rms_norm(
         x.data_ptr() if add else None, residual.data_ptr(), weight.data_ptr(), out.data_ptr(),
-        rows, n, 1e-5, 2)
+        rows, n, 1e-5, kernels.kind(dtype), kernels.kind(torch.float32), 2)
     assert torch.equal(residual, stream)  # the stream gets the add, in place
-    torch.testing.assert_close(out, F.rms_norm(stream, (n,), weight, 1e-5), **TOLERANCE[torch.float32])
+    expected = F.rms_norm(stream.double(), (n,), weight.double(), 1e-5).to(dtype)
+    torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("dtype", list(TOLERANCE))

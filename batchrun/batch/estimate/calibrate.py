@@ -35,7 +35,7 @@ def _bench_model(model_cfg, layers: int, device, dtype, quantization: str = "non
 
     if not isinstance(model_cfg, ModelConfig):
         return _bench_backend(model_cfg, layers, device, dtype)
-    from batchrun.models import native, packed_linear
+    from batchrun.models import bf16_logits, native, packed_linear
 
     cfg, assumed = _bench_config(model_cfg, layers, torch.tensor([], dtype=dtype).element_size())
     with torch.device("meta"):
@@ -52,16 +52,21 @@ def _bench_model(model_cfg, layers: int, device, dtype, quantization: str = "non
         smoothquant.smooth_and_quantize(model, maxima)
     # As llm.build_model does after loading the weights.
     pack_float = device.type == "cpu" and packed_linear.available(dtype)
-    if pack_float or quantization != "none":
+    cpu_kernels = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+    float32_logits = cpu_kernels and dtype == torch.bfloat16
+    if pack_float or quantization != "none" or float32_logits:
         if model.lm_head is None:
             model.lm_head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device="meta")
             model.lm_head.weight = model.embed_tokens.weight
+        if float32_logits:
+            bf16_logits.use_float32_logits(model)
         packed_linear.pack_linears(model, quantization, pack_float)
-    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+    if cpu_kernels:
         from batchrun.engine import kernels
 
         model.cpu_kernels = kernels.library(kernels.shape_flags(
             cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
+        bf16_logits.attach(model, model.cpu_kernels, packed_linear.PackedLinear)
         if quantization != "none":
             from batchrun.models.quant.int8_linear import attach_kernels
 
@@ -170,7 +175,7 @@ class _StepRecorder:
         engine.step = timed_step
         model = runner.model
         for layer in getattr(model, "layers", None) or model.decoder.layers:
-            # The CPU kernels' float32 path calls forward_fused in place of forward.
+            # The CPU kernels' path calls forward_fused in place of forward.
             for name in ("forward", "forward_fused"):
                 if hasattr(layer, name):
                     setattr(layer, name, self._timed(getattr(layer, name)))

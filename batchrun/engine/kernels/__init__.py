@@ -31,7 +31,8 @@ KINDS = {"torch.float32": 0, "torch.float16": 1, "torch.bfloat16": 2, "torch.flo
          "torch.int8": 4}
 SOURCES = [Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c",
                                                           "quantize.c", "expert_gemm.c",
-                                                          "grouped_int8.c", "fp8.c")]
+                                                          "grouped_int8.c", "fp8.c",
+                                                          "bf16_gemm.c")]
 HEADERS = [Path(__file__).with_name(n) for n in ("dtypes.h", "parallel.h", "simd.h")]
 # -ffast-math's parts, not the flag: with it (or -funsafe-math-optimizations) GCC before 13 links
 # crtfastmath.o into the library, whose constructor turns on flush-to-zero for the whole process
@@ -133,7 +134,7 @@ def _library(extra_flags: tuple[str, ...]):
         "cascade_groups": (i, [p, p] + [i] * 4 + [p] * 3),
         "silu_mul": (None, [p, p, i64, i64, i, i]),
         "gelu_tanh_mul": (None, [p, p, i64, i64, i, i]),
-        "add_rms_norm": (None, [p] * 4 + [i64] * 2 + [f, i]),
+        "add_rms_norm": (None, [p] * 4 + [i64] * 2 + [f, i, i, i]),
         "softcap_inplace": (None, [p, i64, i64, f, i]),
         "rope_inplace": (i, [p, p, p, p, i64, i64, i, i, i, i]),
         "kv_write": (None, [p] * 5 + [i64] * 3 + [i] * 2),
@@ -145,6 +146,8 @@ def _library(extra_flags: tuple[str, ...]):
         "grouped_int8_linear": (None, [p] * 5 + [i64] * 4 + [i] * 2),
         "fp8_from_floats": (None, [p, p, i64]),
         "fp8_to_floats": (None, [p, p, i64]),
+        "bf16_gemm": (None, [p] * 3 + [i64] * 3 + [i]),
+        "bf16_gemm_dot": (i, []),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)

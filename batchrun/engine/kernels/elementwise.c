@@ -82,39 +82,62 @@ void gelu_tanh_mul(const void *x, void *out, int64_t rows, int64_t n, int kind, 
     parallel_rows(silu_mul_rows, &a, rows, n, threads);
 }
 
-// res[r, :] += x[r, :] (x NULL: nothing added), then out[r, :] = res[r, :] / rms(res[r, :]) * w,
-// float32: the residual stream's add and the RMSNorm that reads it, in one pass over the rows
-// instead of PyTorch's add, square, mean, rsqrt and two multiplies (each its own op and pass).
-typedef struct { const float *x, *w; float *res, *out; int64_t n; float eps; } AddNorm;
+// res[r, :] += x[r, :] (x NULL: nothing added), then out[r, :] = res[r, :] / rms(res[r, :]) * w:
+// the residual stream's add and the RMSNorm that reads it, in one pass over the rows instead of
+// PyTorch's add, square, mean, rsqrt and two multiplies (each its own op and pass). x, w and out
+// are in `kind`, res in `res_kind`: a bfloat16 model keeps its stream in float32 (res_kind F32;
+// each sublayer's output rounded to bfloat16 would otherwise be added into a bfloat16 sum).
+typedef struct { const void *x, *w; void *res, *out; int64_t n; float eps; int kind, res_kind; } AddNorm;
+
+// v stored as VW elements of `kind` from element i of p, rounded as store_elt rounds.
+SIMD_INLINE void vstore_kind(int kind, void *p, int64_t i, vf v) {
+    if (kind == F32) { vstore((float *)p + i, v); return; }
+#if defined(__AVX512F__)
+    if (kind == BF16) {  // round to nearest even on the bits, then keep the top halves
+        const __m512i b = _mm512_castps_si512(v);
+        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+        const __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+        _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+        return;
+    }
+#endif
+    float tmp[VW];
+    vstore(tmp, v);
+    for (int d = 0; d < VW; d++) store_elt(kind, p, i + d, tmp[d]);
+}
 
 static void add_rms_norm_rows(const void *arg, int64_t first, int64_t last) {
     const AddNorm *a = (const AddNorm *)arg;
     const int64_t n = a->n;
+    const int kind = a->kind, rk = a->res_kind;
     for (int64_t r = first; r < last; r++) {
-        float *res = a->res + r * n, *out = a->out + r * n;
-        const float *x = a->x ? a->x + r * n : NULL;
+        const int64_t row = r * n;
         vf ss = vzero();
         float tail = 0.f;
         int64_t i = 0;
         for (; i + VW <= n; i += VW) {
-            vf h = vload(res + i);
-            if (x) { h = vadd(h, vload(x + i)); vstore(res + i, h); }
+            vf h = vload_kv(rk, a->res, row + i);
+            if (a->x) { h = vadd(h, vload_kv(kind, a->x, row + i)); vstore_kind(rk, a->res, row + i, h); }
             ss = vfma(h, h, ss);
         }
         for (; i < n; i++) {
-            if (x) res[i] += x[i];
-            tail += res[i] * res[i];
+            float h = load_elt(rk, a->res, row + i);
+            if (a->x) { h += load_elt(kind, a->x, row + i); store_elt(rk, a->res, row + i, h); }
+            tail += h * h;
         }
         const float inv = 1.f / sqrtf((vhsum(ss) + tail) / (float)n + a->eps);
         const vf vinv = vset1(inv);
-        for (i = 0; i + VW <= n; i += VW) vstore(out + i, vmul(vmul(vload(res + i), vinv), vload(a->w + i)));
-        for (; i < n; i++) out[i] = res[i] * inv * a->w[i];
+        for (i = 0; i + VW <= n; i += VW)
+            vstore_kind(kind, a->out, row + i,
+                        vmul(vmul(vload_kv(rk, a->res, row + i), vinv), vload_kv(kind, a->w, i)));
+        for (; i < n; i++)
+            store_elt(kind, a->out, row + i, load_elt(rk, a->res, row + i) * inv * load_elt(kind, a->w, i));
     }
 }
 
-void add_rms_norm(const float *x, float *res, const float *w, float *out, int64_t rows, int64_t n,
-                  float eps, int threads) {
-    const AddNorm a = {x, w, res, out, n, eps};
+void add_rms_norm(const void *x, void *res, const void *w, void *out, int64_t rows, int64_t n,
+                  float eps, int kind, int res_kind, int threads) {
+    const AddNorm a = {x, w, res, out, n, eps, kind, res_kind};
     parallel_rows(add_rms_norm_rows, &a, rows, n, threads);
 }
 

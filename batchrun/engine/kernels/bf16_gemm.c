@@ -1,0 +1,192 @@
+// bfloat16 GEMM with float32 output: out[r, c] = sum_i x[r, i] * w[c, i], x and w bfloat16, the
+// sums and the result float32. oneDNN's bfloat16 GEMM (through torch) rounds its result to
+// bfloat16, 8 significant bits; the logits layer of a bfloat16 model runs here instead, so
+// near-tied logits keep their order (float32 output, as llama.cpp's matmuls give).
+//
+// w is packed once (models/bf16_logits.py pack) in AVX512-BF16's VDPBF16PS layout: blocks of 16
+// output columns, and in each block, for every pair of inputs (2i, 2i + 1), the 16 columns' two weights
+// side by side in one 32-bit lane (lower input in the low half). k is padded to even and n to a
+// multiple of 16 with zeros. Each block (16 x k weights) serves every row while it is in cache;
+// threads split the blocks. Without AVX512-BF16 the same layout is widened to float32 (a bfloat16
+// is the top half of a float32) and multiplied with FMAs.
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "dtypes.h"
+#include "parallel.h"
+#include "simd.h"
+
+typedef struct {
+    const uint16_t *x;  // [rows][2 * k2]: k padded to even
+    const uint32_t *w;  // packed: [ceil(n / 16)][k2][16]
+    float *out;
+    int64_t rows, n, k2, blocks;
+    int parts;
+} Bf16Gemm;
+
+// The pair (x[2j], x[2j + 1]) of row r as one 32-bit lane.
+SIMD_INLINE uint32_t x_pair(const Bf16Gemm *a, int64_t r, int64_t j) {
+    uint32_t pair;
+    memcpy(&pair, a->x + r * 2 * a->k2 + 2 * j, 4);
+    return pair;
+}
+
+// Columns a block; rows and blocks a micro-tile (its accumulators fit the vector registers:
+// 24 of 32 zmm with AVX512-BF16, 16 with AVX-512's FMAs, 8 of 16 ymm with AVX2).
+#if defined(__AVX512BF16__)
+#define TILE_ROWS 6
+enum { BF16_DOT = 1, CB = 16, RB = TILE_ROWS, BB = 4 };
+// R rows x B blocks of 16 columns: R * B accumulators of VDPBF16PS.
+SIMD_INLINE void tile(const Bf16Gemm *a, int64_t r0, int R, int64_t b0, int B) {
+    __m512 acc[RB][BB];
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < B; b++) acc[r][b] = _mm512_setzero_ps();
+    const uint32_t *w = a->w + b0 * a->k2 * CB;
+    for (int64_t j = 0; j < a->k2; j++) {
+        __m512bh wv[BB];
+        for (int b = 0; b < B; b++)
+            wv[b] = (__m512bh)_mm512_loadu_si512(w + (b * a->k2 + j) * CB);
+        for (int r = 0; r < R; r++) {
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)x_pair(a, r0 + r, j));
+            for (int b = 0; b < B; b++) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], xv, wv[b]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < B; b++) {
+            const int64_t c = (b0 + b) * CB;
+            float *o = a->out + (r0 + r) * a->n + c;
+            if (c + CB <= a->n) {
+                _mm512_storeu_ps(o, acc[r][b]);
+            } else {
+                const __mmask16 m = (__mmask16)((1u << (a->n - c)) - 1);
+                _mm512_mask_storeu_ps(o, m, acc[r][b]);
+            }
+        }
+}
+#else
+#define TILE_ROWS 4
+enum { BF16_DOT = 0, CB = 16, RB = TILE_ROWS, BB = VW == 16 ? 4 : 1 };
+// The low and high bfloat16 of each 32-bit lane, widened to float32 (VW lanes from p).
+#if defined(__AVX512F__)
+SIMD_INLINE vf lanes_lo(const uint32_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16));
+}
+SIMD_INLINE vf lanes_hi(const uint32_t *p) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(-65536)));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+SIMD_INLINE vf lanes_lo(const uint32_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)p), 16));
+}
+SIMD_INLINE vf lanes_hi(const uint32_t *p) {
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)p),
+                                                _mm256_set1_epi32(-65536)));
+}
+#else
+SIMD_INLINE vf lanes_lo(const uint32_t *p) {
+    const uint32_t bits = *p << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+SIMD_INLINE vf lanes_hi(const uint32_t *p) {
+    const uint32_t bits = *p & 0xffff0000u;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+#endif
+enum { VB = CB / VW };  // vectors a block of 16 columns
+
+// R rows x B blocks: widened weights, two FMAs per pair of inputs.
+SIMD_INLINE void tile(const Bf16Gemm *a, int64_t r0, int R, int64_t b0, int B) {
+    vf acc[RB][BB][VB];
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < B; b++)
+            for (int v = 0; v < VB; v++) acc[r][b][v] = vzero();
+    const uint32_t *w = a->w + b0 * a->k2 * CB;
+    for (int64_t j = 0; j < a->k2; j++) {
+        vf xlo[RB], xhi[RB];
+        for (int r = 0; r < R; r++) {
+            const uint32_t pair = x_pair(a, r0 + r, j);
+            const uint32_t lo_bits = pair << 16, hi_bits = pair & 0xffff0000u;
+            float lo, hi;
+            memcpy(&lo, &lo_bits, 4);
+            memcpy(&hi, &hi_bits, 4);
+            xlo[r] = vset1(lo);
+            xhi[r] = vset1(hi);
+        }
+        for (int b = 0; b < B; b++)
+            for (int v = 0; v < VB; v++) {
+                const uint32_t *p = w + (b * a->k2 + j) * CB + v * VW;
+                const vf wlo = lanes_lo(p), whi = lanes_hi(p);
+                for (int r = 0; r < R; r++)
+                    acc[r][b][v] = vfma(xhi[r], whi, vfma(xlo[r], wlo, acc[r][b][v]));
+            }
+    }
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < B; b++)
+            for (int v = 0; v < VB; v++) {
+                const int64_t c = (b0 + b) * CB + v * VW;
+                float *o = a->out + (r0 + r) * a->n + c;
+                if (c + VW <= a->n) {
+                    vstore(o, acc[r][b][v]);
+                } else {
+                    float tmp[VW];
+                    vstore(tmp, acc[r][b][v]);
+                    for (int64_t i = 0; c + i < a->n; i++) o[i] = tmp[i];
+                }
+            }
+}
+#endif
+
+// R rows of a group of BB blocks with R a constant (the accumulators stay in registers).
+static void tile_rows(const Bf16Gemm *a, int64_t r, int R, int64_t b) {
+    switch (R) {
+        case 1: tile(a, r, 1, b, BB); break;
+        case 2: tile(a, r, 2, b, BB); break;
+        case 3: tile(a, r, 3, b, BB); break;
+#if TILE_ROWS > 4
+        case 4: tile(a, r, 4, b, BB); break;
+        case 5: tile(a, r, 5, b, BB); break;
+#endif
+        default: tile(a, r, RB, b, BB); break;
+    }
+}
+
+// Every row of blocks [b0, b1): a group of BB blocks at a time, all rows over it (RB at a time).
+static void gemm_blocks(const Bf16Gemm *a, int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; b += BB) {
+        const int B = b1 - b < BB ? (int)(b1 - b) : BB;
+        for (int64_t r = 0; r < a->rows; r += RB) {
+            const int R = a->rows - r < RB ? (int)(a->rows - r) : RB;
+            if (B == BB) tile_rows(a, r, R, b);
+            else tile(a, r, R, b, B);  // a part's last blocks
+        }
+    }
+}
+
+static void gemm_part(const void *arg, int i) {
+    const Bf16Gemm *a = (const Bf16Gemm *)arg;
+    gemm_blocks(a, a->blocks * i / a->parts, a->blocks * (i + 1) / a->parts);
+}
+
+int bf16_gemm_dot(void) { return BF16_DOT; }
+
+// out [rows, n] float32 = x [rows, k] bfloat16 . w [n, k]^T, w packed by bf16_logits.pack.
+void bf16_gemm(const uint16_t *x, const uint32_t *packed, float *out, int64_t rows, int64_t n,
+               int64_t k, int threads) {
+    const int64_t k2 = (k + 1) / 2;
+    uint16_t *padded = NULL;
+    if (k % 2) {  // rows of an odd k, copied with a zero after each (the weights' padding)
+        padded = (uint16_t *)calloc((size_t)(rows * 2 * k2), sizeof(uint16_t));
+        for (int64_t r = 0; r < rows; r++) memcpy(padded + r * 2 * k2, x + r * k, k * sizeof(uint16_t));
+        x = padded;
+    }
+    Bf16Gemm a = {x, packed, out, rows, n, k2, (n + CB - 1) / CB, threads};
+    if (a.parts > a.blocks) a.parts = (int)a.blocks;
+    if (rows * n * k < (1 << 18) || a.parts < 1) a.parts = 1;
+    if (a.parts == 1) gemm_part(&a, 0);
+    else parallel_tasks(gemm_part, &a, a.parts);
+    free(padded);
+}

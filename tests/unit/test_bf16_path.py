@@ -1,0 +1,101 @@
+"""--dtype bfloat16 on the CPU keeps float32 where bfloat16 cost agreement with float32: the
+logits GEMM's float32 output (models/bf16_logits.py, engine/kernels/bf16_gemm.c) against a
+float64 reference on every vector path, and a tiny model's prompt log-probabilities (its float32
+residual stream and logits) against transformers in float64 on the same bfloat16 weights. Where
+bfloat16 has no fast GEMM (oneDNN capped at AVX2) the load says so."""
+
+import pytest
+import torch
+
+from batchrun.engine import SamplingParams, kernels
+from batchrun.models.bf16_logits import Bf16LogitsLinear
+
+pytestmark = pytest.mark.skipif(kernels.library() is None, reason="no C compiler here")
+
+
+@pytest.mark.parametrize("path", ["native", "avx2", "portable"])  # simd.h's vector paths
+@pytest.mark.parametrize("rows,n,k", [(1, 37, 9), (6, 100, 64), (33, 64, 130)])  # 33x64x130: threaded
+def test_gemm_sums_in_float32(path, rows, n, k):
+    """Every output a float32 sum of the bfloat16 products (bfloat16 output, as oneDNN's GEMM
+    gives through torch, is off by up to 2**-9 of the value)."""
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(n, k, generator=gen).bfloat16()
+    x = (torch.randn(rows, k, generator=gen) * 4).bfloat16()
+    layer = Bf16LogitsLinear(w)
+    layer.kernels = kernels.library(kernels.VARIANTS[path])
+    assert torch.equal(layer.weight_bf16(), w)  # the packed layout holds the weights exactly
+    got = layer(x)
+    assert got.dtype == torch.float32
+    ref = x.double() @ w.double().T
+    torch.testing.assert_close(got.double(), ref, rtol=0, atol=2e-6 * float(ref.abs().max()))
+
+
+def bf16_engine(arch, tmp_path):
+    from transformers import AutoConfig
+
+    from batchrun.llm import build_engine, build_model
+    from batchrun.models.llama import LlamaModel, ModelConfig
+    from batchrun.options.engine import EngineConfig
+    from tests.tiny_models import IdTokenizer, make_tiny
+
+    hf = make_tiny(arch, tmp_path)
+    cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
+    model = build_model(LlamaModel, cfg, tmp_path, torch.device("cpu"), torch.bfloat16)
+    return hf, build_engine(model, IdTokenizer(), EngineConfig.default(block_size=4), [2],
+                            torch.device("cpu"), torch.bfloat16)
+
+
+@pytest.mark.parametrize("arch", ["llama", "tied"])
+def test_bfloat16_models_logits_are_float32_sums(arch, tmp_path):
+    """The logits of a bfloat16 model (its own lm_head or the tied embeddings) are the float32
+    sums of its bfloat16 hidden states times its bfloat16 weights."""
+    hf, engine = bf16_engine(arch, tmp_path)
+    model = engine.runner.model
+    assert isinstance(model.lm_head, Bf16LogitsLinear)
+    w = hf.get_output_embeddings().weight.detach().bfloat16()
+    h = (torch.randn(7, w.shape[1], generator=torch.Generator().manual_seed(5)) * 3).bfloat16()
+    got = model.compute_logits(h)
+    assert got.dtype == torch.float32
+    ref = h.double() @ w.double().T
+    torch.testing.assert_close(got.double(), ref, rtol=0, atol=2e-6 * float(ref.abs().max()))
+
+
+def test_bfloat16_model_keeps_its_residual_stream_in_float32(tmp_path, monkeypatch):
+    """Every block's bfloat16 output is added into a float32 stream (the fused norm kernel's
+    path), and the norms hand the blocks bfloat16."""
+    from batchrun.models.llama import RMSNorm
+
+    _, engine = bf16_engine("llama", tmp_path)
+    seen, add_forward = [], RMSNorm.add_forward
+
+    def recording(self, x, residual, cpu_kernels):
+        out = add_forward(self, x, residual, cpu_kernels)
+        seen.append((residual.dtype, out.dtype))
+        return out
+
+    monkeypatch.setattr(RMSNorm, "add_forward", recording)
+    out = engine.generate([[5, 9, 30, 7]], SamplingParams(temperature=0, max_tokens=3,
+                                                          ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 3
+    layers = len(engine.runner.model.layers)
+    assert len(seen) == 3 * (2 * layers + 1)  # per step: two norms a layer and the final one
+    assert set(seen) == {(torch.float32, torch.bfloat16)}
+
+
+def test_a_cap_below_avx512_bf16_turns_fast_bf16_off(monkeypatch):
+    """bench.py --isa avx2 caps oneDNN with ONEDNN_MAX_CPU_ISA: it then has no bfloat16 kernel,
+    so weight-only layers and int8's logits stay float32 and --dtype bfloat16 says what it runs."""
+    from batchrun.models.quant import cpu
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    cpu.has_fast_bf16.cache_clear()
+    try:
+        assert not cpu.has_fast_bf16()
+        assert cpu.weight_only_dtype(torch.float32) == torch.float32
+        note = cpu.slow_bf16_note(torch.bfloat16, torch.device("cpu"))
+        assert "widen bfloat16 to float32" in note
+        assert cpu.slow_bf16_note(torch.float32, torch.device("cpu"), "bf16").startswith(
+            "--quantization bf16")
+        assert cpu.slow_bf16_note(torch.float32, torch.device("cpu")) is None
+    finally:
+        cpu.has_fast_bf16.cache_clear()
