@@ -1,4 +1,4 @@
-"""Two runs racing on one S3 output (moto), 8 trials (BATCHRUN_RACE_TRIALS for more; `python -m
+"""Two runs racing on one S3 output (moto), 4 trials (BATCHRUN_RACE_TRIALS for more; `python -m
 tests.fault.s3_race --trials N` alone): never both exit 0, no crash, and the output always holds
 every record (tests/fault/s3_race.py). The lease's rules are unit-tested in test_lease.py."""
 
@@ -12,7 +12,7 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
 
-TRIALS = int(os.environ.get("BATCHRUN_RACE_TRIALS", "8"))
+TRIALS = int(os.environ.get("BATCHRUN_RACE_TRIALS", "4"))
 
 
 def test_races_on_one_s3_output():

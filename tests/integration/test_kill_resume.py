@@ -1,11 +1,11 @@
-"""SIGKILL at random points, then --resume: nothing lost, nothing repeated (6 trials here,
+"""SIGKILL at random points, then --resume: nothing lost, nothing repeated (4 trials here,
 BATCHRUN_KILL_TRIALS for more; `python -m tests.fault.kill_resume --trials N` alone)."""
 
 import os
 
 from tests.fault.kill_resume import trial
 
-TRIALS = int(os.environ.get("BATCHRUN_KILL_TRIALS", "6"))
+TRIALS = int(os.environ.get("BATCHRUN_KILL_TRIALS", "4"))
 
 
 def test_kill_and_resume_loses_and_repeats_nothing(tmp_path):

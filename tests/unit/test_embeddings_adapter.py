@@ -85,6 +85,14 @@ def test_pooling_options_reach_the_engine(tiny):
     assert serving(tiny).prepare(URL, {"input": [5]}).params.pooling == PoolingParams("last", True)
 
 
+def test_an_input_of_exactly_max_model_len_tokens_is_embedded_and_one_more_is_refused(tiny):
+    limit = tiny.max_model_len
+    out = run(tiny, {"input": [5] * limit})
+    assert out["usage"]["prompt_tokens"] == limit and len(out["data"]) == 1
+    assert all(math.isfinite(x) for x in out["data"][0]["embedding"])
+    assert error(tiny, {"input": [5] * (limit + 1)}).code == "context_length_exceeded"
+
+
 @pytest.mark.parametrize("body, param, code", [
     ({}, "input", "missing_required_parameter"),
     ({"input": []}, "input", "invalid_value"),
