@@ -15,8 +15,8 @@ MODEL_STEP = "model step (runner.execute)"
 # Share groups: the calls each is made of (kernel function names as the C library spells them).
 GROUPS = {
     "linear": ("linear (packed)", "linear (quantized)"),
-    "attention": ("paged_decode_attention", "paged_attention_masked", "cascade_groups",
-                  "kv_write", "prefill attention (SDPA)"),
+    "attention": ("paged_decode_attention", "paged_attention_masked", "paged_attention_scaled",
+                  "cascade_groups", "kv_write", "prefill attention (SDPA)"),
     "sampling": ("sampler",),
 }
 
