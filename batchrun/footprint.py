@@ -91,13 +91,13 @@ def compute(cfg) -> Compute:
 
 
 def _device(device) -> torch.device:
-    from batchrun.llm import pick_device
+    from batchrun.engine.devices import pick_device
 
     return device if isinstance(device, torch.device) else pick_device(str(device or "auto"))
 
 
 def _dtype(dtype, device: torch.device) -> torch.dtype:
-    from batchrun.llm import pick_dtype
+    from batchrun.engine.devices import pick_dtype
 
     return dtype if isinstance(dtype, torch.dtype) else pick_dtype(dtype or "auto", device)
 
@@ -217,14 +217,14 @@ def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,
                    device: torch.device | str = "cpu",
                    dtype: torch.dtype | str | None = None) -> tuple[int, int]:
     """(blocks, bytes) of the KV pool the engine will reserve, by the rule build_engine uses
-    (llm.kv_layout / kv_blocks_for: kv_cache_memory or num_blocks, else a share of free memory,
+    (engine/kv_sizing.py: kv_cache_memory or num_blocks, else a share of free memory,
     never more than max_num_seqs full-length sequences). `dtype` is the model dtype (None = the
     engine config's); kv_cache_dtype applies on top. Bytes include the one padding block the
     runner adds, and an fp8 cache's scales (a K and a V float32 per layer; an int8 cache's per
     token and KV head are in the blocks); on the CPU they are
     reserved, and touched (resident) only as blocks fill."""
     from batchrun.engine.kv_groups import kv_block_bytes
-    from batchrun.llm import kv_layout
+    from batchrun.engine.kv_sizing import kv_layout
 
     dev = _device(device)
     dt = _dtype(dtype if dtype is not None else engine_config.device.dtype, dev)

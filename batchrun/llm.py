@@ -15,15 +15,15 @@ import torch
 
 from batchrun import phases
 from batchrun.options.engine import EngineConfig
+from batchrun.engine.devices import pick_device, pick_dtype
 from batchrun.engine.engine import Engine
-from batchrun.engine.kv_groups import kv_block_bytes, kv_groups
+from batchrun.engine.kv_sizing import kv_layout
 from batchrun.served_model import system_fingerprint
 
 # Sampling fields a model's generation_config.json may set, mapped to SamplingParams names.
 GENERATION_DEFAULT_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                              "min_p": "min_p", "repetition_penalty": "repetition_penalty",
                              "max_new_tokens": "max_tokens"}
-CPU_DEFAULT_KV_BYTES = 4 << 30
 
 
 @dataclass
@@ -65,26 +65,11 @@ class LoadedModel:
         return system_fingerprint(self.name, self.engine.config)
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def set_cpu_threads(config: EngineConfig) -> None:
     """torch's intra-op threads for a CPU engine: --threads, else $BATCHRUN_THREADS, else one
     per core."""
     threads = config.device.threads or int(os.environ.get("BATCHRUN_THREADS", 0)) or os.cpu_count()
     torch.set_num_threads(threads or 1)
-
-
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if name not in dtypes:
-        raise ValueError(f"unknown dtype {name!r}: use auto, {', '.join(dtypes)}")
-    return dtypes[name]
 
 
 def load(model: str | None, config: EngineConfig | None = None) -> LoadedModel:
@@ -371,47 +356,3 @@ def read_generation_config(path: Path) -> tuple[dict[str, Any], list[int]]:
     eos = raw.get("eos_token_id")
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
     return defaults, eos_ids
-
-
-def kv_layout(config: EngineConfig, model_cfg, device: torch.device,
-              dtype: torch.dtype) -> tuple[int, int, torch.dtype]:
-    """(KV blocks, max_model_len, KV dtype) of the engine build_engine makes; needs no weights."""
-    max_model_len = min(config.max_model_len or model_cfg.max_position_embeddings,
-                        model_cfg.max_position_embeddings)
-    kv_dtype = kv_dtype_of(config.cache.kv_cache_dtype, device, dtype)
-    return kv_blocks_for(config, model_cfg, device, kv_dtype, max_model_len), max_model_len, kv_dtype
-
-
-def kv_dtype_of(name: str, device: torch.device, dtype: torch.dtype) -> torch.dtype:
-    """The KV cache's element type for --kv-cache-dtype `name` (auto: the model's `dtype`)."""
-    from batchrun.engine.attention.fp8_kv import NAMES as FP8_NAMES
-
-    if name in FP8_NAMES or name == "int8":
-        if device.type != "cpu":
-            raise ValueError(f"--kv-cache-dtype {name} runs on the CPU only (the CUDA attention "
-                             "kernel reads 16- and 32-bit caches); use bfloat16 or float16 there")
-        return FP8_NAMES.get(name, torch.int8)
-    return dtype if name == "auto" else pick_dtype(name, device)
-
-
-def kv_blocks_for(config: EngineConfig, model_cfg, device: torch.device, dtype: torch.dtype,
-                  max_model_len: int) -> int:
-    cache = config.cache
-    if cache.num_blocks:
-        return cache.num_blocks
-    block_bytes = kv_block_bytes(model_cfg, cache.block_size, dtype.itemsize,
-                                 4 if dtype == torch.int8 else 0)  # attention/int8_kv.py
-    budget = cache.kv_cache_memory
-    if budget is None:
-        if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            budget = int(free * 0.8)
-        else:
-            import psutil
-
-            budget = min(CPU_DEFAULT_KV_BYTES, int(psutil.virtual_memory().available * 0.3))
-    # More than every sequence at full length can never be used (a sliding-window layer's
-    # blocks only over its window: engine/kv_groups.py).
-    most = config.scheduler.max_num_seqs * kv_groups(model_cfg).blocks_per_sequence(
-        max_model_len, cache.block_size, config.scheduler.max_num_batched_tokens)
-    return max(1, min(budget // block_bytes, most))

@@ -9,7 +9,7 @@ from batchrun.engine.kv_cache import FREED, KVCacheManager
 from batchrun.engine.kv_groups import KVGroup, KVGroups
 from batchrun.engine.request import Request
 from batchrun.engine.sampling_params import SamplingParams
-from batchrun.llm import kv_blocks_for
+from batchrun.engine.kv_sizing import kv_blocks_for
 from batchrun.options.engine import EngineConfig
 
 BS, W = 4, 8

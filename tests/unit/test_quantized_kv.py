@@ -83,7 +83,7 @@ def test_scales_map_the_calibrated_maxima_inside_the_range():
 
 
 def test_cuda_refuses_fp8_by_name():
-    from batchrun.llm import kv_dtype_of
+    from batchrun.engine.kv_sizing import kv_dtype_of
 
     assert kv_dtype_of("fp8_e4m3", torch.device("cpu"), torch.float32) == FP8
     with pytest.raises(ValueError, match="fp8 runs on the CPU only"):

@@ -252,7 +252,8 @@ def calibrate(model_config, engine_config: EngineConfig | None = None,
 
     from batchrun.engine.engine import Engine
     from batchrun.engine.sampling_params import SamplingParams
-    from batchrun.llm import pick_device, pick_dtype, set_cpu_threads
+    from batchrun.engine.devices import pick_device, pick_dtype
+    from batchrun.llm import set_cpu_threads
 
     start = time.perf_counter()
     config = engine_config or EngineConfig.default()

@@ -213,7 +213,8 @@ def describe_model(estimate: Estimate, cfg: Any, engine: EngineConfig, groups: A
     """The model's compute (footprint.compute) and KV groups into `estimate`, with what the
     figures assume."""
     from batchrun import footprint
-    from batchrun.llm import kv_layout, pick_device, pick_dtype
+    from batchrun.engine.devices import pick_device, pick_dtype
+    from batchrun.engine.kv_sizing import kv_layout
 
     device = pick_device(engine.device.device)
     _, _, kv_dtype = kv_layout(engine, cfg, device, pick_dtype(engine.device.dtype, device))
@@ -247,7 +248,7 @@ def run_key(model_name: str, engine: EngineConfig) -> str:
 def _dtype_name(engine: EngineConfig, cfg) -> str:
     """The dtype the weights will have here (auto: float32 on the CPU, bfloat16 on CUDA), and
     the format of a checkpoint stored quantized."""
-    from batchrun.llm import pick_device, pick_dtype
+    from batchrun.engine.devices import pick_device, pick_dtype
     from batchrun.models.quant import check_checkpoint
 
     name = str(pick_dtype(engine.device.dtype, pick_device(engine.device.device))).split(".")[-1]

@@ -1,0 +1,56 @@
+"""How many KV blocks, of which element type, the engine llm.build_engine makes gets; needs no
+weights (footprint.py and the plan's estimator size a job with it)."""
+
+from __future__ import annotations
+
+import torch
+
+from batchrun.engine.devices import pick_dtype
+from batchrun.engine.kv_groups import kv_block_bytes, kv_groups
+from batchrun.options.engine import EngineConfig
+
+CPU_DEFAULT_KV_BYTES = 4 << 30
+
+
+def kv_layout(config: EngineConfig, model_cfg, device: torch.device,
+              dtype: torch.dtype) -> tuple[int, int, torch.dtype]:
+    """(KV blocks, max_model_len, KV dtype) of the engine build_engine makes; needs no weights."""
+    max_model_len = min(config.max_model_len or model_cfg.max_position_embeddings,
+                        model_cfg.max_position_embeddings)
+    kv_dtype = kv_dtype_of(config.cache.kv_cache_dtype, device, dtype)
+    return kv_blocks_for(config, model_cfg, device, kv_dtype, max_model_len), max_model_len, kv_dtype
+
+
+def kv_dtype_of(name: str, device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's element type for --kv-cache-dtype `name` (auto: the model's `dtype`)."""
+    from batchrun.engine.attention.fp8_kv import NAMES as FP8_NAMES
+
+    if name in FP8_NAMES or name == "int8":
+        if device.type != "cpu":
+            raise ValueError(f"--kv-cache-dtype {name} runs on the CPU only (the CUDA attention "
+                             "kernel reads 16- and 32-bit caches); use bfloat16 or float16 there")
+        return FP8_NAMES.get(name, torch.int8)
+    return dtype if name == "auto" else pick_dtype(name, device)
+
+
+def kv_blocks_for(config: EngineConfig, model_cfg, device: torch.device, dtype: torch.dtype,
+                  max_model_len: int) -> int:
+    cache = config.cache
+    if cache.num_blocks:
+        return cache.num_blocks
+    block_bytes = kv_block_bytes(model_cfg, cache.block_size, dtype.itemsize,
+                                 4 if dtype == torch.int8 else 0)  # attention/int8_kv.py
+    budget = cache.kv_cache_memory
+    if budget is None:
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            budget = int(free * 0.8)
+        else:
+            import psutil
+
+            budget = min(CPU_DEFAULT_KV_BYTES, int(psutil.virtual_memory().available * 0.3))
+    # More than every sequence at full length can never be used (a sliding-window layer's
+    # blocks only over its window: engine/kv_groups.py).
+    most = config.scheduler.max_num_seqs * kv_groups(model_cfg).blocks_per_sequence(
+        max_model_len, cache.block_size, config.scheduler.max_num_batched_tokens)
+    return max(1, min(budget // block_bytes, most))
