@@ -16,7 +16,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from batchrun.models import llama
+from batchrun.models import llama, model_config
 from batchrun.models.llama import Attention, MLP, RMSNorm
 from batchrun.models.rope import RotaryEmbedding, StepRope, longrope_reason
 
@@ -25,7 +25,7 @@ GELU_TANH = {"gelu_pytorch_tanh", "gelu_tanh"}
 
 
 @dataclass(frozen=True)
-class ModelConfig(llama.ModelConfig):
+class ModelConfig(model_config.ModelConfig):
     sandwich_norms: bool = False  # Gemma 2/3: a norm after attention and one on each MLP side
     attn_scale: float | None = None  # None: head_dim ** -0.5
     attn_softcap: float | None = None
@@ -34,7 +34,7 @@ class ModelConfig(llama.ModelConfig):
 
     @classmethod
     def from_hf(cls, hf) -> "ModelConfig":
-        llama.require_architecture(hf, SUPPORTED_ARCHITECTURES, "GemmaForCausalLM")
+        model_config.require_architecture(hf, SUPPORTED_ARCHITECTURES, "GemmaForCausalLM")
         act = getattr(hf, "hidden_activation", None) or getattr(hf, "hidden_act", None)
         if act not in GELU_TANH:
             raise ValueError(f"unsupported activation {act!r} (GeGLU with tanh-approximated "
@@ -43,7 +43,7 @@ class ModelConfig(llama.ModelConfig):
             raise ValueError("attention_bias (Gemma checkpoints have none)")
         later = hf.model_type != "gemma"
         scalar = getattr(hf, "query_pre_attn_scalar", None)
-        fields = llama.shape_fields(hf)
+        fields = model_config.shape_fields(hf)
         return cls(**fields, qkv_bias=False, qk_norm=hf.model_type == "gemma3_text",
                    sandwich_norms=later,
                    attn_scale=scalar ** -0.5 if later and scalar else None,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from batchrun.models import llama, moe
+from batchrun.models import llama, model_config, moe
 from batchrun.models.llama import Attention
 
 SUPPORTED_ARCHITECTURES = {"GptOssForCausalLM"}
@@ -32,8 +32,9 @@ class ModelConfig(moe.ModelConfig):
 
     @classmethod
     def from_hf(cls, hf) -> "ModelConfig":
-        llama.require_architecture(hf, SUPPORTED_ARCHITECTURES, "GptOssForCausalLM")
-        return cls(**llama.shape_fields(hf), qkv_bias=bool(getattr(hf, "attention_bias", True)),
+        model_config.require_architecture(hf, SUPPORTED_ARCHITECTURES, "GptOssForCausalLM")
+        return cls(**model_config.shape_fields(hf),
+                   qkv_bias=bool(getattr(hf, "attention_bias", True)),
                    qk_norm=False, num_experts=hf.num_local_experts, top_k=hf.num_experts_per_tok,
                    expert_intermediate_size=hf.intermediate_size,
                    sparse_layers=(True,) * hf.num_hidden_layers,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from batchrun.models import llama
+from batchrun.models import llama, model_config
 from batchrun.models.grouped_gemm import grouped_mm, sort_by_expert
 from batchrun.models.llama import MLP, LlamaModel, gated_activation
 
@@ -25,7 +25,7 @@ _EXPERT_COUNT = ("num_experts", "num_local_experts")
 
 
 @dataclass(frozen=True)
-class ModelConfig(llama.ModelConfig):
+class ModelConfig(model_config.ModelConfig):
     num_experts: int = 0
     top_k: int = 0
     expert_intermediate_size: int = 0
@@ -49,7 +49,7 @@ class ModelConfig(llama.ModelConfig):
         step = getattr(hf, "decoder_sparse_step", 1) or 1
         dense = set(getattr(hf, "mlp_only_layers", None) or ())
         return cls(
-            **llama.swiglu_fields(hf),
+            **model_config.swiglu_fields(hf),
             qkv_bias=bool(getattr(hf, "qkv_bias", False) or getattr(hf, "attention_bias", False)),
             qk_norm=model_type in ("qwen3_moe", "olmoe"),
             qk_norm_across_heads=model_type == "olmoe",
