@@ -1,4 +1,5 @@
-"""Decode attention over the paged KV cache, one layer, at batch-run shapes: kernel vs PyTorch.
+"""Decode attention over the paged KV cache, one layer, at batch-run shapes: kernel vs PyTorch,
+for each KV cache dtype (float32, float16, bfloat16, fp8 e4m3, int8 with row scales).
 
 Prints milliseconds per call and the KV bytes read per second, next to a plain memory read
 (torch sum) as the machine's ceiling. Run: python benchmarks/decode_attention.py
@@ -13,6 +14,17 @@ import torch
 import torch.nn.functional as F
 
 from batchrun.engine import kernels
+from batchrun.engine.attention.int8_kv import INT8, layer_caches, quantize_rows
+from batchrun.engine.attention.kv_write import read_rows
+
+
+def pool(slots: int, kv_heads: int, head_dim: int, dtype: torch.dtype):
+    """A layer's random K and V pools in `dtype` (int8: quantized rows with their scales)."""
+    k, v = torch.randn(slots, kv_heads, head_dim), torch.randn(slots, kv_heads, head_dim)
+    if dtype != INT8:
+        return k.to(dtype), v.to(dtype)
+    (kq, ks), (vq, vs) = quantize_rows(k), quantize_rows(v)
+    return layer_caches(kq, vq, ks, vs)
 
 
 def timed(fn, repeat: int) -> float:
@@ -53,18 +65,24 @@ def main() -> None:
     threads = torch.get_num_threads()
     kv_bytes = {}
     rows = []
-    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn):
-        pools = [(torch.randn(slots, Hkv, D).to(dtype), torch.randn(slots, Hkv, D).to(dtype))
-                 for _ in range(args.layers)]
+    rows_of = torch.arange(B)
+    order = torch.arange(B + 1, dtype=torch.int32)
+    shared = torch.zeros(B, dtype=torch.int32)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.int8):
+        pools = [pool(slots, Hkv, D, dtype) for _ in range(args.layers)]
         layer = [0]
         out = torch.empty_like(q)
 
         def kernel():
             k, v = pools[layer[0] % args.layers]
             layer[0] += 1
-            lib.paged_decode_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), tables.data_ptr(),
-                                       lens.data_ptr(), out.data_ptr(), B, H, Hkv, D, bs, width,
-                                       scale, kernels.kind(dtype), threads)
+            ks, vs = (getattr(c, "row_scales", None) for c in (k, v))
+            lib.paged_attention_scaled(
+                q.data_ptr(), k.data_ptr(), v.data_ptr(), tables.data_ptr(), width,
+                rows_of.data_ptr(), lens.data_ptr(), out.data_ptr(), H, Hkv, D, bs, scale,
+                kernels.kind(dtype), threads, B, order.data_ptr(), order.data_ptr(),
+                shared.data_ptr(), None, 0.0, None, None if ks is None else ks.data_ptr(),
+                None if vs is None else vs.data_ptr())
 
         grid = torch.arange(int(lens.max()))[None, :]
         valid = grid < lens[:, None]
@@ -74,8 +92,8 @@ def main() -> None:
         def torch_sdpa():
             k, v = pools[layer[0] % args.layers]
             layer[0] += 1
-            kd = k[gslots].float().transpose(1, 2)
-            vd = v[gslots].float().transpose(1, 2)
+            kd = read_rows(k, gslots, torch.float32).transpose(1, 2)
+            vd = read_rows(v, gslots, torch.float32).transpose(1, 2)
             F.scaled_dot_product_attention(q.view(B, Hkv, H // Hkv, D), kd, vd, attn_mask=bias,
                                            scale=scale)
 
@@ -85,7 +103,8 @@ def main() -> None:
         k, v = pools[0]
         layer[0] = 0
         kernel()
-        kd, vd = k[gslots].float().transpose(1, 2), v[gslots].float().transpose(1, 2)
+        kd = read_rows(k, gslots, torch.float32).transpose(1, 2)
+        vd = read_rows(v, gslots, torch.float32).transpose(1, 2)
         ref = F.scaled_dot_product_attention(q.view(B, Hkv, H // Hkv, D), kd, vd, attn_mask=bias,
                                              scale=scale).reshape(B, H, D)
         err = (out - ref).abs().max().item()

@@ -9,7 +9,7 @@ whole context, each prefill chunk a gathered copy of its cached context) reads f
 
     python benchmarks/step_breakdown.py [WORKLOAD] [--dtype bfloat16] [--fewshot]
         [--fewshot-prefixes N] [--attention-kernel cascade|legacy] [--max-tokens N]
-        [--quantization int8]
+        [--quantization int8] [--kv-cache-dtype int8|fp8]
 
 WORKLOAD defaults to the generated benchmarks/data/humaneval_chat.jsonl (benchmarks/workloads.py).
 """
@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("workload", nargs="?", help="chat batch JSONL [benchmarks/data/humaneval_chat.jsonl]")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--quantization", default="none", help="as batchrun's --quantization (int8, ...)")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="as batchrun's --kv-cache-dtype (int8, fp8)")
     ap.add_argument("--limit", type=int)
     ap.add_argument("--fewshot", action="store_true", help="the bench's few-shot sweep built from "
                     "WORKLOAD (a HumanEval chat batch file) instead of WORKLOAD itself")
@@ -84,7 +85,8 @@ def main() -> None:
 
     loaded = llm.load(None, EngineConfig.default(dtype=args.dtype,
                                                  attention_kernel=args.attention_kernel,
-                                                 quantization=args.quantization))
+                                                 quantization=args.quantization,
+                                                 kv_cache_dtype=args.kv_cache_dtype))
     engine = loaded.engine
     step_timers.install(engine)
     llama.paged_attention = counting(llama.paged_attention)
@@ -99,7 +101,7 @@ def main() -> None:
     total = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in outs)
     print(f"{len(work.prompts)} requests, {generated} output tokens in {total:.1f} s "
-          f"({generated / total:.1f} output tok/s), dtype {args.dtype}, quantization {args.quantization}, attention "
+          f"({generated / total:.1f} output tok/s), dtype {args.dtype}, quantization {args.quantization}, KV {args.kv_cache_dtype}, attention "
           f"{args.attention_kernel}")
     print(f"{'call':32}{'calls':>8}{'seconds':>10}{'share':>8}")
     for name, sec in step_timers.SECONDS.most_common():

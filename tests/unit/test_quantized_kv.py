@@ -75,6 +75,25 @@ def test_int8_rows_round_to_their_own_scale():
     assert (err <= s[..., None] * 0.5 * (1 + 1e-5)).all()
 
 
+@needs_kernels
+@pytest.mark.parametrize("variant", ["native", "portable"])
+@pytest.mark.parametrize("src", [torch.float32, torch.bfloat16])
+def test_the_int8_cache_kernel_quantizes_exactly_as_torch(variant, src):
+    lib = kernels.library(kernels.VARIANTS[variant])
+    g = torch.Generator().manual_seed(2)
+    wide = torch.randn(300, 5, 3, 64, generator=g) * torch.logspace(-4, 3, 300)[:, None, None, None]
+    x = wide[:, 1].to(src)  # each token's heads side by side, tokens 5 * 3 * 64 apart
+    x[7, 2] = 0.0
+    q, s = int8_kv.quantize_rows(x)
+    slots = torch.randperm(310, generator=g)[:300]
+    kc, vc = (torch.zeros(310, 3, 64, dtype=torch.int8) for _ in range(2))
+    kc, vc = int8_kv.layer_caches(kc, vc, torch.zeros(310, 3), torch.zeros(310, 3))
+    write_kv(x, -x, kc, vc, slots, lib)
+    assert torch.equal(kc[slots], q) and torch.equal(kc.row_scales[slots], s)
+    assert torch.equal(vc[slots], -q) and torch.equal(vc.row_scales[slots], s)
+    assert torch.equal(int8_kv.round_trip(x, lib), int8_kv.dequantize(q, s, src))
+
+
 def test_scales_map_the_calibrated_maxima_inside_the_range():
     scales = fp8_kv.scales_from_absmax(torch.tensor([[896.0, 1e-3], [0.0, 4.48]]))
     assert torch.allclose(scales, torch.tensor([[4.0, 1e-3 / 224], [1.0, 0.02]]))

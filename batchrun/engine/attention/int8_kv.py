@@ -7,7 +7,9 @@ Per-row scales cannot be folded into the query or the output as fp8_kv.py's per-
 are, so the readers apply them: the C kernels multiply a tile's scores by the keys' scales and
 its softmax weights by the values' (kernels/paged_attention.c), the PyTorch paths dequantize
 what they gather (kv_write.read_rows). `attend` rounds the step's own K/V through int8 first,
-so a fresh prefill chunk attends what the cache holds, as with fp8.
+so a fresh prefill chunk attends what the cache holds, as with fp8. On the CPU the rows are
+quantized (and rounded) by the C kernel int8_kv_rows in one pass each, the same values as
+quantize_rows.
 """
 
 from __future__ import annotations
@@ -16,20 +18,56 @@ from typing import Callable
 
 import torch
 
+from batchrun.engine.kernels import KINDS, kind
+
+KERNEL_DTYPES = {name for name, code in KINDS.items() if code < KINDS["torch.float8_e4m3fn"]}
 INT8 = torch.int8
 SCALE_BYTES = 4  # a float32 per (token, KV head) row, for K and for V
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 [..., D], float32 scales [...]) of x [..., D], a scale per last-dim row."""
+    """(int8 [..., D], float32 scales [...]) of x [..., D], a scale per last-dim row: max|x| / 127
+    (1 for a zero row), q = round(x * (127 / max|x|)), as the C kernel int8_kv_rows computes."""
     xf = x.float()
-    scale = xf.abs().amax(-1) / 127
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return (xf / scale[..., None]).round_().clamp_(-127, 127).to(INT8), scale
+    amax = xf.abs().amax(-1)
+    nonzero = amax > 0
+    scale = torch.where(nonzero, amax / 127, 1.0)
+    # a true division (127 / tensor is 127 * reciprocal in PyTorch, rounded twice)
+    inv = torch.where(nonzero, amax.new_full(amax.shape, 127.0).div_(amax), 1.0)
+    return (xf * inv[..., None]).round_().clamp_(-127, 127).to(INT8), scale
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (q.float() * scale[..., None]).to(dtype)
+
+
+def _kernel_takes(lib, rows: torch.Tensor) -> bool:
+    """Whether the C kernel can read rows [T, heads, D] where they lie: on the CPU, in a float
+    dtype it reads, each token's heads side by side."""
+    return lib is not None and rows.device.type == "cpu" and rows.shape[-1] <= 1024 \
+        and str(rows.dtype) in KERNEL_DTYPES and rows.stride()[1:] == (rows.shape[2], 1)
+
+
+def round_trip(x: torch.Tensor, lib=None) -> torch.Tensor:
+    """x [T, heads, D] as an int8 cache hands it back (quantized and dequantized per row)."""
+    if not _kernel_takes(lib, x):
+        return dequantize(*quantize_rows(x), x.dtype)
+    out = torch.empty(x.shape, dtype=torch.float32)
+    lib.int8_kv_rows(x.data_ptr(), kind(x.dtype), x.shape[0], x.stride(0), x.shape[1], x.shape[2],
+                     None, None, None, out.data_ptr())
+    return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
+def store(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, lib=None) -> None:
+    """cache[slots] = rows [T, heads, D] quantized, their scales into cache.row_scales."""
+    if not _kernel_takes(lib, rows):
+        q, scale = quantize_rows(rows)
+        cache.index_copy_(0, slots, q)
+        cache.row_scales.index_copy_(0, slots, scale)
+        return
+    lib.int8_kv_rows(rows.data_ptr(), kind(rows.dtype), rows.shape[0], rows.stride(0),
+                     rows.shape[1], rows.shape[2], slots.data_ptr(), cache.data_ptr(),
+                     cache.row_scales.data_ptr(), None)
 
 
 def layer_caches(k: torch.Tensor, v: torch.Tensor, k_scales: torch.Tensor,
@@ -44,5 +82,5 @@ def attend(forward: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tenso
            v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
            *rest) -> torch.Tensor:
     """`forward` over an int8 cache: the same arguments, the step's K/V rounded through int8."""
-    return forward(q, dequantize(*quantize_rows(k), k.dtype), dequantize(*quantize_rows(v), v.dtype),
-                   k_cache, v_cache, meta, scale, *rest)
+    lib = getattr(meta, "lib", None)  # the CPU kernels' metadata carries their library
+    return forward(q, round_trip(k, lib), round_trip(v, lib), k_cache, v_cache, meta, scale, *rest)

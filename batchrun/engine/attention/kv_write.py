@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import torch
 
-from batchrun.engine.attention.int8_kv import INT8, dequantize, quantize_rows
+from batchrun.engine.attention import int8_kv
+from batchrun.engine.attention.int8_kv import INT8, dequantize
 from batchrun.engine.kernels import kind
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor, lib=None) -> None:
     """k/v [T, Hkv, D] into the cache's slots; through the C kernel `lib` (one pass, converting
-    the dtype) when given and the rows' layout allows it, else index_copy_ (same result; an
-    int8 cache always: its rows are quantized with their scales in PyTorch)."""
-    if lib is not None and k_cache.dtype != INT8 and k.stride(0) == v.stride(0) \
+    the dtype; an int8 cache's rows quantized with their scales, int8_kv.store) when given and
+    the rows' layout allows it, else index_copy_ (same result)."""
+    if k_cache.dtype == INT8:
+        int8_kv.store(k_cache, slot_mapping, k, lib)
+        int8_kv.store(v_cache, slot_mapping, v, lib)
+        return
+    if lib is not None and k.stride(0) == v.stride(0) \
             and k.stride()[1:] == v.stride()[1:] == (k.shape[2], 1):
         lib.kv_write(k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                      slot_mapping.data_ptr(), k.shape[0], k.stride(0), k.shape[1] * k.shape[2],
@@ -29,9 +34,7 @@ def store_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> 
     which index_copy_ takes where it does not take fp8 itself; an int8 cache with each row's
     scale, int8_kv.py)."""
     if cache.dtype == INT8:
-        q, scale = quantize_rows(rows)
-        cache.index_copy_(0, slots, q)
-        cache.row_scales.index_copy_(0, slots, scale)
+        int8_kv.store(cache, slots, rows)
     elif cache.element_size() == 1:
         cache.view(torch.uint8).index_copy_(0, slots, rows.to(cache.dtype).view(torch.uint8))
     else:

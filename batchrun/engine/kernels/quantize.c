@@ -111,3 +111,43 @@ void scale_rows(float *y, const float *scales, const float *bias, int64_t rows, 
     const ScaleRows a = {y, scales, bias, cols};
     over_rows(scale_part, &a, rows, cols, threads);
 }
+
+// The int8 KV cache's rows (engine/attention/int8_kv.py): each (token, KV head) row of x
+// [rows, heads, D] (token r from element r * stride) gets scale = max|x| / 127 (1 for a zero
+// row) and q = round-half-even(x * (127 / max|x|)), as int8_kv.quantize_rows computes them
+// (reciprocal-math off, so the divisions are the ones written). Stored at slot slots[r] of
+// cache [slots, heads, D] with the scale at scales [slots, heads] (cache NULL: not stored);
+// rounded [rows, heads, D] float32 gets q * scale, what the cache hands back (NULL: not written).
+__attribute__((optimize("no-reciprocal-math")))
+static void int8_kv_row(const float *x, int D, int8_t *q, float *scale_out, float *rounded) {
+    float amax = 0.f;
+#pragma omp simd reduction(max:amax)
+    for (int i = 0; i < D; i++) amax = fmaxf(amax, fabsf(x[i]));
+    const float scale = amax > 0.f ? amax / 127.f : 1.f, inv = amax > 0.f ? 127.f / amax : 1.f;
+    if (q) {
+        *scale_out = scale;
+#pragma omp simd
+        for (int i = 0; i < D; i++) q[i] = (int8_t)fminf(fmaxf(rintf(x[i] * inv), -127.f), 127.f);
+    }
+    if (rounded) {
+#pragma omp simd
+        for (int i = 0; i < D; i++) rounded[i] = fminf(fmaxf(rintf(x[i] * inv), -127.f), 127.f) * scale;
+    }
+}
+
+void int8_kv_rows(const void *x, int kind, int64_t rows, int64_t stride, int heads, int D,
+                  const int64_t *slots, int8_t *cache, float *scales, float *rounded) {
+    float buf[1024];
+    if (D > 1024) return;  // refused in Python
+    for (int64_t r = 0; r < rows; r++)
+        for (int h = 0; h < heads; h++) {
+            const int64_t src = r * stride + (int64_t)h * D, dst = cache ? slots[r] * heads + h : 0;
+            const float *row = (const float *)x + src;
+            if (kind != F32) {
+                for (int i = 0; i < D; i++) buf[i] = load_elt(kind, x, src + i);
+                row = buf;
+            }
+            int8_kv_row(row, D, cache ? cache + dst * D : NULL, scales + dst,
+                        rounded ? rounded + (r * heads + h) * (int64_t)D : NULL);
+        }
+}
