@@ -83,8 +83,11 @@ def tables_tensor(tables):
 
 def reference(q, pool, tables, lens, scale, sinks=None, window=None):
     """Attention of row r (q[r], [H, D]) over positions [0, lens[r]) of tables[r] (the last
-    `window` of them), float64; sinks [H]: a logit per head in the softmax's denominator only."""
+    `window` of them), float64; sinks [H]: a logit per head in the softmax's denominator only.
+    An int8 pool's kernel scores the query rounded to int8 per (row, head) (int8_kv.py)."""
     H, Hkv = q.shape[1], pool.k.shape[1]
+    if pool.k.dtype == torch.int8:
+        q = int8_kv.dequantize(*int8_kv.quantize_rows(q), torch.float32)
     out = torch.zeros(q.shape, dtype=torch.float64)
     for r, (t, n) in enumerate(zip(tables, lens)):
         if n == 0:

@@ -109,19 +109,20 @@ def test_cuda_refuses_fp8_by_name():
         kv_dtype_of("fp8", torch.device("cuda"), torch.bfloat16)
 
 
-def fp8_rounded(k_cache, v_cache, k, v):
+def fp8_rounded(k_cache, v_cache, q, k, v):
     ks, vs = k_cache.kv_scale, v_cache.kv_scale
-    return fp8_kv.quantize(k, ks).float() * ks, fp8_kv.quantize(v, vs).float() * vs
+    return q, fp8_kv.quantize(k, ks).float() * ks, fp8_kv.quantize(v, vs).float() * vs
 
 
-def int8_rounded(k_cache, v_cache, k, v):
-    return (int8_kv.dequantize(*int8_kv.quantize_rows(x), torch.float32) for x in (k, v))
+def int8_rounded(k_cache, v_cache, q, k, v):  # the query too: int8_kv.attend
+    return (int8_kv.dequantize(*int8_kv.quantize_rows(x), torch.float32) for x in (q, k, v))
 
 
 def rounded_reference(rounded, q, k, v, k_cache, v_cache, meta, scale, window=None, softcap=None,
                       sinks=None):
-    """The reference attention over float32 caches holding the K/V `rounded` makes."""
-    k, v = rounded(k_cache, v_cache, k, v)
+    """The reference attention over float32 caches holding the K/V `rounded` makes (with the
+    query `rounded` gives)."""
+    q, k, v = rounded(k_cache, v_cache, q, k, v)
     return reference_attention(q, k, v, k_cache, v_cache, meta, scale, sliding_window=window,
                                softcap=softcap, sinks=sinks)
 

@@ -7,7 +7,9 @@ Per-row scales cannot be folded into the query or the output as fp8_kv.py's per-
 are, so the readers apply them: the C kernels multiply a tile's scores by the keys' scales and
 its softmax weights by the values' (kernels/paged_attention.c), the PyTorch paths dequantize
 what they gather (kv_write.read_rows). `attend` rounds the step's own K/V through int8 first,
-so a fresh prefill chunk attends what the cache holds, as with fp8. On the CPU the rows are
+so a fresh prefill chunk attends what the cache holds, as with fp8; and the query alike (a scale
+per token and head, as llama.cpp's q8_0 KV does), which lets the C kernel score an int8 key
+against it with VNNI int8 dot products (every path and backend sees the same rounded query). On the CPU the rows are
 quantized (and rounded) by the C kernel int8_kv_rows in one pass each, the same values as
 quantize_rows.
 """
@@ -81,6 +83,8 @@ def layer_caches(k: torch.Tensor, v: torch.Tensor, k_scales: torch.Tensor,
 def attend(forward: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor,
            v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
            *rest) -> torch.Tensor:
-    """`forward` over an int8 cache: the same arguments, the step's K/V rounded through int8."""
+    """`forward` over an int8 cache: the same arguments, the step's K/V rounded through int8,
+    and the query too (per token and head), as the C kernel scores with int8 dot products."""
     lib = getattr(meta, "lib", None)  # the CPU kernels' metadata carries their library
-    return forward(q, round_trip(k, lib), round_trip(v, lib), k_cache, v_cache, meta, scale, *rest)
+    return forward(round_trip(q, lib), round_trip(k, lib), round_trip(v, lib), k_cache, v_cache,
+                   meta, scale, *rest)

@@ -70,7 +70,11 @@ typedef struct {
 typedef struct {  // one row's query heads of one KV head
     float *q, *acc;
     float m[MAX_G], l[MAX_G];
+    int8_t *qi;                   // an int8 cache's: q rounded to int8 per head, q = qi * qs,
+    float qs[MAX_G], qsum[MAX_G]; // with sum(qi) per head
 } State;
+// floats a State's q, acc and qi take
+#define STATE_FLOATS(G, D) (2 * (G) * (D) + (G) * (D) / 4)
 
 int simd_path(void) { return SIMD_PATH; }
 
@@ -124,6 +128,33 @@ SIMD_INLINE void add_values(const Job *j, float *const *acc, const float *p, int
     }
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define VNNI_SCORES 1
+// score_keys for an int8 cache by VNNI dot products: (k + 128) as unsigned bytes against the
+// query's int8 values, 4 products per lane per instruction (D % 64 == 0), less 128 * sum(qi);
+// the sums are exact in int32 and in float32 (|sum| < 2^24 for D <= 256), the keys' scales are
+// applied after (scale_keys), the query's here.
+SIMD_INLINE void score_keys_i8(const Job *j, const State *s, int64_t row0, const int nt, float *p,
+                               const int G, const int D) {
+    const int64_t stride = (int64_t)j->Hkv * D;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int g = 0; g < G; g++) {
+        __m512i acc[VW];
+        for (int t = 0; t < VW; t++) acc[t] = _mm512_setzero_si512();
+        for (int c = 0; c < D; c += 64) {
+            const __m512i qv = _mm512_loadu_si512(s->qi + g * D + c);
+            for (int t = 0; t < nt; t++) {
+                const __m512i k = _mm512_loadu_si512((const int8_t *)j->k + row0 + t * stride + c);
+                acc[t] = _mm512_dpbusd_epi32(acc[t], _mm512_xor_si512(k, flip), qv);
+            }
+        }
+        vf f[VW];
+        for (int t = 0; t < VW; t++) f[t] = _mm512_cvtepi32_ps(acc[t]);
+        vstore(p + g * MAX_TILE, vmul(vsub(vhsums(f), vset1(128.f * s->qsum[g])), vset1(s->qs[g])));
+    }
+}
+#endif
+
 // x[r * rs + t * ts] *= scale[key t] for r < R (query vectors) over the keys of a tile (as
 // add_values walks them): key t of block b is slot row0[b] / D + t * Hkv of the scales.
 SIMD_INLINE void scale_keys(const Job *j, const float *scale, float *x, int64_t rs, int64_t ts,
@@ -161,6 +192,13 @@ SIMD_INLINE void attend_tile(const Job *j, State *s, const int64_t *row0, int nb
     for (int b = 0; b < nblk; b++) {
         const int nb = b == nblk - 1 ? last_n : bs;
         for (int t0 = 0; t0 < nb; t0 += VW) {
+#ifdef VNNI_SCORES
+            if (j->kind == I8 && D % 64 == 0) {
+                if (nb - t0 >= VW) score_keys_i8(j, s, row0[b] + t0 * stride, VW, p + b * bs + t0, G, D);
+                else score_keys_i8(j, s, row0[b] + t0 * stride, nb - t0, p + b * bs + t0, G, D);
+                continue;
+            }
+#endif
             if (nb - t0 >= VW) score_keys(j, s, row0[b] + t0 * stride, VW, p + b * bs + t0, G, CH);
             else score_keys(j, s, row0[b] + t0 * stride, nb - t0, p + b * bs + t0, G, CH);
         }
@@ -275,6 +313,27 @@ SIMD_INLINE void group_tile(const Job *j, const float *qt, float *sc, float *m, 
     for (; r0 < R; r0++) add_values(j, acc + r0, sc + r0, 1, RP, row0, nblk, bs, 1, CH);
 }
 
+// An int8 cache scores against the query rounded to int8 per head (as int8_kv.quantize_rows
+// rounds a row; the Python wrapper has rounded it already, which this leaves as it is): qi, its
+// scale and sum for score_keys_i8, and q itself set to qi * qs for the float paths.
+__attribute__((optimize("no-reciprocal-math")))
+static void round_query(State *x, int G, int D) {
+    for (int g = 0; g < G; g++) {
+        float *q = x->q + g * D, amax = 0.f;
+        for (int d = 0; d < D; d++) amax = fmaxf(amax, fabsf(q[d]));
+        const float scale = amax > 0.f ? amax / 127.f : 1.f, inv = amax > 0.f ? 127.f / amax : 1.f;
+        int sum = 0;
+        for (int d = 0; d < D; d++) {
+            const float r = fminf(fmaxf(rintf(q[d] * inv), -127.f), 127.f);
+            x->qi[g * D + d] = (int8_t)r;
+            sum += (int)r;
+            q[d] = r * scale;
+        }
+        x->qs[g] = scale;
+        x->qsum[g] = (float)sum;
+    }
+}
+
 // Asks the memory system for the K and V rows of heads [h0, h0 + per) of n blocks of a table,
 // from block b0. The blocks of a table lie anywhere in the pool, which the hardware prefetchers
 // cannot guess: without this the kernel waits on memory at the first touch of every block.
@@ -314,10 +373,12 @@ SIMD_INLINE void run_group(const Job *j, int item, float *buf, State *st, float 
         for (int h = 0; h < per; h++) {
             State *x = &st[s * per + h];
             const float *q = j->q + (row * j->H + (int64_t)(h0 + h) * G) * D;
-            x->q = buf + (int64_t)(s * per + h) * 2 * G * D;
+            x->q = buf + (int64_t)(s * per + h) * STATE_FLOATS(G, D);
             x->acc = x->q + G * D;
+            x->qi = (int8_t *)(x->acc + G * D);
             for (int i = 0; i < G * D; i++) { x->q[i] = q[i] * j->scale; x->acc[i] = 0.f; }
             for (int g = 0; g < G; g++) { x->m[g] = NEG; x->l[g] = 0.f; }
+            if (j->kind == I8) round_query(x, G, D);
         }
     }
 #define TABLE(s) (j->tables + j->row_table[j->order[first + (s)]] * j->max_blocks)
@@ -413,7 +474,7 @@ static void run_range(const void *arg, int i) {
     const Job *j = (const Job *)arg + i;
     if (j->first >= j->last) return;
     const int states = MAX_GROUP * j->per_item;
-    float *buf = malloc(sizeof(float) * states * 2 * j->H / j->Hkv * j->D);
+    float *buf = malloc(sizeof(float) * states * STATE_FLOATS(j->H / j->Hkv, j->D));
     State *st = malloc(sizeof(State) * states);
     // group_tile's scratch: per head of an item m, l and the transposed queries, then the scores
     const int64_t RP = (MAX_GROUP * (j->H / j->Hkv) + VW - 1) / VW * VW;
