@@ -67,6 +67,18 @@ def test_rescale_rows_matches_pytorch(path, bias):
     torch.testing.assert_close(y, expected, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("path", ["native", "avx2", "portable"])
+@pytest.mark.parametrize("rows,cols", [(7, 1000), (1100, 960)])  # 4-row blocks and a tail; threaded
+def test_rescale_rows_with_outliers_matches_float64(path, rows, cols):
+    """A smoothed Int8Linear's epilogue: y * scale + bias + x_float @ float_part in one pass."""
+    g = torch.Generator().manual_seed(3)
+    y, scale, b = torch.randn(rows, cols, generator=g), torch.rand(rows, 1, generator=g), torch.randn(cols, generator=g)
+    xo, part = torch.randn(rows, 32, generator=g) * 30, torch.randn(32, cols, generator=g)
+    expected = y.double() * scale.double() + b.double() + xo.double() @ part.double()
+    rescale_rows(y, scale, b, _lib(path), xo, part)
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("path,rows", [(p, 3) for p in ("native", "avx2", "portable")]
                          + [("native", 1900)])  # 1900 x 576: threaded
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

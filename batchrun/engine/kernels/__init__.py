@@ -142,6 +142,7 @@ def _library(extra_flags: tuple[str, ...]):
         "quantize_rows_u8": (None, [p] * 3 + [i64] * 2 + [i] * 2),
         "quantize_rows_split_u8": (None, [p] * 3 + [i64] + [p] * 3 + [i64] * 2 + [i] * 2),
         "scale_rows": (None, [p] * 3 + [i64] * 2 + [i]),
+        "scale_rows_outliers": (None, [p] * 5 + [i64] * 3 + [i]),
         "int8_kv_rows": (None, [p, i, i64, i64, i, i] + [p] * 4),
         "expert_gemm": (None, [p] * 5 + [i64] * 3 + [i] * 2),
         "grouped_int8_linear": (None, [p] * 5 + [i64] * 4 + [i] * 2),

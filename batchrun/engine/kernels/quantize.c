@@ -7,12 +7,16 @@
 
 #include "dtypes.h"
 #include "parallel.h"
+#include "simd.h"
 
 typedef struct {
     const void *x; int8_t *q; float *scales; int64_t cols; int kind; int flip;
     const float *mult; const int64_t *outliers; int64_t n_out; float *x_out;  // mult..x_out: optional
 } QuantRows;
-typedef struct { float *y; const float *scales; const float *bias; int64_t cols; } ScaleRows;
+typedef struct {
+    float *y; const float *scales; const float *bias; int64_t cols;
+    const float *xo, *f; int64_t n_out;  // optional: y += xo @ f, the outlier channels' float GEMM
+} ScaleRows;
 typedef struct { void (*fn)(const void *, int64_t, int64_t); const void *ctx; int64_t rows; int parts; } Split;
 
 static void split_part(const void *arg, int i) {
@@ -108,8 +112,64 @@ static void scale_part(const void *arg, int64_t first, int64_t last) {
 // y[r, :] = y[r, :] * scales[r] (+ bias), float32 in place.
 void scale_rows(float *y, const float *scales, const float *bias, int64_t rows, int64_t cols,
                 int threads) {
-    const ScaleRows a = {y, scales, bias, cols};
+    const ScaleRows a = {y, scales, bias, cols, 0, 0, 0};
     over_rows(scale_part, &a, rows, cols, threads);
+}
+
+// R rows from r0, columns [c, c + CV * VW): scaled, biased, plus the outliers' products, held in
+// R x CV vector registers while each row of f is loaded once for the R rows.
+SIMD_INLINE void outlier_block(const ScaleRows *a, int64_t r0, const int R, int64_t c, const int CV) {
+    const int64_t n = a->cols, k = a->n_out;
+    vf acc[4][4];
+    for (int i = 0; i < R; i++) {
+        const vf s = vset1(a->scales[r0 + i]);
+        for (int v = 0; v < CV; v++) {
+            const vf y = vmul(vload(a->y + (r0 + i) * n + c + v * VW), s);
+            acc[i][v] = a->bias ? vadd(y, vload(a->bias + c + v * VW)) : y;
+        }
+    }
+    for (int64_t j = 0; j < k; j++) {
+        vf f[4];
+        for (int v = 0; v < CV; v++) f[v] = vload(a->f + j * n + c + v * VW);
+        for (int i = 0; i < R; i++) {
+            const vf x = vset1(a->xo[(r0 + i) * k + j]);
+            for (int v = 0; v < CV; v++) acc[i][v] = vfma(x, f[v], acc[i][v]);
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int v = 0; v < CV; v++) vstore(a->y + (r0 + i) * n + c + v * VW, acc[i][v]);
+}
+
+SIMD_INLINE void outlier_rows(const ScaleRows *a, int64_t r0, const int R) {
+    const int64_t n = a->cols;
+    int64_t c = 0;
+    for (; c + 4 * VW <= n; c += 4 * VW) outlier_block(a, r0, R, c, 4);
+    for (; c + VW <= n; c += VW) outlier_block(a, r0, R, c, 1);
+    for (; c < n; c++)  // the last columns of a width that is not a multiple of VW
+        for (int i = 0; i < R; i++) {
+            float y = a->y[(r0 + i) * n + c] * a->scales[r0 + i] + (a->bias ? a->bias[c] : 0.f);
+            for (int64_t j = 0; j < a->n_out; j++) y += a->xo[(r0 + i) * a->n_out + j] * a->f[j * n + c];
+            a->y[(r0 + i) * n + c] = y;
+        }
+}
+
+static void scale_outliers_part(const void *arg, int64_t first, int64_t last) {
+    const ScaleRows *a = (const ScaleRows *)arg;
+    int64_t r = first;
+    for (; r + 4 <= last; r += 4) outlier_rows(a, r, 4);
+    switch (last - r) {
+        case 3: outlier_rows(a, r, 3); break;
+        case 2: outlier_rows(a, r, 2); break;
+        case 1: outlier_rows(a, r, 1); break;
+    }
+}
+
+// scale_rows, then y += xo @ f (xo [rows, n_out], f [n_out, cols], float32): a smoothed
+// Int8Linear's outlier channels in the same pass over y (models/quant/int8_linear.py).
+void scale_rows_outliers(float *y, const float *scales, const float *bias, const float *xo,
+                         const float *f, int64_t n_out, int64_t rows, int64_t cols, int threads) {
+    const ScaleRows a = {y, scales, bias, cols, xo, f, n_out};
+    over_rows(scale_outliers_part, &a, rows, cols * (n_out + 1), threads);
 }
 
 // The int8 KV cache's rows (engine/attention/int8_kv.py): each (token, KV head) row of x

@@ -130,9 +130,7 @@ class Int8Linear(nn.Module):
             y = onednn_qlinear_u8(qx, self.packed, self.w_scale, self.w_zero)
         else:  # exact while the int32 sums stay below 2**24 (float32's integers); relative 6e-8 above
             y = (qx.float() @ self.qweight.float().T) * self.w_scale
-        rescale_rows(y, x_scale, self.bias, self.kernels)
-        if x_float is not None:
-            y.addmm_(x_float, self.float_part)
+        rescale_rows(y, x_scale, self.bias, self.kernels, x_float, self.float_part)
         if x.dtype != torch.float32:
             y = y.to(x.dtype)
         return y.reshape(*shape[:-1], self.out_features)
