@@ -39,37 +39,51 @@ static inline float act_arg(float g, int gelu) {
     return gelu ? 2.f * GELU_C * (g + 0.044715f * g * g * g) : g;
 }
 
-static void silu_mul_rows(const void *arg, int64_t first, int64_t last) {
-    const SiluMul *a = (const SiluMul *)arg;
-    const int64_t n = a->n;
-    if (a->kind == F32) {  // simd.h's vector exp: the compiler leaves expf a scalar call
-        for (int64_t r = first; r < last; r++) {
-            const float *g = (const float *)a->x + r * 2 * n, *u = g + n;
-            float *o = (float *)a->out + r * n;
-            int64_t i = 0;
-            for (; i + VW <= n; i += VW) {
-                const vf gv = vload(g + i);
-                const vf z = a->gelu ? vmul(vset1(2.f * GELU_C),
-                                            vfma(vmul(vmul(gv, gv), gv), vset1(0.044715f), gv))
-                                     : gv;
-                const vf e = vexp(vsub(vzero(), z));
-                vstore(o + i, vmul(vdiv(gv, vadd(vset1(1.f), e)), vload(u + i)));
-            }
-            for (; i < n; i++) o[i] = g[i] / (1.f + expf(-act_arg(g[i], a->gelu))) * u[i];
-        }
-        return;
+// o[i] = act(g[i]) * u[i] for i < n, float32, simd.h's vector exp (the compiler leaves expf a
+// scalar call).
+static void act_mul(const float *g, const float *u, float *o, int64_t n, int gelu) {
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) {
+        const vf gv = vload(g + i);
+        const vf z = gelu ? vmul(vset1(2.f * GELU_C), vfma(vmul(vmul(gv, gv), gv), vset1(0.044715f), gv))
+                          : gv;
+        const vf e = vexp(vsub(vzero(), z));
+        vstore(o + i, vmul(vdiv(gv, vadd(vset1(1.f), e)), vload(u + i)));
     }
+    for (; i < n; i++) o[i] = g[i] / (1.f + expf(-act_arg(g[i], gelu))) * u[i];
+}
+
+// Rows of another element type: a chunk widened to float32, act_mul, narrowed back (a literal
+// kind, so the conversions vectorise).
+SIMD_INLINE void act_mul_rows_of(const SiluMul *a, int64_t first, int64_t last, const int kind) {
+    const int64_t n = a->n;
     float g[1024], u[1024];
     for (int64_t r = first; r < last; r++)
         for (int64_t c0 = 0; c0 < n; c0 += 1024) {
             const int64_t m = n - c0 < 1024 ? n - c0 : 1024;
             for (int64_t i = 0; i < m; i++) {
-                g[i] = load_elt(a->kind, a->x, r * 2 * n + c0 + i);
-                u[i] = load_elt(a->kind, a->x, r * 2 * n + n + c0 + i);
+                g[i] = load_elt(kind, a->x, r * 2 * n + c0 + i);
+                u[i] = load_elt(kind, a->x, r * 2 * n + n + c0 + i);
             }
-            for (int64_t i = 0; i < m; i++) g[i] = g[i] / (1.f + expf(-act_arg(g[i], a->gelu))) * u[i];
-            for (int64_t i = 0; i < m; i++) store_elt(a->kind, a->out, r * n + c0 + i, g[i]);
+            act_mul(g, u, g, m, a->gelu);
+            for (int64_t i = 0; i < m; i++) store_elt(kind, a->out, r * n + c0 + i, g[i]);
         }
+}
+
+static void silu_mul_rows(const void *arg, int64_t first, int64_t last) {
+    const SiluMul *a = (const SiluMul *)arg;
+    const int64_t n = a->n;
+    switch (a->kind) {
+        case F32:
+            for (int64_t r = first; r < last; r++) {
+                const float *g = (const float *)a->x + r * 2 * n;
+                act_mul(g, g + n, (float *)a->out + r * n, n, a->gelu);
+            }
+            return;
+        case BF16: act_mul_rows_of(a, first, last, BF16); return;
+        case F16: act_mul_rows_of(a, first, last, F16); return;
+        default: act_mul_rows_of(a, first, last, a->kind); return;
+    }
 }
 
 void silu_mul(const void *x, void *out, int64_t rows, int64_t n, int kind, int threads) {
