@@ -337,6 +337,9 @@ static void round_query(State *x, int G, int D) {
 // Asks the memory system for the K and V rows of heads [h0, h0 + per) of n blocks of a table,
 // from block b0. The blocks of a table lie anywhere in the pool, which the hardware prefetchers
 // cannot guess: without this the kernel waits on memory at the first touch of every block.
+// Into L2, not L1 (locality 2, prefetcht1): a tile's K and V are larger than L1, and fetching
+// the next tile into L1 evicted the one being computed (20-35% of the kernel's time on a
+// scattered pool; benchmarks/decode_attention.py).
 static inline void prefetch_blocks(const Job *j, const int64_t *table, int64_t b0, int64_t n,
                                    int h0, int per) {
     const int elt = elt_size(j->kind), per_line = 64 / elt, D = j->D;
@@ -345,8 +348,8 @@ static inline void prefetch_blocks(const Job *j, const int64_t *table, int64_t b
         const int64_t base = table[b] * j->bs * stride + (int64_t)h0 * D;
         for (int t = 0; t < j->bs; t++)
             for (int d = 0; d < per * D; d += per_line) {
-                __builtin_prefetch((const char *)j->k + (base + t * stride + d) * elt);
-                __builtin_prefetch((const char *)j->v + (base + t * stride + d) * elt);
+                __builtin_prefetch((const char *)j->k + (base + t * stride + d) * elt, 0, 2);
+                __builtin_prefetch((const char *)j->v + (base + t * stride + d) * elt, 0, 2);
             }
     }
 }
