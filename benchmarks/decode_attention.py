@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from batchrun.engine import kernels
-from batchrun.engine.attention.int8_kv import INT8, layer_caches, quantize_rows
+from batchrun.engine.attention.int8_kv import INT8, layer_caches, quantize_rows, round_trip
 from batchrun.engine.attention.kv_write import read_rows
 
 
@@ -105,7 +105,8 @@ def main() -> None:
         kernel()
         kd = read_rows(k, gslots, torch.float32).transpose(1, 2)
         vd = read_rows(v, gslots, torch.float32).transpose(1, 2)
-        ref = F.scaled_dot_product_attention(q.view(B, Hkv, H // Hkv, D), kd, vd, attn_mask=bias,
+        qr = round_trip(q) if dtype == INT8 else q  # an int8 cache scores a rounded query
+        ref = F.scaled_dot_product_attention(qr.view(B, Hkv, H // Hkv, D), kd, vd, attn_mask=bias,
                                              scale=scale).reshape(B, H, D)
         err = (out - ref).abs().max().item()
         for name, fn in (("kernel", kernel), ("torch gather+sdpa", torch_sdpa)):
