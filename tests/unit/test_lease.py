@@ -142,10 +142,12 @@ def test_a_run_whose_lease_was_taken_over_stops(tmp_path):
 
 def test_heartbeats_keep_a_long_run_fresh(tmp_path):
     output = str(tmp_path / "out.jsonl")
-    lease = OutputLease(output, ttl=0.4).acquire()
-    time.sleep(1.0)  # more than twice the TTL: the heartbeat renewed it meanwhile
+    # a TTL of seconds, not tenths: on a loaded 2-core machine a heartbeat thread can wait a
+    # second for its turn (the suite once saw a 1 s gap with TTL 0.4)
+    lease = OutputLease(output, ttl=2.0).acquire()
+    time.sleep(4.5)  # more than twice the TTL: the heartbeat renewed it meanwhile
     with pytest.raises(OutputBusyError):
-        OutputLease(output, ttl=0.4).acquire()
+        OutputLease(output, ttl=2.0).acquire()
     lease.check()
     lease.release()
 

@@ -207,7 +207,7 @@ void int8_kv_rows(const void *x, int kind, int64_t rows, int64_t stride, int hea
                 for (int i = 0; i < D; i++) buf[i] = load_elt(kind, x, src + i);
                 row = buf;
             }
-            int8_kv_row(row, D, cache ? cache + dst * D : NULL, scales + dst,
+            int8_kv_row(row, D, cache ? cache + dst * D : NULL, cache ? scales + dst : NULL,
                         rounded ? rounded + (r * heads + h) * (int64_t)D : NULL);
         }
 }
