@@ -20,9 +20,9 @@ from typing import Callable
 
 import torch
 
-from batchrun.engine.kernels import KINDS, kind
+from batchrun.engine.kernels import kind
 
-KERNEL_DTYPES = {name for name, code in KINDS.items() if code < KINDS["torch.float8_e4m3fn"]}
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what int8_kv_rows reads
 INT8 = torch.int8
 SCALE_BYTES = 4  # a float32 per (token, KV head) row, for K and for V
 
@@ -47,7 +47,7 @@ def _kernel_takes(lib, rows: torch.Tensor) -> bool:
     """Whether the C kernel can read rows [T, heads, D] where they lie: on the CPU, in a float
     dtype it reads, each token's heads side by side."""
     return lib is not None and rows.device.type == "cpu" and rows.shape[-1] <= 1024 \
-        and str(rows.dtype) in KERNEL_DTYPES and rows.stride()[1:] == (rows.shape[2], 1)
+        and rows.dtype in KERNEL_DTYPES and rows.stride()[1:] == (rows.shape[2], 1)
 
 
 def round_trip(x: torch.Tensor, lib=None) -> torch.Tensor:

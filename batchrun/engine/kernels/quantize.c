@@ -15,7 +15,7 @@ typedef struct {
 } QuantRows;
 typedef struct {
     float *y; const float *scales; const float *bias; int64_t cols;
-    const float *xo, *f; int64_t n_out;  // optional: y += xo @ f, the outlier channels' float GEMM
+    const float *xo, *f; int64_t n_out;  // y += xo @ f, the outlier channels' float GEMM (n_out 0: none)
 } ScaleRows;
 typedef struct { void (*fn)(const void *, int64_t, int64_t); const void *ctx; int64_t rows; int parts; } Split;
 
@@ -93,29 +93,6 @@ void quantize_rows_split_u8(const void *x, const float *mult, const int64_t *out
     over_rows(quantize_part, &a, rows, cols, threads);
 }
 
-static void scale_part(const void *arg, int64_t first, int64_t last) {
-    const ScaleRows *a = (const ScaleRows *)arg;
-    const int64_t n = a->cols;
-    for (int64_t r = first; r < last; r++) {
-        float *y = a->y + r * n;
-        const float s = a->scales[r];
-        if (a->bias) {
-#pragma omp simd
-            for (int64_t i = 0; i < n; i++) y[i] = y[i] * s + a->bias[i];
-        } else {
-#pragma omp simd
-            for (int64_t i = 0; i < n; i++) y[i] *= s;
-        }
-    }
-}
-
-// y[r, :] = y[r, :] * scales[r] (+ bias), float32 in place.
-void scale_rows(float *y, const float *scales, const float *bias, int64_t rows, int64_t cols,
-                int threads) {
-    const ScaleRows a = {y, scales, bias, cols, 0, 0, 0};
-    over_rows(scale_part, &a, rows, cols, threads);
-}
-
 // R rows from r0, columns [c, c + CV * VW): scaled, biased, plus the outliers' products, held in
 // R x CV vector registers while each row of f is loaded once for the R rows.
 SIMD_INLINE void outlier_block(const ScaleRows *a, int64_t r0, const int R, int64_t c, const int CV) {
@@ -153,7 +130,7 @@ SIMD_INLINE void outlier_rows(const ScaleRows *a, int64_t r0, const int R) {
         }
 }
 
-static void scale_outliers_part(const void *arg, int64_t first, int64_t last) {
+static void scale_part(const void *arg, int64_t first, int64_t last) {
     const ScaleRows *a = (const ScaleRows *)arg;
     int64_t r = first;
     for (; r + 4 <= last; r += 4) outlier_rows(a, r, 4);
@@ -164,12 +141,13 @@ static void scale_outliers_part(const void *arg, int64_t first, int64_t last) {
     }
 }
 
-// scale_rows, then y += xo @ f (xo [rows, n_out], f [n_out, cols], float32): a smoothed
-// Int8Linear's outlier channels in the same pass over y (models/quant/int8_linear.py).
-void scale_rows_outliers(float *y, const float *scales, const float *bias, const float *xo,
-                         const float *f, int64_t n_out, int64_t rows, int64_t cols, int threads) {
+// y[r, :] = y[r, :] * scales[r] (+ bias) (+ xo[r, :] @ f: xo [rows, n_out], f [n_out, cols],
+// a smoothed Int8Linear's outlier channels; n_out 0: none), float32 in place, one pass over y
+// (models/quant/activations.py rescale_rows).
+void scale_rows(float *y, const float *scales, const float *bias, const float *xo,
+                const float *f, int64_t n_out, int64_t rows, int64_t cols, int threads) {
     const ScaleRows a = {y, scales, bias, cols, xo, f, n_out};
-    over_rows(scale_outliers_part, &a, rows, cols * (n_out + 1), threads);
+    over_rows(scale_part, &a, rows, cols * (n_out + 1), threads);
 }
 
 // The int8 KV cache's rows (engine/attention/int8_kv.py): each (token, KV head) row of x

@@ -57,14 +57,13 @@ def rescale_rows(y: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
     """y[i] = y[i] * scale[i] (+ bias) (+ x_float[i] @ float_part: the outlier channels' float
     GEMM), float32 [M, N] in place; with the kernels one pass over y."""
     if kernels is not None and y.is_contiguous() and y.dtype == torch.float32:
-        if x_float is None:
-            kernels.scale_rows(y.data_ptr(), scale.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                               y.shape[0], y.shape[1], torch.get_num_threads())
-            return
-        x_float, float_part = x_float.contiguous(), float_part.contiguous()
-        kernels.scale_rows_outliers(y.data_ptr(), scale.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                                    x_float.data_ptr(), float_part.data_ptr(), x_float.shape[1],
-                                    y.shape[0], y.shape[1], torch.get_num_threads())
+        if x_float is not None:
+            x_float, float_part = x_float.contiguous(), float_part.contiguous()
+        kernels.scale_rows(y.data_ptr(), scale.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                           0 if x_float is None else x_float.data_ptr(),
+                           0 if x_float is None else float_part.data_ptr(),
+                           0 if x_float is None else x_float.shape[1], y.shape[0], y.shape[1],
+                           torch.get_num_threads())
         return
     y.mul_(scale)
     if bias is not None:
