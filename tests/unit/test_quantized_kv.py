@@ -109,6 +109,16 @@ def test_cuda_refuses_fp8_by_name():
         kv_dtype_of("fp8", torch.device("cuda"), torch.bfloat16)
 
 
+def test_int8_quantization_defaults_to_a_bfloat16_cache():
+    from batchrun.engine.kv_sizing import kv_dtype_of
+
+    cpu = torch.device("cpu")
+    assert kv_dtype_of("auto", cpu, torch.float32, "int8") == torch.bfloat16
+    assert kv_dtype_of("float32", cpu, torch.float32, "int8") == torch.float32  # asked for: kept
+    assert kv_dtype_of("auto", cpu, torch.float32, "int8-weight") == torch.float32
+    assert kv_dtype_of("auto", cpu, torch.float32) == torch.float32
+
+
 def fp8_rounded(k_cache, v_cache, q, k, v):
     ks, vs = k_cache.kv_scale, v_cache.kv_scale
     return q, fp8_kv.quantize(k, ks).float() * ks, fp8_kv.quantize(v, vs).float() * vs
