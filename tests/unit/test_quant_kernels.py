@@ -5,15 +5,18 @@ import pytest
 import torch
 
 from batchrun.engine import kernels
-from batchrun.models.quant.activations import quantize_rows, quantize_rows_split, rescale_rows
+from batchrun.models.quant.activations import (outlier_columns, outlier_pairs, pairs_matrix, quantize_rows,
+                                               quantize_rows_split, rescale_rows)
 
 pytestmark = pytest.mark.skipif(kernels.library(("-DNO_SPECIALISED",)) is None,
                                 reason="no C compiler here")
 
 
 def _lib(path):
-    # without the attention kernel's specialisations: a build of a few seconds per path
-    return kernels.library(kernels.VARIANTS[path] + ("-DNO_SPECIALISED",))
+    # without the attention kernel's specialisations: a build of a few seconds per path;
+    # no-bf16: this CPU's vector path without AVX512-BF16's dot product (widened pairs and FMAs)
+    flags = ("-mno-avx512bf16",) if path == "no-bf16" else kernels.VARIANTS[path]
+    return kernels.library(flags + ("-DNO_SPECIALISED",))
 
 
 @pytest.mark.parametrize("path", ["native", "avx2", "portable"])
@@ -67,32 +70,40 @@ def test_rescale_rows_matches_pytorch(path, bias):
     torch.testing.assert_close(y, expected, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("path", ["native", "avx2", "portable"])
-@pytest.mark.parametrize("rows,cols", [(7, 1000), (1100, 960)])  # 4-row blocks and a tail; threaded
-def test_rescale_rows_with_outliers_matches_float64(path, rows, cols):
-    """A smoothed Int8Linear's epilogue: y * scale + bias + x_float @ float_part in one pass."""
+@pytest.mark.parametrize("path", ["native", "no-bf16", "avx2", "portable"])
+@pytest.mark.parametrize("rows,cols,n_out", [(7, 1000, 32), (5, 40, 7), (1100, 960, 32)])  # 4-row blocks, tails, an odd count; threaded
+def test_rescale_rows_with_outliers_matches_float64(path, rows, cols, n_out):
+    """A smoothed Int8Linear's epilogue: y * scale + bias + the outlier channels' bfloat16 GEMM
+    (x and weights rounded to bfloat16, the products summed in float32) in one pass."""
     g = torch.Generator().manual_seed(3)
     y, scale, b = torch.randn(rows, cols, generator=g), torch.rand(rows, 1, generator=g), torch.randn(cols, generator=g)
-    xo, part = torch.randn(rows, 32, generator=g) * 30, torch.randn(32, cols, generator=g)
-    expected = y.double() * scale.double() + b.double() + xo.double() @ part.double()
-    rescale_rows(y, scale, b, _lib(path), xo, part)
+    x, part = torch.randn(rows, 40, generator=g) * 30, torch.randn(n_out, cols, generator=g)
+    outliers = torch.arange(0, 40, 40 // n_out)[:n_out]
+    xo, pairs = outlier_columns(x, outliers), outlier_pairs(part)
+    assert xo.shape == (rows, n_out + n_out % 2) and pairs.shape == ((n_out + 1) // 2, cols, 2)
+    rounded_x, rounded_w = x[:, outliers].bfloat16().double(), part.bfloat16().double()
+    expected = y.double() * scale.double() + b.double() + rounded_x @ rounded_w
+    rescale_rows(y, scale, b, _lib(path), xo, pairs)
     torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(pairs_matrix(pairs)[:n_out].double(), rounded_w, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("path,rows", [(p, 3) for p in ("native", "avx2", "portable")]
                          + [("native", 1900)])  # 1900 x 576: threaded
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_quantize_rows_split_matches_float64(path, rows, dtype):
-    """A smoothed Int8Linear's input pass: the outlier columns of x as they are, then x * mult
+@pytest.mark.parametrize("outliers", [[0, 7, 300, 575], [0, 7, 300]])  # odd: a zero pads the pair
+def test_quantize_rows_split_matches_float64(path, rows, dtype, outliers):
+    """A smoothed Int8Linear's input pass: the outlier columns of x in bfloat16, then x * mult
     quantized as quantize_rows(unsigned=True) would (q + 128, q = round(x * mult / s))."""
     torch.manual_seed(rows)
     cols = 576
     x = (torch.randn(rows, cols) * 3).to(dtype)
-    outliers = torch.tensor([0, 7, 300, 575])
+    outliers = torch.tensor(outliers)
     x[:, outliers] *= 50  # the outliers dwarf the rest, as they do in the model
     mult = (torch.rand(cols) + 0.5).index_fill_(0, outliers, 0.0)
     u, scale, x_out = quantize_rows_split(x, mult, outliers, _lib(path))
-    assert torch.equal(x_out, x.float()[:, outliers])
+    assert torch.equal(x_out[:, :len(outliers)], x.float()[:, outliers].bfloat16())  # to nearest even, as torch
+    assert x_out.shape[1] == len(outliers) + len(outliers) % 2 and not x_out[:, len(outliers):].any()
     x64 = x.double() * mult.double()
     ref_scale = x64.abs().amax(dim=1, keepdim=True) / 127
     torch.testing.assert_close(scale.double(), ref_scale, rtol=1e-6, atol=0)

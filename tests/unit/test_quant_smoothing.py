@@ -66,17 +66,20 @@ def test_record_input_max_sees_every_row_and_leaves_the_output_alone():
     assert float(stats["lin"].max()) < 100
 
 
-def _float64_w8a8(x, w, b, s, outliers):
-    """y of the W8A8 layer with smoothing and float outlier channels, in float64: x / s with the
+def _float64_w8a8(x, w, b, s, outliers, folded=False):
+    """y of the W8A8 layer with smoothing and outlier channels, in float64: x / s with the
     outlier channels zeroed, quantized per token; w * s with those columns zeroed, per output
-    channel; the outlier channels' x @ w.T in float."""
+    channel; the outlier channels' x @ w.T with both rounded to bfloat16, as the layer gets them
+    (folded: x / s and w * s, else x and w)."""
+    xo, wo = ((x / s, w * s) if folded else (x, w))
+    xo, wo = xo[:, outliers].bfloat16().double(), wo[:, outliers].bfloat16().double()
     x, w = x.double(), w.double()
     rest = torch.ones(w.shape[1], dtype=torch.float64).index_fill_(0, outliers, 0.0)
     xs, ws = x / s.double() * rest, w * s.double() * rest
     sx = xs.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
     sw = ws.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
     qx, qw = torch.round(xs / sx).clamp(-127, 127), torch.round(ws / sw).clamp(-127, 127)
-    return (qx * sx) @ (qw * sw).T + x[:, outliers] @ w[:, outliers].T + b.double()
+    return (qx * sx) @ (qw * sw).T + xo @ wo.T + b.double()
 
 
 @pytest.mark.parametrize("folded", [False, True])
@@ -93,7 +96,7 @@ def test_smoothed_w8a8_with_outlier_channels_is_its_float64_reference(folded, ro
         got = layer(x / s)
     else:
         got = Int8Linear(w, b, smooth=s, outliers=outliers)(x)
-    ref = _float64_w8a8(x, w, b, s, outliers)
+    ref = _float64_w8a8(x, w, b, s, outliers, folded)
     assert _rel_err(got, ref) < 1e-5
     exact = x.double() @ w.double().T + b.double()
     assert _rel_err(got, exact) < 0.5 * _rel_err(Int8Linear(w, b)(x), exact)

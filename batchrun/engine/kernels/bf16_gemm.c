@@ -66,36 +66,6 @@ SIMD_INLINE void tile(const Bf16Gemm *a, int64_t r0, int R, int64_t b0, int B) {
 #else
 #define TILE_ROWS 4
 enum { BF16_DOT = 0, CB = 16, RB = TILE_ROWS, BB = VW == 16 ? 4 : 1 };
-// The low and high bfloat16 of each 32-bit lane, widened to float32 (VW lanes from p).
-#if defined(__AVX512F__)
-SIMD_INLINE vf lanes_lo(const uint32_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16));
-}
-SIMD_INLINE vf lanes_hi(const uint32_t *p) {
-    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(-65536)));
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-SIMD_INLINE vf lanes_lo(const uint32_t *p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)p), 16));
-}
-SIMD_INLINE vf lanes_hi(const uint32_t *p) {
-    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)p),
-                                                _mm256_set1_epi32(-65536)));
-}
-#else
-SIMD_INLINE vf lanes_lo(const uint32_t *p) {
-    const uint32_t bits = *p << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-SIMD_INLINE vf lanes_hi(const uint32_t *p) {
-    const uint32_t bits = *p & 0xffff0000u;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-#endif
 enum { VB = CB / VW };  // vectors a block of 16 columns
 
 // R rows x B blocks: widened weights, two FMAs per pair of inputs.
@@ -109,17 +79,13 @@ SIMD_INLINE void tile(const Bf16Gemm *a, int64_t r0, int R, int64_t b0, int B) {
         vf xlo[RB], xhi[RB];
         for (int r = 0; r < R; r++) {
             const uint32_t pair = x_pair(a, r0 + r, j);
-            const uint32_t lo_bits = pair << 16, hi_bits = pair & 0xffff0000u;
-            float lo, hi;
-            memcpy(&lo, &lo_bits, 4);
-            memcpy(&hi, &hi_bits, 4);
-            xlo[r] = vset1(lo);
-            xhi[r] = vset1(hi);
+            xlo[r] = vset1(pair_lo(pair));
+            xhi[r] = vset1(pair_hi(pair));
         }
         for (int b = 0; b < B; b++)
             for (int v = 0; v < VB; v++) {
                 const uint32_t *p = w + (b * a->k2 + j) * CB + v * VW;
-                const vf wlo = lanes_lo(p), whi = lanes_hi(p);
+                const vf wlo = vpair_lo(p), whi = vpair_hi(p);
                 for (int r = 0; r < R; r++)
                     acc[r][b][v] = vfma(xhi[r], whi, vfma(xlo[r], wlo, acc[r][b][v]));
             }

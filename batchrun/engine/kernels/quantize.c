@@ -11,11 +11,13 @@
 
 typedef struct {
     const void *x; int8_t *q; float *scales; int64_t cols; int kind; int flip;
-    const float *mult; const int64_t *outliers; int64_t n_out; float *x_out;  // mult..x_out: optional
+    const float *mult; const int64_t *outliers; int64_t n_out; uint16_t *x_out;  // mult..x_out: optional
 } QuantRows;
 typedef struct {
     float *y; const float *scales; const float *bias; int64_t cols;
-    const float *xo, *f; int64_t n_out;  // y += xo @ f, the outlier channels' float GEMM (n_out 0: none)
+    // y += xo @ f, the outlier channels' bfloat16 GEMM over k2 pairs of channels (0: none):
+    // xo [rows][k2] and f [k2][cols] hold a pair of bfloat16 per 32-bit lane, lower channel low
+    const uint32_t *xo, *f; int64_t k2;
 } ScaleRows;
 typedef struct { void (*fn)(const void *, int64_t, int64_t); const void *ctx; int64_t rows; int parts; } Split;
 
@@ -37,21 +39,23 @@ static void over_rows(void (*fn)(const void *, int64_t, int64_t), const void *ct
 
 static void quantize_part(const void *arg, int64_t first, int64_t last) {
     const QuantRows *a = (const QuantRows *)arg;
-    const int64_t n = a->cols;
+    const int64_t n = a->cols, out_stride = (a->n_out + 1) / 2 * 2;
     float buf[4096];
     for (int64_t r = first; r < last; r++) {
+        uint16_t *xo = a->n_out ? a->x_out + r * out_stride : NULL;
+        if (a->n_out % 2) xo[a->n_out] = 0;  // the odd channel's pair partner
         const float *x;
         if ((a->kind == F32 && !a->mult && !a->n_out) || n > 4096) {
             x = (const float *)a->x + r * n;  // (a wider bfloat16 or multiplied row: refused in Python)
         } else {
             const float *xf = (const float *)a->x + r * n;
             if (a->kind == F32) {
-                for (int64_t j = 0; j < a->n_out; j++) a->x_out[r * a->n_out + j] = xf[a->outliers[j]];
+                for (int64_t j = 0; j < a->n_out; j++) store_elt(BF16, xo, j, xf[a->outliers[j]]);
 #pragma omp simd
                 for (int64_t i = 0; i < n; i++) buf[i] = xf[i] * a->mult[i];
             } else {
                 for (int64_t i = 0; i < n; i++) buf[i] = load_elt(a->kind, a->x, r * n + i);
-                for (int64_t j = 0; j < a->n_out; j++) a->x_out[r * a->n_out + j] = buf[a->outliers[j]];
+                for (int64_t j = 0; j < a->n_out; j++) store_elt(BF16, xo, j, buf[a->outliers[j]]);
                 if (a->mult) {
 #pragma omp simd
                     for (int64_t i = 0; i < n; i++) buf[i] *= a->mult[i];
@@ -85,18 +89,21 @@ void quantize_rows_u8(const void *x, uint8_t *q, float *scales, int64_t rows, in
 }
 
 // As quantize_rows_u8 of x * mult (per column; mult NULL: 1), after copying the n_out columns
-// `outliers` of the unmultiplied x to x_out [rows, n_out] (float32). cols <= 4096.
+// `outliers` of the unmultiplied x to x_out [rows, n_out rounded up to even] as bfloat16 (to
+// nearest even; an odd n_out's last column 0). cols <= 4096.
 void quantize_rows_split_u8(const void *x, const float *mult, const int64_t *outliers, int64_t n_out,
-                            float *x_out, uint8_t *q, float *scales, int64_t rows, int64_t cols,
+                            uint16_t *x_out, uint8_t *q, float *scales, int64_t rows, int64_t cols,
                             int kind, int threads) {
     const QuantRows a = {x, (int8_t *)q, scales, cols, kind, 0x80, mult, outliers, n_out, x_out};
     over_rows(quantize_part, &a, rows, cols, threads);
 }
 
 // R rows from r0, columns [c, c + CV * VW): scaled, biased, plus the outliers' products, held in
-// R x CV vector registers while each row of f is loaded once for the R rows.
+// R x CV vector registers while each pair row of f is loaded once for the R rows. With
+// AVX512-BF16 one VDPBF16PS per pair of channels (both products exact in float32, summed into
+// the lane); else the pair widened to float32 and two FMAs.
 SIMD_INLINE void outlier_block(const ScaleRows *a, int64_t r0, const int R, int64_t c, const int CV) {
-    const int64_t n = a->cols, k = a->n_out;
+    const int64_t n = a->cols, k2 = a->k2;
     vf acc[4][4];
     for (int i = 0; i < R; i++) {
         const vf s = vset1(a->scales[r0 + i]);
@@ -105,13 +112,27 @@ SIMD_INLINE void outlier_block(const ScaleRows *a, int64_t r0, const int R, int6
             acc[i][v] = a->bias ? vadd(y, vload(a->bias + c + v * VW)) : y;
         }
     }
-    for (int64_t j = 0; j < k; j++) {
-        vf f[4];
-        for (int v = 0; v < CV; v++) f[v] = vload(a->f + j * n + c + v * VW);
+    for (int64_t j = 0; j < k2; j++) {
+        const uint32_t *fj = a->f + j * n + c;
+#if defined(__AVX512BF16__)
+        __m512bh f[4];
+        for (int v = 0; v < CV; v++) f[v] = (__m512bh)_mm512_loadu_si512(fj + v * VW);
         for (int i = 0; i < R; i++) {
-            const vf x = vset1(a->xo[(r0 + i) * k + j]);
-            for (int v = 0; v < CV; v++) acc[i][v] = vfma(x, f[v], acc[i][v]);
+            const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a->xo[(r0 + i) * k2 + j]);
+            for (int v = 0; v < CV; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], x, f[v]);
         }
+#else
+        vf lo[4], hi[4];
+        for (int v = 0; v < CV; v++) {
+            lo[v] = vpair_lo(fj + v * VW);
+            hi[v] = vpair_hi(fj + v * VW);
+        }
+        for (int i = 0; i < R; i++) {
+            const uint32_t x = a->xo[(r0 + i) * k2 + j];
+            const vf xl = vset1(pair_lo(x)), xh = vset1(pair_hi(x));
+            for (int v = 0; v < CV; v++) acc[i][v] = vfma(xh, hi[v], vfma(xl, lo[v], acc[i][v]));
+        }
+#endif
     }
     for (int i = 0; i < R; i++)
         for (int v = 0; v < CV; v++) vstore(a->y + (r0 + i) * n + c + v * VW, acc[i][v]);
@@ -125,7 +146,10 @@ SIMD_INLINE void outlier_rows(const ScaleRows *a, int64_t r0, const int R) {
     for (; c < n; c++)  // the last columns of a width that is not a multiple of VW
         for (int i = 0; i < R; i++) {
             float y = a->y[(r0 + i) * n + c] * a->scales[r0 + i] + (a->bias ? a->bias[c] : 0.f);
-            for (int64_t j = 0; j < a->n_out; j++) y += a->xo[(r0 + i) * a->n_out + j] * a->f[j * n + c];
+            for (int64_t j = 0; j < a->k2; j++) {
+                const uint32_t x = a->xo[(r0 + i) * a->k2 + j], f = a->f[j * n + c];
+                y += pair_lo(x) * pair_lo(f) + pair_hi(x) * pair_hi(f);
+            }
             a->y[(r0 + i) * n + c] = y;
         }
 }
@@ -141,13 +165,13 @@ static void scale_part(const void *arg, int64_t first, int64_t last) {
     }
 }
 
-// y[r, :] = y[r, :] * scales[r] (+ bias) (+ xo[r, :] @ f: xo [rows, n_out], f [n_out, cols],
-// a smoothed Int8Linear's outlier channels; n_out 0: none), float32 in place, one pass over y
-// (models/quant/activations.py rescale_rows).
-void scale_rows(float *y, const float *scales, const float *bias, const float *xo,
-                const float *f, int64_t n_out, int64_t rows, int64_t cols, int threads) {
-    const ScaleRows a = {y, scales, bias, cols, xo, f, n_out};
-    over_rows(scale_part, &a, rows, cols * (n_out + 1), threads);
+// y[r, :] = y[r, :] * scales[r] (+ bias) (+ xo[r, :] @ f: a smoothed Int8Linear's outlier
+// channels, k2 pairs of them in bfloat16 as ScaleRows holds them; k2 0: none), float32 in place,
+// one pass over y (models/quant/activations.py rescale_rows).
+void scale_rows(float *y, const float *scales, const float *bias, const uint32_t *xo,
+                const uint32_t *f, int64_t k2, int64_t rows, int64_t cols, int threads) {
+    const ScaleRows a = {y, scales, bias, cols, xo, f, k2};
+    over_rows(scale_part, &a, rows, cols * (k2 + 1), threads);
 }
 
 // The int8 KV cache's rows (engine/attention/int8_kv.py): each (token, KV head) row of x

@@ -13,6 +13,9 @@
 //                        e4m3 through float16: its bits shifted into a half's are the value
 //                        times 2^-8, subnormals included, which vcvtph2ps widens exactly)
 //   vload_i8(p)          VW consecutive int8 values, widened to float32
+//   vpair_lo/vpair_hi(p) VW consecutive 32-bit lanes holding bfloat16 pairs: the low / high
+//                        bfloat16 of each, widened to float32 (a bfloat16 is the top half of a
+//                        float32); pair_lo/pair_hi the same of one lane, as a float
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -69,6 +72,12 @@ SIMD_INLINE vf vpow2i(vf n) {  // 2^n for integral n in [-126, 127]
 SIMD_INLINE vf vzero_below(vf x, vf r, float lo) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_GE_OQ), r);
 }
+SIMD_INLINE vf vpair_lo(const uint32_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16));
+}
+SIMD_INLINE vf vpair_hi(const uint32_t *p) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(-65536)));
+}
 SIMD_INLINE vf vload_i8(const int8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
@@ -119,6 +128,13 @@ SIMD_INLINE vf vpow2i(vf n) {
 }
 SIMD_INLINE vf vzero_below(vf x, vf r, float lo) {
     return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(lo), _CMP_GE_OQ), r);
+}
+SIMD_INLINE vf vpair_lo(const uint32_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)p), 16));
+}
+SIMD_INLINE vf vpair_hi(const uint32_t *p) {
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)p),
+                                                _mm256_set1_epi32(-65536)));
 }
 SIMD_INLINE vf vload_i8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
@@ -177,6 +193,23 @@ SIMD_INLINE vf vpow2i(vf n) {
 SIMD_INLINE vf vzero_below(vf x, vf r, float lo) { return x >= lo ? r : 0.f; }
 SIMD_INLINE vf vload_kv(int kind, const void *pool, int64_t i) { return load_elt(kind, pool, i); }
 SIMD_INLINE vf vload_i8(const int8_t *p) { return (float)*p; }
+#endif
+
+SIMD_INLINE float pair_lo(uint32_t pair) {
+    const uint32_t bits = pair << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+SIMD_INLINE float pair_hi(uint32_t pair) {
+    const uint32_t bits = pair & 0xffff0000u;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+#if !defined(__AVX512F__) && !(defined(__AVX2__) && defined(__FMA__))
+SIMD_INLINE vf vpair_lo(const uint32_t *p) { return pair_lo(*p); }
+SIMD_INLINE vf vpair_hi(const uint32_t *p) { return pair_hi(*p); }
 #endif
 
 SIMD_INLINE vf vexp(vf x) {

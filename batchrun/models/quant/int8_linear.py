@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from batchrun.models.quant import cpu
-from batchrun.models.quant.activations import quantize_rows, quantize_rows_split, rescale_rows
+from batchrun.models.quant.activations import (outlier_columns, outlier_pairs, pairs_matrix, quantize_rows,
+                                               quantize_rows_split, rescale_rows)
 
 log = logging.getLogger(__name__)
 # Up to this many rows of bfloat16 activations the weight-only kernel wins; above it (and for
@@ -70,7 +71,8 @@ class Int8Linear(nn.Module):
     smooth (per input channel, quant/smoothing.py): the GEMM runs on x / smooth against
     weight * smooth. outliers (input channel indices): those channels skip the int8 GEMM (their
     weight columns are zeroed there, their activations zeroed before the per-token scale is
-    taken) and go through a float GEMM beside it (LLM.int8()'s decomposition). input_divided_by:
+    taken) and go through a bfloat16 GEMM with float32 sums beside it (LLM.int8()'s
+    decomposition; AVX512-BF16 runs it at twice float32's rate). input_divided_by:
     the factors the layer's input already arrives divided by (folded into the preceding norm;
     `weight` is then already the smoothed one): LoRA adapters on this layer multiply them back."""
 
@@ -82,14 +84,14 @@ class Int8Linear(nn.Module):
         self.inv_smooth = None if smooth is None else smooth.float().reciprocal()
         self.input_divided_by = input_divided_by
         self.outliers = None if outliers is None or not len(outliers) else outliers.long()
-        self.float_part = None
+        self.outlier_pairs = None  # bfloat16 [ceil(outliers / 2), N, 2] (activations.outlier_pairs)
         if qweight is None:  # quantized here, else a checkpoint's int8 weights and scales as they are
             weight = weight.float()
             if self.outliers is not None:
                 # one pass over the activations does both: 1/smooth, and zero on the outlier channels
                 self.channel_mult = (torch.ones(weight.shape[1]) if self.inv_smooth is None
                                      else self.inv_smooth.clone()).index_fill_(0, self.outliers, 0.0)
-                self.float_part = weight[:, self.outliers].T.contiguous()  # [outliers, N]
+                self.outlier_pairs = outlier_pairs(weight[:, self.outliers].T)
                 weight = weight.index_fill(1, self.outliers, 0.0)
             if smooth is not None:
                 weight = weight * smooth.float()
@@ -105,23 +107,22 @@ class Int8Linear(nn.Module):
             self.qweight = None
 
     @staticmethod
-    def nbytes(out_features: int, in_features: int, outliers: int = 0) -> int:
-        """Bytes one layer holds: int8 weights, float32 scales (and oneDNN's int64 zero points),
-        float32 weight columns of `outliers` input channels."""
-        return (out_features * in_features + out_features * (4 + (8 if onednn_int8_available() else 0))
-                + 4 * out_features * outliers)
+    def nbytes(out_features: int, in_features: int) -> int:
+        """Bytes one plain layer holds: int8 weights, float32 scales (and oneDNN's int64 zero
+        points); a smoothed one's outlier channels: smoothquant.smoothed_bytes."""
+        return out_features * in_features + out_features * (4 + (8 if onednn_int8_available() else 0))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
         if x2.shape[0] == 0:
             return x.new_empty(*shape[:-1], self.out_features)
-        x_float = None
+        x_out = None
         if self.outliers is not None and self.onednn:  # one pass: gather, multiply, quantize
-            qx, x_scale, x_float = quantize_rows_split(x2, self.channel_mult, self.outliers, self.kernels)
+            qx, x_scale, x_out = quantize_rows_split(x2, self.channel_mult, self.outliers, self.kernels)
         else:
             if self.outliers is not None:
-                x_float = x2.index_select(1, self.outliers).float()
+                x_out = outlier_columns(x2, self.outliers)
                 x2 = x2 * self.channel_mult.to(x2.dtype)
             elif self.inv_smooth is not None:
                 x2 = x2 * self.inv_smooth.to(x2.dtype)
@@ -130,7 +131,7 @@ class Int8Linear(nn.Module):
             y = onednn_qlinear_u8(qx, self.packed, self.w_scale, self.w_zero)
         else:  # exact while the int32 sums stay below 2**24 (float32's integers); relative 6e-8 above
             y = (qx.float() @ self.qweight.float().T) * self.w_scale
-        rescale_rows(y, x_scale, self.bias, self.kernels, x_float, self.float_part)
+        rescale_rows(y, x_scale, self.bias, self.kernels, x_out, self.outlier_pairs)
         if x.dtype != torch.float32:
             y = y.to(x.dtype)
         return y.reshape(*shape[:-1], self.out_features)
@@ -142,7 +143,7 @@ class Int8Linear(nn.Module):
         if self.inv_smooth is not None:
             w = w * self.inv_smooth
         if self.outliers is not None:
-            w[:, self.outliers] = self.float_part.T
+            w[:, self.outliers] = pairs_matrix(self.outlier_pairs)[:len(self.outliers)].T
         return w
 
 

@@ -8,12 +8,12 @@ On the float model (weights loaded, linears still nn.Linear), per decoder layer:
   activations inside the layer, in the same elementwise pass that zeroes its outlier channels
   (so it costs nothing extra). Folding it upstream instead would need v_proj rows (o_proj; not
   possible where grouped-query heads share a v head but want different factors) or up_proj rows.
-- Each linear's OUTLIERS input channels with the largest calibrated maxima run in a float GEMM
-  beside the int8 one.
+- Each linear's OUTLIERS input channels with the largest calibrated maxima run in a bfloat16 GEMM
+  (float32 sums) beside the int8 one.
 
 - The logits layer (lm_head, or the tied embeddings) reads the final norm's output, which is also
   the hidden state that pooling returns: smoothed like o_proj, inside the layer (LOGITS), with
-  LOGITS_OUTLIERS float channels. The plain int8 logits layer cost +0.85% perplexity; this one
+  LOGITS_OUTLIERS bfloat16 channels. The plain int8 logits layer cost +0.85% perplexity; this one
   measured within the gate's noise of float32 logits, at 2.3x a bfloat16 GEMM's speed.
 
 s = smoothing_factors(calibrated max|x|, weight, ALPHA). benchmarks/int8_smoothing.py chose
@@ -54,10 +54,10 @@ def targets(model: nn.Module) -> dict[str, tuple[nn.Module, nn.Module | None]]:
 
 
 def smoothed_bytes(out_features: int, in_features: int, outliers: int = OUTLIERS) -> int:
-    """What a smoothed Int8Linear holds beyond a plain one: its outlier channels' float32 weight
-    columns and int64 indices, and two float32 vectors over its input (the factors, and the
-    activations' multiplier that zeroes the outlier channels)."""
-    return outliers * (4 * out_features + 8) + 8 * in_features
+    """What a smoothed Int8Linear holds beyond a plain one: its outlier channels' bfloat16 weight
+    columns (padded to an even count) and int64 indices, and two float32 vectors over its input
+    (the factors, and the activations' multiplier that zeroes the outlier channels)."""
+    return 2 * out_features * (outliers + outliers % 2) + 8 * outliers + 8 * in_features
 
 
 @torch.no_grad()
