@@ -432,11 +432,13 @@ SIMD_INLINE void run_group(const Job *j, int item, float *buf, State *st, float 
         const int64_t start = shared > first_pos / bs ? shared : first_pos / bs;
         for (int64_t b0 = start; b0 < blocks; b0 += tile) {
             const int nblk = (int)min64(blocks - b0, tile);
-            if (b0 + nblk < blocks) prefetch_blocks(j, table, b0 + nblk, min64(tile, blocks - b0 - nblk), h0, per);
-            else if (s + 1 < count) prefetch_blocks(j, TABLE(s + 1), shared, min64(tile, BLOCKS(s + 1) - shared), h0, per);
             const int last_n = (int)(b0 + nblk == blocks ? L - (blocks - 1) * bs : bs);
             const int skip = (int)(b0 == start ? first_pos - start * bs : 0);
             for (int h = 0; h < per; h++) {
+                // the next tile, a head at a time: in one burst its lines overran the core's
+                // outstanding misses and stalled it (int8 cache 0.82x the time, 16-bit 0.93-0.98x)
+                if (b0 + nblk < blocks) prefetch_blocks(j, table, b0 + nblk, min64(tile, blocks - b0 - nblk), h0 + h, 1);
+                else if (s + 1 < count) prefetch_blocks(j, TABLE(s + 1), shared, min64(tile, BLOCKS(s + 1) - shared), h0 + h, 1);
                 for (int b = 0; b < nblk; b++) row0[b] = (table[b0 + b] * bs * j->Hkv + h0 + h) * D;
                 attend_tile(j, &st[s * per + h], row0, nblk, last_n, skip, p, G, CH);
             }
