@@ -48,17 +48,20 @@ def test_the_kernels_convert_exactly_as_torch(variant):
 
 
 @needs_kernels
-@pytest.mark.parametrize("src", [torch.float32, torch.bfloat16])
-def test_the_cache_write_rounds_like_torch(src):
-    x = awkward_floats()[:4096].to(src).view(-1, 2, 16)  # rows of 2 heads x 16
+@pytest.mark.parametrize("src,dst", [(torch.float32, FP8), (torch.bfloat16, FP8),
+                                     (torch.float32, torch.bfloat16), (torch.float32, torch.float16)])
+def test_the_cache_write_rounds_like_torch(src, dst):
+    base = torch.randn(1024, generator=torch.Generator().manual_seed(4)).bfloat16().float()
+    ties = (base.view(torch.int32) + 0x8000).view(torch.float32)  # halfway between two bfloat16
+    x = torch.cat([awkward_floats()[:3072], ties]).to(src).view(-1, 2, 16)  # rows of 2 heads x 16
     rows = x.shape[0]
     slots = torch.randperm(rows + 5)[:rows]
-    kc, vc = (torch.zeros(rows + 5, 2, 16, dtype=FP8) for _ in range(2))
+    kc, vc = (torch.zeros(rows + 5, 2, 16, dtype=dst) for _ in range(2))
     write_kv(x, -x, kc, vc, slots, kernels.library())
     for cache, rows_in in ((kc, x), (vc, -x)):
-        want = torch.zeros(rows + 5, 2, 16, dtype=torch.uint8)
-        want[slots] = fp8_kv.quantize(rows_in, 1.0).view(torch.uint8)
-        assert torch.equal(cache.view(torch.uint8), want)
+        want = torch.zeros(rows + 5, 2, 16, dtype=dst)
+        want[slots] = fp8_kv.quantize(rows_in, 1.0) if dst == FP8 else rows_in.to(dst)
+        assert torch.equal(cache.view(torch.uint8), want.view(torch.uint8))
 
 
 def test_int8_rows_round_to_their_own_scale():

@@ -40,12 +40,15 @@ static inline float load_elt(int kind, const void *p, int64_t i) {
     return f;
 }
 
+static inline uint16_t bf16_bits(float f) {  // to nearest even (inputs are finite)
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    return (uint16_t)((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+}
+
 static inline void store_elt(int kind, void *p, int64_t i, float f) {
     if (kind == F32) { ((float *)p)[i] = f; return; }
     if (kind == F16) { ((_Float16 *)p)[i] = (_Float16)f; return; }
     if (kind == FP8) { ((uint8_t *)p)[i] = fp8_e4m3_from_float(f); return; }
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    bits += 0x7fff + ((bits >> 16) & 1);  // round to nearest even (inputs are finite)
-    ((uint16_t *)p)[i] = (uint16_t)(bits >> 16);
+    ((uint16_t *)p)[i] = bf16_bits(f);
 }

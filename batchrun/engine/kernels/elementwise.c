@@ -225,6 +225,16 @@ void kv_write(const void *k, const void *v, void *k_cache, void *v_cache, const 
             memcpy((char *)v_cache + dst * elt, (const char *)v + src * elt, elt * width);
             continue;
         }
+        if (src_kind == F32 && dst_kind == BF16) {  // the common case, in a loop the compiler vectorizes
+            const float *ks = (const float *)k + src, *vs = (const float *)v + src;
+            uint16_t *kd = (uint16_t *)k_cache + dst, *vd = (uint16_t *)v_cache + dst;
+#pragma omp simd
+            for (int64_t i = 0; i < width; i++) {
+                kd[i] = bf16_bits(ks[i]);
+                vd[i] = bf16_bits(vs[i]);
+            }
+            continue;
+        }
         for (int64_t i = 0; i < width; i++) {
             store_elt(dst_kind, k_cache, dst + i, load_elt(src_kind, k, src + i));
             store_elt(dst_kind, v_cache, dst + i, load_elt(src_kind, v, src + i));
