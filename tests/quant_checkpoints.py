@@ -72,16 +72,24 @@ def awq(w, group):
     return tensors, dequantize_groups(q, scale, zero, group)
 
 
-def ct_int4(w, group, sym):
+def ct_int4(w, group, sym, act_order=False):
     """compressed-tensors pack-quantized: weight_packed [N, K/8] of q + 8, zero points packed
-    down the output dimension."""
+    down the output dimension; with act_order ("group" ordering) the groups are of the inputs in
+    a permuted order, and weight_g_idx [K] says each input's group (vLLM's reading)."""
     n, k = w.shape
-    q, scale, zero = int4_groups(w, group, sym)
-    tensors = {"weight_packed": pack_nibbles(q), "weight_scale": scale.astype(np.float32),
+    perm = np.random.default_rng(k).permutation(k) if act_order else np.arange(k)
+    q_sorted, scale, zero = int4_groups(w[:, perm], group, sym)
+    q = np.empty_like(q_sorted)
+    q[:, perm] = q_sorted
+    g_idx = np.empty(k, dtype=np.int32)
+    g_idx[perm] = np.arange(k) // group
+    tensors = {"weight_packed": pack_nibbles(q), "weight_scale": np.ascontiguousarray(scale, dtype=np.float32),
                "weight_shape": np.array([n, k], dtype=np.int64)}
+    if act_order:
+        tensors["weight_g_idx"] = g_idx
     if not sym:
         tensors["weight_zero_point"] = pack_nibbles(zero.T).T.copy()
-    return tensors, dequantize_groups(q, scale, zero, group)
+    return tensors, dequantize_groups(q, scale, zero, group, g_idx)
 
 
 def ct_int8(w):

@@ -12,7 +12,11 @@ projection by the scheme of the config group that targets it:
 - float-quantized FP8 e4m3 weights (per tensor, per channel or block): Fp8WeightLinear, float
   activations.
 
-Sparse (2:4) checkpoints, act-order g_idx, other bit widths and formats are refused with the reason.
+Activation ordering: "weight" (alias "static") changes only how the weights were calibrated,
+not their format; "group" (alias "dynamic", deprecated by llm-compressor but in published int4
+checkpoints) stores weight_g_idx [K], each input's group, the groups' inputs apart: loaded as
+GPTQ's act-order is, the inputs sorted by group (the layer gathers them in that order).
+Sparse (2:4) checkpoints, other bit widths and formats are refused with the reason.
 """
 
 from __future__ import annotations
@@ -41,8 +45,11 @@ def _kind(scheme: dict, config: dict) -> str:
     bits, kind = weights.get("num_bits"), weights.get("type", "int")
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} (batchrun reads {', '.join(FORMATS)})")
-    if weights.get("actorder") not in (None, "static"):
-        raise ValueError(f"act-order ({weights.get('actorder')}) weights")
+    if weights.get("actorder") not in (None, "static", "weight", "group", "dynamic"):
+        raise ValueError(f"act-order {weights.get('actorder')!r} weights")
+    if _grouped_order(weights) and not (bits == 4 and weights.get("strategy") == "group"):
+        raise ValueError(f"act-order {weights.get('actorder')!r} on {bits}-bit {kind} "
+                         f"{weights.get('strategy')} weights (int4 groups only)")
     if kind == "float":
         if bits != 8:
             raise ValueError(f"{bits}-bit float weights")
@@ -57,6 +64,10 @@ def _kind(scheme: dict, config: dict) -> str:
             return "int8"
     raise ValueError(f"{bits}-bit {kind} weights ({weights.get('strategy')}, symmetric "
                      f"{weights.get('symmetric', True)}) with activations {acts}")
+
+
+def _grouped_order(weights: dict) -> bool:
+    return weights.get("actorder") in ("group", "dynamic")
 
 
 def check(config: dict) -> None:
@@ -100,7 +111,8 @@ def nbytes(config: dict, out_features: int, in_features: int) -> int:
     kind = _kind(scheme, config)
     if kind == "int4":
         group = weights.get("group_size") if weights.get("strategy") == "group" else in_features
-        return Int4WeightLinear.nbytes(out_features, in_features, group)
+        order = in_features * 8 if _grouped_order(weights) else 0  # the int64 input order
+        return Int4WeightLinear.nbytes(out_features, in_features, group) + order
     if kind == "fp8":
         block = weights.get("block_structure") if weights.get("strategy") == "block" else None
         return Fp8WeightLinear.nbytes(out_features, in_features, block[1] if block else in_features)
@@ -112,8 +124,8 @@ def read(tensors: Tensors, prefix: str, config: dict) -> Layer:
     weights, kind = scheme["weights"], _kind(scheme, config)
     scale = tensors[f"{prefix}.weight_scale"]
     g_idx = tensors.get(f"{prefix}.weight_g_idx")
-    if g_idx is not None and bool((g_idx.long() != torch.sort(g_idx.long()).values).any()):
-        raise QuantizationError(f"{prefix}: act-order weight_g_idx (input rows of a group apart)")
+    if kind != "int4" and g_idx is not None and bool((g_idx.long() != torch.sort(g_idx.long()).values).any()):
+        raise QuantizationError(f"{prefix}: act-order weight_g_idx on {kind} weights")
     if kind == "fp8":
         block = weights.get("block_structure") if weights.get("strategy") == "block" else None
         return fp8_layer(tensors[f"{prefix}.weight"], scale, tuple(block) if block else None)
@@ -125,7 +137,15 @@ def read(tensors: Tensors, prefix: str, config: dict) -> Layer:
             zero = torch.full(scale.shape, 8.0)
         else:  # packed down the output dimension, stored as zero + 8 as the weights are
             zero = unpack_int32(tensors[f"{prefix}.weight_zero_point"].T.contiguous())[:, :n].T.float()
-        return int4_layer(q, scale, zero, k // scale.shape[1])
+        group = k // scale.shape[1]
+        perm = None
+        if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(k) // group):
+            perm = torch.sort(g_idx.long(), stable=True).indices
+            if not torch.equal(g_idx.long()[perm], torch.arange(k) // group):
+                raise QuantizationError(f"{prefix}: a weight_g_idx whose groups are not all "
+                                        f"{group} inputs wide; batchrun's int4 layers need equal groups")
+            q = q[:, perm]
+        return int4_layer(q, scale, zero, group, perm)
     qweight = tensors[f"{prefix}.weight"]
     if qweight.dtype != torch.int8:
         raise QuantizationError(f"{prefix}: int8 weights stored as {qweight.dtype}")
