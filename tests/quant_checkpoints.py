@@ -45,17 +45,24 @@ def dequantize_groups(q, scale, zero, group, g_idx=None):
     return scale.astype(np.float32)[:, cols] * (q - zero[:, cols]).astype(np.float32)
 
 
-def gptq(w, group, sym, v2, act_order=False):
-    """GPTQ's tensors of w [N, K] and their dequantisation; with act_order, the groups are of
-    the inputs in a permuted order (the same for every K-wide layer, as q/k/v share theirs)."""
-    n, k = w.shape
-    size = k if group == -1 else group
+def act_order_groups(w, size, sym, act_order):
+    """int4_groups of w's inputs in a permuted order when act_order (the same order for every
+    K-wide layer, as q/k/v share theirs), else in their own: (q in w's input order, scale,
+    zero, g_idx: each input's group)."""
+    k = w.shape[1]
     perm = np.random.default_rng(k).permutation(k) if act_order else np.arange(k)
     q_sorted, scale, zero = int4_groups(w[:, perm], size, sym)
     q = np.empty_like(q_sorted)
     q[:, perm] = q_sorted
     g_idx = np.empty(k, dtype=np.int32)
     g_idx[perm] = np.arange(k) // size
+    return q, scale, zero, g_idx
+
+
+def gptq(w, group, sym, v2, act_order=False):
+    """GPTQ's tensors of w [N, K] and their dequantisation (act_order: act_order_groups)."""
+    size = w.shape[1] if group == -1 else group
+    q, scale, zero, g_idx = act_order_groups(w, size, sym, act_order)
     if not v2:
         zero = np.maximum(zero, 1)  # the original packing stores zero - 1, so zero 0 cannot be stored
         q = np.clip(q, 0, 15)
@@ -77,12 +84,7 @@ def ct_int4(w, group, sym, act_order=False):
     down the output dimension; with act_order ("group" ordering) the groups are of the inputs in
     a permuted order, and weight_g_idx [K] says each input's group (vLLM's reading)."""
     n, k = w.shape
-    perm = np.random.default_rng(k).permutation(k) if act_order else np.arange(k)
-    q_sorted, scale, zero = int4_groups(w[:, perm], group, sym)
-    q = np.empty_like(q_sorted)
-    q[:, perm] = q_sorted
-    g_idx = np.empty(k, dtype=np.int32)
-    g_idx[perm] = np.arange(k) // group
+    q, scale, zero, g_idx = act_order_groups(w, group, sym, act_order)
     tensors = {"weight_packed": pack_nibbles(q), "weight_scale": np.ascontiguousarray(scale, dtype=np.float32),
                "weight_shape": np.array([n, k], dtype=np.int64)}
     if act_order:
