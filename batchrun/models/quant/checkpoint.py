@@ -128,6 +128,23 @@ def load_linears(model: nn.Module, folder: Path, read: Callable[[Tensors, str], 
     return covered
 
 
+def group_order(g_idx: torch.Tensor | None, group: int, where: str) -> torch.Tensor | None:
+    """The input order that makes act-order groups contiguous (GPTQ's desc_act, compressed-tensors'
+    "group" ordering): g_idx [K] gives each input's group; None when they already are. Sorted by
+    group, the inputs must fall into groups of `group` (Int4WeightLinear's equal groups)."""
+    if g_idx is None:
+        return None
+    k, g_idx = len(g_idx), g_idx.long()
+    groups = torch.arange(k) // group
+    if torch.equal(g_idx, groups):
+        return None
+    perm = torch.sort(g_idx, stable=True).indices
+    if not torch.equal(g_idx[perm], groups):
+        raise QuantizationError(f"{where} whose groups are not all {group} inputs wide; "
+                                "batchrun's int4 layers need equal groups")
+    return perm
+
+
 def int4_layer(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int,
                in_perm: torch.Tensor | None = None) -> Layer:
     """An int4 projection, w[n, k] = scale[n, g] * (q[n, k] - zero[n, g]) with g = k // group

@@ -26,7 +26,7 @@ import re
 import torch
 
 from batchrun.models.quant.errors import QuantizationError
-from batchrun.models.quant.checkpoint import Layer, Tensors, int4_layer, unpack_int32
+from batchrun.models.quant.checkpoint import Layer, Tensors, group_order, int4_layer, unpack_int32
 from batchrun.models.quant.fp8_linear import Fp8WeightLinear, fp8_layer
 
 METHOD = "compressed-tensors"
@@ -138,12 +138,8 @@ def read(tensors: Tensors, prefix: str, config: dict) -> Layer:
         else:  # packed down the output dimension, stored as zero + 8 as the weights are
             zero = unpack_int32(tensors[f"{prefix}.weight_zero_point"].T.contiguous())[:, :n].T.float()
         group = k // scale.shape[1]
-        perm = None
-        if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(k) // group):
-            perm = torch.sort(g_idx.long(), stable=True).indices
-            if not torch.equal(g_idx.long()[perm], torch.arange(k) // group):
-                raise QuantizationError(f"{prefix}: a weight_g_idx whose groups are not all "
-                                        f"{group} inputs wide; batchrun's int4 layers need equal groups")
+        perm = group_order(g_idx, group, f"{prefix}: a weight_g_idx")
+        if perm is not None:
             q = q[:, perm]
         return int4_layer(q, scale, zero, group, perm)
     qweight = tensors[f"{prefix}.weight"]

@@ -10,10 +10,8 @@ inputs sorted by group, Int4WeightLinear's in_perm). The original packing (check
 
 from __future__ import annotations
 
-import torch
-
 from batchrun.models.quant.errors import QuantizationError
-from batchrun.models.quant.checkpoint import Layer, Tensors, group_size, int4_layer, unpack_int32
+from batchrun.models.quant.checkpoint import Layer, Tensors, group_order, group_size, int4_layer, unpack_int32
 from batchrun.models.quant.int4_linear import Int4WeightLinear
 
 METHOD = "gptq"
@@ -51,16 +49,9 @@ def read(tensors: Tensors, prefix: str, config: dict) -> Layer:
     k, n = qweight.shape[0] * 8, qweight.shape[1]
     group = group_size(config, k)
     q = unpack_int32(qweight.T.contiguous())  # [N, K]
-    groups = torch.arange(k) // group
-    g_idx = tensors.get(f"{prefix}.g_idx")
-    perm = None
-    if g_idx is not None and not torch.equal(g_idx.long(), groups):
-        # act-order (desc_act): sorted by group, the inputs fall into contiguous groups of
-        # `group`; the layer gathers its inputs in that order
-        perm = torch.sort(g_idx.long(), stable=True).indices
-        if not torch.equal(g_idx.long()[perm], groups):
-            raise QuantizationError(f"{prefix}: a GPTQ g_idx whose groups are not all {group} "
-                                    "inputs wide; batchrun's int4 layers need equal groups")
+    # act-order (desc_act): the layer gathers its inputs in group order
+    perm = group_order(tensors.get(f"{prefix}.g_idx"), group, f"{prefix}: a GPTQ g_idx")
+    if perm is not None:
         q = q[:, perm]
     zero = unpack_int32(tensors[f"{prefix}.qzeros"])[:, :n].T.float()  # [N, G]
     if _format(config) == "gptq":
