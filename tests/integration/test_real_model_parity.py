@@ -7,19 +7,28 @@ from tests.integration.prompts import PARITY_CHATS, encode
 from tests.parity import ParityReport, assert_greedy_match
 
 MAX_NEW = 32
+EOS = 2  # the bundled model's <|im_end|>, also its pad token here
 
 
 def test_greedy_parity_with_hf_generate(real_model, hf_real_model):
     tok = real_model.tokenizer
     prompts = [encode(tok, chat) for chat in PARITY_CHATS]
     outs = real_model.engine.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_NEW))
+    # the reference: one left-padded batch (the padding masked out, positions from the mask;
+    # a batch's own float noise is what the tie rule is for)
+    width = max(map(len, prompts))
+    ids = torch.tensor([[EOS] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ref = hf_real_model.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW,
+                                 do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True, pad_token_id=EOS,
+                                 eos_token_id=EOS)
     report = ParityReport()
-    for i, (prompt, out) in enumerate(zip(prompts, outs)):
-        ref = hf_real_model.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW, do_sample=False,
-                                     output_logits=True, return_dict_in_generate=True,
-                                     pad_token_id=2, eos_token_id=2)
-        ref_ids = ref.sequences[0, len(prompt):].tolist()
-        assert_greedy_match(out.outputs[0].token_ids, ref_ids, [l[0] for l in ref.logits],
+    for i, out in enumerate(outs):
+        ref_ids = ref.sequences[i, width:].tolist()
+        if EOS in ref_ids:  # a finished row is padded to the batch's length
+            ref_ids = ref_ids[:ref_ids.index(EOS) + 1]
+        assert_greedy_match(out.outputs[0].token_ids, ref_ids, [l[i] for l in ref.logits],
                             f"prompt {i}", report)
     print(f"\ngreedy parity: {report.compared} prompts, {report.ties} needed the tie rule "
           f"{report.tie_positions}")

@@ -245,9 +245,11 @@ def test_the_cli_runs_on_a_fake_engine_and_resumes_after_a_kill(tmp_path):
     (tmp_path / "d.jsonl").write_text(lines)
     spec = tmp_path / "s.toml"
     spec.write_text('name = "k"\noutput = "out"\n[dataset]\npath = "d.jsonl"\nid = "id"\n'
-                    'prompt = "{{ q }}"\nreference = "a"\n[grid]\nmax_tokens = [3]\n'
-                    '[[scorers]]\ntype = "contains"\n')
-    env = {"BATCHRUN_FAKE_STEP_S": "0.01"}
+                    'prompt = "{{ q }}"\nreference = "a"\n[engine]\nmax_num_seqs = 1\n'
+                    '[grid]\nmax_tokens = [3]\n[[scorers]]\ntype = "contains"\n')
+    # 4 requests in flight at 0.02 s a step: ~4.5 s of generation, the first part committed
+    # after 2 s (the default commit interval), so the kill lands mid-sweep
+    env = {"BATCHRUN_FAKE_STEP_S": "0.02"}
     import os
 
     full_env = dict(os.environ, **env, PYTHONPATH=str(ROOT))
@@ -260,10 +262,12 @@ def test_the_cli_runs_on_a_fake_engine_and_resumes_after_a_kill(tmp_path):
         time.sleep(0.01)
     proc.kill()
     proc.wait(30)
+    assert list(staging.glob("part-*")) and not (tmp_path / "out" / "results.parquet").exists()
     done = subprocess.run([sys.executable, "-m", "tests.fake_batchrun", "sweep", str(spec),
                            "--resume"], cwd=ROOT, env=full_env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
+    assert "from earlier attempts" in done.stderr, done.stderr  # it did not start over
     rows = pl.read_parquet(tmp_path / "out" / "results.parquet")
     assert sorted(rows["id"].to_list(), key=int) == [str(i) for i in range(300)]
     assert rows["score:contains"].to_list() == [1.0] * 300
