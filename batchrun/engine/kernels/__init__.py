@@ -125,6 +125,7 @@ def _library(extra_flags: tuple[str, ...]):
     p, i, i64, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     signatures = {
         "simd_path": (i, []),
+        "bf16_products": (i, []),
         "paged_decode_attention": (i, [p] * 6 + [i] * 6 + [f] + [i] * 2),
         "paged_attention": (i, [p] * 4 + [i] + [p] * 3 + [i] * 4 + [f] + [i] * 3 + [p] * 3),
         "paged_attention_masked": (i, [p] * 4 + [i] + [p] * 3 + [i] * 4 + [f] + [i] * 3 + [p] * 4

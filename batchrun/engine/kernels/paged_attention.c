@@ -25,7 +25,10 @@
 // its query vectors are scored at once as a small GEMM against the tile's keys (group_tile).
 // KV elements are
 // float32, float16, bfloat16, fp8 e4m3 or int8, widened to float32 on load; arithmetic is
-// float32. An int8 cache has a float32 scale per (slot, KV head) beside it (ks / vs): a tile's
+// float32. A bfloat16 cache is scored against the query rounded to bfloat16 (on every path);
+// on a CPU with AVX512-BF16 a row's tiles (not the group GEMM) are read unwidened: scores by
+// VDPBF16PS, values two keys at a time against their softmax weights rounded to bfloat16 (the
+// weights' sum l stays float32), as 16-bit GPU attention kernels multiply P by V. An int8 cache has a float32 scale per (slot, KV head) beside it (ks / vs): a tile's
 // scores are multiplied by their keys' scales before the softmax, its weights by the values'
 // scales after it (the sum l stays the weights' own). The vector
 // width comes from simd.h (AVX-512, AVX2+FMA or portable); G (query heads per KV head) and D
@@ -72,11 +75,13 @@ typedef struct {  // one row's query heads of one KV head
     float m[MAX_G], l[MAX_G];
     int8_t *qi;                   // an int8 cache's: q rounded to int8 per head, q = qi * qs,
     float qs[MAX_G], qsum[MAX_G]; // with sum(qi) per head
+    uint32_t *qb;                 // a bfloat16 cache's: q as bfloat16 pairs (the memory of qi)
 } State;
-// floats a State's q, acc and qi take
-#define STATE_FLOATS(G, D) (2 * (G) * (D) + (G) * (D) / 4)
+// floats a State's q, acc and qi / qb take
+#define STATE_FLOATS(G, D) (2 * (G) * (D) + (G) * (D) / 2)
 
 int simd_path(void) { return SIMD_PATH; }
+int bf16_products(void);  // whether a bfloat16 cache's tiles are read by VDPBF16PS (below)
 
 // p[g][t] for nt <= VW keys from element row0 (a literal nt keeps the accumulators in registers).
 SIMD_INLINE void score_keys(const Job *j, const State *s, int64_t row0, const int nt, float *p,
@@ -155,6 +160,89 @@ SIMD_INLINE void score_keys_i8(const Job *j, const State *s, int64_t row0, const
 }
 #endif
 
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define BF16_SCORES 1
+// score_keys for a bfloat16 cache: 2 products per lane per VDPBF16PS straight from the keys'
+// bfloat16 pairs against the query's (round_query_bf16), times the scale, D % 32 == 0.
+SIMD_INLINE void score_keys_bf16(const Job *j, const State *s, int64_t row0, const int nt,
+                                 float *p, const int G, const int D) {
+    const int64_t stride = (int64_t)j->Hkv * D;
+    for (int g = 0; g < G; g++) {
+        vf acc[VW];
+        for (int t = 0; t < VW; t++) acc[t] = vzero();
+        for (int c = 0; c < D; c += 32) {
+            const __m512bh qv = (__m512bh)_mm512_loadu_si512(s->qb + (g * D + c) / 2);
+            for (int t = 0; t < nt; t++) {
+                const __m512i k = _mm512_loadu_si512((const uint16_t *)j->k + row0 + t * stride + c);
+                acc[t] = _mm512_dpbf16_ps(acc[t], (__m512bh)k, qv);
+            }
+        }
+        vstore(p + g * MAX_TILE, vmul(vhsums(acc), vset1(j->scale)));
+    }
+}
+
+// add_values for a bfloat16 cache, over one row's tile (p[g * MAX_TILE + key], keys numbered
+// across the tile's blocks as attend_tile numbers them): keys two at a time by VDPBF16PS, the
+// weights rounded to bfloat16 pairs and the two value rows interleaved into pairs in d order
+// (a block's odd last key alone, widened, with its float32 weight). D % 32 == 0.
+SIMD_INLINE void add_values_bf16(const Job *j, float *const *acc, const float *p,
+                                 const int64_t *row0, int nblk, int last_n, const int G,
+                                 const int D) {
+    const int bs = j->bs, n = (nblk - 1) * bs + last_n;
+    const int64_t stride = (int64_t)j->Hkv * D;
+    const uint16_t *v = (const uint16_t *)j->v;
+    uint16_t pb[MAX_G * MAX_TILE] __attribute__((aligned(64)));
+    for (int g = 0; g < G; g++)
+        for (int t = 0; t < n; t += VW)
+            _mm256_storeu_si256((__m256i *)(pb + g * MAX_TILE + t),
+                                (__m256i)_mm512_cvtneps_pbh(vload(p + g * MAX_TILE + t)));
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                        39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    vf a[MAX_G * MAX_D / VW];
+    const int CH = D / VW;
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < CH; c++) a[g * CH + c] = vload(acc[g] + c * VW);
+    for (int b = 0; b < nblk; b++) {
+        const int nb = b == nblk - 1 ? last_n : bs;
+        const uint16_t *vb = v + row0[b];
+        int t = 0;
+        for (; t + 1 < nb; t += 2) {
+            const int k = b * bs + t;
+            __m512i pair[MAX_D / 16];
+            for (int c = 0; c < D; c += 32) {
+                const __m512i x = _mm512_loadu_si512(vb + t * stride + c);
+                const __m512i y = _mm512_loadu_si512(vb + (t + 1) * stride + c);
+                pair[c / 16] = _mm512_permutex2var_epi16(x, lo, y);
+                pair[c / 16 + 1] = _mm512_permutex2var_epi16(x, hi, y);
+            }
+            for (int g = 0; g < G; g++) {
+                uint32_t w;
+                memcpy(&w, pb + g * MAX_TILE + k, 4);
+                const __m512bh wv = (__m512bh)_mm512_set1_epi32((int)w);
+                for (int c = 0; c < CH; c++)
+                    a[g * CH + c] = _mm512_dpbf16_ps(a[g * CH + c], (__m512bh)pair[c], wv);
+            }
+        }
+        if (t < nb) {  // a block's odd last key
+            const int k = b * bs + t;
+            for (int c = 0; c < CH; c++) {
+                const vf x = vload_kv(BF16, v, row0[b] + t * stride + c * VW);
+                for (int g = 0; g < G; g++) a[g * CH + c] = vfma(vset1(p[g * MAX_TILE + k]), x, a[g * CH + c]);
+            }
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < CH; c++) vstore(acc[g] + c * VW, a[g * CH + c]);
+}
+#endif
+
+#ifdef BF16_SCORES
+int bf16_products(void) { return 1; }
+#else
+int bf16_products(void) { return 0; }
+#endif
+
 // x[r * rs + t * ts] *= scale[key t] for r < R (query vectors) over the keys of a tile (as
 // add_values walks them): key t of block b is slot row0[b] / D + t * Hkv of the scales.
 SIMD_INLINE void scale_keys(const Job *j, const float *scale, float *x, int64_t rs, int64_t ts,
@@ -199,6 +287,13 @@ SIMD_INLINE void attend_tile(const Job *j, State *s, const int64_t *row0, int nb
                 continue;
             }
 #endif
+#ifdef BF16_SCORES
+            if (j->kind == BF16 && D % 32 == 0) {
+                if (nb - t0 >= VW) score_keys_bf16(j, s, row0[b] + t0 * stride, VW, p + b * bs + t0, G, D);
+                else score_keys_bf16(j, s, row0[b] + t0 * stride, nb - t0, p + b * bs + t0, G, D);
+                continue;
+            }
+#endif
             if (nb - t0 >= VW) score_keys(j, s, row0[b] + t0 * stride, VW, p + b * bs + t0, G, CH);
             else score_keys(j, s, row0[b] + t0 * stride, nb - t0, p + b * bs + t0, G, CH);
         }
@@ -232,6 +327,12 @@ SIMD_INLINE void attend_tile(const Job *j, State *s, const int64_t *row0, int nb
     if (j->vs) scale_keys(j, j->vs, p, MAX_TILE, 1, row0, nblk, last_n, G, D);
     float *acc[MAX_G];  // acc_g += sum_t p[g][t] v_t
     for (int g = 0; g < G; g++) acc[g] = s->acc + g * D;
+#ifdef BF16_SCORES
+    if (j->kind == BF16 && D % 32 == 0) {
+        add_values_bf16(j, acc, p, row0, nblk, last_n, G, D);
+        return;
+    }
+#endif
     add_values(j, acc, p, MAX_TILE, 1, row0, nblk, last_n, G, CH);
 }
 
@@ -334,6 +435,20 @@ static void round_query(State *x, int G, int D) {
     }
 }
 
+// A bfloat16 cache scores against the query q (not yet scaled) rounded to bfloat16, to nearest
+// even, on every path: x->q = that times scale, and qb its bfloat16 pairs for score_keys_bf16
+// (which scales the scores instead). A bfloat16 model's query is left as it is.
+static void round_query_bf16(State *x, const float *q, float scale, int G, int D) {
+    for (int i = 0; i < G * D; i++) {
+        const uint32_t bits = (uint32_t)bf16_bits(q[i]) << 16;
+        float r;
+        memcpy(&r, &bits, 4);
+        x->q[i] = r * scale;
+    }
+    for (int i = 0; i < G * D / 2; i++)
+        x->qb[i] = (uint32_t)bf16_bits(q[2 * i]) | (uint32_t)bf16_bits(q[2 * i + 1]) << 16;
+}
+
 // Asks the memory system for the K and V rows of heads [h0, h0 + per) of n blocks of a table,
 // from block b0. The blocks of a table lie anywhere in the pool, which the hardware prefetchers
 // cannot guess: without this the kernel waits on memory at the first touch of every block.
@@ -356,11 +471,23 @@ static inline void prefetch_blocks(const Job *j, const int64_t *table, int64_t b
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// The first tile of item `item`'s first row, its h-th head: asked for while the item before it
+// finishes (a thread's items follow each other, and a row of its own starts cold otherwise).
+static void prefetch_item(const Job *j, int item, int h, int tile) {
+    const int per = j->per_item, grp = item / (j->Hkv / per), h0 = item % (j->Hkv / per) * per;
+    const int64_t row = j->order[j->group_start[grp]];
+    const int64_t blocks = (j->row_len[row] + j->bs - 1) / j->bs;
+    const int64_t b0 = j->row_first ? j->row_first[row] / j->bs : 0;
+    if (b0 < blocks)
+        prefetch_blocks(j, j->tables + j->row_table[row] * j->max_blocks, b0, min64(tile, blocks - b0), h0 + h, 1);
+}
+
 // One item: a group's rows for KV heads [h0, h0 + per). G_lit and CH_lit are literals for the
 // specialised shapes, 0 else. A tile's blocks are walked for every head of the item while they
 // are in cache (a block's rows hold all the heads side by side), and while one tile is
-// computed the next one (of the same walk, or the next row's first) is prefetched.
-SIMD_INLINE void run_group(const Job *j, int item, float *buf, State *st, float *gbuf,
+// computed the next one (of the same walk, or the next row's first, or at the item's end the
+// first of the thread's next item: `next`, -1 for none) is prefetched.
+SIMD_INLINE void run_group(const Job *j, int item, int next, float *buf, State *st, float *gbuf,
                            const int G_lit, const int CH_lit) {
     const int per = j->per_item, grp = item / (j->Hkv / per), h0 = item % (j->Hkv / per) * per;
     const int G = G_lit ? G_lit : j->H / j->Hkv, CH = CH_lit ? CH_lit : j->D / VW;
@@ -379,9 +506,11 @@ SIMD_INLINE void run_group(const Job *j, int item, float *buf, State *st, float 
             x->q = buf + (int64_t)(s * per + h) * STATE_FLOATS(G, D);
             x->acc = x->q + G * D;
             x->qi = (int8_t *)(x->acc + G * D);
+            x->qb = (uint32_t *)(x->acc + G * D);
             for (int i = 0; i < G * D; i++) { x->q[i] = q[i] * j->scale; x->acc[i] = 0.f; }
             for (int g = 0; g < G; g++) { x->m[g] = NEG; x->l[g] = 0.f; }
             if (j->kind == I8) round_query(x, G, D);
+            if (j->kind == BF16) round_query_bf16(x, q, j->scale, G, D);
         }
     }
 #define TABLE(s) (j->tables + j->row_table[j->order[first + (s)]] * j->max_blocks)
@@ -439,6 +568,7 @@ SIMD_INLINE void run_group(const Job *j, int item, float *buf, State *st, float 
                 // outstanding misses and stalled it (int8 cache 0.82x the time, 16-bit 0.93-0.98x)
                 if (b0 + nblk < blocks) prefetch_blocks(j, table, b0 + nblk, min64(tile, blocks - b0 - nblk), h0 + h, 1);
                 else if (s + 1 < count) prefetch_blocks(j, TABLE(s + 1), shared, min64(tile, BLOCKS(s + 1) - shared), h0 + h, 1);
+                else if (next >= 0) prefetch_item(j, next, h, tile);
                 for (int b = 0; b < nblk; b++) row0[b] = (table[b0 + b] * bs * j->Hkv + h0 + h) * D;
                 attend_tile(j, &st[s * per + h], row0, nblk, last_n, skip, p, G, CH);
             }
@@ -461,8 +591,8 @@ SIMD_INLINE void run_group(const Job *j, int item, float *buf, State *st, float 
 #undef BLOCKS
 }
 
-#define CASE(g, d) case (g) * 1024 + (d): run_group(j, item, buf, st, gbuf, g, (d) / VW); return;
-static void run_item(const Job *j, int item, float *buf, State *st, float *gbuf) {
+#define CASE(g, d) case (g) * 1024 + (d): run_group(j, item, next, buf, st, gbuf, g, (d) / VW); return;
+static void run_item(const Job *j, int item, int next, float *buf, State *st, float *gbuf) {
     switch ((j->H / j->Hkv) * 1024 + j->D) {
 #if defined(ONLY_G) && defined(ONLY_D)  // one model's shape: a build in a tenth of the time
         CASE(ONLY_G, ONLY_D)
@@ -472,7 +602,7 @@ static void run_item(const Job *j, int item, float *buf, State *st, float *gbuf)
         CASE(6, 128) CASE(7, 128) CASE(8, 128)
 #endif
     }
-    run_group(j, item, buf, st, gbuf, 0, 0);
+    run_group(j, item, next, buf, st, gbuf, 0, 0);
 }
 
 static void run_range(const void *arg, int i) {
@@ -485,7 +615,8 @@ static void run_range(const void *arg, int i) {
     const int64_t RP = (MAX_GROUP * (j->H / j->Hkv) + VW - 1) / VW * VW;
     float *gbuf = malloc(sizeof(float) * RP * ((int64_t)j->per_item * (j->D + 2) + MAX_TILE));
     if (buf && st && gbuf)
-        for (int item = j->first; item < j->last; item++) run_item(j, item, buf, st, gbuf);
+        for (int item = j->first; item < j->last; item++)
+            run_item(j, item, item + 1 < j->last ? item + 1 : -1, buf, st, gbuf);
     free(buf);
     free(st);
     free(gbuf);
