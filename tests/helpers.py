@@ -174,3 +174,17 @@ def held_bytes(model) -> int:
             seen.add(key)
             total += t.numel() * t.element_size()
     return total
+
+
+# The shapes (query heads per KV head, head_dim) the kernel tests specialise the attention
+# kernel for: a build for all sixteen takes minutes on a 2-core machine, one per vector path.
+KERNEL_TEST_SHAPES = ((1, 64), (1, 128), (3, 64), (4, 64), (4, 128))
+
+
+def kernel_library(variant: str = "native", *flags: str):
+    """The CPU kernels the unit tests load: `variant`'s vector path (kernels.VARIANTS) with the
+    attention kernel specialised for KERNEL_TEST_SHAPES only (others take its generic loop)."""
+    from batchrun.engine import kernels
+
+    return kernels.library(kernels.VARIANTS[variant] + kernels.shapes_flags(KERNEL_TEST_SHAPES)
+                           + flags)

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from benchmarks import cli_run, machine
+from tests.helpers import kernel_library
 
 
 def test_package_at_extracts_the_revisions_package_and_it_imports_first(tmp_path):
@@ -41,7 +42,7 @@ def test_an_older_revisions_kernels_are_built_under_the_cap(tmp_path, monkeypatc
     """A revision that predates BATCHRUN_SIMD gets the cap from the compiler wrapper instead."""
     from batchrun.engine import kernels
 
-    if kernels.library() is None:
+    if kernel_library() is None:
         pytest.skip("no C compiler here")
     monkeypatch.setenv("BATCHRUN_CACHE", str(tmp_path / "real-cache"))
     (tmp_path / "real-cache" / "models").mkdir(parents=True)

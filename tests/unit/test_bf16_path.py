@@ -7,10 +7,11 @@ bfloat16 has no fast GEMM (oneDNN capped at AVX2) the load says so."""
 import pytest
 import torch
 
-from batchrun.engine import SamplingParams, kernels
+from batchrun.engine import SamplingParams
 from batchrun.models.bf16_logits import Bf16LogitsLinear
+from tests.helpers import kernel_library
 
-pytestmark = pytest.mark.skipif(kernels.library() is None, reason="no C compiler here")
+pytestmark = pytest.mark.skipif(kernel_library() is None, reason="no C compiler here")
 
 
 @pytest.mark.parametrize("path", ["native", "avx2", "portable"])  # simd.h's vector paths
@@ -22,7 +23,7 @@ def test_gemm_sums_in_float32(path, rows, n, k):
     w = torch.randn(n, k, generator=gen).bfloat16()
     x = (torch.randn(rows, k, generator=gen) * 4).bfloat16()
     layer = Bf16LogitsLinear(w)
-    layer.kernels = kernels.library(kernels.VARIANTS[path])
+    layer.kernels = kernel_library(path)
     assert torch.equal(layer.weight_bf16(), w)  # the packed layout holds the weights exactly
     got = layer(x)
     assert got.dtype == torch.float32

@@ -10,8 +10,9 @@ from batchrun.engine import kernels
 from batchrun.engine.attention import cascade, int8_kv
 from batchrun.engine.attention.kv_write import read_rows
 from batchrun.engine.attention.cpu_kernel import kernel_attention
+from tests.helpers import kernel_library
 
-pytestmark = pytest.mark.skipif(kernels.library() is None, reason="no C compiler here")
+pytestmark = pytest.mark.skipif(kernel_library() is None, reason="no C compiler here")
 PATHS = {"avx512": 2, "avx2": 1, "portable": 0}
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-5,
              torch.float8_e4m3fn: 2e-5, torch.int8: 2e-5}  # the reference reads the same values
@@ -33,19 +34,20 @@ def cpu_has(flag: str) -> bool:
 
 
 def variants():
-    out = [("native", ())]
-    if cpu_has("avx512_bf16"):  # AVX-512 without its bfloat16 products, SmolLM2's shape only
-        out.append(("avx512-no-bf16", ("-mno-avx512bf16", *kernels.shape_flags(9, 3, 64))))
+    """(id, kernels.VARIANTS key, extra flags) of the builds the kernel is tested on."""
+    out = [("native", "native", ())]
+    if cpu_has("avx512_bf16"):  # AVX-512 without its bfloat16 products
+        out.append(("avx512-no-bf16", "native", ("-mno-avx512bf16",)))
     if cpu_has("avx2") and cpu_has("fma"):
-        out.append(("avx2", kernels.VARIANTS["avx2"]))
-    out.append(("portable", kernels.VARIANTS["portable"]))
+        out.append(("avx2", "avx2", ()))
+    out.append(("portable", "portable", ()))
     return out
 
 
 @pytest.fixture(params=variants(), ids=lambda v: v[0])
 def lib(request):
-    name, flags = request.param
-    lib = kernels.library(flags)
+    name, variant, flags = request.param
+    lib = kernel_library(variant, *flags)
     assert lib is not None
     if name != "native":
         assert kernels.SIMD_PATHS[lib.simd_path()] == name.split("-")[0], "the variant took another path"
@@ -54,7 +56,7 @@ def lib(request):
 
 
 def test_native_build_takes_this_cpus_best_path():
-    path = kernels.SIMD_PATHS[kernels.library().simd_path()]
+    path = kernels.SIMD_PATHS[kernel_library().simd_path()]
     expected = "avx512" if cpu_has("avx512f") else "avx2" if cpu_has("avx2") and cpu_has("fma") \
         else "portable"
     assert path == expected
@@ -62,7 +64,7 @@ def test_native_build_takes_this_cpus_best_path():
 
 def test_batchrun_simd_caps_every_library(monkeypatch):
     monkeypatch.setenv("BATCHRUN_SIMD", "portable")
-    assert kernels.SIMD_PATHS[kernels.library().simd_path()] == "portable"
+    assert kernels.SIMD_PATHS[kernel_library().simd_path()] == "portable"
     assert kernels.SIMD_PATHS[kernels.library(("-DNO_SPECIALISED",)).simd_path()] == "portable"
     monkeypatch.setenv("BATCHRUN_SIMD", "avx3")
     with pytest.raises(ValueError, match="BATCHRUN_SIMD='avx3'"):
@@ -162,7 +164,7 @@ def test_a_build_for_one_models_shape_matches_the_reference(H, Hkv, D, bs):
     flags = kernels.shape_flags(H, Hkv, D)
     assert flags == (("-DONLY_G=3", "-DONLY_D=64") if D == 64 else ("-DNO_SPECIALISED",))
     lib = kernels.library(flags)
-    assert lib is not None and lib is not kernels.library()
+    assert lib is not None and lib is not kernel_library()
     g = torch.Generator().manual_seed(7)
     pool = Pool(600, bs, Hkv, D, torch.float32, g)
     tables, lens = shared_prefix_batch(g, pool, bs, prefixes=3, per_prefix=4, loners=4)
@@ -175,7 +177,7 @@ def test_a_build_for_one_models_shape_matches_the_reference(H, Hkv, D, bs):
 
 
 def test_groups_share_only_whole_equal_blocks():
-    lib, bs = kernels.library(), 4
+    lib, bs = kernel_library(), 4
     g = torch.Generator().manual_seed(1)
     pool = Pool(400, bs, 1, 16, torch.float32, g)
     tables, lens = shared_prefix_batch(g, pool, bs, prefixes=5, per_prefix=4, loners=5)
@@ -202,7 +204,7 @@ def test_groups_share_only_whole_equal_blocks():
 
 
 def test_large_groups_are_cut_at_the_kernels_limit():
-    lib, bs = kernels.library(), 16
+    lib, bs = kernel_library(), 16
     g = torch.Generator().manual_seed(2)
     pool = Pool(200, bs, 3, 64, torch.float32, g)
     tables, lens = shared_prefix_batch(g, pool, bs, prefixes=1, per_prefix=40, loners=0)
@@ -242,7 +244,7 @@ def test_prefill_chunks_over_cached_context_match_sdpa(lib, kv_dtype, H, Hkv, D,
 
 
 def test_nothing_shared_and_no_cached_chunk_keeps_the_plain_kernel():
-    lib, bs = kernels.library(), 4
+    lib, bs = kernel_library(), 4
     g = torch.Generator().manual_seed(3)
     pool = Pool(100, bs, 1, 16, torch.float32, g)
     tables, lens = shared_prefix_batch(g, pool, bs, prefixes=0, per_prefix=0, loners=6)

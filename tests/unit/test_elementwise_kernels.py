@@ -7,8 +7,9 @@ import torch.nn.functional as F
 
 from batchrun.engine import kernels
 from batchrun.models.rope import RotaryEmbedding
+from tests.helpers import kernel_library
 
-pytestmark = pytest.mark.skipif(kernels.library() is None, reason="no C compiler here")
+pytestmark = pytest.mark.skipif(kernel_library() is None, reason="no C compiler here")
 TOLERANCE = {torch.float32: dict(atol=1e-6, rtol=1e-5), torch.bfloat16: dict(atol=1e-2, rtol=1e-2)}
 
 
@@ -23,7 +24,7 @@ def test_activation_mul(fn, dtype, rows, n, path):
     x = (torch.randn(rows, 2 * n) * 4).to(dtype)
     x[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -87.5])  # exp's clamps either side
     out = torch.empty(rows, n, dtype=dtype)
-    lib = kernels.library(kernels.VARIANTS.get(path, ()))
+    lib = kernel_library(path)
     getattr(lib, fn)(x.data_ptr(), out.data_ptr(), rows, n, kernels.kind(dtype), 2)
     # float64: float32 GELU(tanh) rounds 1 + tanh(y) to 0 in the far negative tail
     expected = (ACTIVATIONS[fn](x[:, :n].double()) * x[:, n:].double()).to(dtype)
@@ -41,7 +42,7 @@ def test_add_rms_norm(rows, n, add, path, dtype):
     residual = torch.randn(rows, n) * 3
     stream = residual + x.float() if add else residual.clone()
     out = torch.empty(rows, n, dtype=dtype)
-    kernels.library(kernels.VARIANTS.get(path, ())).add_rms_norm(
+    kernel_library(path).add_rms_norm(
         x.data_ptr() if add else None, residual.data_ptr(), weight.data_ptr(), out.data_ptr(),
         rows, n, 1e-5, kernels.kind(dtype), kernels.kind(torch.float32), 2)
     assert torch.equal(residual, stream)  # the stream gets the add, in place
@@ -65,7 +66,7 @@ def test_rope_inplace_on_fused_qkv(dtype, H, Hkv, D):
     k_ref = RotaryEmbedding.apply(k.reshape(T, Hkv, D), c, s).to(dtype)
     v_before = qkv[:, (H + Hkv) * D:].clone()
 
-    rc = kernels.library().rope_inplace(qkv.data_ptr(), positions.data_ptr(), cos.data_ptr(),
+    rc = kernel_library().rope_inplace(qkv.data_ptr(), positions.data_ptr(), cos.data_ptr(),
                                         sin.data_ptr(), T, qkv.stride(0), H + Hkv, D,
                                         kernels.kind(dtype), 2)
     assert rc == 0

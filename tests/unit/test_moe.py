@@ -6,12 +6,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from batchrun.engine import SamplingParams, kernels
+from batchrun.engine import SamplingParams
 from batchrun.llm import build_engine, load_weights
 from batchrun.models import grouped_gemm
 from batchrun.models import gpt_oss
 from batchrun.models.moe import Experts, ModelConfig
 from batchrun.options.engine import EngineConfig
+from tests.helpers import kernel_library
 from tests.tiny_models import BACKEND_ARCHS, IdTokenizer, make_tiny
 
 CPU = torch.device("cpu")
@@ -30,7 +31,7 @@ def test_experts_match_transformers_experts(route, tokens, monkeypatch):
 
     cpu_kernels = None
     if route.startswith("C kernel"):
-        cpu_kernels = kernels.library(kernels.VARIANTS["portable"] if "portable" in route else ())
+        cpu_kernels = kernel_library("portable" if "portable" in route else "native")
         if cpu_kernels is None:
             pytest.skip("no C compiler here")
         monkeypatch.setattr(grouped_gemm, "KERNEL_ROWS_PER_EXPERT", 80)
@@ -62,7 +63,7 @@ def test_gpt_oss_experts_match_transformers(route, monkeypatch):
 
     cpu_kernels = None
     if route == "C kernel":
-        cpu_kernels = kernels.library()
+        cpu_kernels = kernel_library()
         if cpu_kernels is None:
             pytest.skip("no C compiler here")
         monkeypatch.setattr(grouped_gemm, "KERNEL_ROWS_PER_EXPERT", 80)
@@ -90,7 +91,7 @@ def test_gpt_oss_experts_match_transformers(route, monkeypatch):
 
 def test_expert_kernel_in_bfloat16():
     """bfloat16 weights and rows, float32 sums: within bfloat16 rounding of the float32 result."""
-    lib = kernels.library()
+    lib = kernel_library()
     if lib is None:
         pytest.skip("no C compiler here")
     gen = torch.Generator().manual_seed(1)

@@ -7,16 +7,16 @@ import functools
 import pytest
 import torch
 
-from batchrun.engine import SamplingParams, kernels
+from batchrun.engine import SamplingParams
 from batchrun.engine.attention import fp8_kv, int8_kv, reference_attention
 from batchrun.engine.attention.kv_write import write_kv
 from batchrun.models import llama
-from tests.helpers import tiny_engine
+from tests.helpers import kernel_library, tiny_engine
 from tests.lora_adapters import KINDS, make_adapters
 from tests.tiny_models import calibrate_int8_on_random_tokens
 
 FP8 = torch.float8_e4m3fn
-needs_kernels = pytest.mark.skipif(kernels.library() is None, reason="no C compiler here")
+needs_kernels = pytest.mark.skipif(kernel_library() is None, reason="no C compiler here")
 
 
 def awkward_floats() -> torch.Tensor:
@@ -35,7 +35,7 @@ def awkward_floats() -> torch.Tensor:
 @needs_kernels
 @pytest.mark.parametrize("variant", ["native", "portable"])
 def test_the_kernels_convert_exactly_as_torch(variant):
-    lib = kernels.library(kernels.VARIANTS[variant])  # the builds test_cascade_attention makes
+    lib = kernel_library(variant)  # the builds test_cascade_attention makes
     x = awkward_floats()
     got = torch.empty(x.shape, dtype=torch.uint8)
     lib.fp8_from_floats(x.data_ptr(), got.data_ptr(), x.numel())
@@ -57,7 +57,7 @@ def test_the_cache_write_rounds_like_torch(src, dst):
     rows = x.shape[0]
     slots = torch.randperm(rows + 5)[:rows]
     kc, vc = (torch.zeros(rows + 5, 2, 16, dtype=dst) for _ in range(2))
-    write_kv(x, -x, kc, vc, slots, kernels.library())
+    write_kv(x, -x, kc, vc, slots, kernel_library())
     for cache, rows_in in ((kc, x), (vc, -x)):
         want = torch.zeros(rows + 5, 2, 16, dtype=dst)
         want[slots] = fp8_kv.quantize(rows_in, 1.0) if dst == FP8 else rows_in.to(dst)
@@ -82,7 +82,7 @@ def test_int8_rows_round_to_their_own_scale():
 @pytest.mark.parametrize("variant", ["native", "portable"])
 @pytest.mark.parametrize("src", [torch.float32, torch.bfloat16])
 def test_the_int8_cache_kernel_quantizes_exactly_as_torch(variant, src):
-    lib = kernels.library(kernels.VARIANTS[variant])
+    lib = kernel_library(variant)
     g = torch.Generator().manual_seed(2)
     wide = torch.randn(300, 5, 3, 64, generator=g) * torch.logspace(-4, 3, 300)[:, None, None, None]
     x = wide[:, 1].to(src)  # each token's heads side by side, tokens 5 * 3 * 64 apart

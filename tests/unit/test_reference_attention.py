@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from batchrun.engine import kernels
 from batchrun.engine.attention import BackendEnv, StepLayout, paged_attention, reference_attention
 from batchrun.engine.attention.cpu_kernel import CpuKernelBackend
 from batchrun.engine.attention.cuda_triton import TritonBackend
 from batchrun.engine.attention.sdpa import SdpaBackend
+from tests.helpers import kernel_library
 
 H, HKV, D, BS = 6, 2, 32, 4
 # (context before the step, rows in the step): two decodes, a chunk over a cached context,
@@ -96,7 +96,7 @@ def test_reference_matches_plain_float64(extra):
 
 def backends():
     found = [("sdpa", SdpaBackend(torch.float32), "cpu")]
-    lib = kernels.library()
+    lib = kernel_library()
     if lib is not None:
         found += [("cpu-kernel cascade", CpuKernelBackend(lib, cascade=True), "cpu"),
                   ("cpu-kernel legacy", CpuKernelBackend(lib, cascade=False), "cpu")]

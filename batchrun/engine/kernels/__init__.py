@@ -5,8 +5,9 @@ by the source, the flags and the CPU. Without a compiler (or if the build fails)
 back to pure PyTorch.
 
 `library()` is the build for this CPU (-march=native), with the attention kernel specialised
-for every shape it has constants for (about 20 s to build on a 2-core machine);
-`library(shape_flags(...))`, what the engine loads, only for its model's (about 2 s). `library(VARIANTS["avx2"])` and
+for every shape it has constants for (about two minutes to build on a 2-core AMD EPYC);
+`library(shape_flags(...))`, what the engine loads, only for its model's (seconds), and
+`shapes_flags` for a few (the tests'). `library(VARIANTS["avx2"])` and
 `library(VARIANTS["portable"])` add flags that turn off AVX-512 (and AVX2/FMA), so the vector
 paths of simd.h other than this CPU's own are built and tested here too; `simd_path()` in a
 library says which one it took (2 AVX-512, 1 AVX2+FMA, 0 portable).
@@ -80,11 +81,17 @@ SPECIALISED = {(g, d) for g in range(1, 9) for d in (64, 128)}
 
 def shape_flags(num_heads: int, num_kv_heads: int, head_dim: int) -> tuple[str, ...]:
     """Flags that build only one model's specialisation of the attention kernel (a build of
-    about two seconds instead of twenty; other shapes take its generic loop either way)."""
+    seconds instead of minutes; other shapes take its generic loop either way)."""
     g = num_heads // max(1, num_kv_heads)
     if (g, head_dim) in SPECIALISED:
         return (f"-DONLY_G={g}", f"-DONLY_D={head_dim}")
     return ("-DNO_SPECIALISED",)
+
+
+def shapes_flags(shapes) -> tuple[str, ...]:
+    """shape_flags for several (query heads per KV head, head_dim) pairs (the test suite's)."""
+    cases = [f"CASE({g},{d})" for g, d in sorted(set(shapes)) if (g, d) in SPECIALISED]
+    return (f"-DONLY_CASES={' '.join(cases)}",) if cases else ("-DNO_SPECIALISED",)
 
 
 def enabled() -> bool:

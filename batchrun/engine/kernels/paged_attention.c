@@ -596,6 +596,8 @@ static void run_item(const Job *j, int item, int next, float *buf, State *st, fl
     switch ((j->H / j->Hkv) * 1024 + j->D) {
 #if defined(ONLY_G) && defined(ONLY_D)  // one model's shape: a build in a tenth of the time
         CASE(ONLY_G, ONLY_D)
+#elif defined(ONLY_CASES)  // a few shapes: CASE(g, d) ... (kernels.shape_flags)
+        ONLY_CASES
 #elif !defined(NO_SPECIALISED)
         CASE(1, 64) CASE(2, 64) CASE(3, 64) CASE(4, 64) CASE(5, 64) CASE(6, 64) CASE(7, 64)
         CASE(8, 64) CASE(1, 128) CASE(2, 128) CASE(3, 128) CASE(4, 128) CASE(5, 128)
