@@ -236,6 +236,60 @@ def parse_overrides(system: str) -> dict:
     return out
 
 
+class SystemRunner:
+    """Runs one system of --systems on the bench's workload and returns its Result; with
+    keep_models the variant engines and transformers' model stay loaded between rounds."""
+
+    def __init__(self, args, base: dict, config, loaded, work: Workload, lines: list, eos: int,
+                 keep_models: bool):
+        self.args, self.base, self.config, self.loaded = args, base, config, loaded
+        self.work, self.lines, self.eos, self.keep_models = work, lines, eos, keep_models
+        self.variants: dict = {}
+        self.hf_model = None
+
+    def run(self, system: str) -> Result:
+        from batchrun import llm
+        from batchrun.options.engine import EngineConfig
+
+        args, work = self.args, self.work
+        if system == "batchrun":
+            return run_batchrun(self.loaded, work)
+        if system.startswith("batchrun[") or system in MODE_SYSTEMS:
+            variant = self.variants.get(system)
+            if variant is None:
+                overrides = parse_overrides(MODE_SYSTEMS.get(system, system))
+                variant = llm.load(args.model, EngineConfig.default(**{**self.base, **overrides}))
+                if self.keep_models:
+                    self.variants[system] = variant
+            return run_batchrun(variant, work, system)
+        if system == "batchrun-run" or system.startswith(("batchrun-run@", "batchrun-run[")):
+            revision = system.partition("@")[2].partition("[")[0] or None
+            extra = [] if "[" not in system else [
+                x for k, v in parse_overrides(system).items() for x in (f"--{k.replace('_', '-')}", str(v))]
+            return run_cli(self.lines, cli_options(args) + extra, system, revision)
+        if system == "batchrun-no-prefix-cache":
+            kv = self.loaded.engine.kv
+            kv.enable_prefix_caching = False
+            try:
+                return run_batchrun(self.loaded, work, system)
+            finally:
+                kv.enable_prefix_caching = self.config.cache.enable_prefix_caching
+        if system in CT2_SYSTEMS:
+            return run_ct2(system, self.loaded.path, self.loaded.tokenizer, work.prompts,
+                           work.max_tokens, self.eos, torch.get_num_threads())
+        if system in ("hf-static", "hf-paged"):
+            hf_model = self.hf_model
+            if hf_model is None:
+                from transformers import AutoModelForCausalLM
+
+                hf_model = AutoModelForCausalLM.from_pretrained(
+                    self.loaded.path, dtype=getattr(torch, args.dtype), attn_implementation="sdpa").eval()
+                self.hf_model = hf_model  # one model for both systems and every round
+            runner = run_hf_static if system == "hf-static" else run_hf_paged
+            return runner(hf_model, work, self.eos)
+        raise ValueError(f"unknown system {system}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("workload", nargs="?", help="OpenAI batch JSONL (chat); with --fewshot, the "
@@ -257,6 +311,10 @@ def main(argv: list[str] | None = None) -> None:
                     f"{', '.join(MODE_SYSTEMS)}, {', '.join(CT2_SYSTEMS)} (CTranslate2, the "
                     "`bench` extra); a batchrun entry "
                     "may override engine options: 'batchrun[max_num_seqs=64;kv_cache_dtype=float16]'")
+    ap.add_argument("--rounds", type=int, default=1, help="run the systems this many times, "
+                    "rotating the order, and report each system's fastest run (every round's "
+                    "figure printed beside): ratios between systems on a machine whose speed "
+                    "drifts [1]")
     ap.add_argument("--max-num-seqs", type=int, default=None, help="[engine default]")
     ap.add_argument("--max-batched-tokens", type=int, default=None, help="[engine default]")
     ap.add_argument("--threads", type=int, default=None)
@@ -304,42 +362,26 @@ def main(argv: list[str] | None = None) -> None:
     print(f"workload: {args.workload}: {len(work.prompts)} requests, "
           f"{sum(map(len, work.prompts))} prompt tokens", file=sys.stderr)
     eos = loaded.tokenizer.eos_token_id
-    results: list[Result] = []
-    hf_model = None
-    for system in systems:
-        print(f"running {system} ...", file=sys.stderr)
-        reset_peak_rss()
-        if system == "batchrun":
-            results.append(run_batchrun(loaded, work))
-        elif system.startswith("batchrun[") or system in MODE_SYSTEMS:
-            overrides = parse_overrides(MODE_SYSTEMS.get(system, system))
-            variant = llm.load(args.model, EngineConfig.default(**{**base, **overrides}))
-            results.append(run_batchrun(variant, work, system))
-            del variant
-        elif system == "batchrun-run" or system.startswith(("batchrun-run@", "batchrun-run[")):
-            revision = system.partition("@")[2].partition("[")[0] or None
-            extra = [] if "[" not in system else [
-                x for k, v in parse_overrides(system).items() for x in (f"--{k.replace('_', '-')}", str(v))]
-            results.append(run_cli(lines, cli_options(args) + extra, system, revision))
-        elif system == "batchrun-no-prefix-cache":
-            loaded.engine.kv.enable_prefix_caching = False
-            results.append(run_batchrun(loaded, work, system))
-            loaded.engine.kv.enable_prefix_caching = config.cache.enable_prefix_caching
-        elif system in CT2_SYSTEMS:
-            results.append(run_ct2(system, loaded.path, loaded.tokenizer, work.prompts,
-                                   work.max_tokens, eos, torch.get_num_threads()))
-        elif system in ("hf-static", "hf-paged"):
-            if hf_model is None:
-                from transformers import AutoModelForCausalLM
-
-                hf_model = AutoModelForCausalLM.from_pretrained(
-                    loaded.path, dtype=getattr(torch, args.dtype), attn_implementation="sdpa").eval()
-            runner = run_hf_static if system == "hf-static" else run_hf_paged
-            results.append(runner(hf_model, work, eos))
-        else:
-            ap.error(f"unknown system {system}")
-        results[-1].peak_rss_mib = peak_rss_mib()
-        print(f"  {results[-1].system}: {results[-1].output_tps:.1f} output tok/s", file=sys.stderr)
+    runner = SystemRunner(args, base, config, loaded, work, lines, eos, keep_models=args.rounds > 1)
+    runs: dict[str, list[Result]] = {system: [] for system in systems}
+    for round_ in range(args.rounds):
+        # each round starts one system later, so no system always runs first (or right after
+        # the same neighbour) while the shared machine's speed drifts
+        for system in systems[round_ % len(systems):] + systems[:round_ % len(systems)]:
+            print(f"running {system} ...", file=sys.stderr)
+            reset_peak_rss()
+            try:
+                result = runner.run(system)
+            except ValueError as exc:
+                ap.error(str(exc))
+            result.peak_rss_mib = peak_rss_mib()
+            runs[system].append(result)
+            print(f"  {result.system}: {result.output_tps:.1f} output tok/s", file=sys.stderr)
+    results = [max(runs[system], key=lambda r: r.output_tps) for system in systems]
+    if args.rounds > 1:
+        print(f"best of {args.rounds} rounds (output tok/s of each round, in the order run):")
+        for system in systems:
+            print(f"  {system}: " + ", ".join(f"{r.output_tps:.1f}" for r in runs[system]))
     print(report(results))
     print(step_timers.shares_table(results))
     engine_run = next((r for r in results if r.system == "batchrun"), None)
