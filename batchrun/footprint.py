@@ -13,6 +13,7 @@ dtype, not the size of the GGUF file.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -114,7 +115,8 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
     layers' linears at `quantization`'s size (models/quant/: int8 or int4 and their scales;
     MoE routers and the routed experts' 3-D weights stay float, as quantize_linears keeps them);
     under `gguf`, the projections of the `gguf` file in their own formats (quant/gguf.py);
-    for a checkpoint stored quantized (GPTQ, AWQ, compressed-tensors, FP8), at its format's.
+    for a checkpoint stored quantized (GPTQ, AWQ, compressed-tensors, FP8), at its format's,
+    routed experts included.
 
     Tied embeddings are one tensor in the checkpoint, but on the CPU, where the loader packs
     every linear layer for oneDNN (models/packed_linear.py; the transformers backend's too),
@@ -149,8 +151,9 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
         raise UnsupportedModelError(f"the checkpoint is stored quantized ({stored.method}), which "
                                     "loads on the native path only")
     if stored is not None and quantization == "none":
-        extra = 0
-        for (out_features, in_features), n in quantized_linear_shapes(cfg).items():
+        extra = 0  # the linears and the routed experts (quant/experts.py) at the format's size
+        shapes = Counter(quantized_linear_shapes(cfg)) + Counter(routed_expert_shapes(cfg))
+        for (out_features, in_features), n in shapes.items():
             count -= out_features * in_features * n
             extra += stored.nbytes(out_features, in_features) * n
         return count * _elem(dt) + extra
@@ -172,10 +175,13 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
         if not cfg.tie_word_embeddings or packed:
             count -= logits
         extra += logits_bytes
-    for (out_features, in_features), n in quantized_linear_shapes(cfg).items():
+    shapes = Counter(quantized_linear_shapes(cfg))
+    if stored is not None:  # a stored checkpoint's experts, requantized layer by layer too
+        shapes += Counter(routed_expert_shapes(cfg))
+    for (out_features, in_features), n in shapes.items():
         count -= out_features * in_features * n
         extra += linear_class(quantization).nbytes(out_features, in_features) * n
-    if quantization == "int8":  # calibrated smoothing and float outlier channels
+    if quantization == "int8" and stored is None:  # calibrated smoothing, float outlier channels
         from batchrun.models.quant.smoothquant import smoothed_bytes
 
         smoothed = quantized_linear_shapes(cfg, smoothed=True)
@@ -185,6 +191,25 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
 
 def _native(cfg) -> bool:
     return isinstance(cfg, ModelConfig)
+
+
+def routed_expert_shapes(cfg) -> dict[tuple[int, int], int]:
+    """(out, in) -> how many expert projections of that shape the native model's routed experts
+    hold (moe.Experts: gate and up fused, down), which a checkpoint stored quantized keeps in
+    its format (quant/experts.py); none for a dense model."""
+    if type(cfg) is ModelConfig:
+        return {}
+    from batchrun.models import native
+    from batchrun.models.moe import Experts
+
+    with torch.device("meta"):
+        model = native.module_for(cfg.hf_config).Model(cfg)
+    shapes: Counter = Counter()
+    for module in model.modules():
+        if type(module) is Experts:
+            for weight in (module.gate_up_proj, module.down_proj):
+                shapes[tuple(weight.shape[1:])] += module.num_experts
+    return dict(shapes)
 
 
 def quantized_linear_shapes(cfg: ModelConfig, smoothed: bool = False) -> dict[tuple[int, int], int]:
@@ -197,8 +222,6 @@ def quantized_linear_shapes(cfg: ModelConfig, smoothed: bool = False) -> dict[tu
         shapes = [(q + 2 * kv, h), (h, q), (2 * cfg.intermediate_size, h),
                   (h, cfg.intermediate_size)]
         return {shape: cfg.num_layers for shape in shapes}
-    from collections import Counter
-
     from batchrun.models import native
     from batchrun.models.quant import KEEP_FLOAT
 

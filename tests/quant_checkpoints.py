@@ -12,6 +12,8 @@ from safetensors.torch import load_file, save_file
 
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+# a decoder projection's weight: Llama's and Qwen-MoE's experts' names, and Mixtral's experts'
+PROJECTION_SUFFIXES = ("_proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of a word holds column AWQ_ORDER[i] of its eight
 
 
@@ -122,7 +124,7 @@ def quantize_checkpoint(folder, quantize, config: dict) -> dict[str, np.ndarray]
     path = folder / "model.safetensors"
     tensors = load_file(path)
     reference = {}
-    for name in [n for n in tensors if n.endswith("_proj.weight") and ".layers." in n]:
+    for name in [n for n in tensors if n.endswith(PROJECTION_SUFFIXES) and ".layers." in n]:
         prefix = name.removesuffix(".weight")
         stored, reference[prefix] = quantize(tensors.pop(name).numpy())
         for key, value in stored.items():
@@ -132,3 +134,20 @@ def quantize_checkpoint(folder, quantize, config: dict) -> dict[str, np.ndarray]
     cfg["quantization_config"] = config
     (folder / "config.json").write_text(json.dumps(cfg))
     return reference
+
+
+def dequantised_copy(folder, reference: dict[str, np.ndarray], out) -> None:
+    """A float checkpoint in `out` with the original's config and each quantized projection
+    replaced by its reference dequantisation (what transformers runs as the reference)."""
+    import shutil
+
+    shutil.copytree(folder, out)
+    path = out / "model.safetensors"
+    tensors = {k: v for k, v in load_file(path).items()
+               if k.rsplit(".", 1)[0] not in reference}
+    tensors.update({f"{prefix}.weight": torch.from_numpy(np.ascontiguousarray(w, np.float32))
+                    for prefix, w in reference.items()})
+    save_file(tensors, path)
+    cfg = json.loads((out / "config.json").read_text())
+    del cfg["quantization_config"]
+    (out / "config.json").write_text(json.dumps(cfg))

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from batchrun.models import llama, model_config
-from batchrun.models.grouped_gemm import grouped_mm, sort_by_expert
+from batchrun.models.grouped_gemm import ExpertPairs, grouped_mm, sort_by_expert
 from batchrun.models.llama import MLP, LlamaModel, gated_activation
 
 SUPPORTED_ARCHITECTURES = {
@@ -71,6 +71,7 @@ class Experts(nn.Module):
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
+        self.num_experts = num_experts
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
         if bias:
@@ -83,19 +84,31 @@ class Experts(nn.Module):
         """The gated activation of rows [gate | up] (SwiGLU; models/gpt_oss.py clamps it)."""
         return gated_activation(gate_up, cpu_kernels)
 
+    def project(self, rows: torch.Tensor, which: str, pairs: ExpertPairs, cpu_kernels=None) -> torch.Tensor:
+        """rows [pairs, in] sorted by expert through each one's `which` projection ("gate_up_proj"
+        or "down_proj"), bias included."""
+        out = grouped_mm(rows, getattr(self, which), pairs, cpu_kernels)
+        bias = getattr(self, f"{which}_bias")
+        if bias is not None:
+            out += bias[pairs.expert]
+        return out
+
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                 cpu_kernels=None) -> torch.Tensor:
         """sum_j weights[t, j] * expert_{experts[t, j]}(x[t]) for each token t."""
-        pairs = sort_by_expert(experts, self.gate_up_proj.shape[0])
-        rows = x[pairs.token]
-        gate_up = grouped_mm(rows, self.gate_up_proj, pairs, cpu_kernels)
-        if self.gate_up_proj_bias is not None:
-            gate_up += self.gate_up_proj_bias[pairs.expert]
-        out = grouped_mm(self.activate(gate_up, cpu_kernels), self.down_proj, pairs, cpu_kernels)
-        if self.down_proj_bias is not None:
-            out += self.down_proj_bias[pairs.expert]
-        out *= weights.reshape(-1)[pairs.order, None]
-        return torch.zeros_like(x).index_add_(0, pairs.token, out)
+        return route(self, x, experts, weights, cpu_kernels)
+
+
+def route(experts_module: nn.Module, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
+          cpu_kernels=None) -> torch.Tensor:
+    """An experts module's forward: the (token, expert) pairs sorted by expert through its
+    `project` and `activate`, weighted and summed back per token."""
+    pairs = sort_by_expert(experts, experts_module.num_experts)
+    gate_up = experts_module.project(x[pairs.token], "gate_up_proj", pairs, cpu_kernels)
+    out = experts_module.project(experts_module.activate(gate_up, cpu_kernels), "down_proj", pairs,
+                                 cpu_kernels)
+    out *= weights.reshape(-1)[pairs.order, None]
+    return torch.zeros_like(x).index_add_(0, pairs.token, out)
 
 
 class SparseMoeBlock(nn.Module):

@@ -230,13 +230,22 @@ def test_plan_reads_the_quantized_footprint_from_the_config(tmp_path):
 
 def test_models_check_names_the_stored_format_or_why_it_is_refused(tmp_path):
     from batchrun.models.transformers.check import check, describe
+    from tests.tiny_models import BACKEND_ARCHS
 
-    make_tiny("llama", tmp_path)
-    qc.quantize_checkpoint(tmp_path, CASES["ct-w8a8"][1], CASES["ct-w8a8"][0])
-    hf = AutoConfig.from_pretrained(tmp_path)
+    make_tiny("llama", tmp_path / "dense")
+    qc.quantize_checkpoint(tmp_path / "dense", CASES["ct-w8a8"][1], CASES["ct-w8a8"][0])
+    hf = AutoConfig.from_pretrained(tmp_path / "dense")
     lines = describe("tiny", check(hf))
     assert "stored quantized: compressed-tensors int8 weights and per-token activations (W8A8); " \
         "its 14 linears hold 312.0 KiB (float32: 1.1 MiB), the rest float32; CPU only" in lines, lines
+    moe = tmp_path / "moe"
+    make_tiny("qwen3_moe", moe, archs=BACKEND_ARCHS)
+    qc.quantize_checkpoint(moe, CASES["awq-g32"][1], CASES["awq-g32"][0])
+    # 8 attention linears and 2 layers x 4 experts x (gate+up 128x128, down 128x64): int4 plus
+    # a float32 scale and minimum per 32 inputs
+    lines = describe("tiny-moe", check(AutoConfig.from_pretrained(moe)))
+    assert "stored quantized: awq int4 (groups of 32, gemm packing); its 8 linears and 8 routed " \
+        "experts hold 216.0 KiB (float32: 1.1 MiB), the rest float32; CPU only" in lines, lines
     hf.quantization_config = {"quant_method": "gptq", "bits": 2}
     report = check(hf)
     assert report.impl == "refused" and "GPTQ with 2-bit weights" in report.reason
@@ -255,3 +264,104 @@ def test_the_transformers_backend_refuses_a_quantized_checkpoint(tmp_path):
     with pytest.raises(UnsupportedModelError, match=r"stored quantized \(awq\); quantized checkpoints "
                                                     "load on the native path only"):
         load_weights(tmp_path, EngineConfig.default(device="cpu"), CPU, torch.float32)
+
+
+@pytest.mark.parametrize("arch, case", [
+    ("qwen2_moe", "gptq-act-order-g32"),  # a shared expert beside the routed ones; layer 1 dense
+    ("mixtral", "awq-g32"),  # experts named w1 / w3 / w2 under block_sparse_moe
+    ("qwen3_moe", "fp8-block"),
+])
+def test_a_quantized_moe_checkpoint_keeps_its_experts_quantized_and_decodes_as_transformers(
+        arch, case, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from batchrun.footprint import routed_expert_shapes
+    from batchrun.models import native
+    from batchrun.models.quant.experts import QuantizedExperts
+    from tests.tiny_models import BACKEND_ARCHS
+
+    monkeypatch.setattr(cpu, "has_fast_bf16", lambda: False)
+    config, pack, cls = CASES[case]
+    make_tiny(arch, tmp_path / "q", archs=BACKEND_ARCHS)
+    reference = qc.quantize_checkpoint(tmp_path / "q", pack, config)
+    qc.dequantised_copy(tmp_path / "q", reference, tmp_path / "ref")
+    hf_cfg = AutoConfig.from_pretrained(tmp_path / "q")
+    module = native.module_for(hf_cfg)
+    cfg = module.ModelConfig.from_hf(hf_cfg)
+    model = build_model(module.Model, cfg, tmp_path / "q", CPU, torch.float32)
+    experts = [m for m in model.modules() if isinstance(m, QuantizedExperts)]
+    assert len(experts) == sum(cfg.sparse_layers) and experts
+    for block in experts:  # every expert's layers in the stored format, none of them float
+        assert all(type(m) is cls for m in (*block.gate_up_proj, *block.down_proj))
+    assert not any(p.dim() == 3 for p in model.parameters())
+    assert routed_expert_shapes(cfg)  # the footprint counts them at the format's size
+    assert weights_bytes(cfg, "float32") == held_bytes(model)
+
+    engine = build_engine(model, IdTokenizer(), EngineConfig.default(block_size=4), [2], CPU, torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ref", dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 512, (n,), generator=gen).tolist() for n in (5, 17, 40)]
+    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    report = ParityReport()
+    for i, (prompt, out) in enumerate(zip(prompts, outs)):
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, output_logits=True,
+                          return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+        assert_greedy_match(out.outputs[0].token_ids, ref.sequences[0, len(prompt):].tolist(),
+                            [lg[0] for lg in ref.logits], f"{arch}-{case}[{i}]", report)
+    assert report.compared == 3
+
+
+def test_experts_quantized_in_part_are_refused_naming_the_float_one(tmp_path):
+    from tests.tiny_models import BACKEND_ARCHS
+
+    config, pack, _ = CASES["awq-g32"]
+    make_tiny("qwen3_moe", tmp_path, archs=BACKEND_ARCHS)
+
+    reference = qc.quantize_checkpoint(tmp_path, pack, config)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(tmp_path / "model.safetensors")
+    name = "model.layers.1.mlp.experts.3.up_proj"
+    for key in [k for k in tensors if k.startswith(name + ".")]:
+        del tensors[key]
+    tensors[f"{name}.weight"] = torch.from_numpy(np.ascontiguousarray(reference[name]))
+    save_file(tensors, tmp_path / "model.safetensors")
+    hf_cfg = AutoConfig.from_pretrained(tmp_path)
+    from batchrun.models import native
+
+    module = native.module_for(hf_cfg)
+    with pytest.raises(QuantizationError, match=rf"{name} is not stored quantized \(awq\) while "
+                                                r"model.layers.1.mlp.experts.0.gate_proj is"):
+        build_model(module.Model, module.ModelConfig.from_hf(hf_cfg), tmp_path, CPU, torch.float32)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
+@pytest.mark.parametrize("quantization", ["int8", "int8-weight"])
+def test_a_stored_checkpoint_requantized_holds_what_plan_counts(arch, quantization, tmp_path, monkeypatch):
+    """Each stored layer (experts included) requantized by the method, the logits layer alone in
+    bfloat16 under int8 on a fast-bfloat16 CPU (an MoE router stays float), and no calibrated
+    smoothing counted for a checkpoint that is not calibrated."""
+    from batchrun.models import native
+    from batchrun.models.quant.experts import QuantizedExperts
+    from batchrun.models.quant.int8_linear import Int8WeightLinear
+    from tests.tiny_models import BACKEND_ARCHS
+
+    monkeypatch.setattr(cpu, "has_fast_bf16", lambda: True)
+    make_tiny(arch, tmp_path, archs=BACKEND_ARCHS)
+    qc.quantize_checkpoint(tmp_path, CASES["awq-g32"][1], CASES["awq-g32"][0])
+    hf_cfg = AutoConfig.from_pretrained(tmp_path)
+    module = native.module_for(hf_cfg)
+    cfg = module.ModelConfig.from_hf(hf_cfg)
+    model = build_model(module.Model, cfg, tmp_path, CPU, torch.float32, quantization)
+    assert weights_bytes(cfg, "float32", quantization=quantization) == held_bytes(model)
+    layer = {"int8": Int8Linear, "int8-weight": Int8WeightLinear}[quantization]
+    assert type(model.layers[0].self_attn.qkv_proj) is layer
+    for block in (m for m in model.modules() if isinstance(m, QuantizedExperts)):
+        assert all(type(m) is layer for m in (*block.gate_up_proj, *block.down_proj))
+    from batchrun.models.packed_linear import PackedLinear
+    from batchrun.models.quant.bf16_linear import Bf16Linear
+
+    assert type(model.lm_head) is (Bf16Linear if quantization == "int8" else PackedLinear)
+    routers = [m.gate for m in model.modules() if hasattr(m, "experts")]
+    assert len(routers) == (2 if arch == "qwen3_moe" else 0)
+    assert all(type(r) in (torch.nn.Linear, PackedLinear) for r in routers)  # float32 as loaded

@@ -140,16 +140,17 @@ def quantize_linears(model: nn.Module, method: str, keep: tuple[str, ...] = KEEP
         keep, make = (), None
     else:
         make = linear_class(method)
-    if logits_in_bf16(method):
-        float_linear = linear_class("bf16")
+    # the logits layer only: routers and a classifier's head stay in the model's dtype
+    logits_linear = linear_class("bf16") if logits_in_bf16(method) else float_linear
     count = 0
     for _, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if not isinstance(child, nn.Linear):
                 continue
             if child_name in keep or make is None:
-                if float_linear is not None:
-                    setattr(module, child_name, float_linear(child.weight, child.bias))
+                kept = logits_linear if child_name == "lm_head" else float_linear
+                if kept is not None:
+                    setattr(module, child_name, kept(child.weight, child.bias))
                 continue
             setattr(module, child_name, make(child.weight.float(), child.bias))
             count += 1

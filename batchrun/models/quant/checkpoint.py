@@ -2,7 +2,8 @@
 each projection's tensors become one of models/quant/'s layers, one layer at a time (never the
 whole model in float). The formats (one file each) say how a projection's tensors read
 (`Layer`); this file walks the model, fuses q/k/v and gate/up as the float loading does, and
-refuses a quantized tensor nothing took (an MoE's experts, say) instead of loading garbage.
+reads an MoE's routed experts into quant/experts.py's per-expert layers, and refuses a quantized
+tensor nothing took instead of loading garbage.
 """
 
 from __future__ import annotations
@@ -118,14 +119,63 @@ def load_linears(model: nn.Module, folder: Path, read: Callable[[Tensors, str], 
         setattr(parent, attr, module if convert is None else convert(module))
         covered.update(name for name in tensors.where
                        if any(name.rsplit(".", 1)[0] == p for p in prefixes))
+    expert_prefixes: set[str] = set()
+    for parent, attr, base, count in _expert_targets(model):
+        found = _read_experts(tensors, base, count, read, convert, method)
+        if found is not None:
+            setattr(parent, attr, found[0])
+            expert_prefixes.update(found[1])
+    covered.update(name for name in tensors.where if name.rsplit(".", 1)[0] in expert_prefixes)
     left = sorted(name for name in tensors.where if name not in covered
                   and name.rsplit(".", 1)[-1] in QUANTIZED_SUFFIXES)
     if left:
         raise QuantizationError(
             f"the {method} checkpoint holds quantized tensors no linear layer of batchrun's model "
             f"takes ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}): quantized "
-            "mixture-of-experts weights and other non-linear tensors are not read quantized")
+            "experts stored fused (3-D) and other non-linear tensors are not read quantized")
     return covered
+
+
+# An expert's (gate, up, down) projection names: Qwen-MoE's and OLMoE's, Mixtral's
+EXPERT_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
+
+
+def _expert_targets(model: nn.Module) -> Iterator[tuple[nn.Module, str, str, int]]:
+    """(parent, attribute, checkpoint prefix, experts) of each of the model's routed-expert
+    blocks in moe.Experts' plain SwiGLU form (GPT-OSS's clamped, biased experts excluded)."""
+    from batchrun.models.moe import Experts
+
+    for path, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is Experts:
+                yield module, child_name, f"model.{path}.{child_name}", child.num_experts
+
+
+def _read_experts(tensors: Tensors, base: str, count: int, read: Callable[[Tensors, str], Layer],
+                  convert: Callable[[nn.Module], nn.Module] | None, method: str):
+    """(QuantizedExperts, the checkpoint prefixes it holds) of the experts under `base`
+    (Mixtral's under block_sparse_moe) when the checkpoint stores them quantized, else None."""
+    from batchrun.models.quant.experts import QuantizedExperts
+
+    found = next(((folder, names) for folder in (base, base.replace(".mlp.", ".block_sparse_moe."))
+                  for names in EXPERT_NAMES if _quantized(tensors, f"{folder}.0.{names[0]}")), None)
+    if found is None:
+        return None
+    folder, names = found
+    gate_up, down, prefixes = [], [], []
+    for expert in range(count):
+        own = [f"{folder}.{expert}.{name}" for name in names]
+        lacking = [p for p in own if not _quantized(tensors, p)]
+        if lacking:
+            raise QuantizationError(f"{lacking[0]} is not stored quantized ({method}) while "
+                                    f"{folder}.0.{names[0]} is: batchrun reads a block's experts "
+                                    "in one format")
+        gate_up.append(_fuse([read(tensors, own[0]), read(tensors, own[1])], None, f"{own[0]} + {names[1]}"))
+        down.append(_fuse([read(tensors, own[2])], None, own[2]))
+        prefixes += own
+    if convert is not None:
+        gate_up, down = [convert(m) for m in gate_up], [convert(m) for m in down]
+    return QuantizedExperts(gate_up, down), prefixes
 
 
 def group_order(g_idx: torch.Tensor | None, group: int, where: str) -> torch.Tensor | None:

@@ -176,7 +176,7 @@ def check(hf) -> CheckReport:
     report.layers = full.num_hidden_layers
     report.kv_heads, report.k_head_dim, report.v_head_dim = kv_shape(full)
     report.features = features(full, impl, lora_support(model, full, impl))
-    report.stored_quantized = "" if stored is None else _stored_size(stored, model)
+    report.stored_quantized = "" if stored is None else _stored_size(stored, model, full)
     return report
 
 
@@ -197,17 +197,27 @@ def _stored_quantized(hf, impl: str, reason: str):
     return impl, reason, stored
 
 
-def _stored_size(stored, model) -> str:
-    """What the decoder's linears (not the logits layer or routers) hold as stored."""
+def _stored_size(stored, model, hf) -> str:
+    """What the decoder's linears (not the logits layer or routers) and routed experts hold as
+    stored (models/quant/experts.py)."""
     import torch
 
+    from batchrun.footprint import routed_expert_shapes
+    from batchrun.models import native
     from batchrun.models.quant import KEEP_FLOAT
 
-    linears = [m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)
-               and name.rsplit(".", 1)[-1] not in KEEP_FLOAT]
-    held = sum(stored.nbytes(m.out_features, m.in_features) for m in linears)
-    dense = sum(m.out_features * m.in_features * 4 for m in linears)
-    return (f"{stored.describe()}; its {len(linears)} linears hold {_size(held)} (float32: "
+    shapes = {}
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] not in KEEP_FLOAT:
+            shapes[m.out_features, m.in_features] = shapes.get((m.out_features, m.in_features), 0) + 1
+    linears = sum(shapes.values())
+    experts = routed_expert_shapes(native.module_for(hf).ModelConfig.from_hf(hf)) \
+        if expert_counts(hf)[0] else {}
+    everything = {**shapes, **{s: shapes.get(s, 0) + n for s, n in experts.items()}}
+    held = sum(stored.nbytes(*shape) * n for shape, n in everything.items())
+    dense = sum(out * inp * 4 * n for (out, inp), n in everything.items())
+    routed = f" and {sum(experts.values()) // 2} routed experts" if experts else ""
+    return (f"{stored.describe()}; its {linears} linears{routed} hold {_size(held)} (float32: "
             f"{_size(dense)}), the rest float32; CPU only")
 
 
