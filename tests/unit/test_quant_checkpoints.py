@@ -119,6 +119,20 @@ def _engine(path):
     return build_engine(model, IdTokenizer(), EngineConfig.default(block_size=4), [2], CPU, torch.float32)
 
 
+def _assert_decodes_as(engine, hf, label: str) -> None:
+    """Greedy decoding of three random prompts matches transformers' (tie rule: tests/parity.py)."""
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 512, (n,), generator=gen).tolist() for n in (5, 17, 40)]
+    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    report = ParityReport()
+    for i, (prompt, out) in enumerate(zip(prompts, outs)):
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, output_logits=True,
+                          return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+        assert_greedy_match(out.outputs[0].token_ids, ref.sequences[0, len(prompt):].tolist(),
+                            [lg[0] for lg in ref.logits], f"{label}[{i}]", report)
+    assert report.compared == 3
+
+
 @pytest.mark.parametrize("case", ["gptq-sym-g64", "gptq-act-order-g32", "awq-g32", "ct-w4a16-asym",
                                   "ct-w4a16-act-order",
                                   "ct-w8a8", "fp8-block"])  # the other cases' layers: per layer above
@@ -145,16 +159,7 @@ def test_a_quantized_checkpoint_decodes_as_transformers_on_its_dequantised_weigh
         linear.weight.data = torch.from_numpy(weight)
         if cls is Int8Linear:
             linear.register_forward_pre_hook(lambda m, args: (_fake_quant_rows(args[0]),))
-    gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, 512, (n,), generator=gen).tolist() for n in (5, 17, 40)]
-    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
-    report = ParityReport()
-    for i, (prompt, out) in enumerate(zip(prompts, outs)):
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, output_logits=True,
-                          return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
-        assert_greedy_match(out.outputs[0].token_ids, ref.sequences[0, len(prompt):].tolist(),
-                            [lg[0] for lg in ref.logits], f"{case}[{i}]", report)
-    assert report.compared == 3
+    _assert_decodes_as(engine, hf, case)
 
 
 def _config(quantization_config):
@@ -299,16 +304,7 @@ def test_a_quantized_moe_checkpoint_keeps_its_experts_quantized_and_decodes_as_t
 
     engine = build_engine(model, IdTokenizer(), EngineConfig.default(block_size=4), [2], CPU, torch.float32)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ref", dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, 512, (n,), generator=gen).tolist() for n in (5, 17, 40)]
-    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
-    report = ParityReport()
-    for i, (prompt, out) in enumerate(zip(prompts, outs)):
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, output_logits=True,
-                          return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
-        assert_greedy_match(out.outputs[0].token_ids, ref.sequences[0, len(prompt):].tolist(),
-                            [lg[0] for lg in ref.logits], f"{arch}-{case}[{i}]", report)
-    assert report.compared == 3
+    _assert_decodes_as(engine, hf, f"{arch}-{case}")
 
 
 def test_experts_quantized_in_part_are_refused_naming_the_float_one(tmp_path):
