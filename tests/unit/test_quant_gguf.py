@@ -126,6 +126,19 @@ def _engine(path, quantization="none"):
     return build_engine(model, IdTokenizer(), EngineConfig.default(block_size=4), [2], CPU, torch.float32)
 
 
+def _assert_decodes_as(quantized, reference, label: str) -> None:
+    """Greedy decoding of three random prompts matches the reference engine's (tie rule:
+    tests/parity.py, on the reference's own top-2 margins)."""
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 512, (n,), generator=gen).tolist() for n in (5, 17, 40)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
+    report = ParityReport()
+    for i, (a, b) in enumerate(zip(quantized.generate(prompts, params), reference.generate(prompts, params))):
+        margins = [lp.top[0][1] - lp.top[1][1] for lp in b.outputs[0].logprobs]
+        assert_greedy_match(a.outputs[0].token_ids, b.outputs[0].token_ids, margins, f"{label}[{i}]", report)
+    assert report.compared == 3
+
+
 # llama.cpp's Q4_K_M mix (attn_v and ffn_down in Q6_K beside Q4_K) and every other kept type
 K_MIX = {"attn_q": Q.Q4_K, "attn_k": Q.Q4_K, "attn_v": Q.Q6_K, "attn_output": Q.Q5_K,
          "ffn_gate": Q.Q8_0, "ffn_up": Q.Q4_0, "ffn_down": Q.Q6_K}
@@ -179,14 +192,7 @@ def test_a_gguf_models_projections_load_quantized_and_decode_as_its_dequantisati
                 weight = kept  # Q8_0 under int4-weight: requantized into int4 groups (not exact)
             torch.testing.assert_close(kept, weight, rtol=1e-6, atol=1e-6)  # the blocks exactly
             layer.get_submodule(fused).weight.data.copy_(weight)
-    gen = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(3, 512, (n,), generator=gen).tolist() for n in (5, 17, 40)]
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
-    report = ParityReport()
-    for i, (a, b) in enumerate(zip(quantized.generate(prompts, params), reference.generate(prompts, params))):
-        margins = [lp.top[0][1] - lp.top[1][1] for lp in b.outputs[0].logprobs]
-        assert_greedy_match(a.outputs[0].token_ids, b.outputs[0].token_ids, margins, f"gguf[{i}]", report)
-    assert report.compared == 3
+    _assert_decodes_as(quantized, reference, "gguf")
 
 
 def test_gguf_mode_refuses_a_block_type_it_cannot_keep_naming_the_tensor(tmp_path):
@@ -201,3 +207,90 @@ def test_gguf_mode_refuses_a_checkpoint_that_is_not_gguf(tmp_path):
     make_tiny("llama", tmp_path)
     with pytest.raises(QuantizationError, match="not a GGUF model"):
         _engine(tmp_path, "gguf")
+
+
+def _write_arch_gguf(hf, path, arch, kinds):
+    """A tiny model of GGUF architecture `arch` (q/k rows as stored: llama.cpp permutes them for
+    `llama` only) with its MoE layers' routed experts as 3-D ffn_*_exps tensors [experts, out, in]."""
+    cfg = hf.config
+    writer = GGUFWriter(str(path), arch)
+    writer.add_uint32(f"{arch}.attention.head_count", cfg.num_attention_heads)
+    writer.add_uint32(f"{arch}.attention.head_count_kv", cfg.num_key_value_heads)
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output"}
+    for i, layer in enumerate(hf.model.layers):
+        tensors = {part: layer.get_submodule(m).weight.detach().numpy() for m, part in names.items()}
+        experts = getattr(layer.mlp, "experts", None)
+        if experts is not None:  # transformers' [experts, 2 * inter, hidden], gate rows first
+            gate, up = experts.gate_up_proj.detach().numpy().reshape(
+                experts.gate_up_proj.shape[0], 2, -1, experts.gate_up_proj.shape[-1]).swapaxes(0, 1)
+            tensors.update(ffn_gate_exps=gate, ffn_up_exps=up, ffn_down_exps=experts.down_proj.detach().numpy())
+        else:
+            tensors.update({p: layer.mlp.get_submodule(m).weight.detach().numpy()
+                            for m, p in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down"))})
+        for part, w in tensors.items():
+            kind = kinds.get(part, Q.Q4_1)
+            flat = np.ascontiguousarray(w.reshape(-1, w.shape[-1]), dtype=np.float32)
+            blocks = gguf_kquants.quantize(flat, kind)
+            writer.add_tensor(f"blk.{i}.{part}.weight", blocks.reshape(*w.shape[:-1], -1), raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("arch, gguf_arch", [("qwen3", "qwen3"), ("qwen3_moe", "qwen3moe")])
+def test_a_gguf_of_another_architecture_keeps_its_blocks_and_experts_and_decodes_as_its_dequantisation(
+        arch, gguf_arch, tmp_path, monkeypatch):
+    from batchrun.models import native
+    from batchrun.models.quant.experts import QuantizedExperts
+    from tests.tiny_models import BACKEND_ARCHS
+
+    monkeypatch.setattr(cpu, "has_fast_bf16", lambda: False)
+    hf = make_tiny(arch, tmp_path, archs=BACKEND_ARCHS)
+    gguf_path = tmp_path / "tiny.gguf"
+    # gate and up in different families: each expert's fused gate+up is a StackedLinear
+    _write_arch_gguf(hf, gguf_path, gguf_arch, {"attn_k": Q.Q8_0, "ffn_gate_exps": Q.Q4_0,
+                                                "ffn_up_exps": Q.Q8_0, "ffn_gate": Q.Q8_0})
+    (tmp_path / "gguf_source.txt").write_text(str(gguf_path))
+    hf_cfg = AutoConfig.from_pretrained(tmp_path)
+    module = native.module_for(hf_cfg)
+    cfg = module.ModelConfig.from_hf(hf_cfg)
+
+    def engine(quantization):
+        model = build_model(module.Model, cfg, tmp_path, CPU, torch.float32, quantization)
+        return build_engine(model, IdTokenizer(), EngineConfig.default(block_size=4), [2], CPU, torch.float32)
+
+    quantized = engine("gguf")
+    model = quantized.runner.model
+    assert weights_bytes(cfg, "float32", quantization="gguf", gguf=gguf_path) == held_bytes(model)
+    experts = [m for m in model.modules() if isinstance(m, QuantizedExperts)]
+    assert len(experts) == (2 if arch == "qwen3_moe" else 0)
+    assert not any(p.dim() == 3 for p in model.parameters())
+
+    gguf = GgufLinears(gguf_path)  # the reference: float layers holding the gguf package's dequantisation
+    monkeypatch.setenv("BATCHRUN_PACKED_LINEAR", "0")
+    reference = engine("none")
+    for i, layer in enumerate(reference.runner.model.layers):
+        def dequantised(*parts):  # the gguf package's, rows as stored (these archs: the model's order)
+            return torch.cat([torch.from_numpy(dequantize(raw.reshape(rows, -1), gguf.kind(name))
+                                               .reshape(rows, cols).astype(np.float32))
+                              for name in (f"blk.{i}.{p}.weight" for p in parts)
+                              for raw, rows, cols in [gguf.raw(name)]])
+
+        layer.self_attn.qkv_proj.weight.data.copy_(dequantised("attn_q", "attn_k", "attn_v"))
+        layer.self_attn.o_proj.weight.data.copy_(dequantised("attn_output"))
+        torch.testing.assert_close(model.layers[i].self_attn.qkv_proj.dequantized_weight(),
+                                   layer.self_attn.qkv_proj.weight, rtol=1e-6, atol=1e-6)
+        if arch == "qwen3_moe":
+            e, hidden = cfg.num_experts, cfg.hidden_size
+            gate, up = (dequantised(p).reshape(e, -1, hidden) for p in ("ffn_gate_exps", "ffn_up_exps"))
+            layer.mlp.experts.gate_up_proj.data.copy_(torch.cat([gate, up], dim=1))
+            layer.mlp.experts.down_proj.data.copy_(dequantised("ffn_down_exps").reshape(e, hidden, -1))
+            kept = model.layers[i].mlp.experts
+            torch.testing.assert_close(kept.gate_up_proj[1].dequantized_weight(),
+                                       layer.mlp.experts.gate_up_proj[1], rtol=1e-6, atol=1e-6)
+        else:
+            layer.mlp.gate_up_proj.weight.data.copy_(dequantised("ffn_gate", "ffn_up"))
+            layer.mlp.down_proj.weight.data.copy_(dequantised("ffn_down"))
+    _assert_decodes_as(quantized, reference, arch)

@@ -26,6 +26,7 @@ from batchrun.models.quant import gguf_blocks as blocks
 from batchrun.models.quant.gguf_blocks import Groups
 
 FLOAT_KINDS = {0: "F32", 1: "F16", 30: "BF16"}
+PERMUTED_ARCHS = {"llama"}  # GGUF architectures whose q/k rows llama.cpp stores permuted
 _FUSED = {"qkv_proj": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",),
           "gate_up_proj": ("ffn_gate", "ffn_up"), "down_proj": ("ffn_down",)}
 _HF_PARTS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -52,12 +53,16 @@ def kind_name(kind: int) -> str:
 
 
 class GgufLinears:
-    """The linear tensors of a llama GGUF file, read one at a time."""
+    """The linear tensors of a GGUF file, read one at a time."""
 
     def __init__(self, path: Path):
         self.meta, tensors, self.start = read_header(path)
+        self.arch = self.meta.get("general.architecture", "llama")
         self.tensors = {name: (dims, kind, offset) for name, dims, kind, offset in tensors}
         self.data = np.memmap(path, dtype=np.uint8, mode="r")
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
 
     def kind(self, name: str) -> int:
         return self.tensors[name][1]
@@ -73,7 +78,11 @@ class GgufLinears:
         return self.data[self.start + offset:self.start + offset + nbytes], rows, cols
 
     def _heads(self, part: str) -> int | None:
-        p = "llama.attention."
+        """The head count to un-permute a q/k tensor's rows by: llama.cpp permutes them for its
+        `llama` architecture only (Llama, Mistral), as transformers' GGUF loading assumes."""
+        if self.arch not in PERMUTED_ARCHS:
+            return None
+        p = f"{self.arch}.attention."
         if part == "attn_q":
             return self.meta[p + "head_count"]
         if part == "attn_k":
@@ -149,56 +158,111 @@ def module_of(family: str, items: list) -> nn.Module:
     return GroupedInt8Linear(q, scale, mins, gs[0].group)
 
 
+def _check_kind(gguf: GgufLinears, name: str) -> int:
+    """The tensor's block type; refused, naming the tensor, where it has no exact form here."""
+    from batchrun.models.quant import QuantizationError
+
+    kind = gguf.kind(name)
+    if not blocks.supported(kind) and kind not in FLOAT_KINDS:
+        raise QuantizationError(
+            f"--quantization gguf: tensor {name} is {kind_name(kind)}, which is not loaded in "
+            f"its own format (supported: {', '.join(blocks.NAMES.values())} and float); use "
+            "--quantization int4-weight / int8-weight (requantized) or none (float32)")
+    return kind
+
+
 def own_format(gguf: GgufLinears, names: list[str], parts: tuple[str, ...]) -> nn.Module:
     """One module for a fused projection's tensors in their own formats (a StackedLinear where
     they differ); refuses a block type it has no exact form for, naming the tensor."""
-    from batchrun.models.quant import QuantizationError
-
-    runs: list[tuple[str, list]] = []
+    items = []
     for name, part in zip(names, parts):
-        kind = gguf.kind(name)
-        if not blocks.supported(kind) and kind not in FLOAT_KINDS:
-            raise QuantizationError(
-                f"--quantization gguf: tensor {name} is {kind_name(kind)}, which is not loaded in "
-                f"its own format (supported: {', '.join(blocks.NAMES.values())} and float); use "
-                "--quantization int4-weight / int8-weight (requantized) or none (float32)")
-        family = family_of(kind)
-        item = gguf.float_weight(name, part) if family == "float" else gguf.groups(name, part)
+        family = family_of(_check_kind(gguf, name))
+        items.append((family, gguf.float_weight(name, part) if family == "float" else gguf.groups(name, part)))
+    return stacked(items)
+
+
+def stacked(items: list[tuple[str, object]]) -> nn.Module:
+    """One module for (family, float weight or Groups) parts along the output: consecutive parts
+    of a family in one module, a StackedLinear where the families differ."""
+    runs: list[tuple[str, list]] = []
+    for family, item in items:
         if runs and runs[-1][0] == family:
             runs[-1][1].append(item)
         else:
             runs.append((family, [item]))
-    modules = [module_of(f, items) for f, items in runs]
+    modules = [module_of(f, parts) for f, parts in runs]
     return modules[0] if len(modules) == 1 else StackedLinear(modules)
 
 
+# an MoE block's routed experts in a GGUF: 3-D tensors [experts, out, in], gate and up fused per expert
+_EXPERT_PARTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+
+
+def _expert_rows(item, expert: int, rows: int):
+    """One expert's rows of a 3-D tensor read as 2-D (Groups, or a float weight)."""
+    cut = slice(expert * rows, (expert + 1) * rows)
+    if isinstance(item, torch.Tensor):
+        return item[cut]
+    return Groups(item.q[cut], item.scale[cut], None if item.min is None else item.min[cut], item.group)
+
+
+def own_format_experts(gguf: GgufLinears, layer: int, experts: int) -> nn.Module:
+    """quant/experts.QuantizedExperts of layer `layer`'s routed experts in their own formats."""
+    from batchrun.models.quant.experts import QuantizedExperts
+
+    names = [f"blk.{layer}.{p}.weight" for p in _EXPERT_PARTS]
+    kinds = [family_of(_check_kind(gguf, n)) for n in names]
+    gate, up, down = (gguf.float_weight(n, p) if k == "float" else gguf.groups(n, p)
+                      for n, p, k in zip(names, _EXPERT_PARTS, kinds))
+    inter, hidden = (len(t if isinstance(t, torch.Tensor) else t.q) // experts for t in (gate, down))
+    gate_up = [stacked([(kinds[0], _expert_rows(gate, e, inter)), (kinds[1], _expert_rows(up, e, inter))])
+               for e in range(experts)]
+    down_proj = [stacked([(kinds[2], _expert_rows(down, e, hidden))]) for e in range(experts)]
+    return QuantizedExperts(gate_up, down_proj)
+
+
+def _kept(names: set[str] | GgufLinears, layer: int, parts: tuple[str, ...]) -> bool:
+    """Whether layer `layer`'s projection of `parts` loads from the GGUF's blocks: every part
+    there, and none biased (Qwen2's q/k/v: float, with their biases); a model that stores it
+    another way (Phi-3's fused attn_qkv) keeps the float conversion's."""
+    return all(f"blk.{layer}.{p}.weight" in names and f"blk.{layer}.{p}.bias" not in names
+               for p in parts)
+
+
 def kept_bytes(path: Path) -> tuple[int, int]:
-    """(weights, bytes) of the decoder projections `--quantization gguf` keeps in their own
-    format, as the loaded modules hold them (float32 scales and mins per group)."""
+    """(weights, bytes) of the decoder projections and routed experts `--quantization gguf` keeps
+    in their own format, as the loaded modules hold them (float32 scales and mins per group)."""
     from batchrun.models.quant.grouped_int8_linear import GroupedInt8Linear
     from batchrun.models.quant.int4_linear import Int4WeightLinear
 
     meta, tensors, _ = read_header(path)
+    shapes = {name: (dims, kind) for name, dims, kind, _ in tensors}
+    layers = {int(name.split(".")[1]) for name in shapes if name.startswith("blk.")}
     count = total = 0
-    for name, dims, kind, _ in tensors:
-        part = name.split(".")[-2] if name.startswith("blk.") else ""
-        if part not in _HF_PARTS or not blocks.supported(kind):
-            continue
-        cols, rows = dims[0], int(np.prod(dims[1:]))
-        count += rows * cols
-        if kind in blocks.INT4:
-            total += Int4WeightLinear.nbytes(rows, cols)
-        else:
-            total += GroupedInt8Linear.nbytes(rows, cols, 16 if kind == blocks.Q6_K else 32,
-                                              kind == blocks.Q5_K)
+    for i in sorted(layers):
+        groups = [parts for parts in _FUSED.values() if _kept(shapes, i, parts)]
+        if _kept(shapes, i, _EXPERT_PARTS):
+            groups.append(_EXPERT_PARTS)
+        for part in (p for parts in groups for p in parts):
+            dims, kind = shapes[f"blk.{i}.{part}.weight"]
+            if not blocks.supported(kind):
+                continue
+            cols, rows = dims[0], int(np.prod(dims[1:]))
+            count += rows * cols
+            if kind in blocks.INT4:
+                total += Int4WeightLinear.nbytes(rows, cols)
+            else:
+                total += GroupedInt8Linear.nbytes(rows, cols, 16 if kind == blocks.Q6_K else 32,
+                                                  kind == blocks.Q5_K)
     return count, total
 
 
 @torch.no_grad()
 def load_linears(model: torch.nn.Module, path: Path, method: str) -> set[str]:
     """Put `method`'s layers built from the GGUF's tensors in place of every decoder layer's
-    projections of `model`; returns the checkpoint tensor names they stand for (which the float
-    weights' loading then skips)."""
+    projections of `model` (and, under `gguf`, its routed experts: quant/experts.py); returns the
+    checkpoint tensor names they stand for (which the float weights' loading then skips)."""
+    from batchrun.models.moe import Experts
     from batchrun.models.quant import linear_class
 
     gguf = GgufLinears(path)
@@ -206,8 +270,8 @@ def load_linears(model: torch.nn.Module, path: Path, method: str) -> set[str]:
     for i, layer in enumerate(model.layers):
         for fused, parts in _FUSED.items():
             parent = layer.self_attn if fused in ("qkv_proj", "o_proj") else layer.mlp
-            if getattr(parent, fused).bias is not None:
-                continue  # biased projections (Qwen2) load as float weights
+            if not isinstance(getattr(parent, fused, None), nn.Linear) or not _kept(gguf, i, parts):
+                continue  # an MoE block's MLP (its experts below), or float: see _kept
             names = [f"blk.{i}.{p}.weight" for p in parts]
             kinds = [gguf.kind(n) for n in names]
             if method == "gguf" or (method == "int4-weight" and all(k in blocks.INT4 for k in kinds)):
@@ -217,4 +281,11 @@ def load_linears(model: torch.nn.Module, path: Path, method: str) -> set[str]:
                 module = linear_class(method)(weight, None)
             setattr(parent, fused, module)
             covered.update(f"model.layers.{i}.{_HF_PARTS[p]}.weight" for p in parts)
+        experts = getattr(layer.mlp, "experts", None)
+        if method == "gguf" and type(experts) is Experts and _kept(gguf, i, _EXPERT_PARTS):
+            layer.mlp.experts = own_format_experts(gguf, i, experts.num_experts)
+            base = f"model.layers.{i}.mlp.experts"  # the float conversion's names, per expert or fused
+            covered.update({f"{base}.gate_up_proj", f"{base}.down_proj"} | {
+                f"{base}.{e}.{p}.weight" for e in range(experts.num_experts)
+                for p in ("gate_proj", "up_proj", "down_proj")})
     return covered
