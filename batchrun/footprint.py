@@ -43,6 +43,17 @@ def parameter_count(cfg) -> int:
 _COUNTS: dict[str, tuple[int, int]] = {}  # a config's JSON -> _meta_counts
 
 
+def _routed_expert_shapes(cfg) -> dict[tuple[int, int], int]:
+    """check.routed_expert_shapes of a native model's config (none for a dense Llama)."""
+    if type(cfg) is ModelConfig:
+        return {}
+    from batchrun.models.transformers import check
+    from batchrun.models.transformers.support import as_transformers_config
+
+    full = as_transformers_config(cfg.hf_config)
+    return check.routed_expert_shapes(check.meta_model(full), full)
+
+
 def _meta_counts(hf) -> tuple[int, int]:
     """(parameters, of them the routed experts') of transformers' model for `hf`, built on the
     meta device once per config (a plan asks several times)."""
@@ -152,7 +163,7 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
                                     "loads on the native path only")
     if stored is not None and quantization == "none":
         extra = 0  # the linears and the routed experts (quant/experts.py) at the format's size
-        shapes = Counter(quantized_linear_shapes(cfg)) + Counter(routed_expert_shapes(cfg))
+        shapes = Counter(quantized_linear_shapes(cfg)) + Counter(_routed_expert_shapes(cfg))
         for (out_features, in_features), n in shapes.items():
             count -= out_features * in_features * n
             extra += stored.nbytes(out_features, in_features) * n
@@ -177,7 +188,7 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
         extra += logits_bytes
     shapes = Counter(quantized_linear_shapes(cfg))
     if stored is not None:  # a stored checkpoint's experts, requantized layer by layer too
-        shapes += Counter(routed_expert_shapes(cfg))
+        shapes += Counter(_routed_expert_shapes(cfg))
     for (out_features, in_features), n in shapes.items():
         count -= out_features * in_features * n
         extra += linear_class(quantization).nbytes(out_features, in_features) * n
@@ -191,25 +202,6 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
 
 def _native(cfg) -> bool:
     return isinstance(cfg, ModelConfig)
-
-
-def routed_expert_shapes(cfg) -> dict[tuple[int, int], int]:
-    """(out, in) -> how many expert projections of that shape the native model's routed experts
-    hold (moe.Experts: gate and up fused, down), which a checkpoint stored quantized keeps in
-    its format (quant/experts.py); none for a dense model."""
-    if type(cfg) is ModelConfig:
-        return {}
-    from batchrun.models import native
-    from batchrun.models.moe import Experts
-
-    with torch.device("meta"):
-        model = native.module_for(cfg.hf_config).Model(cfg)
-    shapes: Counter = Counter()
-    for module in model.modules():
-        if type(module) is Experts:
-            for weight in (module.gate_up_proj, module.down_proj):
-                shapes[tuple(weight.shape[1:])] += module.num_experts
-    return dict(shapes)
 
 
 def quantized_linear_shapes(cfg: ModelConfig, smoothed: bool = False) -> dict[tuple[int, int], int]:

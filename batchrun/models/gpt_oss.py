@@ -57,6 +57,8 @@ class DecoderLayer(llama.DecoderLayer):
 
 
 class ClampedExperts(moe.Experts):
+    per_expert_swiglu = False  # fused 3-D tensors with biases and a clamped activation
+
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg.num_experts, cfg.hidden_size, cfg.expert_intermediate_size, bias=True)
         self.alpha, self.limit = cfg.swiglu_alpha, cfg.swiglu_limit

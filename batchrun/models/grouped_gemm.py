@@ -79,3 +79,15 @@ def _native_grouped_mm(device_type: str, dtype: torch.dtype) -> bool:
     except (RuntimeError, NotImplementedError) as exc:  # not built for this device or dtype
         log.info("torch._grouped_mm unavailable on %s %s: %s", device_type, dtype, exc)
         return False
+
+
+def route(experts_module, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
+          cpu_kernels=None) -> torch.Tensor:
+    """An experts module's forward: the (token, expert) pairs sorted by expert through its
+    `project` and `activate`, weighted and summed back per token."""
+    pairs = sort_by_expert(experts, experts_module.num_experts)
+    gate_up = experts_module.project(x[pairs.token], "gate_up_proj", pairs, cpu_kernels)
+    out = experts_module.project(experts_module.activate(gate_up, cpu_kernels), "down_proj", pairs,
+                                 cpu_kernels)
+    out *= weights.reshape(-1)[pairs.order, None]
+    return torch.zeros_like(x).index_add_(0, pairs.token, out)

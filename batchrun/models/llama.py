@@ -18,6 +18,7 @@ from torch import nn
 
 from batchrun.engine import kernels
 from batchrun.engine.attention import AttentionMetadata, layer_metadata, paged_attention
+from batchrun.models.gated_activation import gated_activation
 from batchrun.models.model_config import ModelConfig
 from batchrun.models.model_config import SUPPORTED_ARCHITECTURES  # noqa: F401 (native.py reads it here)
 from batchrun.models.rope import RotaryEmbedding, StepRope, longrope_reason
@@ -101,22 +102,6 @@ class Attention(nn.Module):
         out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.window, self.softcap,
                               self.sinks)
         return self.o_proj(out.reshape(-1, self.q_size))
-
-
-def gated_activation(gate_up: torch.Tensor, cpu_kernels=None,
-                     activation: str = "silu") -> torch.Tensor:
-    """act(gate) * up of rows [gate | up], act SiLU (SwiGLU) or GELU with the tanh approximation
-    (GeGLU): one pass of the CPU kernel (silu_mul / gelu_tanh_mul), or PyTorch ops."""
-    intermediate = gate_up.shape[-1] // 2
-    gelu = activation == "gelu_tanh"
-    if cpu_kernels is not None:
-        act = gate_up.new_empty((gate_up.shape[0], intermediate))
-        fused = cpu_kernels.gelu_tanh_mul if gelu else cpu_kernels.silu_mul
-        fused(gate_up.data_ptr(), act.data_ptr(), gate_up.shape[0], intermediate,
-              kernels.kind(act.dtype), torch.get_num_threads())
-        return act
-    gate, up = gate_up.split(intermediate, dim=-1)
-    return (F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up
 
 
 class MLP(nn.Module):

@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 from batchrun.models import llama, model_config
-from batchrun.models.grouped_gemm import ExpertPairs, grouped_mm, sort_by_expert
-from batchrun.models.llama import MLP, LlamaModel, gated_activation
+from batchrun.models.grouped_gemm import ExpertPairs, grouped_mm, route
+from batchrun.models.gated_activation import gated_activation
+from batchrun.models.llama import MLP, LlamaModel
 
 SUPPORTED_ARCHITECTURES = {
     "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM",
@@ -69,6 +70,10 @@ class Experts(nn.Module):
     [experts, 2 * intermediate, hidden] (gate rows first), down_proj [experts, hidden, intermediate]
     (and with `bias` one bias row per expert for each: GPT-OSS's)."""
 
+    # checkpoints store these experts one SwiGLU expert at a time (gate/up/down_proj, Mixtral's
+    # w1/w3/w2), which quant/ reads stored quantized into quant/experts.QuantizedExperts
+    per_expert_swiglu = True
+
     def __init__(self, num_experts: int, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
         self.num_experts = num_experts
@@ -97,18 +102,6 @@ class Experts(nn.Module):
                 cpu_kernels=None) -> torch.Tensor:
         """sum_j weights[t, j] * expert_{experts[t, j]}(x[t]) for each token t."""
         return route(self, x, experts, weights, cpu_kernels)
-
-
-def route(experts_module: nn.Module, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
-          cpu_kernels=None) -> torch.Tensor:
-    """An experts module's forward: the (token, expert) pairs sorted by expert through its
-    `project` and `activate`, weighted and summed back per token."""
-    pairs = sort_by_expert(experts, experts_module.num_experts)
-    gate_up = experts_module.project(x[pairs.token], "gate_up_proj", pairs, cpu_kernels)
-    out = experts_module.project(experts_module.activate(gate_up, cpu_kernels), "down_proj", pairs,
-                                 cpu_kernels)
-    out *= weights.reshape(-1)[pairs.order, None]
-    return torch.zeros_like(x).index_add_(0, pairs.token, out)
 
 
 class SparseMoeBlock(nn.Module):

@@ -142,13 +142,11 @@ EXPERT_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 
 def _expert_targets(model: nn.Module) -> Iterator[tuple[nn.Module, str, str, int]]:
     """(parent, attribute, checkpoint prefix, experts) of each of the model's routed-expert
-    blocks in moe.Experts' plain SwiGLU form (GPT-OSS's clamped, biased experts excluded)."""
-    from batchrun.models.moe import Experts
+    blocks stored per expert (quant/experts.plain_experts)."""
+    from batchrun.models.quant.experts import plain_experts
 
-    for path, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if type(child) is Experts:
-                yield module, child_name, f"model.{path}.{child_name}", child.num_experts
+    for path, parent, name, experts in plain_experts(model):
+        yield parent, name, f"model.{path}.{name}", experts.num_experts
 
 
 def _read_experts(tensors: Tensors, base: str, count: int, read: Callable[[Tensors, str], Layer],

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from batchrun.models.grouped_gemm import ExpertPairs
-from batchrun.models.llama import gated_activation
+from batchrun.models.gated_activation import gated_activation
+from batchrun.models.grouped_gemm import ExpertPairs, route
 
 
 class QuantizedExperts(nn.Module):
@@ -35,6 +35,13 @@ class QuantizedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                 cpu_kernels=None) -> torch.Tensor:
-        from batchrun.models.moe import route
-
         return route(self, x, experts, weights, cpu_kernels)
+
+
+def plain_experts(model: nn.Module):
+    """(parent, attribute, module) of each routed-experts block of `model` that checkpoints
+    store one SwiGLU expert at a time (moe.Experts' `per_expert_swiglu`; not GPT-OSS's)."""
+    for path, module in list(model.named_modules()):
+        for name, child in list(module.named_children()):
+            if getattr(child, "per_expert_swiglu", False):
+                yield path, module, name, child

@@ -262,7 +262,6 @@ def load_linears(model: torch.nn.Module, path: Path, method: str) -> set[str]:
     """Put `method`'s layers built from the GGUF's tensors in place of every decoder layer's
     projections of `model` (and, under `gguf`, its routed experts: quant/experts.py); returns the
     checkpoint tensor names they stand for (which the float weights' loading then skips)."""
-    from batchrun.models.moe import Experts
     from batchrun.models.quant import linear_class
 
     gguf = GgufLinears(path)
@@ -282,7 +281,7 @@ def load_linears(model: torch.nn.Module, path: Path, method: str) -> set[str]:
             setattr(parent, fused, module)
             covered.update(f"model.layers.{i}.{_HF_PARTS[p]}.weight" for p in parts)
         experts = getattr(layer.mlp, "experts", None)
-        if method == "gguf" and type(experts) is Experts and _kept(gguf, i, _EXPERT_PARTS):
+        if method == "gguf" and getattr(experts, "per_expert_swiglu", False) and _kept(gguf, i, _EXPERT_PARTS):
             layer.mlp.experts = own_format_experts(gguf, i, experts.num_experts)
             base = f"model.layers.{i}.mlp.experts"  # the float conversion's names, per expert or fused
             covered.update({f"{base}.gate_up_proj", f"{base}.down_proj"} | {

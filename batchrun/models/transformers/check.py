@@ -122,6 +122,20 @@ def routed_expert_parameters(model, hf) -> int:
                if ".experts." in f".{name}" and p.dim() >= 2 and p.shape[0] == experts)
 
 
+def routed_expert_shapes(model, hf) -> dict[tuple[int, int], int]:
+    """(out, in) -> how many expert projections of that shape the routed experts' 3-D weights
+    of transformers' `model` hold ([experts, out, in]: gate and up fused, down); what a
+    checkpoint stored quantized keeps in its format (models/quant/experts.py)."""
+    experts, _ = expert_counts(hf)
+    shapes: dict[tuple[int, int], int] = {}
+    if model is None or not experts:
+        return shapes
+    for name, p in model.named_parameters():
+        if ".experts." in f".{name}" and p.dim() == 3 and p.shape[0] == experts:
+            shapes[p.shape[1], p.shape[2]] = shapes.get((p.shape[1], p.shape[2]), 0) + experts
+    return shapes
+
+
 def lora_support(model, hf, impl: str) -> str:
     """Whether LoRA adapters run on the model, and on which of its modules."""
     if impl == "native":
@@ -202,8 +216,6 @@ def _stored_size(stored, model, hf) -> str:
     stored (models/quant/experts.py)."""
     import torch
 
-    from batchrun.footprint import routed_expert_shapes
-    from batchrun.models import native
     from batchrun.models.quant import KEEP_FLOAT
 
     shapes = {}
@@ -211,8 +223,7 @@ def _stored_size(stored, model, hf) -> str:
         if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] not in KEEP_FLOAT:
             shapes[m.out_features, m.in_features] = shapes.get((m.out_features, m.in_features), 0) + 1
     linears = sum(shapes.values())
-    experts = routed_expert_shapes(native.module_for(hf).ModelConfig.from_hf(hf)) \
-        if expert_counts(hf)[0] else {}
+    experts = routed_expert_shapes(model, hf)
     everything = {**shapes, **{s: shapes.get(s, 0) + n for s, n in experts.items()}}
     held = sum(stored.nbytes(*shape) * n for shape, n in everything.items())
     dense = sum(out * inp * 4 * n for (out, inp), n in everything.items())
