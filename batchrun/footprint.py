@@ -40,23 +40,17 @@ def parameter_count(cfg) -> int:
     return embed + cfg.num_layers * layer + h + (0 if cfg.tie_word_embeddings else embed)
 
 
-_COUNTS: dict[str, tuple[int, int]] = {}  # a config's JSON -> _meta_counts
+_COUNTS: dict[str, tuple[int, int, dict]] = {}  # a config's JSON -> _meta_counts
 
 
 def _routed_expert_shapes(cfg) -> dict[tuple[int, int], int]:
     """check.routed_expert_shapes of a native model's config (none for a dense Llama)."""
-    if type(cfg) is ModelConfig:
-        return {}
-    from batchrun.models.transformers import check
-    from batchrun.models.transformers.support import as_transformers_config
-
-    full = as_transformers_config(cfg.hf_config)
-    return check.routed_expert_shapes(check.meta_model(full), full)
+    return {} if type(cfg) is ModelConfig else _meta_counts(cfg.hf_config)[2]
 
 
-def _meta_counts(hf) -> tuple[int, int]:
-    """(parameters, of them the routed experts') of transformers' model for `hf`, built on the
-    meta device once per config (a plan asks several times)."""
+def _meta_counts(hf) -> tuple[int, int, dict[tuple[int, int], int]]:
+    """(parameters, of them the routed experts', the routed experts' shapes) of transformers'
+    model for `hf`, built on the meta device once per config (a plan asks several times)."""
     from batchrun.models.transformers import check
     from batchrun.models.transformers.support import as_transformers_config
 
@@ -67,7 +61,8 @@ def _meta_counts(hf) -> tuple[int, int]:
         if model is None:
             raise UnsupportedModelError(f"transformers cannot build {full.model_type} from its "
                                         "config, so its parameters cannot be counted")
-        _COUNTS[key] = (check.count_parameters(model), check.routed_expert_parameters(model, full))
+        _COUNTS[key] = (check.count_parameters(model), check.routed_expert_parameters(model, full),
+                        check.routed_expert_shapes(model, full))
     return _COUNTS[key]
 
 

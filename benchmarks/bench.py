@@ -236,6 +236,10 @@ def parse_overrides(system: str) -> dict:
     return out
 
 
+class UnknownSystem(ValueError):
+    pass
+
+
 class SystemRunner:
     """Runs one system of --systems on the bench's workload and returns its Result; with
     keep_models the variant engines and transformers' model stay loaded between rounds."""
@@ -287,7 +291,7 @@ class SystemRunner:
                 self.hf_model = hf_model  # one model for both systems and every round
             runner = run_hf_static if system == "hf-static" else run_hf_paged
             return runner(hf_model, work, self.eos)
-        raise ValueError(f"unknown system {system}")
+        raise UnknownSystem(f"unknown system {system}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -372,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
             reset_peak_rss()
             try:
                 result = runner.run(system)
-            except ValueError as exc:
+            except UnknownSystem as exc:  # (an error inside a run is the run's own)
                 ap.error(str(exc))
             result.peak_rss_mib = peak_rss_mib()
             runs[system].append(result)

@@ -119,9 +119,11 @@ def load_linears(model: nn.Module, folder: Path, read: Callable[[Tensors, str], 
         setattr(parent, attr, module if convert is None else convert(module))
         covered.update(name for name in tensors.where
                        if any(name.rsplit(".", 1)[0] == p for p in prefixes))
+    from batchrun.models.quant.experts import plain_experts
+
     expert_prefixes: set[str] = set()
-    for parent, attr, base, count in _expert_targets(model):
-        found = _read_experts(tensors, base, count, read, convert, method)
+    for path, parent, attr, experts in plain_experts(model):
+        found = _read_experts(tensors, f"model.{path}.{attr}", experts.num_experts, read, convert, method)
         if found is not None:
             setattr(parent, attr, found[0])
             expert_prefixes.update(found[1])
@@ -138,15 +140,6 @@ def load_linears(model: nn.Module, folder: Path, read: Callable[[Tensors, str], 
 
 # An expert's (gate, up, down) projection names: Qwen-MoE's and OLMoE's, Mixtral's
 EXPERT_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
-
-
-def _expert_targets(model: nn.Module) -> Iterator[tuple[nn.Module, str, str, int]]:
-    """(parent, attribute, checkpoint prefix, experts) of each of the model's routed-expert
-    blocks stored per expert (quant/experts.plain_experts)."""
-    from batchrun.models.quant.experts import plain_experts
-
-    for path, parent, name, experts in plain_experts(model):
-        yield parent, name, f"model.{path}.{name}", experts.num_experts
 
 
 def _read_experts(tensors: Tensors, base: str, count: int, read: Callable[[Tensors, str], Layer],

@@ -39,7 +39,7 @@ class QuantizedExperts(nn.Module):
 
 
 def plain_experts(model: nn.Module):
-    """(parent, attribute, module) of each routed-experts block of `model` that checkpoints
+    """(path, parent, attribute, module) of each routed-experts block of `model` that checkpoints
     store one SwiGLU expert at a time (moe.Experts' `per_expert_swiglu`; not GPT-OSS's)."""
     for path, module in list(model.named_modules()):
         for name, child in list(module.named_children()):

@@ -14,6 +14,7 @@ Q4_K_M stores attn_v as Q6_K beside Q4_K q/k) become a StackedLinear of one modu
 
 from __future__ import annotations
 
+from collections.abc import Container
 from pathlib import Path
 
 import numpy as np
@@ -221,7 +222,7 @@ def own_format_experts(gguf: GgufLinears, layer: int, experts: int) -> nn.Module
     return QuantizedExperts(gate_up, down_proj)
 
 
-def _kept(names: set[str] | GgufLinears, layer: int, parts: tuple[str, ...]) -> bool:
+def _kept(names: Container[str], layer: int, parts: tuple[str, ...]) -> bool:
     """Whether layer `layer`'s projection of `parts` loads from the GGUF's blocks: every part
     there, and none biased (Qwen2's q/k/v: float, with their biases); a model that stores it
     another way (Phi-3's fused attn_qkv) keeps the float conversion's."""

@@ -214,17 +214,17 @@ def _stored_quantized(hf, impl: str, reason: str):
 def _stored_size(stored, model, hf) -> str:
     """What the decoder's linears (not the logits layer or routers) and routed experts hold as
     stored (models/quant/experts.py)."""
+    from collections import Counter
+
     import torch
 
     from batchrun.models.quant import KEEP_FLOAT
 
-    shapes = {}
-    for name, m in model.named_modules():
-        if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] not in KEEP_FLOAT:
-            shapes[m.out_features, m.in_features] = shapes.get((m.out_features, m.in_features), 0) + 1
+    shapes = Counter((m.out_features, m.in_features) for name, m in model.named_modules()
+                     if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] not in KEEP_FLOAT)
     linears = sum(shapes.values())
     experts = routed_expert_shapes(model, hf)
-    everything = {**shapes, **{s: shapes.get(s, 0) + n for s, n in experts.items()}}
+    everything = shapes + Counter(experts)
     held = sum(stored.nbytes(*shape) * n for shape, n in everything.items())
     dense = sum(out * inp * 4 * n for (out, inp), n in everything.items())
     routed = f" and {sum(experts.values()) // 2} routed experts" if experts else ""
