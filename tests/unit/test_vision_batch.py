@@ -39,7 +39,7 @@ ROUTES = {
 
 @pytest.fixture(scope="module")
 def images_http():
-    with ImageServer(ROUTES, slow={"/slow.png": 1.0}) as server:
+    with ImageServer(ROUTES, slow={"/slow.png": 5.0}) as server:
         yield server
 
 
@@ -136,7 +136,7 @@ def test_images_from_everywhere_and_hostile_images_fail_alone(vlm, http_base, im
     plan = job_plan(input=str(src), output=str(tmp_path / "out.jsonl"), progress="none",
                     ignore_model_field=True, storage_options=s3_bucket,
                     allowed_media_path=str(allowed), limit_images_per_prompt=2,
-                    media_max_pixels=1_000_000, media_fetch_timeout=0.3, media_fetch_retries=1)
+                    media_max_pixels=1_000_000, media_fetch_timeout=1.5, media_fetch_retries=1)
     summary = run_batch(loaded, plan)
     out = {r["custom_id"]: r for r in map(json.loads, open(tmp_path / "out.jsonl"))}
     errors = {r["custom_id"]: r for r in map(json.loads, open(tmp_path / "out.errors.jsonl"))}
