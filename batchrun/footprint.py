@@ -158,7 +158,9 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
                                     "loads on the native path only")
     if stored is not None and quantization == "none":
         extra = 0  # the linears and the routed experts (quant/experts.py) at the format's size
-        shapes = Counter(quantized_linear_shapes(cfg)) + Counter(_routed_expert_shapes(cfg))
+        shapes = Counter(_routed_expert_shapes(cfg))
+        if stored.holds == "linears":
+            shapes += Counter(quantized_linear_shapes(cfg))
         for (out_features, in_features), n in shapes.items():
             count -= out_features * in_features * n
             extra += stored.nbytes(out_features, in_features) * n

@@ -1,6 +1,7 @@
 """Quantized checkpoints written here, in numpy, from a tiny model's float weights: GPTQ, AWQ,
-compressed-tensors and FP8, each packed as its format's spec says, with the reference
-dequantisation of each (the format's formula, independent of batchrun's reading)."""
+compressed-tensors, FP8 and MXFP4 (GPT-OSS's experts), each packed as its format's spec says,
+with the reference dequantisation of each (the format's formula, or transformers' own MXFP4
+conversion, independent of batchrun's reading)."""
 
 from __future__ import annotations
 
@@ -147,6 +148,58 @@ def dequantised_copy(folder, reference: dict[str, np.ndarray], out) -> None:
                if k.rsplit(".", 1)[0] not in reference}
     tensors.update({f"{prefix}.weight": torch.from_numpy(np.ascontiguousarray(w, np.float32))
                     for prefix, w in reference.items()})
+    save_file(tensors, path)
+    cfg = json.loads((out / "config.json").read_text())
+    del cfg["quantization_config"]
+    (out / "config.json").write_text(json.dumps(cfg))
+
+
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=np.float32)  # OCP MX FP4 magnitudes
+
+
+def mxfp4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(blocks uint8 [..., k / 32, 16], scales uint8 [..., k / 32]) of w [..., k]: per 32 inputs
+    the E8M0 scale putting the largest magnitude at or under 6, each value rounded to the nearest
+    E2M1 code (sign in bit 3), element 2j in byte j's low nibble and 2j + 1 in its high one."""
+    g = w.reshape(*w.shape[:-1], -1, 32)
+    amax = np.maximum(np.abs(g).max(-1), 2.0 ** -100)
+    e = np.clip(np.ceil(np.log2(amax / 6)) + 127, 1, 254)
+    v = g / np.exp2(e - 127)[..., None]
+    codes = np.abs(np.abs(v)[..., None] - E2M1).argmin(-1) | np.where(v < 0, 8, 0)
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return np.ascontiguousarray(blocks, np.uint8), np.ascontiguousarray(e, np.uint8)
+
+
+def mxfp4_experts(folder) -> None:
+    """Rewrite the tiny GPT-OSS checkpoint in `folder` as OpenAI ships GPT-OSS: each layer's
+    experts' gate_up_proj [experts, hidden, 2I] and down_proj [experts, I, hidden] as MXFP4
+    blocks and scales over [experts, out, in] (the biases float), quant_method "mxfp4"."""
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    for name in [n for n in tensors if n.endswith((".experts.gate_up_proj", ".experts.down_proj"))]:
+        blocks, scales = mxfp4(tensors.pop(name).transpose(1, 2).contiguous().numpy())
+        tensors[f"{name}_blocks"], tensors[f"{name}_scales"] = map(torch.from_numpy, (blocks, scales))
+    save_file(tensors, path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def mxfp4_dequantised_copy(folder, out) -> None:
+    """A float checkpoint in `out` of the MXFP4 one in `folder`: the experts as transformers'
+    own conversion (convert_moe_packed_tensors) dequantises them, in its layout."""
+    import shutil
+
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    shutil.copytree(folder, out)
+    path = out / "model.safetensors"
+    tensors = load_file(path)
+    for name in [n for n in tensors if n.endswith("_blocks")]:
+        base = name.removesuffix("_blocks")
+        tensors[base] = convert_moe_packed_tensors(tensors.pop(name), tensors.pop(f"{base}_scales"),
+                                                   dtype=torch.float32)
     save_file(tensors, path)
     cfg = json.loads((out / "config.json").read_text())
     del cfg["quantization_config"]

@@ -8,8 +8,8 @@
   gated activation (up + 1) * gate * sigmoid(alpha * gate), gate <= limit, |up| <= limit.
 Checkpoints store the experts as transformers does: gate_up_proj [experts, hidden, 2I] with gate
 and up columns interleaved, down_proj [experts, I, hidden]; they are reordered at load into
-moe.Experts' [experts, out, in] layout, gate rows first. MXFP4 checkpoints are refused (their
-quantization_config, models/quant/): a bfloat16 or float32 checkpoint runs.
+moe.Experts' [experts, out, in] layout, gate rows first. MXFP4 checkpoints (the experts
+quantized, as OpenAI ships GPT-OSS) are read by models/quant/mxfp4.py into quantized experts.
 """
 
 from __future__ import annotations
@@ -56,17 +56,26 @@ class DecoderLayer(llama.DecoderLayer):
         self.self_attn = SinkAttention(cfg, cfg.windows[index] if cfg.windows else None)
 
 
-class ClampedExperts(moe.Experts):
-    per_expert_swiglu = False  # fused 3-D tensors with biases and a clamped activation
+class ClampedSwiGLU(nn.Module):
+    """(up + 1) * gate * sigmoid(alpha * gate) of rows [gate | up], gate <= limit, |up| <= limit."""
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg.num_experts, cfg.hidden_size, cfg.expert_intermediate_size, bias=True)
-        self.alpha, self.limit = cfg.swiglu_alpha, cfg.swiglu_limit
+    def __init__(self, alpha: float, limit: float):
+        super().__init__()
+        self.alpha, self.limit = alpha, limit
 
-    def activate(self, gate_up: torch.Tensor, cpu_kernels=None) -> torch.Tensor:
+    def forward(self, gate_up: torch.Tensor, cpu_kernels=None) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         gate = gate.clamp(max=self.limit)
         return (up.clamp(-self.limit, self.limit) + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+
+class ClampedExperts(moe.Experts):
+    per_expert_swiglu = False  # fused 3-D tensors with biases and a clamped activation
+    interleaved_gate_up = True  # checkpoints alternate gate and up rows (expert_tensor)
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg.num_experts, cfg.hidden_size, cfg.expert_intermediate_size, bias=True)
+        self.activation = ClampedSwiGLU(cfg.swiglu_alpha, cfg.swiglu_limit)
 
 
 class MoeBlock(nn.Module):
@@ -100,8 +109,7 @@ def expert_tensor(kind: str, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.transpose(1, 2)
     if kind == "down_proj_bias":
         return tensor
-    raise ValueError(f"unexpected expert tensor {kind!r} (MXFP4 blocks and scales are not read: "
-                     f"use a bfloat16 or float32 checkpoint)")
+    raise ValueError(f"unexpected expert tensor {kind!r}")
 
 
 class GptOssModel(moe.MoeModel):

@@ -73,10 +73,12 @@ class Experts(nn.Module):
     # checkpoints store these experts one SwiGLU expert at a time (gate/up/down_proj, Mixtral's
     # w1/w3/w2), which quant/ reads stored quantized into quant/experts.QuantizedExperts
     per_expert_swiglu = True
+    interleaved_gate_up = False  # GPT-OSS's checkpoints alternate gate and up rows
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
         self.num_experts = num_experts
+        self.activation: nn.Module | None = None  # SwiGLU; GPT-OSS's clamped one (a module)
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
         if bias:
@@ -87,6 +89,8 @@ class Experts(nn.Module):
 
     def activate(self, gate_up: torch.Tensor, cpu_kernels=None) -> torch.Tensor:
         """The gated activation of rows [gate | up] (SwiGLU; models/gpt_oss.py clamps it)."""
+        if self.activation is not None:
+            return self.activation(gate_up, cpu_kernels)
         return gated_activation(gate_up, cpu_kernels)
 
     def project(self, rows: torch.Tensor, which: str, pairs: ExpertPairs, cpu_kernels=None) -> torch.Tensor:

@@ -359,3 +359,48 @@ def test_a_stored_checkpoint_requantized_holds_what_plan_counts(arch, quantizati
     routers = [m.gate for m in model.modules() if hasattr(m, "experts")]
     assert len(routers) == (2 if arch == "qwen3_moe" else 0)
     assert all(type(r) in (torch.nn.Linear, PackedLinear) for r in routers)  # float32 as loaded
+
+
+def test_an_mxfp4_gpt_oss_checkpoint_keeps_its_experts_quantized_and_decodes_as_transformers(
+        tmp_path, monkeypatch):
+    """GPT-OSS as OpenAI ships it: the experts in MXFP4, everything else float. Against
+    transformers on its own dequantisation of the blocks (gate and up rows interleaved there:
+    reading them in the wrong order, or a nibble or scale off by one, fails the decode)."""
+    from transformers import AutoModelForCausalLM
+
+    from batchrun.models import gpt_oss
+    from batchrun.models.quant.experts import QuantizedExperts
+    from batchrun.models.quant.grouped_int8_linear import GroupedInt8Linear
+    from batchrun.models.transformers.check import check, describe
+    from tests.tiny_models import BACKEND_ARCHS
+
+    monkeypatch.setattr(cpu, "has_fast_bf16", lambda: False)
+    make_tiny("gpt_oss", tmp_path / "q", archs=BACKEND_ARCHS)
+    qc.mxfp4_experts(tmp_path / "q")
+    qc.mxfp4_dequantised_copy(tmp_path / "q", tmp_path / "ref")
+    hf_cfg = AutoConfig.from_pretrained(tmp_path / "q")
+    cfg = gpt_oss.ModelConfig.from_hf(hf_cfg)
+    model = build_model(gpt_oss.Model, cfg, tmp_path / "q", CPU, torch.float32)
+    experts = [layer.mlp.experts for layer in model.layers]
+    assert all(type(block) is QuantizedExperts for block in experts)
+    assert all(type(m) is GroupedInt8Linear and m.bias is not None
+               for block in experts for m in (*block.gate_up_proj, *block.down_proj))
+    assert isinstance(experts[0].activation, gpt_oss.ClampedSwiGLU)
+    assert not any(p.dim() == 3 for p in model.parameters())
+    assert weights_bytes(cfg, "float32") == held_bytes(model)
+    # 2 layers x 4 experts x (gate+up 256x128, down 128x128): a byte a weight, a float32 scale a block
+    lines = describe("tiny-gpt-oss", check(hf_cfg))
+    assert "stored quantized: mxfp4 (e2m1 in blocks of 32 with e8m0 scales, held as grouped " \
+        "int8); its 8 routed experts hold 432.0 KiB (float32: 1.5 MiB), the rest float32; CPU " \
+        "only" in lines, lines
+
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ref", dtype=torch.float32).eval()
+    ref = hf.model.layers[1].mlp.experts  # [experts, hidden, 2I], gate at even columns
+    torch.testing.assert_close(experts[1].gate_up_proj[2].dequantized_weight(),
+                               torch.cat((ref.gate_up_proj[2, :, 0::2], ref.gate_up_proj[2, :, 1::2]), 1).T,
+                               rtol=0, atol=0)
+    torch.testing.assert_close(experts[1].down_proj[3].dequantized_weight(), ref.down_proj[3].T,
+                               rtol=0, atol=0)
+    engine = build_engine(model, IdTokenizer(), EngineConfig.default(block_size=4), [2], CPU, torch.float32)
+    assert experts[0].down_proj[0].kernels is not None  # decode steps on the grouped int8 kernel
+    _assert_decodes_as(engine, hf, "gpt-oss-mxfp4")

@@ -256,7 +256,7 @@ def _dtype_name(engine: EngineConfig, cfg) -> str:
     quantization = engine.device.quantization
     if stored is not None:
         into = "" if quantization == "none" else f" requantized to {quantization}"
-        return f"{stored.describe()} linears{into}, the rest {name}"
+        return f"{stored.describe()} {stored.holds}{into}, the rest {name}"
     return name if quantization == "none" else f"{name}, {quantization} linears"
 
 

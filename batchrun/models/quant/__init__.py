@@ -56,10 +56,11 @@ def check_device(method: str, device: torch.device) -> None:
 
 
 # A checkpoint stored quantized, read in its own format: quant_method -> the module that reads it
-# (check, describe, nbytes, read: models/quant/checkpoint.py loads through it).
+# (check, describe, nbytes, read; read_fused and HOLDS where it quantizes fused experts only:
+# models/quant/checkpoint.py loads through it).
 CHECKPOINT_FORMATS = {"gptq": "batchrun.models.quant.gptq", "awq": "batchrun.models.quant.awq",
                       "compressed-tensors": "batchrun.models.quant.compressed_tensors",
-                      "fp8": "batchrun.models.quant.fp8"}
+                      "fp8": "batchrun.models.quant.fp8", "mxfp4": "batchrun.models.quant.mxfp4"}
 
 
 class CheckpointFormat:
@@ -74,6 +75,11 @@ class CheckpointFormat:
     def describe(self) -> str:
         return self.module.describe(self.config)
 
+    @property
+    def holds(self) -> str:
+        """What the format stores quantized: "linears" (and routed experts), or "routed experts"."""
+        return getattr(self.module, "HOLDS", "linears")
+
     def nbytes(self, out_features: int, in_features: int) -> int:
         return self.module.nbytes(self.config, out_features, in_features)
 
@@ -85,7 +91,8 @@ class CheckpointFormat:
         make = None if quantization == "none" else linear_class(quantization)
         return checkpoint.load_linears(
             model, folder, lambda t, p: self.module.read(t, p, self.config), self.method,
-            None if make is None else lambda layer: make(layer.dequantized_weight().float(), layer.bias))
+            None if make is None else lambda layer: make(layer.dequantized_weight().float(), layer.bias),
+            getattr(self.module, "read_fused", None))
 
 
 def checkpoint_method(hf_config) -> tuple[str, dict] | None:

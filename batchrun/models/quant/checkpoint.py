@@ -1,9 +1,10 @@
-"""A checkpoint stored quantized (GPTQ, AWQ, compressed-tensors, FP8) loaded in its own format:
-each projection's tensors become one of models/quant/'s layers, one layer at a time (never the
-whole model in float). The formats (one file each) say how a projection's tensors read
-(`Layer`); this file walks the model, fuses q/k/v and gate/up as the float loading does, and
-reads an MoE's routed experts into quant/experts.py's per-expert layers, and refuses a quantized
-tensor nothing took instead of loading garbage.
+"""A checkpoint stored quantized (GPTQ, AWQ, compressed-tensors, FP8, MXFP4) loaded in its own
+format: each projection's tensors become one of models/quant/'s layers, one layer at a time
+(never the whole model in float). The formats (one file each) say how a projection's tensors
+read (`Layer`; a format storing experts fused, 3-D, builds those: `ReadFused`); this file
+walks the model, fuses q/k/v and gate/up as the float loading does, reads an MoE's routed
+experts into quant/experts.py's per-expert layers, and refuses a quantized tensor nothing took
+instead of loading garbage.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj
 # the tensors quantized formats store beside (or instead of) a projection's weight
 QUANTIZED_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx", "weight_packed", "weight_shape",
                       "weight_scale", "weight_zero_point", "weight_scale_inv", "input_scale",
-                      "weight_global_scale", "input_global_scale", "weight_g_idx")
+                      "weight_global_scale", "input_global_scale", "weight_g_idx",
+                      "gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks",
+                      "down_proj_scales")
 
 
 @dataclasses.dataclass
@@ -96,13 +99,19 @@ def _fuse(layers: list[Layer], bias: torch.Tensor | None, name: str) -> nn.Modul
     return first.make(bias=bias, **rows, **first.options)
 
 
+# read_fused(tensors, experts prefix, the float experts module): per expert its gate_up and down
+# layers (moe.Experts' layout, biases in), or None where the checkpoint stores them float
+ReadFused = Callable[[Tensors, str, nn.Module], "tuple[list[nn.Module], list[nn.Module]] | None"]
+
+
 @torch.no_grad()
 def load_linears(model: nn.Module, folder: Path, read: Callable[[Tensors, str], Layer],
-                 method: str, convert: Callable[[nn.Module], nn.Module] | None = None) -> set[str]:
+                 method: str, convert: Callable[[nn.Module], nn.Module] | None = None,
+                 read_fused: ReadFused | None = None) -> set[str]:
     """Put the layers `read(tensors, prefix)` builds (passed through `convert` when given) in
-    place of each of the model's linears the checkpoint stores quantized; returns the checkpoint
-    tensor names they hold (which the float loading then skips). A quantized tensor no linear
-    took is a QuantizationError."""
+    place of each of the model's linears the checkpoint stores quantized, and the experts
+    `read_fused` builds in place of fused ones; returns the checkpoint tensor names they hold
+    (which the float loading then skips). A quantized tensor nothing took is a QuantizationError."""
     tensors = Tensors(folder)
     covered: set[str] = set()
     for parent, attr, own, fused in _targets(model):
@@ -119,14 +128,23 @@ def load_linears(model: nn.Module, folder: Path, read: Callable[[Tensors, str], 
         setattr(parent, attr, module if convert is None else convert(module))
         covered.update(name for name in tensors.where
                        if any(name.rsplit(".", 1)[0] == p for p in prefixes))
-    from batchrun.models.quant.experts import plain_experts
+    from batchrun.models.quant.experts import QuantizedExperts, expert_blocks
 
     expert_prefixes: set[str] = set()
-    for path, parent, attr, experts in plain_experts(model):
-        found = _read_experts(tensors, f"model.{path}.{attr}", experts.num_experts, read, convert, method)
-        if found is not None:
-            setattr(parent, attr, found[0])
-            expert_prefixes.update(found[1])
+    for path, parent, attr, experts in expert_blocks(model):
+        base = f"model.{path}.{attr}"
+        if experts.per_expert_swiglu:
+            found = _read_experts(tensors, base, experts.num_experts, read, method)
+        else:
+            layers = None if read_fused is None else read_fused(tensors, base, experts)
+            found = None if layers is None else (*layers, [base])
+        if found is None:
+            continue
+        gate_up, down, prefixes = found
+        if convert is not None:
+            gate_up, down = [convert(m) for m in gate_up], [convert(m) for m in down]
+        setattr(parent, attr, QuantizedExperts(gate_up, down, experts.activation))
+        expert_prefixes.update(prefixes)
     covered.update(name for name in tensors.where if name.rsplit(".", 1)[0] in expert_prefixes)
     left = sorted(name for name in tensors.where if name not in covered
                   and name.rsplit(".", 1)[-1] in QUANTIZED_SUFFIXES)
@@ -143,11 +161,10 @@ EXPERT_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 
 
 def _read_experts(tensors: Tensors, base: str, count: int, read: Callable[[Tensors, str], Layer],
-                  convert: Callable[[nn.Module], nn.Module] | None, method: str):
-    """(QuantizedExperts, the checkpoint prefixes it holds) of the experts under `base`
-    (Mixtral's under block_sparse_moe) when the checkpoint stores them quantized, else None."""
-    from batchrun.models.quant.experts import QuantizedExperts
-
+                  method: str):
+    """(per expert its fused gate+up layer, its down layer, the checkpoint prefixes they hold)
+    of the experts under `base` (Mixtral's under block_sparse_moe) when the checkpoint stores
+    them quantized, else None."""
     found = next(((folder, names) for folder in (base, base.replace(".mlp.", ".block_sparse_moe."))
                   for names in EXPERT_NAMES if _quantized(tensors, f"{folder}.0.{names[0]}")), None)
     if found is None:
@@ -164,9 +181,7 @@ def _read_experts(tensors: Tensors, base: str, count: int, read: Callable[[Tenso
         gate_up.append(_fuse([read(tensors, own[0]), read(tensors, own[1])], None, f"{own[0]} + {names[1]}"))
         down.append(_fuse([read(tensors, own[2])], None, own[2]))
         prefixes += own
-    if convert is not None:
-        gate_up, down = [convert(m) for m in gate_up], [convert(m) for m in down]
-    return QuantizedExperts(gate_up, down), prefixes
+    return gate_up, down, prefixes
 
 
 def group_order(g_idx: torch.Tensor | None, group: int, where: str) -> torch.Tensor | None:

@@ -1,6 +1,6 @@
-"""A stored quantized checkpoint's routed experts (GPTQ, AWQ, compressed-tensors, FP8 MoE models),
-kept quantized: each expert's gate and up projections are one of the format's linear layers
-(fused, as the dense MLP's), its down projection another. A step runs only the experts it routes
+"""A stored quantized checkpoint's routed experts (GPTQ, AWQ, compressed-tensors, FP8 MoE models;
+GPT-OSS's MXFP4), kept quantized: each expert's gate and up projections are one of the format's
+linear layers (fused, as the dense MLP's), its down projection another. A step runs only the experts it routes
 tokens to, each on its own run of the (token, expert) pairs sorted by expert, so memory stays at
 the format's size and the work at the routed pairs'; the cost beside moe.Experts' grouped GEMM
 is one layer call per active expert.
@@ -17,14 +17,19 @@ from batchrun.models.grouped_gemm import ExpertPairs, route
 
 class QuantizedExperts(nn.Module):
     """moe.Experts' forward over per-expert quantized layers: gate_up[e] maps hidden to
-    [gate | up] (2 * intermediate), down[e] intermediate to hidden; SwiGLU between them."""
+    [gate | up] (2 * intermediate), down[e] intermediate to hidden; between them SwiGLU, or the
+    `activation` module of the float experts replaced (GPT-OSS's clamped one)."""
 
-    def __init__(self, gate_up: list[nn.Module], down: list[nn.Module]):
+    def __init__(self, gate_up: list[nn.Module], down: list[nn.Module],
+                 activation: nn.Module | None = None):
         super().__init__()
         self.num_experts = len(gate_up)
         self.gate_up_proj, self.down_proj = nn.ModuleList(gate_up), nn.ModuleList(down)
+        self.activation = activation
 
     def activate(self, gate_up: torch.Tensor, cpu_kernels=None) -> torch.Tensor:
+        if self.activation is not None:
+            return self.activation(gate_up, cpu_kernels)
         return gated_activation(gate_up, cpu_kernels)
 
     def project(self, rows: torch.Tensor, which: str, pairs: ExpertPairs, cpu_kernels=None) -> torch.Tensor:
@@ -38,10 +43,10 @@ class QuantizedExperts(nn.Module):
         return route(self, x, experts, weights, cpu_kernels)
 
 
-def plain_experts(model: nn.Module):
-    """(path, parent, attribute, module) of each routed-experts block of `model` that checkpoints
-    store one SwiGLU expert at a time (moe.Experts' `per_expert_swiglu`; not GPT-OSS's)."""
+def expert_blocks(model: nn.Module):
+    """(path, parent, attribute, module) of each routed-experts block of `model` (moe.Experts:
+    `per_expert_swiglu` when checkpoints store one SwiGLU expert at a time, not GPT-OSS's)."""
     for path, module in list(model.named_modules()):
         for name, child in list(module.named_children()):
-            if getattr(child, "per_expert_swiglu", False):
+            if hasattr(child, "per_expert_swiglu"):
                 yield path, module, name, child

@@ -124,15 +124,20 @@ def routed_expert_parameters(model, hf) -> int:
 
 def routed_expert_shapes(model, hf) -> dict[tuple[int, int], int]:
     """(out, in) -> how many expert projections of that shape the routed experts' 3-D weights
-    of transformers' `model` hold ([experts, out, in]: gate and up fused, down); what a
+    of transformers' `model` hold (gate and up fused, down); what a
     checkpoint stored quantized keeps in its format (models/quant/experts.py)."""
     experts, _ = expert_counts(hf)
     shapes: dict[tuple[int, int], int] = {}
     if model is None or not experts:
         return shapes
-    for name, p in model.named_parameters():
+    params = dict(model.named_parameters())
+    for name, p in params.items():
         if ".experts." in f".{name}" and p.dim() == 3 and p.shape[0] == experts:
-            shapes[p.shape[1], p.shape[2]] = shapes.get((p.shape[1], p.shape[2]), 0) + experts
+            shape = (p.shape[1], p.shape[2])
+            bias = params.get(f"{name}_bias")  # GPT-OSS's are [experts, in, out]: its bias says
+            if bias is not None and bias.shape[-1] == shape[1] != shape[0]:
+                shape = shape[::-1]
+            shapes[shape] = shapes.get(shape, 0) + experts
     return shapes
 
 
@@ -221,15 +226,17 @@ def _stored_size(stored, model, hf) -> str:
     from batchrun.models.quant import KEEP_FLOAT
 
     shapes = Counter((m.out_features, m.in_features) for name, m in model.named_modules()
-                     if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] not in KEEP_FLOAT)
+                     if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] not in KEEP_FLOAT
+                     and stored.holds == "linears")
     linears = sum(shapes.values())
     experts = routed_expert_shapes(model, hf)
     everything = shapes + Counter(experts)
     held = sum(stored.nbytes(*shape) * n for shape, n in everything.items())
     dense = sum(out * inp * 4 * n for (out, inp), n in everything.items())
-    routed = f" and {sum(experts.values()) // 2} routed experts" if experts else ""
-    return (f"{stored.describe()}; its {linears} linears{routed} hold {_size(held)} (float32: "
-            f"{_size(dense)}), the rest float32; CPU only")
+    routed = f"{sum(experts.values()) // 2} routed experts" if experts else ""
+    what = " and ".join(part for part in (f"{linears} linears" if linears else "", routed) if part)
+    return (f"{stored.describe()}; its {what} hold {_size(held)} (float32: {_size(dense)}), the "
+            "rest float32; CPU only")
 
 
 def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
