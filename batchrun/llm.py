@@ -252,10 +252,9 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     # torch._dynamo: half a second.)
     with _no_init(), (contextlib.nullcontext() if device.type == "cpu" else device):
         model = cls(model_cfg)
-    model = model.to(dtype)
-    if device.type != "cpu" or dtype != torch.float32:  # float32 tables computed on the CPU
-        model.rope = type(model.rope)(model_cfg).to(device)
-
+    # before the dtype cast: the float layers and experts they replace are never touched (a
+    # bfloat16 copy of a quantized MoE's float experts doubled its peak memory), and the float
+    # parts they keep take the model's dtype
     in_gguf: set[str] = set()  # tensors the quantized layers already hold (GGUF, stored quantized)
     if stored is not None:
         in_gguf = stored.load_linears(model, path, quantization)
@@ -268,6 +267,9 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
         elif quantization == "gguf":
             raise QuantizationError("--quantization gguf keeps a GGUF checkpoint's own block "
                                     f"formats; {path} is not a GGUF model")
+    model = model.to(dtype)
+    if device.type != "cpu" or dtype != torch.float32:  # float32 tables computed on the CPU
+        model.rope = type(model.rope)(model_cfg).to(device)
 
     def tensors():
         for f in files:
