@@ -40,7 +40,7 @@ def parameter_count(cfg) -> int:
     return embed + cfg.num_layers * layer + h + (0 if cfg.tie_word_embeddings else embed)
 
 
-_COUNTS: dict[str, tuple[int, int, dict]] = {}  # a config's JSON -> _meta_counts
+_COUNTS: dict[str, tuple[int, int, dict, dict]] = {}  # a config's JSON -> _meta_counts
 
 
 def _routed_expert_shapes(cfg) -> dict[tuple[int, int], int]:
@@ -48,9 +48,10 @@ def _routed_expert_shapes(cfg) -> dict[tuple[int, int], int]:
     return {} if type(cfg) is ModelConfig else _meta_counts(cfg.hf_config)[2]
 
 
-def _meta_counts(hf) -> tuple[int, int, dict[tuple[int, int], int]]:
-    """(parameters, of them the routed experts', the routed experts' shapes) of transformers'
-    model for `hf`, built on the meta device once per config (a plan asks several times)."""
+def _meta_counts(hf) -> tuple[int, int, dict[tuple[int, int], int], dict[tuple[int, int], int]]:
+    """(parameters, of them the routed experts', the routed experts' shapes, the shapes of the
+    decoder linears the transformers backend quantizes) of transformers' model for `hf`, built
+    on the meta device once per config (a plan asks several times)."""
     from batchrun.models.transformers import check
     from batchrun.models.transformers.support import as_transformers_config
 
@@ -62,7 +63,7 @@ def _meta_counts(hf) -> tuple[int, int, dict[tuple[int, int], int]]:
             raise UnsupportedModelError(f"transformers cannot build {full.model_type} from its "
                                         "config, so its parameters cannot be counted")
         _COUNTS[key] = (check.count_parameters(model), check.routed_expert_parameters(model, full),
-                        check.routed_expert_shapes(model, full))
+                        check.routed_expert_shapes(model, full), check.decoder_linear_shapes(model))
     return _COUNTS[key]
 
 
@@ -132,11 +133,13 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
     dev = _device(device)
     dt = _dtype(dtype, dev)
     whole = vision_language_parameters(cfg)
-    if whole is not None:  # the transformers backend holds them as built, in the run dtype
+    if quantization == "gguf" and not _native(cfg):
+        raise UnsupportedModelError("--quantization gguf needs the native path; this model runs "
+                                    "on the transformers backend")
+    if whole is not None and quantization == "none":  # held as built, in the run dtype
         return whole * _elem(dt)
-    if quantization != "none" and not _native(cfg):
-        raise UnsupportedModelError(f"--quantization {quantization} needs the native path; "
-                                    "this model runs on the transformers backend")
+    if whole is not None or (quantization != "none" and not _native(cfg)):
+        return _backend_bytes(cfg, whole, dt, quantization)
     count = parameter_count(cfg)
     packed = False
     if dev.type == "cpu":
@@ -201,6 +204,20 @@ def _native(cfg) -> bool:
     return isinstance(cfg, ModelConfig)
 
 
+def _backend_bytes(cfg, whole: int | None, dt: torch.dtype, quantization: str) -> int:
+    """weights_bytes of a transformers-backend model under --quantization: its decoder's linears
+    at the method's size (models/transformers/quantized.py), the rest in `dt` (a vision-language
+    model's `whole` parameters as built; a text model's as unquantized)."""
+    from batchrun.models.quant import linear_class
+    from batchrun.models.quant.smoothquant import smoothed_bytes
+
+    held = whole * _elem(dt) if whole is not None else weights_bytes(cfg, dt)
+    shapes = _meta_counts(cfg.hf_config)[3]
+    smoothing = smoothed_bytes if quantization == "int8" else lambda o, i: 0  # every linear's
+    return held + sum((linear_class(quantization).nbytes(o, i) + smoothing(o, i) - o * i * _elem(dt)) * n
+                      for (o, i), n in shapes.items())
+
+
 def quantized_linear_shapes(cfg: ModelConfig, smoothed: bool = False) -> dict[tuple[int, int], int]:
     """(out, in) -> how many of the native model's linears of that shape --quantization
     replaces: all but the logits layer and MoE routers (quant.KEEP_FLOAT); with `smoothed`,
@@ -212,7 +229,7 @@ def quantized_linear_shapes(cfg: ModelConfig, smoothed: bool = False) -> dict[tu
                   (h, cfg.intermediate_size)]
         return {shape: cfg.num_layers for shape in shapes}
     from batchrun.models import native
-    from batchrun.models.quant import KEEP_FLOAT
+    from batchrun.models.quant import kept_float
 
     with torch.device("meta"):
         model = native.module_for(cfg.hf_config).Model(cfg)
@@ -222,7 +239,7 @@ def quantized_linear_shapes(cfg: ModelConfig, smoothed: bool = False) -> dict[tu
         return dict(Counter((m.out_features, m.in_features) for m, _ in targets(model).values()))
     return dict(Counter((m.out_features, m.in_features) for name, m in model.named_modules()
                         if isinstance(m, torch.nn.Linear)
-                        and name.rsplit(".", 1)[-1] not in KEEP_FLOAT))
+                        and not kept_float(name)))
 
 
 def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,

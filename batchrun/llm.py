@@ -151,17 +151,17 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
         return build_model(module.Model, module.ModelConfig.from_hf(hf), path, device, dtype,
                            config.device.quantization, config.batch_invariant)
     native_types = ", ".join(sorted(native.NATIVE_MODULES))
-    if config.device.quantization != "none":
-        raise UnsupportedModelError(f"--quantization needs the native path ({native_types}); "
-                                    "this model runs on the transformers backend")
-    from batchrun.models.quant import checkpoint_method
+    from batchrun.models.quant import check_device, checkpoint_method
+
+    check_device(config.device.quantization, device)
 
     if checkpoint_method(hf) is not None:
         raise UnsupportedModelError(f"the checkpoint is stored quantized ({checkpoint_method(hf)[0]}); "
                                     f"quantized checkpoints load on the native path only ({native_types})")
     from batchrun.models.transformers import model as text, vision
 
-    model = (vision if vision.is_vision_language(hf) else text).load(path, device, dtype)
+    model = (vision if vision.is_vision_language(hf) else text).load(path, device, dtype,
+                                                                    config.device.quantization)
     phases.mark("weights (transformers backend)")
     return model
 

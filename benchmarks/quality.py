@@ -161,6 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--windows", type=int, default=16)
     ap.add_argument("--window", type=int, default=256, help="tokens per window")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--model-impl", default="auto", choices=["auto", "native", "transformers"],
+                    help="the path every mode runs on (the transformers backend's int8 is "
+                    "uncalibrated) [auto]")
     ap.add_argument("--max-batched-tokens", type=int, default=None, help="score each window in "
                     "chunks of this many tokens (every mode alike), so most of a row's keys come "
                     "from the KV cache: a 16-bit KV cache changes nothing when a window is one "
@@ -176,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         chunk = {} if args.max_batched_tokens is None else {
             "max_num_batched_tokens": args.max_batched_tokens}
         config = EngineConfig.default(**parse_mode(mode), **chunk, threads=args.threads,
+                                      model_impl=args.model_impl,
                                       kv_cache_memory="256MiB", max_model_len=args.window + 8,
                                       enable_prefix_caching=False)
         loaded = llm.load(args.model, config)

@@ -31,8 +31,14 @@ from batchrun.models.quant.errors import QuantizationError
 
 METHODS = ("none", "int8", "int8-weight", "int4-weight", "gguf", "bf16")
 # precision-critical: the logits (a classifier's head), and MoE routers (a rounding there switches a
-# token's experts; the experts themselves are 3-D tensors, not linears, and stay float)
-KEEP_FLOAT = ("lm_head", "score", "gate", "shared_expert_gate")
+# token's experts; the experts themselves are 3-D tensors, not linears, and stay float); a linear
+# named so, or inside a module named so (a transformers model's router.layer)
+KEEP_FLOAT = ("lm_head", "score", "gate", "shared_expert_gate", "router")
+
+
+def kept_float(name: str, keep: tuple[str, ...] = KEEP_FLOAT) -> bool:
+    """Whether the linear at qualified `name` stays float under --quantization."""
+    return any(part in keep for part in name.split("."))
 
 
 
@@ -150,11 +156,11 @@ def quantize_linears(model: nn.Module, method: str, keep: tuple[str, ...] = KEEP
     # the logits layer only: routers and a classifier's head stay in the model's dtype
     logits_linear = linear_class("bf16") if logits_in_bf16(method) else float_linear
     count = 0
-    for _, module in list(model.named_modules()):
+    for path, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if not isinstance(child, nn.Linear):
                 continue
-            if child_name in keep or make is None:
+            if kept_float(f"{path}.{child_name}", keep) or make is None:
                 kept = logits_linear if child_name == "lm_head" else float_linear
                 if kept is not None:
                     setattr(module, child_name, kept(child.weight, child.bias))

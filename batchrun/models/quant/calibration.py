@@ -111,11 +111,13 @@ def _save(path: Path, stats: dict, what: str, windows: list[list[int]]) -> None:
 
 
 def input_maxima(model: nn.Module, linears: dict[str, nn.Module], files: list[Path], tokenizer_path: Path,
-                 method: str, logits: str | None = None) -> dict[str, torch.Tensor]:
+                 method: str, logits: str | None = None,
+                 run: Callable[[list[list[int]]], None] | None = None) -> dict[str, torch.Tensor]:
     """{name: float32 [in_features]} for `linears` (float nn.Linear modules of `model`), and
     with `logits` a name for the logits layer's input (the model's final hidden states): from
-    the cache when this model was calibrated before, else measured now and cached."""
-    path = cache_path(files, method, model.embed_tokens.weight.dtype)
+    the cache when this model was calibrated before, else measured now (the windows through
+    `run`, by default run_float's native forward) and cached."""
+    path = cache_path(files, method, next(iter(linears.values())).weight.dtype)
     sizes = {n: m.in_features for n, m in linears.items()}
     if logits:
         sizes[logits] = model.embed_tokens.weight.shape[1]
@@ -126,7 +128,7 @@ def input_maxima(model: nn.Module, linears: dict[str, nn.Module], files: list[Pa
     windows = token_windows(tokenizer_path)
     final_hidden = record_output_max(model, sizes[logits]) if logits else contextlib.nullcontext()
     with record_input_max(linears) as stats, final_hidden as final:
-        run_float(model, windows)
+        (run or (lambda w: run_float(model, w)))(windows)
     if logits:
         stats[logits] = final
     _save(path, stats, "int8 calibration", windows)

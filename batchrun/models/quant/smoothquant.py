@@ -76,7 +76,7 @@ def smooth_and_quantize(model: nn.Module, input_max: dict[str, torch.Tensor]) ->
             norm.weight.div_(s.to(norm.weight.dtype))
             layer = Int8Linear(weight * s, linear.bias, outliers=outliers, input_divided_by=s)
         else:
-            layer = Int8Linear(weight, linear.bias, smooth=s, outliers=outliers)
+            layer = smoothed_in_layer(linear, maxima)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, layer)
         count += 1
@@ -88,6 +88,18 @@ def smooth_and_quantize(model: nn.Module, input_max: dict[str, torch.Tensor]) ->
                                    outliers=outliers)
         count += 1
     return count
+
+
+def smoothed_in_layer(linear: nn.Linear, maxima: torch.Tensor) -> nn.Module:
+    """`linear` as an Int8Linear applying 1/s to its input itself, with OUTLIERS bfloat16
+    channels, from its calibrated input maxima (o_proj's and down_proj's form; every linear of
+    a transformers-backend model: models/transformers/quantized.py)."""
+    from batchrun.models.quant.int8_linear import Int8Linear
+
+    weight = linear.weight.detach().float()
+    outliers = torch.topk(maxima, min(OUTLIERS, len(maxima))).indices.sort().values
+    return Int8Linear(weight, linear.bias, smooth=smoothing_factors(maxima, weight, ALPHA),
+                      outliers=outliers)
 
 
 def has_logits_layer(model: nn.Module) -> bool:

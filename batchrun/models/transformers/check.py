@@ -141,6 +141,20 @@ def routed_expert_shapes(model, hf) -> dict[tuple[int, int], int]:
     return shapes
 
 
+def decoder_linear_shapes(model) -> dict[tuple[int, int], int]:
+    """(out, in) -> how many linears of that shape --quantization replaces in transformers'
+    `model` on the backend (transformers/quantized.py: its decoder's, but routers)."""
+    import torch
+
+    from batchrun.models.quant import kept_float
+
+    shapes: dict[tuple[int, int], int] = {}
+    for name, m in model.get_decoder().named_modules():
+        if isinstance(m, torch.nn.Linear) and not kept_float(name):
+            shapes[m.out_features, m.in_features] = shapes.get((m.out_features, m.in_features), 0) + 1
+    return shapes
+
+
 def lora_support(model, hf, impl: str) -> str:
     """Whether LoRA adapters run on the model, and on which of its modules."""
     if impl == "native":
@@ -223,10 +237,10 @@ def _stored_size(stored, model, hf) -> str:
 
     import torch
 
-    from batchrun.models.quant import KEEP_FLOAT
+    from batchrun.models.quant import kept_float
 
     shapes = Counter((m.out_features, m.in_features) for name, m in model.named_modules()
-                     if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] not in KEEP_FLOAT
+                     if isinstance(m, torch.nn.Linear) and not kept_float(name)
                      and stored.holds == "linears")
     linears = sum(shapes.values())
     experts = routed_expert_shapes(model, hf)

@@ -98,9 +98,10 @@ def max_context(meta, positions: torch.Tensor) -> int:
     return int(positions.max()) + 1
 
 
-def load(path, device: torch.device, dtype: torch.dtype) -> TransformersModel:
+def load(path, device: torch.device, dtype: torch.dtype, quantization: str = "none") -> TransformersModel:
     """The model at `path` (safetensors, sharded or not, as transformers maps them onto its own
-    modules), probed for its real attention shape; UnsupportedModelError when it cannot run."""
+    modules), its decoder's linears quantized by `quantization` (quantized.py), probed for its
+    real attention shape; UnsupportedModelError when it cannot run."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     attention.register()
@@ -111,7 +112,7 @@ def load(path, device: torch.device, dtype: torch.dtype) -> TransformersModel:
                                   attn_implementation=attention.NAME)
     except (ValueError, KeyError) as exc:
         raise UnsupportedModelError(f"transformers cannot build it on this backend: {exc}") from exc
-    model = wrap(hf.eval())
+    model = wrap(hf.eval(), quantization=quantization, path=path)
     if device.type == "cpu" and packed_linear.available(dtype):  # as the native model's
         packed_linear.pack_linears(hf)
     return model
@@ -152,10 +153,16 @@ def config_of(cfg, shapes: dict, windows: dict) -> BackendConfig:
                             for w in (windows.get(i) for i in range(layers))))
 
 
-def wrap(hf: nn.Module, cls=TransformersModel) -> TransformersModel:
-    """`hf` (its attention implementation set to "batchrun") as the engine's model, after a
-    probe forward over a few tokens: every layer must attend through the paged cache with one
-    KV shape, and compute_logits must reproduce transformers' own logits."""
+def wrap(hf: nn.Module, cls=TransformersModel, quantization: str = "none",
+         path=None) -> TransformersModel:
+    """`hf` (its attention implementation set to "batchrun"; its decoder quantized by
+    `quantization`, calibrated on the checkpoint at `path`) as the engine's model, after a probe
+    forward over a few tokens: every layer must attend through the paged cache with one KV
+    shape, and compute_logits must reproduce transformers' own logits."""
+    if quantization != "none":
+        from batchrun.models.transformers.quantized import quantize_decoder
+
+        quantize_decoder(hf, quantization, path)
     attention.register()
     cfg = hf.config.get_text_config()  # a vision-language model's decoder's
     hf.set_attn_implementation(attention_implementation(hf.config, cfg))
@@ -171,4 +178,12 @@ def wrap(hf: nn.Module, cls=TransformersModel) -> TransformersModel:
     config = config_of(cfg, shapes, windows)
     model = cls(hf, config)
     probe.check_logits(model, hidden)
+    if quantization != "none":  # after the probe, whose two forwards must round alike
+        from batchrun.engine import kernels
+        from batchrun.models.quant.int8_linear import attach_kernels
+
+        library = kernels.library(kernels.shape_flags(config.num_heads, config.num_kv_heads,
+                                                      config.head_dim))
+        if library is not None:  # the int8 layers' quantize and rescale passes in C
+            attach_kernels(hf, library)
     return model

@@ -191,7 +191,7 @@ def decoder_of(hf, hf_config):
     return inner.language_model if hasattr(inner, "language_model") else inner.text_model
 
 
-def load(path, device: torch.device, dtype: torch.dtype) -> VisionLanguageModel:
+def load(path, device: torch.device, dtype: torch.dtype, quantization: str = "none") -> VisionLanguageModel:
     """The vision-language model at `path`: its decoder on the "batchrun" attention, its vision
     tower on PyTorch's SDPA (the tower runs outside the engine's steps and caches)."""
     from transformers import AutoModelForImageTextToText
@@ -207,4 +207,4 @@ def load(path, device: torch.device, dtype: torch.dtype) -> VisionLanguageModel:
         raise UnsupportedModelError(f"{hf.config.model_type}: images are not supported for this "
                                     f"model type (vision-language models: "
                                     f"{', '.join(VISION_MODEL_TYPES)})")
-    return wrap(hf.eval(), VisionLanguageModel)
+    return wrap(hf.eval(), VisionLanguageModel, quantization, path)
