@@ -73,14 +73,16 @@ def _run_dequantised(hf, model) -> int:
 # math is held to float64 in test_quant_smoothing.py)
 @pytest.mark.parametrize("arch, quantization", [
     ("olmo2", "int8-weight"), ("olmo2", "int4-weight"), ("olmo2", "int8"),
-    ("granite", "int8-weight"), ("granite", "int4-weight")])
+    ("granite", "int8-weight"), ("granite", "int4-weight"),
+    ("deepseek_v2", "int4-weight")])  # MLA attention; a dense layer, then shared + routed experts
 def test_a_backend_text_model_decodes_as_transformers_on_the_dequantised_weights(arch, quantization,
                                                                                  tmp_path):
     hf = make_tiny(arch, tmp_path, archs=BACKEND_ARCHS)
     config = EngineConfig.default(model_impl="transformers", block_size=4, quantization=quantization)
     model = load_weights(tmp_path, config, CPU, torch.float32)
-    layers = hf.config.num_hidden_layers
-    assert _run_dequantised(hf, model) == 7 * layers  # q, k, v, o, gate, up, down
+    # q, k, v, o, gate, up, down (DeepSeek-V2: q, kv_a, kv_b, o, and its dense MLP's or shared
+    # experts' gate, up, down; the router and the routed experts' 3-D tensors stay float)
+    assert _run_dequantised(hf, model) == 7 * hf.config.num_hidden_layers
     assert isinstance(model.hf.lm_head, PackedLinear)  # the logits layer stays float
     assert weights_bytes(model_config_for(str(tmp_path)), "float32", quantization=quantization) == \
         held_bytes(model)
