@@ -128,7 +128,10 @@ def input_maxima(model: nn.Module, linears: dict[str, nn.Module], files: list[Pa
     windows = token_windows(tokenizer_path)
     final_hidden = record_output_max(model, sizes[logits]) if logits else contextlib.nullcontext()
     with record_input_max(linears) as stats, final_hidden as final:
-        (run or (lambda w: run_float(model, w)))(windows)
+        if run is None:
+            run_float(model, windows)
+        else:
+            run(windows)
     if logits:
         stats[logits] = final
     _save(path, stats, "int8 calibration", windows)

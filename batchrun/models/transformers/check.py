@@ -143,16 +143,12 @@ def routed_expert_shapes(model, hf) -> dict[tuple[int, int], int]:
 
 def decoder_linear_shapes(model) -> dict[tuple[int, int], int]:
     """(out, in) -> how many linears of that shape --quantization replaces in transformers'
-    `model` on the backend (transformers/quantized.py: its decoder's, but routers)."""
-    import torch
+    `model` on the backend (transformers/quantized.py)."""
+    from collections import Counter
 
-    from batchrun.models.quant import kept_float
+    from batchrun.models.transformers.quantized import decoder_linears
 
-    shapes: dict[tuple[int, int], int] = {}
-    for name, m in model.get_decoder().named_modules():
-        if isinstance(m, torch.nn.Linear) and not kept_float(name):
-            shapes[m.out_features, m.in_features] = shapes.get((m.out_features, m.in_features), 0) + 1
-    return shapes
+    return dict(Counter((m.out_features, m.in_features) for m in decoder_linears(model).values()))
 
 
 def lora_support(model, hf, impl: str) -> str:
@@ -240,8 +236,8 @@ def _stored_size(stored, model, hf) -> str:
     from batchrun.models.quant import kept_float
 
     shapes = Counter((m.out_features, m.in_features) for name, m in model.named_modules()
-                     if isinstance(m, torch.nn.Linear) and not kept_float(name)
-                     and stored.holds == "linears")
+                     if isinstance(m, torch.nn.Linear) and not kept_float(name)) \
+        if stored.holds == "linears" else Counter()
     linears = sum(shapes.values())
     experts = routed_expert_shapes(model, hf)
     everything = shapes + Counter(experts)
