@@ -28,7 +28,7 @@ class UsageError(click.ClickException):
 def load_model(model: str | None, engine_config: Any) -> Any:
     """batchrun.llm.load; UsageError for an unknown model or a bad engine option."""
     from batchrun import llm
-    from batchrun.models.loader import ModelNotFoundError
+    from batchrun.models.weights.loader import ModelNotFoundError
     from batchrun.models.lora.adapter import LoraError
 
     try:

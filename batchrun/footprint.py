@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from batchrun.options.engine import EngineConfig
-from batchrun.models.llama import ModelConfig
+from batchrun.models.arch.llama import ModelConfig
 from batchrun.models.transformers.support import UnsupportedModelError
 from batchrun.served_model import TokenizerModel
 
@@ -126,7 +126,7 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
     routed experts included.
 
     Tied embeddings are one tensor in the checkpoint, but on the CPU, where the loader packs
-    every linear layer for oneDNN (models/packed_linear.py; the transformers backend's too),
+    every linear layer for oneDNN (models/layers/packed_linear.py; the transformers backend's too),
     the logits get a packed copy of them: counted, since it is memory the run holds. The RoPE
     cos/sin tables (computed, not loaded) are not weights and not counted.
     """
@@ -143,7 +143,7 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
     count = parameter_count(cfg)
     packed = False
     if dev.type == "cpu":
-        from batchrun.models import packed_linear
+        from batchrun.models.layers import packed_linear
 
         packed = packed_linear.available(dt)
     if cfg.tie_word_embeddings and packed:
@@ -228,7 +228,7 @@ def quantized_linear_shapes(cfg: ModelConfig, smoothed: bool = False) -> dict[tu
         shapes = [(q + 2 * kv, h), (h, q), (2 * cfg.intermediate_size, h),
                   (h, cfg.intermediate_size)]
         return {shape: cfg.num_layers for shape in shapes}
-    from batchrun.models import native
+    from batchrun.models.arch import native
     from batchrun.models.quant import kept_float
 
     with torch.device("meta"):
@@ -269,11 +269,11 @@ def model_config_for(model: str | None, impl: str = "auto"):
     model) as the path `impl` (--model-impl) picks runs it, without loading, converting or
     downloading its weights: config.json of the folder or of the GGUF's cached conversion,
     else the GGUF's metadata (a few seconds for the bundled model), else the hub's config.json.
-    A native model's ModelConfig (models/native.py: Llama family, MoE), a vision-language
+    A native model's ModelConfig (models/arch/native.py: Llama family, MoE), a vision-language
     model's decoder (vision_language_decoder), else the transformers backend's BackendConfig
     read from the config (backend_config). UnsupportedModelError says why no path runs it."""
-    from batchrun.models import native
-    from batchrun.models.spec_config import config_for
+    from batchrun.models.arch import native
+    from batchrun.models.config.spec_config import config_for
     from batchrun.models.transformers.support import choose
 
     hf = config_for(model)
@@ -295,7 +295,8 @@ def backend_config(hf):
     the config's fields describe them (models check's attention_shape, config_layer_windows)."""
     from batchrun.models.transformers import check
     from batchrun.models.transformers.model import config_of
-    from batchrun.models.transformers.support import as_transformers_config, config_layer_windows
+    from batchrun.models.config.windows import config_layer_windows
+    from batchrun.models.transformers.support import as_transformers_config
 
     full = as_transformers_config(hf)
     text = full.get_text_config()
@@ -321,7 +322,7 @@ def vision_language_decoder(hf) -> ModelConfig | None:
         return None
     import copy
 
-    from batchrun.models.native import NATIVE_MODULES
+    from batchrun.models.arch.native import NATIVE_MODULES
 
     text = copy.copy(hf.get_text_config())
     model_type = str(getattr(text, "model_type", ""))
@@ -357,8 +358,8 @@ def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> Token
     import json
 
     from batchrun.llm import read_generation_config
-    from batchrun.models.resolve import resolve_model
-    from batchrun.models.tokenizer import load_tokenizer
+    from batchrun.models.weights.resolve import resolve_model
+    from batchrun.models.text.tokenizer import load_tokenizer
 
     files = resolve_model(spec)
     config = json.loads((files.path / "config.json").read_text())

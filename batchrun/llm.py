@@ -74,7 +74,7 @@ def set_cpu_threads(config: EngineConfig) -> None:
 
 def load(model: str | None, config: EngineConfig | None = None) -> LoadedModel:
     """Resolve `model` (registry name, HF folder, .gguf, hub id; None = default) and start an engine."""
-    from batchrun.models.resolve import resolve_model
+    from batchrun.models.weights.resolve import resolve_model
 
     config = config or EngineConfig.default()
     files = resolve_model(model)
@@ -99,7 +99,7 @@ def check_adapters(lora, base_names) -> None:
 
 def load_from_path(path: str | Path, config: EngineConfig | None = None, name: str | None = None,
                    aliases: tuple[str, ...] = ()) -> LoadedModel:
-    from batchrun.models.tokenizer import load_tokenizer
+    from batchrun.models.text.tokenizer import load_tokenizer
 
     config = config or EngineConfig.default()
     path = Path(path)
@@ -139,8 +139,8 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
 def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: torch.dtype):
     """The model at `path` on the path --model-impl picks (models/transformers/support.py);
     a ValueError says why a model cannot run."""
-    from batchrun.models import native
-    from batchrun.models.hf_config import read_config
+    from batchrun.models.arch import native
+    from batchrun.models.config.hf_config import read_config
     from batchrun.models.transformers.support import UnsupportedModelError, choose
 
     hf = read_config(path)
@@ -222,12 +222,12 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
                 quantization: str = "none", batch_invariant: bool = False):
     """The model with its weights (memory-mapped safetensors), its linears packed for oneDNN
     (or quantized: models/quant/), with batch_invariant run on fixed-size row slices
-    (models/fixed_rows.py), and, on the CPU, its C kernels, which build (once per machine)
+    (models/layers/fixed_rows.py), and, on the CPU, its C kernels, which build (once per machine)
     while the weights load."""
     from safetensors import safe_open
 
-    from batchrun.models import bf16_logits, packed_linear
-
+    from batchrun.models import quant
+    from batchrun.models.layers import bf16_logits, packed_linear
     from batchrun.models.quant import QuantizationError, check_checkpoint, check_device, cpu
 
     stored = check_checkpoint(model_cfg.hf_config, device)  # a checkpoint stored quantized
@@ -291,7 +291,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
         prepare_int8(model, [Path(f) for f in files], path)
         phases.mark("weights (load) and int8 calibration (cached after the first load)")
     pack_float = device.type == "cpu" and packed_linear.available(dtype)
-    float32_logits = kernels is not None and dtype == torch.bfloat16  # models/bf16_logits.py
+    float32_logits = kernels is not None and dtype == torch.bfloat16  # models/layers/bf16_logits.py
     if pack_float or quantization != "none" or batch_invariant or float32_logits:
         if model.lm_head is None and not getattr(model, "num_labels", 0):
             # a linear (packed) over the tied embeddings for the logits (a classifier has none)
@@ -300,9 +300,9 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
             model.lm_head.weight = model.embed_tokens.weight
         if float32_logits:
             bf16_logits.use_float32_logits(model)
-        packed_linear.pack_linears(model, quantization, pack_float)
+        quant.replace_linears(model, quantization, pack_float)
     if batch_invariant:
-        from batchrun.models.fixed_rows import fix_rows
+        from batchrun.models.layers.fixed_rows import fix_rows
 
         fix_rows(model)
     phases.mark("weights (load, pack)")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from batchrun.models.loader import ModelNotFoundError
-from batchrun.models.registry import DEFAULT_MODEL, list_models, pull
+from batchrun.models.weights.loader import ModelNotFoundError
+from batchrun.models.weights.registry import DEFAULT_MODEL, list_models, pull
 
 
 @click.group("models")
@@ -24,7 +24,7 @@ def list_cmd() -> None:
         click.echo(f"{name:<{width}}  {r.status:<9}  {r.source}")
         if r.aliases:
             click.echo(f"{'':<{width}}  {'':<9}  aliases: {', '.join(r.aliases)}")
-    from batchrun.models.native import architectures
+    from batchrun.models.arch.native import architectures
 
     click.echo(f"\nNative architectures: {', '.join(architectures())}. Any other "
                f"decoder-only model transformers can build runs on the transformers backend "
@@ -37,7 +37,7 @@ def check_cmd(model: str) -> None:
     """Which path would run MODEL (native, transformers backend, or refused, and why), its
     parameters, weight and KV memory, and the engine features that apply; reads no weights.
     Exit code 2 when no path runs it."""
-    from batchrun.models.spec_config import config_for
+    from batchrun.models.config.spec_config import config_for
     from batchrun.models.transformers.check import check, describe
 
     try:
@@ -57,7 +57,7 @@ def check_cmd(model: str) -> None:
 def _kept_quantized(model: str) -> str | None:
     """The weight memory of a GGUF model run with --quantization gguf (None for other models)."""
     from batchrun import footprint
-    from batchrun.models.spec_config import gguf_file
+    from batchrun.models.config.spec_config import gguf_file
 
     source = gguf_file(model)
     if source is None:

@@ -25,7 +25,7 @@ def main():
     from batchrun.options.engine import EngineConfig
     from batchrun.engine import SamplingParams
     from batchrun.llm import build_engine, build_model
-    from batchrun.models.llama import LlamaModel, ModelConfig
+    from batchrun.models.arch.llama import LlamaModel, ModelConfig
     from tests.tiny_models import IdTokenizer
 
     from pathlib import Path

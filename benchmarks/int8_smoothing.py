@@ -57,7 +57,7 @@ def calibration_windows(tokenizer) -> list[list[int]]:
 
 def main(argv: list[str]) -> None:
     from batchrun import llm
-    from batchrun.models.packed_linear import PackedLinear
+    from batchrun.models.layers.packed_linear import PackedLinear
     from batchrun.models.quant.smoothing import record_input_max, smoothing_factors
     from batchrun.options.engine import EngineConfig
     from benchmarks.quality import text_windows, window_logits

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ[name] = "1"
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the server on the way out
 
-    from batchrun.models.resolve import resolve_model
+    from batchrun.models.weights.resolve import resolve_model
     from benchmarks.bench import machine_line
 
     tokenizer = str(resolve_model(None).path)

@@ -45,7 +45,7 @@ def _best(fn, repeat: int = 5) -> float:
 
 def kernels(rows: int, adapters: int = 4, fan_in: int = 576, fan_out: int = 960) -> tuple[float, float, float]:
     """(base GEMM, segmented update, gathered update) in ms for `rows` rows over `adapters`."""
-    from batchrun.models import packed_linear
+    from batchrun.models.layers import packed_linear
 
     torch.manual_seed(0)
     x = torch.randn(rows, fan_in)
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from batchrun import llm
     from batchrun.engine import SamplingParams
-    from batchrun.models.resolve import resolve_model
+    from batchrun.models.weights.resolve import resolve_model
     from batchrun.options.engine import EngineConfig
 
     base_path = resolve_model(None).path

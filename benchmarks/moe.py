@@ -1,5 +1,5 @@
-"""MoE step time against the number of experts: the native path (models/moe.py, or
-models/gpt_oss.py with --family gpt_oss) beside the transformers backend on the same random-weight
+"""MoE step time against the number of experts: the native path (models/arch/moe.py, or
+models/arch/gpt_oss.py with --family gpt_oss) beside the transformers backend on the same random-weight
 Qwen3-MoE (or GPT-OSS) checkpoint.
 
 Each row is one checkpoint: EXPERTS experts of the same size, top-k fixed, so every token runs the

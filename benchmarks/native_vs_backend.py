@@ -56,7 +56,7 @@ def build_checkpoint(family: str):
     """The random-weight checkpoint of `family` (built on first use) with SmolLM2's tokenizer."""
     import transformers
 
-    from batchrun.models.resolve import resolve_model
+    from batchrun.models.weights.resolve import resolve_model
     from batchrun.paths import cache_dir
 
     path = cache_dir() / "bench-models" / family
@@ -88,7 +88,7 @@ def systems_of(path, hf_static: bool) -> list[str]:
     transformers' static batches."""
     import transformers
 
-    from batchrun.models.native import native_reason
+    from batchrun.models.arch.native import native_reason
 
     native = native_reason(transformers.AutoConfig.from_pretrained(path)) is None
     return (["native"] if native else []) + ["transformers"] + (["hf-static"] if hf_static else [])

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-import batchrun.models.llama as llama  # noqa: E402
+import batchrun.models.arch.llama as llama  # noqa: E402
 from batchrun import llm  # noqa: E402
 from batchrun.options.engine import EngineConfig  # noqa: E402
 from batchrun.engine import SamplingParams  # noqa: E402

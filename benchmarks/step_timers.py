@@ -51,8 +51,8 @@ def install(engine) -> None:
     import torch.nn.functional as F
 
     from batchrun.engine.attention import chunks, sdpa
-    import batchrun.models.llama as llama
-    from batchrun.models import packed_linear
+    import batchrun.models.arch.llama as llama
+    from batchrun.models.layers import packed_linear
 
     model = engine.runner.model
     kernels = getattr(model, "cpu_kernels", None)  # the transformers backend has none

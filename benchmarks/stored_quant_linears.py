@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from batchrun.models.packed_linear import PackedLinear
+from batchrun.models.layers.packed_linear import PackedLinear
 from batchrun.models.quant.fp8_linear import fp8_layer
 from batchrun.models.quant.int4_linear import Int4WeightLinear, quantize_groups
 from batchrun.models.quant.int8_linear import Int8Linear, Int8WeightLinear

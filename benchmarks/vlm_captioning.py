@@ -96,7 +96,7 @@ def build_model(family: str, path: Path):
     import transformers as t
     from transformers import AutoTokenizer
 
-    from batchrun.models.resolve import resolve_model
+    from batchrun.models.weights.resolve import resolve_model
     from tests import tiny_vlms
 
     base = AutoTokenizer.from_pretrained(resolve_model(None).path)

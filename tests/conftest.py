@@ -30,6 +30,6 @@ def smol_tokenizer():
     """The bundled model's real tokenizer, without loading its weights."""
     from transformers import AutoTokenizer
 
-    from batchrun.models.resolve import resolve_model
+    from batchrun.models.weights.resolve import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model(None).path)

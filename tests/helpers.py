@@ -82,7 +82,7 @@ def tiny_engine(arch, tmp_path, **overrides):
     from transformers import AutoConfig
 
     from batchrun.llm import build_engine, build_model
-    from batchrun.models import native
+    from batchrun.models.arch import native
     from batchrun.options.engine import EngineConfig
     from tests.tiny_models import ARCHS, BACKEND_ARCHS, IdTokenizer, make_tiny
 

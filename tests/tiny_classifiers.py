@@ -27,7 +27,7 @@ def make_tiny_classifier(arch: str, path: Path, num_labels: int = 3, seed: int =
     `num_labels` labels (LABELS for 3; 1 is a cross-encoder), or with causal=True the causal LM
     of the same architecture (an embedding model for score/rerank); returns the transformers
     model (float32, eval)."""
-    from batchrun.models.resolve import resolve_model
+    from batchrun.models.weights.resolve import resolve_model
 
     table = (ARCHS if arch in ARCHS else BACKEND_ARCHS) if causal else CLASSIFIER_ARCHS
     labels = {"id2label": LABELS, "label2id": {v: k for k, v in LABELS.items()}} \

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 from batchrun.engine.outputs import RequestOutput
 from batchrun.engine.pooling import PoolingParams
 from batchrun.engine.sampling_params import SamplingParams
-from batchrun.models.classifier import ClassifierHead, folder_head, token_head
+from batchrun.models.config.classifier import ClassifierHead, folder_head, token_head
 from batchrun.openai.render import render_score_pair
 from batchrun.openai.pooling_requests import ClassifyRequest, RerankRequest, ScoreRequest
 from batchrun.openai.wire import RequestError

@@ -32,7 +32,7 @@ from batchrun.openai.params import check_model_field, to_sampling_params
 from batchrun.openai.parsers import ToolParser, choose_parsers
 from batchrun.openai.parsers.first_call import FirstCallOnly
 from batchrun.openai.prepared import PreparedRequest
-from batchrun.models.classifier import ClassifierHead
+from batchrun.models.config.classifier import ClassifierHead
 from batchrun.openai.pooling_requests import ClassifyRequest, RerankRequest, ScoreRequest
 from batchrun.openai.pooling_tasks import (model_head, pair_prompt, prepare_classify,
                                            prepare_scoring)

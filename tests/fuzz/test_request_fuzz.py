@@ -33,7 +33,7 @@ from batchrun.batch.storage.readers import open_sources
 from batchrun.batch.job.runner import prepare_line, run_batch
 from batchrun.options.engine import EngineConfig
 from batchrun.llm import LoadedModel, build_engine, build_model
-from batchrun.models.llama import LlamaModel, ModelConfig
+from batchrun.models.arch.llama import LlamaModel, ModelConfig
 from batchrun.openai.wire import RequestError
 from batchrun.openai.requests import ChatCompletionRequest, CompletionRequest
 from batchrun.openai.bodies import engine_error

@@ -1,4 +1,4 @@
-"""The fast GGUF conversion (models/gguf_weights.py) against transformers' on the bundled model:
+"""The fast GGUF conversion (models/weights/gguf_weights.py) against transformers' on the bundled model:
 the same tensors bit for bit, the same config values batchrun reads, the same tokenizer files."""
 
 import json
@@ -6,9 +6,9 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from batchrun.models import gguf_weights, loader, registry
-from batchrun.models.hf_config import read_config
-from batchrun.models.llama import ModelConfig
+from batchrun.models.weights import gguf_weights, loader, registry
+from batchrun.models.config.hf_config import read_config
+from batchrun.models.arch.llama import ModelConfig
 
 
 def test_fast_conversion_matches_transformers(tmp_path):

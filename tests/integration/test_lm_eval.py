@@ -35,7 +35,7 @@ def monkeypatch_module():
 
 @pytest.fixture(scope="module")
 def model_dir():
-    from batchrun.models.resolve import resolve_model
+    from batchrun.models.weights.resolve import resolve_model
 
     return str(resolve_model(None).path)  # the bundled GGUF, dequantised to a HF folder
 

@@ -10,7 +10,7 @@ import torch
 from batchrun.engine import SamplingParams
 from batchrun.footprint import model_config_for, weights_bytes
 from batchrun.llm import build_engine, load_from_path, load_weights
-from batchrun.models.packed_linear import PackedLinear
+from batchrun.models.layers.packed_linear import PackedLinear
 from batchrun.models.quant import calibration, cpu, smoothquant
 from batchrun.models.quant.int8_linear import Int8Linear
 from batchrun.models.quant.smoothing import record_input_max, smoothing_factors

@@ -155,7 +155,7 @@ def test_a_windowed_soft_capped_gemma2_gives_the_same_bits_in_a_batch(tmp_path, 
               intermediate_size=1024)
     smol_tokenizer.save_pretrained(tmp_path)
     gemma = llm.load_from_path(tmp_path, EngineConfig.default(batch_invariant=True))
-    assert type(gemma.engine.runner.model).__module__ == "batchrun.models.gemma"
+    assert type(gemma.engine.runner.model).__module__ == "batchrun.models.arch.gemma"
     solo = [run(engine(gemma), [t])[0] for t in TARGETS]
     work = [other(i) for i in range(20)]
     for place, target in zip((0, 9, 19), TARGETS):

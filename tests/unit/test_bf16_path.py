@@ -1,5 +1,5 @@
 """--dtype bfloat16 on the CPU keeps float32 where bfloat16 cost agreement with float32: the
-logits GEMM's float32 output (models/bf16_logits.py, engine/kernels/bf16_gemm.c) against a
+logits GEMM's float32 output (models/layers/bf16_logits.py, engine/kernels/bf16_gemm.c) against a
 float64 reference on every vector path, and a tiny model's prompt log-probabilities (its float32
 residual stream and logits) against transformers in float64 on the same bfloat16 weights. Where
 bfloat16 has no fast GEMM (oneDNN capped at AVX2) the load says so."""
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from batchrun.engine import SamplingParams
-from batchrun.models.bf16_logits import Bf16LogitsLinear
+from batchrun.models.layers.bf16_logits import Bf16LogitsLinear
 from tests.helpers import kernel_library
 
 pytestmark = pytest.mark.skipif(kernel_library() is None, reason="no C compiler here")
@@ -35,7 +35,7 @@ def bf16_engine(arch, tmp_path):
     from transformers import AutoConfig
 
     from batchrun.llm import build_engine, build_model
-    from batchrun.models.llama import LlamaModel, ModelConfig
+    from batchrun.models.arch.llama import LlamaModel, ModelConfig
     from batchrun.options.engine import EngineConfig
     from tests.tiny_models import IdTokenizer, make_tiny
 
@@ -64,7 +64,7 @@ def test_bfloat16_models_logits_are_float32_sums(arch, tmp_path):
 def test_bfloat16_model_keeps_its_residual_stream_in_float32(tmp_path, monkeypatch):
     """Every block's bfloat16 output is added into a float32 stream (the fused norm kernel's
     path), and the norms hand the blocks bfloat16."""
-    from batchrun.models.llama import RMSNorm
+    from batchrun.models.arch.llama import RMSNorm
 
     _, engine = bf16_engine("llama", tmp_path)
     seen, add_forward = [], RMSNorm.add_forward

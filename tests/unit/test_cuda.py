@@ -14,7 +14,7 @@ def cuda_engine(tmp_path, dtype=torch.float32, **overrides):
 
     from batchrun.options.engine import EngineConfig
     from batchrun.llm import build_engine, build_model
-    from batchrun.models.llama import LlamaModel, ModelConfig
+    from batchrun.models.arch.llama import LlamaModel, ModelConfig
     from tests.tiny_models import IdTokenizer, make_tiny
 
     hf = make_tiny("llama", tmp_path).cuda()

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from batchrun.engine import kernels
-from batchrun.models.rope import RotaryEmbedding
+from batchrun.models.layers.rope import RotaryEmbedding
 from tests.helpers import kernel_library
 
 pytestmark = pytest.mark.skipif(kernel_library() is None, reason="no C compiler here")

@@ -94,7 +94,7 @@ def test_model_config_for_folder_gguf_and_registry(tmp_path, tiny_folder, capsys
 
 def test_model_config_for_an_unconverted_gguf_reads_its_metadata(tmp_path, monkeypatch, capsys):
     """Without the cached conversion, the GGUF's metadata (not its tensors) gives the config."""
-    from batchrun.models import registry
+    from batchrun.models.weights import registry
 
     gguf = registry.find_gguf(registry.lookup("smollm2-135m"))
     if gguf is None:

@@ -1,4 +1,4 @@
-"""config.json read as JSON (models/hf_config.py) against transformers' AutoConfig: the same
+"""config.json read as JSON (models/config/hf_config.py) against transformers' AutoConfig: the same
 ModelConfig and RoPE tables for every tiny architecture and the bundled model."""
 
 import json
@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from batchrun.models.hf_config import plain_config, read_config
-from batchrun.models.llama import ModelConfig
-from batchrun.models.rope import RotaryEmbedding
+from batchrun.models.config.hf_config import plain_config, read_config
+from batchrun.models.arch.llama import ModelConfig
+from batchrun.models.layers.rope import RotaryEmbedding
 from tests.tiny_models import ARCHS, make_tiny
 
 
@@ -37,7 +37,7 @@ def test_tiny_architectures_read_the_same(tmp_path, arch):
 
 
 def test_the_bundled_model_reads_the_same():
-    from batchrun.models.resolve import resolve_model
+    from batchrun.models.weights.resolve import resolve_model
 
     folder = resolve_model(None).path
     assert plain_config(folder) is not None

@@ -210,7 +210,7 @@ def test_an_adapter_that_breaks_after_start_up_fails_only_its_requests(tmp_path)
 
 def test_an_adapter_may_not_take_the_base_models_name(tmp_path):
     from batchrun.llm import build_engine, build_model
-    from batchrun.models.llama import LlamaModel, ModelConfig
+    from batchrun.models.arch.llama import LlamaModel, ModelConfig
     from batchrun.options.engine import EngineConfig
     from tests.tiny_models import IdTokenizer, make_tiny
     from transformers import AutoConfig

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from batchrun.models import loader, registry
+from batchrun.models.weights import loader, registry
 from batchrun.models_cli import models
-from batchrun.models.loader import ModelNotFoundError
-from batchrun.models.resolve import resolve_model
+from batchrun.models.weights.loader import ModelNotFoundError
+from batchrun.models.weights.resolve import resolve_model
 from batchrun.paths import cache_dir
 
 ENTRY = registry.REGISTRY["smollm2-135m"]

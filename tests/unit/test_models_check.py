@@ -10,25 +10,25 @@ from tests.tiny_models import BACKEND_ARCHS, tiny_config
 
 # The path each family of the matrix must take (written out here, not read from NATIVE_MODULES).
 EXPECTED = {
-    "llama": "native (models/llama.py)",
-    "mistral": "native (models/llama.py)",
-    "qwen2": "native (models/llama.py)",
-    "qwen3": "native (models/llama.py)",
-    "gemma": "native (models/gemma.py)",
-    "gemma2": "native (models/gemma.py)",
-    "gemma3_text": "native (models/gemma.py)",
-    "phi3": "native (models/llama.py)",
+    "llama": "native (models/arch/llama.py)",
+    "mistral": "native (models/arch/llama.py)",
+    "qwen2": "native (models/arch/llama.py)",
+    "qwen3": "native (models/arch/llama.py)",
+    "gemma": "native (models/arch/gemma.py)",
+    "gemma2": "native (models/arch/gemma.py)",
+    "gemma3_text": "native (models/arch/gemma.py)",
+    "phi3": "native (models/arch/llama.py)",
     "olmo2": "transformers backend",
     "granite": "transformers backend",
     "glm4": "transformers backend",
     "smollm3": "transformers backend",
     "gpt_neox": "transformers backend",
-    "mixtral": "native (models/moe.py)",
-    "qwen3_moe": "native (models/moe.py)",
-    "olmoe": "native (models/moe.py)",
-    "qwen2_moe": "native (models/moe.py)",
+    "mixtral": "native (models/arch/moe.py)",
+    "qwen3_moe": "native (models/arch/moe.py)",
+    "olmoe": "native (models/arch/moe.py)",
+    "qwen2_moe": "native (models/arch/moe.py)",
     "deepseek_v2": "transformers backend",
-    "gpt_oss": "native (models/gpt_oss.py)",
+    "gpt_oss": "native (models/arch/gpt_oss.py)",
 }
 # What the report lists for the families with something particular.
 FEATURES = {

@@ -8,9 +8,9 @@ from safetensors.torch import save_file
 
 from batchrun.engine import SamplingParams
 from batchrun.llm import build_engine, load_weights
-from batchrun.models import grouped_gemm
-from batchrun.models import gpt_oss
-from batchrun.models.moe import Experts, ModelConfig
+from batchrun.models.layers import grouped_gemm
+from batchrun.models.arch import gpt_oss
+from batchrun.models.arch.moe import Experts, ModelConfig
 from batchrun.options.engine import EngineConfig
 from tests.helpers import kernel_library
 from tests.tiny_models import BACKEND_ARCHS, IdTokenizer, make_tiny

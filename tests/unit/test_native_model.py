@@ -6,7 +6,7 @@ import torch
 from batchrun.options.engine import EngineConfig
 from batchrun.engine import SamplingParams
 from batchrun.llm import build_engine, build_model
-from batchrun.models.llama import LlamaModel, ModelConfig
+from batchrun.models.arch.llama import LlamaModel, ModelConfig
 from tests.helpers import tiny_engine
 from tests.parity import ParityReport, assert_greedy_match
 from tests.tiny_models import ARCHS, IdTokenizer, make_tiny

@@ -138,7 +138,7 @@ def test_a_base_model_with_non_finite_weights_is_refused_naming_the_weight(tmp_p
     from transformers import AutoConfig
 
     from batchrun.llm import build_model
-    from batchrun.models.llama import LlamaModel, ModelConfig
+    from batchrun.models.arch.llama import LlamaModel, ModelConfig
     from tests.tiny_models import make_tiny
 
     make_tiny("llama", tmp_path)

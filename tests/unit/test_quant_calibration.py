@@ -37,8 +37,8 @@ def _random_windows():
 
 def _load(path, quantization="none"):
     """The engine of the native model at `path` (float32, on the CPU)."""
-    from batchrun.models import native
-    from batchrun.models.hf_config import read_config
+    from batchrun.models.arch import native
+    from batchrun.models.config.hf_config import read_config
 
     hf = read_config(path)
     module = native.module_for(hf)
@@ -135,7 +135,7 @@ def test_the_calibration_text_is_not_the_quality_gates_text():
 
 
 def test_calibration_windows_are_the_shipped_text_tokenized(smol_tokenizer):
-    from batchrun.models.tokenizer import load_tokenizer
+    from batchrun.models.text.tokenizer import load_tokenizer
 
     path = smol_tokenizer.name_or_path
     windows = TOKEN_WINDOWS(path)

@@ -12,7 +12,7 @@ from transformers import AutoConfig
 from batchrun.engine import SamplingParams
 from batchrun.footprint import model_config_for, weights_bytes
 from batchrun.llm import build_engine, build_model
-from batchrun.models.llama import LlamaModel, ModelConfig
+from batchrun.models.arch.llama import LlamaModel, ModelConfig
 from batchrun.models.quant import QuantizationError, check_checkpoint, cpu
 from batchrun.models.quant.checkpoint import Tensors
 from batchrun.models.quant.fp8_linear import Fp8WeightLinear
@@ -280,7 +280,7 @@ def test_a_quantized_moe_checkpoint_keeps_its_experts_quantized_and_decodes_as_t
         arch, case, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from batchrun.models import native
+    from batchrun.models.arch import native
     from batchrun.models.quant.experts import QuantizedExperts
     from tests.tiny_models import BACKEND_ARCHS
 
@@ -321,7 +321,7 @@ def test_experts_quantized_in_part_are_refused_naming_the_float_one(tmp_path):
     tensors[f"{name}.weight"] = torch.from_numpy(np.ascontiguousarray(reference[name]))
     save_file(tensors, tmp_path / "model.safetensors")
     hf_cfg = AutoConfig.from_pretrained(tmp_path)
-    from batchrun.models import native
+    from batchrun.models.arch import native
 
     module = native.module_for(hf_cfg)
     with pytest.raises(QuantizationError, match=rf"{name} is not stored quantized \(awq\) while "
@@ -335,7 +335,7 @@ def test_a_stored_checkpoint_requantized_holds_what_plan_counts(arch, quantizati
     """Each stored layer (experts included) requantized by the method, the logits layer alone in
     bfloat16 under int8 on a fast-bfloat16 CPU (an MoE router stays float), and no calibrated
     smoothing counted for a checkpoint that is not calibrated."""
-    from batchrun.models import native
+    from batchrun.models.arch import native
     from batchrun.models.quant.experts import QuantizedExperts
     from batchrun.models.quant.int8_linear import Int8WeightLinear
     from tests.tiny_models import BACKEND_ARCHS
@@ -352,7 +352,7 @@ def test_a_stored_checkpoint_requantized_holds_what_plan_counts(arch, quantizati
     assert type(model.layers[0].self_attn.qkv_proj) is layer
     for block in (m for m in model.modules() if isinstance(m, QuantizedExperts)):
         assert all(type(m) is layer for m in (*block.gate_up_proj, *block.down_proj))
-    from batchrun.models.packed_linear import PackedLinear
+    from batchrun.models.layers.packed_linear import PackedLinear
     from batchrun.models.quant.bf16_linear import Bf16Linear
 
     assert type(model.lm_head) is (Bf16Linear if quantization == "int8" else PackedLinear)
@@ -368,7 +368,7 @@ def test_an_mxfp4_gpt_oss_checkpoint_keeps_its_experts_quantized_and_decodes_as_
     reading them in the wrong order, or a nibble or scale off by one, fails the decode)."""
     from transformers import AutoModelForCausalLM
 
-    from batchrun.models import gpt_oss
+    from batchrun.models.arch import gpt_oss
     from batchrun.models.quant.experts import QuantizedExperts
     from batchrun.models.quant.grouped_int8_linear import GroupedInt8Linear
     from batchrun.models.transformers.check import check, describe

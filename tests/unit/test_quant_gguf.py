@@ -13,7 +13,7 @@ from transformers import AutoConfig
 from batchrun.engine import SamplingParams
 from batchrun.llm import build_engine, build_model
 from batchrun.models_cli import models
-from batchrun.models.llama import LlamaModel, ModelConfig
+from batchrun.models.arch.llama import LlamaModel, ModelConfig
 from batchrun.engine import kernels
 from batchrun.footprint import weights_bytes
 from batchrun.models.quant import QuantizationError, cpu, gguf_blocks
@@ -21,7 +21,7 @@ from batchrun.models.quant.gguf import GgufLinears, StackedLinear, family_of, mo
 from batchrun.models.quant.grouped_int8_linear import GroupedInt8Linear
 from batchrun.models.quant.int4_linear import Int4WeightLinear
 from batchrun.models.quant.int8_linear import Int8WeightLinear
-from batchrun.models.spec_config import gguf_file
+from batchrun.models.config.spec_config import gguf_file
 from batchrun.options.engine import EngineConfig
 from tests import gguf_kquants
 from tests.helpers import held_bytes
@@ -242,7 +242,7 @@ def _write_arch_gguf(hf, path, arch, kinds):
 @pytest.mark.parametrize("arch, gguf_arch", [("qwen3", "qwen3"), ("qwen3_moe", "qwen3moe")])
 def test_a_gguf_of_another_architecture_keeps_its_blocks_and_experts_and_decodes_as_its_dequantisation(
         arch, gguf_arch, tmp_path, monkeypatch):
-    from batchrun.models import native
+    from batchrun.models.arch import native
     from batchrun.models.quant.experts import QuantizedExperts
     from tests.tiny_models import BACKEND_ARCHS
 

@@ -10,7 +10,7 @@ from transformers import AutoConfig
 
 from batchrun.engine import SamplingParams
 from batchrun.llm import build_engine, build_model
-from batchrun.models.llama import LlamaModel, ModelConfig
+from batchrun.models.arch.llama import LlamaModel, ModelConfig
 from batchrun.models.quant import cpu
 from batchrun.options.engine import EngineConfig
 from tests.parity import ParityReport, assert_greedy_match

@@ -10,7 +10,7 @@ import torch
 from batchrun.engine import SamplingParams
 from batchrun.engine.attention import fp8_kv, int8_kv, reference_attention
 from batchrun.engine.attention.kv_write import write_kv
-from batchrun.models import llama
+from batchrun.models.arch import llama
 from tests.helpers import kernel_library, tiny_engine
 from tests.lora_adapters import KINDS, make_adapters
 from tests.tiny_models import calibrate_int8_on_random_tokens

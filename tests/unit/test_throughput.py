@@ -15,7 +15,7 @@ from batchrun.batch.estimate.calibrate import _bench_model, _NoTokenizer, _StepR
 from batchrun.batch.estimate.throughput import (Calibration, WorkloadShape, calibration_from_run,
                                        estimate_seconds, estimate_steps)
 from batchrun.options.engine import EngineConfig
-from batchrun.models.llama import ModelConfig
+from batchrun.models.arch.llama import ModelConfig
 from tests.tiny_models import make_tiny
 
 CAL = Calibration("test", step_s=0.02, token_s=1e-4, context_s=1e-7, pair_s=1e-9,

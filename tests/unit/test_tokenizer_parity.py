@@ -1,11 +1,11 @@
-"""batchrun's own tokenizer (tokenizers + Jinja, models/tokenizer.py) against transformers'
+"""batchrun's own tokenizer (tokenizers + Jinja, models/text/tokenizer.py) against transformers'
 AutoTokenizer on the bundled model's folder: the same ids, text and rendered chat templates."""
 
 from pathlib import Path
 
 import pytest
 
-from batchrun.models.tokenizer import Tokenizer, load_tokenizer, plain_tokenizer
+from batchrun.models.text.tokenizer import Tokenizer, load_tokenizer, plain_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS_TEMPLATE = (ROOT / "batchrun/openai/templates/chatml_tools.jinja").read_text()
@@ -46,7 +46,7 @@ TEXTS = ["Hello, world!", "  leading spaces and trailing  ", "déjà vu — ün�
 
 @pytest.fixture(scope="module")
 def folder():
-    from batchrun.models.resolve import resolve_model
+    from batchrun.models.weights.resolve import resolve_model
 
     return resolve_model(None).path
 

@@ -8,7 +8,7 @@ from batchrun.engine import SamplingParams
 from batchrun.engine.pooling import PoolingParams
 from batchrun.llm import build_engine, load_weights
 from batchrun.engine.attention.reference import attend, reference_attention
-from batchrun.models.moe import MoeModel
+from batchrun.models.arch.moe import MoeModel
 from batchrun.models.transformers.model import TransformersModel
 from batchrun.models.transformers.support import UnsupportedModelError, choose
 from batchrun.options.engine import EngineConfig
@@ -18,8 +18,8 @@ from tests.unit.test_native_model import hf_greedy
 
 CPU = torch.device("cpu")
 MAX_TOKENS = 12
-# The native MoE paths run these (models/moe.py; GPT-OSS's sinks, windows, biases and clamped
-# experts in models/gpt_oss.py).
+# The native MoE paths run these (models/arch/moe.py; GPT-OSS's sinks, windows, biases and clamped
+# experts in models/arch/gpt_oss.py).
 MOE_ARCHS = ["gpt_oss", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe"]
 
 
@@ -80,7 +80,7 @@ def test_greedy_and_logprobs_match_transformers(arch, tmp_path):
 @pytest.mark.parametrize("path", ["cpu-kernels", "pytorch-only"])
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 def test_native_moe_matches_transformers(arch, path, tmp_path, monkeypatch):
-    """The native MoE path (models/moe.py) through the same batching, chunked prefill, preemption
+    """The native MoE path (models/arch/moe.py) through the same batching, chunked prefill, preemption
     and prefix hits, with the C kernels and packed linears and without them."""
     if path == "pytorch-only":
         monkeypatch.setenv("BATCHRUN_DISABLE_KERNELS", "1")
@@ -395,7 +395,7 @@ def test_models_check_reads_the_config_only(tmp_path):
     (tmp_path / "gemma2" / "model.safetensors").unlink()  # no weights are read
     result = _models_cli("check", tmp_path / "gemma2")
     assert result.exit_code == 0, result.output
-    assert "path: native (models/gemma.py) (it runs the model exactly)" in result.output
+    assert "path: native (models/arch/gemma.py) (it runs the model exactly)" in result.output
     count = sum(p.numel() for p in hf.parameters())
     assert f"parameters: {count:,} (weights: fp32 {count * 4 / 2**20:.1f} MiB" in result.output
     assert "2 layers x 2 KV heads x head dim 32: fp32 1.0 KiB, bf16 512 B per token" in result.output
@@ -410,13 +410,13 @@ def test_models_check_reads_the_config_only(tmp_path):
         "plain linears of its decoder layers)" in backend
     make_tiny("llama", tmp_path / "llama")
     native = _models_cli("check", tmp_path / "llama").output
-    assert "path: native (models/llama.py)" in native and "LoRA: yes: q_proj" in native
+    assert "path: native (models/arch/llama.py)" in native and "LoRA: yes: q_proj" in native
     make_tiny("qwen3_moe", tmp_path / "moe", archs=BACKEND_ARCHS)
     moe = _models_cli("check", tmp_path / "moe").output
-    assert "path: native (models/moe.py)" in moe and "MoE: 4 experts, 2 per token" in moe
+    assert "path: native (models/arch/moe.py)" in moe and "MoE: 4 experts, 2 per token" in moe
     make_tiny("gpt_oss", tmp_path / "gpt_oss", archs=BACKEND_ARCHS)
     oss = _models_cli("check", tmp_path / "gpt_oss").output
-    assert "path: native (models/gpt_oss.py) (it runs the model exactly)" in oss
+    assert "path: native (models/arch/gpt_oss.py) (it runs the model exactly)" in oss
     assert "attention sinks: yes (in the engine's attention kernels)" in oss
     assert "LoRA: yes: q_proj, k_proj, v_proj, o_proj (on the fused qkv_proj); not the " \
         "experts" in oss  # no dense layers to name

@@ -31,11 +31,13 @@ def _bench_model(model_cfg, layers: int, device, dtype, quantization: str = "non
     and what it assumed on the way."""
     import torch
 
-    from batchrun.models.llama import ModelConfig
+    from batchrun.models.arch.llama import ModelConfig
 
     if not isinstance(model_cfg, ModelConfig):
         return _bench_backend(model_cfg, layers, device, dtype)
-    from batchrun.models import bf16_logits, native, packed_linear
+    from batchrun.models import quant
+    from batchrun.models.arch import native
+    from batchrun.models.layers import bf16_logits, packed_linear
 
     cfg, assumed = _bench_config(model_cfg, layers, torch.tensor([], dtype=dtype).element_size())
     with torch.device("meta"):
@@ -60,7 +62,7 @@ def _bench_model(model_cfg, layers: int, device, dtype, quantization: str = "non
             model.lm_head.weight = model.embed_tokens.weight
         if float32_logits:
             bf16_logits.use_float32_logits(model)
-        packed_linear.pack_linears(model, quantization, pack_float)
+        quant.replace_linears(model, quantization, pack_float)
     if cpu_kernels:
         from batchrun.engine import kernels
 
@@ -112,7 +114,7 @@ def _bench_backend(model_cfg, layers: int, device, dtype):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from batchrun.models import packed_linear
+    from batchrun.models.layers import packed_linear
     from batchrun.models.transformers.model import wrap
 
     text = copy.deepcopy(model_cfg.hf_config.get_text_config())

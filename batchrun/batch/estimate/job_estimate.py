@@ -29,7 +29,7 @@ from batchrun.batch.estimate.throughput import WorkloadShape
 from batchrun.batch.job.validate import validate
 from batchrun.engine.kv_groups import kv_block_bytes, kv_groups
 from batchrun.footprint import tokenizer_model
-from batchrun.models.llama import ModelConfig
+from batchrun.models.arch.llama import ModelConfig
 from batchrun.openai.prepared import POOLED
 from batchrun.openai.serving import OpenAIServing
 from batchrun.options.engine import EngineConfig
@@ -178,7 +178,7 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     quantization = engine.device.quantization
     kept = None
     if quantization == "gguf":
-        from batchrun.models.spec_config import gguf_file
+        from batchrun.models.config.spec_config import gguf_file
 
         kept = gguf_file(spec)
     estimate.weights_bytes = footprint.weights_bytes(cfg, engine.device.dtype,

@@ -38,7 +38,7 @@ class Report:
 def served_names(spec: str | None) -> SimpleNamespace | None:
     """The model's served name and aliases from the registry, without loading anything; None for
     a model that only loading would name."""
-    from batchrun.models.registry import DEFAULT_MODEL, lookup
+    from batchrun.models.weights.registry import DEFAULT_MODEL, lookup
 
     entry = lookup(spec or DEFAULT_MODEL)
     if entry is None:

@@ -120,7 +120,7 @@ def validate(inputs, check_prompts, fetch_media, max_model_len, as_json, quiet, 
 
 def _tokenizer_model(model, max_model_len):
     from batchrun.footprint import tokenizer_model
-    from batchrun.models.loader import ModelNotFoundError
+    from batchrun.models.weights.loader import ModelNotFoundError
 
     try:
         return tokenizer_model(model, max_model_len)

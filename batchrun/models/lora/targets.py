@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from batchrun.models.packed_linear import PackedLinear
+from batchrun.models.layers.packed_linear import PackedLinear
 
 LINEARS = (nn.Linear, PackedLinear)
 # Names of the decoder-layer list, most likely first, when a model holds several lists as long.

@@ -17,7 +17,7 @@ channels (smoothquant.py LOGITS); uncalibrated (a stored checkpoint requantized)
 fast bfloat16 it is a bfloat16 GEMM (logits_in_bf16). benchmarks/quality.py measured plain int8
 logits at +0.85% perplexity for int8, and bfloat16 logits at 98.6% top-1 instead of 99.7% for
 bf16. `quantize_linears` is the one
-place a model's nn.Linear layers become quantized modules (packed_linear.pack_linears calls it).
+place a model's nn.Linear layers become quantized modules (replace_linears calls it).
 """
 
 from __future__ import annotations
@@ -168,3 +168,13 @@ def quantize_linears(model: nn.Module, method: str, keep: tuple[str, ...] = KEEP
             setattr(module, child_name, make(child.weight.float(), child.bias))
             count += 1
     return count
+
+
+def replace_linears(model: nn.Module, method: str, pack_float: bool) -> int:
+    """The model's linears for `method`: quantized modules (the kept-float ones packed when
+    pack_float), or with no method packed float linears (pack_float) or left as they are."""
+    from batchrun.models.layers.packed_linear import PackedLinear, pack_linears
+
+    if method == "none":
+        return pack_linears(model) if pack_float else 0
+    return quantize_linears(model, method, float_linear=PackedLinear if pack_float else None)

@@ -37,7 +37,7 @@ def calibration_text() -> str:
 
 
 def token_windows(tokenizer_path: Path) -> list[list[int]]:
-    from batchrun.models.tokenizer import load_tokenizer
+    from batchrun.models.text.tokenizer import load_tokenizer
 
     ids = load_tokenizer(tokenizer_path).encode(calibration_text())
     return [ids[i:i + WINDOW] for i in range(0, len(ids), WINDOW) if len(ids) - i >= 16]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from batchrun.models.gated_activation import gated_activation
-from batchrun.models.grouped_gemm import ExpertPairs, route
+from batchrun.models.layers.gated_activation import gated_activation
+from batchrun.models.layers.grouped_gemm import ExpertPairs, route
 
 
 class QuantizedExperts(nn.Module):

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from batchrun.models.gguf_weights import read_header, unpermute
-from batchrun.models.loader import GGUF_SOURCE as SOURCE_FILE  # the .gguf a converted folder came from
+from batchrun.models.weights.gguf_weights import read_header, unpermute
+from batchrun.models.weights.loader import GGUF_SOURCE as SOURCE_FILE  # the .gguf a converted folder came from
 from batchrun.models.quant import gguf_blocks as blocks
 from batchrun.models.quant.gguf_blocks import Groups
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from batchrun.models.transformers.support import (UnsupportedModelError, as_transformers_config,
-                                                  choose, effective_window)
+from batchrun.models.config.windows import effective_window
+from batchrun.models.transformers.support import UnsupportedModelError, as_transformers_config, choose
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 
@@ -154,8 +154,8 @@ def decoder_linear_shapes(model) -> dict[tuple[int, int], int]:
 def lora_support(model, hf, impl: str) -> str:
     """Whether LoRA adapters run on the model, and on which of its modules."""
     if impl == "native":
-        if expert_counts(hf)[0]:  # models/moe.py, gpt_oss.py: experts are no linears
-            from batchrun.models import native
+        if expert_counts(hf)[0]:  # models/arch/moe.py, gpt_oss.py: experts are no linears
+            from batchrun.models.arch import native
 
             n = native.module_for(hf).ModelConfig.from_hf(hf).sparse_layers.count(False)
             dense = f", and gate_proj, up_proj, down_proj of its {n} dense layer" \
@@ -197,7 +197,7 @@ def check(hf) -> CheckReport:
     if impl == "refused":
         return report
     if impl == "native":
-        from batchrun.models import native
+        from batchrun.models.arch import native
 
         report.native_file = native.module_for(hf).__name__.rsplit(".", 1)[-1] + ".py"
     model = meta_model(full)
@@ -273,7 +273,7 @@ def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
 
 
 def describe(name: str, report: CheckReport) -> list[str]:
-    path = {"native": f"native (models/{report.native_file})", "transformers": "transformers backend",
+    path = {"native": f"native (models/arch/{report.native_file})", "transformers": "transformers backend",
             "refused": "refused"}[report.impl]
     archs = ", ".join(report.architectures) or "no architectures listed"
     lines = [f"model: {name} ({report.model_type}; {archs})", f"path: {path} ({report.reason})"]

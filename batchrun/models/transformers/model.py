@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from batchrun.models import packed_linear
-from batchrun.models.classifier import classifier_labels
+from batchrun.models.layers import packed_linear
+from batchrun.models.config.classifier import classifier_labels
 from batchrun.models.transformers import attention, probe
 from batchrun.models.transformers.support import UnsupportedModelError
 

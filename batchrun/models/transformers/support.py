@@ -32,30 +32,9 @@ class Verdict:
 
 def native_reason(hf) -> str | None:
     """Why no native model file runs `hf` exactly (None: one does)."""
-    from batchrun.models import native
+    from batchrun.models.arch import native
 
     return native.native_reason(hf)
-
-
-def effective_window(hf) -> int | None:
-    """The sliding window the model's attention applies (Qwen2 and its MoE set one they do not
-    use)."""
-    if getattr(hf, "model_type", "") in ("qwen2", "qwen2_moe", "qwen3_moe") and not getattr(hf, "use_sliding_window", False):
-        return None
-    return getattr(hf, "sliding_window", None)
-
-
-def config_layer_windows(hf) -> tuple[int | None, ...]:
-    """Each layer's sliding window as the config describes it (None: full attention); () when
-    no window is shorter than the context. The probe at load reads the real ones."""
-    window = effective_window(hf)
-    longest = getattr(hf, "max_position_embeddings", None)
-    if not window or (longest and window >= longest):
-        return ()
-    types = getattr(hf, "layer_types", None)
-    if types:
-        return tuple(window if t == "sliding_attention" else None for t in types)
-    return (window,) * hf.num_hidden_layers
 
 
 def transformers_reason(hf) -> str | None:

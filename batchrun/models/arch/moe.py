@@ -3,7 +3,7 @@
 Attention, RoPE, norms and the dense MLP are llama.py's; what differs is the feed-forward block of
 the sparse layers: a router picks top-k experts per token (softmax, then top-k, renormalised where
 the config says), and the experts run as grouped GEMMs over the (token, expert) pairs sorted by
-expert (models/grouped_gemm.py), so a step costs what its active pairs cost, whatever the number
+expert (models/layers/grouped_gemm.py), so a step costs what its active pairs cost, whatever the number
 of experts. Qwen2-MoE adds a shared expert behind a sigmoid gate.
 """
 
@@ -14,10 +14,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from batchrun.models import llama, model_config
-from batchrun.models.grouped_gemm import ExpertPairs, grouped_mm, route
-from batchrun.models.gated_activation import gated_activation
-from batchrun.models.llama import MLP, LlamaModel
+from batchrun.models.arch import llama
+
+from batchrun.models.config import model_config
+from batchrun.models.layers.grouped_gemm import ExpertPairs, grouped_mm, route
+from batchrun.models.layers.gated_activation import gated_activation
+from batchrun.models.arch.llama import MLP, LlamaModel
 
 SUPPORTED_ARCHITECTURES = {
     "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM",
@@ -88,7 +90,7 @@ class Experts(nn.Module):
             self.gate_up_proj_bias = self.down_proj_bias = None
 
     def activate(self, gate_up: torch.Tensor, cpu_kernels=None) -> torch.Tensor:
-        """The gated activation of rows [gate | up] (SwiGLU; models/gpt_oss.py clamps it)."""
+        """The gated activation of rows [gate | up] (SwiGLU; models/arch/gpt_oss.py clamps it)."""
         if self.activation is not None:
             return self.activation(gate_up, cpu_kernels)
         return gated_activation(gate_up, cpu_kernels)

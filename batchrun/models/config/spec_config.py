@@ -16,10 +16,10 @@ def config_for(model: str | None):
     model) without loading, converting or downloading its weights: config.json of the folder or
     of the GGUF's cached conversion, else the GGUF's metadata, else the hub's config.json;
     hf_config.read_config's plain attributes where it reads the file."""
-    from batchrun.models import registry
-    from batchrun.models.hf_config import read_config
-    from batchrun.models.loader import ModelNotFoundError
-    from batchrun.models.resolve import HUB_ID, from_folder
+    from batchrun.models.weights import registry
+    from batchrun.models.config.hf_config import read_config
+    from batchrun.models.weights.loader import ModelNotFoundError
+    from batchrun.models.weights.resolve import HUB_ID, from_folder
 
     spec = (model or "").strip()
     if spec in ("", "default"):
@@ -43,15 +43,15 @@ def config_for(model: str | None):
         except Exception as exc:  # offline, unknown or gated repo
             raise ModelNotFoundError(f"could not read the config of hub model {spec!r}: "
                                      f"{type(exc).__name__}: {exc}") from exc
-    from batchrun.models.resolve import resolve_model
+    from batchrun.models.weights.resolve import resolve_model
 
     resolve_model(spec)  # raises the loader's own explanation
     raise ModelNotFoundError(f"unknown model {spec!r}")  # pragma: no cover
 
 
 def _gguf_config(gguf: Path):
-    from batchrun.models.hf_config import read_config
-    from batchrun.models.loader import gguf_cache_path
+    from batchrun.models.config.hf_config import read_config
+    from batchrun.models.weights.loader import gguf_cache_path
 
     converted = gguf_cache_path(gguf)
     if (converted / "config.json").is_file():
@@ -62,7 +62,7 @@ def _gguf_config(gguf: Path):
 def gguf_file(model: str | None) -> Path | None:
     """The .gguf file `model` (as config_for takes it) loads from, if any: a registry model's,
     a .gguf path, or the source of a converted folder."""
-    from batchrun.models import registry
+    from batchrun.models.weights import registry
     from batchrun.models.quant.gguf import source_of
 
     spec = (model or "").strip()

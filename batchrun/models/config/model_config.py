@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchrun.models.classifier import classifier_labels
+from batchrun.models.config.classifier import classifier_labels
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
@@ -18,7 +18,7 @@ SUPPORTED_ARCHITECTURES = {
 def layer_windows(hf) -> tuple[int | None, ...]:
     """Each layer's sliding window as transformers applies it (None: the whole context): the
     config's window on its `sliding_attention` layers, or on every layer without layer_types."""
-    from batchrun.models.transformers.support import effective_window
+    from batchrun.models.config.windows import effective_window
 
     window = effective_window(hf)
     if window is not None and window >= hf.max_position_embeddings:

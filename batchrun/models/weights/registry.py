@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from batchrun.models.loader import ModelFiles, ModelNotFoundError, convert_gguf, gguf_cache_path
+from batchrun.models.weights.loader import ModelFiles, ModelNotFoundError, convert_gguf, gguf_cache_path
 from batchrun.paths import cache_dir
 
 

@@ -1,8 +1,8 @@
-"""Native GPT-OSS decoder: models/moe.py's experts and llama.py's layers with what GPT-OSS adds.
+"""Native GPT-OSS decoder: models/arch/moe.py's experts and llama.py's layers with what GPT-OSS adds.
 
 - attention: q/k/v/o with biases, a learned sink logit per head that joins each row's softmax
   denominator only (the engine's attention takes it, engine/attention/), sliding-window layers
-  alternating with full ones (layer_types, through the KV groups), YaRN RoPE (models/rope.py);
+  alternating with full ones (layer_types, through the KV groups), YaRN RoPE (models/layers/rope.py);
 - router: a linear with bias, top-k of its logits, then a softmax over the chosen ones;
 - experts: biased gate_up/down as grouped GEMMs over the (token, expert) pairs, with the clamped
   gated activation (up + 1) * gate * sigmoid(alpha * gate), gate <= limit, |up| <= limit.
@@ -19,8 +19,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from batchrun.models import llama, model_config, moe
-from batchrun.models.llama import Attention
+from batchrun.models.arch import llama, moe
+
+from batchrun.models.config import model_config
+from batchrun.models.arch.llama import Attention
 
 SUPPORTED_ARCHITECTURES = {"GptOssForCausalLM"}
 

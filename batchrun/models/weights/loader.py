@@ -94,7 +94,7 @@ def _build_once(target: Path, build, what: str) -> Path:
 
 
 def _dequantise_gguf(gguf: Path, out: Path) -> None:
-    from batchrun.models import gguf_weights
+    from batchrun.models.weights import gguf_weights
 
     if not gguf_weights.supports(gguf):
         return _dequantise_gguf_transformers(gguf, out)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from batchrun.models.packed_linear import PackedLinear
+from batchrun.models.layers.packed_linear import PackedLinear
 
 # 16: a decode step of a few sequences pads little (at 64, padding 16 decode rows made the
 # 49152-wide logits GEMM 3.6x slower), while 256 prefill rows as 16-row slices cost about what

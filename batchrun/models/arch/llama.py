@@ -18,10 +18,10 @@ from torch import nn
 
 from batchrun.engine import kernels
 from batchrun.engine.attention import AttentionMetadata, layer_metadata, paged_attention
-from batchrun.models.gated_activation import gated_activation
-from batchrun.models.model_config import ModelConfig
-from batchrun.models.model_config import SUPPORTED_ARCHITECTURES  # noqa: F401 (native.py reads it here)
-from batchrun.models.rope import RotaryEmbedding, StepRope, longrope_reason
+from batchrun.models.layers.gated_activation import gated_activation
+from batchrun.models.config.model_config import ModelConfig
+from batchrun.models.config.model_config import SUPPORTED_ARCHITECTURES  # noqa: F401 (native.py reads it here)
+from batchrun.models.layers.rope import RotaryEmbedding, StepRope, longrope_reason
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -75,7 +75,7 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.scale = scale or cfg.head_dim ** -0.5
         self.window, self.softcap = window, softcap
-        self.sinks: torch.Tensor | None = None  # [heads] attention sinks (models/gpt_oss.py)
+        self.sinks: torch.Tensor | None = None  # [heads] attention sinks (models/arch/gpt_oss.py)
 
     def forward(self, x, rope: StepRope, kv: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -125,7 +125,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, cfg.windows[index] if cfg.windows else None)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = mlp  # forward(x, cpu_kernels): the dense MLP, or an MoE block (models/moe.py)
+        self.mlp = mlp  # forward(x, cpu_kernels): the dense MLP, or an MoE block (models/arch/moe.py)
 
     def forward(self, x, rope: StepRope, kv, meta):
         x = x + self.self_attn(self.input_layernorm(x), rope, kv, meta)

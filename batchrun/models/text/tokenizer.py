@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from batchrun.models.chat_template import render
+from batchrun.models.text.chat_template import render
 
 # tokenizer_config.json classes that take tokenizer.json as it is (transformers 5 names the
 # generic one TokenizersBackend); others (LlamaTokenizer, Qwen2Tokenizer, ...) may rebuild parts.

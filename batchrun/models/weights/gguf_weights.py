@@ -3,7 +3,7 @@ fast: one pass over the file's header (its 49k-token vocabulary arrays are skipp
 numpy-vectorised dequantisation (gguf.quants) on a few threads, q/k rows un-permuted as
 transformers does, and one safetensors write. transformers' own GGUF loading parses the whole
 file three times and maps tensor names in pure Python (about 15 s for the bundled 135M model);
-this takes about one. The tokenizer is still converted by transformers (models/loader.py).
+this takes about one. The tokenizer is still converted by transformers (models/weights/loader.py).
 tests/integration/test_gguf_convert.py compares the result with transformers' conversion.
 """
 

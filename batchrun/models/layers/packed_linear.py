@@ -47,19 +47,11 @@ class PackedLinear(nn.Module):
 
 
 @torch.no_grad()
-def pack_linears(model: nn.Module, quantization: str = "none", pack_float: bool = True) -> int:
-    """Replace every nn.Linear in `model` by a PackedLinear (pack_float), or with a
-    `quantization` method by its quantized module (models/quant/; the logits layer stays a
-    float PackedLinear); returns how many were replaced."""
-    if quantization != "none":
-        from batchrun.models import quant
-
-        return quant.quantize_linears(model, quantization,
-                                      float_linear=PackedLinear if pack_float else None)
-    if not pack_float:
-        return 0
+def pack_linears(model: nn.Module) -> int:
+    """Replace every nn.Linear in `model` by a PackedLinear; returns how many were replaced
+    (quantized modules instead: quant.replace_linears)."""
     count = 0
-    for name, module in list(model.named_modules()):
+    for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, child_name, PackedLinear(child.weight, child.bias))

@@ -13,19 +13,19 @@ import importlib
 from types import ModuleType
 
 NATIVE_MODULES = {
-    "llama": "batchrun.models.llama",
-    "mistral": "batchrun.models.llama",
-    "qwen2": "batchrun.models.llama",
-    "qwen3": "batchrun.models.llama",
-    "qwen3_moe": "batchrun.models.moe",
-    "qwen2_moe": "batchrun.models.moe",
-    "mixtral": "batchrun.models.moe",
-    "olmoe": "batchrun.models.moe",
-    "gpt_oss": "batchrun.models.gpt_oss",
-    "phi3": "batchrun.models.llama",
-    "gemma": "batchrun.models.gemma",
-    "gemma2": "batchrun.models.gemma",
-    "gemma3_text": "batchrun.models.gemma",
+    "llama": "batchrun.models.arch.llama",
+    "mistral": "batchrun.models.arch.llama",
+    "qwen2": "batchrun.models.arch.llama",
+    "qwen3": "batchrun.models.arch.llama",
+    "qwen3_moe": "batchrun.models.arch.moe",
+    "qwen2_moe": "batchrun.models.arch.moe",
+    "mixtral": "batchrun.models.arch.moe",
+    "olmoe": "batchrun.models.arch.moe",
+    "gpt_oss": "batchrun.models.arch.gpt_oss",
+    "phi3": "batchrun.models.arch.llama",
+    "gemma": "batchrun.models.arch.gemma",
+    "gemma2": "batchrun.models.arch.gemma",
+    "gemma3_text": "batchrun.models.arch.gemma",
 }
 
 

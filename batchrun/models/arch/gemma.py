@@ -16,9 +16,11 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from batchrun.models import llama, model_config
-from batchrun.models.llama import Attention, MLP, RMSNorm
-from batchrun.models.rope import RotaryEmbedding, StepRope, longrope_reason
+from batchrun.models.arch import llama
+
+from batchrun.models.config import model_config
+from batchrun.models.arch.llama import Attention, MLP, RMSNorm
+from batchrun.models.layers.rope import RotaryEmbedding, StepRope, longrope_reason
 
 SUPPORTED_ARCHITECTURES = {"GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"}
 GELU_TANH = {"gelu_pytorch_tanh", "gelu_tanh"}

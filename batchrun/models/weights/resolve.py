@@ -10,8 +10,8 @@ import os
 import re
 from pathlib import Path
 
-from batchrun.models import registry
-from batchrun.models.loader import ModelFiles, ModelNotFoundError, convert_bin_folder, convert_gguf
+from batchrun.models.weights import registry
+from batchrun.models.weights.loader import ModelFiles, ModelNotFoundError, convert_bin_folder, convert_gguf
 
 HUB_ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "merges.txt", "vocab.*"]
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
