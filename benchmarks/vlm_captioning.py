@@ -160,7 +160,8 @@ def run_batchrun(loaded, src: Path, out: Path):
 
     if out.exists():
         out.unlink()
-    plan = job_plan(input=str(src), output=str(out), progress="none", ignore_model_field=True)
+    plan = job_plan(input=str(src), output=str(out), progress="none", ignore_model_field=True,
+                    allow_media_host=["127.0.0.1"])  # the loopback image server, opted in
     with ImageWait() as wait:
         t = time.perf_counter()
         run_batch(loaded, plan)

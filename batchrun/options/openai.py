@@ -3,9 +3,11 @@ the request defaults the user gives for fields a request leaves out."""
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from batchrun.options.fields import option
 
@@ -17,6 +19,8 @@ ToolParserName = Literal["harmony", "hermes", "llama3", "llama3_json", "llama4_j
 ReasoningParserName = Literal["deepseek_r1", "harmony", "mimo", "openai_gptoss", "qwen3", "think"]
 # How /v1/embeddings pools the final hidden states (batchrun.engine.pooling).
 PoolingName = Literal["last", "mean", "cls"]
+_HOST_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?"
+                        r"(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*\.?$")
 
 
 class RequestDefaults(BaseModel):
@@ -73,6 +77,10 @@ class OpenAIOptions(BaseModel):
     allowed_media_path: str | None = option(
         None, "A directory under which image parts may name local files (a path or file:// "
         "URL) [default: no local files].", metavar="DIR")
+    allow_media_host: list[str] = option(
+        list, "Fetch image URLs from this host name or network (CIDR, or one address) even "
+        "though it is not public: loopback, private, link-local and other non-public "
+        "addresses are refused by default. Repeatable.", metavar="HOST|CIDR")
     limit_images_per_prompt: int = option(16, "Images one request may carry.", ge=0)
     media_max_bytes: int = option(20 << 20, "Bytes one image file may have.", ge=1)
     media_max_pixels: int = option(
@@ -85,3 +93,24 @@ class OpenAIOptions(BaseModel):
         "error, timeout, HTTP 429 or 5xx).", ge=0)
     media_fetch_workers: int = option(8, "Threads fetching and decoding images ahead of the "
                                       "engine.", ge=1)
+
+    @field_validator("allow_media_host", mode="before")
+    @classmethod
+    def _media_hosts(cls, value: object) -> object:
+        """A host name or a network, each entry checked (a list, a tuple or one string)."""
+        entries = [value] if isinstance(value, str) else value
+        if not isinstance(entries, (list, tuple)):
+            return value
+        out = []
+        for entry in entries:
+            if not isinstance(entry, str):
+                raise ValueError(f"{entry!r} is not a host name or a network")
+            entry = entry.strip().lower()
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                if not _HOST_NAME.match(entry):
+                    raise ValueError(f"{entry!r} is neither a host name nor an address or "
+                                     "network (CIDR)") from None
+            out.append(entry)
+        return out

@@ -13,7 +13,7 @@ from batchrun.batch.job.runner import run_batch
 from batchrun.llm import load_from_path
 from batchrun.options.engine import EngineConfig
 from tests.helpers import job_plan
-from tests.image_server import ImageServer
+from tests.image_server import HOST, ImageServer
 from tests.openai_batch_shape import error_of
 from tests.tiny_vlms import image, make_tiny_vlm
 
@@ -136,7 +136,8 @@ def test_images_from_everywhere_and_hostile_images_fail_alone(vlm, http_base, im
     plan = job_plan(input=str(src), output=str(tmp_path / "out.jsonl"), progress="none",
                     ignore_model_field=True, storage_options=s3_bucket,
                     allowed_media_path=str(allowed), limit_images_per_prompt=2,
-                    media_max_pixels=1_000_000, media_fetch_timeout=1.5, media_fetch_retries=1)
+                    media_max_pixels=1_000_000, media_fetch_timeout=1.5, media_fetch_retries=1,
+                    allow_media_host=[HOST])
     summary = run_batch(loaded, plan)
     out = {r["custom_id"]: r for r in map(json.loads, open(tmp_path / "out.jsonl"))}
     errors = {r["custom_id"]: r for r in map(json.loads, open(tmp_path / "out.errors.jsonl"))}
@@ -165,6 +166,31 @@ def test_images_from_everywhere_and_hostile_images_fail_alone(vlm, http_base, im
     # the repeated image's placeholder blocks came from the prefix cache
     assert out["http-again"]["response"]["body"]["usage"]["prompt_tokens_details"][
         "cached_tokens"] > 0
+
+
+def test_a_slow_image_holds_back_only_its_own_line_until_the_deadline(vlm, http_base,
+                                                                      images_http, tmp_path):
+    """The first line's image host answers in 5 s (x3 attempts); the lines after it run at
+    once, and at the --deadline only the slow line gets its batch_expired line."""
+    import time
+
+    _, _, loaded = vlm
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join([line("slow", f"{http_base}/slow.png"),
+                              line("red", f"{http_base}/red.png"),
+                              line("blue", f"{http_base}/blue.png"),
+                              line("data", data_url(GREEN))]) + "\n")
+    plan = job_plan(input=str(src), output=str(tmp_path / "out.jsonl"), progress="none",
+                    ignore_model_field=True, allow_media_host=[HOST], deadline="4s")
+    started = time.monotonic()
+    result = run_batch(loaded, plan)
+    assert time.monotonic() - started < 8
+    assert result.status == "expired"
+    out = {r["custom_id"] for r in map(json.loads, open(tmp_path / "out.jsonl"))}
+    errors = {r["custom_id"]: error_of(r) for r in map(json.loads,
+                                                       open(tmp_path / "out.errors.jsonl"))}
+    assert out == {"red", "blue", "data"}
+    assert list(errors) == ["slow"] and errors["slow"]["code"] == "batch_expired"
 
 
 def test_a_text_only_model_refuses_image_parts_naming_them():
@@ -200,7 +226,7 @@ def test_validate_checks_image_parts_and_fetches_them_only_when_asked(http_base,
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(lines) + "\n")
     args = [str(src), "--json", "--ignore-model-field", "--limit-images-per-prompt", "2",
-            "--allowed-media-path", str(allowed)]
+            "--allowed-media-path", str(allowed), "--allow-media-host", HOST]
     hits = images_http.hits.get("/nothing-here.png", 0)
     plain = CliRunner().invoke(validate, args)
     problems = {r["custom_id"]: error_of(r) for r in map(json.loads, plain.stdout.splitlines())}
@@ -226,7 +252,7 @@ def test_serve_answers_the_openai_clients_image_messages(vlm, http_base, tmp_pat
     from tests.server.conftest import serve
 
     hf, processor, loaded = vlm
-    with serve(loaded, tmp_path / "server") as running:
+    with serve(loaded, tmp_path / "server", allow_media_host=[HOST]) as running:
         client = running.client()
         reply = client.chat.completions.create(
             model=loaded.name, max_tokens=MAX_TOKENS, temperature=0, messages=[{
@@ -287,7 +313,10 @@ def test_serve_answers_image_messages_for_gemma3_and_smolvlm(family, tmp_path, s
     assert reply.usage.prompt_tokens == prompt_tokens
 
 
-def test_prefetch_queues_images_ahead_and_says_when_the_next_line_is_ready():
+def test_prefetch_queues_images_ahead_and_hands_out_the_first_ready_line():
+    """A line waiting on a slow image holds back only itself: the next line of the window
+    whose images are there goes first; `wait` returns when an image arrives."""
+    import time
     from concurrent.futures import Future
 
     from batchrun.batch.storage.lines import InputLine
@@ -303,16 +332,20 @@ def test_prefetch_queues_images_ahead_and_says_when_the_next_line_is_ready():
     media = Media()
     items = iter([InputLine(0, 1, line("a", "http://x/1.png")),
                   InputLine(0, 2, line("b", "http://x/2.png", "http://x/1.png")),
-                  InputLine(0, 3, line("c"))])
+                  InputLine(0, 3, line("c")), InputLine(0, 4, line("d", "http://x/2.png"))])
     ahead = Prefetch(items, media, lookahead=2)
-    assert not ahead.ready()  # line 1's image is on its way
+    assert not ahead.ready()  # line 1's image is on its way, and line 2's
     assert set(media.futures) == {"http://x/1.png", "http://x/2.png"}  # two lines ahead
+    started = time.monotonic()
+    ahead.wait(0.2)  # nothing arrives: it comes back after the slice
+    assert 0.15 < time.monotonic() - started < 2
     media.futures["http://x/1.png"].set_result(RED)
     assert ahead.ready() and next(ahead).line == 1
-    assert not ahead.ready()  # line 2 also needs 2.png
+    assert ahead.ready() and next(ahead).line == 3  # line 2 still needs 2.png: 3 goes first
+    assert not ahead.ready()  # lines 2 and 4 wait for 2.png
     media.futures["http://x/2.png"].set_exception(ValueError("404"))
     assert ahead.ready()  # a failed image is ready too: the line becomes its error record
-    assert [x.line for x in ahead] == [2, 3]
+    assert [x.line for x in ahead] == [2, 4]
 
 
 def test_validate_check_prompts_renders_image_lines_through_the_processor(vlm, http_base,
@@ -359,7 +392,8 @@ def test_parquet_flat_table_with_an_image_column(vlm, http_base, tmp_path):
                         "temperature": [0.0]})
     pq.write_table(strings, tmp_path / "urls.parquet")
     run_batch(loaded, job_plan(input=str(tmp_path / "urls.parquet"),
-                               output=str(tmp_path / "out2.jsonl"), progress="none"))
+                               output=str(tmp_path / "out2.jsonl"), progress="none",
+                               allow_media_host=[HOST]))
     (row,) = map(json.loads, open(tmp_path / "out2.jsonl"))
     assert row["response"]["body"]["choices"][0]["message"]["content"] == \
         expected(hf, processor, [RED])[0]

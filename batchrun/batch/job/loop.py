@@ -31,6 +31,7 @@ from batchrun.openai.wire import LineError, RequestError, peek_custom_id
 from batchrun.openai.bodies import batch_error_line, batch_output_line, engine_error
 
 log = logging.getLogger("batchrun.batch")
+_WAIT_SLICE = 0.2  # seconds the loop waits on image fetches between looks at deadline and stop
 
 
 class ChangedInputError(ValueError):
@@ -168,7 +169,7 @@ class Job:
                 self.exhausted = True
                 break
             self.read += 1
-            self.last_lines[item.source] = item.line
+            self.last_lines[item.source] = max(item.line, self.last_lines.get(item.source, 0))
             state = self.committed.get(item.source, item.line)
             if state and state != EXPIRED and not self.committed.changed(
                     item.source, item.line, item.digest):
@@ -222,7 +223,9 @@ class Job:
         while not self.exhausted and len(self.in_flight) < self.max_in_flight:
             if self._stopping():
                 return
-            if ready is not None and self.in_flight and not ready():
+            if ready is not None and not ready():
+                if not self.in_flight:  # nothing to compute: wait a slice, then check the time
+                    self.lines.wait(self._wait_slice())
                 return
             try:
                 item = next(self.lines)
@@ -235,8 +238,14 @@ class Job:
                     self.reporter.set_total(self.read)
                 return
             self.read += 1
-            self.last_lines[item.source] = item.line
+            self.last_lines[item.source] = max(item.line, self.last_lines.get(item.source, 0))
             self.handle(item)
+
+    def _wait_slice(self) -> float:
+        """How long the loop may wait for images before it looks at its deadline and stop."""
+        if self.deadline is None:
+            return _WAIT_SLICE
+        return max(0.0, min(_WAIT_SLICE, self.deadline - time.time()))
 
     def handle(self, item: InputLine) -> None:
         state = self.committed.get(item.source, item.line)

@@ -1,11 +1,14 @@
 """Image fetches started ahead of the job loop: the lines the loop will read next are read now,
 and their image URLs queued on the media fetcher's threads, so the loop (which also steps the
-engine) finds the images decoded when it renders those lines, and admits no line whose images
-are still on their way while the engine has other work."""
+engine) finds the images decoded when it renders those lines. It takes the first line of the
+read-ahead window whose images are all there, so a slow host holds back only the lines that
+name it (the output keeps input order: records carry their positions), and it never blocks on
+a fetch: with nothing else to run it waits in short slices, checking its deadline between."""
 
 from __future__ import annotations
 
 from collections import deque
+from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Any, Iterator
 
 import orjson
@@ -41,9 +44,9 @@ def line_image_urls(text: str | None) -> list[str]:
 
 class Prefetch:
     """`lines`, read up to `lookahead` ahead, each line's images queued on `media` as it is
-    read. `ready()` says whether the next line's images are all decoded (or failed), so the job
-    loop can step the engine instead of waiting on the network. A read error is raised when the
-    loop reaches it, after the lines before it."""
+    read. `ready()` says whether some line's images are all decoded (or failed), and next()
+    gives the first such line (the window's first line when none is); `wait(seconds)` waits
+    for one. A read error is raised when the loop reaches it, after the lines before it."""
 
     def __init__(self, lines: Iterator[InputLine], media: Any, lookahead: int):
         self.lines, self.media, self.lookahead = lines, media, lookahead
@@ -65,14 +68,27 @@ class Prefetch:
                 futures = [self.media.start(url) for url in line_image_urls(item.text)]
                 self.ahead.append((item, futures))
 
+    def _first_ready(self) -> int | None:
+        return next((i for i, (_, futures) in enumerate(self.ahead)
+                     if all(f.done() for f in futures)), None)
+
     def ready(self) -> bool:
         self._fill()
-        return not self.ahead or all(f.done() for f in self.ahead[0][1])
+        return not self.ahead or self._first_ready() is not None
+
+    def wait(self, seconds: float) -> None:
+        """Until a line's images are all there, for at most `seconds`."""
+        pending = {f for _, futures in self.ahead for f in futures if not f.done()}
+        if pending and seconds > 0:
+            wait(pending, timeout=seconds, return_when=FIRST_COMPLETED)
 
     def __next__(self) -> InputLine:
         self._fill()
         if self.ahead:
-            return self.ahead.popleft()[0]
+            index = self._first_ready() or 0
+            item = self.ahead[index][0]
+            del self.ahead[index]
+            return item
         if isinstance(self.end, InputReadError):
             end, self.end = self.end, StopIteration()
             raise end

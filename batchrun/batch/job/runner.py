@@ -221,6 +221,7 @@ def _run(model: ServedModel, engine: EngineClient, plan: JobPlan, staging: Stagi
     except ValueError as exc:  # an option the loaded model cannot take (--score-tokens)
         raise BatchConfigError(str(exc)) from exc
     if serving.media is not None:  # a vision-language model: images fetched ahead of the loop
+        serving.media.deadline = plan.deadline  # no fetch or retry runs past the job's deadline
         lines = Prefetch(lines, serving.media, max(64, 4 * plan.serving.openai.media_fetch_workers))
     job_loop = Job(engine, plan, lines, staging, committed, counts, reporter, metrics,
                    lambda text, line: prepare_line(text, line, serving), stop, on_progress)
