@@ -130,7 +130,7 @@ def test_native_greedy_and_logprobs_match_transformers(arch, path, tmp_path, mon
     hf, engine = backend_engine(arch, tmp_path, impl="native", max_num_batched_tokens=16,
                                 num_blocks=pool_blocks(arch))
     model = engine.runner.model
-    assert type(model).__module__ == f"batchrun.models.{NATIVE_FILES[arch]}"
+    assert type(model).__module__ == f"batchrun.models.arch.{NATIVE_FILES[arch]}"
     assert (model.cpu_kernels is None) == (path == "pytorch-only")
     check_a_busy_engine(hf, engine, arch)
 
