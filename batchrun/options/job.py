@@ -10,6 +10,11 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from batchrun.options.durations import parse_deadline
 from batchrun.options.fields import option
 
+# Seconds a lease may live without a heartbeat: below, a holder's renewals (every TTL/4) race
+# its own expiry; above, a crashed run blocks its output for more than a day. A lease file
+# naming a TTL outside this range is not one a batchrun run wrote (job/lease.py).
+LEASE_TTL_RANGE = (5.0, 86400.0)
+
 FormatName = Literal["jsonl", "jsonl.gz", "jsonl.zst", "jsonl.bz2", "jsonl.xz", "parquet"]
 
 
@@ -59,7 +64,8 @@ class JobOptions(BaseModel):
     lease_ttl: float = option(
         60.0, "Seconds after its last heartbeat (every TTL/4) before a run's lease on the "
         "output may be taken over by another run (a crashed run's lease; on the same machine "
-        "a dead process's lease is taken over at once).", gt=0)
+        "a dead process's lease is taken over at once).", ge=LEASE_TTL_RANGE[0],
+        le=LEASE_TTL_RANGE[1])
     on_changed_input: Literal["rerun", "fail"] = option(
         "rerun", "Resuming, a line whose content changed since its result was committed: run it "
         "again, or stop with exit code 2.")

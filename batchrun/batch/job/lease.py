@@ -6,8 +6,11 @@ it; the other is refused before its model loads. The holder renews it every ttl/
 heartbeat thread rewriting its timestamp, again conditionally: a run that lost it learns so)
 and deletes it at the end. A lease is taken over only when stale: its heartbeat older than
 its TTL, or, on the same machine (boot and PID namespace), its process gone; the takeover is
-logged. A run whose lease was taken (it stalled for longer than the TTL) stops committing and
-exits 1 rather than write beside the new holder. Heartbeats compare wall clocks of different
+logged. A lease whose values no live run writes (a NaN, infinite or future heartbeat, a TTL
+outside --lease-ttl's range) is stale too, with a warning naming the value. The lease file is
+never followed through a symbolic link (storage/conditional.py). A run whose lease was taken
+(it stalled for longer than the TTL) stops committing and exits 1 rather than write beside the
+new holder. Heartbeats compare wall clocks of different
 machines: they must agree to within a fraction of the TTL (NTP does).
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -25,6 +29,7 @@ from typing import Any
 
 from batchrun.batch.storage import io
 from batchrun.batch.storage.conditional import ConditionalObject, conditional_object
+from batchrun.options.job import LEASE_TTL_RANGE
 
 log = logging.getLogger("batchrun.batch")
 LEASE_SUFFIX = ".batchrun-lease"
@@ -84,12 +89,30 @@ class Holder:
             d = json.loads(data)
             return cls(str(d["owner"]), int(d["pid"]), str(d["host"]), str(d["machine"]),
                        float(d["started"]), float(d["heartbeat"]), float(d["ttl"]))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError):
             return None
+
+    def invalid_reason(self, now: float) -> str | None:
+        """Why these values cannot come from a live batchrun run (a NaN, infinite or future
+        heartbeat, a TTL outside --lease-ttl's range, no such PID), or None."""
+        low, high = LEASE_TTL_RANGE
+        if not math.isfinite(self.heartbeat):
+            return f"its heartbeat {self.heartbeat} is not a time"
+        if not (math.isfinite(self.ttl) and 0 < self.ttl <= high):
+            return f"its TTL {self.ttl:g} s is outside {low:g}-{high:g} s"
+        if self.heartbeat > now + max(self.ttl, low):  # more than clock skew can explain
+            return f"its heartbeat is {self.heartbeat - now:.0f} s in the future"
+        if not 0 < self.pid < 1 << 31:
+            return f"its pid {self.pid} is not a process id"
+        return None
 
     def stale_reason(self, ttl: float, now: float | None = None) -> str | None:
         """Why the lease may be taken over, or None while its holder is alive."""
-        age = (now or time.time()) - self.heartbeat
+        now = now or time.time()
+        invalid = self.invalid_reason(now)
+        if invalid is not None:
+            return f"it is not a lease a live run keeps: {invalid}"
+        age = now - self.heartbeat
         if self.machine == _machine() and not _alive(self.pid):
             return f"its process {self.pid} on this machine is gone"
         if age > max(ttl, self.ttl):

@@ -178,7 +178,7 @@ def run_batch(model: ServedModel | None, plan: JobPlan, stop: Any = None,
             lease = lease_for(plan.targets.output, plan.storage, plan.job.lease_ttl)
             if lease is not None:
                 lease.acquire()
-        except OutputBusyError as exc:
+        except (OutputBusyError, OSError) as exc:  # OSError: io.LinkRefused, permissions
             raise BatchConfigError(str(exc)) from exc
         owned = lease
     else:

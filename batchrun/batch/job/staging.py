@@ -117,11 +117,28 @@ class Staging:
 
     def _names(self) -> list[str]:
         if self.local:
-            return sorted(os.listdir(self.root)) if os.path.isdir(self.root) else []
+            return self._local_names()
         self.fs.invalidate_cache(self.root)
         if not self.fs.exists(self.root):
             return []
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False))
+
+    def _local_names(self) -> list[str]:
+        """The folder's entries; StagingError where the folder or an entry is a symbolic link
+        (a link is never followed: a --restart would delete what the folder links to)."""
+        try:
+            io.refuse_link(self.root)
+            if not os.path.isdir(self.root):
+                return []
+            with os.scandir(self.root) as entries:
+                found = list(entries)
+        except io.LinkRefused as exc:
+            raise StagingError(str(exc)) from None
+        linked = next((e.path for e in found if e.is_symlink()), None)
+        if linked is not None:
+            raise StagingError(f"{linked} in the staging folder is a symbolic link: batchrun "
+                               "does not follow links to its own files (remove it)")
+        return sorted(e.name for e in found)
 
     def exists(self) -> bool:
         return _MANIFEST in self._names()
@@ -307,7 +324,8 @@ class Staging:
 
     def _open(self, name: str, small: bool = False) -> IO[bytes]:
         if self.local:
-            return open(self._path(name), "rb", buffering=1 << 16)
+            fd = io.open_no_follow(self._path(name), os.O_RDONLY)
+            return os.fdopen(fd, "rb", buffering=1 << 16)
         return self.fs.open(self._path(name), "rb", block_size=(1 << 16) if small else (1 << 20))
 
     def _write_whole(self, name: str, data: bytes) -> None:
@@ -318,8 +336,9 @@ class Staging:
             self.fs.pipe_file(self._path(name), data)
 
     def _create(self, name: str) -> IO[bytes]:
-        if self.local:
-            return open(self._path(name), "wb")
+        if self.local:  # a new name: whatever is there already (a link) is not written through
+            fd = io.open_no_follow(self._path(name), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            return os.fdopen(fd, "wb")
         return self.fs.open(self._path(name), "wb")
 
     def _remove(self, names: list[str]) -> None:

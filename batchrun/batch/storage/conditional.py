@@ -4,6 +4,7 @@ replace or delete only if unchanged since read. What an exclusive lease needs.
   local  create: the content written to a temp file, then os.link (fails if the name exists:
          O_EXCL's guarantee, with the content whole when it appears); replace/delete: under an
          flock of the file, its content compared first. The token is the content's sha256.
+         A symbolic link at the name is never followed (io.LinkRefused).
   s3     PUT with If-None-Match: * (create) or If-Match: ETAG (replace), DELETE with If-Match;
          the token is the ETag. (AWS S3 since 2024, MinIO, R2, moto.)
   gs     uploads with ifGenerationMatch=0 (create) or =GENERATION (replace), DELETE with
@@ -110,8 +111,8 @@ class _Local(ConditionalObject):
         """An fd of the file now at the path, flock'ed exclusively; None when there is none.
         (The file may be removed between open and lock: then try again.)"""
         while True:
-            try:
-                fd = os.open(self.path, os.O_RDWR)
+            try:  # a link at the lease's name is refused, never written through
+                fd = io.open_no_follow(self.path, os.O_RDWR)
             except FileNotFoundError:
                 return None
             fcntl.flock(fd, fcntl.LOCK_EX)

@@ -7,6 +7,7 @@ URL (s3://, gs://, ...; not local paths and not http(s)), or a dict keyed by pro
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -184,6 +185,33 @@ def sibling_path(path: str, suffix: str) -> str:
             if stem.endswith(ext):
                 stem, changed = stem[: -len(ext)], True
     return stem + suffix
+
+
+class LinkRefused(OSError):
+    """A file batchrun keeps beside the output (a lease, a staging file) is a symbolic link:
+    it is neither followed nor written through (a usage error)."""
+
+
+def open_no_follow(path: str, flags: int, mode: int = 0o666) -> int:
+    """os.open(path, flags) without following a symbolic link at `path`: LinkRefused instead
+    (with O_CREAT | O_EXCL a link, even a dangling one, is FileExistsError as for any name)."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, mode)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+    raise LinkRefused(_linked(path))
+
+
+def refuse_link(path: str) -> None:
+    """LinkRefused when `path` itself is a symbolic link (a folder batchrun keeps its files in)."""
+    if os.path.islink(path):
+        raise LinkRefused(_linked(path))
+
+
+def _linked(path: str) -> str:
+    return (f"{path} is a symbolic link: batchrun does not follow links to the files it keeps "
+            "beside its output (remove the link, or write somewhere else)")
 
 
 def fsync_dir(path: str) -> None:
