@@ -21,11 +21,13 @@ import click
 from batchrun import __version__
 from batchrun.batch.shell.commands import COMMANDS
 from batchrun.models_cli import models
+from batchrun.options.help_sections import OrderedGroup
 from batchrun.server.cli import serve
 from batchrun.sweep.commands import sweep
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OrderedGroup,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
 @click.version_option(__version__, message="%(prog)s %(version)s")
 def main() -> None:
     """Run OpenAI Batch files through a local continuous-batching LLM engine."""

@@ -10,7 +10,7 @@ from batchrun.models.weights.registry import DEFAULT_MODEL, list_models, pull
 
 @click.group("models")
 def models() -> None:
-    """List the known models and fetch them."""
+    """List the known models, fetch them, check what a model folder runs as."""
 
 
 @models.command("list")

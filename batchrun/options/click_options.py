@@ -15,6 +15,7 @@ import click
 from pydantic import BaseModel, ByteSize
 
 from batchrun.options.fields import PublicField, public_fields
+from batchrun.options.help_sections import FieldOption
 
 
 def _inner(annotation: Any) -> Any:
@@ -86,7 +87,8 @@ def click_option(f: PublicField, required: bool = True) -> Callable:
     info, extra = f.info, f.extra
     kind = _inner(info.annotation)
     names = [f.flag] + ([extra["short"]] if extra.get("short") else [])
-    kw: dict[str, Any] = {"default": None, "help": _help(f), "show_default": False}
+    kw: dict[str, Any] = {"default": None, "help": _help(f), "show_default": False,
+                          "cls": FieldOption, "section": f.section}
     if info.is_required() and required:
         kw["required"] = True
     if extra.get("metavar"):

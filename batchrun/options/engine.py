@@ -4,7 +4,7 @@ tests."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict
 
@@ -18,27 +18,28 @@ _STRICT = ConfigDict(extra="forbid", strict=True)
 
 class CacheConfig(BaseModel):
     model_config = _STRICT
+    SECTION: ClassVar[str] = "engine"
 
     block_size: int = option(16, "Tokens per KV block.", cli=False, ge=1)
     kv_cache_memory: ByteSize | None = option(
-        None, "KV cache size, e.g. 2GiB [default: 30% of free memory, at most 4GiB on CPU; 80% "
-        "of free GPU memory].")
+        None, "KV cache size, e.g. 2GiB [default: 30% of free memory up to 4GiB; 80% on a GPU].")
     num_blocks: int | None = option(
         None, "Explicit KV block count (tests force preemption with it); overrides "
         "kv_cache_memory.", cli=False, ge=1)
     enable_prefix_caching: bool = option(True, "Reuse the KV of prompt prefixes already "
                                          "computed.", name="prefix_cache")
     kv_cache_dtype: KvDtype = option(
-        "auto", "KV cache element type; auto = the model's dtype (bfloat16 under --quantization "
-        "int8: the same measured quality, half the bytes). 16-bit halves the memory "
-        "decode attention reads, and changes outputs slightly; fp8 (= fp8_e4m3, CPU, native "
-        "models) stores float8 e4m3 with a K and a V scale per layer from a calibration run "
-        "at load (cached): a quarter of float32's bytes; int8 (CPU): int8 with a float32 scale "
-        "per token and KV head. benchmarks/quality.py measures each.")
+        "auto", "KV cache element type (auto: the model's; bfloat16 under int8). 16-bit halves the "
+        "memory decode attention reads, and changes outputs slightly (under --quantization int8 "
+        "the same measured quality, half the bytes); fp8 (= fp8_e4m3, CPU, native models) stores "
+        "float8 e4m3 with a K and a V scale per layer from a calibration run at load (cached): a "
+        "quarter of float32's bytes; int8 (CPU): int8 with a float32 scale per token and KV head. "
+        "benchmarks/quality.py measures each.", section="precision")
 
 
 class SchedulerConfig(BaseModel):
     model_config = _STRICT
+    SECTION: ClassVar[str] = "engine"
 
     # Measured on 2 CPU cores, full humaneval_chat: 256/2048 gave 141 output tok/s against 126
     # for 64/512 (bigger steps amortise streaming the weights from memory every step).
@@ -52,30 +53,35 @@ class SchedulerConfig(BaseModel):
 
 class DeviceConfig(BaseModel):
     model_config = _STRICT
+    SECTION: ClassVar[str] = "precision"
 
     device: str = option("auto", "auto | cpu | cuda | cuda:N.", cli=False)
     dtype: Dtype = option("auto", "Weights and activations; auto = float32 on CPU, bfloat16 on "
                           "CUDA.")
     quantization: Literal["none", "int8", "int8-weight", "int4-weight", "gguf", "bf16"] = option(
-        "none", "CPU linear layers at reduced precision, quantized at load (the logits layer "
-        "stays in --dtype, except int8's). int8: int8 weights per output channel and int8 "
-        "activations per token (int8 GEMMs, calibrated at load, the logits layer too); int8-weight / int4-weight: weights only (int4 in groups of 32; a "
-        "GGUF's Q4_0/Q4_1/Q4_K blocks as they are), float activations; gguf: a GGUF's "
-        "projections in their own formats, exactly (Q4_0/Q4_1/Q4_K as int4, Q8_0/Q5_K/Q6_K as "
-        "grouped int8; other block types refused); bf16: bfloat16 GEMMs in a float32 model. "
-        "benchmarks/quality.py measures each against float32.")
-    threads: int | None = option(None, "CPU threads [default: all cores].", ge=1)
+        "none", "Run the CPU linear layers at reduced precision, quantized at load. The logits "
+        "layer stays in --dtype, except int8's. int8: int8 weights per output channel and int8 "
+        "activations per token (int8 GEMMs, calibrated at load, the logits layer too); int8-weight "
+        "/ int4-weight: weights only (int4 in groups of 32; a GGUF's Q4_0/Q4_1/Q4_K blocks as "
+        "they are), float activations; gguf: a GGUF's projections in their own formats, exactly "
+        "(Q4_0/Q4_1/Q4_K as int4, Q8_0/Q5_K/Q6_K as grouped int8; other block types refused); "
+        "bf16: bfloat16 GEMMs in a float32 model. benchmarks/quality.py measures each against "
+        "float32.")
+    threads: int | None = option(None, "CPU threads [default: all cores].", ge=1,
+                                 section="engine")
     cuda_graphs: bool = option(True, "Capture decode steps in CUDA graphs (CUDA only).",
                                cli=False)
     attention_kernel: Literal["cascade", "legacy"] = option(
-        "cascade", "CPU attention. cascade: decoding sequences that share prefix KV blocks read "
-        "them once per step as a group, and prefill chunks over a cached context read the paged "
-        "cache in place; legacy: each sequence reads its whole context, prefill chunks run SDPA "
-        "over a gathered copy (the earlier path, kept for comparison).")
+        "cascade", "CPU attention path; cascade reads a shared prefix once per step. cascade: "
+        "decoding sequences that share prefix KV blocks read them once per step as a group, and "
+        "prefill chunks over a cached context read the paged cache in place; legacy: each sequence "
+        "reads its whole context, prefill chunks run SDPA over a gathered copy (the earlier path, "
+        "kept for comparison).", section="engine")
 
 
 class EngineConfig(BaseModel):
     model_config = _STRICT
+    SECTION: ClassVar[str] = "engine"
 
     cache: CacheConfig = option(CacheConfig, "")
     scheduler: SchedulerConfig = option(SchedulerConfig, "")
@@ -83,14 +89,16 @@ class EngineConfig(BaseModel):
     lora: LoraConfig = option(LoraConfig, "")
     max_model_len: int | None = option(None, "Context length [default: the model's].", ge=2)
     model_impl: Literal["auto", "native", "transformers"] = option(
-        "auto", "Model code. native: batchrun's own (Llama, Mistral, Qwen2, Qwen3); "
+        "auto", "The model code: native, transformers or auto (native where it can). native: "
+        "batchrun's own (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, the MoE families, GPT-OSS); "
         "transformers: transformers' modelling code on batchrun's engine (any decoder-only "
-        "attention model); auto: native where it runs the model, else transformers.")
+        "attention model); auto: native where it runs the model, else transformers.",
+        section="model")
     batch_invariant: bool = option(
-        False, "A request's tokens and logprobs do not depend on what else is in the batch, its "
-        "place in it, prefix-cache hits, chunked prefill, Ray replicas or a resume (CPU, "
-        "native models; same machine and --threads). Costs throughput: README, Batch "
-        "invariance.")
+        False, "Make each request's tokens and logprobs independent of the batch it runs in. "
+        "Independent of what else is in the batch, its place in it, prefix-cache hits, chunked "
+        "prefill, Ray replicas or a resume (CPU, native models; same machine and --threads). Costs "
+        "throughput: see the batch invariance guide.")
 
     @classmethod
     def default(cls, **overrides: Any) -> "EngineConfig":

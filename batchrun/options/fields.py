@@ -18,12 +18,15 @@ from pydantic import BaseModel, Field, ValidationError
 
 def option(default: Any = None, help: str = "", *, name: str | None = None, cli: bool = True,
            flag: str | None = None, metavar: str | None = None, short: str | None = None,
-           envvar: str | None = None, **constraints: Any) -> Any:
+           envvar: str | None = None, section: str | None = None, **constraints: Any) -> Any:
     """A pydantic Field carrying what the CLI and job specs need. `name`: the public name (job
     spec key; --name-with-dashes on the command line unless `flag` spells it otherwise).
-    `cli=False`: settable from code (and tests) only. Constraints (ge, le, ...) go to pydantic."""
+    `cli=False`: settable from code (and tests) only. `help`: its first sentence is the one line
+    --help shows, the whole text is the reference's. `section`: the --help section (one of
+    help_sections.SECTIONS) when it is not its model's SECTION. Constraints (ge, le, ...) go to
+    pydantic."""
     extra = {"public": name, "cli": cli, "flag": flag, "metavar": metavar, "short": short,
-             "envvar": envvar}
+             "envvar": envvar, "section": section}
     if callable(default):
         return Field(default_factory=default, description=help, json_schema_extra=extra,
                      **constraints)
@@ -35,6 +38,7 @@ class PublicField:
     name: str  # public: CLI --name-with-dashes, job spec key
     path: tuple[str, ...]  # attribute path inside the model
     info: Any  # pydantic FieldInfo
+    owner_section: str | None = None  # the SECTION of the model that declares the field
 
     @property
     def extra(self) -> dict[str, Any]:
@@ -43,6 +47,11 @@ class PublicField:
     @property
     def flag(self) -> str:
         return self.extra.get("flag") or "--" + self.name.replace("_", "-")
+
+    @property
+    def section(self) -> str | None:
+        """Where --help lists it: the field's own section, else its model's."""
+        return self.extra.get("section") or self.owner_section
 
 
 def _is_model(annotation: Any) -> bool:
@@ -55,7 +64,8 @@ def public_fields(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Itera
             yield from public_fields(info.annotation, prefix + (attr,))
             continue
         extra = info.json_schema_extra or {}
-        yield PublicField(extra.get("public") or attr, prefix + (attr,), info)
+        yield PublicField(extra.get("public") or attr, prefix + (attr,), info,
+                          getattr(model, "SECTION", None))
 
 
 class OptionsError(ValueError):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from batchrun.options.fields import option
@@ -12,13 +14,14 @@ RESERVED_NAMES = ("default",)
 
 class LoraConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+    SECTION: ClassVar[str] = "model"
 
     adapters: dict[str, str] = option(
-        dict, "A LoRA adapter served beside the base model: a PEFT folder (adapter_config.json "
-        "+ adapter_model.safetensors), local or an fsspec URL; a request whose `model` is NAME "
-        "runs on it. Repeatable.", name="lora", flag="--lora", metavar="NAME=PATH")
-    max_loras: int = option(4, "LoRA adapters resident at once (and in one step); the others "
-                            "are loaded on demand, least recently used evicted.", ge=1)
+        dict, "A LoRA adapter served beside the base model (repeatable). PATH is a PEFT folder "
+        "(adapter_config.json + adapter_model.safetensors), local or an fsspec URL; a request "
+        "whose `model` is NAME runs on it.", name="lora", flag="--lora", metavar="NAME=PATH")
+    max_loras: int = option(4, "LoRA adapters resident at once (and in one step). The others are "
+                            "loaded on demand, the least recently used evicted.", ge=1)
     max_lora_rank: int = option(64, "The highest adapter rank accepted.", ge=1)
 
     @field_validator("adapters")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, field_validator
 
@@ -12,17 +12,17 @@ from batchrun.options.fields import option
 
 class ServerOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    SECTION: ClassVar[str] = "server"
 
     host: str = option("127.0.0.1", "Address to listen on.")
     port: int = option(8000, "Port to listen on.", ge=0, le=65535)
     api_key: str | None = option(
-        None, "Require 'Authorization: Bearer KEY' on every route but /health, /metrics and "
-        "/version.", envvar="BATCHRUN_API_KEY")
+        None, "Require 'Authorization: Bearer KEY' on all routes but /health, /metrics, /version.",
+        envvar="BATCHRUN_API_KEY")
     served_model_name: str | None = option(
         None, "The model name the API shows and accepts [default: the model's registry name].")
     data_dir: Path | None = option(
-        None, "Where uploaded files, batch state and batch results live [default: "
-        "$BATCHRUN_CACHE/server].")
+        None, "Where uploads, batch state and results live [default: $BATCHRUN_CACHE/server].")
     max_queued_requests: int = option(1024, "Interactive requests in flight before the API "
                                       "answers 429.", ge=1)
     max_body_size: ByteSize = option(ByteSize(16 << 20), "Largest JSON request body "
@@ -30,8 +30,9 @@ class ServerOptions(BaseModel):
     max_upload_size: ByteSize = option(ByteSize(200 << 20), "Largest file upload (OpenAI's limit "
                                        "for a batch input file) [default: 200MiB].")
     read_timeout: float = option(
-        15.0, "Close a connection that takes longer than this to send a request's header, or "
-        "pauses this long inside its body.", gt=0, metavar="SECONDS")
+        15.0, "Seconds to send a request's header, or to pause inside its body. Past it the "
+        "connection is closed, so half-open and slowloris connections do not pile up.",
+        gt=0, metavar="SECONDS")
     timeout_keep_alive: float = option(5.0, "Close a kept-alive connection idle this long "
                                        "between requests.", gt=0, metavar="SECONDS")
     max_connections: int | None = option(2048, "Open connections (idle ones included) past "

@@ -11,6 +11,7 @@ import click
 from batchrun.options.click_options import click_options
 from batchrun.options.engine import EngineConfig
 from batchrun.options.fields import OptionsError
+from batchrun.options.help_sections import SectionedCommand
 from batchrun.options.job import InputOptions
 from batchrun.options.openai import OpenAIOptions, RequestDefaults
 from batchrun.options.run import from_cli
@@ -31,7 +32,8 @@ def _api_key_from_env(kwargs: dict) -> None:
         kwargs["api_key"] = ""
 
 
-@click.command("serve")
+@click.command("serve", cls=SectionedCommand, first=("server",),
+               short_help="Serve the model over an OpenAI-compatible HTTP API (Batches too).")
 @click_options(InputOptions, only=("model",))
 @click_options(ServerOptions, EngineConfig, OpenAIOptions, RequestDefaults)
 @click.pass_context

@@ -24,7 +24,8 @@ class _SweepGroup(click.Group):
         return super().resolve_command(ctx, args)
 
 
-@click.group("sweep", cls=_SweepGroup, invoke_without_command=False)
+@click.group("sweep", cls=_SweepGroup, invoke_without_command=False,
+             short_help="Score a grid of models, prompts and settings over a dataset.")
 def sweep() -> None:
     """Evaluate a grid of settings over a dataset: `batchrun sweep SPEC.toml [--resume]`
     (see sweeps/*.toml), or `batchrun sweep report DIR` to re-render a sweep's report."""

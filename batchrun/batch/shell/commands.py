@@ -13,6 +13,7 @@ from batchrun.commandkit import EXIT_OK, EXIT_TOO_MANY_FAILED, UsageError, model
 from batchrun.options.click_options import click_options, pairs
 from batchrun.options.engine import EngineConfig
 from batchrun.options.fields import OptionsError
+from batchrun.options.help_sections import SectionedCommand
 from batchrun.options.job import InputOptions, JobOptions, PlanOptions
 from batchrun.options.openai import OpenAIOptions, RequestDefaults
 from batchrun.options.ray import RayOptions
@@ -37,7 +38,8 @@ def _options(build):
         raise UsageError(str(exc)) from None
 
 
-@click.command(epilog=EXIT_CODES_HELP)
+@click.command(cls=SectionedCommand, epilog=EXIT_CODES_HELP,
+               short_help="Run batch files through the model: results in input order.")
 @click.argument("inputs", metavar="INPUT...", nargs=-1, required=True)
 @click_options(JobOptions, InputOptions, EngineConfig, OpenAIOptions, RequestDefaults,
                RayOptions)
@@ -49,7 +51,9 @@ def run(ctx, inputs, **kwargs):
     sys.exit(execute(opts, model_loader(ctx)))
 
 
-@click.command(epilog="\b\nExit codes: 0 every line is valid, 3 some lines are not, 2 usage error.")
+@click.command(cls=SectionedCommand,
+               epilog="\b\nExit codes: 0 every line is valid, 3 some lines are not, 2 usage error.",
+               short_help="Report every problem a run would reject, without running a model.")
 @click.argument("inputs", metavar="INPUT...", nargs=-1, required=True)
 @click_options(InputOptions, OpenAIOptions)
 @click.option("--check-prompts", is_flag=True, help="Also render each chat template and check "
@@ -128,7 +132,8 @@ def _tokenizer_model(model, max_model_len):
         raise UsageError(str(exc)) from exc
 
 
-@click.command(epilog=EXIT_CODES_HELP)
+@click.command(epilog=EXIT_CODES_HELP,
+               short_help="Run a job spec: run's options in a TOML file (cron, Airflow).")
 @click.argument("spec", type=click.Path(dir_okay=False))
 @click.option("--var", "variables", multiple=True, callback=pairs, metavar="NAME=VALUE",
               help="Value for {NAME} in the spec's paths (e.g. --var date=2024-06-01). Repeatable.")
@@ -152,7 +157,8 @@ def job(ctx, spec, variables, restart, dry_run):
     sys.exit(execute(opts, model_loader(ctx)))
 
 
-@click.command()
+@click.command(cls=SectionedCommand,
+               short_help="Tokens, cache hits, memory and time a run would take; no weights.")
 @click.argument("inputs", metavar="INPUT...", nargs=-1, required=True)
 @click_options(PlanOptions, JobOptions, InputOptions, EngineConfig, OpenAIOptions,
                RequestDefaults, RayOptions, optional=("output",))
