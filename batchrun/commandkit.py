@@ -1,11 +1,13 @@
 """What the commands (run, sweep, serve) share: their exit codes, the usage error, the model
 loader (on Ray when asked) with the errors a user can fix reported as usage errors, and the
-SIGINT/SIGTERM handling of a run that can be resumed."""
+SIGINT/SIGTERM handling of a run that can be resumed (bounded: it always ends the process)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 import click
@@ -16,6 +18,10 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_CRASH, EXIT_USAGE, EXIT_TOO_MANY_FAILED, EXIT_EXPIRED, EXIT_INTERRUPTED = \
     0, 1, 2, 3, 4, 75
 INTERRUPTED = "interrupted; what finished is committed: rerun with --resume"
+# After a first signal, seconds beyond the grace period the run gets to wind down (abort, commit)
+# before it is stopped at once; after a second, seconds before the process exits regardless.
+WIND_DOWN_S = 30.0
+LAST_RESORT_S = 10.0
 
 # (model name or path, EngineConfig) -> a loaded model (batchrun.served_model.ServedModel)
 Loader = Callable[[str | None, Any], Any]
@@ -59,23 +65,50 @@ def on_ray(options: RayOptions, load: Loader) -> Loader:
 
 
 class Signals:
-    """SIGINT/SIGTERM: the first stops admitting and lets in-flight requests finish within the
-    grace period, the second drops them, the third raises KeyboardInterrupt. `stop` is a
-    batch.job.loop.StopRequest; `log` the command's logger."""
+    """SIGINT/SIGTERM of a resumable run: the first stops admitting and lets in-flight requests
+    finish within the grace period; the second ends the run at once (KeyboardInterrupt: the job
+    loop commits what finished on its way out). Whatever the main thread is doing (a render, a
+    fetch, a long step), the process ends within a bounded time: `grace + WIND_DOWN_S` seconds
+    after the first signal a watchdog thread delivers the second itself, and LAST_RESORT_S
+    after a second signal that did not end the run (the main thread stuck in native code) the
+    process exits 75 without waiting. `stop` is a batch.job.loop.StopRequest; `log` the
+    command's logger."""
 
-    def __init__(self, stop: Any, log: logging.Logger):
-        self.stop, self.log = stop, log
+    def __init__(self, stop: Any, log: logging.Logger, grace: float = 10.0):
+        self.stop, self.log, self.grace = stop, log, grace
         self._old: dict[int, Any] = {}
+        self._timers: list[threading.Timer] = []
+        self._forced = False  # the watchdog sent the signal now being handled
 
     def _handle(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
-        if self.stop.immediate:
-            raise KeyboardInterrupt
-        self.stop.set()
-        if self.stop.immediate:
-            self.log.warning("%s again: dropping the requests in flight", name)
-        else:
+        if not self.stop.is_set():
+            self.stop.set()
             self.log.warning("%s: stopping (send it again to stop at once)", name)
+            self._arm(self.grace + WIND_DOWN_S, self._force)
+            return
+        self.stop.set()  # immediate: a loop that looks drops what is in flight
+        if not self._forced:
+            self.log.warning("%s again: stopping at once; what finished is committed", name)
+        self._arm(LAST_RESORT_S, self._exit_now)
+        raise KeyboardInterrupt
+
+    def _arm(self, seconds: float, action: Callable[[], None]) -> None:
+        timer = threading.Timer(seconds, action)
+        timer.daemon = True
+        timer.start()
+        self._timers.append(timer)
+
+    def _force(self) -> None:
+        self.log.warning("still running %.0f s after the signal: stopping at once; what "
+                         "finished is committed", self.grace + WIND_DOWN_S)
+        self._forced = True
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    def _exit_now(self) -> None:
+        self.log.error("the run did not stop %.0f s after it was told to stop at once: "
+                       "exiting; %s", LAST_RESORT_S, INTERRUPTED)
+        os._exit(EXIT_INTERRUPTED)
 
     def __enter__(self) -> "Signals":
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -83,6 +116,8 @@ class Signals:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        for timer in self._timers:
+            timer.cancel()
         for sig, old in self._old.items():
             signal.signal(sig, old)
 

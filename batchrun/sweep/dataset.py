@@ -12,7 +12,7 @@ import jinja2.meta
 from batchrun.batch.storage.store import Storage
 from batchrun.sweep.scorers import Example
 from batchrun.sweep.spec import DatasetSpec, SpecError
-from batchrun.sweep.templating import BoundedEnvironment
+from batchrun.templating import BoundedEnvironment
 
 _ENV = BoundedEnvironment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 

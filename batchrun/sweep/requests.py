@@ -19,7 +19,7 @@ from batchrun.sweep.cells import Cell
 from batchrun.sweep.dataset import Template
 from batchrun.sweep.scorers import Example, ScoreError
 from batchrun.sweep.spec import SpecError
-from batchrun.sweep.templating import RenderError
+from batchrun.templating import RenderError
 
 
 @dataclass

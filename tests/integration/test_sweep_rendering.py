@@ -16,8 +16,8 @@ import jinja2
 import polars as pl
 import pytest
 
-from batchrun.sweep import templating
-from batchrun.sweep.templating import BoundedEnvironment, RenderError
+from batchrun import templating
+from batchrun.templating import BoundedEnvironment, RenderError
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = [{"id": 1, "question": "a", "hint": "h"}, {"id": 2, "question": "b", "hint": None}]

@@ -73,7 +73,7 @@ def _execute(opts: RunOptions, plan: Any, load: Loader) -> int:
         return _exit_code(run_batch(None, plan), opts)
 
     stop = StopRequest()
-    with Signals(stop, log):
+    with Signals(stop, log, grace=opts.job.grace_period):
         try:
             if not quiet:
                 click.echo(f"loading model {opts.inputs.model or '(default: smollm2-135m)'} ...",

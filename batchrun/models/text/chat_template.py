@@ -3,7 +3,9 @@
 `{% generation %}` block, `tojson` without HTML escaping, `raise_exception`, `strftime_now`), the
 tokenizer's special tokens as variables, reasoning fields aliased, and continue_final_message
 cut at the end of the final message. Without importing transformers (about a second and a half
-of start-up). tests/unit/test_tokenizer_parity.py checks it against transformers.
+of start-up). tests/unit/test_tokenizer_parity.py checks it against transformers. Renders are
+bounded in time and size (batchrun.templating): a template that does not finish raises
+RenderError, which the request's rendering turns into that line's error.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from functools import lru_cache
 from typing import Any
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+# A rendered conversation may be as long as the longest contexts (4M tokens or so); the time
+# and every other limit are batchrun.templating's, as for a sweep's prompts.
+RENDER_CHARS = 16 << 20
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
@@ -22,7 +27,8 @@ def compile_template(source: str):
     import jinja2
     from jinja2 import nodes
     from jinja2.ext import Extension, loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from batchrun.templating import ImmutableBoundedEnvironment
 
     class Generation(Extension):
         """`{% generation %}...{% endgeneration %}` (assistant-mask tags): renders its body."""
@@ -43,8 +49,8 @@ def compile_template(source: str):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                           sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, loopcontrols])
+    env = ImmutableBoundedEnvironment(chars=RENDER_CHARS, wrap_errors=False, trim_blocks=True,
+                                      lstrip_blocks=True, extensions=[Generation, loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

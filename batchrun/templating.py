@@ -1,11 +1,14 @@
-"""The Jinja environment a sweep's prompts render in: Jinja's sandbox (no attribute of Python
-internals, no unsafe callables), StrictUndefined (a missing column is an error, not ""), and
-limits on what one render may cost: RENDER_SECONDS of wall time (checked at every call,
-attribute or item lookup, filter, loop step over range() and output chunk), RENDER_CHARS of
-output, ranges of at most MAX_RANGE items, and no integer operand above MAX_OPERAND to `*`,
-`**`, `%` or a filter (the ways one expression can allocate gigabytes). render() turns any
-failure (an error of the template, a TypeError of the row's values, a limit) into RenderError,
-which the sweep records as that row's error.
+"""Jinja environments whose renders are bounded: a sweep's prompts (sweep/dataset.py, with
+StrictUndefined: a missing column is an error, not "") and chat templates
+(models/text/chat_template.py, immutable like transformers'). Jinja's sandbox (no attribute of
+Python internals, no unsafe callables) plus limits on what one render may cost: RENDER_SECONDS
+of wall time (checked at every call, attribute or item lookup, filter, loop step over range()
+and output chunk), RENDER_CHARS of output (or the environment's own `chars`), ranges of at
+most MAX_RANGE items, no integer operand above MAX_OPERAND to `*`, `**`, `%` or a filter, and
+no string or list repeated past RENDER_CHARS items (the ways one expression can allocate
+gigabytes). Every render, `env.render(template, row)` or a compiled template's own
+`render(...)`, turns any failure (an error of the template, a TypeError of the values, a
+limit) into RenderError, which the caller records as that row's or line's error.
 """
 
 from __future__ import annotations
@@ -49,11 +52,61 @@ def _wide_format(value: Any) -> bool:
     return isinstance(value, str) and _WIDE.search(value) is not None
 
 
+def _long_repeat(operator: str, left: Any, right: Any) -> bool:
+    """`'x' * n` or `[..] * n` whose result would pass RENDER_CHARS items."""
+    if operator != "*":
+        return False
+    for seq, times in ((left, right), (right, left)):
+        if isinstance(seq, (str, list, tuple)) and isinstance(times, int) and \
+                len(seq) * times > RENDER_CHARS:
+            return True
+    return False
+
+
+class _Range:
+    """range() for templates: a sequence like range's whose iteration checks the deadline."""
+
+    def __init__(self, span: range, tick: Callable[[], None]):
+        self.span, self.tick = span, tick
+
+    def __iter__(self):
+        for value in self.span:
+            self.tick()
+            yield value
+
+    def __reversed__(self):
+        return iter(_Range(self.span[::-1], self.tick))
+
+    def __len__(self) -> int:
+        return len(self.span)
+
+    def __getitem__(self, index: Any) -> Any:
+        item = self.span[index]
+        return _Range(item, self.tick) if isinstance(item, range) else item
+
+    def __contains__(self, value: Any) -> bool:
+        return value in self.span
+
+
+class BoundedTemplate(jinja2.Template):
+    """A template whose own render() is the environment's bounded one."""
+
+    def render(self, *args: Any, **kwargs: Any) -> str:
+        return self.environment.render(self, dict(*args, **kwargs))
+
+
 class BoundedEnvironment(jinja2.sandbox.SandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**", "%"})
+    template_class = BoundedTemplate
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, chars: int | None = None, wrap_errors: bool = True,
+                 **options: Any) -> None:
+        """`chars`: the output limit of this environment's renders [RENDER_CHARS].
+        `wrap_errors=False`: the template's own errors propagate as they are (a chat
+        template's raise_exception is a TemplateError, as in transformers); only a limit is
+        a RenderError."""
         super().__init__(**options)
+        self.chars, self.wrap_errors = chars, wrap_errors
         self.globals.pop("lipsum", None)  # lipsum(n) writes n paragraphs
         self.globals["range"] = self._range
         self.filters = {name: self._bounded(name, f) for name, f in self.filters.items()}
@@ -64,13 +117,11 @@ class BoundedEnvironment(jinja2.sandbox.SandboxedEnvironment):
         if deadline is not None:
             deadline.check()
 
-    def _range(self, *args: int):
+    def _range(self, *args: int) -> _Range:
         span = range(*args)
         if len(span) > MAX_RANGE:
             raise RenderError(f"range() of {len(span)} items (at most {MAX_RANGE})")
-        for value in span:
-            self._tick()
-            yield value
+        return _Range(span, self._tick)
 
     def _bounded(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
         # compiled templates call filters directly, not through call_filter
@@ -107,6 +158,8 @@ class BoundedEnvironment(jinja2.sandbox.SandboxedEnvironment):
         if operator == "**" and _big_int(right) or operator != "**" and \
                 any(_big_int(v) for v in operands) or operator == "%" and _wide_format(left):
             raise RenderError(f"an operand of {operator!r} over {MAX_OPERAND}")
+        if _long_repeat(operator, left, right):
+            raise RenderError(f"a repetition of more than {RENDER_CHARS} items")
         if operator == "**" and isinstance(left, int) and isinstance(right, int) and \
                 abs(left) > 1 and right * max(abs(left).bit_length(), 1) > 8 * MAX_OPERAND:
             raise RenderError(f"{left} ** {right} is too large")
@@ -115,20 +168,26 @@ class BoundedEnvironment(jinja2.sandbox.SandboxedEnvironment):
     def render(self, template: jinja2.Template, row: dict[str, Any]) -> str:
         """The template's output for `row`, within the limits (RenderError otherwise)."""
         deadline = self._local.deadline = _Deadline()
+        limit = self.chars or RENDER_CHARS
         try:
             chunks, size = [], 0
             for chunk in template.generate(**row):
                 size += len(chunk)
-                if size > RENDER_CHARS:
-                    raise RenderError(f"the output passed {RENDER_CHARS} characters")
+                if size > limit:
+                    raise RenderError(f"the output passed {limit} characters")
                 deadline.check()
                 chunks.append(chunk)
             return "".join(chunks)
         except RenderError:
             raise
-        except jinja2.TemplateError as exc:
-            raise RenderError(f"{type(exc).__name__}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - a row's values meet the template's operators
+            if not self.wrap_errors:
+                raise
             raise RenderError(f"{type(exc).__name__}: {exc}") from None
         finally:
             self._local.deadline = None
+
+
+class ImmutableBoundedEnvironment(BoundedEnvironment, jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """The bounded environment that also refuses to modify lists and dicts in place, as the
+    environment transformers renders chat templates in does."""
