@@ -106,8 +106,10 @@ class ChatFormatter:
         delta = parser.feed(self._text(c))
         last = parser.finish()
         reasoning = (delta.reasoning + last.reasoning) or None
-        content = (delta.content + last.content) or None
         calls = self._calls(delta.tool_calls + last.tool_calls)
+        # Nothing generated at all (EOS first, e.g. forced by logit_bias) is "" as OpenAI
+        # answers; null only where the turn holds tool calls or reasoning instead.
+        content = (delta.content + last.content) or (None if calls or reasoning else "")
         if self.echo:
             content = self.echo + (content or "")
         message: dict[str, Any] = {"role": "assistant", "content": content}

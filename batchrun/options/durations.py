@@ -9,6 +9,7 @@ from datetime import datetime
 _UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)([dhms]))+$")
 _PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
+MAX_DURATION = 10 * 365 * 86400.0  # ten years: past it a deadline is a mistake (or inf, 1e308)
 
 
 def parse_duration(text: str) -> float:
@@ -22,6 +23,8 @@ def parse_duration(text: str) -> float:
         seconds = sum(float(n) * _UNITS[u] for n, u in _PART.findall(text))
     if not seconds > 0:
         raise ValueError(f"{text!r}: a duration must be positive")
+    if not seconds <= MAX_DURATION:  # inf and nan fail this too
+        raise ValueError(f"{text!r}: a duration must be at most ten years")
     return seconds
 
 

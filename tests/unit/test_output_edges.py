@@ -121,6 +121,20 @@ def test_a_stop_sequence_or_no_grammar_keeps_stop(serving, smol_tokenizer):
         "finish_reason"] == "stop"
 
 
+def test_an_answer_of_only_eos_has_empty_content_not_null(serving, smol_tokenizer):
+    """logit_bias forcing EOS: the choice finishes at once with content "" (OpenAI's answer),
+    in the body and in the stream."""
+    prepared = serving.prepare(CHAT, chat(logit_bias={str(smol_tokenizer.eos_token_id): 100}))
+    assert prepared.params.logit_bias == {smol_tokenizer.eos_token_id: 100}
+    message = prepared.finalize(_finished(prepared, "", smol_tokenizer))["choices"][0]["message"]
+    assert message["content"] == ""
+    chunks = prepared.chunks()
+    chunks.start()
+    sent = chunks.update(_finished(prepared, "", smol_tokenizer))
+    assert all(c["choices"][0]["delta"].get("content") in (None, "")
+               for c in sent if c.get("choices"))
+
+
 # --- non-finite weights ---------------------------------------------------------------------
 
 def _poison(file, key_part: str, value: float) -> str:
