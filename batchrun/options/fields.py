@@ -11,9 +11,10 @@ leaf has one public name, unique across the tree, used alike as `--max-num-seqs`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, TypeGuard
 
 from pydantic import BaseModel, Field, ValidationError
+from pydantic.fields import FieldInfo
 
 
 def option(default: Any = None, help: str = "", *, name: str | None = None, cli: bool = True,
@@ -25,7 +26,7 @@ def option(default: Any = None, help: str = "", *, name: str | None = None, cli:
     --help shows, the whole text is the reference's. `section`: the --help section (one of
     help_sections.SECTIONS) when it is not its model's SECTION. Constraints (ge, le, ...) go to
     pydantic."""
-    extra = {"public": name, "cli": cli, "flag": flag, "metavar": metavar, "short": short,
+    extra: dict[str, Any] = {"public": name, "cli": cli, "flag": flag, "metavar": metavar, "short": short,
              "envvar": envvar, "section": section}
     if callable(default):
         return Field(default_factory=default, description=help, json_schema_extra=extra,
@@ -37,12 +38,12 @@ def option(default: Any = None, help: str = "", *, name: str | None = None, cli:
 class PublicField:
     name: str  # public: CLI --name-with-dashes, job spec key
     path: tuple[str, ...]  # attribute path inside the model
-    info: Any  # pydantic FieldInfo
+    info: FieldInfo
     owner_section: str | None = None  # the SECTION of the model that declares the field
 
     @property
     def extra(self) -> dict[str, Any]:
-        return self.info.json_schema_extra or {}
+        return _extra(self.info)
 
     @property
     def flag(self) -> str:
@@ -54,7 +55,13 @@ class PublicField:
         return self.extra.get("section") or self.owner_section
 
 
-def _is_model(annotation: Any) -> bool:
+def _extra(info: FieldInfo) -> dict[str, Any]:
+    # option() always passes a dict; a plain Field() has none.
+    extra = info.json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
+def _is_model(annotation: Any) -> TypeGuard[type[BaseModel]]:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
@@ -63,7 +70,7 @@ def public_fields(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Itera
         if _is_model(info.annotation):
             yield from public_fields(info.annotation, prefix + (attr,))
             continue
-        extra = info.json_schema_extra or {}
+        extra = _extra(info)
         yield PublicField(extra.get("public") or attr, prefix + (attr,), info,
                           getattr(model, "SECTION", None))
 
