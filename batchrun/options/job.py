@@ -122,7 +122,7 @@ class PlanOptions(BaseModel):
     SECTION: ClassVar[str] = "plan"
 
     calibration: Literal["auto", "last-run", "benchmark"] = option(
-        "auto", "What the time estimate is calibrated by: the last completed run of this model "
-        "on this machine, or a few-second micro-benchmark of the engine; auto = the last run "
-        "where there is one.")
+        "auto", "What the time estimate is calibrated by: the recent completed runs of this "
+        "model on this machine that did enough work (16 requests or more), or a few-second "
+        "micro-benchmark of the engine; auto = those runs where there are any.")
     as_json: bool = option(False, "Print the plan as one JSON object.", name="json")

@@ -52,6 +52,42 @@ def test_counts_and_tokens_match_what_the_run_reported(tmp_path):
     assert got["weights_bytes"] > 500 << 20 and got["kv_blocks"] > 0 and got["kv_bytes"] > 0
 
 
+def test_a_small_last_run_does_not_calibrate_and_the_range_is_stated(tmp_path, monkeypatch):
+    """A one-request run after the sample's 30-request run: the plan still calibrates on the
+    30-request run (its file is planned at that run's time) and states the likely range."""
+    from batchrun.batch.estimate import calibrate, throughput
+
+    monkeypatch.setenv("BATCHRUN_RUNS_DIR", str(tmp_path))
+    key = run_key("smollm2-135m", EngineConfig())
+    save_run({"status": "completed", "requests": {"total": 30, "ok": 30, "failed": 0},
+              "prompt_tokens": 1401, "completion_tokens": 1019, "cached_tokens": 224,
+              "requested_completion_tokens": 1304, "wall_time_s": 40.1, "input": "chat.jsonl",
+              "engine": {"steps": 129}}, key)
+    save_run({"status": "completed", "requests": {"total": 1, "ok": 1, "failed": 0},
+              "prompt_tokens": 37, "completion_tokens": 8, "cached_tokens": 0,
+              "requested_completion_tokens": 32, "wall_time_s": 6.3, "input": "one.jsonl",
+              "engine": {"steps": 8}}, key)
+    got = run_plan(SAMPLES / "chat.jsonl")
+    assert "chat.jsonl (30 requests, 40.1 s)" in got["calibration"]
+    assert got["estimated_seconds"] == pytest.approx(40.1, rel=0.05)
+    assert got["estimated_seconds_low"] < got["estimated_seconds"] < got["estimated_seconds_high"]
+    assert got["confidence"] == "medium"
+    text = CliRunner().invoke(plan, [str(SAMPLES / "chat.jsonl")]).stdout
+    assert "likely" in text and "confidence  medium: 1 run of at least 16 requests" in text
+
+    # Only the small run left: the micro-benchmark (stubbed here: seconds of benchmarking) with
+    # a low confidence saying why.
+    monkeypatch.setenv("BATCHRUN_RUNS_DIR", str(tmp_path / "small"))
+    save_run({"status": "completed", "requests": {"total": 1, "ok": 1, "failed": 0},
+              "prompt_tokens": 37, "completion_tokens": 8, "wall_time_s": 6.3,
+              "engine": {"steps": 8}}, key)
+    monkeypatch.setattr(calibrate, "calibrate", lambda cfg, engine: throughput.prior(cfg))
+    got = run_plan(SAMPLES / "chat.jsonl")
+    assert got["confidence"] == "low" and "(1 request, 8 engine steps) is too small" in \
+        got["confidence_basis"]
+    assert got["estimated_seconds_high"] / got["estimated_seconds_low"] > 10
+
+
 def test_invalid_lines_are_counted_as_validate_counts_them():
     got = run_plan(SAMPLES / "malformed.jsonl")
     result = CliRunner().invoke(validate, [str(SAMPLES / "malformed.jsonl"), "--check-prompts",
@@ -101,7 +137,7 @@ def test_text_report_names_every_figure():
     result = CliRunner().invoke(plan, [str(SAMPLES / "chat.jsonl")])
     assert result.exit_code == 0, result.output
     for words in ("30: 30 valid", "1,401 tokens", "expected hit rate 16.0%", "1,304 requested",
-                  "weights", "KV cache", "estimated (calibrated by last run"):
+                  "weights", "KV cache", "estimated, likely", "(calibrated by last run"):
         assert words in result.stdout, result.stdout
 
 

@@ -1,6 +1,7 @@
 """The throughput model: calibration on a tiny model, the estimate's monotonicity, the run store."""
 
 import dataclasses
+import json
 import math
 import time
 
@@ -10,7 +11,7 @@ from transformers import AutoConfig
 from batchrun.batch.estimate import run_store
 
 from batchrun.batch.estimate import throughput
-from batchrun.batch.estimate.run_store import load_last_run, save_run
+from batchrun.batch.estimate.run_store import load_runs, save_run
 from batchrun.batch.estimate.calibrate import _bench_model, _NoTokenizer, _StepRecorder, calibrate
 from batchrun.batch.estimate.throughput import (Calibration, WorkloadShape, calibration_from_run,
                                        estimate_seconds, estimate_steps)
@@ -169,21 +170,34 @@ def test_calibration_from_run_round_trips_a_summary(tiny_config):
 
 def test_store_keys_by_model_and_machine(tmp_path, monkeypatch, tiny_config):
     monkeypatch.setenv("BATCHRUN_RUNS_DIR", str(tmp_path / "runs"))
-    assert load_last_run("smollm2-135m") is None
+    assert load_runs("smollm2-135m") == []
     path = save_run(summary(), "smollm2-135m")
     assert path.parent == tmp_path / "runs"
-    record = load_last_run("smollm2-135m")
+    [record] = load_runs("smollm2-135m")
     assert record["summary"]["wall_time_s"] == 40.0 and record["model"] == "smollm2-135m"
     cal = calibration_from_run(record, EngineConfig.default(), tiny_config)
     assert cal.source.startswith("last run 20")
-    assert load_last_run("other/model") is None
+    assert load_runs("other/model") == []
     save_run(summary(wall=50.0), "smollm2-135m")
-    assert load_last_run("smollm2-135m")["summary"]["wall_time_s"] == 50.0
+    assert [r["summary"]["wall_time_s"] for r in load_runs("smollm2-135m")] == [50.0, 40.0]
     real = run_store.machine_info()
     monkeypatch.setattr(run_store, "machine_info", lambda: {**real, "cpu": "another CPU"})
-    assert load_last_run("smollm2-135m") is None  # another machine's run does not calibrate
+    assert load_runs("smollm2-135m") == []  # another machine's run does not calibrate
     monkeypatch.setattr(run_store, "machine_info", lambda: {**real, "threads": real["threads"] + 1})
-    assert load_last_run("smollm2-135m") is None
+    assert load_runs("smollm2-135m") == []
+
+
+def test_the_store_keeps_recent_runs_and_reads_a_single_run_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("BATCHRUN_RUNS_DIR", str(tmp_path))
+    for wall in range(1, run_store.KEEP + 3):
+        save_run(summary(wall=float(wall)), "m")
+    walls = [r["summary"]["wall_time_s"] for r in load_runs("m")]
+    assert walls == [float(w) for w in range(run_store.KEEP + 2, 2, -1)]
+    # The file an earlier version wrote: one record, no list.
+    path = save_run(summary(), "old")
+    stored = json.loads(path.read_text())["runs"][0]
+    path.write_text(json.dumps(stored))
+    assert [r["summary"]["wall_time_s"] for r in load_runs("old")] == [40.0]
 
 
 # sample_data/chat.jsonl's kind of run: 30 lines sent at once, max_tokens 128 each, answers

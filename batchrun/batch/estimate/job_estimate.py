@@ -71,6 +71,11 @@ class Estimate:
     block_size: int = 16
     concurrency: int = 0  # requests running at once (max_num_seqs, in-flight window, KV room)
     estimated_seconds: float | None = None
+    # Where the run's time likely falls, and how sure that is (batch/estimate/confidence.py).
+    estimated_seconds_low: float | None = None
+    estimated_seconds_high: float | None = None
+    confidence: str = ""  # low | medium | high
+    confidence_basis: str = ""
     calibration: str = ""
     assumptions: list[str] = field(default_factory=list)  # what the sizes and times assume
 
@@ -146,10 +151,10 @@ def _fills_context(prepared: Any) -> bool:
 
 def estimate_plan(plan: JobPlan, calibration: str = "auto",
                   on_stage: Callable[[str], None] = lambda text: None) -> Estimate:
-    """Everything `batchrun plan` prints. `calibration`: auto (the last run of this model on
-    this machine, else the micro-benchmark), last-run (fail over to the benchmark with a note),
-    benchmark."""
-    from batchrun.batch.estimate import calibrate, run_store, throughput
+    """Everything `batchrun plan` prints. `calibration`: auto (the recent runs of this model on
+    this machine that did enough work, confidence.calibrating_runs, else the micro-benchmark),
+    last-run (fail over to the benchmark with a note), benchmark."""
+    from batchrun.batch.estimate import calibrate, confidence, run_store, throughput
     from batchrun import footprint
 
     spec = plan.inputs.model
@@ -163,7 +168,9 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     sharing = PrefixSharing(engine.cache.block_size, blocks // len(groups.groups),
                             enabled=engine.cache.enable_prefix_caching)
     key = run_key(model.name, engine)
-    last = run_store.load_last_run(key) if calibration in ("auto", "last-run") else None
+    recorded = run_store.load_runs(key) if calibration in ("auto", "last-run") else []
+    runs, passed_over = confidence.calibrating_runs(recorded)
+    last = runs[0] if runs else None
     summary = (last or {}).get("summary", {})
     generated, requested = summary.get("completion_tokens"), \
         summary.get("requested_completion_tokens")
@@ -194,18 +201,29 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
         mean, bs, engine.scheduler.max_num_batched_tokens))
     estimate.concurrency = throughput.concurrency(shape, engine, plan.max_in_flight, blocks)
 
-    cal = throughput.calibration_from_run(
-        last, engine, cfg, max_in_flight=plan.max_in_flight,
-        num_blocks=blocks) if last is not None else None
-    if cal is None:
+    def seconds(cal) -> float:
+        return throughput.estimate_seconds(shape, cal, engine, max_in_flight=plan.max_in_flight,
+                                           num_blocks=blocks)
+
+    cals = [c for c in (throughput.calibration_from_run(
+        r, engine, cfg, max_in_flight=plan.max_in_flight, num_blocks=blocks) for r in runs)
+        if c is not None]
+    if cals:
+        times = [seconds(c) for c in cals]
+        cal, span = cals[0], confidence.from_runs(times)
+    else:
         on_stage("calibrating: a few seconds of this engine on a 2-layer copy of the model")
         cal = calibrate.calibrate(cfg, engine)
+        why = passed_over or ("--calibration benchmark" if calibration == "benchmark" else
+                              f"no run of {model.name} on this machine yet")
         if calibration == "last-run":
-            cal = cal.scaled(1.0, f"{cal.source}; no last run of {model.name} on this machine")
+            cal = cal.scaled(1.0, f"{cal.source}; {why}")
+        span = confidence.from_benchmark(seconds(cal), why)
     estimate.calibration = cal.source
     estimate.assumptions += cal.details.get("assumptions", [])
-    estimate.estimated_seconds = throughput.estimate_seconds(
-        shape, cal, engine, max_in_flight=plan.max_in_flight, num_blocks=blocks)
+    estimate.estimated_seconds = seconds(cal)
+    estimate.estimated_seconds_low, estimate.estimated_seconds_high = span.low, span.high
+    estimate.confidence, estimate.confidence_basis = span.confidence, span.basis
     return estimate
 
 
@@ -316,8 +334,10 @@ def report_text(e: Estimate) -> str:
         f"{_flops(e.logits_flops_per_token)} per sampled token for the logits",
         f"KV cache    {_size(e.kv_bytes)} reserved ({e.kv_blocks:,} blocks of {e.block_size} "
         f"tokens; {_kv_groups(e.kv_groups)}); ~{e.concurrency:,} requests at once",
-        f"wall time   ~{format_duration(e.estimated_seconds or 0)} estimated (calibrated by "
-        f"{e.calibration})",
+        f"wall time   ~{format_duration(e.estimated_seconds or 0)} estimated, likely "
+        f"{format_duration(e.estimated_seconds_low or 0)}-"
+        f"{format_duration(e.estimated_seconds_high or 0)} (calibrated by {e.calibration})",
+        f"confidence  {e.confidence}: {e.confidence_basis}",
         f"a run does  {starts[e.start]}",
     ]
     lines += [f"assumes     {a}" for a in e.assumptions]

@@ -1,6 +1,8 @@
-"""The last completed run of each model on this machine, kept for `batchrun plan`'s
+"""The recent completed runs of each model on this machine, kept for `batchrun plan`'s
 calibration: one JSON file per model and machine (CPU model, cores, torch threads, GPU), so a
-run on another machine never calibrates this one."""
+run on another machine never calibrates this one. The file keeps the last KEEP runs, newest
+first: a small run after a large one must not push the large one out (plan calibrates only on
+runs that did enough work, batch/estimate/confidence.py)."""
 
 from __future__ import annotations
 
@@ -52,28 +54,35 @@ def _run_path(model_key: str, info: dict[str, Any] | None = None) -> Path:
     return runs_dir() / f"{safe[:80]}--{machine_key(info)}.json"
 
 
+KEEP = 8  # runs kept per model and machine
+
+
 def save_run(summary: dict, model_key: str) -> Path:
-    """Keep `summary` (a run's metrics) as the last run of model_key on this machine."""
+    """Add `summary` (a run's metrics) to the recent runs of model_key on this machine."""
     info = machine_info()
     path = _run_path(model_key, info)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"model": model_key, "machine": info,
               "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "summary": summary}
+    runs = [record] + load_runs(model_key, info)[:KEEP - 1]
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, default=str))
+    tmp.write_text(json.dumps({"model": model_key, "machine": info, "runs": runs}, default=str))
     os.replace(tmp, path)
     return path
 
 
-def load_last_run(model_key: str) -> dict | None:
-    """The record save_run kept for model_key on this machine ({"summary", "machine",
-    "saved_at", "model"}), or None (none, another machine's, unreadable)."""
-    info = machine_info()
+def load_runs(model_key: str, info: dict[str, Any] | None = None) -> list[dict]:
+    """The records save_run kept for model_key on this machine ({"summary", "machine",
+    "saved_at", "model"} each), newest first; [] for none, another machine's, unreadable."""
+    info = info or machine_info()
     try:
-        record = json.loads(_run_path(model_key, info).read_text())
+        stored = json.loads(_run_path(model_key, info).read_text())
     except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("machine") != info:
-        return None
-    return record
+        return []
+    if not isinstance(stored, dict) or stored.get("machine") != info:
+        return []
+    # A file written before runs were kept as a list holds one record.
+    runs = stored.get("runs") if "runs" in stored else [stored]
+    return [r for r in runs if isinstance(r, dict) and isinstance(r.get("summary"), dict)] \
+        if isinstance(runs, list) else []

@@ -31,7 +31,7 @@ prefill attention pair cost is tied to the per-token cost by their FLOPs
 (`calibrate.pair_token_ratio`) rather than fitted: the two rise together in every prefill
 step. Or
 `calibration_from_run()` rescales a cost model to a finished run's wall time on this machine
-(batch/run_store.py keeps the last run per model and machine), and keeps how many more steps
+(batch/run_store.py keeps the recent runs per model and machine), and keeps how many more steps
 the run took than the simulation of its workload gives (`steps_factor`: a batch's steps follow
 its longest requests, the simulation its mean ones), so that the estimate of the file a run
 calibrated on is that run's time.
@@ -264,7 +264,7 @@ def calibration_from_run(summary: dict, engine_config: EngineConfig, model_confi
                          max_in_flight: int | None = None,
                          num_blocks: int | None = None) -> Calibration | None:
     """A Calibration fitted to a finished run's metrics summary (batch/metrics.py; what
-    load_last_run returns works too): `base` (a micro-benchmark's, else the architecture's
+    a run_store.load_runs record works too): `base` (a micro-benchmark's, else the architecture's
     prior) scaled so that it predicts the run's wall time from the run's token counts and
     engine steps, and the run's steps over the steps the simulation gives its workload
     (under max_in_flight and num_blocks, as the estimate will simulate) kept as steps_factor:
