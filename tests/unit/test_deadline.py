@@ -3,6 +3,7 @@ batch_expired error line, exit code 4, and --resume runs only the expired lines.
 
 import json
 import logging
+import re
 
 import pytest
 
@@ -75,7 +76,7 @@ def test_the_deadline_expires_what_is_not_done_and_resume_runs_only_that(tmp_pat
 
 
 def test_the_cli_exit_code_is_4_and_a_passed_deadline_is_a_usage_error(tmp_path, monkeypatch,
-                                                                        capsys):
+                                                                        capsys, caplog):
     from batchrun.batch.shell.launch import execute
     from batchrun.options.job import InputOptions, JobOptions
     from batchrun.options.run import RunOptions
@@ -86,13 +87,20 @@ def test_the_cli_exit_code_is_4_and_a_passed_deadline_is_a_usage_error(tmp_path,
     monkeypatch.setenv("BATCHRUN_FAKE_STEP_S", "0.02")
 
     def opts(deadline, **job):
+        job = {"progress": "none", **job}
         return RunOptions(inputs=InputOptions(input=[str(src)]), job=JobOptions(
-            output=str(tmp_path / "out.jsonl"), progress="none", max_in_flight=4,
-            deadline=deadline, **job))
+            output=str(tmp_path / "out.jsonl"), max_in_flight=4, deadline=deadline, **job))
     with pytest.raises(UsageError, match="has already passed"):
         execute(opts("2020-01-01T00:00:00Z"), load)
-    assert execute(opts("0.4s"), load) == 4
-    assert "lines not done got a batch_expired error line" in capsys.readouterr().err
+    with caplog.at_level(logging.INFO, logger="batchrun.progress"):
+        assert execute(opts("0.4s", progress="log", log_interval=3600), load) == 4
+    # The progress line counts the lines as the deadline's message does: expired ones apart.
+    said = re.search(r"deadline passed: (\d+) lines ok and (\d+) failed are in the output; "
+                     r"(\d+) lines not done got a batch_expired error line",
+                     capsys.readouterr().err)
+    final = [r.getMessage() for r in caplog.records if r.name == "batchrun.progress"][-1]
+    ok, failed, expired = said.groups()
+    assert int(expired) > 0 and f"{ok} ok, {failed} failed, {expired} expired" in final, final
     monkeypatch.setenv("BATCHRUN_FAKE_STEP_S", "0")
     assert execute(opts("1h", resume=True), load) == 0
     assert len(read(tmp_path / "out.jsonl")) == N

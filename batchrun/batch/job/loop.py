@@ -192,6 +192,7 @@ class Job:
         self.expired += 1
         self.metrics.record_failed()
         self.counts.failed += 1
+        self.counts.expired += 1
         self.reporter.advance()
 
     def lines_in_flight(self) -> int:
@@ -267,7 +268,6 @@ class Job:
         entry = _InFlight(p, item.position, item.source, item.line, item.digest, {},
                           time.monotonic())
         try:
-            prompt_tokens = 0
             images = p.request.multimodal  # a chat line's images (one prompt)
             for request_id, prompt in p.engine_requests:
                 if images is None:
@@ -275,9 +275,6 @@ class Job:
                 else:
                     self.engine.add_request(request_id, prompt, p.params, multimodal=images)
                 self.in_flight[request_id] = entry
-                prompt_tokens += len(prompt)
-            self.reporter.admitted(prompt_tokens, p.params.max_tokens * p.params.n *
-                                   len(p.engine_requests))
         except ValueError as exc:  # the engine refuses what it cannot run
             if isinstance(exc, PromptTooLongError):
                 error = RequestError(str(exc), code="context_length_exceeded", param="messages")

@@ -191,20 +191,6 @@ def run_batch(model: ServedModel | None, plan: JobPlan, stop: Any = None,
             owned.release()
 
 
-def _work_counter(engine: EngineClient) -> Callable[[], tuple[int, int, float]]:
-    """(tokens the engine computed since now, the prompt tokens among them, its cache hit rate
-    since now), for the ETA."""
-    start = engine.stats
-    base = (start.computed_tokens, start.prefill_tokens, start.prompt_tokens, start.cached_tokens)
-
-    def work() -> tuple[int, int, float]:
-        s = engine.stats
-        prompt = s.prompt_tokens - base[2]
-        return (s.computed_tokens - base[0], s.prefill_tokens - base[1],
-                (s.cached_tokens - base[3]) / prompt if prompt else 0.0)
-    return work
-
-
 def _run(model: ServedModel, engine: EngineClient, plan: JobPlan, staging: Staging,
          committed: Committed, stop: Any, on_progress: Callable[[Counts], None] | None,
          lease: OutputLease | None) -> RunResult:
@@ -214,7 +200,7 @@ def _run(model: ServedModel, engine: EngineClient, plan: JobPlan, staging: Stagi
     sources = list(plan.sources)
     total = count_records(sources, plan.storage) if mode != "none" or on_progress else None
     counts = Counts(total=total)
-    reporter = Reporter(mode, counts, metrics, job.log_interval, work=_work_counter(engine))
+    reporter = Reporter(mode, counts, metrics, job.log_interval)
     lines = read_all(sources, plan.storage, plan.inputs.columns)
     try:
         serving = OpenAIServing(model, plan.serving)
