@@ -346,6 +346,14 @@ def test_prefetch_queues_images_ahead_and_hands_out_the_first_ready_line():
     media.futures["http://x/2.png"].set_exception(ValueError("404"))
     assert ahead.ready()  # a failed image is ready too: the line becomes its error record
     assert [x.line for x in ahead] == [2, 4]
+    # a line never passes an earlier one with its custom_id: the first duplicate runs first
+    dup = iter([InputLine(0, 1, line("same", "http://x/3.png")), InputLine(0, 2, line("same")),
+                InputLine(0, 3, line("other"))])
+    ahead = Prefetch(dup, media, lookahead=3)
+    assert next(ahead).line == 3
+    assert not ahead.ready()
+    media.futures["http://x/3.png"].set_result(RED)
+    assert [x.line for x in ahead] == [1, 2]
 
 
 def test_validate_check_prompts_renders_image_lines_through_the_processor(vlm, http_base,
