@@ -49,7 +49,7 @@ class Message(BaseModel):
 class DatasetSpec(BaseModel):
     model_config = _STRICT
 
-    path: str
+    path: str  # JSONL, Parquet or CSV: local, an fsspec URL or pkg:PACKAGE/FILE
     format: Literal["jsonl", "parquet", "csv"] | None = None  # default: from the extension
     id: str | None = None  # a unique id column; None = the row number (1-based)
     prompt: str | None = None  # a Jinja template: the user message (or the text scored)
@@ -57,21 +57,21 @@ class DatasetSpec(BaseModel):
     reference: str | None = None  # the column scorers compare against
     # A column of images (bytes or URLs, or lists of them) shown after the last user message's
     # text (chat, on a vision-language model).
-    image: str | None = None
+    image: str | None = None  # a column of images (bytes or URLs) shown after the prompt
     # chat: the prompt is the user message, rendered with the model's chat template;
     # completions: the prompt text as it is (code continuation, e.g. HumanEval).
-    endpoint: Literal["chat", "completions"] = "chat"
+    endpoint: Literal["chat", "completions"] = "chat"  # completions: the prompt as it is
     limit: int | None = Field(None, ge=1)  # the first N rows
-    storage_options: dict[str, Any] | None = None
+    storage_options: dict[str, Any] | None = None  # fsspec options for the dataset's store
 
 
 class SweepSpec(BaseModel):
     model_config = _STRICT
 
-    name: str
-    output: str
+    name: str  # the sweep's name ({name} in output)
+    output: str  # the output folder
     dataset: DatasetSpec
-    grid: dict[str, Any] = Field(default_factory=dict)
+    grid: dict[str, Any] = Field(default_factory=dict)  # axis = [values]: cells
     scorers: list[SCORER_SPECS] = Field(min_length=1)  # type: ignore[valid-type]
     engine: dict[str, Any] = Field(default_factory=dict)  # validated as EngineConfig
     ray: RayOptions = Field(default_factory=RayOptions)  # top-level keys, as in job specs
