@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from batchrun.engine.kernels.ops import (outlier_columns, outlier_pairs, pairs_matrix, quantize_rows,
+                                         quantize_rows_split, rescale_rows)
 from batchrun.models.quant import cpu
-from batchrun.models.quant.activations import (outlier_columns, outlier_pairs, pairs_matrix, quantize_rows,
-                                               quantize_rows_split, rescale_rows)
 
 log = logging.getLogger(__name__)
 # Up to this many rows of bfloat16 activations the weight-only kernel wins; above it (and for
@@ -28,22 +28,40 @@ def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
 
 
+# The GEMM shapes the check runs: row counts from one decode row to a prefill chunk (oneDNN picks
+# its kernel by shape: GEMV-like, VNNI and AMX-INT8 tiles each take some of these), depths from
+# one 64-wide block to a 7B model's MLP width, both with ragged tails.
+CHECK_ROWS = (1, 3, 67, 256)
+CHECK_DEPTHS = (64, 576, 1544)
+CHECK_COLUMNS = 96
+
+
 @functools.lru_cache(maxsize=None)
 def onednn_int8_available() -> bool:
-    """oneDNN's int8 linear (torch.ops.onednn.qlinear_*) runs here and gives exact int32 sums.
+    """oneDNN's int8 linear (torch.ops.onednn.qlinear_*) runs here and gives exact int32 sums on
+    every shape class the model's GEMMs take (CHECK_ROWS x CHECK_DEPTHS, extreme and random
+    values, uint8 activations with zero point 128 as Int8Linear feeds it).
 
-    Checked on extreme values: without VNNI (an AVX2-only CPU, or oneDNN capped at AVX2) its
-    kernels multiply pairs into saturating int16 and get such sums wrong; the float emulation
-    then runs instead (exact, slower)."""
+    Without VNNI (an AVX2-only CPU, or oneDNN capped at AVX2) its kernels multiply pairs into
+    saturating int16 and get such sums wrong; any other kernel that is inexact on this machine
+    (an ISA path this project's machines have not run) fails the same check. The float
+    emulation, exact and slower, then runs instead, and the load says so."""
+    gen = torch.Generator().manual_seed(0)
     try:
-        k = 64
-        q = torch.cat((torch.full((1, k), 127), torch.full((1, k), -127),
-                       torch.arange(k).remainder(255).sub(127).reshape(1, k))).to(torch.int8)
-        x = torch.cat((torch.full((1, k), 127), torch.full((1, k), -127),
-                       torch.arange(k).flip(0).remainder(255).sub(127).reshape(1, k))).to(torch.int8)
-        packed = torch.ops.onednn.qlinear_prepack(q, None)
-        y = onednn_qlinear(x, packed, torch.ones(3), torch.zeros(3, dtype=torch.int64))
-        return torch.equal(y, x.double().matmul(q.double().T).float())
+        for k in CHECK_DEPTHS:
+            q = torch.randint(-127, 128, (CHECK_COLUMNS, k), generator=gen, dtype=torch.int8)
+            q[0], q[1] = 127, -127  # the largest sums of each sign
+            packed = torch.ops.onednn.qlinear_prepack(q, None)
+            scale, zero = torch.ones(CHECK_COLUMNS), torch.zeros(CHECK_COLUMNS, dtype=torch.int64)
+            for m in CHECK_ROWS:
+                x = torch.randint(-127, 128, (m, k), generator=gen, dtype=torch.int8)
+                x[0] = 127
+                exact = x.double().matmul(q.double().T).float()  # float32 of the exact int32 sums
+                if not torch.equal(onednn_qlinear(x, packed, scale, zero), exact):
+                    log.warning("oneDNN's int8 GEMM is inexact here (%d x %d x %d): int8 GEMMs "
+                                "run as exact float emulation instead (slower)", m, k, CHECK_COLUMNS)
+                    return False
+        return True
     except (RuntimeError, AttributeError) as exc:
         log.info("oneDNN int8 linear unavailable, int8 GEMMs emulated in float: %s", exc)
         return False
@@ -84,7 +102,7 @@ class Int8Linear(nn.Module):
         self.inv_smooth = None if smooth is None else smooth.float().reciprocal()
         self.input_divided_by = input_divided_by
         self.outliers = None if outliers is None or not len(outliers) else outliers.long()
-        self.outlier_pairs = None  # bfloat16 [ceil(outliers / 2), N, 2] (activations.outlier_pairs)
+        self.outlier_pairs = None  # bfloat16 [ceil(outliers / 2), N, 2] (ops.outlier_pairs)
         if qweight is None:  # quantized here, else a checkpoint's int8 weights and scales as they are
             weight = weight.float()
             if self.outliers is not None:
