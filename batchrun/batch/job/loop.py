@@ -221,12 +221,13 @@ class Job:
         # Lines whose images are still being fetched (job/media_prefetch.py) wait while the
         # engine has work: it never waits on the network while it could compute.
         ready = getattr(self.lines, "ready", None)
+        wait = getattr(self.lines, "wait", None)
         while not self.exhausted and len(self.in_flight) < self.max_in_flight:
             if self._stopping():
                 return
             if ready is not None and not ready():
-                if not self.in_flight:  # nothing to compute: wait a slice, then check the time
-                    self.lines.wait(self._wait_slice())
+                if not self.in_flight and wait is not None:  # wait a slice, then look again
+                    wait(self._wait_slice())
                 return
             try:
                 item = next(self.lines)
