@@ -103,7 +103,9 @@ class Signals:
         self.log.warning("still running %.0f s after the signal: stopping at once; what "
                          "finished is committed", self.grace + WIND_DOWN_S)
         self._forced = True
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        main = threading.main_thread().ident
+        if main is not None:  # always, once the interpreter runs
+            signal.pthread_kill(main, signal.SIGINT)
 
     def _exit_now(self) -> None:
         self.log.error("the run did not stop %.0f s after it was told to stop at once: "

@@ -91,6 +91,8 @@ class _Range:
 class BoundedTemplate(jinja2.Template):
     """A template whose own render() is the environment's bounded one."""
 
+    environment: "BoundedEnvironment"
+
     def render(self, *args: Any, **kwargs: Any) -> str:
         return self.environment.render(self, dict(*args, **kwargs))
 

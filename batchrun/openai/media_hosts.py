@@ -26,7 +26,7 @@ REFUSED_HINT = "it is not a public address (an operator may allow it with --allo
 
 def _embedded_ipv4(ip: Address) -> ipaddress.IPv4Address | None:
     """The IPv4 address an IPv6 address stands for (mapped, 6to4, Teredo client, NAT64)."""
-    if ip.version != 6:
+    if not isinstance(ip, ipaddress.IPv6Address):
         return None
     if ip.ipv4_mapped is not None:
         return ip.ipv4_mapped
@@ -47,8 +47,8 @@ def _global(ip: Address) -> bool:
 def is_public(ip: Address) -> bool:
     """Whether connecting to `ip` reaches a public host (both parts of a v6 form of a v4)."""
     inner = _embedded_ipv4(ip)
-    if inner is not None and ip.ipv4_mapped is not None:
-        return _global(inner)  # ::ffff:a.b.c.d is a.b.c.d on the wire
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return _global(ip.ipv4_mapped)  # ::ffff:a.b.c.d is a.b.c.d on the wire
     return _global(ip) and (inner is None or _global(inner))
 
 
@@ -85,7 +85,7 @@ class HostPolicy:
         except (socket.gaierror, UnicodeError, ValueError):
             raise MediaError(f"fetching the image failed: the host name {host} does not resolve",
                              "image_fetch_failed") from None
-        addresses = [ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos]
+        addresses = [_address(info[4][0]) for info in infos]
         if host.lower().rstrip(".") not in self.names:
             if not addresses or not all(self._allowed(ip) for ip in addresses):
                 raise MediaError(f"the image host {host} is refused: {REFUSED_HINT}",
@@ -100,4 +100,9 @@ def numeric_address(host: str) -> Address | None:
         infos = socket.getaddrinfo(host, None, flags=socket.AI_NUMERICHOST)
     except (socket.gaierror, UnicodeError, ValueError):
         return None
-    return ipaddress.ip_address(infos[0][4][0].split("%", 1)[0]) if infos else None
+    return _address(infos[0][4][0]) if infos else None
+
+
+def _address(text: str | int) -> Address:
+    """A resolver answer's address, without an IPv6 zone (`fe80::1%eth0`)."""
+    return ipaddress.ip_address(str(text).split("%", 1)[0])

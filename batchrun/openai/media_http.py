@@ -54,14 +54,14 @@ def fetch(url: str, policy: HostPolicy, timeout: float, max_bytes: int) -> bytes
         left = until - time.monotonic()
         if left <= 0:
             raise Transient(UNREACHABLE)
-        options = dict(timeout=urllib3.Timeout(connect=left, read=left), retries=False,
-                       maxsize=1)
+        limits = urllib3.Timeout(connect=left, read=left)
         if scheme == "https":
             pool: urllib3.HTTPConnectionPool = urllib3.HTTPSConnectionPool(
-                address, port, server_hostname=host, assert_hostname=host,
-                cert_reqs="CERT_REQUIRED", **options)
+                address, port, timeout=limits, retries=False, maxsize=1,
+                server_hostname=host, assert_hostname=host, cert_reqs="CERT_REQUIRED")
         else:
-            pool = urllib3.HTTPConnectionPool(address, port, **options)
+            pool = urllib3.HTTPConnectionPool(address, port, timeout=limits, retries=False,
+                                              maxsize=1)
         try:
             response = pool.urlopen("GET", path, redirect=False, preload_content=False,
                                     headers={"Host": _host_header(host, port, scheme),
