@@ -98,6 +98,28 @@ def compute(cfg) -> Compute:
                    4 * cfg.num_layers * cfg.num_heads * cfg.head_dim)
 
 
+def _packs_tied_logits(cfg, dev: torch.device, dt: torch.dtype) -> bool:
+    """Whether the loaded model holds a second, packed copy of tied embeddings for its logits
+    (on the CPU, where the loader packs every linear layer for oneDNN)."""
+    if not cfg.tie_word_embeddings or dev.type != "cpu":
+        return False
+    from batchrun.models.layers import packed_linear
+
+    return packed_linear.available(dt)
+
+
+def tied_logits_copy_bytes(cfg, dtype: torch.dtype | str | None = None,
+                           device: torch.device | str = "cpu") -> int:
+    """Of weights_bytes unquantized, the logits layer's packed copy of tied embeddings: the
+    checkpoint and the parameter count hold that tensor once, the run twice (0 when the
+    embeddings are untied, nothing is packed, or a vision-language model is held as built)."""
+    dev = _device(device)
+    dt = _dtype(dtype, dev)
+    if vision_language_parameters(cfg) is not None or not _packs_tied_logits(cfg, dev, dt):
+        return 0
+    return cfg.vocab_size * cfg.hidden_size * _elem(dt)
+
+
 def _device(device) -> torch.device:
     from batchrun.engine.devices import pick_device
 
@@ -141,12 +163,7 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
     if whole is not None or (quantization != "none" and not _native(cfg)):
         return _backend_bytes(cfg, whole, dt, quantization)
     count = parameter_count(cfg)
-    packed = False
-    if dev.type == "cpu":
-        from batchrun.models.layers import packed_linear
-
-        packed = packed_linear.available(dt)
-    if cfg.tie_word_embeddings and packed:
+    if _packs_tied_logits(cfg, dev, dt):
         count += cfg.vocab_size * cfg.hidden_size
     if quantization == "gguf" and gguf is not None:
         from batchrun.models.quant.gguf import kept_bytes

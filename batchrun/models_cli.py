@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from batchrun.commandkit import UsageError
 from batchrun.models.weights.loader import ModelNotFoundError
 from batchrun.models.weights.registry import DEFAULT_MODEL, list_models, pull
 
@@ -42,16 +43,34 @@ def check_cmd(model: str) -> None:
 
     try:
         report = check(config_for(model))
-    except ModelNotFoundError as exc:
-        raise click.ClickException(str(exc)) from exc
+    except ModelNotFoundError as exc:  # not a model: a usage error, as `run` has it
+        raise UsageError(str(exc)) from exc
     for line in describe(model, report):
         click.echo(line)
+    if report.impl != "refused":
+        click.echo(_held(model))
     if report.impl == "native":
         line = _kept_quantized(model)
         if line:
             click.echo(line)
     if report.impl == "refused":
         raise SystemExit(2)  # what loading it exits with (usage.EXIT_USAGE)
+
+
+def _held(model: str) -> str:
+    """The weight memory a run holds on this machine, as `batchrun plan` counts it, and why it
+    exceeds the parameters' bytes when it does."""
+    from batchrun import footprint
+
+    cfg = footprint.model_config_for(model)
+    held = {name: footprint.weights_bytes(cfg, name) for name in ("float32", "bfloat16")}
+    line = "weights held when run here (as `batchrun plan` counts them): " + ", ".join(
+        f"{name} {n / 2**20:.1f} MiB" for name, n in held.items())
+    copy = footprint.tied_logits_copy_bytes(cfg, "float32")
+    if copy:
+        line += (f"; the parameters plus the logits' packed copy of the tied embeddings "
+                 f"({copy / 2**20:.1f} MiB in float32)")
+    return line
 
 
 def _kept_quantized(model: str) -> str | None:
@@ -75,5 +94,5 @@ def pull_cmd(name: str) -> None:
     try:
         files = pull(name)
     except ModelNotFoundError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise UsageError(str(exc)) from exc
     click.echo(f"{files.name}: ready in {files.path}")

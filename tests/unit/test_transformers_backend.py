@@ -397,7 +397,7 @@ def test_models_check_reads_the_config_only(tmp_path):
     assert result.exit_code == 0, result.output
     assert "path: native (models/arch/gemma.py) (it runs the model exactly)" in result.output
     count = sum(p.numel() for p in hf.parameters())
-    assert f"parameters: {count:,} (weights: fp32 {count * 4 / 2**20:.1f} MiB" in result.output
+    assert f"parameters: {count:,} ({count * 4 / 2**20:.1f} MiB in fp32" in result.output
     assert "2 layers x 2 KV heads x head dim 32: fp32 1.0 KiB, bf16 512 B per token" in result.output
     assert "sliding window: 8 tokens on 1 of 2 layers" in result.output
     assert "LoRA: yes: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (on the " \

@@ -58,6 +58,7 @@ class Estimate:
     expected_completion_tokens: int | None = None  # scaled by the last run's generated share
     scan_seconds: float = 0.0
     weights_bytes: int = 0
+    tied_logits_copy_bytes: int = 0  # of weights_bytes: the logits' packed copy of tied embeddings
     weights_dtype: str = ""
     model_path: str = ""  # native | transformers (the path --model-impl picks)
     parameters: int = 0
@@ -191,6 +192,9 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     estimate.weights_bytes = footprint.weights_bytes(cfg, engine.device.dtype,
                                                      quantization=quantization, gguf=kept)
     estimate.weights_dtype = _dtype_name(engine, cfg)
+    if quantization == "none":
+        estimate.tied_logits_copy_bytes = footprint.tied_logits_copy_bytes(
+            cfg, engine.device.dtype, engine.device.device)
     estimate.kv_blocks, estimate.kv_bytes = blocks, kv_bytes
     describe_model(estimate, cfg, engine, groups)
     # The pool as the estimator's blocks of full-attention tokens: a request of the mean length
@@ -327,9 +331,11 @@ def report_text(e: Estimate) -> str:
         f"{e.prompt_tokens / max(e.requests, 1):,.0f}), {e.cached_tokens:,} from the prefix "
         f"cache: expected hit rate {e.cache_hit_rate:.1%}",
         f"completion  {completion}",
-        f"weights     {_size(e.weights_bytes)} ({e.weights_dtype}; {e.model_path} path): "
+        f"weights     {_size(e.weights_bytes)} held ({e.weights_dtype}; {e.model_path} path): "
         f"{e.parameters:,} parameters" + (f", {e.active_parameters:,} active per token "
-                                          f"({e.experts})" if e.experts else ""),
+                                          f"({e.experts})" if e.experts else "")
+        + (f"; {_size(e.tied_logits_copy_bytes)} of it the logits' packed copy of the tied "
+           "embeddings" if e.tied_logits_copy_bytes else ""),
         f"compute     {_flops(e.flops_per_token)} per token through the layers, "
         f"{_flops(e.logits_flops_per_token)} per sampled token for the logits",
         f"KV cache    {_size(e.kv_bytes)} reserved ({e.kv_blocks:,} blocks of {e.block_size} "

@@ -280,8 +280,8 @@ def describe(name: str, report: CheckReport) -> list[str]:
     if report.impl == "refused":
         return lines
     if report.parameters is not None:
-        weights = ", ".join(f"{d} {_size(report.parameters * b)}" for d, b in DTYPE_BYTES.items())
-        lines.append(f"parameters: {report.parameters:,} (weights: {weights})")
+        weights = ", ".join(f"{_size(report.parameters * b)} in {d}" for d, b in DTYPE_BYTES.items())
+        lines.append(f"parameters: {report.parameters:,} ({weights})")
     if report.stored_quantized:
         lines.append(f"stored quantized: {report.stored_quantized}")
     kv = ", ".join(f"{d} {_size(report.kv_elements_per_token * b)}" for d, b in
