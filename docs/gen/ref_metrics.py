@@ -60,8 +60,10 @@ def _sample_metrics(root: Path) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.jsonl"
+        # the fake run's timings must not calibrate `batchrun plan` for the real model
         result = CliRunner().invoke(main, ["run", str(root / "sample_data" / "chat.jsonl"), "-o",
-                                           str(out), "-q"], obj={"load_model": load})
+                                           str(out), "-q"], obj={"load_model": load},
+                                    env={"BATCHRUN_RUNS_DIR": str(Path(tmp) / "runs")})
         if result.exit_code != 0:
             raise RuntimeError(f"the sample job failed ({result.exit_code}): {result.output}") \
                 from result.exception
