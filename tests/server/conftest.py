@@ -1,12 +1,17 @@
 """Servers started by the tests: uvicorn in a thread on a free loopback port."""
 
 import contextlib
+import io
+import json
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 
 API_KEY = "sk-batchrun-test"
+LINE = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"messages": [{"role": "user", "content": "Hi"}]}}
 
 
 @dataclass
@@ -73,3 +78,22 @@ def wait_for(predicate, timeout=30.0, interval=0.02):
 def engine_idle(engine) -> bool:
     return (not engine.has_unfinished_requests()
             and engine.kv.num_free_blocks == engine.kv.num_blocks)
+
+
+@pytest.fixture
+def manager(tmp_path):
+    """The Batches API's manager on a file store, with no engine."""
+    from batchrun.server.batches import BatchManager
+    from batchrun.server.files import FileStore
+    from batchrun.server.metrics import ServerMetrics
+
+    files = FileStore(tmp_path / "files")
+    state = SimpleNamespace(files=files, served_name="m", engine=None, metrics=ServerMetrics(),
+                            config=SimpleNamespace(max_concurrent_batches=1))
+    return BatchManager(state, tmp_path / "batches")
+
+
+def upload_line(manager) -> dict:
+    """A batch input file of one chat line, uploaded to the manager's file store."""
+    return manager.state.files.upload(io.BytesIO(json.dumps(LINE).encode() + b"\n"),
+                                      "in.jsonl", "batch")

@@ -1,33 +1,16 @@
 """A batch whose input file is deleted before or while it runs fails saying so, with no server
-path in what the API shows (the manager on a file store, no engine)."""
+path in what the API shows (the manager on a file store, no engine: conftest's `manager`)."""
 
-import io
 import json
 from types import SimpleNamespace
 
-import pytest
-
 from batchrun.batch.job.plan import make_plan
 from batchrun.server import batch_job, batches
-from batchrun.server.batches import BatchManager
-from batchrun.server.files import FileStore
-from batchrun.server.metrics import ServerMetrics
-
-LINE = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-        "body": {"messages": [{"role": "user", "content": "Hi"}]}}
-
-
-@pytest.fixture
-def manager(tmp_path):
-    files = FileStore(tmp_path / "files")
-    state = SimpleNamespace(files=files, served_name="m", engine=None, metrics=ServerMetrics(),
-                            config=SimpleNamespace(max_concurrent_batches=1))
-    return BatchManager(state, tmp_path / "batches")
+from tests.server.conftest import upload_line
 
 
 def new_batch(manager):
-    f = manager.state.files.upload(io.BytesIO(json.dumps(LINE).encode() + b"\n"), "in.jsonl",
-                                   "batch")
+    f = upload_line(manager)
     return manager.create({"input_file_id": f["id"], "endpoint": "/v1/chat/completions",
                            "completion_window": "24h"}), manager.state.files.root / f["id"]
 

@@ -1,35 +1,17 @@
 """A Batches API completion_window that is not a sane duration (inf, 1e400, 1e308, nan) is a
-400 invalid_request_error naming the field, not a 500 (the batch manager on a file store, no
-engine)."""
-
-import io
-import json
-from types import SimpleNamespace
+400 invalid_request_error naming the field, not a 500 (conftest's batch manager on a file
+store, no engine)."""
 
 import pytest
 
 from batchrun.openai.bodies import error_body
-from batchrun.server.batches import BatchManager
 from batchrun.server.errors import APIError
-from batchrun.server.files import FileStore
-from batchrun.server.metrics import ServerMetrics
-
-LINE = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-        "body": {"messages": [{"role": "user", "content": "Hi"}]}}
-
-
-@pytest.fixture
-def manager(tmp_path):
-    files = FileStore(tmp_path / "files")
-    state = SimpleNamespace(files=files, served_name="m", engine=None, metrics=ServerMetrics(),
-                            config=SimpleNamespace(max_concurrent_batches=1))
-    return BatchManager(state, tmp_path / "batches")
+from tests.server.conftest import upload_line
 
 
 @pytest.mark.parametrize("window", ["inf", "1e400", "1e308", "nan", "-1", "999999999999h"])
 def test_an_absurd_completion_window_is_a_400(manager, window):
-    f = manager.state.files.upload(io.BytesIO(json.dumps(LINE).encode() + b"\n"), "in.jsonl",
-                                   "batch")
+    f = upload_line(manager)
     with pytest.raises(APIError) as e:
         manager.create({"input_file_id": f["id"], "endpoint": "/v1/chat/completions",
                         "completion_window": window})
