@@ -121,7 +121,7 @@ def test_the_engine_says_what_it_runs(loaded):
     assert loaded.engine.runner.attention.name == "cpu-invariant"
 
 
-@pytest.mark.parametrize("options,named", [({"quantization": "int8"}, "--quantization"),
+@pytest.mark.parametrize("options,named", [({"quantization": "int8-weight"}, "--quantization"),
                                            ({"model_impl": "transformers"},
                                             "the transformers backend")])
 def test_what_it_does_not_cover_is_refused_by_name(folder, options, named):
@@ -171,3 +171,25 @@ def test_mixture_of_experts_models_are_refused(arch, tmp_path):
     make_tiny(arch, tmp_path, archs=BACKEND_ARCHS)
     with pytest.raises(UnsupportedModelError, match="does not cover mixture-of-experts models"):
         llm.load_from_path(tmp_path, EngineConfig.default(batch_invariant=True))
+
+
+@pytest.fixture(scope="module")
+def loaded_int8(folder):
+    return llm.load_from_path(folder, EngineConfig.default(batch_invariant=True, quantization="int8"))
+
+
+def test_int8_gives_the_same_bits_in_a_batch_and_after_a_prefix_hit(loaded_int8):
+    """int8 amplifies a last-bit difference into a changed rounding of an activation, so in the
+    default mode its greedy answers can move with the batch or a prefix hit; here they cannot."""
+    assert type(loaded_int8.engine.runner.model.layers[0].mlp.down_proj).__name__ == "Int8Linear"
+    alone = [run(engine(loaded_int8), [t])[0] for t in TARGETS]
+    work = [other(i) for i in range(7)]
+    for place, target in zip((0, 3, 6), TARGETS):
+        work[place] = target
+    got = run(engine(loaded_int8), work)
+    assert [got[place] for place in (0, 3, 6)] == alone
+    eng = engine(loaded_int8)
+    eng.generate([p[:-3] for p, _ in TARGETS], SamplingParams(max_tokens=1))
+    outs = eng.generate([p for p, _ in TARGETS], [s for _, s in TARGETS])
+    assert all(o.num_cached_tokens > 0 for o in outs)
+    assert [result(o) for o in outs] == alone
