@@ -172,7 +172,10 @@ def check_batch_invariant(config: EngineConfig, native_path: bool, native_module
 
     if not config.batch_invariant:
         return
-    beside = ("--quantization" if config.device.quantization != "none" else
+    # int8's GEMMs are exact int32 sums of per-row int8 activations, rescaled and given their
+    # outlier channels row by row: no row's numbers depend on the others'
+    quantized = config.device.quantization not in ("none", "int8")
+    beside = ("--quantization" if quantized else
               "--lora" if config.lora.adapters else
               "the transformers backend" if not native_path else
               # the experts' grouped GEMMs sum over however many rows an expert gets
@@ -181,7 +184,8 @@ def check_batch_invariant(config: EngineConfig, native_path: bool, native_module
     if beside:
         raise UnsupportedModelError(f"--batch-invariant does not cover {beside}: it runs the "
                                     "dense native models (Llama, Mistral, Qwen2, Qwen3, Phi-3, "
-                                    "Gemma) in float32 or bfloat16 on the CPU, without LoRA")
+                                    "Gemma) in float32, bfloat16 or --quantization int8 on the "
+                                    "CPU, without LoRA")
 
 
 def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: torch.device,
