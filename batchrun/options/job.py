@@ -122,7 +122,8 @@ class PlanOptions(BaseModel):
     SECTION: ClassVar[str] = "plan"
 
     calibration: Literal["auto", "last-run", "benchmark"] = option(
-        "auto", "What the time estimate is calibrated by: the recent completed runs of this "
-        "model on this machine that did enough work (16 requests or more), or a few-second "
-        "micro-benchmark of the engine; auto = those runs where there are any.")
+        "auto", "What calibrates the time estimate: past runs or a micro-benchmark. last-run: the "
+        "recent completed runs of this model on this machine that did enough work (16 requests or "
+        "more); benchmark: a few-second micro-benchmark of the engine; auto: those runs where "
+        "there are any, else the benchmark.")
     as_json: bool = option(False, "Print the plan as one JSON object.", name="json")

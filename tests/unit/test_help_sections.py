@@ -4,6 +4,7 @@ declares (options/help_sections.py), one line of help each on a 120-column termi
 
 import re
 
+import pytest
 from click.testing import CliRunner
 
 from batchrun.batch.shell.commands import run
@@ -55,8 +56,9 @@ def test_run_help_lists_each_option_once_under_its_fields_section_in_order():
     assert {f.section for f in fields} <= set(SECTIONS)
 
 
-def test_every_option_gets_one_line_of_help_at_120_columns():
-    lines = help_text("run").splitlines()
+@pytest.mark.parametrize("command", ["run", "plan", "validate", "serve"])
+def test_every_option_gets_one_line_of_help_at_120_columns(command):
+    lines = help_text(command).splitlines()
     assert max(len(line) for line in lines) <= 120
     continuation = " " * 34
     checked = 0
@@ -70,7 +72,13 @@ def test_every_option_gets_one_line_of_help_at_120_columns():
         after = lines[help_line + 1] if help_line + 1 < len(lines) else ""
         assert not (after.startswith(continuation) and after.strip()), (line, after)
         checked += 1
-    assert checked > 50
+    assert checked > 15
+
+
+def test_a_commands_own_section_comes_first():
+    assert list(sections_of(help_text("validate")))[0] == "validate"
+    assert list(sections_of(help_text("plan")))[0] == "plan"
+    assert list(sections_of(help_text("serve")))[0] == "server"
 
 
 def test_the_first_sentence_is_the_line_and_a_later_default_is_kept():

@@ -13,7 +13,7 @@ from batchrun.commandkit import EXIT_OK, EXIT_TOO_MANY_FAILED, UsageError, model
 from batchrun.options.click_options import click_options, pairs
 from batchrun.options.engine import EngineConfig
 from batchrun.options.fields import OptionsError
-from batchrun.options.help_sections import SectionedCommand
+from batchrun.options.help_sections import FieldOption, SectionedCommand
 from batchrun.options.job import InputOptions, JobOptions, PlanOptions
 from batchrun.options.openai import OpenAIOptions, RequestDefaults
 from batchrun.options.ray import RayOptions
@@ -51,20 +51,22 @@ def run(ctx, inputs, **kwargs):
     sys.exit(execute(opts, model_loader(ctx)))
 
 
-@click.command(cls=SectionedCommand,
+@click.command(cls=SectionedCommand, first=("validate",),
                epilog="\b\nExit codes: 0 every line is valid, 3 some lines are not, 2 usage error.",
                short_help="Report every problem a run would reject, without running a model.")
 @click.argument("inputs", metavar="INPUT...", nargs=-1, required=True)
 @click_options(InputOptions, OpenAIOptions)
-@click.option("--check-prompts", is_flag=True, help="Also render each chat template and check "
-              "the prompt length (loads the model's tokenizer, not its weights).")
-@click.option("--fetch-media", is_flag=True, help="Also fetch and decode every image the lines "
-              "name (without it, image parts are checked without fetching: their shape, count, "
-              "data: URLs and local paths).")
+@click.option("--check-prompts", is_flag=True, cls=FieldOption, section="validate",
+              help="Also render every prompt and check its length, as the run would. This loads "
+              "the model's tokenizer and chat template, not its weights.")
+@click.option("--fetch-media", is_flag=True, cls=FieldOption, section="validate",
+              help="Also fetch and decode every image the lines name. Without it, image parts "
+              "are checked without fetching: their shape, count, data: URLs and local paths.")
 @click_options(EngineConfig, only=("max_model_len",))
-@click.option("--json", "as_json", is_flag=True,
+@click.option("--json", "as_json", is_flag=True, cls=FieldOption, section="validate",
               help="Print problems as error-file records (JSON lines) instead of text.")
-@click.option("-q", "--quiet", is_flag=True, help="Only the summary.")
+@click.option("-q", "--quiet", is_flag=True, cls=FieldOption, section="validate",
+              help="Only the summary.")
 def validate(inputs, check_prompts, fetch_media, max_model_len, as_json, quiet, **kwargs):
     """Check the batch files INPUT... and report every problem (line, field, message) that the
     run would reject, with counts, without running a model."""
@@ -157,7 +159,7 @@ def job(ctx, spec, variables, restart, dry_run):
     sys.exit(execute(opts, model_loader(ctx)))
 
 
-@click.command(cls=SectionedCommand,
+@click.command(cls=SectionedCommand, first=("plan",),
                short_help="Tokens, cache hits, memory and time a run would take; no weights.")
 @click.argument("inputs", metavar="INPUT...", nargs=-1, required=True)
 @click_options(PlanOptions, JobOptions, InputOptions, EngineConfig, OpenAIOptions,
