@@ -55,13 +55,17 @@ def check_source(url: str, options: OpenAIOptions) -> None:
         _decode_data_url(url, options.media_max_bytes)
     elif is_local(url):
         _local_path(url, options.allowed_media_path)
-    elif url.startswith(("http://", "https://")):
+    elif _is_http(url):
         _, host, _, _ = media_http.split_http_url(url)
         HostPolicy(options.allow_media_host).check_literal(host)
     elif url.split("://", 1)[0].lower() not in STORE_PROTOCOLS:
         raise MediaError(f"image URLs like {url.split('://', 1)[0]}:// are not supported "
                          f"(http(s), data:, {', '.join(STORE_PROTOCOLS)} or a local file)",
                          "invalid_value")
+
+
+def _is_http(url: str) -> bool:
+    return url[:8].lower().startswith(("http://", "https://"))
 
 
 def _decode_data_url(url: str, max_bytes: int) -> bytes:
@@ -225,7 +229,7 @@ class MediaFetcher:
         raise AssertionError("unreachable")
 
     def _fetch_remote(self, url: str, timeout: float) -> bytes:
-        if url.startswith(("http://", "https://")):
+        if _is_http(url):
             return media_http.fetch(url, self.hosts, timeout, self.options.media_max_bytes)
         if self.open_url is None:
             raise MediaError(f"image URLs like {url.split('://')[0]}:// are not supported here",

@@ -74,7 +74,8 @@ def test_numeric_spellings_of_inside_addresses_are_refused_before_any_fetch(host
 def test_loopback_by_name_is_refused_unless_allowed_and_nothing_connects(server):
     port = server.base.rsplit(":", 1)[1]
     before = server.hits.get("/red.png", 0)
-    for url in (f"http://localhost:{port}/red.png", f"{server.base}/red.png"):
+    for url in (f"http://localhost:{port}/red.png", f"{server.base}/red.png",
+                f"HTTP://LOCALHOST:{port}/red.png"):
         assert refusal(url).code == "media_host_not_allowed"
     assert server.hits.get("/red.png", 0) == before  # refused before connecting
     for allowed in (["localhost"], [HOST], ["127.0.0.0/8"]):
