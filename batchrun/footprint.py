@@ -281,19 +281,88 @@ def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,
     return num_blocks, (num_blocks + 1) * per_block + scales
 
 
-def model_config_for(model: str | None, impl: str = "auto"):
+class WontFitError(UnsupportedModelError):
+    """The model needs more memory than the machine has available (check_fits)."""
+
+
+def rope_table_bytes(cfg) -> int:
+    """A native model's float32 RoPE cos/sin tables (models/layers/rope.py: every position up
+    to max_position_embeddings), a pair per kind of layer; 0 on the transformers backend, which
+    computes them per step."""
+    if not _native(cfg):
+        return 0
+    kinds = len(set(getattr(cfg, "layer_types", None) or [None]))
+    return kinds * 2 * cfg.max_position_embeddings * cfg.head_dim * 4
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes a load may still take: the GPU's free memory, or the machine's available RAM."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def check_fits(cfg, engine_config: EngineConfig, model: str | None = None,
+               available: int | None = None) -> int:
+    """The weight bytes of `cfg`'s model as `engine_config` loads it; WontFitError when they,
+    its RoPE tables and a KV cache whose size the options fix (--kv-cache-memory; otherwise
+    the engine sizes the cache from what is free after the load) need more than `available`
+    (default: available_memory): said before anything is allocated. `model`: the spec `cfg`
+    was read from (under --quantization gguf, its .gguf file's blocks are counted)."""
+    dev = _device(engine_config.device.device)
+    device = engine_config.device
+    gguf = None
+    if device.quantization == "gguf":
+        from batchrun.models.config.spec_config import gguf_file
+
+        gguf = gguf_file(model)
+    weights = weights_bytes(cfg, device.dtype, dev, device.quantization, gguf=gguf)
+    parts = [("its weights", weights, f"{_dtype(device.dtype, dev)}".removeprefix("torch.")),
+             ("its RoPE tables", rope_table_bytes(cfg), "")]
+    cache = engine_config.cache
+    if cache.kv_cache_memory is not None or cache.num_blocks is not None:
+        parts.append(("the KV cache", kv_reservation(engine_config, cfg, dev)[1],
+                      "--kv-cache-memory"))
+    need = sum(n for _, n, _ in parts)
+    have = available_memory(dev) if available is None else available
+    if need > have:
+        shown = ", ".join(f"{what} {_gib(n)}" + (f" ({note})" if note else "")
+                          for what, n, note in parts if n >= need // 100)
+        where = f"{dev} has" if dev.type == "cuda" else "this machine has"
+        raise WontFitError(f"the model will not fit in memory: {shown}; {where} "
+                           f"{_gib(have)} available (a smaller --dtype or "
+                           "--quantization holds the weights in less)")
+    return weights
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def check_model_fits(model: str | None, engine_config: EngineConfig) -> None:
+    """check_fits for `model` (as model_config_for reads it, under `engine_config`'s
+    --model-impl and --trust-remote-code): what a load calls before it allocates."""
+    cfg = model_config_for(model, engine_config.model_impl, engine_config.trust_remote_code)
+    check_fits(cfg, engine_config, model)
+
+
+def model_config_for(model: str | None, impl: str = "auto", trust_remote_code: bool = False):
     """The config of `model` (registry name, HF folder, .gguf file, hub id; None = the default
     model) as the path `impl` (--model-impl) picks runs it, without loading, converting or
     downloading its weights: config.json of the folder or of the GGUF's cached conversion,
     else the GGUF's metadata (a few seconds for the bundled model), else the hub's config.json.
     A native model's ModelConfig (models/arch/native.py: Llama family, MoE), a vision-language
     model's decoder (vision_language_decoder), else the transformers backend's BackendConfig
-    read from the config (backend_config). UnsupportedModelError says why no path runs it."""
+    read from the config (backend_config). UnsupportedModelError says why no path runs it;
+    ModelFolderError what is wrong with its files (models/config/sizes.py,
+    models/weights/remote_code.py)."""
     from batchrun.models.arch import native
     from batchrun.models.config.spec_config import config_for
     from batchrun.models.transformers.support import choose
 
-    hf = config_for(model)
+    hf = config_for(model, trust_remote_code)
     try:
         verdict = choose(hf, impl)
     except UnsupportedModelError as exc:
@@ -363,23 +432,25 @@ def vision_language_parameters(cfg: ModelConfig) -> int | None:
         return None
     from transformers import AutoModelForImageTextToText
 
+    from batchrun.models.weights.remote_code import config_kwargs
+
     with torch.device("meta"):
-        model = AutoModelForImageTextToText.from_config(hf)
+        model = AutoModelForImageTextToText.from_config(hf, **config_kwargs(hf))
     return sum(p.numel() for p in model.parameters())
 
 
-def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> TokenizerModel:
+def tokenizer_model(spec: str | None, max_model_len: int | None = None,
+                    trust_remote_code: bool = False) -> TokenizerModel:
     """What prepare_line needs of a model (tokenizer, names, context length, generation
     defaults, the embeddings' width), without its weights: `validate --check-prompts`, `plan`
     and a Ray run's driver check lines exactly as `run` does."""
-    import json
-
     from batchrun.llm import read_generation_config
+    from batchrun.models.config.hf_config import read_raw
     from batchrun.models.weights.resolve import resolve_model
     from batchrun.models.text.tokenizer import load_tokenizer
 
-    files = resolve_model(spec)
-    config = json.loads((files.path / "config.json").read_text())
+    files = resolve_model(spec, trust_remote_code)
+    config = read_raw(files.path, trust_remote_code)
     context = config.get("max_position_embeddings") or \
         config.get("text_config", {}).get("max_position_embeddings") or max_model_len or 2048
     if max_model_len:
@@ -389,8 +460,8 @@ def tokenizer_model(spec: str | None, max_model_len: int | None = None) -> Token
     if config.get("vision_config") is not None:  # renders image lines as the run would
         from batchrun.models.transformers.processor import load_processor
 
-        processor = load_processor(files.path)
-    return TokenizerModel(load_tokenizer(files.path), files.name, tuple(files.aliases),
-                          max_model_len=context, generation_defaults=defaults,
+        processor = load_processor(files.path, trust_remote_code)
+    return TokenizerModel(load_tokenizer(files.path, trust_remote_code), files.name,
+                          tuple(files.aliases), max_model_len=context, generation_defaults=defaults,
                           hidden_size=config.get("hidden_size"), processor=processor,
                           path=files.path)

@@ -77,7 +77,7 @@ def load(model: str | None, config: EngineConfig | None = None) -> LoadedModel:
     from batchrun.models.weights.resolve import resolve_model
 
     config = config or EngineConfig.default()
-    files = resolve_model(model)
+    files = resolve_model(model, config.trust_remote_code)
     phases.mark("model files (a .gguf converted once)")
     check_adapters(config.lora, (files.name, *files.aliases))
     return load_from_path(files.path, config, name=files.name, aliases=files.aliases)
@@ -109,6 +109,7 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
         set_cpu_threads(config)
 
     model = load_weights(path, config, device, dtype)
+    trusted = config.trust_remote_code
     from batchrun.models.transformers.model import TransformersModel
 
     # Steps that sync on the host (the transformers backend's; on CUDA a native model's
@@ -116,7 +117,7 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
     if isinstance(model, TransformersModel) or not getattr(model, "graph_safe", True):
         config = config.model_copy(update={"device": config.device.model_copy(
             update={"cuda_graphs": False})})
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path, trusted)
     gen_defaults, gen_eos = read_generation_config(path)
     phases.mark("tokenizer and chat template")
 
@@ -131,19 +132,23 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
     if getattr(model, "place_images", None) is not None:
         from batchrun.models.transformers.processor import load_processor
 
-        processor = load_processor(path)
+        processor = load_processor(path, trusted)
     return LoadedModel(engine, tokenizer, name, tuple(aliases), gen_defaults, path,
                        adapters=tuple(config.lora.adapters), processor=processor)
 
 
 def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: torch.dtype):
     """The model at `path` on the path --model-impl picks (models/transformers/support.py);
-    a ValueError says why a model cannot run."""
+    a ValueError says why a model cannot run (a ModelFolderError names the file: a config out
+    of range, code the folder ships without --trust-remote-code, damaged weights), before
+    anything is allocated."""
     from batchrun.models.arch import native
     from batchrun.models.config.hf_config import read_config
     from batchrun.models.transformers.support import UnsupportedModelError, choose
+    from batchrun.models.weights.safetensors_check import check_safetensors
 
-    hf = read_config(path)
+    hf = read_config(path, config.trust_remote_code)
+    check_safetensors(sorted(path.glob("*.safetensors")))
     native_path = choose(hf, config.model_impl).impl == "native"
     check_batch_invariant(config, native_path, getattr(native.module_for(hf), "__name__", ""))
     if native_path:
@@ -160,8 +165,8 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
                                     f"quantized checkpoints load on the native path only ({native_types})")
     from batchrun.models.transformers import model as text, vision
 
-    model = (vision if vision.is_vision_language(hf) else text).load(path, device, dtype,
-                                                                    config.device.quantization)
+    model = (vision if vision.is_vision_language(hf) else text).load(
+        path, device, dtype, config.device.quantization, config.trust_remote_code)
     phases.mark("weights (transformers backend)")
     return model
 
@@ -232,9 +237,13 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
 
     from batchrun.models import quant
     from batchrun.models.layers import bf16_logits, packed_linear
+    from batchrun.models.errors import ModelFolderError, naming
     from batchrun.models.quant import QuantizationError, check_checkpoint, check_device, cpu
 
-    stored = check_checkpoint(model_cfg.hf_config, device)  # a checkpoint stored quantized
+    try:
+        stored = check_checkpoint(model_cfg.hf_config, device)  # a checkpoint stored quantized
+    except QuantizationError as exc:
+        raise QuantizationError(f"{path / 'config.json'}: {exc}") from None
     check_device(quantization, device)
     slow_bf16 = cpu.slow_bf16_note(dtype, device, quantization)
     if slow_bf16:
@@ -261,7 +270,13 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     # parts they keep take the model's dtype
     in_gguf: set[str] = set()  # tensors the quantized layers already hold (GGUF, stored quantized)
     if stored is not None:
-        in_gguf = stored.load_linears(model, path, quantization)
+        try:
+            with naming(path, f"its {stored.method} layers cannot be read"):
+                in_gguf = stored.load_linears(model, path, quantization)
+        except ModelFolderError as exc:  # the format's own refusals keep their type
+            if isinstance(exc.__cause__, QuantizationError):
+                raise QuantizationError(f"{path}: {exc.__cause__}") from exc
+            raise
     elif quantization not in ("none", "int8"):  # int8 calibrates on the float model: below
         from batchrun.models.quant import gguf as quant_gguf
 
@@ -275,23 +290,36 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     if device.type != "cpu" or dtype != torch.float32:  # float32 tables computed on the CPU
         model.rope = type(model.rope)(model_cfg).to(device)
 
+    reading = [path]  # the file being read: what a weight's error names
+
     def tensors():
         for f in files:
+            reading[0] = f
             with safe_open(f, framework="pt") as sf:
                 for key in sf.keys():
                     if key in in_gguf:
                         continue
                     tensor = sf.get_tensor(key)
                     if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                        raise ValueError(f"{f}: weight {key!r} holds non-finite values (NaN "
-                                         "or inf): the checkpoint is damaged")
+                        raise ValueError(f"weight {key!r} holds non-finite values (NaN or inf): "
+                                         "the checkpoint is damaged")
                     yield key, tensor
+        reading[0] = ", ".join(files) if len(files) <= 3 else f"{path}/*.safetensors"
 
-    model.load_weights(tensors())
+    try:
+        model.load_weights(tensors())
+    except (ValueError, KeyError, IndexError) as exc:  # a weight the config has no place for
+        detail = exc if isinstance(exc, ValueError) else \
+            f"a weight has no place in the model its config describes ({exc!r})"
+        raise ModelFolderError(f"{reading[0]}: {detail}") from exc
     model.checkpoint = (path, [Path(f) for f in files])  # what calibrations key their caches by
+    gate = None  # int8's load gate (models/quant/gate.py): the float model's choices first
     if quantization == "int8" and stored is None:  # a stored checkpoint's layers: requantized plain
-        from batchrun.models.quant.smoothquant import prepare_int8
+        from batchrun.models.quant.gate import Gate
+        from batchrun.models.quant.smoothquant import has_logits_layer, prepare_int8
 
+        if has_logits_layer(model):
+            gate = Gate.before(model, [Path(f) for f in files], path)
         prepare_int8(model, [Path(f) for f in files], path)
         phases.mark("weights (load) and int8 calibration (cached after the first load)")
     pack_float = device.type == "cpu" and packed_linear.available(dtype)
@@ -318,6 +346,9 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
 
             attach_kernels(model, model.cpu_kernels)
         phases.mark("CPU kernels (built once, beside the weights)")
+    if gate is not None:
+        gate.judge(model.eval())
+        phases.mark("int8 gate (the quantized model against the float one)")
     return model.eval()
 
 

@@ -6,6 +6,8 @@ import click
 
 from batchrun.commandkit import UsageError
 from batchrun.models.weights.loader import ModelNotFoundError
+from batchrun.options.click_options import click_options
+from batchrun.options.engine import EngineConfig
 from batchrun.models.weights.registry import DEFAULT_MODEL, list_models, pull
 
 
@@ -34,21 +36,27 @@ def list_cmd() -> None:
 
 @models.command("check")
 @click.argument("model")
-def check_cmd(model: str) -> None:
+@click_options(EngineConfig, only=("trust_remote_code",))
+def check_cmd(model: str, trust_remote_code: bool | None) -> None:
     """Which path would run MODEL (native, transformers backend, or refused, and why), its
     parameters, weight and KV memory, and the engine features that apply; reads no weights.
-    Exit code 2 when no path runs it."""
+    Exit code 2 when no path runs it: a config out of range, code the folder ships (without
+    --trust-remote-code), or a model that does not fit this machine's memory."""
     from batchrun.models.config.spec_config import config_for
-    from batchrun.models.transformers.check import check, describe
+    from batchrun.models.errors import ModelFolderError
+    from batchrun.models.transformers.check import check, describe, refused
 
+    engine = EngineConfig.default(trust_remote_code=bool(trust_remote_code))
     try:
-        report = check(config_for(model))
-    except ModelNotFoundError as exc:  # not a model: a usage error, as `run` has it
+        hf = config_for(model, engine.trust_remote_code)
+        too_big = _wont_fit(model, engine)
+        report = refused(hf, too_big) if too_big else check(hf)
+    except (ModelNotFoundError, ModelFolderError) as exc:  # a usage error, as `run` has it
         raise UsageError(str(exc)) from exc
     for line in describe(model, report):
         click.echo(line)
     if report.impl != "refused":
-        click.echo(_held(model))
+        click.echo(_held(model, engine.trust_remote_code))
     if report.impl == "native":
         line = _kept_quantized(model)
         if line:
@@ -57,12 +65,26 @@ def check_cmd(model: str) -> None:
         raise SystemExit(2)  # what loading it exits with (usage.EXIT_USAGE)
 
 
-def _held(model: str) -> str:
+def _wont_fit(model: str, engine: EngineConfig) -> str | None:
+    """Why `model` will not fit this machine's memory as `run` would load it by default (None:
+    it fits, or no path runs it, which check reports)."""
+    from batchrun import footprint
+
+    try:
+        footprint.check_model_fits(model, engine)
+    except footprint.WontFitError as exc:
+        return str(exc)
+    except ValueError:  # no path runs it (unsupported, a quantization it cannot read)
+        pass  # check says why
+    return None
+
+
+def _held(model: str, trust_remote_code: bool = False) -> str:
     """The weight memory a run holds on this machine, as `batchrun plan` counts it, and why it
     exceeds the parameters' bytes when it does."""
     from batchrun import footprint
 
-    cfg = footprint.model_config_for(model)
+    cfg = footprint.model_config_for(model, trust_remote_code=trust_remote_code)
     held = {name: footprint.weights_bytes(cfg, name) for name in ("float32", "bfloat16")}
     line = "weights held when run here (as `batchrun plan` counts them): " + ", ".join(
         f"{name} {n / 2**20:.1f} MiB" for name, n in held.items())

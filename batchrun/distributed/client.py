@@ -51,7 +51,8 @@ class RayEngineClient:
         from batchrun.distributed.replica import EngineReplica
 
         self.options, self.collect_timeout = options, collect_timeout
-        self._actor_class = ray.remote(num_cpus=options.cpus_per_replica,
+        # ray's stubs type remote()'s task options only; max_concurrency is an actor option.
+        self._actor_class = ray.remote(num_cpus=options.cpus_per_replica,  # type: ignore[call-overload]
                                        num_gpus=options.gpus_per_replica,
                                        max_concurrency=4)(EngineReplica)
         self._make = lambda: self._actor_class.remote(
@@ -241,6 +242,7 @@ def ray_loader(options: RayOptions, load: Callable) -> Callable[[str | None, Any
         from batchrun.footprint import tokenizer_model
 
         init_ray(options)
-        served = tokenizer_model(model, engine_config.max_model_len)
+        served = tokenizer_model(model, engine_config.max_model_len,
+                                 engine_config.trust_remote_code)
         return RayModel(RayEngineClient(options, load, model, engine_config), served)
     return load_on_ray

@@ -94,6 +94,10 @@ class EngineConfig(BaseModel):
         "transformers: transformers' modelling code on batchrun's engine (any decoder-only "
         "attention model); auto: native where it runs the model, else transformers.",
         section="model")
+    trust_remote_code: bool = option(
+        False, "Run the Python code a model folder ships, with your permissions: read it first. "
+        "The auto_map of its config.json or tokenizer_config.json names it. Without this flag such "
+        "a folder is refused (exit 2); batchrun never asks on stdin.", section="model")
     batch_invariant: bool = option(
         False, "Make each request's tokens and logprobs independent of the batch it runs in. "
         "Independent of what else is in the batch, its place in it, prefix-cache hits, chunked "

@@ -45,6 +45,7 @@ def run(ctx, spec, variables, resume, restart, overwrite):
     """Run the sweep SPEC (TOML): every cell of its grid over its dataset, scored."""
     from batchrun.batch.job.loop import ChangedInputError, StopRequest
     from batchrun.batch.job.plan import BatchConfigError
+    from batchrun.models.errors import ModelFolderError
     from batchrun.sweep.run import run_sweep
     from batchrun.sweep.spec import SpecError, load
 
@@ -59,7 +60,7 @@ def run(ctx, spec, variables, resume, restart, overwrite):
             result = run_sweep(parsed, text, load, resume=resume, restart=restart,
                                stop=stop, on_stage=lambda m: click.echo(m, err=True),
                                overwrite=bool(overwrite))
-        except (SpecError, BatchConfigError, ChangedInputError) as exc:
+        except (SpecError, BatchConfigError, ChangedInputError, ModelFolderError) as exc:
             raise UsageError(str(exc)) from None
         except KeyboardInterrupt:
             sys.exit(interrupted(log))

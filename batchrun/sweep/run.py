@@ -127,7 +127,8 @@ def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any],
     for number, model in enumerate(models, start=1):
         model_cells = [c for c in cells if c.model == model]
         name, base = slug(model), base_of[model]
-        served = tokenizer_model(base, engine.max_model_len)  # tokenizer only, no weights
+        # tokenizer only, no weights
+        served = tokenizer_model(base, engine.max_model_len, engine.trust_remote_code)
         reqs = requests.build(model_cells, examples, prompts, bool(generators), choosers,
                               served.tokenizer, spec.dataset.endpoint,
                               adapter=model if model != base else None,

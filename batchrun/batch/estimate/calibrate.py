@@ -114,6 +114,7 @@ def _bench_backend(model_cfg, layers: int, device, dtype):
     import torch
     from transformers import AutoModelForCausalLM
 
+    from batchrun.models.weights.remote_code import config_kwargs
     from batchrun.models.layers import packed_linear
     from batchrun.models.transformers.model import wrap
 
@@ -127,7 +128,8 @@ def _bench_backend(model_cfg, layers: int, device, dtype):
             share = ", ".join(f"{types.count(k)} {k}" for k in kinds)
             assumed.append(f"one layer of each kind timed, scaled as the average ({share})")
     text.num_hidden_layers = layers
-    hf = AutoModelForCausalLM.from_config(text).to(device=device, dtype=dtype)
+    hf = AutoModelForCausalLM.from_config(text, **config_kwargs(text)).to(device=device,
+                                                                          dtype=dtype)
     model = wrap(hf.eval())
     if device.type == "cpu" and packed_linear.available(dtype):
         packed_linear.pack_linears(hf)

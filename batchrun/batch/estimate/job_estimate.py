@@ -161,8 +161,9 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     spec = plan.inputs.model
     on_stage("reading the model's config and tokenizer (not its weights)")
     engine = plan.engine
-    cfg = footprint.model_config_for(spec, engine.model_impl)
-    model = tokenizer_model(spec, engine.max_model_len)
+    cfg = footprint.model_config_for(spec, engine.model_impl, engine.trust_remote_code)
+    footprint.check_fits(cfg, engine, spec)  # WontFitError before a calibration allocates
+    model = tokenizer_model(spec, engine.max_model_len, engine.trust_remote_code)
     blocks, kv_bytes = footprint.kv_reservation(engine, cfg)
     groups = kv_groups(cfg)
     # A cached block of prompt tokens takes one pool block in each KV group.

@@ -62,12 +62,13 @@ def run(ctx, inputs, **kwargs):
 @click.option("--fetch-media", is_flag=True, cls=FieldOption, section="validate",
               help="Also fetch and decode every image the lines name. Without it, image parts "
               "are checked without fetching: their shape, count, data: URLs and local paths.")
-@click_options(EngineConfig, only=("max_model_len",))
+@click_options(EngineConfig, only=("max_model_len", "trust_remote_code"))
 @click.option("--json", "as_json", is_flag=True, cls=FieldOption, section="validate",
               help="Print problems as error-file records (JSON lines) instead of text.")
 @click.option("-q", "--quiet", is_flag=True, cls=FieldOption, section="validate",
               help="Only the summary.")
-def validate(inputs, check_prompts, fetch_media, max_model_len, as_json, quiet, **kwargs):
+def validate(inputs, check_prompts, fetch_media, max_model_len, trust_remote_code, as_json, quiet,
+             **kwargs):
     """Check the batch files INPUT... and report every problem (line, field, message) that the
     run would reject, with counts, without running a model."""
     from types import SimpleNamespace
@@ -93,7 +94,8 @@ def validate(inputs, check_prompts, fetch_media, max_model_len, as_json, quiet, 
     if check_prompts:
         serving_options = dataclasses.replace(serving_options, open_url=storage.open_read)
         try:
-            serving = OpenAIServing(_tokenizer_model(read.model, max_model_len), serving_options)
+            serving = OpenAIServing(_tokenizer_model(read.model, max_model_len,
+                                                     bool(trust_remote_code)), serving_options)
         except ValueError as exc:  # an option the model cannot take (--score-tokens)
             raise UsageError(str(exc)) from exc
         prepare = lambda text, line: prepare_line(text, line, serving)  # noqa: E731
@@ -124,13 +126,14 @@ def validate(inputs, check_prompts, fetch_media, max_model_len, as_json, quiet, 
     sys.exit(EXIT_OK if report.invalid == 0 else EXIT_TOO_MANY_FAILED)
 
 
-def _tokenizer_model(model, max_model_len):
+def _tokenizer_model(model, max_model_len, trust_remote_code):
     from batchrun.footprint import tokenizer_model
+    from batchrun.models.errors import ModelFolderError
     from batchrun.models.weights.loader import ModelNotFoundError
 
     try:
-        return tokenizer_model(model, max_model_len)
-    except (ModelNotFoundError, FileNotFoundError) as exc:
+        return tokenizer_model(model, max_model_len, trust_remote_code)
+    except (ModelNotFoundError, ModelFolderError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from exc
 
 
@@ -171,6 +174,7 @@ def plan(inputs, **kwargs):
     the run starts afresh, resumes, or has nothing to do."""
     from batchrun.batch.estimate.job_estimate import estimate_plan, report_text
     from batchrun.batch.job.plan import BatchConfigError, make_plan
+    from batchrun.models.errors import ModelFolderError
     from batchrun.models.transformers.support import UnsupportedModelError
 
     shown = _options(lambda: from_cli(PlanOptions, kwargs))
@@ -185,7 +189,7 @@ def plan(inputs, **kwargs):
     try:
         estimate = estimate_plan(job_plan, shown.calibration, on_stage=lambda text:
                                  shown.as_json or click.echo(text + " ...", err=True))
-    except (UnsupportedModelError, BatchConfigError) as exc:
+    except (UnsupportedModelError, ModelFolderError, BatchConfigError) as exc:
         raise UsageError(str(exc)) from exc
     if not given_output:
         estimate.start = "unknown"

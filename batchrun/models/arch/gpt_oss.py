@@ -23,6 +23,7 @@ from batchrun.models.arch import llama, moe
 
 from batchrun.models.config import model_config
 from batchrun.models.arch.llama import Attention
+from batchrun.models.weights.tensor_copy import copy_into
 
 SUPPORTED_ARCHITECTURES = {"GptOssForCausalLM"}
 
@@ -130,7 +131,7 @@ class GptOssModel(moe.MoeModel):
             return False
         if name not in params:
             raise ValueError(f"unexpected weight {name!r} in checkpoint")
-        params[name].copy_(tensor)
+        copy_into(params[name], tensor, name)
         loaded.add(name)
         return True
 

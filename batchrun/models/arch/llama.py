@@ -21,6 +21,7 @@ from batchrun.engine.attention import AttentionMetadata, layer_metadata, paged_a
 from batchrun.models.layers.gated_activation import gated_activation
 from batchrun.models.config.model_config import ModelConfig
 from batchrun.models.config.model_config import SUPPORTED_ARCHITECTURES  # noqa: F401 (native.py reads it here)
+from batchrun.models.weights.tensor_copy import copy_into
 from batchrun.models.layers.rope import RotaryEmbedding, StepRope, longrope_reason
 
 class RMSNorm(nn.Module):
@@ -257,12 +258,12 @@ class LlamaModel(nn.Module):
                 target_name, shard = fused[parts[-2]]
                 target_name = ".".join(parts[:-2] + [target_name, parts[-1]])
                 target = params[target_name]
-                target.narrow(0, *self._shard_range(target_name, shard)).copy_(tensor)
+                copy_into(target.narrow(0, *self._shard_range(target_name, shard)), tensor, name)
                 loaded.add(f"{target_name}#{shard}")
                 continue
             if name not in params:
                 raise ValueError(f"unexpected weight {name!r} in checkpoint")
-            params[name].copy_(tensor)
+            copy_into(params[name], tensor, name)
             loaded.add(name)
         missing = [n for n in params if n not in loaded and not any(
             key.startswith(n + "#") for key in loaded)]

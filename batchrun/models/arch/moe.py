@@ -20,6 +20,7 @@ from batchrun.models.config import model_config
 from batchrun.models.layers.grouped_gemm import ExpertPairs, grouped_mm, route
 from batchrun.models.layers.gated_activation import gated_activation
 from batchrun.models.arch.llama import MLP, LlamaModel
+from batchrun.models.weights.tensor_copy import copy_into
 
 SUPPORTED_ARCHITECTURES = {
     "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM",
@@ -166,7 +167,9 @@ class MoeModel(LlamaModel):
         if at is None or not parts[at + 1].isdigit():  # not per expert (fused ones are ours)
             if renamed == name:
                 return False
-            params[renamed].copy_(tensor)  # Mixtral's router
+            if renamed not in params:
+                raise ValueError(f"unexpected weight {name!r} in checkpoint")
+            copy_into(params[renamed], tensor, name)  # Mixtral's router
             loaded.add(renamed)
             return True
         prefix = ".".join(parts[:at + 1])
@@ -175,7 +178,7 @@ class MoeModel(LlamaModel):
         if shard is not None:
             half = weight.shape[0] // 2
             weight = weight.narrow(0, shard * half, half)
-        weight.copy_(tensor)
+        copy_into(weight, tensor, name)
         loaded.add(f"{prefix}.{target}#{expert}.{shard}")
         self._expert_parts.add((f"{prefix}.{target}", expert, shard))
         return True

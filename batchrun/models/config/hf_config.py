@@ -5,15 +5,21 @@ imports the model's transformers code: about a second of every cold start).
 read, with the defaults transformers' Llama / Mistral / Qwen2 / Qwen3 configs give the keys
 config.json may leave out. A config it cannot promise to read the same (another model type, a
 RoPE variant other than the default, keys whose defaults differ between those classes left
-out) goes through AutoConfig. tests/unit/test_hf_config.py compares both.
+out) goes through AutoConfig. tests/unit/test_hf_config.py compares both. Either way the file's
+values pass sizes.check_config first, and a folder that ships code is refused unless trusted
+(weights/remote_code.py).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from batchrun.models.weights.json_file import read_object
+from batchrun.models.weights.remote_code import auto_kwargs, check_folder
+from batchrun.models.config.sizes import check_config
+from batchrun.models.errors import naming
 
 PLAIN_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 # Keys whose transformers default differs between those classes (or that every real config sets).
@@ -25,7 +31,10 @@ DEFAULTS = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": F
 
 def plain_config(folder: Path) -> SimpleNamespace | None:
     """config.json as attributes, or None when AutoConfig must read it."""
-    raw = json.loads((Path(folder) / "config.json").read_text())
+    return _plain(read_object(Path(folder) / "config.json"))
+
+
+def _plain(raw: dict[str, Any]) -> SimpleNamespace | None:
     model_type = raw.get("model_type", "llama")
     if model_type not in PLAIN_TYPES or any(raw.get(k) is None for k in REQUIRED):
         return None
@@ -45,11 +54,29 @@ def plain_config(folder: Path) -> SimpleNamespace | None:
     return SimpleNamespace(**values)
 
 
-def read_config(folder: str | Path) -> Any:
-    """plain_config(folder), else transformers' AutoConfig."""
-    config = plain_config(Path(folder))
+def read_raw(folder: str | Path, trust_remote_code: bool = False) -> dict[str, Any]:
+    """config.json as JSON, its sizes checked (sizes.py), after refusing a folder that ships
+    code unless `trust_remote_code` (weights/remote_code.py); ModelFolderError naming the file."""
+    check_folder(folder, trust_remote_code)
+    source = Path(folder) / "config.json"
+    raw = read_object(source)
+    check_config(raw, source)
+    return raw
+
+
+def read_config(folder: str | Path, trust_remote_code: bool = False) -> Any:
+    """plain_config(folder), else transformers' AutoConfig; ModelFolderError (naming the file)
+    for a value out of type or range, code the folder ships unless `trust_remote_code`, or a
+    config transformers cannot read."""
+    folder = Path(folder)
+    source = folder / "config.json"
+    config = _plain(read_raw(folder, trust_remote_code))
     if config is not None:
         return config
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(folder)
+    with naming(source, "transformers cannot read it"):
+        config = AutoConfig.from_pretrained(folder, **auto_kwargs(trust_remote_code))
+    check_config(config.to_dict(), source)  # with the defaults of the keys the file left out
+    return config
+

@@ -5,17 +5,29 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _auto_config(*args, **kwargs):
+def _auto_config(source, trust_remote_code: bool, *args, **kwargs):
+    """transformers' AutoConfig.from_pretrained(*args, **kwargs), its sizes checked; what goes
+    wrong is a ModelFolderError naming `source`."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(*args, **kwargs)
+    from batchrun.models.weights.remote_code import auto_kwargs, refuse_config_code
+    from batchrun.models.config.sizes import check_config
+    from batchrun.models.errors import naming
+
+    with naming(source, "transformers cannot read its config"):
+        config = AutoConfig.from_pretrained(*args, **kwargs, **auto_kwargs(trust_remote_code))
+    refuse_config_code(config, source, trust_remote_code)
+    check_config(config.to_dict(), source)
+    return config
 
 
-def config_for(model: str | None):
+def config_for(model: str | None, trust_remote_code: bool = False):
     """The config of `model` (registry name, HF folder, .gguf file, hub id; None = the default
     model) without loading, converting or downloading its weights: config.json of the folder or
     of the GGUF's cached conversion, else the GGUF's metadata, else the hub's config.json;
-    hf_config.read_config's plain attributes where it reads the file."""
+    hf_config.read_config's plain attributes where it reads the file. ModelFolderError for a
+    config out of range (sizes.py) or one that needs the folder's code without
+    `trust_remote_code`."""
     from batchrun.models.weights import registry
     from batchrun.models.config.hf_config import read_config
     from batchrun.models.weights.loader import ModelNotFoundError
@@ -29,34 +41,36 @@ def config_for(model: str | None):
         gguf = registry.find_gguf(entry)
         if gguf is None:
             raise ModelNotFoundError(registry.missing_message(entry))
-        return _gguf_config(gguf)
+        return _gguf_config(gguf, trust_remote_code)
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             from_folder(path, spec)  # raises the loader's explanation
-        return read_config(path)  # a *.bin folder is not converted for this
+        return read_config(path, trust_remote_code)  # a *.bin folder is not converted for this
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return _gguf_config(path)
+        return _gguf_config(path, trust_remote_code)
     if not path.exists() and HUB_ID.match(spec):
         try:
-            return _auto_config(spec)
+            return _auto_config(spec, trust_remote_code, spec)
         except Exception as exc:  # offline, unknown or gated repo
             raise ModelNotFoundError(f"could not read the config of hub model {spec!r}: "
                                      f"{type(exc).__name__}: {exc}") from exc
     from batchrun.models.weights.resolve import resolve_model
 
-    resolve_model(spec)  # raises the loader's own explanation
+    resolve_model(spec, trust_remote_code)  # raises the loader's own explanation
     raise ModelNotFoundError(f"unknown model {spec!r}")  # pragma: no cover
 
 
-def _gguf_config(gguf: Path):
+def _gguf_config(gguf: Path, trust_remote_code: bool = False):
     from batchrun.models.config.hf_config import read_config
+    from batchrun.models.weights.gguf_check import check_gguf
     from batchrun.models.weights.loader import gguf_cache_path
 
     converted = gguf_cache_path(gguf)
     if (converted / "config.json").is_file():
-        return read_config(converted)
-    return _auto_config(gguf.parent, gguf_file=gguf.name)
+        return read_config(converted, trust_remote_code)
+    check_gguf(gguf)
+    return _auto_config(gguf, trust_remote_code, gguf.parent, gguf_file=gguf.name)
 
 
 def gguf_file(model: str | None) -> Path | None:

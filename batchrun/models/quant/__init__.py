@@ -127,11 +127,45 @@ def check_checkpoint(hf_config, device: torch.device | None = None) -> Checkpoin
             "with --quantization int8 / int8-weight / int4-weight / bf16, or a GGUF file with "
             "--quantization gguf (Q4_0, Q4_1, Q4_K, Q5_K, Q6_K and Q8_0 load as they are)")
     fmt = CheckpointFormat(method, config)
-    fmt.module.check(config)
+    _check_values(fmt)
     if device is not None and device.type != "cpu":
         raise QuantizationError(f"the {method} checkpoint's quantized layers run on the CPU only "
                                 f"(batchrun has no {device.type} kernels for them); use --device cpu")
     return fmt
+
+
+# quantization_config keys the formats compute with: (smallest, largest) whole number; a group
+# size may also be -1 (one group per row).
+_WHOLE_NUMBERS = {"bits": (1, 16), "w_bit": (1, 16), "num_bits": (1, 16),
+                  "group_size": (1, 1 << 20), "q_group_size": (1, 1 << 20)}
+
+
+def _check_values(fmt: CheckpointFormat) -> None:
+    """QuantizationError for a quantization_config the format cannot compute with: a bit width
+    or group size that is not a whole number in range (at its top level or in a
+    compressed-tensors scheme's weights), or any other value its check, describe or byte count
+    trips on."""
+    config = fmt.config
+    schemes = config.get("config_groups")
+    parts = [config] + ([s.get("weights") for s in schemes.values() if isinstance(s, dict)]
+                        if isinstance(schemes, dict) else [])
+    for part in parts:
+        for key, (low, high) in _WHOLE_NUMBERS.items():
+            value = part.get(key) if isinstance(part, dict) else None
+            if value is None or (key.endswith("group_size") and value == -1):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise QuantizationError(f"quantization_config {key} {value!r}: a whole number "
+                                        f"from {low} to {high:,} is needed")
+    try:
+        fmt.module.check(config)
+        fmt.describe()
+        fmt.nbytes(256, 256)
+    except QuantizationError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a value of a type or range the format does not take
+        raise QuantizationError(f"quantization_config of method {fmt.method!r} holds a value "
+                                f"batchrun cannot use ({type(exc).__name__}: {exc})") from None
 
 
 def logits_in_bf16(method: str) -> bool:

@@ -11,10 +11,12 @@ pipeline) gets transformers' AutoTokenizer. tests/unit/test_tokenizer_parity.py 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from batchrun.models.weights.json_file import read_object
+from batchrun.models.weights.remote_code import auto_kwargs, check_folder
+from batchrun.models.errors import naming
 from batchrun.models.text.chat_template import render
 
 # tokenizer_config.json classes that take tokenizer.json as it is (transformers 5 names the
@@ -100,7 +102,7 @@ def _clean_up(text: str) -> str:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_object(path) if path.is_file() else {}
 
 
 def plain_tokenizer(folder: Path) -> Tokenizer | None:
@@ -127,11 +129,15 @@ def plain_tokenizer(folder: Path) -> Tokenizer | None:
     return Tokenizer(backend, config, template)
 
 
-def load_tokenizer(folder: str | Path) -> Any:
-    """plain_tokenizer(folder), else transformers' AutoTokenizer."""
-    tokenizer = plain_tokenizer(Path(folder))
-    if tokenizer is not None:
-        return tokenizer
-    from transformers import AutoTokenizer
+def load_tokenizer(folder: str | Path, trust_remote_code: bool = False) -> Any:
+    """plain_tokenizer(folder), else transformers' AutoTokenizer; the folder's own tokenizer
+    code only when `trust_remote_code` (models/weights/remote_code.py). ModelFolderError names
+    the folder when its tokenizer files cannot be read."""
+    check_folder(folder, trust_remote_code)
+    with naming(folder, "its tokenizer files cannot be read"):
+        tokenizer = plain_tokenizer(Path(folder))
+        if tokenizer is not None:
+            return tokenizer
+        from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder)
+        return AutoTokenizer.from_pretrained(folder, **auto_kwargs(trust_remote_code))

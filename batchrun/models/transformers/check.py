@@ -61,12 +61,13 @@ def meta_model(hf):
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from batchrun.models.weights.remote_code import config_kwargs
     from batchrun.models.transformers.vision import is_vision_language
 
     auto = AutoModelForImageTextToText if is_vision_language(hf) else AutoModelForCausalLM
     try:
         with torch.device("meta"):
-            return auto.from_config(hf)
+            return auto.from_config(hf, **config_kwargs(hf))
     except Exception:  # a config transformers cannot build
         return None
 
@@ -182,6 +183,13 @@ def lora_support(model, hf, impl: str) -> str:
     return f"yes: {', '.join(names)} (the plain linears of its decoder layers{not_experts})"
 
 
+def refused(hf, reason: str, impl: str = "refused") -> CheckReport:
+    """The report's head: the model's type and architectures, the path and why."""
+    full = as_transformers_config(hf)
+    return CheckReport(getattr(full, "model_type", "?"), list(full.architectures or []),
+                       impl, reason)
+
+
 def check(hf) -> CheckReport:
     try:
         verdict = choose(hf, "auto")
@@ -192,8 +200,7 @@ def check(hf) -> CheckReport:
     if impl != "refused":
         impl, reason, stored = _stored_quantized(hf, impl, reason)
     full = as_transformers_config(hf)
-    report = CheckReport(getattr(full, "model_type", "?"), list(full.architectures or []),
-                         impl, reason)
+    report = refused(full, reason, impl)
     if impl == "refused":
         return report
     if impl == "native":

@@ -98,18 +98,22 @@ def max_context(meta, positions: torch.Tensor) -> int:
     return int(positions.max()) + 1
 
 
-def load(path, device: torch.device, dtype: torch.dtype, quantization: str = "none") -> TransformersModel:
+def load(path, device: torch.device, dtype: torch.dtype, quantization: str = "none",
+         trust_remote_code: bool = False) -> TransformersModel:
     """The model at `path` (safetensors, sharded or not, as transformers maps them onto its own
     modules), its decoder's linears quantized by `quantization` (quantized.py), probed for its
     real attention shape; UnsupportedModelError when it cannot run."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    from batchrun.models.weights.remote_code import auto_kwargs
+
     attention.register()
+    trust = auto_kwargs(trust_remote_code)
     auto = AutoModelForSequenceClassification \
-        if classifier_labels(AutoConfig.from_pretrained(path)) else AutoModelForCausalLM
+        if classifier_labels(AutoConfig.from_pretrained(path, **trust)) else AutoModelForCausalLM
     try:
         hf = auto.from_pretrained(path, dtype=dtype, device_map=device,
-                                  attn_implementation=attention.NAME)
+                                  attn_implementation=attention.NAME, **trust)
     except (ValueError, KeyError) as exc:
         raise UnsupportedModelError(f"transformers cannot build it on this backend: {exc}") from exc
     model = wrap(hf.eval(), quantization=quantization, path=path)

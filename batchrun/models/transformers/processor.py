@@ -32,26 +32,34 @@ class NoVideos:
     fps = None
 
 
-def load_processor(path):
+def load_processor(path, trust_remote_code: bool = False):
     """The processor saved with the model at `path` (processor_config.json / preprocessor_config.json
-    and the tokenizer), its image processor the slow one."""
+    and the tokenizer), its image processor the slow one; the folder's own code only when
+    `trust_remote_code` (models/weights/remote_code.py)."""
     import json
     from pathlib import Path
 
     from transformers import AutoImageProcessor, AutoTokenizer
     from transformers.models.auto.processing_auto import processor_class_from_name
 
+    from batchrun.models.weights.json_file import read_object
+    from batchrun.models.weights.remote_code import auto_kwargs, check_folder
+    from batchrun.models.errors import naming
+
     path = Path(path)
+    check_folder(path, trust_remote_code)
     settings = {}
     for name in ("processor_config.json", "preprocessor_config.json"):
         if (path / name).exists():
-            settings.update(json.loads((path / name).read_text()))
+            settings.update(read_object(path / name))
     cls_name = settings.get("processor_class")
     if not cls_name:
         raise ValueError(f"{path} has no processor_class in its processor config")
     cls = images_only(processor_class_from_name(cls_name))
-    image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    trust = auto_kwargs(trust_remote_code)
+    with naming(path, "transformers cannot read its processor"):
+        image_processor = AutoImageProcessor.from_pretrained(path, backend="pil", **trust)
+        tokenizer = AutoTokenizer.from_pretrained(path, **trust)
     template = None
     if (path / "chat_template.jinja").exists():
         template = (path / "chat_template.jinja").read_text()

@@ -68,6 +68,13 @@ def transformers_reason(hf) -> str | None:
 def causal_lm_class(hf):
     from transformers import AutoModelForCausalLM
 
+    auto_map = getattr(hf, "auto_map", None)
+    if isinstance(auto_map, dict) and auto_map.get("AutoModelForCausalLM"):
+        # the folder's own class: a config keeps an auto_map only where the operator trusted
+        # its folder (models/weights/remote_code.py)
+        from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+        return get_class_from_dynamic_module(auto_map["AutoModelForCausalLM"], hf._name_or_path)
     try:
         return AutoModelForCausalLM._model_mapping[type(hf)]
     except (KeyError, ValueError):

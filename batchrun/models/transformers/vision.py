@@ -191,16 +191,20 @@ def decoder_of(hf, hf_config):
     return inner.language_model if hasattr(inner, "language_model") else inner.text_model
 
 
-def load(path, device: torch.device, dtype: torch.dtype, quantization: str = "none") -> VisionLanguageModel:
+def load(path, device: torch.device, dtype: torch.dtype, quantization: str = "none",
+         trust_remote_code: bool = False) -> VisionLanguageModel:
     """The vision-language model at `path`: its decoder on the "batchrun" attention, its vision
     tower on PyTorch's SDPA (the tower runs outside the engine's steps and caches)."""
     from transformers import AutoModelForImageTextToText
+
+    from batchrun.models.weights.remote_code import auto_kwargs
 
     attention.register()
     try:
         hf = AutoModelForImageTextToText.from_pretrained(
             path, dtype=dtype, device_map=device,
-            attn_implementation={"text_config": attention.NAME, "vision_config": "sdpa", "": "sdpa"})
+            attn_implementation={"text_config": attention.NAME, "vision_config": "sdpa", "": "sdpa"},
+            **auto_kwargs(trust_remote_code))
     except (ValueError, KeyError) as exc:
         raise UnsupportedModelError(f"transformers cannot build it on this backend: {exc}") from exc
     if hf.config.model_type not in VISION_MODEL_TYPES:

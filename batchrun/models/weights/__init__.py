@@ -1,1 +1,1 @@
-"""Where a model's files come from and how they load: names and the bundled default, spec resolution, GGUF and .bin conversion."""
+"""Where a model's files come from and how they load: names and the bundled default, spec resolution, GGUF and .bin conversion; the folder's files checked before anything is built from them (JSON files, code it ships, safetensors, GGUF and .bin headers)."""

@@ -51,6 +51,8 @@ def gguf_cache_path(gguf: Path) -> Path:
 
 
 def convert_gguf(gguf: Path) -> Path:
+    """The cached safetensors folder of `gguf`, converted now if it is not there yet;
+    ModelFolderError names a file that cannot be read or converted."""
     gguf = Path(gguf).resolve()
     folder = _build_once(gguf_cache_path(gguf), lambda tmp: _dequantise_gguf(gguf, tmp), gguf.name)
     source = folder / GGUF_SOURCE  # where --quantization reads the quantized blocks from
@@ -59,11 +61,45 @@ def convert_gguf(gguf: Path) -> Path:
     return folder
 
 
-def convert_bin_folder(folder: Path) -> Path:
+def convert_bin_folder(folder: Path, trust_remote_code: bool = False) -> Path:
+    """The cached safetensors conversion of a *.bin folder; each .bin is opened first (tensors
+    only: torch.load's weights_only) so a damaged or hostile pickle is refused by name."""
     folder = folder.resolve()
     stats = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.glob("*.bin"))
     target = cache_dir() / "models" / f"{folder.name}-{_key(folder, stats)}"
-    return _build_once(target, lambda tmp: _bin_to_safetensors(folder, tmp), folder.name)
+
+    def build(tmp: Path) -> None:
+        from batchrun.models.errors import naming
+
+        check_bin_files(sorted(folder.glob("*.bin")))
+        with naming(folder, "its *.bin weights cannot be converted"):
+            _bin_to_safetensors(folder, tmp, trust_remote_code)
+
+    return _build_once(target, build, folder.name)
+
+
+def check_bin_files(files: list[Path]) -> None:
+    """ModelFolderError naming the first .bin torch.load cannot read as tensors alone (read
+    onto the meta device: nothing allocated)."""
+    import pickle
+    import warnings
+    import zipfile
+
+    import torch
+
+    from batchrun.models.errors import ModelFolderError, naming
+
+    for f in files:
+        try:
+            with naming(f, "not a readable PyTorch checkpoint"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch's note on the pickle protocol
+                torch.load(f, map_location="meta", weights_only=True, mmap=zipfile.is_zipfile(f))
+        except ModelFolderError as exc:
+            if isinstance(exc.__cause__, pickle.UnpicklingError):
+                raise ModelFolderError(f"{f}: not a PyTorch checkpoint of tensors alone (its "
+                                       "pickle is damaged or holds other objects, which "
+                                       "batchrun does not unpickle)") from exc
+            raise
 
 
 def _build_once(target: Path, build, what: str) -> Path:
@@ -94,6 +130,17 @@ def _build_once(target: Path, build, what: str) -> Path:
 
 
 def _dequantise_gguf(gguf: Path, out: Path) -> None:
+    """`gguf` as safetensors in `out`, its header and tensor extents checked first
+    (weights/gguf_check.py)."""
+    from batchrun.models.errors import naming
+    from batchrun.models.weights.gguf_check import check_gguf
+
+    check_gguf(gguf)
+    with naming(gguf, "cannot be converted"):
+        _convert_gguf(gguf, out)
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
     from batchrun.models.weights import gguf_weights
 
     if not gguf_weights.supports(gguf):
@@ -110,13 +157,18 @@ def _dequantise_gguf(gguf: Path, out: Path) -> None:
 def _gguf_tokenizer(gguf: Path, out: Path) -> None:
     from transformers import AutoTokenizer
 
-    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+    from batchrun.models.weights.remote_code import auto_kwargs
+
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                  **auto_kwargs(False)).save_pretrained(out)
 
 
 def _dequantise_gguf_transformers(gguf: Path, out: Path) -> None:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils.quantization_config import GgufConfig
+
+    from batchrun.models.weights.remote_code import auto_kwargs
 
     # dequantize=True: dense float32 weights even where transformers could keep them packed in
     # GGUF blocks (those cannot be saved as safetensors).
@@ -125,18 +177,22 @@ def _dequantise_gguf_transformers(gguf: Path, out: Path) -> None:
         gguf_file=gguf.name,
         dtype=torch.float32,
         quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True),
+        **auto_kwargs(False),  # a GGUF holds no code; its folder's JSON files are not its
     )
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer.remove_quantization_config(model)
     model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+    _gguf_tokenizer(gguf, out)
     _strip_quantization_config(out / "config.json")
 
 
-def _bin_to_safetensors(folder: Path, out: Path) -> None:
+def _bin_to_safetensors(folder: Path, out: Path, trust_remote_code: bool) -> None:
     from transformers import AutoModelForCausalLM
 
-    AutoModelForCausalLM.from_pretrained(folder, dtype="auto").save_pretrained(out)
+    from batchrun.models.weights.remote_code import auto_kwargs
+
+    AutoModelForCausalLM.from_pretrained(folder, dtype="auto", **auto_kwargs(trust_remote_code)
+                                         ).save_pretrained(out)
     for item in folder.iterdir():  # tokenizer and the rest, as shipped
         if item.is_file() and item.suffix not in WEIGHT_SUFFIXES and not (out / item.name).exists():
             if not item.name.endswith(".bin.index.json"):

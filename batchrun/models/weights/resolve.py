@@ -17,7 +17,9 @@ HUB_ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "merge
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def resolve_model(spec: str | None = None) -> ModelFiles:
+def resolve_model(spec: str | None = None, trust_remote_code: bool = False) -> ModelFiles:
+    """The Hugging Face folder `spec` names (converted once from a .gguf or *.bin folder); a
+    folder that ships code is refused unless `trust_remote_code` (ModelFolderError)."""
     if spec is None or spec.strip() in ("", "default"):
         spec = registry.DEFAULT_MODEL
     spec = spec.strip()
@@ -27,7 +29,7 @@ def resolve_model(spec: str | None = None) -> ModelFiles:
 
     path = Path(spec).expanduser()
     if path.is_dir():
-        return from_folder(path, spec)
+        return from_folder(path, spec, trust_remote_code)
     if path.is_file():
         if path.suffix.lower() == ".gguf":
             return _aliased(path.stem, convert_gguf(path), spec, path.name, str(path.resolve()))
@@ -36,7 +38,7 @@ def resolve_model(spec: str | None = None) -> ModelFiles:
             f"folder (with config.json and *.safetensors), a hub id, or one of: {registry.known_names()}."
         )
     if HUB_ID.match(spec):
-        return _from_hub(spec)
+        return _from_hub(spec, trust_remote_code)
     raise ModelNotFoundError(
         f"Unknown model {spec!r}. Tried: the model registry (known names: {registry.known_names()}), "
         f"a local path (no such file or folder), and a Hugging Face hub id (needs the form "
@@ -52,20 +54,24 @@ def _aliased(name: str, path: Path, *aliases: str) -> ModelFiles:
     return ModelFiles(name=name, path=path, aliases=tuple(seen))
 
 
-def from_folder(folder: Path, spec: str) -> ModelFiles:
+def from_folder(folder: Path, spec: str, trust_remote_code: bool = False) -> ModelFiles:
+    from batchrun.models.weights.remote_code import check_folder
+
     folder = folder.resolve()
     if not (folder / "config.json").is_file():
         ggufs = sorted(folder.glob("*.gguf"))
         hint = f" It holds {ggufs[0].name}: pass that file instead." if ggufs else ""
         raise ModelNotFoundError(f"{folder} is not a Hugging Face model folder: it has no config.json.{hint}")
+    check_folder(folder, trust_remote_code)
     if any(folder.glob("*.safetensors")):
         return _aliased(folder.name, folder, spec, str(folder))
     if any(folder.glob("*.bin")):
-        return _aliased(folder.name, convert_bin_folder(folder), spec, str(folder))
+        return _aliased(folder.name, convert_bin_folder(folder, trust_remote_code), spec,
+                        str(folder))
     raise ModelNotFoundError(f"{folder} has a config.json but no *.safetensors or *.bin weights.")
 
 
-def _from_hub(repo_id: str) -> ModelFiles:
+def _from_hub(repo_id: str, trust_remote_code: bool) -> ModelFiles:
     # Offline machines must fail fast rather than wait on the default timeouts; both are read
     # when huggingface_hub is first imported, so they only apply if it was not imported yet.
     os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "5")
@@ -93,6 +99,9 @@ def _from_hub(repo_id: str) -> ModelFiles:
             f"and pass its local folder or .gguf file, or use the bundled default `smollm2-135m`."
         ) from exc
     folder = Path(folder)
+    from batchrun.models.weights.remote_code import check_folder
+
+    check_folder(folder, trust_remote_code)
     if not any(folder.glob("*.safetensors")):
         raise ModelNotFoundError(
             f"{repo_id!r} on the hub has no *.safetensors weights; download it by other means and "
