@@ -25,36 +25,58 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class ServedModel(Protocol):
-    name: str
-    """The served model name: responses carry it, a request's `model` may name it."""
+    # Read-only properties: an implementation may hold them as attributes or properties.
+    @property
+    def name(self) -> str:
+        """The served model name: responses carry it, a request's `model` may name it."""
+        ...
 
-    aliases: tuple[str, ...]
-    """Other names a request's `model` may use for this model."""
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """Other names a request's `model` may use for this model."""
+        ...
 
-    tokenizer: Any
-    """models.tokenizer.Tokenizer or a transformers tokenizer: encode, decode, chat template."""
+    @property
+    def tokenizer(self) -> Any:
+        """models.tokenizer.Tokenizer or a transformers tokenizer: encode, decode, chat template."""
+        ...
 
-    max_model_len: int
-    """Context length in tokens: prompt plus generated tokens of one request at most."""
+    @property
+    def max_model_len(self) -> int:
+        """Context length in tokens: prompt plus generated tokens of one request at most."""
+        ...
 
-    generation_defaults: Mapping[str, Any]
-    """Sampling defaults of the model's generation_config.json, under SamplingParams names."""
+    @property
+    def generation_defaults(self) -> Mapping[str, Any]:
+        """Sampling defaults of the model's generation_config.json, under SamplingParams names."""
+        ...
 
-    adapters: tuple[str, ...]
-    """The LoRA adapters served on it (--lora NAME=PATH): a request's `model` may name one."""
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """The LoRA adapters served on it (--lora NAME=PATH): a request's `model` may name one."""
+        ...
 
-    path: Path | None
-    """The model folder (its sentence-transformers pooling config), None when not local."""
+    @property
+    def path(self) -> Path | None:
+        """The model folder (its sentence-transformers pooling config), None when not local."""
+        ...
 
-    engine: EngineClient | None
-    """The engine client to run requests on; None for a tokenizer-only model."""
+    @property
+    def engine(self) -> EngineClient | None:
+        """The engine client to run requests on; None for a tokenizer-only model."""
+        ...
 
-    engine_config: EngineConfig | None
-    """The engine's configuration (KV cache, scheduler, LoRA); None for a tokenizer-only model."""
+    @property
+    def engine_config(self) -> EngineConfig | None:
+        """The engine's configuration (KV cache, scheduler, LoRA); None for a tokenizer-only
+        model."""
+        ...
 
-    processor: Any
-    """A vision-language model's transformers processor (models/transformers/processor.py):
-    renders chats with images; None for a text-only model."""
+    @property
+    def processor(self) -> Any:
+        """A vision-language model's transformers processor (models/transformers/processor.py):
+        renders chats with images; None for a text-only model."""
+        ...
 
     @property
     def eos_token_ids(self) -> Sequence[int]:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from batchrun.engine.engine import Engine
 from batchrun.engine.errors import EngineDeadError, QueueFullError
+from batchrun.engine.multimodal import MultiModalInputs
 from batchrun.engine.outputs import CompletionOutput, RequestOutput
 from batchrun.engine.sampling_params import SamplingParams
 
@@ -53,8 +54,7 @@ class AddCommand:
     stream: bool
     priority: int
     sink: OutputSink
-    # The prompt's images (engine/multimodal.MultiModalInputs); None for text only.
-    multimodal: Any = None
+    multimodal: MultiModalInputs | None = None  # the prompt's images; None for text only
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ class AsyncEngine:
 
     def generate(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
                  *, stream: bool = False, priority: int = INTERACTIVE_PRIORITY,
-                 multimodal=None) -> "RequestStream":
+                 multimodal: MultiModalInputs | None = None) -> "RequestStream":
         """Queue a request; iterate the result for its outputs (cumulative per choice, the last
         one finished). Refusals that need no engine work (dead engine, full queue) raise here, so
         a handler can still answer with an HTTP error. close() the stream when done with it:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
+    from batchrun.engine.multimodal import MultiModalInputs
     from batchrun.engine.outputs import RequestOutput
     from batchrun.engine.sampling_params import SamplingParams
 
@@ -46,17 +47,22 @@ class EngineClient(Protocol):
     abort what it no longer wants. Only the caller's own requests are visible through a client.
     """
 
-    max_model_len: int
-    """Context length in tokens: prompt plus generated tokens of one request at most."""
+    # Read-only properties: an implementation may hold them as attributes or properties.
+    @property
+    def max_model_len(self) -> int:
+        """Context length in tokens: prompt plus generated tokens of one request at most."""
+        ...
 
-    stats: EngineStats
-    """The engine's counters (read-only for callers; the batch runner writes them into its
-    metrics file)."""
+    @property
+    def stats(self) -> EngineStats:
+        """The engine's counters (read-only for callers; the batch runner writes them into its
+        metrics file)."""
+        ...
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
                     params: SamplingParams, arrival_time: float | None = None,
                     stream: bool = False, priority: int | None = None,
-                    multimodal=None) -> None:
+                    multimodal: MultiModalInputs | None = None) -> None:
         """Queue a request for params.n choices under a unique request_id.
 
         Raises PromptTooLongError (batchrun.engine.errors) when the prompt, plus max_tokens,

@@ -97,7 +97,7 @@ class Engine:
                 not getattr(self.runner.model, "num_labels", 0):
             raise ValueError("this model has no sequence-classification head")
         if params.pooling is not None and params.pooling.token_ids and \
-                getattr(self.runner.model, "num_labels", 0):
+                bool(getattr(self.runner.model, "num_labels", 0)):
             raise ValueError("a sequence classifier has no LM head to read token logits from")
         prompt_len = len(prompt_token_ids)
         if prompt_len == 0:
@@ -186,12 +186,13 @@ class Engine:
                            outputs: list[RequestOutput]) -> list[tuple[Request, int]]:
         """Make the running requests' adapters resident; the work of requests whose adapter
         could not be loaded is dropped and those requests end with the load's error."""
+        assert self.adapters is not None  # step calls this only with adapters
         errors = self.adapters.activate({r.adapter for r in self.scheduler.running
                                          if r.adapter is not None})
         if not errors:
             return work
         for req in list(self.scheduler.running):
-            if req.adapter in errors and req.status != Status.FINISHED:
+            if req.adapter is not None and req.adapter in errors and req.status != Status.FINISHED:
                 req.group.error = errors[req.adapter]
                 outputs += self.sequences.finish_group(req.group, "abort")
         return [(r, n) for r, n in work if r.status != Status.FINISHED]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from batchrun.engine.multimodal import MultiModalInputs
 from batchrun.engine.outputs import CompletionOutput, RequestOutput
 from batchrun.engine.request import Request
 from batchrun.engine.sampling_params import SamplingParams
@@ -29,7 +30,7 @@ def choice_params(params: SamplingParams, index: int) -> SamplingParams:
 class Group:
     def __init__(self, request_id: str, n: int, stream: bool):
         self.request_id = request_id
-        self.multimodal = None  # engine.multimodal.MultiModalInputs of the shared prompt
+        self.multimodal: MultiModalInputs | None = None  # the shared prompt's images
         self.n = n
         self.stream = stream
         self.members: list[Request] = []

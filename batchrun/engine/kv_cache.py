@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Literal
 
 from batchrun.engine.kv_groups import KVGroups
 from batchrun.engine.request import Request
@@ -194,7 +194,7 @@ class KVCacheManager:
         if self.ref_cnt[block] == 0:
             self.free[block] = None
 
-    def fork(self, src: Request, dst: Request) -> list[tuple[int, int]] | bool:
+    def fork(self, src: Request, dst: Request) -> list[tuple[int, int]] | Literal[False]:
         """Give dst src's computed KV: full blocks shared, each group's partial tail block
         copied.
 

@@ -47,7 +47,7 @@ def kv_blocks_for(config: EngineConfig, model_cfg, device: torch.device, dtype: 
         return cache.num_blocks
     block_bytes = kv_block_bytes(model_cfg, cache.block_size, dtype.itemsize,
                                  4 if dtype == torch.int8 else 0)  # attention/int8_kv.py
-    budget = cache.kv_cache_memory
+    budget: int | None = cache.kv_cache_memory
     if budget is None:
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)

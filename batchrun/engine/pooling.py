@@ -94,6 +94,7 @@ class PooledState:
 
     def result(self) -> list[float]:
         v = self.acc
+        assert v is not None  # asked once done
         if self.params.pooling == "mean":
             v = v / self.n
         if self.params.normalize:

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
+from batchrun.engine.detokenizer import IncrementalDetokenizer
 from batchrun.engine.lora import cache_salt
+from batchrun.engine.multimodal import MultiModalInputs
 from batchrun.engine.outputs import RequestMetrics
 from batchrun.engine.pooling import PooledState
 from batchrun.engine.prompt_logprobs import PromptScores
 from batchrun.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # group.py imports this module
+    from batchrun.engine.group import Group
 
 
 class Status(enum.Enum):
@@ -20,13 +26,14 @@ class Status(enum.Enum):
 
 
 class Request:
+    group: Group  # the engine's Group for the user request, set by Sequences.new_sequence
+
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  max_tokens: int, arrival_time: float | None = None, priority: int = 0,
                  index: int = 0):
         self.request_id = request_id  # unique per sequence: "<user id>" or "<user id>#<choice>"
         self.index = index  # which of the user request's n choices this sequence is
-        self.group = None  # the engine's Group for the user request
-        self.detokenizer = None  # IncrementalDetokenizer when text is needed step by step
+        self.detokenizer: IncrementalDetokenizer | None = None  # when text is needed step by step
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
         self.max_tokens = max_tokens
@@ -57,7 +64,7 @@ class Request:
         # holds no logits for it) without writing its K/V.
         self.rescore = False
         # The request's images (engine/multimodal.py); None for text only.
-        self.multimodal = None
+        self.multimodal: MultiModalInputs | None = None
         self.metrics = RequestMetrics(arrival_time=arrival_time or time.time())
         self.num_preemptions = 0
 

@@ -131,21 +131,24 @@ class ModelRunner:
     def pool(self, batch: StepBatch, hidden: torch.Tensor) -> None:
         for req, row, rows, first in batch.pooling:
             states = hidden[row:row + rows]
-            params = req.pooled.params
+            pooled = req.pooled
+            assert pooled is not None  # batch.pooling holds pooling requests only
+            params = pooled.params
             if params.reads_logits:  # a head (or the LM head) reads the last position only
-                if first + rows < req.pooled.n:
+                if first + rows < pooled.n:
                     continue
                 last = states[-1:]
                 states = self.model.classify(last) if params.head else \
                     self.model.compute_logits(last)[:, list(params.token_ids)]
-                first = req.pooled.n - 1
-            req.pooled.add(first, states)
+                first = pooled.n - 1
+            pooled.add(first, states)
 
     def score_prompt(self, batch: StepBatch, hidden: torch.Tensor) -> list[tuple]:
         scored = []
         for req, row, rows, first in batch.scoring:
             c = first - 1  # the position of the first scored row
             targets = torch.tensor(req.all_token_ids[c + 1:c + 1 + rows])
+            assert req.scores is not None  # batch.scoring holds scoring requests only
             scored.append((req, first) + score_rows(self.model.compute_logits,
                                                     hidden[row:row + rows], targets,
                                                     req.scores.k))

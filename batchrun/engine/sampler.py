@@ -38,11 +38,14 @@ class SamplingRow(Protocol):
     def num_output_tokens(self) -> int: ...
 
 
+# Per row: (logprob of the chosen token, [(token id, logprob)] top alternatives) or None.
+RowLogprobs = tuple[float, list[tuple[int, float]]] | None
+
+
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
-    # Per row: (logprob of the chosen token, [(token id, logprob)] top alternatives) or None.
-    logprobs: list[tuple[float, list[tuple[int, float]]] | None]
+    logprobs: list[RowLogprobs]
 
 
 class Sampler:
@@ -96,8 +99,9 @@ class Sampler:
         return logits
 
     @staticmethod
-    def _logprobs(raw: torch.Tensor, chosen: torch.Tensor, params: list[SamplingParams]) -> list:
-        logprobs: list = [None] * len(params)
+    def _logprobs(raw: torch.Tensor, chosen: torch.Tensor,
+                  params: list[SamplingParams]) -> list[RowLogprobs]:
+        logprobs: list[RowLogprobs] = [None] * len(params)
         if all(p.logprobs is None for p in params):
             return logprobs
         raw_logprobs = torch.log_softmax(raw, dim=-1)
@@ -109,6 +113,7 @@ class Sampler:
                 continue
             top = []
             if p.logprobs:
+                assert top_ids is not None and top_lp is not None  # k >= p.logprobs > 0
                 top = list(zip(top_ids[i, :p.logprobs].tolist(), top_lp[i, :p.logprobs].tolist()))
             logprobs[i] = (chosen_lp[i], top)
         return logprobs

@@ -22,14 +22,16 @@ class ScoreCache:
     def prefix_filter(self, req: Request) -> Callable[[int, bytes], bool] | None:
         """For KVCacheManager.match_prefix: a scoring request takes a cached block only if its
         entries are known too (it adopts them); None for other requests."""
-        if req.scores is None:
+        scores = req.scores
+        if scores is None:
             return None
         bs = self.kv.block_size
-        return lambda i, h: req.scores.adopt(i, bs, self._entries.get(h))
+        return lambda i, h: scores.adopt(i, bs, self._entries.get(h))
 
     def publish(self, req: Request) -> None:
         """Offer the entries of req's newly full, cached blocks (more top-k wins)."""
         scores, bs = req.scores, self.kv.block_size
+        assert scores is not None  # the caller publishes scoring requests only
         full = min(len(req.block_hashes), scores.filled // bs)
         for i in range(scores.published, full):
             h = req.block_hashes[i]

@@ -41,7 +41,8 @@ class Sequences:
 
     def completion(self, req: Request, partial: bool = False) -> CompletionOutput:
         detok = req.detokenizer
-        if partial:
+        if partial:  # streamed: a streamed request always has a detokenizer
+            assert detok is not None
             text = detok.stable_text()
         elif detok is not None:
             text = detok.text if isinstance(req.stop_reason, str) else detok.flush()

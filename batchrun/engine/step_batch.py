@@ -42,9 +42,14 @@ class StepBatch:
         return self.layout.num_decode == len(self.requests)
 
     def adapter_segments(self) -> list:
-        rows = [self.adapter_slots.get(r.adapter, -1)
+        rows = [adapter_slot(self.adapter_slots, r.adapter)
                 for r, n in zip(self.requests, self.layout.counts) for _ in range(n)]
         return segments(rows)
+
+
+def adapter_slot(slots: dict[str, int], adapter: str | None) -> int:
+    """The slot of an adapter's rows; -1: the base model's (or an adapter not resident)."""
+    return -1 if adapter is None else slots.get(adapter, -1)
 
 
 def is_decode(req: Request, n: int) -> bool:
@@ -58,8 +63,8 @@ def row_order(work: list[tuple[Request, int]], adapter_slots: dict[str, int]
     prefills = sorted((w for w in work if not is_decode(*w)),
                       key=lambda w: (w[0].num_computed_tokens > 0 or w[0].rescore, w[1]))
     if adapter_slots:  # rows of one adapter together (a stable sort: by length within each)
-        decodes.sort(key=lambda w: adapter_slots.get(w[0].adapter, -1))
-        prefills.sort(key=lambda w: adapter_slots.get(w[0].adapter, -1))
+        decodes.sort(key=lambda w: adapter_slot(adapter_slots, w[0].adapter))
+        prefills.sort(key=lambda w: adapter_slot(adapter_slots, w[0].adapter))
     return decodes + prefills, len(decodes)
 
 

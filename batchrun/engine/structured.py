@@ -15,10 +15,13 @@ from batchrun.engine.sampling_params import GrammarSpec
 
 # JSON is emitted in the canonical `json.dumps` style: a small model given free whitespace can
 # spend its whole token budget on newlines inside an object.
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
 if TYPE_CHECKING:  # torch is imported where masks are built: parsing batch lines needs none
     import torch
+    from llguidance import LLExecutor, LLTokenizer
+    from llguidance._lib import JsonCompileOptions
+
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ",
+                                    "key_separator": ": "}
 
 _tokenizers: dict[tuple[int, tuple[int, ...]], Any] = {}
 
@@ -39,6 +42,7 @@ def grammar_text(spec: GrammarSpec) -> str:
         return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
     if spec.lark is not None:
         return LLMatcher.grammar_from_lark(spec.lark)
+    assert spec.regex is not None  # a GrammarSpec holds one of the three
     return LLMatcher.grammar_from_regex(spec.regex)
 
 
@@ -53,7 +57,7 @@ def validate(spec: GrammarSpec) -> str | None:
     return error or None
 
 
-def ll_tokenizer(tokenizer: Any, eos_token_ids: Iterable[int]):
+def ll_tokenizer(tokenizer: Any, eos_token_ids: Iterable[int]) -> LLTokenizer:
     """llguidance's view of a tokenizer with a `tokenizers` backend (batchrun's own or a
     transformers fast tokenizer; about 0.3 s to build, so cached). Built from the backend's
     JSON as llguidance.hf.from_tokenizer does, without importing transformers."""
@@ -78,8 +82,8 @@ class GrammarMatchers:
     def __init__(self, tokenizer: Any, eos_token_ids: Iterable[int]):
         self.tokenizer = tokenizer
         self.eos_token_ids = sorted(eos_token_ids)
-        self._ll = None
-        self._executor = None
+        self._ll: LLTokenizer | None = None
+        self._executor: LLExecutor | None = None
         self._matchers: dict[str, Any] = {}
 
     def _matcher(self, row: Row):
@@ -87,12 +91,19 @@ class GrammarMatchers:
         if m is None:
             import llguidance
 
-            if self._ll is None:
-                self._ll = ll_tokenizer(self.tokenizer, self.eos_token_ids)
-                self._executor = llguidance.LLExecutor()
-            m = llguidance.LLMatcher(self._ll, grammar_text(row.params.grammar), log_level=0)
+            m = llguidance.LLMatcher(self._runtime()[0], grammar_text(row.params.grammar),
+                                     log_level=0)
             self._matchers[row.request_id] = m
         return m
+
+    def _runtime(self) -> tuple[LLTokenizer, LLExecutor]:
+        """llguidance's tokenizer and executor, made on first use."""
+        if self._ll is None or self._executor is None:
+            import llguidance
+
+            self._ll = ll_tokenizer(self.tokenizer, self.eos_token_ids)
+            self._executor = llguidance.LLExecutor()
+        return self._ll, self._executor
 
     def forget(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
@@ -106,9 +117,10 @@ class GrammarMatchers:
         if not idx:
             return None
         matchers = [self._matcher(rows[i]) for i in idx]
-        words = (self._ll.vocab_size + 31) // 32
+        ll, executor = self._runtime()
+        words = (ll.vocab_size + 31) // 32
         bitmask = torch.zeros((len(idx), words), dtype=torch.int32)
-        self._executor.unsafe_compute_mask_ptr(
+        executor.unsafe_compute_mask_ptr(
             [(m, j) for j, m in enumerate(matchers)], bitmask.data_ptr(), words * 4, len(idx))
         shifts = torch.arange(32, dtype=torch.int32, device=device)
         bits = (bitmask.to(device)[:, :, None] >> shifts) & 1

@@ -13,6 +13,7 @@ from typing import Sequence
 
 from batchrun.engine.async_engine import BATCH_PRIORITY, AddCommand, AsyncEngine
 from batchrun.engine.client import EngineStats
+from batchrun.engine.multimodal import MultiModalInputs
 from batchrun.engine.outputs import RequestOutput
 from batchrun.engine.sampling_params import SamplingParams
 
@@ -52,7 +53,7 @@ class SyncEngineClient:
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
                     params: SamplingParams, arrival_time: float | None = None,
                     stream: bool = False, priority: int | None = None,
-                    multimodal=None) -> None:
+                    multimodal: MultiModalInputs | None = None) -> None:
         """Queue a request for the engine thread (raises EngineDeadError if it is not running).
         The engine's refusals (PromptTooLongError, ValueError) come back from step() as finished
         outputs with `error` set. arrival_time is ignored: the engine thread stamps it."""

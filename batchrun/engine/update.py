@@ -19,7 +19,7 @@ from batchrun.engine.kv_cache import KVCacheManager
 from batchrun.engine.model_output import ModelOutput
 from batchrun.engine.outputs import RequestOutput, TokenLogprob
 from batchrun.engine.request import Request, Status
-from batchrun.engine.sampler import Sampler
+from batchrun.engine.sampler import RowLogprobs, Sampler
 from batchrun.engine.scheduler import Scheduler
 from batchrun.engine.score_cache import ScoreCache
 from batchrun.engine.sequences import Sequences
@@ -99,7 +99,8 @@ class OutputProcessor:
                 outputs += self.sequences.fail_group(req.group, "decoding", exc)
         return outputs
 
-    def sample_rows(self, logits: torch.Tensor, rows: list[Request]) -> list:
+    def sample_rows(self, logits: torch.Tensor, rows: list[Request]
+                    ) -> list[tuple[int, RowLogprobs] | Exception]:
         """(token, logprobs) per row. Should the batched sampler fail, each row is sampled on
         its own, so one request's failure (its exception in place of its token) does not end
         the step for the others."""
@@ -108,7 +109,7 @@ class OutputProcessor:
             return list(zip(out.token_ids, out.logprobs))
         except Exception:
             log.exception("sampling a batch of %d rows failed; sampling them one by one", len(rows))
-        results: list = []
+        results: list[tuple[int, RowLogprobs] | Exception] = []
         for i, req in enumerate(rows):
             try:
                 out = self.sampler(logits[i:i + 1], [req])
@@ -135,21 +136,22 @@ class OutputProcessor:
                 copies = self.kv.fork(req, sib)
                 # With no block free for the copy, the sibling waits and recomputes its prompt
                 # later (mostly from the prefix cache); its first token is sampled now either way.
-                forked = copies is not False
-                if forked:
+                if copies is not False:
                     for src, dst in copies:
                         self.copy_block(src, dst)
                     sib.num_computed_tokens = req.num_computed_tokens
-                self.scheduler.add_forked(sib, running=forked)
+                self.scheduler.add_forked(sib, running=copies is not False)
                 seqs.append(sib)
                 rows.append(row)
         return seqs, rows
 
-    def append_token(self, req: Request, token: int, lp, now: float) -> list[RequestOutput]:
+    def append_token(self, req: Request, token: int, lp: RowLogprobs,
+                     now: float) -> list[RequestOutput]:
         if req.metrics.first_token_time is None:
             req.metrics.first_token_time = now
         req.all_token_ids.append(token)
-        if lp is not None:
+        if lp is not None:  # asked for: the request keeps a list
+            assert req.logprobs is not None
             req.logprobs.append(TokenLogprob(token, lp[0], lp[1]))
         reason = stop_reason(req, token, self.eos_token_ids, self.max_model_len)
         if reason is not None:

@@ -92,7 +92,9 @@ class WaitingQueue:
         return next(level for level in self.levels.values() if level.size)
 
     def peek(self) -> Request:
-        return self._first_level().peek()
+        req = self._first_level().peek()
+        assert req is not None  # the level holds size > 0 requests
+        return req
 
     def popleft(self) -> Request:
         return self._first_level().pop()

@@ -12,7 +12,7 @@ gets one metadata per group (GroupedMetadata); each layer reads its group's (lay
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
 
@@ -128,18 +128,24 @@ class BackendEnv:
     kernel_mode: str = "cascade"  # --attention-kernel ("cascade", "legacy"), or "invariant"
 
 
-class AttentionBackend(Protocol):
+Meta = TypeVar("Meta", bound=AttentionMetadata)
+
+
+class AttentionBackend(Protocol[Meta]):
+    """A backend whose builder makes metadata of type Meta and whose forward reads it."""
     name: ClassVar[str]
-    metadata_type: ClassVar[type[AttentionMetadata]]
+    metadata_type: ClassVar[type[AttentionMetadata]]  # Meta itself (a ClassVar cannot name it)
 
     @classmethod
-    def create(cls, env: BackendEnv) -> AttentionBackend | None:
+    def create(cls, env: BackendEnv) -> AttentionBackend[Meta] | None:
         """The backend for this engine, or None when it does not run here."""
 
-    def build(self, layout: StepLayout) -> AttentionMetadata:
+    def build(self, layout: StepLayout) -> Meta:
         """The step's metadata (once per step, never per layer)."""
 
     @staticmethod
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        """Write k/v [T, Hkv, D] into the cache, attend q [T, H, D]; returns [T, H, D]."""
+                v_cache: torch.Tensor, meta: Meta, scale: float, window: int | None = None,
+                softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """Write k/v [T, Hkv, D] into the cache, attend q [T, H, D]; returns [T, H, D].
+        window, softcap, sinks: as registry.paged_attention documents them."""

@@ -34,7 +34,8 @@ class PrefillChunk:
 def same_length_runs(prefills: list[PrefillChunk]) -> list[tuple[int, int, int]]:
     """(first row, chunks, length) of each run of 2+ adjacent fresh chunks (no cached context)
     of one length; marks those chunks `batched`."""
-    runs, current = [], []
+    runs: list[list[PrefillChunk]] = []
+    current: list[PrefillChunk] = []
     for chunk in prefills:
         if chunk.slots is not None or chunk.in_kernel:
             continue

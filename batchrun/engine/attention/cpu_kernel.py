@@ -50,6 +50,7 @@ class CpuKernelMetadata(AttentionMetadata):
     def rows_seeing_ahead(self) -> KernelRows:
         """Every row of the step in the kernel, each up to its visible_until (an image's rows
         see their whole image): built once per step, every layer reads it."""
+            assert self.visible_until is not None  # forward asks only when it is set
         if self.ahead_rows is None:
             self.ahead_rows = plan_seeing_ahead(self.block_tables, self.query_start,
                                                 self.context_lens, self.visible_until,
@@ -62,6 +63,7 @@ class CpuKernelMetadata(AttentionMetadata):
         if self.rows is not None or not self.num_decode:
             return self.rows
         if self.masked_rows is None:
+            assert self.decode_tables is not None and self.decode_lens is not None  # with decodes
             b = self.num_decode
             self.masked_rows = KernelRows(
                 self.decode_tables, torch.arange(b), self.decode_lens.contiguous(),
@@ -125,7 +127,7 @@ def decode_attention(lib, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
 
 class CpuKernelBackend:
     name: ClassVar[str] = "cpu-kernel"
-    metadata_type: ClassVar[type] = CpuKernelMetadata
+    metadata_type: ClassVar[type[AttentionMetadata]] = CpuKernelMetadata
     sees_ahead: ClassVar[bool] = True  # forward honours meta.visible_until
 
     def __init__(self, lib, cascade: bool = True):
@@ -159,6 +161,7 @@ class CpuKernelBackend:
                 window: int | None = None, softcap: float | None = None,
                 sinks: torch.Tensor | None = None) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.lib)
+                assert meta.decode_tables is not None and meta.decode_lens is not None
         if meta.visible_until is not None:  # every row in the kernel, none to SDPA
             of = kernel_attention(meta.lib, q, k_cache, v_cache, meta.rows_seeing_ahead(),
                                   meta.block_size, scale, window, softcap, sinks)

@@ -28,7 +28,7 @@ class TritonMetadata(AttentionMetadata):
 
 class TritonBackend:
     name: ClassVar[str] = "triton"
-    metadata_type: ClassVar[type] = TritonMetadata
+    metadata_type: ClassVar[type[AttentionMetadata]] = TritonMetadata
 
     @classmethod
     def create(cls, env: BackendEnv) -> TritonBackend | None:
@@ -58,6 +58,8 @@ class TritonBackend:
         b = meta.num_decode
         if b:
             from batchrun.engine.kernels.triton_decode import paged_decode_attention
+
+            assert meta.decode_tables is not None and meta.decode_lens is not None  # with decodes
 
             out[:b] = paged_decode_attention(q[:b].contiguous(), k_cache, v_cache,
                                              meta.decode_tables, meta.decode_lens,

@@ -44,8 +44,15 @@ def layer_caches(k: torch.Tensor, v: torch.Tensor, k_scale: float,
                  v_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Views of a layer's K/V cache tensors that carry its scales."""
     kl, vl = k.view(k.shape), v.view(v.shape)
-    kl.kv_scale, vl.kv_scale = float(k_scale), float(v_scale)
+    setattr(kl, "kv_scale", float(k_scale))
+    setattr(vl, "kv_scale", float(v_scale))
     return kl, vl
+
+
+def kv_scale(cache: torch.Tensor) -> float:
+    """The layer scale that layer_caches attached to a cache view."""
+    scale: float = getattr(cache, "kv_scale")
+    return scale
 
 
 def attend(forward: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor,
@@ -53,7 +60,7 @@ def attend(forward: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tenso
            *rest) -> torch.Tensor:
     """`forward` (a backend's, or the reference attention) over an fp8 cache with its layer's
     scales: the same arguments, the step's K/V rounded through e4m3."""
-    ks, vs = k_cache.kv_scale, v_cache.kv_scale
+    ks, vs = kv_scale(k_cache), kv_scale(v_cache)
     k8 = quantize(k, ks).to(k.dtype)
     v8 = quantize(v, vs).to(v.dtype)
     out = forward(q, k8, v8, k_cache, v_cache, meta, scale * ks, *rest)

@@ -65,19 +65,26 @@ def store(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, lib=None
     if not _kernel_takes(lib, rows):
         q, scale = quantize_rows(rows)
         cache.index_copy_(0, slots, q)
-        cache.row_scales.index_copy_(0, slots, scale)
+        row_scales(cache).index_copy_(0, slots, scale)
         return
     lib.int8_kv_rows(rows.data_ptr(), kind(rows.dtype), rows.shape[0], rows.stride(0),
                      rows.shape[1], rows.shape[2], slots.data_ptr(), cache.data_ptr(),
-                     cache.row_scales.data_ptr(), None)
+                     row_scales(cache).data_ptr(), None)
 
 
 def layer_caches(k: torch.Tensor, v: torch.Tensor, k_scales: torch.Tensor,
                  v_scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Views of a pool's K/V tensors that carry their row scales [slots, kv heads]."""
     kl, vl = k.view(k.shape), v.view(v.shape)
-    kl.row_scales, vl.row_scales = k_scales, v_scales
+    setattr(kl, "row_scales", k_scales)
+    setattr(vl, "row_scales", v_scales)
     return kl, vl
+
+
+def row_scales(cache: torch.Tensor) -> torch.Tensor:
+    """The scales [slots, kv heads] that layer_caches attached to a cache view."""
+    scales: torch.Tensor = getattr(cache, "row_scales")
+    return scales
 
 
 def attend(forward: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor,

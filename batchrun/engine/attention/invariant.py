@@ -33,7 +33,7 @@ class InvariantMetadata(AttentionMetadata):
 
 class InvariantBackend:
     name: ClassVar[str] = "cpu-invariant"
-    metadata_type: ClassVar[type] = InvariantMetadata
+    metadata_type: ClassVar[type[AttentionMetadata]] = InvariantMetadata
 
     def __init__(self, lib):
         self.lib = lib
@@ -68,6 +68,7 @@ class InvariantBackend:
                 window: int | None = None, softcap: float | None = None,
                 sinks: torch.Tensor | None = None) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.lib)
+        assert meta.rows is not None  # build always plans them
         of = kernel_attention(meta.lib, q, k_cache, v_cache, meta.rows, meta.block_size, scale,
                               window, softcap, sinks)
         return of if of.dtype == q.dtype else of.to(q.dtype)

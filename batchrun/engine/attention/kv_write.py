@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from batchrun.engine.attention import int8_kv
-from batchrun.engine.attention.int8_kv import INT8, dequantize
+from batchrun.engine.attention.int8_kv import INT8, dequantize, row_scales
 from batchrun.engine.kernels import kind
 
 
@@ -45,5 +45,5 @@ def read_rows(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> t
     """cache[slots] as `dtype` (an int8 cache dequantized by its row scales; an fp8 cache's
     values unscaled: fp8_kv.py folds its layer scales into the query and the output)."""
     if cache.dtype == INT8:
-        return dequantize(cache[slots], cache.row_scales[slots], dtype)
+        return dequantize(cache[slots], row_scales(cache)[slots], dtype)
     return cache[slots].to(dtype)

@@ -7,6 +7,8 @@ are attended in one batched call, each prefill chunk in one call over its gather
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from batchrun.engine.attention.base import AttentionMetadata
@@ -33,7 +35,7 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cac
     ctx = meta.context_lens.tolist()
     out = torch.empty_like(q)
     decode = [s for s in range(len(ctx)) if starts[s + 1] - starts[s] == 1]
-    extras = dict(window=sliding_window, softcap=softcap, sinks=sinks)
+    extras: dict[str, Any] = dict(window=sliding_window, softcap=softcap, sinks=sinks)
     until = meta.visible_until
     if decode:
         rows = torch.tensor([starts[s] for s in decode], device=q.device)

@@ -4,6 +4,8 @@ chosen once at start-up. A new backend is a module with its metadata type and bu
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
 from batchrun.engine.attention.base import AttentionBackend, AttentionMetadata, BackendEnv
@@ -14,18 +16,20 @@ from batchrun.engine.attention.invariant import InvariantBackend
 from batchrun.engine.attention.reference import reference_attention
 from batchrun.engine.attention.sdpa import SdpaBackend
 
-BACKENDS: tuple[type, ...] = (InvariantBackend, TritonBackend, CpuKernelBackend, SdpaBackend)
+BACKENDS: tuple[type[AttentionBackend[Any]], ...] = (InvariantBackend, TritonBackend,
+                                                   CpuKernelBackend, SdpaBackend)
 
 # Quantized KV caches: their attend wraps the backend's forward (fp8_kv.py, int8_kv.py).
 QUANTIZED = {fp8_kv.FP8: fp8_kv.attend, int8_kv.INT8: int8_kv.attend}
 # Each metadata type's forward: what paged_attention dispatches on.
-_FORWARD = {backend.metadata_type: backend.forward for backend in BACKENDS}
+_FORWARD: dict[type[AttentionMetadata], Callable[..., torch.Tensor]] = {
+    backend.metadata_type: backend.forward for backend in BACKENDS}
 # The metadata types whose forward reads visible_until; the others' steps with it go to the
 # reference attention.
 _SEES_AHEAD = {b.metadata_type for b in BACKENDS if getattr(b, "sees_ahead", False)}
 
 
-def select_backend(env: BackendEnv) -> AttentionBackend:
+def select_backend(env: BackendEnv) -> AttentionBackend[Any]:
     for backend in BACKENDS:
         chosen = backend.create(env)
         if chosen is not None:
@@ -50,7 +54,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     return _attend(q, k, v, k_cache, v_cache, meta, scale, window, softcap, sinks)
 
 
-def _attend(q, k, v, k_cache, v_cache, meta, scale, window, softcap, sinks) -> torch.Tensor:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+            v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int | None,
+            softcap: float | None, sinks: torch.Tensor | None) -> torch.Tensor:
     if meta.visible_until is not None and type(meta) not in _SEES_AHEAD:
         return reference_attention(q, k, v, k_cache, v_cache, meta, scale,
                                    sliding_window=window, softcap=softcap, sinks=sinks)

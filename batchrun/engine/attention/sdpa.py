@@ -29,7 +29,7 @@ class SdpaMetadata(AttentionMetadata):
 
 class SdpaBackend:
     name: ClassVar[str] = "sdpa"
-    metadata_type: ClassVar[type] = SdpaMetadata
+    metadata_type: ClassVar[type[AttentionMetadata]] = SdpaMetadata
 
     def __init__(self, dtype: torch.dtype, lib=None):
         self.dtype = dtype  # of the decode mask
@@ -67,6 +67,7 @@ class SdpaBackend:
             num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
             # The query heads of one KV group act as `group` query rows against that group's keys.
             qd = q[:b].view(b, num_kv_heads, num_heads // num_kv_heads, head_dim)
+            assert meta.decode_slots is not None and meta.decode_valid is not None  # build, with decodes
             kd = read_rows(k_cache, meta.decode_slots, q.dtype)  # [B, L, Hkv, D]
             vd = read_rows(v_cache, meta.decode_slots, q.dtype)
             if window is None and not softcap and sinks is None:
