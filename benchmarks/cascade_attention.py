@@ -44,15 +44,13 @@ def main() -> None:
     table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
     k, v = (torch.randn(used * bs, Hkv, D, generator=g) for _ in range(2))
     q = torch.randn(len(lens), H, D, generator=g)
-    lens_t, out = torch.tensor(lens), torch.empty_like(q)
+    lens_t = torch.tensor(lens)
     for name, flags in kernels.VARIANTS.items():
         lib = kernels.library(flags)
         rows, _ = cascade.plan_rows(lib, table, [n - 1 for n in lens], [1] * len(lens), len(lens), bs)
 
         def plain():
-            lib.paged_decode_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), table.data_ptr(),
-                                       lens_t.data_ptr(), out.data_ptr(), len(lens), H, Hkv, D, bs,
-                                       width, D ** -0.5, 0, 1)
+            lib.paged_decode_attention(q, k, v, table, lens_t, bs, D ** -0.5)
 
         def grouped():
             kernel_attention(lib, q, k, v, rows, bs, D ** -0.5)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -62,27 +63,21 @@ def main() -> None:
     q = torch.randn(B, H, D)
     scale = D ** -0.5
     lib = kernels.library()
-    threads = torch.get_num_threads()
     kv_bytes = {}
     rows = []
-    rows_of = torch.arange(B)
     order = torch.arange(B + 1, dtype=torch.int32)
-    shared = torch.zeros(B, dtype=torch.int32)
+    # every sequence a group of its own (no shared prefix)
+    groups = SimpleNamespace(tables=tables, row_table=torch.arange(B), row_len=lens, groups=B,
+                             order=order, group_start=order, group_shared=torch.zeros(B, dtype=torch.int32))
     for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.int8):
         pools = [pool(slots, Hkv, D, dtype) for _ in range(args.layers)]
         layer = [0]
-        out = torch.empty_like(q)
 
         def kernel():
             k, v = pools[layer[0] % args.layers]
             layer[0] += 1
             ks, vs = (getattr(c, "row_scales", None) for c in (k, v))
-            lib.paged_attention_scaled(
-                q.data_ptr(), k.data_ptr(), v.data_ptr(), tables.data_ptr(), width,
-                rows_of.data_ptr(), lens.data_ptr(), out.data_ptr(), H, Hkv, D, bs, scale,
-                kernels.kind(dtype), threads, B, order.data_ptr(), order.data_ptr(),
-                shared.data_ptr(), None, 0.0, None, None if ks is None else ks.data_ptr(),
-                None if vs is None else vs.data_ptr())
+            lib.paged_attention(q, k, v, groups, bs, scale, k_scales=ks, v_scales=vs)
 
         grid = torch.arange(int(lens.max()))[None, :]
         valid = grid < lens[:, None]

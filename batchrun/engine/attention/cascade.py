@@ -48,18 +48,9 @@ def decode_groups(kernel, tables: torch.Tensor, lens: torch.Tensor, block_size: 
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(order, group_start, shared) for decode sequences with block tables [B, W] (int64,
     contiguous) and context lengths [B] (int64)."""
-    b = tables.shape[0]
-    order = np.empty(b, np.int32)
-    start = np.empty(b + 1, np.int32)
-    shared = np.empty(b, np.int32)
-    if b == 1:
-        order[0], start[:], shared[0] = 0, (0, 1), 0
-        return order, start, shared
-    groups = kernel.cascade_groups(tables.data_ptr(), lens.data_ptr(), b, tables.shape[1],
-                                   block_size, TILE, order.ctypes.data, start.ctypes.data,
-                                   shared.ctypes.data)
-    assert groups > 0, "cascade_groups failed"
-    return order, start[:groups + 1], shared[:groups]
+    if tables.shape[0] == 1:
+        return np.zeros(1, np.int32), np.array([0, 1], np.int32), np.zeros(1, np.int32)
+    return kernel.cascade_groups(tables, lens, block_size, TILE)
 
 
 def plan_rows(kernel, table: torch.Tensor, starts: list[int], counts: list[int], num_decode: int,

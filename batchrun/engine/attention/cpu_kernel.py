@@ -30,7 +30,6 @@ from batchrun.engine.attention.cascade import (KernelRows, plan_rows, plan_seein
 from batchrun.engine.attention.chunks import PrefillChunk, plan_prefills, prefill_attention
 from batchrun.engine.attention.int8_kv import INT8
 from batchrun.engine.attention.kv_write import write_kv
-from batchrun.engine.kernels import kind
 
 
 @dataclass
@@ -50,8 +49,8 @@ class CpuKernelMetadata(AttentionMetadata):
     def rows_seeing_ahead(self) -> KernelRows:
         """Every row of the step in the kernel, each up to its visible_until (an image's rows
         see their whole image): built once per step, every layer reads it."""
-            assert self.visible_until is not None  # forward asks only when it is set
         if self.ahead_rows is None:
+            assert self.visible_until is not None  # forward asks only when it is set
             self.ahead_rows = plan_seeing_ahead(self.block_tables, self.query_start,
                                                 self.context_lens, self.visible_until,
                                                 self.block_size)
@@ -63,8 +62,8 @@ class CpuKernelMetadata(AttentionMetadata):
         if self.rows is not None or not self.num_decode:
             return self.rows
         if self.masked_rows is None:
-            assert self.decode_tables is not None and self.decode_lens is not None  # with decodes
             b = self.num_decode
+            assert self.decode_tables is not None and self.decode_lens is not None  # with decodes
             self.masked_rows = KernelRows(
                 self.decode_tables, torch.arange(b), self.decode_lens.contiguous(),
                 torch.arange(b, dtype=torch.int32), torch.arange(b + 1, dtype=torch.int32),
@@ -93,36 +92,19 @@ def kernel_attention(lib, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     [T, H, D] (rows outside the groups are left uninitialised). window: a row sees its last
     `window` positions only; softcap: scores become softcap * tanh(score / softcap); sinks [H]:
     a logit per head that joins the softmax's denominator only."""
-    qf = q.float().contiguous()  # the kernel computes in float32 whatever the model's dtype
-    of = torch.empty_like(qf)
     causal = rows.row_len if rows.causal_len is None else rows.causal_len
     first = None if window is None else (causal - window).clamp_(min=0)
     sinks = None if sinks is None else sinks.detach().float().contiguous()
     ks, vs = (getattr(c, "row_scales", None) for c in (k_cache, v_cache))  # int8_kv.py
-    rc = lib.paged_attention_scaled(
-        qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), rows.tables.data_ptr(),
-        rows.tables.shape[1], rows.row_table.data_ptr(), rows.row_len.data_ptr(), of.data_ptr(),
-        q.shape[1], k_cache.shape[1], q.shape[2], block_size, scale, kind(k_cache.dtype),
-        torch.get_num_threads(), rows.groups, rows.order.data_ptr(), rows.group_start.data_ptr(),
-        rows.group_shared.data_ptr(), None if first is None else first.data_ptr(), softcap or 0.0,
-        None if sinks is None else sinks.data_ptr(), None if ks is None else ks.data_ptr(),
-        None if vs is None else vs.data_ptr())
-    assert rc == 0, "paged_attention failed"
-    return of
+    return lib.paged_attention(q, k_cache, v_cache, rows, block_size, scale, first, softcap,
+                               sinks, ks, vs)
 
 
 def decode_attention(lib, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      tables: torch.Tensor, lens: torch.Tensor, block_size: int,
                      scale: float) -> torch.Tensor:
     """The plain decode kernel: q [B, H, D], one row per sequence; float32 [B, H, D]."""
-    qd = q.float().contiguous()  # the kernel computes in float32 whatever the model's dtype
-    od = torch.empty_like(qd)
-    rc = lib.paged_decode_attention(
-        qd.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-        lens.data_ptr(), od.data_ptr(), q.shape[0], q.shape[1], k_cache.shape[1], q.shape[2],
-        block_size, tables.shape[1], scale, kind(k_cache.dtype), torch.get_num_threads())
-    assert rc == 0, "paged_decode_attention failed"
-    return od
+    return lib.paged_decode_attention(q, k_cache, v_cache, tables, lens, block_size, scale)
 
 
 class CpuKernelBackend:
@@ -161,7 +143,6 @@ class CpuKernelBackend:
                 window: int | None = None, softcap: float | None = None,
                 sinks: torch.Tensor | None = None) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.lib)
-                assert meta.decode_tables is not None and meta.decode_lens is not None
         if meta.visible_until is not None:  # every row in the kernel, none to SDPA
             of = kernel_attention(meta.lib, q, k_cache, v_cache, meta.rows_seeing_ahead(),
                                   meta.block_size, scale, window, softcap, sinks)
@@ -180,6 +161,7 @@ class CpuKernelBackend:
             out = torch.empty_like(q)
             b = meta.num_decode
             if b:
+                assert meta.decode_tables is not None and meta.decode_lens is not None
                 out[:b] = decode_attention(meta.lib, q[:b], k_cache, v_cache, meta.decode_tables,
                                            meta.decode_lens, meta.block_size, scale)
         if meta.prefills and not every_chunk:

@@ -20,8 +20,6 @@ from typing import Callable
 
 import torch
 
-from batchrun.engine.kernels import kind
-
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what int8_kv_rows reads
 INT8 = torch.int8
 SCALE_BYTES = 4  # a float32 per (token, KV head) row, for K and for V
@@ -54,9 +52,7 @@ def round_trip(x: torch.Tensor, lib=None) -> torch.Tensor:
     """x [T, heads, D] as an int8 cache hands it back (quantized and dequantized per row)."""
     if not _kernel_takes(lib, x):
         return dequantize(*quantize_rows(x), x.dtype)
-    out = torch.empty(x.shape, dtype=torch.float32)
-    lib.int8_kv_rows(x.data_ptr(), kind(x.dtype), x.shape[0], x.stride(0), x.shape[1], x.shape[2],
-                     None, None, None, out.data_ptr())
+    out = lib.int8_round_trip(x)  # float32
     return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
@@ -67,9 +63,7 @@ def store(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, lib=None
         cache.index_copy_(0, slots, q)
         row_scales(cache).index_copy_(0, slots, scale)
         return
-    lib.int8_kv_rows(rows.data_ptr(), kind(rows.dtype), rows.shape[0], rows.stride(0),
-                     rows.shape[1], rows.shape[2], slots.data_ptr(), cache.data_ptr(),
-                     row_scales(cache).data_ptr(), None)
+    lib.int8_kv_store(rows, slots, cache, row_scales(cache))
 
 
 def layer_caches(k: torch.Tensor, v: torch.Tensor, k_scales: torch.Tensor,

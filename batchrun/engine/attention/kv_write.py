@@ -7,7 +7,6 @@ import torch
 
 from batchrun.engine.attention import int8_kv
 from batchrun.engine.attention.int8_kv import INT8, dequantize, row_scales
-from batchrun.engine.kernels import kind
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -21,9 +20,7 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         return
     if lib is not None and k.stride(0) == v.stride(0) \
             and k.stride()[1:] == v.stride()[1:] == (k.shape[2], 1):
-        lib.kv_write(k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                     slot_mapping.data_ptr(), k.shape[0], k.stride(0), k.shape[1] * k.shape[2],
-                     kind(k.dtype), kind(k_cache.dtype))
+        lib.kv_write(k, v, k_cache, v_cache, slot_mapping)
     else:
         store_rows(k_cache, slot_mapping, k)
         store_rows(v_cache, slot_mapping, v)

@@ -2,7 +2,8 @@
 
 No torch headers are involved; the shared object is cached under $BATCHRUN_CACHE/kernels keyed
 by the source, the flags and the CPU. Without a compiler (or if the build fails) callers fall
-back to pure PyTorch.
+back to pure PyTorch. The library is handed out as ops.CpuKernels: its functions as typed ops
+over tensors, with their ctypes signatures (ops.py).
 
 `library()` is the build for this CPU (-march=native), with the attention kernel specialised
 for every shape it has constants for (about two minutes to build on a 2-core AMD EPYC);
@@ -26,10 +27,9 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from batchrun.engine.kernels.ops import KINDS, CpuKernels  # noqa: F401 (KINDS: the dtypes they take)
+
 log = logging.getLogger(__name__)
-# Tensor element types the kernels read and write, and their codes (dtypes.h).
-KINDS = {"torch.float32": 0, "torch.float16": 1, "torch.bfloat16": 2, "torch.float8_e4m3fn": 3,
-         "torch.int8": 4}
 SOURCES = [Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c",
                                                           "quantize.c", "expert_gemm.c",
                                                           "grouped_int8.c", "fp8.c",
@@ -107,14 +107,14 @@ def simd_cap() -> tuple[str, ...]:
     return VARIANTS[name]
 
 
-def library(extra_flags: tuple[str, ...] = ()):
+def library(extra_flags: tuple[str, ...] = ()) -> CpuKernels | None:
     """The loaded kernel library (built with FLAGS + BATCHRUN_SIMD's flags + extra_flags), or
     None when it cannot be built here or kernels are disabled."""
     return _library(simd_cap() + tuple(extra_flags)) if enabled() else None
 
 
 @lru_cache(maxsize=None)
-def _library(extra_flags: tuple[str, ...]):
+def _library(extra_flags: tuple[str, ...]) -> CpuKernels | None:
     from batchrun.paths import cache_dir
 
     flags = FLAGS + list(extra_flags)
@@ -129,41 +129,4 @@ def _library(extra_flags: tuple[str, ...]):
         detail = getattr(exc, "stderr", "") or exc
         log.warning("CPU kernels unavailable, using PyTorch ops: %s", detail)
         return None
-    p, i, i64, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-    signatures = {
-        "simd_path": (i, []),
-        "bf16_products": (i, []),
-        "paged_decode_attention": (i, [p] * 6 + [i] * 6 + [f] + [i] * 2),
-        "paged_attention": (i, [p] * 4 + [i] + [p] * 3 + [i] * 4 + [f] + [i] * 3 + [p] * 3),
-        "paged_attention_masked": (i, [p] * 4 + [i] + [p] * 3 + [i] * 4 + [f] + [i] * 3 + [p] * 4
-                                   + [f, p]),
-        "paged_attention_scaled": (i, [p] * 4 + [i] + [p] * 3 + [i] * 4 + [f] + [i] * 3 + [p] * 4
-                                   + [f, p, p, p]),
-        "cascade_groups": (i, [p, p] + [i] * 4 + [p] * 3),
-        "silu_mul": (None, [p, p, i64, i64, i, i]),
-        "gelu_tanh_mul": (None, [p, p, i64, i64, i, i]),
-        "add_rms_norm": (None, [p] * 4 + [i64] * 2 + [f, i, i, i]),
-        "softcap_inplace": (None, [p, i64, i64, f, i]),
-        "rope_inplace": (i, [p, p, p, p, i64, i64, i, i, i, i]),
-        "kv_write": (None, [p] * 5 + [i64] * 3 + [i] * 2),
-        "quantize_rows_int8": (None, [p] * 3 + [i64] * 2 + [i] * 2),
-        "quantize_rows_u8": (None, [p] * 3 + [i64] * 2 + [i] * 2),
-        "quantize_rows_split_u8": (None, [p] * 3 + [i64] + [p] * 3 + [i64] * 2 + [i] * 2),
-        "scale_rows": (None, [p] * 5 + [i64] * 3 + [i]),
-        "int8_kv_rows": (None, [p, i, i64, i64, i, i] + [p] * 4),
-        "expert_gemm": (None, [p] * 5 + [i64] * 3 + [i] * 2),
-        "grouped_int8_linear": (None, [p] * 5 + [i64] * 4 + [i] * 2),
-        "fp8_from_floats": (None, [p, p, i64]),
-        "fp8_to_floats": (None, [p, p, i64]),
-        "bf16_gemm": (None, [p] * 3 + [i64] * 3 + [i]),
-        "bf16_gemm_dot": (i, []),
-    }
-    for name, (restype, argtypes) in signatures.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return lib
-
-
-def kind(dtype) -> int:
-    """The kernels' code for a tensor's element type."""
-    return KINDS[str(dtype)]
+    return CpuKernels(lib)

@@ -16,6 +16,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from batchrun.engine.kernels import ops
 from batchrun.models.arch import llama
 
 from batchrun.models.config import model_config
@@ -78,23 +79,13 @@ class DecoderLayer(llama.DecoderLayer):
             self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
             self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, ropes: dict[str, StepRope], kv, meta):
+    def forward(self, h, residual, ropes: dict[str, StepRope], kv, meta) -> torch.Tensor:
         rope = ropes[self.layer_type]
         if not self.sandwich:
-            return super().forward(x, rope, kv, meta)
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope, kv, meta))
-        return x + self.post_feedforward_layernorm(
-            self.mlp(self.pre_feedforward_layernorm(x), rope.kernels))
-
-    def forward_fused(self, h, residual, ropes: dict[str, StepRope], kv, meta) -> torch.Tensor:
-        rope = ropes[self.layer_type]
-        if not self.sandwich:
-            return super().forward_fused(h, residual, rope, kv, meta)
-        attn = self.post_attention_layernorm.inplace_forward(self.self_attn(h, rope, kv, meta),
-                                                             rope.kernels)
+            return super().forward(h, residual, rope, kv, meta)
+        attn = self.post_attention_layernorm(self.self_attn(h, rope, kv, meta), rope.kernels)
         h = self.pre_feedforward_layernorm.add_forward(attn, residual, rope.kernels)
-        return self.post_feedforward_layernorm.inplace_forward(self.mlp(h, rope.kernels),
-                                                               rope.kernels)
+        return self.post_feedforward_layernorm(self.mlp(h, rope.kernels), rope.kernels)
 
 
 class GemmaModel(llama.LlamaModel):
@@ -117,12 +108,7 @@ class GemmaModel(llama.LlamaModel):
         cap = self.config.final_softcap
         if cap is None:
             return logits
-        if self.cpu_kernels is not None and logits.is_contiguous():
-            n = logits.shape[-1]
-            self.cpu_kernels.softcap_inplace(logits.data_ptr(), logits.numel() // n, n, cap,
-                                             torch.get_num_threads())
-            return logits
-        return logits.div_(cap).tanh_().mul_(cap)
+        return ops.softcap_(logits, cap, self.cpu_kernels)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

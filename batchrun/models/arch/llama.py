@@ -16,13 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from batchrun.engine import kernels
 from batchrun.engine.attention import AttentionMetadata, layer_metadata, paged_attention
-from batchrun.models.layers.gated_activation import gated_activation
+from batchrun.engine.kernels import ops
 from batchrun.models.config.model_config import ModelConfig
 from batchrun.models.config.model_config import SUPPORTED_ARCHITECTURES  # noqa: F401 (native.py reads it here)
-from batchrun.models.weights.tensor_copy import copy_into
 from batchrun.models.layers.rope import RotaryEmbedding, StepRope, longrope_reason
+from batchrun.models.weights.tensor_copy import copy_into
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -30,29 +29,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+    def forward(self, x: torch.Tensor, cpu_kernels=None) -> torch.Tensor:
+        """The norm of x; by the CPU kernels when given (in place, in the norm's dtype)."""
+        return ops.rms_norm(x, self.weight, self.eps, cpu_kernels)
 
     def add_forward(self, x: torch.Tensor | None, residual: torch.Tensor, cpu_kernels) -> torch.Tensor:
         """residual += x in place (x None: nothing added), and the norm of the sum, in the norm's
-        dtype: one pass of the CPU kernel. x is in the norm's dtype (float32 or bfloat16), the
-        residual stream float32 either way."""
-        out = torch.empty(residual.shape, dtype=self.weight.dtype)
-        x = None if x is None else x.to(self.weight.dtype).contiguous()
-        cpu_kernels.add_rms_norm(None if x is None else x.data_ptr(), residual.data_ptr(),
-                                 self.weight.data_ptr(), out.data_ptr(), residual.shape[0],
-                                 residual.shape[1], self.eps, kernels.kind(self.weight.dtype),
-                                 kernels.kind(residual.dtype), torch.get_num_threads())
-        return out
-
-    def inplace_forward(self, x: torch.Tensor, cpu_kernels) -> torch.Tensor:
-        """x (in the norm's dtype, the CPU kernel's path) normed in place by the kernel: a norm
-        with no residual to add (Gemma 2's after attention and after the MLP)."""
-        x = x.to(self.weight.dtype).contiguous()
-        k = kernels.kind(x.dtype)
-        cpu_kernels.add_rms_norm(None, x.data_ptr(), self.weight.data_ptr(), x.data_ptr(),
-                                 x.shape[0], x.shape[1], self.eps, k, k, torch.get_num_threads())
-        return x
+        dtype (with the CPU kernels one pass, the residual stream float32 either way)."""
+        return ops.add_rms_norm(x, residual, self.weight, self.eps, cpu_kernels)
 
 
 class Attention(nn.Module):
@@ -84,12 +68,8 @@ class Attention(nn.Module):
         fused = (rope.kernels is not None and self.q_norm is None
                  and rope.table.rotary_dim == self.head_dim)
         if fused:  # rotate the q and k heads in place, in one pass
-            rc = rope.kernels.rope_inplace(
-                qkv.data_ptr(), rope.positions.data_ptr(), rope.table.cos.data_ptr(),
-                rope.table.sin.data_ptr(), qkv.shape[0], qkv.stride(0),
-                self.num_heads + self.num_kv_heads, self.head_dim, kernels.kind(qkv.dtype),
-                torch.get_num_threads())
-            assert rc == 0, "rope_inplace failed"
+            rope.kernels.rope_(qkv, self.num_heads + self.num_kv_heads, self.head_dim,
+                               rope.positions, rope.table.cos, rope.table.sin)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.norm_across_heads:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -106,7 +86,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """down(act(gate) * up) (gated_activation)."""
+    """down(act(gate) * up) (ops.gated_mul)."""
 
     def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None,
                  activation: str = "silu"):
@@ -117,7 +97,7 @@ class MLP(nn.Module):
         self.activation = activation
 
     def forward(self, x: torch.Tensor, cpu_kernels=None) -> torch.Tensor:
-        return self.down_proj(gated_activation(self.gate_up_proj(x), cpu_kernels, self.activation))
+        return self.down_proj(ops.gated_mul(self.gate_up_proj(x), self.activation, cpu_kernels))
 
 
 class DecoderLayer(nn.Module):
@@ -128,13 +108,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp  # forward(x, cpu_kernels): the dense MLP, or an MoE block (models/arch/moe.py)
 
-    def forward(self, x, rope: StepRope, kv, meta):
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv, meta)
-        return x + self.mlp(self.post_attention_layernorm(x), rope.kernels)
-
-    def forward_fused(self, h, residual, rope: StepRope, kv, meta) -> torch.Tensor:
-        """The CPU kernels' path: h is this layer's normed input and residual the float32 stream,
-        updated in place; returns the MLP's output, which the next norm adds to the stream."""
+    def forward(self, h, residual, rope: StepRope, kv, meta) -> torch.Tensor:
+        """h is this layer's normed input and residual the stream, updated in place; returns the
+        MLP's output, which the next norm adds to the stream."""
         attn = self.self_attn(h, rope, kv, meta)
         return self.mlp(self.post_attention_layernorm.add_forward(attn, residual, rope.kernels),
                         rope.kernels)
@@ -158,8 +134,8 @@ class LlamaModel(nn.Module):
             else None
         self.lm_head = None if cfg.tie_word_embeddings or cfg.num_labels else \
             nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        # Fused CPU kernels (batchrun.engine.kernels) for RoPE and SiLU-mul, set by the loader
-        # when the model runs on the CPU in float32/bfloat16; None = PyTorch ops.
+        # The CPU kernels (engine/kernels/ops.py: norms, RoPE, gated activations...), set by the
+        # loader when the model runs on the CPU in float32/bfloat16; None = PyTorch ops.
         self.cpu_kernels = None
 
     def make_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
@@ -172,20 +148,17 @@ class LlamaModel(nn.Module):
         x = self.embed(input_ids)
         rope = self.step_rope(positions, x.dtype)
         metas = [layer_metadata(meta, i) for i in range(len(self.layers))]  # each layer's KV group
-        if self.cpu_kernels is not None and x.dtype in (torch.float32, torch.bfloat16):
-            # Each residual add runs inside the norm that follows it (x is the stream, in place).
-            # The stream is float32 under bfloat16 too (the layers compute in bfloat16): summing
-            # the layers' outputs in bfloat16 cost top-1 agreement with float32
-            # (benchmarks/quality.py), and the kernel reads and writes either at one pass's cost.
+        # Each residual add runs inside the norm that follows it (x is the stream, in place).
+        # With the CPU kernels the stream is float32 under bfloat16 too (the layers compute in
+        # bfloat16): summing the layers' outputs in bfloat16 cost top-1 agreement with float32
+        # (benchmarks/quality.py), and the kernel reads and writes either at one pass's cost.
+        if self.cpu_kernels is not None:
             x = x.float()
-            norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
-            h = self.layers[0].input_layernorm.add_forward(None, x, self.cpu_kernels)
-            for layer, kv, m, norm in zip(self.layers, kv_caches, metas, norms):
-                h = norm.add_forward(layer.forward_fused(h, x, rope, kv, m), x, self.cpu_kernels)
-            return h
-        for layer, kv, m in zip(self.layers, kv_caches, metas):
-            x = layer(x, rope, kv, m)
-        return self.norm(x)
+        norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        h = self.layers[0].input_layernorm.add_forward(None, x, self.cpu_kernels)
+        for layer, kv, m, norm in zip(self.layers, kv_caches, metas, norms):
+            h = norm.add_forward(layer(h, x, rope, kv, m), x, self.cpu_kernels)
+        return h
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from batchrun.engine.kernels import ops
 from batchrun.models.arch import llama
 
 from batchrun.models.config import model_config
 from batchrun.models.layers.grouped_gemm import ExpertPairs, grouped_mm, route
-from batchrun.models.layers.gated_activation import gated_activation
 from batchrun.models.arch.llama import MLP, LlamaModel
 from batchrun.models.weights.tensor_copy import copy_into
 
@@ -94,7 +94,7 @@ class Experts(nn.Module):
         """The gated activation of rows [gate | up] (SwiGLU; models/arch/gpt_oss.py clamps it)."""
         if self.activation is not None:
             return self.activation(gate_up, cpu_kernels)
-        return gated_activation(gate_up, cpu_kernels)
+        return ops.gated_mul(gate_up, "silu", cpu_kernels)
 
     def project(self, rows: torch.Tensor, which: str, pairs: ExpertPairs, cpu_kernels=None) -> torch.Tensor:
         """rows [pairs, in] sorted by expert through each one's `which` projection ("gate_up_proj"

@@ -47,10 +47,7 @@ class Bf16LogitsLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
-        out = torch.empty(rows.shape[0], self.out_features)
-        self.kernels.bf16_gemm(rows.data_ptr(), self.packed.data_ptr(), out.data_ptr(),
-                               rows.shape[0], self.out_features, self.in_features,
-                               torch.get_num_threads())
+        out = self.kernels.bf16_gemm(rows, self.packed, self.out_features)
         return out.view(*x.shape[:-1], self.out_features)
 
     def weight_bf16(self) -> torch.Tensor:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import torch
 
-from batchrun.engine import kernels
 
 log = logging.getLogger(__name__)
 KERNEL_ROWS_PER_EXPERT = 8  # up to this many rows per active expert on average: the C kernel
@@ -52,12 +51,7 @@ def grouped_mm(rows: torch.Tensor, weights: torch.Tensor, pairs: ExpertPairs,
     """rows [pairs, in] sorted by expert, weights [experts, out, in]: row i times the transposed
     weight of its expert, [pairs, out]."""
     if cpu_kernels is not None and len(rows) <= KERNEL_ROWS_PER_EXPERT * len(pairs.active):
-        out = rows.new_empty((len(rows), weights.shape[1]))
-        cpu_kernels.expert_gemm(rows.contiguous().data_ptr(), weights.data_ptr(), out.data_ptr(),
-                                pairs.active.data_ptr(), pairs.bounds.data_ptr(),
-                                len(pairs.active), weights.shape[1], weights.shape[2],
-                                kernels.kind(rows.dtype), torch.get_num_threads())
-        return out
+        return cpu_kernels.expert_gemm(rows, weights, pairs.active, pairs.bounds)
     if _native_grouped_mm(rows.device.type, rows.dtype):
         return torch._grouped_mm(rows, weights.transpose(1, 2), offs=pairs.ends)
     return torch.bmm(weights[pairs.expert], rows.unsqueeze(-1)).squeeze(-1)

@@ -55,15 +55,8 @@ class GroupedInt8Linear(nn.Module):
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
     def kernel_forward(self, x2: torch.Tensor) -> torch.Tensor:
-        from batchrun.engine.kernels import kind
-
-        x2 = x2.contiguous()
-        y = torch.empty(x2.shape[0], self.out_features, dtype=x2.dtype)
-        self.kernels.grouped_int8_linear(
-            x2.data_ptr(), self.qweight.data_ptr(), self.scale.data_ptr(),
-            0 if self.minimum is None else self.minimum.data_ptr(), y.data_ptr(), x2.shape[0],
-            self.out_features, self.in_features, self.group, kind(x2.dtype), torch.get_num_threads())
-        return y
+        return self.kernels.grouped_int8_linear(x2, self.qweight, self.scale, self.minimum,
+                                                self.group)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         n, k = self.qweight.shape
