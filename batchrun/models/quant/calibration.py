@@ -73,19 +73,25 @@ def run_float(model: nn.Module, windows: list[list[int]],
     """Each window through `model` (a native decoder) as one fresh sequence: a KV cache of the
     window's own length, the portable SDPA attention backend's prefill; `after(kv)` sees each
     window's K/V, [(k, v) [tokens, kv heads, head dim] per layer]."""
+    for ids in windows:
+        kv = window_forward(model, ids)[1]
+        if after is not None:
+            after(kv)
+
+
+@torch.no_grad()
+def window_forward(model: nn.Module, ids: list[int]
+                   ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """(final hidden states, per-layer K/V) of `ids` through `model` as one fresh sequence."""
     from batchrun.engine.attention.base import StepLayout
     from batchrun.engine.attention.sdpa import SdpaBackend
 
     dtype = model.embed_tokens.weight.dtype
-    backend = SdpaBackend(dtype)
-    for ids in windows:
-        t = len(ids)
-        kv = [tuple(torch.zeros(t, layer.self_attn.num_kv_heads, layer.self_attn.head_dim, dtype=dtype)
-                    for _ in range(2)) for layer in model.layers]
-        layout = StepLayout.of([[0]], [0], [t], 0, t, torch.device("cpu"))
-        model(torch.tensor(ids), layout.positions, kv, backend.build(layout))
-        if after is not None:
-            after(kv)
+    t = len(ids)
+    kv = [tuple(torch.zeros(t, layer.self_attn.num_kv_heads, layer.self_attn.head_dim, dtype=dtype)
+                for _ in range(2)) for layer in model.layers]
+    layout = StepLayout.of([[0]], [0], [t], 0, t, torch.device("cpu"))
+    return model(torch.tensor(ids), layout.positions, kv, SdpaBackend(dtype).build(layout)), kv
 
 
 def _cached(path: Path, fits: Callable[[dict], bool], what: str) -> dict | None:
