@@ -74,7 +74,7 @@ def causal_lm_class(hf):
         # its folder (models/weights/remote_code.py)
         from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
-        return get_class_from_dynamic_module(auto_map["AutoModelForCausalLM"], hf._name_or_path)
+        return get_class_from_dynamic_module(auto_map["AutoModelForCausalLM"], hf.name_or_path)
     try:
         return AutoModelForCausalLM._model_mapping[type(hf)]
     except (KeyError, ValueError):
