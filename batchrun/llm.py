@@ -381,15 +381,19 @@ def _no_init():
 
 
 def read_generation_config(path: Path) -> tuple[dict[str, Any], list[int]]:
-    """(sampling defaults the model sets, its extra EOS ids) from generation_config.json."""
-    import json
+    """(sampling defaults the model sets, its extra EOS ids) from generation_config.json;
+    ModelFolderError for a file that is not a JSON object or EOS ids that are not token ids."""
+    from batchrun.models.errors import ModelFolderError
+    from batchrun.models.weights.json_file import read_object
 
     f = path / "generation_config.json"
     if not f.exists():
         return {}, []
-    raw = json.loads(f.read_text())
+    raw = read_object(f)
     defaults = {ours: raw[theirs] for theirs, ours in GENERATION_DEFAULT_FIELDS.items()
                 if raw.get(theirs) is not None}
     eos = raw.get("eos_token_id")
-    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    eos_ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos_ids):
+        raise ModelFolderError(f"{f}: eos_token_id {eos!r} is not a token id or a list of them")
     return defaults, eos_ids

@@ -111,6 +111,19 @@ def test_a_config_that_is_not_a_json_object_is_refused(base, tmp_path, text):
     refused(cli("models", "check", str(folder)), "config.json")
 
 
+@pytest.mark.parametrize("name,text,said", [
+    ("generation_config.json", '{"eos_token_id": 2', "generation_config.json"),
+    ("generation_config.json", '{"eos_token_id": "</s>"}', "eos_token_id"),
+    ("generation_config.json", '{"eos_token_id": [2, -7]}', "eos_token_id"),
+    ("tokenizer_config.json", "[1]", "tokenizer_config.json"),
+    ("tokenizer.json", '{"model": {"type": "Nonsense"}}', "tokenizer files"),
+    ("tokenizer.json", "", "tokenizer files"),
+])
+def test_a_damaged_tokenizer_or_generation_config_is_refused(base, tmp_path, name, text, said):
+    folder = variant(base, tmp_path / "m", files={name: text})
+    refused(run_on(folder, tmp_path), said)
+
+
 def test_a_model_that_does_not_fit_is_refused_before_loading(base, tmp_path):
     # In range, but 65536-wide with 1024 layers: about 200 TiB of weights.
     folder = variant(base, tmp_path / "m", config={

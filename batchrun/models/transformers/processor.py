@@ -55,9 +55,9 @@ def load_processor(path, trust_remote_code: bool = False):
     cls_name = settings.get("processor_class")
     if not cls_name:
         raise ValueError(f"{path} has no processor_class in its processor config")
-    cls = images_only(processor_class_from_name(cls_name))
     trust = auto_kwargs(trust_remote_code)
     with naming(path, "transformers cannot read its processor"):
+        cls = images_only(processor_class_from_name(str(cls_name)))
         image_processor = AutoImageProcessor.from_pretrained(path, backend="pil", **trust)
         tokenizer = AutoTokenizer.from_pretrained(path, **trust)
     template = None
