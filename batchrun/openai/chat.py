@@ -79,6 +79,7 @@ class ChatFormatter:
         if not reasoning or not self.splits_reasoning:
             return 0
         if self.reasoning is None:
+            assert self.tools is not None  # splits_reasoning: the tool format does
             return self.tools.reasoning_tokens(self.tokenizer, c.token_ids)
         return reasoning_token_count(self.tokenizer, c.token_ids, self.reasoning,
                                      self.skip_special_tokens)

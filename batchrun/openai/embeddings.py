@@ -25,16 +25,17 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from batchrun.engine.outputs import RequestOutput
-from batchrun.engine.pooling import PoolingParams
+from batchrun.engine.pooling import PoolingParams, PoolingType
 
 log = logging.getLogger(__name__)
 
 # sentence-transformers' Pooling config keys, in the order it would pick one.
-_ST_MODES = (("pooling_mode_cls_token", "cls"), ("pooling_mode_mean_tokens", "mean"),
+_ST_MODES: tuple[tuple[str, PoolingType], ...] = (("pooling_mode_cls_token", "cls"), ("pooling_mode_mean_tokens", "mean"),
              ("pooling_mode_lasttoken", "last"))
 
 
-def sentence_transformers_pooling(path: str | Path | None) -> tuple[str | None, bool | None]:
+def sentence_transformers_pooling(path: str | Path | None
+                                  ) -> tuple[PoolingType | None, bool | None]:
     """(pooling, normalize) a sentence-transformers config in the model folder asks for; Nones
     where there is none or it says nothing we support."""
     if path is None:
@@ -50,7 +51,7 @@ def sentence_transformers_pooling(path: str | Path | None) -> tuple[str | None, 
         log.warning("ignoring %s: %s", modules_file, exc)
         return None, None
     normalize = any(t.endswith("Normalize") for t, _ in types)
-    pooling = None
+    pooling: PoolingType | None = None
     for kind, sub in types:
         if not kind.endswith("Pooling"):
             continue
@@ -68,7 +69,7 @@ def sentence_transformers_pooling(path: str | Path | None) -> tuple[str | None, 
     return pooling, normalize
 
 
-def resolve_pooling(pooling: str | None, normalize: bool | None,
+def resolve_pooling(pooling: PoolingType | None, normalize: bool | None,
                     path: str | Path | None) -> PoolingParams:
     """The options' choice, else the model's sentence-transformers config, else last, normalised."""
     st_pooling, st_normalize = (None, None) if pooling is not None and normalize is not None \

@@ -23,7 +23,7 @@ def has_images(messages: Sequence[ChatMessage]) -> bool:
 def image_urls(messages: Sequence[ChatMessage], options: OpenAIOptions) -> list[tuple[str, str]]:
     """(param path of the url, url) of each image part in order; RequestError for a malformed
     part, a source refused without fetching, or more images than --limit-images-per-prompt."""
-    found = []
+    found: list[tuple[str, str]] = []
     for i, m in enumerate(messages):
         if not isinstance(m.content, list):
             continue

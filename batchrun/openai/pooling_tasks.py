@@ -20,6 +20,7 @@ pooling). `use_activation: false` gives raw logits.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import uuid
@@ -186,19 +187,16 @@ def prepare_scoring(url: str, request: ScoreRequest | RerankRequest, pair_prompt
     left, right = request.pairs
     name = adapter or model_name
     activation = request.use_activation is not False
+    make: Callable[..., ScoreFormatter] = ScoreFormatter
     if isinstance(request, RerankRequest):
-        extra = dict(documents=request.documents, top_n=request.top_n,
-                     return_documents=request.return_documents)
-        cls = RerankFormatter
-    else:
-        extra, cls = {}, ScoreFormatter
+        make = functools.partial(RerankFormatter, documents=request.documents,
+                                 top_n=request.top_n, return_documents=request.return_documents)
     if head is not None:  # a cross-encoder: each pair is one sequence
         prompts = [head.pooled_prompt(pair_prompt(a, b)) for a, b in zip(left, right)]
         params = SamplingParams(max_tokens=0, pooling=head_params(head), lora=adapter)
-        return prompts, params, cls(name, None, activation, head.pair_logit, **extra)
+        return prompts, params, make(name, None, activation, head.pair_logit)
     texts = list(dict.fromkeys(left + right))  # each distinct text embedded once
     index = {t: i for i, t in enumerate(texts)}
     params = SamplingParams(max_tokens=0, pooling=pooling, lora=adapter)
     pairs = [(index[a], index[b]) for a, b in zip(left, right)]
-    return token_prompts(texts, request.second_field), params, cls(name, pairs, activation,
-                                                                   **extra)
+    return token_prompts(texts, request.second_field), params, make(name, pairs, activation)

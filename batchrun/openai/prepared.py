@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Sequence
 
+from batchrun.engine.multimodal import MultiModalInputs
 from batchrun.engine.outputs import RequestOutput
 from batchrun.engine.sampling_params import SamplingParams
 from batchrun.openai.chat import ChatChunks, ChatFormatter
@@ -14,6 +15,7 @@ from batchrun.openai.embeddings import EmbeddingFormatter
 from batchrun.openai.pooling_requests import ClassifyRequest, RerankRequest, ScoreRequest
 from batchrun.openai.pooling_tasks import ClassifyFormatter, ScoreFormatter
 from batchrun.openai.requests import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from batchrun.openai.responses_events import ResponseEvents, StreamingResponseFormatter
 
 
 # Kinds whose prompts are pooled (prefill only): one engine request per prompt, no stream.
@@ -29,13 +31,12 @@ class PreparedRequest:
     prompts: list[list[int]]  # one engine request per prompt
     params: SamplingParams  # params.n choices per prompt
     formatter: ChatFormatter | CompletionFormatter | EmbeddingFormatter | ClassifyFormatter \
-        | ScoreFormatter
+        | ScoreFormatter | StreamingResponseFormatter  # the last: kind "response"
     # under a grammar: whether a choice's token ids complete it. A choice the engine ended
     # while its grammar was incomplete (it allowed no next token) finishes "length", not
     # "stop": its content is not the whole answer.
     grammar_complete: Callable[[list[int]], bool] | None = None
-    # The prompt's images (engine.multimodal.MultiModalInputs) for the engine; None: text only.
-    multimodal: Any = None
+    multimodal: MultiModalInputs | None = None  # the prompt's images; None: text only
 
     def checked(self, output: RequestOutput) -> RequestOutput:
         if self.grammar_complete is None or not any(
@@ -56,7 +57,7 @@ class PreparedRequest:
         if isinstance(outputs, RequestOutput):
             outputs = [outputs]
         outputs = [self.checked(o) for o in outputs]
-        if self.kind not in ("completion", *POOLED):  # one prompt
+        if isinstance(self.formatter, (ChatFormatter, StreamingResponseFormatter)):  # one prompt
             return self.formatter.body(outputs[0], created)
         return self.formatter.body(outputs, created)
 
@@ -67,18 +68,21 @@ class PreparedRequest:
             return getattr(self.request, "second_field", "input")
         return "prompt"
 
-    def chunks(self) -> ChatChunks | CompletionChunks:
+    def chunks(self) -> ChatChunks | CompletionChunks | ResponseEvents:
         """Per-request stream state: start(), update(output[, prompt_index]), end()."""
-        if self.kind in POOLED:
+        fmt, request = self.formatter, self.request
+        if not isinstance(fmt, (ChatFormatter, CompletionFormatter, StreamingResponseFormatter)) \
+                or not isinstance(request, (ChatCompletionRequest, CompletionRequest)):
             raise TypeError(f"{self.kind} requests do not stream")
-        opts = self.request.stream_options
+        opts = request.stream_options
         include = bool(opts and opts.include_usage)
         continuous = bool(opts and opts.continuous_usage_stats)
-        if self.kind != "completion":
-            chunks = self.formatter.stream(self.params.n, include, continuous)
+        chunks: ChatChunks | CompletionChunks | ResponseEvents
+        if not isinstance(fmt, CompletionFormatter):
+            chunks = fmt.stream(self.params.n, include, continuous)
         else:
-            chunks = self.formatter.stream(len(self.prompts), include, continuous)
-        if self.grammar_complete is not None:
+            chunks = fmt.stream(len(self.prompts), include, continuous)
+        if self.grammar_complete is not None:  # this stream's update checks each output first
             update = chunks.update
-            chunks.update = lambda output, *rest: update(self.checked(output), *rest)
+            setattr(chunks, "update", lambda output, *rest: update(self.checked(output), *rest))
         return chunks

@@ -16,7 +16,10 @@ from batchrun.openai.logprobs import TokenText, floor
 
 def echo_logprobs(pl: PromptLogprobs, texts: TokenText, top_n: int) -> dict[str, Any]:
     """The prompt's part of a legacy logprobs object; text offsets start at 0."""
-    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
+    offsets: list[int] = []
     offset = 0
     for j, tid in enumerate(pl.token_ids):
         token = texts.get(tid)[0]
@@ -27,9 +30,11 @@ def echo_logprobs(pl: PromptLogprobs, texts: TokenText, top_n: int) -> dict[str,
             token_logprobs.append(None)
             top_logprobs.append(None)
             continue
-        token_logprobs.append(floor(pl.logprob[j]))
+        logprob, alternatives = pl.logprob[j], pl.top[j]
+        assert logprob is not None and alternatives is not None  # every entry after the first
+        token_logprobs.append(floor(logprob))
         top: dict[str, float] = {}
-        for t, lp in pl.top[j][:top_n]:
+        for t, lp in alternatives[:top_n]:
             top.setdefault(texts.get(t)[0], floor(lp))
         top_logprobs.append(top)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
@@ -44,10 +49,11 @@ def text_length(pl: PromptLogprobs, texts: TokenText) -> int:
 def vllm_prompt_logprobs(pl: PromptLogprobs, texts: TokenText, k: int) -> list[Any]:
     entries: list[Any] = [None]
     for j in range(1, len(pl.token_ids)):
-        tid = pl.token_ids[j]
-        entry = {str(tid): {"logprob": floor(pl.logprob[j]), "rank": pl.rank[j],
+        tid, logprob, alternatives = pl.token_ids[j], pl.logprob[j], pl.top[j]
+        assert logprob is not None and alternatives is not None  # every entry after the first
+        entry = {str(tid): {"logprob": floor(logprob), "rank": pl.rank[j],
                             "decoded_token": texts.get(tid)[0]}}
-        for rank, (t, lp) in enumerate(pl.top[j][:k], 1):
+        for rank, (t, lp) in enumerate(alternatives[:k], 1):
             entry.setdefault(str(t), {"logprob": floor(lp), "rank": rank,
                                       "decoded_token": texts.get(t)[0]})
         entries.append(entry)

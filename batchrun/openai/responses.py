@@ -38,7 +38,8 @@ def _bad(param: str, message: str, code: str = "invalid_value") -> RequestError:
 
 # --- request -> chat request ------------------------------------------------------------------
 
-def _part_text(part: Any, where: str) -> str:
+def _part_text(part: Any, where: str) -> str | dict[str, Any]:
+    """A text part's text; an input_image part as a chat image_url part."""
     if not isinstance(part, dict):
         raise _bad(where, "a content part must be an object", "invalid_type")
     kind = part.get("type")
@@ -69,8 +70,9 @@ def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
         return content
     if isinstance(content, list):
         parts = [_part_text(p, f"{where}.{j}") for j, p in enumerate(content)]
-        if all(isinstance(p, str) for p in parts):
-            return "".join(parts)
+        texts = [p for p in parts if isinstance(p, str)]
+        if len(texts) == len(parts):
+            return "".join(texts)
         return [{"type": "text", "text": p} if isinstance(p, str) else p for p in parts]
     raise _bad(where, "content must be a string or an array of content parts", "invalid_type")
 
@@ -182,7 +184,7 @@ def _response_format(request: ResponsesRequest) -> dict[str, Any] | None:
         return None
     if fmt.type != "json_schema":
         return {"type": fmt.type}
-    schema = {"name": fmt.name, "schema": fmt.json_schema}
+    schema: dict[str, Any] = {"name": fmt.name, "schema": fmt.json_schema}
     if fmt.description is not None:
         schema["description"] = fmt.description
     if fmt.strict is not None:
@@ -243,7 +245,7 @@ def content_part_error(exc: RequestError, request: ResponsesRequest) -> RequestE
     part = f"{origin}.content.{match.group(2)}"
     new = f"{part}.detail" if match.group(4) == ".detail" else \
         f"{part}.image_url" if match.group(3) else f"{part}.type"
-    message = exc.message.replace(exc.param, new, 1)
+    message = exc.message.replace(exc.param or "", new, 1)  # a param matched _PART_PARAM
     return RequestError(message, code=exc.code, param=new, type=exc.type,
                         status_code=exc.status_code)
 

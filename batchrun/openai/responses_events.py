@@ -123,10 +123,11 @@ class ResponseEvents:
         if self.current is None or self.current.kind != kind:
             events += self._open(kind)
         item = self.current
+        assert item is not None  # _open made it
         item.text += text
         name = "response.output_text.delta" if kind == "message" else \
             "response.reasoning_text.delta"
-        extra = {"logprobs": []} if kind == "message" else {}
+        extra: dict[str, list] = {"logprobs": []} if kind == "message" else {}
         events.append(self._event(name, **self._where(item), delta=text, **extra))
         return events
 
@@ -137,7 +138,9 @@ class ResponseEvents:
         if item is None:
             events += self._open("function_call", call_id=delta.get("id") or "",
                                  name=fn.get("name") or "")
-            item = self.calls[delta["index"]] = self.current
+            item = self.current
+            assert item is not None  # _open made it
+            self.calls[delta["index"]] = item
         if fn.get("arguments"):
             item.text += fn["arguments"]
             events.append(self._event("response.function_call_arguments.delta",

@@ -378,7 +378,11 @@ class OpenAIServing:
                 url, request, self._pair_prompt, self._token_prompts, self.head,
                 self.pooling if self.head is None else None, self.model.name, adapter)
         self._check_inputs(prompts, field)
-        return PreparedRequest(url.rsplit("/", 1)[-1], request, prompts, params, fmt)
+        if isinstance(request, ClassifyRequest):
+            return PreparedRequest("classify", request, prompts, params, fmt)
+        if isinstance(request, RerankRequest):
+            return PreparedRequest("rerank", request, prompts, params, fmt)
+        return PreparedRequest("score", request, prompts, params, fmt)
 
 
 def _model_type(path) -> str | None:

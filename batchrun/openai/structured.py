@@ -25,6 +25,7 @@ def response_format_grammar(fmt: ResponseFormat | None) -> GrammarSpec | None:
         return None
     if fmt.type == "json_object":
         return GrammarSpec(json_schema={"type": "object"})
+    assert fmt.json_schema is not None  # ResponseFormat requires it for json_schema
     schema = fmt.json_schema.json_schema
     if schema is None:
         # OpenAI requires a schema; an empty one would allow any JSON value.
@@ -84,7 +85,7 @@ def _answer_rule(spec: GrammarSpec) -> tuple[str, str]:
     elif spec.regex is not None:
         body = "/" + spec.regex.replace("/", "\\/") + "/"
     else:  # our own grammars all open with their start rule
-        assert spec.lark.startswith("start:"), spec.lark
+        assert spec.lark is not None and spec.lark.startswith("start:"), spec.lark
         rules, body = "answer" + spec.lark[len("start"):], "answer"
     return rules, body
 

@@ -9,9 +9,10 @@ and in OpenAIServing.prepare (what its body becomes).
 
 from __future__ import annotations
 
+import json
 import logging
 import re
-from typing import Any, Literal
+from typing import Any, Iterable, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -30,15 +31,16 @@ EMBEDDINGS_URL = "/v1/embeddings"
 CLASSIFY_URL = "/v1/classify"
 SCORE_URL = "/v1/score"
 RERANK_URL = "/v1/rerank"
+RequestBody = ChatCompletionRequest | CompletionRequest | ResponsesRequest | EmbeddingRequest \
+    | ClassifyRequest | ScoreRequest | RerankRequest
 # Every endpoint batch lines, the Batches API and `serve` take, and its request body's model.
-ENDPOINTS = {CHAT_URL: ChatCompletionRequest, COMPLETIONS_URL: CompletionRequest,
-             RESPONSES_URL: ResponsesRequest, EMBEDDINGS_URL: EmbeddingRequest,
-             CLASSIFY_URL: ClassifyRequest, SCORE_URL: ScoreRequest, RERANK_URL: RerankRequest}
+ENDPOINTS: dict[str, type[RequestBody]] = {
+    CHAT_URL: ChatCompletionRequest, COMPLETIONS_URL: CompletionRequest,
+    RESPONSES_URL: ResponsesRequest, EMBEDDINGS_URL: EmbeddingRequest,
+    CLASSIFY_URL: ClassifyRequest, SCORE_URL: ScoreRequest, RERANK_URL: RerankRequest}
 SUPPORTED_URLS = tuple(ENDPOINTS)
 # Endpoints OpenAI's Batch API takes that this runner does not serve (yet).
 UNSUPPORTED_URLS = ("/v1/moderations",)
-RequestBody = ChatCompletionRequest | CompletionRequest | ResponsesRequest | EmbeddingRequest \
-    | ClassifyRequest | ScoreRequest | RerankRequest
 # Nesting a request body may have. orjson stops at 1024 levels without recursing; this lower
 # bound keeps every later step (pydantic, Jinja's tojson, grammar compilers) far from any
 # recursion limit. OpenAI's own structured-output schemas nest at most 10 levels.
@@ -148,7 +150,7 @@ def loads(text: str | bytes) -> Any:
     return orjson.loads(text)
 
 
-def json_error_message(exc: orjson.JSONDecodeError) -> str:
+def json_error_message(exc: json.JSONDecodeError) -> str:  # orjson's is a subclass
     return f"invalid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})" \
         if exc.lineno > 1 else f"invalid JSON: {exc.msg} at column {exc.colno}"
 
@@ -158,6 +160,7 @@ def check_depth(value: Any, limit: int = MAX_BODY_DEPTH) -> None:
     stack = [(value, 1)]
     while stack:
         node, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(node, dict):
             children = node.values()
         elif isinstance(node, list):

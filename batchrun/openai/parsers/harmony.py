@@ -92,6 +92,7 @@ class HarmonyParser(ToolParser):
                     body_end -= max(held_prefix(text, t) for t in TERMINATORS)
             body = text[body_start:body_end]
             if kind == "call":
+                assert name is not None  # _kind names every call
                 calls.append((name, body.strip() if closed or not partial else None))
             else:
                 (reasoning if kind == "reasoning" else content).append(body)

@@ -58,6 +58,7 @@ def _one_call_each(turn: Message, calls: list[dict], results: list[Message]) -> 
     for k, call in enumerate(calls):
         base = first if k == 0 else {"role": "assistant", "content": ""}
         out.append({**base, "tool_calls": [call]})
-        if ids[k] in matched:
-            out.append(matched.pop(ids[k]))
+        key = ids[k]
+        if key is not None and key in matched:
+            out.append(matched.pop(key))
     return out + rest

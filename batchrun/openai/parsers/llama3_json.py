@@ -14,7 +14,8 @@ _decoder = json.JSONDecoder()
 
 def _objects(text: str) -> tuple[list[dict], bool]:
     """The JSON objects of `a; b; c`, and whether the text is exactly that (fully parsed)."""
-    objs, i = [], 0
+    objs: list[dict] = []
+    i = 0
     while True:
         while i < len(text) and text[i] in " \t\n;":
             i += 1

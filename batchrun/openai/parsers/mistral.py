@@ -18,7 +18,8 @@ _decoder = json.JSONDecoder()
 
 def _complete_items(text: str) -> list[dict]:
     """The complete objects at the start of a (possibly unfinished) JSON array."""
-    items, i = [], text.find("[")
+    items: list[dict] = []
+    i = text.find("[")
     if i < 0:
         return items
     i += 1
