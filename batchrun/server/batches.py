@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 STATUSES = (*ACTIVE, "completed", "failed", "cancelled", "expired")
 # What the manager reads of a stored batch object; a file without them is quarantined.
-BATCH_FIELDS = {"id": str, "status": str, "endpoint": str, "input_file_id": str,
+BATCH_FIELDS: dict[str, type | tuple[type, ...]] = {"id": str, "status": str, "endpoint": str, "input_file_id": str,
                 "created_at": int, "in_progress_at": (int, NoneType), "request_counts": dict}
 MAX_ERRORS_LISTED = 10
 # OpenAI's metadata: at most 16 pairs, keys up to 64 characters, values up to 512.
@@ -235,14 +235,13 @@ class BatchManager:
                            run_options(self.state, input_path, work_dir, obj["expires_at"]))
         with self._lock:
             obj = self._batches[batch_id]
-            if obj["status"] == "cancelling":
-                running = None
-            else:
+            cancelled = obj["status"] == "cancelling"
+            if not cancelled:
                 self._running[batch_id] = running
                 obj.update(status="in_progress", in_progress_at=obj["in_progress_at"] or _now(),
                            request_counts={"total": total, "completed": 0, "failed": 0})
                 self._save(obj)
-        if running is None:
+        if cancelled:
             self._set(batch_id, status="cancelled", cancelled_at=_now())
             return
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,7 +27,7 @@ def not_found(what: str, ident: str, param: str | None = None) -> APIError:
                     status_code=404)
 
 
-def error_response(error: RequestError, headers: dict | None = None) -> JSONResponse:
+def error_response(error: RequestError, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(error), status_code=error.status_code, headers=headers)
 
 

@@ -6,6 +6,7 @@ atomically, so a restarted server sees exactly the files that were fully stored.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import shutil
@@ -129,7 +130,7 @@ class FileStore:
         self._remove(file_id)
         return {"id": file_id, "object": "file", "deleted": True}
 
-    def delete_expired(self, now: float | None = None) -> list[str]:
+    def delete_expired(self, now: float | None = None) -> builtins.list[str]:  # list: a method here
         """Delete the files whose expires_at has passed (an expired file is gone: retrieving it
         is a 404, as on OpenAI); returns their ids."""
         now = time.time() if now is None else now

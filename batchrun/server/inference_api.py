@@ -18,6 +18,7 @@ from batchrun.engine.errors import EngineDeadError
 from batchrun.engine.outputs import RequestOutput
 from batchrun.openai.wire import ENDPOINTS, RESPONSES_URL, RequestError
 from batchrun.openai.bodies import completion_id, engine_error, error_body
+from batchrun.openai.completions import CompletionChunks
 from batchrun.openai.prepared import PreparedRequest
 from batchrun.server.errors import as_request_error
 
@@ -104,7 +105,6 @@ async def _sse(prepared: PreparedRequest, streams: list[RequestStream]) -> Async
     # Starlette cancels this generator when the client disconnects; leaving it closes the
     # streams, which aborts their engine requests and frees their KV blocks.
     chunks = prepared.chunks()
-    chat = prepared.kind == "chat"
     try:
         for chunk in chunks.start():
             yield _event(chunk)
@@ -113,7 +113,8 @@ async def _sse(prepared: PreparedRequest, streams: list[RequestStream]) -> Async
             if error is not None:
                 yield _event(error_body(error))
                 break
-            for chunk in chunks.update(out) if chat else chunks.update(out, i):
+            for chunk in chunks.update(out, i) if isinstance(chunks, CompletionChunks) \
+                    else chunks.update(out):
                 yield _event(chunk)
         else:
             for chunk in chunks.end():

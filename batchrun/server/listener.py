@@ -8,6 +8,7 @@ connection limit (slowloris).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import functools
@@ -31,7 +32,7 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
     def __init__(self, *args, read_timeout: float, **kwargs):
         super().__init__(*args, **kwargs)
         self.read_timeout = read_timeout
-        self._read_timer = None
+        self._read_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)

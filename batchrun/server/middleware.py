@@ -79,6 +79,7 @@ class GuardMiddleware:
         scheme, _, token = auth.partition(" ")
         if scheme.lower() != "bearer":
             token = _header(scope, b"x-api-key") or ""
+        assert self.api_key is not None  # checked only when a key is set
         return secrets.compare_digest(token.strip().encode(), self.api_key.encode())
 
     def _limit(self, scope) -> int:

@@ -17,6 +17,7 @@ from batchrun.engine.errors import EngineDeadError
 from batchrun.openai.wire import RESPONSES_URL
 from batchrun.openai.bodies import engine_error
 from batchrun.openai.prepared import PreparedRequest
+from batchrun.openai.responses_events import ResponseEvents
 from batchrun.server.inference_api import read_json, until_disconnected
 from batchrun.server.errors import as_request_error
 
@@ -53,6 +54,7 @@ def _event(obj: dict) -> str:
 
 async def _sse(prepared: PreparedRequest, stream: RequestStream) -> AsyncIterator[str]:
     events = prepared.chunks()
+    assert isinstance(events, ResponseEvents)  # a Responses request streams its events
     try:
         for event in events.start():
             yield _event(event)

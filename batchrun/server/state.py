@@ -37,9 +37,11 @@ class ServerState:
         self.engine = AsyncEngine(model.engine, max_queued=config.max_queued_requests,
                                   on_finished=self.metrics.record_finished)
         self.metrics.attach_engine(self.engine)
-        config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.files = FileStore(config.data_dir / "files")
-        self.batches = BatchManager(self, config.data_dir / "batches")
+        data_dir = config.data_dir
+        assert data_dir is not None, "ServerState needs config.data_dir"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.files = FileStore(data_dir / "files")
+        self.batches = BatchManager(self, data_dir / "batches")
 
     def start(self) -> None:
         self.engine.start()

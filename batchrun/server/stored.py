@@ -12,7 +12,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import orjson
 
@@ -27,7 +27,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         f.write(json.dumps(obj).encode())
 
 
-def load_objects(root: Path, pattern: str, fields: dict[str, type | tuple[type, ...]],
+def load_objects(root: Path, pattern: str, fields: Mapping[str, type | tuple[type, ...]],
                  allowed: dict[str, tuple] | None = None) -> Iterator[dict]:
     """The objects in root/pattern whose `fields` have the given types, whose `allowed` fields
     have one of the listed values, and whose id is the file name's stem; the others are
@@ -47,7 +47,7 @@ def load_objects(root: Path, pattern: str, fields: dict[str, type | tuple[type, 
         yield obj
 
 
-def _shape_problem(obj, fields: dict, allowed: dict) -> str | None:
+def _shape_problem(obj, fields: Mapping[str, type | tuple[type, ...]], allowed: dict) -> str | None:
     if not isinstance(obj, dict):
         return f"a JSON {type(obj).__name__}, not an object"
     for name, types in fields.items():
