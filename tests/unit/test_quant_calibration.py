@@ -157,3 +157,38 @@ def test_a_lora_update_on_a_smoothed_base_reads_the_true_input():
                         segments=[(0, 5, 0)])
     got = LoraLinear(base, 0, "qkv", step)(x / s)
     torch.testing.assert_close(got, base(x / s) + x @ a_t @ b_t, rtol=1e-5, atol=1e-4)
+
+
+def test_a_first_calibration_says_what_it_is_doing(tmp_path, caplog, monkeypatch):
+    """A first --quantization int8 load sat silent for minutes at "loading model" while it
+    calibrated: it says when the calibration starts (tokens, windows), how far it is (a line a
+    quarter off a terminal, a bar on one), when it is done, and the quantization after it; a
+    cached calibration runs nothing and says nothing of it."""
+    import io
+    import logging
+    import re
+
+    _tiny("llama", tmp_path / "m")
+    with caplog.at_level(logging.INFO, logger="batchrun.models.quant"):
+        _load(tmp_path / "m", "int8")
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("batchrun.models.quant")]
+    assert said[0] == ("int8 calibration: 256 tokens of the calibration text through the float "
+                       "model, in 4 windows (once per model: cached for the next load)")
+    assert [s.split(" (")[0] for s in said[1:4]] == [
+        f"int8 calibration: {i} of 4 windows" for i in (1, 2, 3)]
+    assert said[4].startswith("int8 calibration: done in ")
+    assert said[5].startswith("int8 calibration: cached at ")
+    assert said[6] == "int8: smoothing and quantizing 8 linear layers"  # 2 layers x 4
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="batchrun.models.quant"):
+        _load(tmp_path / "m", "int8")
+    assert not [r for r in caplog.records if r.name == calibration.log.name]
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr("sys.stderr", term)
+    assert list(calibration.shown([[1, 2], [3]], "KV calibration")) == [[1, 2], [3]]
+    assert re.search(r"KV calibration: +\d+%\|.*\| \d/2 \[.*window/s\]", term.getvalue())

@@ -51,9 +51,9 @@ def test_micro_benchmark_gives_positive_finite_coefficients(tiny_config):
     assert estimate_seconds(shape(), cal, EngineConfig.default()) > 0
 
 
-def test_step_recorder_times_the_layers_on_the_fused_cpu_path(tiny_config):
-    """On the CPU kernels' float32 path the model calls each layer's forward_fused, not forward:
-    the recorder must time that too, or every step's layer time reads 0."""
+def test_step_recorder_times_the_layers_on_the_cpu_kernels_path(tiny_config):
+    """On the CPU kernels' float32 path the recorder times each layer's forward, or every step's
+    layer time reads 0."""
     import torch
 
     from batchrun.engine.engine import Engine

@@ -14,12 +14,15 @@ batchrun.paths.cache_dir()/int8-calibration, keyed by the weight files' identity
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
+import sys
+import time
 from importlib import resources
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -67,8 +70,29 @@ def cache_path(files: list[Path], method: str, dtype: torch.dtype) -> Path:
     return cache_dir() / "int8-calibration" / f"{key}.pt"
 
 
+def shown(windows: list[list[int]], what: str) -> Iterator[list[int]]:
+    """The windows, with what the calibration is doing said as it goes (a first run takes
+    minutes on a large model, at "loading model"): a line when it starts, a tqdm bar on a
+    terminal's stderr (else a log line at each quarter), a line with the time when it ends."""
+    from tqdm import tqdm
+
+    tokens = sum(map(len, windows))
+    log.info("%s: %d tokens of the calibration text through the float model, in %d windows "
+             "(once per model: cached for the next load)", what, tokens, len(windows))
+    start, quarter = time.perf_counter(), max(1, len(windows) // 4)
+    with tqdm(total=len(windows), desc=what, unit="window", file=sys.stderr, disable=None,
+              leave=False) as bar:
+        for i, ids in enumerate(windows, 1):
+            yield ids
+            bar.update(1)
+            if bar.disable and i % quarter == 0 and i < len(windows):
+                log.info("%s: %d of %d windows (%.0f s)", what, i, len(windows),
+                         time.perf_counter() - start)
+    log.info("%s: done in %.1f s", what, time.perf_counter() - start)
+
+
 @torch.no_grad()
-def run_float(model: nn.Module, windows: list[list[int]],
+def run_float(model: nn.Module, windows: Iterator[list[int]] | list[list[int]],
               after: Callable[[list[tuple[torch.Tensor, torch.Tensor]]], None] | None = None) -> None:
     """Each window through `model` (a native decoder) as one fresh sequence: a KV cache of the
     window's own length, the portable SDPA attention backend's prefill; `after(kv)` sees each
@@ -107,18 +131,17 @@ def _cached(path: Path, fits: Callable[[dict], bool], what: str) -> dict | None:
     return None
 
 
-def _save(path: Path, stats: dict, what: str, windows: list[list[int]]) -> None:
+def _save(path: Path, stats: dict, what: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     torch.save(stats, tmp)
     os.replace(tmp, path)
-    log.info("%s: %d tokens through the float model, cached at %s", what,
-             sum(map(len, windows)), path)
+    log.info("%s: cached at %s", what, path)
 
 
 def input_maxima(model: nn.Module, linears: dict[str, nn.Module], files: list[Path], tokenizer_path: Path,
                  method: str, logits: str | None = None,
-                 run: Callable[[list[list[int]]], None] | None = None) -> dict[str, torch.Tensor]:
+                 run: Callable[[Iterator[list[int]]], None] | None = None) -> dict[str, torch.Tensor]:
     """{name: float32 [in_features]} for `linears` (float nn.Linear modules of `model`), and
     with `logits` a name for the logits layer's input (the model's final hidden states): from
     the cache when this model was calibrated before, else measured now (the windows through
@@ -134,13 +157,10 @@ def input_maxima(model: nn.Module, linears: dict[str, nn.Module], files: list[Pa
     windows = token_windows(tokenizer_path)
     final_hidden = record_output_max(model, sizes[logits]) if logits else contextlib.nullcontext()
     with record_input_max(linears) as stats, final_hidden as final:
-        if run is None:
-            run_float(model, windows)
-        else:
-            run(windows)
+        (run or functools.partial(run_float, model))(shown(windows, "int8 calibration"))
     if logits:
         stats[logits] = final
-    _save(path, stats, "int8 calibration", windows)
+    _save(path, stats, "int8 calibration")
     return stats
 
 
@@ -161,6 +181,6 @@ def kv_absmax(model: nn.Module, files: list[Path], tokenizer_path: Path) -> torc
             absmax[i, 1] = max(absmax[i, 1], v.abs().max().float())
 
     windows = token_windows(tokenizer_path)
-    run_float(model, windows, note)
-    _save(path, {"absmax": absmax}, "KV calibration", windows)
+    run_float(model, shown(windows, "KV calibration"), note)
+    _save(path, {"absmax": absmax}, "KV calibration")
     return absmax

@@ -25,12 +25,15 @@ quantized plainly by quantize_linears afterwards.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from batchrun.models.quant.smoothing import smoothing_factors
+
+log = logging.getLogger(__name__)
 
 ALPHA = 0.5
 OUTLIERS = 32
@@ -114,4 +117,5 @@ def prepare_int8(model: nn.Module, files: list[Path], tokenizer_path: Path) -> i
     found = targets(model)
     maxima = input_maxima(model, {n: lin for n, (lin, _) in found.items()}, files, tokenizer_path,
                           "int8", LOGITS if has_logits_layer(model) else None)
+    log.info("int8: smoothing and quantizing %d linear layers", len(found))
     return smooth_and_quantize(model, maxima)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import glob
 from pathlib import Path
+from typing import Iterable
 
 import torch
 from torch import nn
@@ -66,7 +67,7 @@ def _calibrate(hf: nn.Module, linears: dict[str, nn.Linear], path: Path) -> dict
 
     decoder = hf.get_decoder()
 
-    def run(windows: list[list[int]]) -> None:
+    def run(windows: Iterable[list[int]]) -> None:
         try:
             hf.set_attn_implementation("sdpa")
         except (ValueError, ImportError):  # a model without an SDPA path
