@@ -152,7 +152,7 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
     native_path = choose(hf, config.model_impl).impl == "native"
     check_batch_invariant(config, native_path, getattr(native.module_for(hf), "__name__", ""))
     if native_path:
-        module = native.module_for(hf)
+        module = native.native_module(hf)
         return build_model(module.Model, module.ModelConfig.from_hf(hf), path, device, dtype,
                            config.device.quantization, config.batch_invariant)
     native_types = ", ".join(sorted(native.NATIVE_MODULES))
@@ -160,8 +160,9 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
 
     check_device(config.device.quantization, device)
 
-    if checkpoint_method(hf) is not None:
-        raise UnsupportedModelError(f"the checkpoint is stored quantized ({checkpoint_method(hf)[0]}); "
+    stored = checkpoint_method(hf)
+    if stored is not None:
+        raise UnsupportedModelError(f"the checkpoint is stored quantized ({stored[0]}); "
                                     f"quantized checkpoints load on the native path only ({native_types})")
     from batchrun.models.transformers import model as text, vision
 

@@ -144,6 +144,7 @@ class BatchEngine:
         prepared: dict[int, Any] = {}
         for i, (text, problem, cid) in enumerate(lines):
             if text is None:
+                assert problem is not None  # a line without text has its problem
                 records[i] = batch_error_line(*_plain(problem, cid))
                 continue
             try:
@@ -333,7 +334,9 @@ def build_processor(model: str | None = None, *, engine: dict[str, Any] | None =
     if clash:
         raise ValueError(f"carry: {clash[0]!r} is a result column")
     if load is None:
-        from batchrun.commandkit import load_model as load
+        from batchrun.commandkit import load_model
+
+        load = load_model
     return Processor(load, model, engine_config, serving, shape.replicas,
                      shape.cpus_per_replica, shape.gpus_per_replica, batch_size, columns,
                      text_column, tuple(carry), preprocess, postprocess)

@@ -41,7 +41,7 @@ def _bench_model(model_cfg, layers: int, device, dtype, quantization: str = "non
 
     cfg, assumed = _bench_config(model_cfg, layers, torch.tensor([], dtype=dtype).element_size())
     with torch.device("meta"):
-        model = native.module_for(cfg.hf_config).Model(cfg)
+        model = native.native_module(cfg.hf_config).Model(cfg)
     model = model.to_empty(device=device).to(dtype)
     model.rope = type(model.rope)(cfg).to(device)
     _randomise(model, device)
@@ -276,11 +276,11 @@ def calibrate(model_config, engine_config: EngineConfig | None = None,
         long_ctx = max(8, min(512, max_len - 64))
         bench_config = config.model_copy(update={
             "cache": config.cache.model_copy(update={
-                "num_blocks": max(64, (min(64, max_seqs) + 2) * -(-(long_ctx + 64) // bs)),
+                "num_blocks": num_blocks,
                 "kv_cache_memory": None, "enable_prefix_caching": True}),
             "max_model_len": max_len})
-        engine = Engine(model, _NoTokenizer(), bench_config, [], device, dtype,
-                        bench_config.cache.num_blocks, max_len)
+        engine = Engine(model, _NoTokenizer(), bench_config, [], device, dtype, num_blocks,
+                        max_len)
         recorder = _StepRecorder(engine)
         gen = torch.Generator().manual_seed(1)
         vocab = model_config.vocab_size

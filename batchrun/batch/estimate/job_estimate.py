@@ -108,13 +108,15 @@ def scan(plan: JobPlan, model: ServedModel, sharing: PrefixSharing, shape: Workl
     def prepare(text: str, line: int):
         prepared = prepare_line(text, line, serving)
         params = prepared.params
+        max_tokens = params.max_tokens
+        assert max_tokens is not None  # prepare_line resolves every line's max_tokens
         key = image_block_key(model_config, prepared)
         for prompt in prepared.request.prompts:
-            requested = min(params.max_tokens, context - len(prompt)) * params.n
+            requested = min(max_tokens, context - len(prompt)) * params.n
             completion = max(1, round(requested * share)) if requested else 0
             shape.add(len(prompt), completion, sharing.add(prompt, completion, key))
             estimate.requests += 1
-        estimate.requested_completion_tokens += params.max_tokens * params.n * \
+        estimate.requested_completion_tokens += max_tokens * params.n * \
             len(prepared.request.prompts)
         if _fills_context(prepared):
             estimate.fill_context += 1

@@ -12,7 +12,7 @@ import platform
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 
 def machine_info() -> dict[str, Any]:
@@ -57,7 +57,7 @@ def _run_path(model_key: str, info: dict[str, Any] | None = None) -> Path:
 KEEP = 8  # runs kept per model and machine
 
 
-def save_run(summary: dict, model_key: str) -> Path:
+def save_run(summary: Mapping[str, Any], model_key: str) -> Path:
     """Add `summary` (a run's metrics) to the recent runs of model_key on this machine."""
     info = machine_info()
     path = _run_path(model_key, info)

@@ -49,6 +49,7 @@ import itertools
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from batchrun.batch.job.plan import default_max_in_flight
 from batchrun.options.engine import EngineConfig
@@ -196,7 +197,7 @@ def estimate_steps(shape: WorkloadShape, engine_config: EngineConfig,
     prefill = max(1, round(shape.uncached_tokens / n))
     decode = max(0, round(shape.mean_completion_tokens) - 1)
     finish = _simulate(simulated, width, prefill, decode, engine_config.scheduler.max_num_batched_tokens)
-    total = finish[-1]
+    total: float = finish[-1]
     if n > simulated:  # steady state: steps per request between the second and fourth wave
         # (the last wave is left out of the rate: it holds the drain, paid once)
         per_request = (finish[7 * width - 1] - finish[3 * width - 1]) / (4 * width)
@@ -259,7 +260,7 @@ def prior(model_config, flops: float = 50e9, bandwidth: float = 10e9,
         request_s=200e-6)
 
 
-def calibration_from_run(summary: dict, engine_config: EngineConfig, model_config,
+def calibration_from_run(summary: Mapping[str, Any], engine_config: EngineConfig, model_config,
                          base: Calibration | None = None,
                          max_in_flight: int | None = None,
                          num_blocks: int | None = None) -> Calibration | None:
@@ -270,11 +271,13 @@ def calibration_from_run(summary: dict, engine_config: EngineConfig, model_confi
     (under max_in_flight and num_blocks, as the estimate will simulate) kept as steps_factor:
     estimating the same file again reproduces the run's time. None when the summary cannot
     calibrate (no completed request, no time)."""
-    record = summary if "summary" not in summary else summary["summary"]
+    record: Mapping[str, Any] = summary if "summary" not in summary else summary["summary"]
     try:
         wall = float(record["wall_time_s"])
-        requests = record.get("requests", {})
-        n = int(requests.get("ok", requests.get("total", 0)) if isinstance(requests, dict) else requests)
+        requests = record.get("requests", {})  # a count, or counts by outcome
+        if isinstance(requests, dict):
+            requests = requests["ok"] if "ok" in requests else requests.get("total", 0)
+        n = int(requests)
         shape = WorkloadShape.from_totals(n, int(record["prompt_tokens"]),
                                           int(record["completion_tokens"]),
                                           int(record.get("cached_tokens", 0)))

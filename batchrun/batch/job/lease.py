@@ -166,7 +166,7 @@ class OutputLease:
                     continue  # released meanwhile
                 holder = Holder.parse(found.data)
                 if holder is None:
-                    why = "it is not a batchrun lease (unreadable)"
+                    why: str | None = "it is not a batchrun lease (unreadable)"
                 else:
                     why = holder.stale_reason(self.ttl)
                     if why is None:

@@ -34,6 +34,7 @@ def check_item(item: InputLine, ids: IdSet, prepare: Callable[[str, int], Any]) 
         if item.custom_id is not None and not ids.add(item.custom_id):
             raise duplicate_error(item.line, item.custom_id)
         raise LineError(item.line, item.problem, item.custom_id)
+    assert item.text is not None  # a line without a problem has its text
     try:
         prepared = prepare(item.text, item.line)
     except LineError as exc:

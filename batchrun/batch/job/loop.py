@@ -327,8 +327,9 @@ class Job:
                           out.request_id, retryable=True)
                 continue
             req.outputs[out.request_id] = out
-            parts = [req.outputs.get(rid) for rid, _ in req.prepared.engine_requests]
-            if None in parts:
+            got = [req.outputs.get(rid) for rid, _ in req.prepared.engine_requests]
+            parts = [p for p in got if p is not None]
+            if len(parts) < len(got):
                 continue  # a completions line with several prompts: wait for all of them
             try:
                 body = req.prepared.request.finalize(parts)

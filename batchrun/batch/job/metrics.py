@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from batchrun.engine.client import EngineClient, EngineStats
 from batchrun.engine.outputs import RequestOutput
@@ -102,7 +102,7 @@ class RunMetrics:
         return result
 
 
-def summary_text(m: dict[str, Any]) -> str:
+def summary_text(m: Mapping[str, Any]) -> str:
     """One paragraph for stderr, about what this run did: after a resume, the lines an earlier
     attempt committed are named apart and left out of the rates."""
     r = m["requests"]

@@ -36,6 +36,9 @@ class BatchConfigError(ValueError):
     """Something the user must fix before the job can run (a usage error, exit code 2)."""
 
 
+# How a run starts: JobPlan.start.
+JobStart = Literal["fresh", "resume", "done", "undecided", "busy"]
+
 @dataclass(frozen=True)
 class Targets:
     """Where a job writes. None: not written (metrics with -o -) or a temporary staging."""
@@ -77,7 +80,7 @@ class JobPlan:
     # earlier run completed this job over the same inputs (its metrics are `previous`).
     # Only in a report (`batchrun plan`), where a run would refuse: undecided (staging of an
     # interrupted run, neither --resume nor --restart), busy (another run holds the lease).
-    start: Literal["fresh", "resume", "done", "undecided", "busy"]
+    start: JobStart
     previous: dict[str, Any] | None
     max_in_flight: int
     # The output's lease when make_plan took it (hold_lease): the caller releases it.
@@ -126,7 +129,7 @@ def make_plan(opts: RunOptions, hold_lease: bool = False, report: bool = False) 
         fingerprint = tuple((s.path, storage.size(s.path), storage.version(s.path))
                             for s in sources)
         previous = _already_completed(job, targets, storage, fingerprint)
-        start = "done" if previous is not None else _start(job, targets, storage, fingerprint,
+        start: JobStart = "done" if previous is not None else _start(job, targets, storage, fingerprint,
                                                            report)
     except BaseException:
         if lease is not None:
@@ -166,7 +169,7 @@ def _lease(job: JobOptions, targets: Targets, storage: Storage,
 
 
 def _start(job: JobOptions, targets: Targets, storage: Storage, fingerprint,
-           report: bool = False) -> str:
+           report: bool = False) -> Literal["fresh", "resume", "undecided"]:
     """fresh or resume; raises BatchConfigError where the user must decide (undecided when
     only reporting)."""
     if not targets.staging:

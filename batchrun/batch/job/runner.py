@@ -81,7 +81,7 @@ def check_line(raw: str, line_number: int, model: Any, openai: OpenAIOptions,
             try:
                 check_images(chat.messages, openai, media)
             except RequestError as exc:
-                if chat is request:
+                if chat is request or not isinstance(request, ResponsesRequest):
                     raise
                 raise content_part_error(exc, request) or responses_error(exc) from None
     except RequestError as exc:
@@ -163,10 +163,12 @@ def run_batch(model: ServedModel | None, plan: JobPlan, stop: Any = None,
         # that made any staging left here: it was killed while removing it.
         if plan.targets.staging:
             Staging(plan.targets.staging, plan.storage).remove()
+        previous = plan.previous
+        assert previous is not None  # a "done" plan holds the earlier run's metrics
         if on_progress is not None:
-            r = plan.previous["requests"]
+            r = previous["requests"]
             on_progress(Counts(r["total"], r["ok"], r["failed"], r["total"]))
-        return RunResult.of(plan.previous)
+        return RunResult.of(previous)
     if model is None:
         raise ValueError("run_batch: this plan has work to do and needs a model")
     engine = engine or model.engine

@@ -210,7 +210,9 @@ class Staging:
         committed = Committed()
         last = 0
         for name in self.parts():
-            last = max(last, int(_PART.match(name).group(1)))
+            match = _PART.match(name)
+            assert match is not None  # parts() lists only names _PART matches
+            last = max(last, int(match.group(1)))
             try:
                 with self._open(name) as f:
                     header = read_header(f)
@@ -317,8 +319,8 @@ class Staging:
                     "published: rerun with --resume (its lines run again)") from None
             return
         for raw in f:
-            pos, state, text = raw.decode("utf-8").split(" ", 2)
-            yield int(pos), order, int(state), text
+            pos_text, state_text, text = raw.decode("utf-8").split(" ", 2)
+            yield int(pos_text), order, int(state_text), text
 
     # --- files ------------------------------------------------------------------------------
 

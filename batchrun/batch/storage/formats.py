@@ -28,7 +28,7 @@ class Format:
     compression: str | None = None  # for jsonl: gzip | zstd | bz2 | xz
 
     def __str__(self) -> str:
-        ext = {v: k for k, v in _COMPRESSIONS.items()}.get(self.compression, "")
+        ext = {v: k for k, v in _COMPRESSIONS.items()}.get(self.compression or "", "")
         return self.kind + ext
 
 

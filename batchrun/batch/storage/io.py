@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import uuid
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterator, cast
 
 import fsspec
 from fsspec.core import split_protocol, url_to_fs
@@ -142,7 +142,7 @@ def expand_inputs(args: list[str], storage_options: dict | None = None) -> list[
 def open_read(path: str, storage_options: dict | None = None) -> IO[bytes]:
     """A binary, uncompressed-as-stored stream; `-` is stdin."""
     if path == STDIO:
-        return _NoClose(sys.stdin.buffer)
+        return _no_close(sys.stdin.buffer)
     if is_local(path):
         return open(local_path(path), "rb")
     fs, p = filesystem(path, storage_options)
@@ -171,8 +171,13 @@ class _NoClose:
         self.close()
 
 
+def _no_close(stream: IO[bytes]) -> IO[bytes]:
+    # _NoClose is an IO by delegation (__getattr__), which a type checker cannot see.
+    return cast(IO[bytes], _NoClose(stream))
+
+
 def stdout() -> IO[bytes]:
-    return _NoClose(sys.stdout.buffer)  # type: ignore[return-value]
+    return _no_close(sys.stdout.buffer)
 
 
 def sibling_path(path: str, suffix: str) -> str:

@@ -35,6 +35,14 @@ def module_for(hf) -> ModuleType | None:
     return None if name is None else importlib.import_module(name)
 
 
+def native_module(hf) -> ModuleType:
+    """module_for where the caller knows `hf` has a native path."""
+    module = module_for(hf)
+    if module is None:
+        raise ValueError(f"no native model for model type {getattr(hf, 'model_type', 'llama')!r}")
+    return module
+
+
 def native_reason(hf) -> str | None:
     """Why no native model runs `hf` exactly (None: one does)."""
     module = module_for(hf)

@@ -158,7 +158,7 @@ def lora_support(model, hf, impl: str) -> str:
         if expert_counts(hf)[0]:  # models/arch/moe.py, gpt_oss.py: experts are no linears
             from batchrun.models.arch import native
 
-            n = native.module_for(hf).ModelConfig.from_hf(hf).sparse_layers.count(False)
+            n = native.native_module(hf).ModelConfig.from_hf(hf).sparse_layers.count(False)
             dense = f", and gate_proj, up_proj, down_proj of its {n} dense layer" \
                 f"{'s' if n > 1 else ''}" if n else ""
             return f"yes: q_proj, k_proj, v_proj, o_proj (on the fused qkv_proj){dense}; not " \
@@ -206,7 +206,7 @@ def check(hf) -> CheckReport:
     if impl == "native":
         from batchrun.models.arch import native
 
-        report.native_file = native.module_for(hf).__name__.rsplit(".", 1)[-1] + ".py"
+        report.native_file = native.native_module(hf).__name__.rsplit(".", 1)[-1] + ".py"
     model = meta_model(full)
     report.parameters = count_parameters(model)
     report.layers = full.num_hidden_layers
