@@ -58,9 +58,9 @@ def check_cmd(model: str, trust_remote_code: bool | None) -> None:
     if report.impl != "refused":
         click.echo(_held(model, engine.trust_remote_code))
     if report.impl == "native":
-        line = _kept_quantized(model)
-        if line:
-            click.echo(line)
+        kept = _kept_quantized(model)
+        if kept:
+            click.echo(kept)
     if report.impl == "refused":
         raise SystemExit(2)  # what loading it exits with (usage.EXIT_USAGE)
 

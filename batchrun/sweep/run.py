@@ -17,6 +17,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from batchrun.batch.storage import io
@@ -105,7 +106,7 @@ def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any],
     scorers = []
     for number, config in enumerate(spec.scorers):
         try:
-            scorers.append(build_scorer(config, base_dir=spec.folder or None))
+            scorers.append(build_scorer(config, base_dir=Path(spec.folder) if spec.folder else None))
         except ValueError as exc:  # an unimportable function, a missing file, no sandbox...
             raise SpecError(f"scorers[{number}] ({config.scorer_name}): {exc}") from None
     choosers = [s for s in scorers if isinstance(s, LoglikelihoodChoice)]
@@ -142,15 +143,18 @@ def run_sweep(spec: SweepSpec, spec_text: str, load: Callable[[str | None, Any],
             job=JobOptions(output=generation_path, resume=resume, restart=restart, overwrite=True,
                            progress="auto", record_latency=True),
             engine=engine, openai=OpenAIOptions(ignore_model_field=True)))
+        previous = plan.previous  # set when plan.start is "done"
         if plan.start == "done" and storage.exists(scores_path):
+            assert previous is not None
             on_stage(f"model {number}/{len(models)} {model}: already run and scored")
             with storage.open_read(scores_path) as f:
                 scored.extend(pl.read_parquet(f).to_dicts())
-            wall_by_model[model] = RunResult.of(plan.previous).wall_time_s
+            wall_by_model[model] = RunResult.of(previous).wall_time_s
             cells_done += len(model_cells)
             continue
         if plan.start == "done":
-            run = RunResult.of(plan.previous)
+            assert previous is not None
+            run = RunResult.of(previous)
         else:
             on_stage(f"model {number}/{len(models)} {model}: {len(model_cells)} cells, "
                      f"{len(reqs.lines)} requests ({plan.start})")

@@ -72,7 +72,7 @@ class SweepSpec(BaseModel):
     output: str  # the output folder
     dataset: DatasetSpec
     grid: dict[str, Any] = Field(default_factory=dict)  # axis = [values]: cells
-    scorers: list[SCORER_SPECS] = Field(min_length=1)  # type: ignore[valid-type]
+    scorers: list[SCORER_SPECS] = Field(min_length=1)
     engine: dict[str, Any] = Field(default_factory=dict)  # validated as EngineConfig
     ray: RayOptions = Field(default_factory=RayOptions)  # top-level keys, as in job specs
     _folder: str = PrivateAttr("")  # the spec file's folder (python scorers' files are there)
@@ -85,7 +85,7 @@ class SweepSpec(BaseModel):
     @classmethod
     def _axes(cls, grid: dict[str, Any]) -> dict[str, Any]:
         known = set(ChatCompletionRequest.model_fields) - _NOT_AXES
-        out = {}
+        out: dict[str, Any] = {}
         for axis, values in grid.items():
             if axis not in known and axis not in SPECIAL_AXES:
                 raise ValueError(f"grid.{axis}: not a grid axis (one of: model, prompt, "

@@ -221,20 +221,20 @@ def line_chart(series: dict[str, list[Point]], colors: dict[str, tuple[str, str]
     for i, (name, pts) in enumerate(series.items()):
         color, dash = colors[name]
         nudge = (i - (count - 1) / 2) * spread
-        drawn = sorted((p for p in pts if p.y is not None), key=lambda p: p.x)
+        drawn = sorted(((p, p.y) for p in pts if p.y is not None), key=lambda item: item[0].x)
         out.append(f'<g><title>{e(name)}</title>')
         if len(drawn) > 1:
-            d = "".join(f"{'M' if j == 0 else 'L'}{px(p.x) + nudge:.1f} {py(p.y):.1f}"
-                        for j, p in enumerate(drawn))
+            d = "".join(f"{'M' if j == 0 else 'L'}{px(p.x) + nudge:.1f} {py(y):.1f}"
+                        for j, (p, y) in enumerate(drawn))
             dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
             out.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="1.8"'
                        f'{dash_attr}/>')
-        for p in drawn:
+        for p, y in drawn:
             cx = px(p.x) + nudge
             if p.low is not None and p.high is not None:
                 out.append(f'<line x1="{cx:.1f}" y1="{py(p.low):.1f}" x2="{cx:.1f}" '
                            f'y2="{py(p.high):.1f}" stroke="{color}" stroke-width="1.2"/>')
-            out.append(f'<circle cx="{cx:.1f}" cy="{py(p.y):.1f}" r="3.5" fill="{color}">'
+            out.append(f'<circle cx="{cx:.1f}" cy="{py(y):.1f}" r="3.5" fill="{color}">'
                        f'<title>{e(p.title)}</title></circle>')
         out.append("</g>")
     out.append("</svg>")

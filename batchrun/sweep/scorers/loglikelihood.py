@@ -71,6 +71,7 @@ class LoglikelihoodChoice:
     def choices_for(self, example: Example) -> list[str]:
         if self.config.choices is not None:
             return list(self.config.choices)
+        assert self.config.choices_column is not None  # the config names choices or their column
         value = column(example, self.config.choices_column, self.name)
         if isinstance(value, str) or not hasattr(value, "__iter__"):
             raise ScoreError(f"{self.name}: row {example.id}: {self.config.choices_column!r} "

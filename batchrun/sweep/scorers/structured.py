@@ -95,6 +95,7 @@ class JsonSchema:
     def validator_for(self, example: Example) -> Any:
         if self.config.schema_ is not None:
             return self._fixed
+        assert self.config.schema_column is not None  # the config names a schema or its column
         schema = column(example, self.config.schema_column, self.name)
         if isinstance(schema, str):
             try:
