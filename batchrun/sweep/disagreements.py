@@ -1,5 +1,7 @@
 """The report's disagreements section: per scorer, the examples the cells score most
-differently, with each cell's outputs side by side (escaped, cut at MAX_OUTPUT_CHARS)."""
+differently, with the example's reference answer and each cell's outputs side by side
+(escaped, cut at MAX_OUTPUT_CHARS). A loglikelihood scorer scores the choice it picked by the
+choices' log-probabilities, not the generated text: its rows show that choice."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import polars as pl
 
 from batchrun.sweep.report_parts import SCORE_PREFIX, Cells, score_columns
 from batchrun.sweep.svg import e, finite, fmt_metric
+from batchrun.sweep.tables import PICKED_PREFIX
 
 TOP_DISAGREEMENTS = 10
 MAX_OUTPUT_CHARS = 600      # an output shown in the disagreements, before "… N more characters"
@@ -55,6 +58,7 @@ def disagreement_section(results: pl.DataFrame, cells: Cells) -> str:
     out = []
     for column in columns:
         name = column[len(SCORE_PREFIX):]
+        picked = PICKED_PREFIX + name if PICKED_PREFIX + name in results.columns else None
         out.append(f'<h3>{e(name)}</h3>')
         if results[column].cast(pl.Float64).fill_nan(None).null_count() == results.height:
             out.append('<p class="muted">No per-example scores: the scorer raised (or gave '
@@ -80,8 +84,11 @@ def disagreement_section(results: pl.DataFrame, cells: Cells) -> str:
             is_open = " open" if len(ordered) <= OPEN_DETAILS_UP_TO else ""
             out.append(f'<details class="example"{is_open}><summary><code>{e(ex["id"])}'
                        f'</code> spread {fmt_metric(ex["spread"])}, {ex["cells"]} cells</summary>')
+            out.append(_reference(rows))
+            shows = "choice it picked (log-probabilities)" if picked else "output"
             out.append('<table class="outputs"><thead><tr><th>cell</th><th>settings</th>'
-                       f'<th>{e(name)}</th><th>output</th></tr></thead><tbody>')
+                       f'<th>{e(name).replace("_", "_<wbr>")}</th><th>{shows}</th></tr></thead>'
+                       '<tbody>')
             for cid in ordered:
                 choices = by_cell[cid]
                 parts = []
@@ -92,12 +99,13 @@ def disagreement_section(results: pl.DataFrame, cells: Cells) -> str:
                     score = finite(r.get(column))
                     if len(choices) > 1:
                         head.append(f"score {fmt_metric(score)}")
-                    if r.get("finish_reason") not in (None, "stop"):
+                    if not picked and r.get("finish_reason") not in (None, "stop"):
                         head.append(f"finish: {r['finish_reason']}")
                     meta = (f'<div class="meta">{e(" · ".join(head))}</div>' if head else "")
                     error = (f'<div class="bad">error: {truncated(r["error"], 300)}</div>'
                              if r.get("error") else "")
-                    parts.append(f'{meta}{error}<pre>{truncated(r.get("output"))}</pre>')
+                    text = r.get(picked) if picked else r.get("output")
+                    parts.append(f'{meta}{error}<pre>{truncated(text)}</pre>')
                 if len(choices) > MAX_CHOICES_SHOWN:
                     parts.append(f'<div class="muted">+{len(choices) - MAX_CHOICES_SHOWN} more '
                                  'choices</div>')
@@ -106,3 +114,11 @@ def disagreement_section(results: pl.DataFrame, cells: Cells) -> str:
                            f'<td class="output">{"".join(parts)}</td></tr>')
             out.append("</tbody></table></details>")
     return "".join(out)
+
+
+def _reference(rows: pl.DataFrame) -> str:
+    """The example's reference answer, as the scorers compare against it."""
+    if "reference" not in rows.columns or rows["reference"].null_count() == rows.height:
+        return '<div class="reference muted">no reference answer</div>'
+    return (f'<div class="reference">reference answer: <code>'
+            f'{truncated(rows["reference"].drop_nulls()[0], 300)}</code></div>')

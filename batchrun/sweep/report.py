@@ -31,8 +31,9 @@ from batchrun.sweep.svg import (LABEL_CHARS, PALETTE, Bar, Point, bar_chart, cli
 
 def summary_table(summary: pl.DataFrame, cells: Cells, axes: Sequence[str],
                   metrics: list[Metric], errors: dict[str, int]) -> str:
-    axes = [a for a in axes if a in summary.columns]
-    known = {"cell", *axes, *TOTALS}
+    # An axis that does not vary is in the facts line above the table, not a column of it.
+    known = {"cell", *axes, *TOTALS, "errors"}
+    axes = [a for a in axes if a in summary.columns and a in cells.varying]
     for m in metrics:
         known |= {m.column, m.low, m.high}
     extra = [c for c in summary.columns if c not in known]
@@ -41,8 +42,8 @@ def summary_table(summary: pl.DataFrame, cells: Cells, axes: Sequence[str],
              + [TOTAL_LABELS[t] for t in totals] + ["errors"] + extra)
     numeric_axes = {a for a in axes if is_numeric_axis(summary, a)}
     out = ['<div class="table-wrap"><table class="sortable" id="summary"><thead><tr>']
-    for h in heads:
-        out.append(f'<th title="sort">{e(h)}</th>')
+    for h in heads:  # a long scorer name breaks after its underscores, not inside a word
+        out.append(f'<th title="sort">{e(h).replace("_", "_<wbr>")}</th>')
     out.append("</tr></thead><tbody>")
     for cid, row in zip(cells.ids, cells.rows):
         tds = [td(cid, cid, "cell")]
@@ -56,7 +57,7 @@ def summary_table(summary: pl.DataFrame, cells: Cells, axes: Sequence[str],
             if value is not None and m.has_ci:
                 low, high = finite(row.get(m.low)), finite(row.get(m.high))
                 if low is not None and high is not None:
-                    text += f' <span class="ci">[{fmt_metric(low)}, {fmt_metric(high)}]</span>'
+                    text += f'<br><span class="ci">[{fmt_metric(low)}, {fmt_metric(high)}]</span>'
             tds.append(td(text, sort_key(value), "num", raw=True))
         for t in totals:
             digits = 0 if t in ("examples", "prompt_tokens", "completion_tokens") else 1
@@ -173,7 +174,8 @@ h3 { font-size: 15px; margin: 18px 0 6px; }
 table { border-collapse: collapse; font-size: 13px; }
 th, td { padding: 4px 8px; border-bottom: 1px solid #eef0f3; text-align: left;
          vertical-align: top; }
-thead th { position: sticky; top: 0; background: #f3f5f8; cursor: pointer; white-space: nowrap; }
+thead th { position: sticky; top: 0; background: #f3f5f8; cursor: pointer; }
+#summary thead th { max-width: 9em; }
 thead th[data-dir="asc"]::after { content: " ▲"; }
 thead th[data-dir="desc"]::after { content: " ▼"; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
@@ -196,7 +198,8 @@ svg .muted { fill: #8a919c; } svg .axis-label { fill: #1d2330; font-weight: 600;
 details.example { margin: 8px 0; } details.example > summary { cursor: pointer; }
 table.outputs { width: 100%; table-layout: fixed; }
 table.outputs th:nth-child(1) { width: 60px; } table.outputs th:nth-child(2) { width: 260px; }
-table.outputs th:nth-child(3) { width: 96px; }
+table.outputs th:nth-child(3) { width: 120px; overflow-wrap: anywhere; }
+details.example .reference { margin: 4px 0 6px; }
 td.output pre { white-space: pre-wrap; word-break: break-word; margin: 0 0 6px;
                 font: 12px/1.4 ui-monospace, "DejaVu Sans Mono", monospace; max-height: 18em;
                 overflow-y: auto; background: #f8f9fb; padding: 4px 6px; }

@@ -10,6 +10,8 @@ from typing import Any
 from batchrun.sweep.cells import Cell
 from batchrun.sweep.scorers import Example, ScoreError
 
+PICKED_PREFIX = "picked:"  # results column: the choice a loglikelihood scorer picked
+
 
 def axis_value(value: Any) -> Any:
     """A setting as a table cell: lists and tables (a stop list) as their JSON text."""
@@ -41,21 +43,27 @@ def score_rows(cells: list[Cell], axes: list[str], examples: list[Example],
     """`outputs`: custom_id -> response body; `errors`: custom_id (or cell/example) -> message.
     `generators` score generated text; `choosers` (loglikelihood_choice) pick a choice by the
     log-probabilities of the `ll/...` requests."""
-    picked = _pick_choices(cells, examples, outputs, errors, context_tokens, choosers)
+    logprobs = _choice_logprobs(cells, examples, outputs, errors, context_tokens, choosers)
     rows = []
     for cell in cells:
         base = {"cell": cell.id, **_settings(cell, axes)}
         for ex in examples:
             key = f"{cell.id}/{ex.id}"
-            pick = picked.get((cell.prompt, ex.id))  # (index, text) or an error message
-            choice_scores = {}
-            for s in choosers:
-                if isinstance(pick, tuple):
-                    choice_scores[f"score:{s.name}"], _ = _score(s, ex, str(pick[0]))
+            found = logprobs.get((cell.prompt, ex.id))  # (logprobs, continuations) or an error
+            choice_scores: dict[str, Any] = {}
+            pick = found
+            for s in choosers:  # each its own pick: loglikelihood_choice_norm normalises
+                if isinstance(found, tuple) and _same_choices(s, ex, found[1]):
+                    index = s.pick(ex, found[0])
+                    pick = (index, found[1][index])
+                    choice_scores[f"score:{s.name}"], _ = _score(s, ex, str(index))
+                    choice_scores[f"{PICKED_PREFIX}{s.name}"] = found[1][index].strip()
                 else:
                     choice_scores[f"score:{s.name}"] = None
+                    choice_scores[f"{PICKED_PREFIX}{s.name}"] = None
+            base_ex = {**base, "id": ex.id, "reference": reference_text(ex, choosers)}
             if not generators:
-                rows.append({**base, "id": ex.id, "choice": 0,
+                rows.append({**base_ex, "choice": 0,
                              "output": pick[1] if isinstance(pick, tuple) else None,
                              "finish_reason": None, "prompt_tokens": 0, "completion_tokens": 0,
                              "latency_s": None,
@@ -64,7 +72,7 @@ def score_rows(cells: list[Cell], axes: list[str], examples: list[Example],
                 continue
             body = outputs.get(key)
             if body is None:
-                rows.append({**base, "id": ex.id, "choice": 0, "output": None,
+                rows.append({**base_ex, "choice": 0, "output": None,
                              "finish_reason": None, "prompt_tokens": 0, "completion_tokens": 0,
                              "latency_s": None,
                              "error": errors.get(key, "no result for this request"),
@@ -73,7 +81,7 @@ def score_rows(cells: list[Cell], axes: list[str], examples: list[Example],
             usage = body.get("usage") or {}
             for j, choice in enumerate(body.get("choices") or []):
                 text = _choice_text(choice)
-                row = {**base, "id": ex.id, "choice": j, "output": text,
+                row = {**base_ex, "choice": j, "output": text,
                        "finish_reason": choice.get("finish_reason"),
                        # usage is per request: on its first choice, so sums stay right
                        "prompt_tokens": usage.get("prompt_tokens", 0) if j == 0 else 0,
@@ -96,7 +104,37 @@ def _score(scorer: Any, example: Example, output: str) -> tuple[float | None, st
         return None, str(exc)
 
 
-def _pick_choices(cells, examples, outputs, errors, context_tokens, choosers):
+def _same_choices(scorer: Any, example: Example, continuations: list[str]) -> bool:
+    """Whether `scorer` asks about the choices the requests were made of (the first chooser's):
+    a chooser of other choices has no logprobs to pick from."""
+    try:
+        return scorer.continuations(example) == continuations
+    except ScoreError:
+        return False
+
+
+def reference_text(example: Example, choosers: list[Any]) -> str | None:
+    """An example's reference as the report shows it (JSON for what is not a string), with the
+    choice it names for a loglikelihood scorer ("2: Paris" for the index of "Paris")."""
+    ref = example.reference
+    if ref is None:
+        return None
+    text = ref if isinstance(ref, str) else json.dumps(ref, ensure_ascii=False, default=str)
+    if choosers:
+        try:
+            choices = choosers[0].choices_for(example)
+            named = [choices[i] for i in sorted(choosers[0].gold(example))]
+        except ScoreError:
+            return text
+        if named != [text]:
+            text += ": " + " | ".join(named)
+    return text
+
+
+def _choice_logprobs(cells, examples, outputs, errors, context_tokens, choosers):
+    """(prompt variant, example id) -> (each choice's continuation logprob, the continuations),
+    or the error that left it without them. The choices are the same for every chooser (one
+    set of `ll/...` requests); each chooser picks from them by its own normalisation."""
     if not choosers:
         return {}
     scorer = choosers[0]
@@ -121,8 +159,7 @@ def _pick_choices(cells, examples, outputs, errors, context_tokens, choosers):
                     break
                 logprobs.append(_continuation_logprob(body, context_tokens[f"{prefix}/{j}"]))
             if logprobs is not None:
-                index = scorer.pick(ex, logprobs)
-                picked[(variant, ex.id)] = (index, continuations[index])
+                picked[(variant, ex.id)] = (logprobs, continuations)
     return picked
 
 
