@@ -240,6 +240,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     from batchrun.models.layers import bf16_logits, packed_linear
     from batchrun.models.errors import ModelFolderError, naming
     from batchrun.models.quant import QuantizationError, check_checkpoint, check_device, cpu
+    from batchrun.models.weights.safetensors_check import named
 
     try:
         stored = check_checkpoint(model_cfg.hf_config, device)  # a checkpoint stored quantized
@@ -305,7 +306,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
                         raise ValueError(f"weight {key!r} holds non-finite values (NaN or inf): "
                                          "the checkpoint is damaged")
                     yield key, tensor
-        reading[0] = ", ".join(files) if len(files) <= 3 else f"{path}/*.safetensors"
+        reading[0] = named(files, path)
 
     try:
         model.load_weights(tensors())

@@ -212,6 +212,18 @@ def test_weights_of_the_wrong_shape_or_dtype_are_refused_by_name(base, tmp_path,
     refused(run_on(folder, tmp_path), "model.safetensors", said)
 
 
+@pytest.mark.parametrize("change,said", [
+    # transformers would re-initialise these at random, or cast them, and run
+    (lambda t: t.update({"lm_head.weight": t["lm_head.weight"][:1]}), "the config makes it"),
+    (lambda t: t.pop("model.layers.1.input_layernorm.weight"), "lacks weights"),
+    (lambda t: t.update({"model.layers.1.mlp.down_proj.weight":
+                         t["model.layers.1.mlp.down_proj.weight"].to(torch.int32)}), "I32"),
+])
+def test_the_transformers_backend_refuses_them_too(base, tmp_path, change, said):
+    folder = variant(base, tmp_path / "m", files={"model.safetensors": _resaved(change)})
+    refused(run_on(folder, tmp_path, "--model-impl", "transformers"), "model.safetensors", said)
+
+
 # --- GGUF -------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -111,11 +111,8 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: str = "no
     trust = auto_kwargs(trust_remote_code)
     auto = AutoModelForSequenceClassification \
         if classifier_labels(AutoConfig.from_pretrained(path, **trust)) else AutoModelForCausalLM
-    try:
-        hf = auto.from_pretrained(path, dtype=dtype, device_map=device,
-                                  attn_implementation=attention.NAME, **trust)
-    except (ValueError, KeyError) as exc:
-        raise UnsupportedModelError(f"transformers cannot build it on this backend: {exc}") from exc
+    hf = from_pretrained_checked(auto, path, dtype=dtype, device_map=device,
+                                 attn_implementation=attention.NAME, **trust)
     model = wrap(hf.eval(), quantization=quantization, path=path)
     if device.type == "cpu" and packed_linear.available(dtype):  # as the native model's
         packed_linear.pack_linears(hf)
@@ -126,6 +123,38 @@ def attention_implementation(config, text_config) -> str | dict:
     """What set_attn_implementation gets: "batchrun" for a text model; for a vision-language
     model, "batchrun" on its decoder's sub-config only, so the vision tower keeps its own (SDPA:
     its attention is per image, outside the KV cache)."""
+def from_pretrained_checked(auto, path, **kwargs):
+    """auto.from_pretrained(path, **kwargs); UnsupportedModelError where transformers cannot
+    build the model, and a ModelFolderError naming the checkpoint where transformers would
+    complete it with random weights (a tensor missing, or of another shape than the config
+    gives: it re-initialises those) or cast integer or boolean tensors into a float model."""
+    from pathlib import Path
+
+    from batchrun.models.errors import ModelFolderError
+    from batchrun.models.weights.safetensors_check import holding, named, non_float_tensors
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    odd = non_float_tensors(files)
+    if odd:
+        raise ModelFolderError(f"{odd[0][0]}: weight {odd[0][1]!r} is stored as {odd[0][2]}; "
+                               "the model needs floating-point values")
+    try:
+        hf, info = auto.from_pretrained(path, output_loading_info=True,
+                                        ignore_mismatched_sizes=True, **kwargs)
+    except (ValueError, KeyError) as exc:
+        raise UnsupportedModelError(f"transformers cannot build it on this backend: {exc}") from exc
+    where = named(files, path)
+    if info.get("mismatched_keys"):
+        name, got, want = sorted(info["mismatched_keys"])[0]
+        raise ModelFolderError(f"{holding(files, name) or where}: weight {name!r} has shape {list(got)}; the config "
+                               f"makes it {list(want)}")
+    if info.get("missing_keys"):
+        missing = sorted(info["missing_keys"])
+        raise ModelFolderError(f"{where}: the checkpoint lacks weights: {missing[:5]}"
+                               f"{'…' if len(missing) > 5 else ''}")
+    return hf
+
+
     if text_config is config:
         return attention.NAME
     for key in config.sub_configs:

@@ -199,14 +199,12 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: str = "no
 
     from batchrun.models.weights.remote_code import auto_kwargs
 
+    from batchrun.models.transformers.model import from_pretrained_checked
     attention.register()
-    try:
-        hf = AutoModelForImageTextToText.from_pretrained(
-            path, dtype=dtype, device_map=device,
-            attn_implementation={"text_config": attention.NAME, "vision_config": "sdpa", "": "sdpa"},
-            **auto_kwargs(trust_remote_code))
-    except (ValueError, KeyError) as exc:
-        raise UnsupportedModelError(f"transformers cannot build it on this backend: {exc}") from exc
+    hf = from_pretrained_checked(
+        AutoModelForImageTextToText, path, dtype=dtype, device_map=device,
+        attn_implementation={"text_config": attention.NAME, "vision_config": "sdpa", "": "sdpa"},
+        **auto_kwargs(trust_remote_code))
     if hf.config.model_type not in VISION_MODEL_TYPES:
         raise UnsupportedModelError(f"{hf.config.model_type}: images are not supported for this "
                                     f"model type (vision-language models: "
