@@ -36,7 +36,6 @@ def load_processor(path, trust_remote_code: bool = False):
     """The processor saved with the model at `path` (processor_config.json / preprocessor_config.json
     and the tokenizer), its image processor the slow one; the folder's own code only when
     `trust_remote_code` (models/weights/remote_code.py)."""
-    import json
     from pathlib import Path
 
     from transformers import AutoImageProcessor, AutoTokenizer
@@ -64,7 +63,7 @@ def load_processor(path, trust_remote_code: bool = False):
     if (path / "chat_template.jinja").exists():
         template = (path / "chat_template.jinja").read_text()
     elif (path / "chat_template.json").exists():
-        template = json.loads((path / "chat_template.json").read_text())["chat_template"]
+        template = read_object(path / "chat_template.json").get("chat_template")
     template = template or getattr(tokenizer, "chat_template", None)
     accepted = set(__import__("inspect").signature(cls.__init__).parameters)
     extra = {k: v for k, v in settings.items() if k in accepted and k not in (
