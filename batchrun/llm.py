@@ -18,6 +18,7 @@ from batchrun.options.engine import EngineConfig
 from batchrun.engine.devices import pick_device, pick_dtype
 from batchrun.engine.engine import Engine
 from batchrun.engine.kv_sizing import kv_layout
+from batchrun.engine.model import TakesImages
 from batchrun.served_model import system_fingerprint
 
 # Sampling fields a model's generation_config.json may set, mapped to SamplingParams names.
@@ -129,7 +130,7 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
                           base_names=(name, *aliases))
     phases.mark("engine (KV cache)")
     processor = None
-    if getattr(model, "place_images", None) is not None:
+    if isinstance(model, TakesImages):
         from batchrun.models.transformers.processor import load_processor
 
         processor = load_processor(path, trusted)
@@ -327,7 +328,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     pack_float = device.type == "cpu" and packed_linear.available(dtype)
     float32_logits = kernels is not None and dtype == torch.bfloat16  # models/layers/bf16_logits.py
     if pack_float or quantization != "none" or batch_invariant or float32_logits:
-        if model.lm_head is None and not getattr(model, "num_labels", 0):
+        if model.lm_head is None and not model.num_labels:
             # a linear (packed) over the tied embeddings for the logits (a classifier has none)
             model.lm_head = torch.nn.Linear(model_cfg.hidden_size, model_cfg.vocab_size, bias=False,
                                             device="meta")

@@ -13,6 +13,7 @@ from batchrun.engine.group import Group
 from batchrun.engine.kv_cache import KVCacheManager
 from batchrun.engine.kv_groups import kv_groups
 from batchrun.engine.lora import AdapterSlots
+from batchrun.engine.model import TakesImages
 from batchrun.engine.multimodal import MultiModalInputs
 from batchrun.engine.outputs import RequestOutput
 from batchrun.engine.request import Request, Status
@@ -68,7 +69,7 @@ class Engine:
     def hidden_size(self) -> int | None:
         """The width of the model's final hidden states (a pooled embedding's dimensions);
         None when the model's config does not say."""
-        return getattr(self.runner.model.config, "hidden_size", None)
+        return self.runner.model.config.hidden_size
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int],
                     params: SamplingParams, arrival_time: float | None = None,
@@ -93,11 +94,9 @@ class Engine:
             raise ValueError(f"unknown LoRA adapter {params.lora!r}")
         if params.pooling is not None and (params.max_tokens != 0 or params.n != 1):
             raise ValueError("a pooling request is prefill-only: it needs max_tokens=0 and n=1")
-        if params.pooling is not None and params.pooling.head and \
-                not getattr(self.runner.model, "num_labels", 0):
+        if params.pooling is not None and params.pooling.head and not self.runner.model.num_labels:
             raise ValueError("this model has no sequence-classification head")
-        if params.pooling is not None and params.pooling.token_ids and \
-                bool(getattr(self.runner.model, "num_labels", 0)):
+        if params.pooling is not None and params.pooling.token_ids and self.runner.model.num_labels:
             raise ValueError("a sequence classifier has no LM head to read token logits from")
         prompt_len = len(prompt_token_ids)
         if prompt_len == 0:
@@ -113,10 +112,9 @@ class Engine:
                 f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the model's "
                 f"context length of {self.max_model_len} tokens")
         if multimodal is not None:
-            place = getattr(self.runner.model, "place_images", None)
-            if place is None:
+            if not isinstance(self.runner.model, TakesImages):
                 raise ValueError("this model takes text only; the request has images")
-            place(list(prompt_token_ids), multimodal)
+            self.runner.model.place_images(list(prompt_token_ids), multimodal)
             budget = self.config.scheduler.max_num_batched_tokens
             if multimodal.bidirectional and any(b - a > budget for a, b in multimodal.spans):
                 raise ValueError(f"an image takes more tokens than a step computes "

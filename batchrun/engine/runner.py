@@ -17,6 +17,7 @@ from batchrun.engine.attention import fp8_kv, int8_kv
 from batchrun.engine.attention import (AttentionMetadata, BackendEnv, GroupedMetadata,
                                        StepLayout, select_backend)
 from batchrun.engine.kv_groups import KVGroups, kv_groups
+from batchrun.engine.model import NativeModel
 from batchrun.engine.model_output import ModelOutput
 from batchrun.engine.prompt_logprobs import score_rows
 from batchrun.engine.request import Request
@@ -24,7 +25,7 @@ from batchrun.engine.step_batch import StepBatch, prepare_batch
 
 
 class ModelRunner:
-    def __init__(self, model, num_blocks: int, block_size: int, device: torch.device,
+    def __init__(self, model: NativeModel, num_blocks: int, block_size: int, device: torch.device,
                  dtype: torch.dtype, kv_dtype: torch.dtype | None = None, max_num_seqs: int = 64,
                  max_model_len: int = 2048, cuda_graphs: bool = True, adapters=None,
                  attention_kernel: str = "cascade", groups: KVGroups | None = None,
