@@ -9,14 +9,13 @@ import torch
 
 from batchrun.engine.client import EngineStats
 from batchrun.engine.errors import PromptTooLongError
-from batchrun.engine.group import Group
 from batchrun.engine.kv_cache import KVCacheManager
 from batchrun.engine.kv_groups import kv_groups
 from batchrun.engine.lora import AdapterSlots
 from batchrun.engine.model import TakesImages
 from batchrun.engine.multimodal import MultiModalInputs
 from batchrun.engine.outputs import RequestOutput
-from batchrun.engine.request import Request, Status
+from batchrun.engine.request import Group, Request, Status
 from batchrun.engine.runner import ModelRunner
 from batchrun.engine.sampler import Sampler
 from batchrun.engine.sampling_params import SamplingParams

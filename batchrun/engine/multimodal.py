@@ -10,6 +10,10 @@ each step's `StepImages` so it can encode images and replace the placeholders' e
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the model's tensors; this module itself needs no torch
+    import torch
 
 
 @dataclass
@@ -28,7 +32,7 @@ class MultiModalInputs:
     placeholders: list = field(default_factory=list)
     # Rotary position ids of the prompt [k, prompt_len] for models whose positions are not the
     # token index (M-RoPE); generated token i then sits at position prompt_len + i + delta.
-    positions: object = None
+    positions: torch.Tensor | None = None
     position_delta: int = 0
     # Set by the model: each image's placeholders attend to each other both ways (Gemma 3), so
     # a prefill chunk must hold an image's whole span (chunk_end).

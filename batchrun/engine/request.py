@@ -1,21 +1,22 @@
-"""A request inside the engine: its tokens, its KV blocks and where it stands."""
+"""A request inside the engine: its tokens, its KV blocks and where it stands; and the Group of
+the n sequences a user request runs as.
+
+The first sequence of a group prefills the prompt; the others fork from it once the prompt is
+computed, sharing its full KV blocks, so the prompt is prefilled once whatever n is.
+"""
 
 from __future__ import annotations
 
 import enum
 import time
-from typing import TYPE_CHECKING
 
 from batchrun.engine.detokenizer import IncrementalDetokenizer
 from batchrun.engine.lora import cache_salt
 from batchrun.engine.multimodal import MultiModalInputs
-from batchrun.engine.outputs import RequestMetrics
+from batchrun.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from batchrun.engine.pooling import PooledState
 from batchrun.engine.prompt_logprobs import PromptScores
 from batchrun.engine.sampling_params import SamplingParams
-
-if TYPE_CHECKING:  # group.py imports this module
-    from batchrun.engine.group import Group
 
 
 class Status(enum.Enum):
@@ -79,3 +80,45 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.all_token_ids) - self.num_prompt_tokens
+
+
+class Group:
+    def __init__(self, request_id: str, n: int, stream: bool):
+        self.request_id = request_id
+        self.multimodal: MultiModalInputs | None = None  # the shared prompt's images
+        self.n = n
+        self.stream = stream
+        self.members: list[Request] = []
+        self.done: dict[int, CompletionOutput] = {}
+        self.error: str | None = None
+
+    @property
+    def leader(self) -> Request:
+        return self.members[0]
+
+    @property
+    def needs_fork(self) -> bool:
+        return len(self.members) < self.n
+
+    @property
+    def finished(self) -> bool:
+        return len(self.done) == self.n
+
+    def live(self) -> list[Request]:
+        return [m for m in self.members if m.index not in self.done]
+
+    def output(self, outputs: list[CompletionOutput], finished: bool) -> RequestOutput:
+        leader = self.leader
+        scores = leader.scores
+        prompt_logprobs = scores.output() if finished and scores is not None and scores.done \
+            else None
+        pooled = leader.pooled
+        embedding = pooled.result() if finished and pooled is not None and pooled.done \
+            and self.error is None else None
+        return RequestOutput(self.request_id, leader.prompt_token_ids, outputs, finished=finished,
+                             num_cached_tokens=max(leader.num_cached_tokens, 0),
+                             metrics=leader.metrics, error=self.error if finished else None,
+                             prompt_logprobs=prompt_logprobs, embedding=embedding)
+
+    def final_output(self) -> RequestOutput:
+        return self.output([self.done[i] for i in sorted(self.done)], finished=True)

@@ -8,9 +8,9 @@ import time
 
 from batchrun.engine.client import EngineStats
 from batchrun.engine.detokenizer import IncrementalDetokenizer
-from batchrun.engine.group import Group, choice_params
+from batchrun.engine.group import choice_params
 from batchrun.engine.outputs import CompletionOutput, RequestOutput
-from batchrun.engine.request import Request, Status
+from batchrun.engine.request import Group, Request, Status
 from batchrun.engine.sampler import Sampler
 from batchrun.engine.sampling_params import SamplingParams
 from batchrun.engine.scheduler import Scheduler
