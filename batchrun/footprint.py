@@ -40,7 +40,8 @@ def parameter_count(cfg) -> int:
     return embed + cfg.num_layers * layer + h + (0 if cfg.tie_word_embeddings else embed)
 
 
-_COUNTS: dict[str, tuple[int, int, dict, dict]] = {}  # a config's JSON -> _meta_counts
+# a config's JSON -> _meta_counts
+_COUNTS: dict[str, tuple[int, int, dict[tuple[int, int], int], dict[tuple[int, int], int]]] = {}
 
 
 def _routed_expert_shapes(cfg) -> dict[tuple[int, int], int]:
@@ -62,7 +63,9 @@ def _meta_counts(hf) -> tuple[int, int, dict[tuple[int, int], int], dict[tuple[i
         if model is None:
             raise UnsupportedModelError(f"transformers cannot build {full.model_type} from its "
                                         "config, so its parameters cannot be counted")
-        _COUNTS[key] = (check.count_parameters(model), check.routed_expert_parameters(model, full),
+        params = check.count_parameters(model)
+        assert params is not None  # a model was built
+        _COUNTS[key] = (params, check.routed_expert_parameters(model, full),
                         check.routed_expert_shapes(model, full), check.decoder_linear_shapes(model))
     return _COUNTS[key]
 
@@ -195,12 +198,12 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
         from batchrun.models.quant.int8_linear import Int8Linear
         from batchrun.models.quant.smoothquant import LOGITS_OUTLIERS, smoothed_bytes
 
-        logits_bytes = (Int8Linear.nbytes(cfg.vocab_size, cfg.hidden_size)
+        logits_bytes: int | None = (Int8Linear.nbytes(cfg.vocab_size, cfg.hidden_size)
                         + smoothed_bytes(cfg.vocab_size, cfg.hidden_size, LOGITS_OUTLIERS))
     else:
         logits_bytes = logits * 2 if logits_in_bf16(quantization) else None  # bfloat16
     if logits_bytes is not None:  # in place of a dt copy of the logits matrix
-        if not cfg.tie_word_embeddings or packed:
+        if not cfg.tie_word_embeddings or _packs_tied_logits(cfg, dev, dt):
             count -= logits
         extra += logits_bytes
     shapes = Counter(quantized_linear_shapes(cfg))
@@ -249,7 +252,7 @@ def quantized_linear_shapes(cfg: ModelConfig, smoothed: bool = False) -> dict[tu
     from batchrun.models.quant import kept_float
 
     with torch.device("meta"):
-        model = native.module_for(cfg.hf_config).Model(cfg)
+        model = native.native_module(cfg.hf_config).Model(cfg)
     if smoothed:
         from batchrun.models.quant.smoothquant import targets
 
@@ -389,7 +392,7 @@ def model_config_for(model: str | None, impl: str = "auto", trust_remote_code: b
         raise UnsupportedModelError(f"{exc}; `batchrun models check {model or 'default'}` "
                                     "describes it") from exc
     if verdict.impl == "native":
-        return native.module_for(hf).ModelConfig.from_hf(hf)
+        return native.native_module(hf).ModelConfig.from_hf(hf)
     return vision_language_decoder(hf) or backend_config(hf)
 
 

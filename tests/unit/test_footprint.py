@@ -186,3 +186,13 @@ def test_a_vlm_on_a_windowed_decoder_is_sized_as_the_backend_holds_it(tmp_path, 
     assert (blocks, kv_groups(cfg)) == (engine.kv.num_blocks, engine.kv.groups)
     assert len(engine.kv.groups.groups) == 2
     assert nbytes == sum(k.nbytes + v.nbytes for k, v in engine.runner.tensors)
+
+
+def test_int8_weights_of_tied_embeddings_equal_the_loaded_model(tiny_folder):
+    """Tied embeddings under --quantization int8: the logits layer is its own int8 copy (this
+    count raised a NameError)."""
+    folder = tiny_folder("tied")
+    cfg = model_config_for(str(folder))
+    config = EngineConfig.default(device="cpu", num_blocks=8, quantization="int8")
+    model = llm.load_from_path(folder, config).engine.runner.model
+    assert weights_bytes(cfg, "float32", quantization="int8") == held_bytes(model)
