@@ -58,10 +58,14 @@ class Scheduler:
 
     def schedule(self) -> ScheduledStep:
         step = ScheduledStep()
-        budget = self.config.max_num_batched_tokens
-        scheduled: list[Request] = []
         self.running.sort(key=lambda r: r.priority)  # stable: keeps arrival order within a level
+        budget = self._continue_running(step, self.config.max_num_batched_tokens)
+        self._admit_waiting(step, budget)
+        return step
 
+    def _continue_running(self, step: ScheduledStep, budget: int) -> int:
+        """The running requests' next chunks, preempting from the back when blocks run out;
+        returns the token budget left."""
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -75,13 +79,16 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                scheduled.append(req)
                 step.work.append((req, n))
                 budget -= n
                 i += 1
                 continue
             break  # req itself was preempted
+        return budget
 
+    def _admit_waiting(self, step: ScheduledStep, budget: int) -> None:
+        """Waiting requests into the step while budget, sequences and blocks allow (a request
+        whose adapter would exceed --max-loras is passed over, keeping its place)."""
         in_flight: set[bytes] | None = None
         adapters = {r.adapter for r in self.running if r.adapter is not None}
         passed_over: list[Request] = []
@@ -99,43 +106,29 @@ class Scheduler:
                 step.rejected.append(req)
                 continue
             if req.num_computed_tokens == 0:
-                # Mean / cls pooling needs every position's hidden state, which a cached block
-                # does not hold: such a request computes its whole prompt (engine/pooling.py).
-                all_positions = req.pooled is not None and req.pooled.params.needs_all_positions
-                cached = 0 if all_positions else self.kv.match_prefix(req, self.scores.prefix_filter(req))
                 if in_flight is None:
                     in_flight = self._blocks_in_flight()
-                if not all_positions and self._waits_for_prefix(req, cached, in_flight):
-                    self.kv.free_request(req)
+                if not self._start_from_prefix(req, in_flight):
                     break
-                req.num_computed_tokens = cached
-                if req.num_cached_tokens < 0:
-                    req.num_cached_tokens = cached
             extra = self._rescore_rows(req)
             n = self._chunk(req, budget - extra)
-            if n < 1:
+            fits = n >= 1 and self.kv.allocate(req, req.num_computed_tokens + n)
+            if not fits:
                 self.kv.free_request(req)
                 req.num_computed_tokens = 0
-                break
-            if not self.kv.allocate(req, req.num_computed_tokens + n):
-                if not self.running and not scheduled:
+                if n >= 1 and not self.running and not step.work:
                     # Nothing else holds blocks, yet it does not fit: only cached-but-free blocks
                     # could be in the way, and allocate() evicts those, so this cannot happen
                     # unless the pool is smaller than the request's first chunk.
-                    self.kv.free_request(req)
-                    req.num_computed_tokens = 0
                     self.waiting.popleft()
                     step.rejected.append(req)
                     continue
-                self.kv.free_request(req)
-                req.num_computed_tokens = 0
                 break
             self.waiting.popleft()
             req.status = Status.RUNNING
             self.running.append(req)
             if in_flight is not None and self.kv.enable_prefix_caching:
                 in_flight.update(self.kv.prompt_hashes(req)[req.num_computed_tokens // self.kv.block_size:])
-            scheduled.append(req)
             step.work.append((req, n))
             req.rescore = bool(extra)
             budget -= n + extra
@@ -143,7 +136,21 @@ class Scheduler:
                 adapters.add(req.adapter)
         for req in reversed(passed_over):
             self.waiting.appendleft(req)
-        return step
+
+    def _start_from_prefix(self, req: Request, in_flight: set[bytes]) -> bool:
+        """A new request's computed tokens set to its prefix-cache hit; False (nothing held)
+        when it should wait for blocks another request is computing this step."""
+        # Mean / cls pooling needs every position's hidden state, which a cached block does not
+        # hold: such a request computes its whole prompt (engine/pooling.py).
+        all_positions = req.pooled is not None and req.pooled.params.needs_all_positions
+        cached = 0 if all_positions else self.kv.match_prefix(req, self.scores.prefix_filter(req))
+        if not all_positions and self._waits_for_prefix(req, cached, in_flight):
+            self.kv.free_request(req)
+            return False
+        req.num_computed_tokens = cached
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = cached
+        return True
 
     @staticmethod
     def _chunk(req: Request, budget: int) -> int:
