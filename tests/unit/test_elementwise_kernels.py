@@ -57,8 +57,8 @@ def test_rope_inplace_on_fused_qkv(dtype, H, Hkv, D):
     positions = torch.randint(0, max_pos, (T,))
     q, k, v = qkv.float().split([H * D, Hkv * D, Hkv * D], dim=-1)
     c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
-    q_ref = RotaryEmbedding.apply(q.reshape(T, H, D), c, s).to(dtype)
-    k_ref = RotaryEmbedding.apply(k.reshape(T, Hkv, D), c, s).to(dtype)
+    q_ref = RotaryEmbedding.rotate(q.reshape(T, H, D), c, s).to(dtype)
+    k_ref = RotaryEmbedding.rotate(k.reshape(T, Hkv, D), c, s).to(dtype)
     v_before = qkv[:, (H + Hkv) * D:].clone()
 
     kernel_library().rope_(qkv, H + Hkv, D, positions, cos, sin)

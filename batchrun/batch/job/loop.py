@@ -276,6 +276,7 @@ class Job:
                 else:
                     self.engine.add_request(request_id, prompt, p.params, multimodal=images)
                 self.in_flight[request_id] = entry
+            self.reporter.admitted(p.params.max_tokens * p.params.n * len(p.engine_requests))
         except ValueError as exc:  # the engine refuses what it cannot run
             if isinstance(exc, PromptTooLongError):
                 error = RequestError(str(exc), code="context_length_exceeded", param="messages")

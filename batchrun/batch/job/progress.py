@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, IO
+from typing import Any, Callable, IO
 
 from batchrun.batch.job.metrics import RunMetrics
 
@@ -67,24 +67,36 @@ class Reporter:
     (time since this run's first completed line / lines completed since), the lines expected to
     fail (as many as have, in share) costing nothing. None, and no ETA shown, until a second
     line of this run completed, MIN_RATE_SPAN_S after the first: before that there is no rate,
-    only a guess. Timed from the
-    first completion, not from the start, because the start holds the prefill of every line
-    admitted at once and the wait for the shortest answer (counted as one line's time, it put
-    the ETA 7-20x too high early on). An ETA from the engine's tokens per second over the last
-    20 s, before, was 3-7x too low on a busy machine (the prefill's cheap tokens set the rate;
-    the run is left with decode steps that compute a few each) and showed "eta 35s" with
-    nothing done. Lines finish shortest first, so early on the rate runs ahead; in simulated
-    runs the ETA stays within 0.4-2x of the time left (tests/unit/test_progress.py).
+    only a guess. Timed from the first completion, not from the start, because the start holds
+    the prefill of every line admitted at once and the wait for the shortest answer (counted as
+    one line's time, it put the ETA 7-20x too high early on).
+
+    Once every line is in the engine (nothing waits) the run ends when the lines in flight do,
+    and they are the long ones: lines finish shortest first, so the completion rate runs ahead
+    (a 30-line file all admitted at once read 7x low). With `engine_work` (the engine's steps
+    and decode tokens this run) and the requested tokens of each admitted line (`admitted`),
+    the ETA is then at least a line's expected length (generated tokens, of finished and
+    running lines, per finished line: a length that stops with a constant chance per token) at
+    most what the running lines have left of their max_tokens, in decode steps at this run's
+    seconds per step. In simulated runs the ETA stays within 0.7-2.5x of the time left but for
+    the last seconds (tests/unit/test_progress.py). An ETA from the engine's tokens per second
+    over the last 20 s, before, was 3-7x too low on a busy machine (the prefill's cheap tokens
+    set the rate) and showed "eta 35s" with nothing done.
     """
 
     def __init__(self, mode: str | bool, counts: Counts, metrics: RunMetrics,
-                 log_interval: float = 30.0, file: IO[str] | None = None):
+                 log_interval: float = 30.0, file: IO[str] | None = None,
+                 engine_work: Callable[[], tuple[int, int]] | None = None):
+        """`engine_work()`: (engine steps, decode tokens computed) since this run started."""
         self.mode = resolve_mode(mode)
         self.counts, self.metrics = counts, metrics
+        self.engine_work = engine_work
+        self.admitted_lines = self.admitted_requested = 0
         self.log_interval = log_interval
         self._last = time.perf_counter()
         self._logged: tuple | None = None  # the counts the last log line showed
-        self._first: tuple[float, int] | None = None  # (elapsed, ok) at this run's first ok
+        # (elapsed, ok, engine steps) at this run's first completed line
+        self._first: tuple[float, int, int] | None = None
         self._bar: Any = None
         self._redirect: contextlib.ExitStack | None = None
         self._lock = threading.Lock()
@@ -116,13 +128,19 @@ class Reporter:
             return 0.0, 0.0
         return self.metrics.done / elapsed, self.metrics.completion_tokens / elapsed
 
+    def admitted(self, requested_tokens: int) -> None:
+        """A line went to the engine asking for this many completion tokens."""
+        self.admitted_lines += 1
+        self.admitted_requested += requested_tokens
+
     def _note_first(self) -> None:
         if self._first is None and self.metrics.ok:
-            self._first = (self.metrics.elapsed(), self.metrics.ok)
+            steps = self.engine_work()[0] if self.engine_work is not None else 0
+            self._first = (self.metrics.elapsed(), self.metrics.ok, steps)
 
     def eta(self) -> float | None:
-        """Seconds left, from this run's completed requests since its first; None until a
-        second one."""
+        """Seconds left, from this run's completed requests since its first (and the lines in
+        flight once nothing waits); None until a second one."""
         c, m = self.counts, self.metrics
         self._note_first()
         if not c.total or self._first is None:
@@ -131,7 +149,24 @@ class Reporter:
         if ok <= 0 or since < MIN_RATE_SPAN_S:
             return None
         left = max(0, c.total - c.done)
-        return left * (m.ok / m.done) * since / ok
+        return max(left * (m.ok / m.done) * since / ok, self._drain(since))
+
+    def _drain(self, since: float) -> float:
+        """Seconds the lines in flight need when no line waits (0 while some do): see the
+        class docstring."""
+        c, m = self.counts, self.metrics
+        in_flight = self.admitted_lines - m.ok
+        if self.engine_work is None or in_flight <= 0 or c.total - c.done > in_flight:
+            return 0.0
+        steps, decoded = self.engine_work()
+        if steps <= self._first[2]:
+            return 0.0
+        # What the lines in flight generated: the decode steps' tokens but the finished lines'
+        # (each line's first token comes with its prefill).
+        running = max(0, decoded - (m.completion_tokens - m.ok))
+        length = (m.completion_tokens + running) / m.ok
+        cap = (self.admitted_requested - m.requested_completion_tokens - running) / in_flight
+        return max(0.0, min(length, cap)) * since / (steps - self._first[2])
 
     def _eta_text(self) -> str:
         c = self.counts

@@ -193,6 +193,19 @@ def run_batch(model: ServedModel | None, plan: JobPlan, stop: Any = None,
             owned.release()
 
 
+def _engine_work(engine: EngineClient) -> Callable[[], tuple[int, int]]:
+    """(engine steps, decode tokens computed) since now, for the progress ETA: the running
+    lines' tokens are in the decode count as they are generated (generation_tokens counts a
+    request's when it finishes)."""
+    start = engine.stats  # the engine's own object, counting on: its values now are the base
+    steps, decoded = start.steps, start.computed_tokens - start.prefill_tokens
+
+    def work() -> tuple[int, int]:
+        s = engine.stats
+        return s.steps - steps, s.computed_tokens - s.prefill_tokens - decoded
+    return work
+
+
 def _run(model: ServedModel, engine: EngineClient, plan: JobPlan, staging: Staging,
          committed: Committed, stop: Any, on_progress: Callable[[Counts], None] | None,
          lease: OutputLease | None) -> RunResult:
@@ -202,7 +215,8 @@ def _run(model: ServedModel, engine: EngineClient, plan: JobPlan, staging: Stagi
     sources = list(plan.sources)
     total = count_records(sources, plan.storage) if mode != "none" or on_progress else None
     counts = Counts(total=total)
-    reporter = Reporter(mode, counts, metrics, job.log_interval)
+    reporter = Reporter(mode, counts, metrics, job.log_interval,
+                        engine_work=_engine_work(engine))
     lines = read_all(sources, plan.storage, plan.inputs.columns)
     try:
         serving = OpenAIServing(model, plan.serving)

@@ -79,7 +79,7 @@ class Attention(nn.Module):
         if not fused:
             if self.q_norm is not None and not self.norm_across_heads:
                 q, k = self.q_norm(q), self.k_norm(k)
-            q, k = RotaryEmbedding.apply(q, *rope.cos_sin), RotaryEmbedding.apply(k, *rope.cos_sin)
+            q, k = RotaryEmbedding.rotate(q, *rope.cos_sin), RotaryEmbedding.rotate(k, *rope.cos_sin)
         out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.window, self.softcap,
                               self.sinks)
         return self.o_proj(out.reshape(-1, self.q_size))

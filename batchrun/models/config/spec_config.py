@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 
-def _auto_config(source, trust_remote_code: bool, *args, **kwargs):
-    """transformers' AutoConfig.from_pretrained(*args, **kwargs), its sizes checked; what goes
+def _auto_config(source, trust_remote_code: bool, path: str | Path, **kwargs: Any):
+    """transformers' AutoConfig.from_pretrained(path, **kwargs), its sizes checked; what goes
     wrong is a ModelFolderError naming `source`."""
     from transformers import AutoConfig
 
@@ -15,7 +16,7 @@ def _auto_config(source, trust_remote_code: bool, *args, **kwargs):
     from batchrun.models.errors import naming
 
     with naming(source, "transformers cannot read its config"):
-        config = AutoConfig.from_pretrained(*args, **kwargs, **auto_kwargs(trust_remote_code))
+        config = AutoConfig.from_pretrained(path, **kwargs, **auto_kwargs(trust_remote_code))
     refuse_config_code(config, source, trust_remote_code)
     check_config(config.to_dict(), source)
     return config

@@ -21,6 +21,8 @@ class RotaryEmbedding(nn.Module):
     """cos/sin tables for every position, computed as transformers does (all RoPE variants but
     dynamic NTK; LongRoPE's short factors, the ones transformers uses up to its original
     context), over the first rotary_dim dims of a head (partial_rotary_factor)."""
+    cos: torch.Tensor  # buffers [max positions, rotary_dim]
+    sin: torch.Tensor
 
     def __init__(self, cfg, layer_type: str | None = None):
         super().__init__()
@@ -52,11 +54,11 @@ class RotaryEmbedding(nn.Module):
                 self.sin[positions].unsqueeze(1).to(dtype))
 
     @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: [T, heads, head_dim]; a table narrower than the head rotates its first dims."""
         if cos.shape[-1] < x.shape[-1]:
             rot = cos.shape[-1]
-            return torch.cat((RotaryEmbedding.apply(x[..., :rot], cos, sin), x[..., rot:]), -1)
+            return torch.cat((RotaryEmbedding.rotate(x[..., :rot], cos, sin), x[..., rot:]), -1)
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin

@@ -16,6 +16,7 @@ import math
 import re
 import struct
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -81,13 +82,18 @@ def _targets(raw, name: str, path: str) -> str | tuple[str, ...]:
     raise _fail(name, path, f"target_modules must name modules, got {targets!r}")
 
 
-def _selectors(spec: str | tuple[str, ...]) -> list[tuple[str, object]]:
+def _selectors(spec: str | tuple[str, ...]) -> list[tuple[str, Callable[[str], bool]]]:
     """(the entry, whether a full module name matches it) for each entry of target_modules."""
     if spec == "all-linear":
         return [(spec, lambda full: True)]
     if isinstance(spec, str):
         return [(spec, lambda full: re.fullmatch(spec, full) is not None)]
-    return [(t, lambda full, t=t: full == t or full.endswith("." + t)) for t in spec]
+    return [(t, _name_match(t)) for t in spec]
+
+
+def _name_match(name: str) -> Callable[[str], bool]:
+    """Whether a full module name is `name` or ends in it."""
+    return lambda full: full == name or full.endswith("." + name)
 
 
 def targeted(spec: str | tuple[str, ...], targets: LoraTargets, name: str,

@@ -22,7 +22,7 @@ place a model's nn.Linear layers become quantized modules (replace_linears calls
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -43,13 +43,22 @@ def kept_float(name: str, keep: tuple[str, ...] = KEEP_FLOAT) -> bool:
 
 
 
-def linear_class(method: str) -> Callable[[torch.Tensor, torch.Tensor | None], nn.Module]:
+class LinearClass(Protocol):
+    """A quantized linear layer's class: made from float weights, and the bytes one holds."""
+
+    def __call__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module: ...
+
+    def nbytes(self, out_features: int, in_features: int) -> int: ...
+
+
+def linear_class(method: str) -> LinearClass:
     from batchrun.models.quant.bf16_linear import Bf16Linear
     from batchrun.models.quant.int4_linear import Int4WeightLinear
     from batchrun.models.quant.int8_linear import Int8Linear, Int8WeightLinear
 
-    classes = {"int8": Int8Linear, "int8-weight": Int8WeightLinear, "int4-weight": Int4WeightLinear,
-               "bf16": Bf16Linear}
+    classes: dict[str, LinearClass] = {
+        "int8": Int8Linear, "int8-weight": Int8WeightLinear, "int4-weight": Int4WeightLinear,
+        "bf16": Bf16Linear}
     if method not in classes:
         raise QuantizationError(f"unknown quantization {method!r}: use one of {', '.join(METHODS)}")
     return classes[method]

@@ -18,9 +18,9 @@ class Bf16Linear(nn.Module):
         self.out_features, self.in_features = weight.shape
         w = weight.detach().to(torch.bfloat16).contiguous()
         # packed once for oneDNN as packed_linear.PackedLinear does (which imports this package)
+        self.weight_bf16: torch.Tensor | None = None  # without a packed weight: the plain one
         try:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w, ROWS_HINT)
-            self.weight_bf16 = None
         except (RuntimeError, AttributeError):  # a torch build without oneDNN
             self.packed, self.weight_bf16 = None, w
         self.bias = None if bias is None else bias.detach().float()
@@ -31,7 +31,7 @@ class Bf16Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xb = x.to(torch.bfloat16)
-        y = F.linear(xb, self.weight_bf16) if self.packed is None else \
+        y = F.linear(xb, self.weight_bf16) if self.weight_bf16 is not None else \
             torch.ops.mkldnn._linear_pointwise(xb, self.packed, None, "none", [], "")
         y = y.to(x.dtype)
         return y if self.bias is None else y + self.bias.to(y.dtype)

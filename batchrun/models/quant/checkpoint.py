@@ -122,7 +122,10 @@ def load_linears(model: nn.Module, folder: Path, read: Callable[[Tensors, str], 
                                         "batchrun runs them as one fused layer")
             continue  # a float layer (an `ignore`d lm_head, say): the float loading reads it
         biases = [tensors.get(f"{p}.bias") for p in prefixes]
-        bias = None if biases[0] is None else torch.cat(biases).float()
+        present = [b for b in biases if b is not None]
+        if biases[0] is not None and len(present) < len(biases):
+            raise QuantizationError(f"{own}: only some of {prefixes} have a bias")
+        bias = None if biases[0] is None else torch.cat(present).float()
         layers = [read(tensors, p) for p in prefixes]
         module = _fuse(layers, bias, own)
         setattr(parent, attr, module if convert is None else convert(module))
@@ -136,8 +139,8 @@ def load_linears(model: nn.Module, folder: Path, read: Callable[[Tensors, str], 
         if experts.per_expert_swiglu:
             found = _read_experts(tensors, base, experts.num_experts, read, method)
         else:
-            layers = None if read_fused is None else read_fused(tensors, base, experts)
-            found = None if layers is None else (*layers, [base])
+            blocks = None if read_fused is None else read_fused(tensors, base, experts)
+            found = None if blocks is None else (*blocks, [base])
         if found is None:
             continue
         gate_up, down, prefixes = found

@@ -70,5 +70,5 @@ def fp8_layer(fp8: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | N
 
     if fp8.dtype != torch.float8_e4m3fn:
         raise ValueError(f"FP8 weights of dtype {fp8.dtype}: batchrun reads float8_e4m3fn")
-    rows, width = row_scales(scale, *fp8.shape, block)
+    rows, width = row_scales(scale, fp8.shape[0], fp8.shape[1], block)
     return Layer(Fp8WeightLinear, {"fp8": fp8, "scale": rows}, {"block": width})

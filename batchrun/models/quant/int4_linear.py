@@ -71,6 +71,8 @@ class Int4WeightLinear(nn.Module):
                 raise ValueError(f"int4 weights need input features divisible by {group}, "
                                  f"not {weight.shape[1]}")
             q, scale, minimum = quantize_groups(weight, group)
+        # else a checkpoint's nibbles with their scales and minima
+        assert q is not None and scale is not None and minimum is not None
         self.out_features, self.in_features = q.shape
         self.group = group
         self.packed, self.kernel_layout = pack(q)

@@ -102,8 +102,10 @@ class Int8Linear(nn.Module):
         self.inv_smooth = None if smooth is None else smooth.float().reciprocal()
         self.input_divided_by = input_divided_by
         self.outliers = None if outliers is None or not len(outliers) else outliers.long()
-        self.outlier_pairs = None  # bfloat16 [ceil(outliers / 2), N, 2] (ops.outlier_pairs)
+        # bfloat16 [ceil(outliers / 2), N, 2] (ops.outlier_pairs)
+        self.outlier_pairs: torch.Tensor | None = None
         if qweight is None:  # quantized here, else a checkpoint's int8 weights and scales as they are
+            assert weight is not None
             weight = weight.float()
             if self.outliers is not None:
                 # one pass over the activations does both: 1/smooth, and zero on the outlier channels
@@ -114,7 +116,9 @@ class Int8Linear(nn.Module):
             if smooth is not None:
                 weight = weight * smooth.float()
             qweight, scale = quantize_per_channel(weight)
+        assert scale is not None  # a checkpoint's qweight comes with its scales
         self.out_features, self.in_features = qweight.shape
+        self.qweight: torch.Tensor | None  # None once oneDNN holds the packed copy
         self.qweight, self.w_scale = qweight.contiguous(), scale.float().reshape(-1).contiguous()
         self.bias = None if bias is None else bias.detach().float()
         self.onednn = onednn_int8_available()
@@ -148,6 +152,7 @@ class Int8Linear(nn.Module):
         if self.onednn:
             y = onednn_qlinear_u8(qx, self.packed, self.w_scale, self.w_zero)
         else:  # exact while the int32 sums stay below 2**24 (float32's integers); relative 6e-8 above
+            assert self.qweight is not None  # kept without oneDNN
             y = (qx.float() @ self.qweight.float().T) * self.w_scale
         rescale_rows(y, x_scale, self.bias, self.kernels, x_out, self.outlier_pairs)
         if x.dtype != torch.float32:
@@ -161,6 +166,7 @@ class Int8Linear(nn.Module):
         if self.inv_smooth is not None:
             w = w * self.inv_smooth
         if self.outliers is not None:
+            assert self.outlier_pairs is not None  # made with the outliers
             w[:, self.outliers] = pairs_matrix(self.outlier_pairs)[:len(self.outliers)].T
         return w
 
@@ -187,12 +193,14 @@ class Int8WeightLinear(nn.Module):
     a few sequences, memory-bound), else this layer's weights dequantized for one dense GEMM;
     in bfloat16 where the CPU has fast bfloat16 (cpu.weight_only_dtype)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, qweight: torch.Tensor | None = None,
-                 scale: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                 qweight: torch.Tensor | None = None, scale: torch.Tensor | None = None):
         super().__init__()
-        self.out_features, self.in_features = weight.shape if weight is not None else qweight.shape
         if qweight is None:
+            assert weight is not None  # quantized here, else a checkpoint's qweight and scales
             qweight, scale = quantize_per_channel(weight)
+        assert scale is not None
+        self.out_features, self.in_features = weight.shape if weight is not None else qweight.shape
         self.qweight, self.w_scale = qweight.contiguous(), scale.float()
         self.bias = None if bias is None else bias.detach().float()
         self._scales: dict[torch.dtype, torch.Tensor] = {}

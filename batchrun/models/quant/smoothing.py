@@ -24,7 +24,7 @@ def smoothing_factors(input_max: torch.Tensor, weight: torch.Tensor, alpha: floa
 
 
 @contextlib.contextmanager
-def record_input_max(modules: dict[str, nn.Module]):
+def record_input_max(modules: dict[str, nn.Linear]):
     """While open, {name: float32 [in_features]}: the largest |input| each module's input
     channels have seen (over every row of every call)."""
     stats = {name: torch.zeros(m.in_features) for name, m in modules.items()}

@@ -114,6 +114,7 @@ def render(template: str, messages: list[dict], special_tokens: dict[str, Any], 
                                              add_generation_prompt=add_generation_prompt,
                                              **variables)
     if continue_final_message:
+        assert final is not None  # checked above
         tag = _CONTINUE_TAG.strip()
         if final.strip() not in text or tag not in text:
             raise ValueError("continue_final_message is set but the final message does not "

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from batchrun.engine.attention import layer_metadata, paged_attention
+from batchrun.engine.attention import (AttentionMetadata, GroupedMetadata, layer_metadata,
+                                       paged_attention)
 from batchrun.models.transformers.support import UnsupportedModelError
 
 NAME = "batchrun"
@@ -27,10 +28,10 @@ NAME = "batchrun"
 @dataclass
 class Step:
     kv_caches: list
-    meta: object
+    meta: AttentionMetadata | GroupedMetadata | None  # None: a shape-only probe
     max_context: int  # the longest context in the step: windows at least this long change nothing
     # layer_idx -> (heads, KV heads, K head dim, V head dim), filled while probing a model
-    shapes: dict[int, tuple[int, int, int]] | None = None
+    shapes: dict[int, tuple[int, int, int, int]] | None = None
     windows: dict[int, int | None] | None = None  # layer_idx -> its sliding window (probing)
     calls: int = 0
     bidirectional: bool = False  # a layer attends both ways (probing)
@@ -79,6 +80,7 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
     elif k.shape[-1] < width:
         q, k = F.pad(q, (0, width - k.shape[-1])), F.pad(k, (0, width - k.shape[-1]))
     k_cache, v_cache = current.kv_caches[layer]
+    assert current.meta is not None  # a step with caches has its metadata
     meta = layer_metadata(current.meta, layer)
     window = sliding_window if sliding_window and sliding_window < current.max_context else None
     out = paged_attention(q.contiguous(), k, v, k_cache, v_cache, meta, scale,

@@ -227,6 +227,7 @@ def _stored_quantized(hf, impl: str, reason: str):
         stored = check_checkpoint(hf)
     except QuantizationError as exc:
         return "refused", str(exc), None
+    assert stored is not None  # checkpoint_method named a method
     if impl != "native":
         return "refused", (f"the checkpoint is stored quantized ({stored.method}), which loads on "
                            "the native path only"), None

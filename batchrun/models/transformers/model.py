@@ -10,6 +10,7 @@ and no transformers cache; attention runs through the "batchrun" attention funct
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -18,6 +19,9 @@ from batchrun.models.layers import packed_linear
 from batchrun.models.config.classifier import classifier_labels
 from batchrun.models.transformers import attention, probe
 from batchrun.models.transformers.support import UnsupportedModelError
+
+if TYPE_CHECKING:  # transformers' modelling code loads with the backend, not with this module
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ def logit_transforms(hf) -> list:
 
 
 class TransformersModel(nn.Module):
-    def __init__(self, hf_model: nn.Module, config: BackendConfig):
+    def __init__(self, hf_model: PreTrainedModel, config: BackendConfig):
         super().__init__()
         self.hf = hf_model
         self.config = config
@@ -89,7 +93,7 @@ class TransformersModel(nn.Module):
 
     def classify(self, hidden: torch.Tensor) -> torch.Tensor:
         """The sequence-classification head's logits [N, num_labels] of final hidden states."""
-        return self.hf.score(hidden).float()
+        return self.hf.get_submodule("score")(hidden).float()
 
 
 def max_context(meta, positions: torch.Tensor) -> int:
@@ -186,7 +190,7 @@ def config_of(cfg, shapes: dict, windows: dict) -> BackendConfig:
                             for w in (windows.get(i) for i in range(layers))))
 
 
-def wrap(hf: nn.Module, cls=TransformersModel, quantization: str = "none",
+def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: str = "none",
          path=None) -> TransformersModel:
     """`hf` (its attention implementation set to "batchrun"; its decoder quantized by
     `quantization`, calibrated on the checkpoint at `path`) as the engine's model, after a probe

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
+from typing import Sequence
 
 import torch
 
@@ -124,7 +125,7 @@ class VisionLanguageModel(TransformersModel):
             return feats.reshape(-1, feats.shape[-1]).to(self.hf.dtype)
         return self.encoder_cache.get(image.content_hash, run)
 
-    def forward(self, input_ids, positions, kv_caches, meta, images: list[StepImages] = ()):
+    def forward(self, input_ids, positions, kv_caches, meta, images: Sequence[StepImages] = ()):
         embeds = self.hf.get_input_embeddings()(input_ids)
         rope = positions[None].expand(3, -1).clone() if self.mrope else positions
         for step in images:
@@ -140,6 +141,7 @@ class VisionLanguageModel(TransformersModel):
                 inside = (where >= step.first) & (where < last)
                 embeds[step.row + where[inside] - step.first] = feats[inside].to(embeds.dtype)
             if self.mrope:
+                assert mm.positions is not None  # place_images sets them for M-RoPE models
                 tokens = torch.arange(step.first, last)
                 prompt_len = mm.positions.shape[1]
                 in_prompt = tokens < prompt_len
@@ -156,7 +158,7 @@ class VisionLanguageModel(TransformersModel):
         return out[0][0]
 
 
-def with_image_rows(meta, images: list[StepImages], rows: int):
+def with_image_rows(meta, images: Sequence[StepImages], rows: int):
     """A copy of the step's metadata whose visible_until lets each image token see its whole
     image (the scheduler put the whole image in this step)."""
     import copy
@@ -209,4 +211,6 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: str = "no
         raise UnsupportedModelError(f"{hf.config.model_type}: images are not supported for this "
                                     f"model type (vision-language models: "
                                     f"{', '.join(VISION_MODEL_TYPES)})")
-    return wrap(hf.eval(), VisionLanguageModel, quantization, path)
+    model = wrap(hf.eval(), VisionLanguageModel, quantization, path)
+    assert isinstance(model, VisionLanguageModel)
+    return model

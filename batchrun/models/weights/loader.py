@@ -179,8 +179,9 @@ def _dequantise_gguf_transformers(gguf: Path, out: Path) -> None:
         quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True),
         **auto_kwargs(False),  # a GGUF holds no code; its folder's JSON files are not its
     )
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer.remove_quantization_config(model)
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
     model.save_pretrained(out)
     _gguf_tokenizer(gguf, out)
     _strip_quantization_config(out / "config.json")

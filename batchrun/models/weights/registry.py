@@ -84,7 +84,7 @@ def downloads_dir() -> Path:
 def _on_disk(entry: RegistryEntry) -> Path | None:
     """The entry's gguf: in the installed distribution, else one pulled into the cache."""
     try:
-        installed = Path(metadata.distribution(entry.distribution).locate_file(entry.gguf_member))
+        installed = Path(str(metadata.distribution(entry.distribution).locate_file(entry.gguf_member)))
         if installed.is_file():
             return installed
     except metadata.PackageNotFoundError:

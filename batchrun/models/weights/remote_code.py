@@ -15,7 +15,7 @@ ran the folder's Python, and with the batch on stdin the prompt ate its first li
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from batchrun.models.weights.json_file import read_object
 from batchrun.models.errors import ModelFolderError
@@ -47,6 +47,7 @@ def _auto_map_names(config: dict[str, Any]) -> list[str]:
     names: list[str] = []
     for value in (config, *(v for v in config.values() if isinstance(v, dict))):
         auto_map = value.get("auto_map")
+        entries: Iterable[Any]
         if isinstance(auto_map, dict):
             entries = auto_map.values()
         elif isinstance(auto_map, (list, tuple)):  # an older tokenizer_config's [slow, fast]
@@ -82,7 +83,7 @@ def never_prompt() -> None:
     dynamic_module_utils.TIME_OUT_REMOTE_CODE = 0
 
 
-def auto_kwargs(trusted: bool) -> dict[str, bool]:
+def auto_kwargs(trusted: bool) -> dict[str, Any]:  # keyword arguments, spread into calls
     """The keyword every transformers call that may run a folder's code gets."""
     never_prompt()
     return {"trust_remote_code": bool(trusted)}

@@ -98,13 +98,13 @@ def _from_hub(repo_id: str, trust_remote_code: bool) -> ModelFiles:
             f"Hugging Face hub id: {where} ({type(exc).__name__}: {detail}). Download the model on a machine with access "
             f"and pass its local folder or .gguf file, or use the bundled default `smollm2-135m`."
         ) from exc
-    folder = Path(folder)
+    local = Path(folder)
     from batchrun.models.weights.remote_code import check_folder
 
-    check_folder(folder, trust_remote_code)
-    if not any(folder.glob("*.safetensors")):
+    check_folder(local, trust_remote_code)
+    if not any(local.glob("*.safetensors")):
         raise ModelNotFoundError(
             f"{repo_id!r} on the hub has no *.safetensors weights; download it by other means and "
             f"pass its local folder."
         )
-    return _aliased(repo_id, folder)
+    return _aliased(repo_id, local)
