@@ -80,6 +80,32 @@ def test_a_size_out_of_type_or_range_is_refused_naming_the_field(base, tmp_path_
     refused(cli("models", "check", str(folder)), "config.json", field)
 
 
+# Any key transformers' config classes or batchrun read, set to any JSON value: a verdict either
+# way (the value may be harmless), never a traceback.
+ANY_KEYS = sorted(set(CONFIG) | {
+    "rope_scaling", "rope_parameters", "model_type", "sliding_window", "layer_types",
+    "attention_bias", "dtype", "quantization_config", "num_local_experts", "num_experts_per_tok",
+    "text_config", "vision_config", "partial_rotary_factor", "use_sliding_window", "id2label",
+    "label2id", "num_labels", "pad_token_id", "attn_logit_softcapping", "moe_intermediate_size"})
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2 ** 40, 2 ** 40) | st.text(max_size=8)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from(["llama", "qwen3_moe", "gemma2", "linear", "yarn", "default", "silu"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["rope_type", "factor", "rope_theta", "quant_method", "bits", "0"]),
+        inner, max_size=3), max_leaves=6)
+
+
+@budget(10)
+@given(changes=st.dictionaries(st.sampled_from(ANY_KEYS), json_values, min_size=1, max_size=3))
+def test_any_value_under_any_key_gets_a_verdict_not_a_traceback(base, tmp_path_factory, changes):
+    folder = variant(base, tmp_path_factory.mktemp("cfg") / "m", config=changes)
+    result = cli("models", "check", str(folder))
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        (changes, result.exception)
+    assert result.exit_code in (0, 2), (changes, result.output)
+
+
 @pytest.mark.parametrize("config,field", [
     ({"hidden_size": 10 ** 9}, "hidden_size"),  # issue 42: 22 billion GiB, then an allocation
     ({"num_hidden_layers": 10 ** 7}, "num_hidden_layers"),  # allocated until memory ran out
@@ -95,6 +121,10 @@ def test_a_size_out_of_type_or_range_is_refused_naming_the_field(base, tmp_path_
     ({"quantization_config": "notadict"}, "quantization_config"),
     ({"rope_scaling": [1, 2]}, "rope_scaling"),
     ({"text_config": {"hidden_size": -1}}, "text_config.hidden_size"),
+    ({"vision_config": {}}, "vision_config"),  # a Llama has no vision tower to read it into
+    ({"id2label": {"type": "a"}}, "id2label"),
+    ({"architectures": ["LlamaForCausalLM", None]}, "architectures"),
+    ({"bos_token_id": {"x": 1}}, "bos_token_id"),  # transformers' own check, named
 ])
 def test_issue_42s_configs_are_refused_by_run_and_check(base, tmp_path, config, field):
     folder = variant(base, tmp_path / "m", config=config)

@@ -19,7 +19,7 @@ from typing import Any
 from batchrun.models.weights.json_file import read_object
 from batchrun.models.weights.remote_code import auto_kwargs, check_folder
 from batchrun.models.config.sizes import check_config
-from batchrun.models.errors import naming
+from batchrun.models.errors import ModelFolderError, naming
 
 PLAIN_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 # Keys whose transformers default differs between those classes (or that every real config sets).
@@ -27,6 +27,25 @@ REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attent
             "vocab_size", "max_position_embeddings")
 DEFAULTS = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
             "attention_bias": False, "rope_theta": 10000.0}
+# The JSON types those classes (strict dataclasses) accept for the fields they declare: a value
+# of another type goes through AutoConfig, whose refusal then names the file.
+_NONE = type(None)
+FIELD_TYPES = {
+    **dict.fromkeys(("attention_bias", "mlp_bias", "tie_word_embeddings", "use_cache",
+                     "use_sliding_window", "is_encoder_decoder"), (bool,)),
+    **dict.fromkeys(("output_hidden_states", "return_dict"), (bool, _NONE)),
+    **dict.fromkeys(("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size",
+                     "num_attention_heads", "max_position_embeddings", "max_window_layers",
+                     "chunk_size_feed_forward", "num_labels"), (int,)),
+    **dict.fromkeys(("bos_token_id", "pad_token_id", "pretraining_tp", "sliding_window",
+                     "head_dim", "num_key_value_heads"), (int, _NONE)),
+    "eos_token_id": (int, list, _NONE), "hidden_act": (str,),
+    **dict.fromkeys(("dtype", "torch_dtype", "transformers_version", "problem_type"),
+                    (str, _NONE)),
+    **dict.fromkeys(("architectures", "layer_types"), (list, _NONE)),
+    **dict.fromkeys(("id2label", "label2id", "rope_parameters", "rope_scaling"), (dict, _NONE)),
+    **dict.fromkeys(("rms_norm_eps", "initializer_range", "attention_dropout"), (int, float)),
+}
 
 
 def plain_config(folder: Path) -> SimpleNamespace | None:
@@ -36,7 +55,9 @@ def plain_config(folder: Path) -> SimpleNamespace | None:
 
 def _plain(raw: dict[str, Any]) -> SimpleNamespace | None:
     model_type = raw.get("model_type", "llama")
-    if model_type not in PLAIN_TYPES or any(raw.get(k) is None for k in REQUIRED):
+    if model_type not in PLAIN_TYPES or any(raw.get(k) is None for k in REQUIRED) \
+            or not all(_accepted(k, v) for k, v in raw.items()) \
+            or "text_config" in raw or "vision_config" in raw:
         return None
     if model_type == "qwen3" and raw.get("head_dim") is None:  # Qwen3's default is 128
         return None
@@ -64,6 +85,21 @@ def read_raw(folder: str | Path, trust_remote_code: bool = False) -> dict[str, A
     return raw
 
 
+def _accepted(key: str, value: Any) -> bool:
+    """Whether the plain classes take `value` for `key` (FIELD_TYPES; other keys they keep as
+    they are)."""
+    types = FIELD_TYPES.get(key)
+    if types is None:
+        return True
+    if isinstance(value, bool) and bool not in types:
+        return False
+    if isinstance(value, list):
+        item = int if key == "eos_token_id" else str
+        return list in types and all(isinstance(v, item) and not isinstance(v, bool)
+                                     for v in value)
+    return isinstance(value, types)
+
+
 def read_config(folder: str | Path, trust_remote_code: bool = False) -> Any:
     """plain_config(folder), else transformers' AutoConfig; ModelFolderError (naming the file)
     for a value out of type or range, code the folder ships unless `trust_remote_code`, or a
@@ -78,5 +114,10 @@ def read_config(folder: str | Path, trust_remote_code: bool = False) -> Any:
     with naming(source, "transformers cannot read it"):
         config = AutoConfig.from_pretrained(folder, **auto_kwargs(trust_remote_code))
     check_config(config.to_dict(), source)  # with the defaults of the keys the file left out
+    for key in ("text_config", "vision_config"):  # sub-configs the class has no place for
+        value = config.get_text_config() if key == "text_config" else getattr(config, key, None)
+        if value is not None and not hasattr(value, "to_dict"):
+            raise ModelFolderError(f"{source}: {key} is not one transformers reads for model "
+                                   f"type {config.model_type!r}")
     return config
 

@@ -43,6 +43,7 @@ SIZES = {
     "v_head_dim": (1, 4096),
     "image_size": (1, 1 << 16),
     "patch_size": (1, 1 << 12),
+    "num_labels": (1, 1 << 20),
 }
 # Present as null, these leave the model without a shape (transformers would substitute its
 # class default, a different model).
@@ -78,6 +79,16 @@ def _check(raw: dict, source, prefix: str) -> None:
         if key in raw and not isinstance(raw[key], types):
             names = " or ".join("null" if t is type(None) else _json_type(t) for t in types)
             _refuse(source, prefix + key, raw[key], f"must be {names}")
+    for key in ("id2label", "label2id"):  # transformers reads id2label's keys as label ids
+        labels = raw.get(key)
+        if not isinstance(labels, dict):
+            continue
+        ids = labels.keys() if key == "id2label" else labels.values()
+        if not all(str(i).isdigit() for i in ids):
+            _refuse(source, prefix + key, labels, "must map label ids (whole numbers) to names")
+    for key in ("architectures", "layer_types"):
+        if isinstance(raw.get(key), list) and not all(isinstance(v, str) for v in raw[key]):
+            _refuse(source, prefix + key, raw[key], "must be a list of strings")
     for key in REQUIRED:
         if key in raw and raw[key] is None:
             _refuse(source, prefix + key, None, "must be set (a whole number)")
