@@ -274,6 +274,7 @@ def calibrate(model_config, engine_config: EngineConfig | None = None,
         max_len = min(config.max_model_len or model_config.max_position_embeddings,
                       model_config.max_position_embeddings)
         long_ctx = max(8, min(512, max_len - 64))
+        num_blocks = max(64, (min(64, max_seqs) + 2) * -(-(long_ctx + 64) // bs))
         bench_config = config.model_copy(update={
             "cache": config.cache.model_copy(update={
                 "num_blocks": num_blocks,
