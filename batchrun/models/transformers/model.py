@@ -123,10 +123,6 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: str = "no
     return model
 
 
-def attention_implementation(config, text_config) -> str | dict:
-    """What set_attn_implementation gets: "batchrun" for a text model; for a vision-language
-    model, "batchrun" on its decoder's sub-config only, so the vision tower keeps its own (SDPA:
-    its attention is per image, outside the KV cache)."""
 def from_pretrained_checked(auto, path, **kwargs):
     """auto.from_pretrained(path, **kwargs); UnsupportedModelError where transformers cannot
     build the model, and a ModelFolderError naming the checkpoint where transformers would
@@ -159,6 +155,10 @@ def from_pretrained_checked(auto, path, **kwargs):
     return hf
 
 
+def attention_implementation(config, text_config) -> str | dict:
+    """What set_attn_implementation gets: "batchrun" for a text model; for a vision-language
+    model, "batchrun" on its decoder's sub-config only, so the vision tower keeps its own (SDPA:
+    its attention is per image, outside the KV cache)."""
     if text_config is config:
         return attention.NAME
     for key in config.sub_configs:

@@ -199,9 +199,9 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: str = "no
     tower on PyTorch's SDPA (the tower runs outside the engine's steps and caches)."""
     from transformers import AutoModelForImageTextToText
 
+    from batchrun.models.transformers.model import from_pretrained_checked
     from batchrun.models.weights.remote_code import auto_kwargs
 
-    from batchrun.models.transformers.model import from_pretrained_checked
     attention.register()
     hf = from_pretrained_checked(
         AutoModelForImageTextToText, path, dtype=dtype, device_map=device,
