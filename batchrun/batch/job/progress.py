@@ -154,19 +154,20 @@ class Reporter:
     def _drain(self, since: float) -> float:
         """Seconds the lines in flight need when no line waits (0 while some do): see the
         class docstring."""
-        c, m = self.counts, self.metrics
+        c, m, first = self.counts, self.metrics, self._first
         in_flight = self.admitted_lines - m.ok
-        if self.engine_work is None or in_flight <= 0 or c.total - c.done > in_flight:
+        if self.engine_work is None or first is None or c.total is None or in_flight <= 0 \
+                or c.total - c.done > in_flight:
             return 0.0
         steps, decoded = self.engine_work()
-        if steps <= self._first[2]:
+        if steps <= first[2]:
             return 0.0
         # What the lines in flight generated: the decode steps' tokens but the finished lines'
         # (each line's first token comes with its prefill).
         running = max(0, decoded - (m.completion_tokens - m.ok))
         length = (m.completion_tokens + running) / m.ok
         cap = (self.admitted_requested - m.requested_completion_tokens - running) / in_flight
-        return max(0.0, min(length, cap)) * since / (steps - self._first[2])
+        return max(0.0, min(length, cap)) * since / (steps - first[2])
 
     def _eta_text(self) -> str:
         c = self.counts
