@@ -9,13 +9,13 @@ definition; the models satisfy these structurally (tests/unit/test_model_protoco
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 import torch
 
 if TYPE_CHECKING:
-    from batchrun.engine.attention.base import AttentionMetadata
-    from batchrun.engine.multimodal import MultiModalInputs
+    from batchrun.engine.attention.base import AttentionMetadata, GroupedMetadata
+    from batchrun.engine.multimodal import MultiModalInputs, StepImages
 
 
 class ModelShape(Protocol):
@@ -40,7 +40,7 @@ class NativeModel(Protocol):
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
                  kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 meta: AttentionMetadata) -> torch.Tensor:
+                 meta: AttentionMetadata | GroupedMetadata) -> torch.Tensor:
         """Final hidden states [T, hidden] for one step's flat row of T tokens."""
         ...
 
@@ -59,3 +59,10 @@ class TakesImages(Protocol):
     before the prompt's first step."""
 
     def place_images(self, prompt: list[int], mm: MultiModalInputs) -> None: ...
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                 meta: AttentionMetadata | GroupedMetadata,
+                 images: Sequence[StepImages] = ()) -> torch.Tensor:
+        """NativeModel's step, with the step's rows of images (StepImages) to encode."""
+        ...

@@ -17,7 +17,7 @@ from batchrun.engine.attention import fp8_kv, int8_kv
 from batchrun.engine.attention import (AttentionMetadata, BackendEnv, GroupedMetadata,
                                        StepLayout, select_backend)
 from batchrun.engine.kv_groups import KVGroups, kv_groups
-from batchrun.engine.model import NativeModel
+from batchrun.engine.model import NativeModel, TakesImages
 from batchrun.engine.model_output import ModelOutput
 from batchrun.engine.prompt_logprobs import score_rows
 from batchrun.engine.request import Request
@@ -122,6 +122,7 @@ class ModelRunner:
             self.adapters.set_segments(batch.adapter_segments())
         try:
             if batch.images:  # models without images keep their signature
+                assert isinstance(self.model, TakesImages)  # add_request refuses images otherwise
                 return self.model(input_ids, layout.positions, self.kv_caches, meta,
                                   images=batch.images)
             return self.model(input_ids, layout.positions, self.kv_caches, meta)
