@@ -41,7 +41,7 @@ LOGITS = "logits"  # the calibration's name for the logits layer's input (the fi
 LOGITS_OUTLIERS = 32  # benchmarks/quality.py: 16 gave 96.60% top-1, 32 97.06% (README)
 
 
-def targets(model: nn.Module) -> dict[str, tuple[nn.Module, nn.Module | None]]:
+def targets(model: nn.Module) -> dict[str, tuple[nn.Linear, nn.Module | None]]:
     """{qualified linear name: (linear, the RMSNorm whose output it reads, or None)}."""
     found = {}
     for i, layer in enumerate(model.layers):
@@ -53,7 +53,8 @@ def targets(model: nn.Module) -> dict[str, tuple[nn.Module, nn.Module | None]]:
             norm = getattr(layer, "pre_feedforward_layernorm", None) or layer.post_attention_layernorm
             found[f"layers.{i}.mlp.gate_up_proj"] = (mlp.gate_up_proj, norm)
             found[f"layers.{i}.mlp.down_proj"] = (mlp.down_proj, None)
-    return {name: pair for name, pair in found.items() if isinstance(pair[0], nn.Linear)}
+    return {name: (linear, norm) for name, (linear, norm) in found.items()
+            if isinstance(linear, nn.Linear)}
 
 
 def smoothed_bytes(out_features: int, in_features: int, outliers: int = OUTLIERS) -> int:
