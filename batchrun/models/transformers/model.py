@@ -146,8 +146,8 @@ def from_pretrained_checked(auto, path, **kwargs):
     where = named(files, path)
     if info.get("mismatched_keys"):
         name, got, want = sorted(info["mismatched_keys"])[0]
-        raise ModelFolderError(f"{holding(files, name) or where}: weight {name!r} has shape {list(got)}; the config "
-                               f"makes it {list(want)}")
+        raise ModelFolderError(f"{holding(files, name) or where}: weight {name!r} has shape "
+                               f"{list(got)}; the config makes it {list(want)}")
     if info.get("missing_keys"):
         missing = sorted(info["missing_keys"])
         raise ModelFolderError(f"{where}: the checkpoint lacks weights: {missing[:5]}"
