@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from batchrun.engine.kernels.ops import CpuKernels
+
 BLOCK = 16  # output columns a block of the packed layout (bf16_gemm.c's CB)
 
 
@@ -43,10 +45,11 @@ class Bf16LogitsLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.packed = pack(weight)
-        self.kernels = None
+        self.kernels: CpuKernels | None = None  # attached by the loader (the layer needs it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
+        assert self.kernels is not None  # this layer is made only where the kernels run
         out = self.kernels.bf16_gemm(rows, self.packed, self.out_features)
         return out.view(*x.shape[:-1], self.out_features)
 
