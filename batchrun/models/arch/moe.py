@@ -84,6 +84,8 @@ class Experts(nn.Module):
         self.activation: nn.Module | None = None  # SwiGLU; GPT-OSS's clamped one (a module)
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+        self.gate_up_proj_bias: nn.Parameter | None
+        self.down_proj_bias: nn.Parameter | None
         if bias:
             self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * intermediate))
             self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden))
@@ -117,6 +119,8 @@ class SparseMoeBlock(nn.Module):
         self.top_k, self.renormalize = cfg.top_k, cfg.renormalize
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.expert_intermediate_size)
+        self.shared_expert: MLP | None
+        self.shared_expert_gate: nn.Linear | None
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = MLP(cfg, cfg.shared_expert_intermediate_size)
             self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
@@ -129,7 +133,7 @@ class SparseMoeBlock(nn.Module):
         if self.renormalize:
             weights /= weights.sum(dim=-1, keepdim=True)
         out = self.experts(x, experts, weights.to(x.dtype), cpu_kernels)
-        if self.shared_expert is not None:
+        if self.shared_expert is not None and self.shared_expert_gate is not None:  # set together
             out += torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, cpu_kernels)
         return out
 
