@@ -52,6 +52,8 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
         self.norm_across_heads = cfg.qk_norm_across_heads
+        self.q_norm: RMSNorm | None
+        self.k_norm: RMSNorm | None
         if cfg.qk_norm:
             across = cfg.qk_norm_across_heads
             self.q_norm = RMSNorm(self.q_size if across else cfg.head_dim, cfg.rms_norm_eps)
@@ -65,19 +67,21 @@ class Attention(nn.Module):
     def forward(self, x, rope: StepRope, kv: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x)
-        fused = (rope.kernels is not None and self.q_norm is None
-                 and rope.table.rotary_dim == self.head_dim)
-        if fused:  # rotate the q and k heads in place, in one pass
-            rope.kernels.rope_(qkv, self.num_heads + self.num_kv_heads, self.head_dim,
+        kernels = rope.kernels if self.q_norm is None and rope.table.rotary_dim == self.head_dim \
+            else None
+        fused = kernels is not None
+        if kernels is not None:  # rotate the q and k heads in place, in one pass
+            kernels.rope_(qkv, self.num_heads + self.num_kv_heads, self.head_dim,
                                rope.positions, rope.table.cos, rope.table.sin)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.norm_across_heads:
+            assert self.q_norm is not None and self.k_norm is not None  # made with qk_norm
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if not fused:
-            if self.q_norm is not None and not self.norm_across_heads:
+            if self.q_norm is not None and self.k_norm is not None and not self.norm_across_heads:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = RotaryEmbedding.rotate(q, *rope.cos_sin), RotaryEmbedding.rotate(k, *rope.cos_sin)
         out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.window, self.softcap,
@@ -181,6 +185,7 @@ class LlamaModel(nn.Module):
 
     def classify(self, hidden: torch.Tensor) -> torch.Tensor:
         """The sequence-classification head's logits [N, num_labels] of final hidden states."""
+        assert self.score is not None  # asked of a sequence classifier only (num_labels)
         return self.score(hidden).float()
 
     def lora_targets(self):

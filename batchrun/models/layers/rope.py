@@ -10,6 +10,8 @@ from functools import cached_property
 import torch
 from torch import nn
 
+from batchrun.engine.kernels.ops import CpuKernels
+
 
 def rope_parameters(hf, layer_type: str | None = None) -> dict:
     """The RoPE parameters of `hf` (of its `layer_type` layers when they differ by type)."""
@@ -70,7 +72,7 @@ class StepRope:
     positions: torch.Tensor
     table: RotaryEmbedding
     dtype: torch.dtype
-    kernels: object = None  # the CPU kernel library; None = PyTorch ops
+    kernels: CpuKernels | None = None  # the CPU kernel library; None = PyTorch ops
 
     @cached_property
     def cos_sin(self) -> tuple[torch.Tensor, torch.Tensor]:
