@@ -10,7 +10,7 @@ config flags. gemma.py builds on these pieces.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -121,7 +121,7 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    layer_class: type[nn.Module] = DecoderLayer  # (cfg, index, mlp) -> a decoder layer
+    layer_class: type[DecoderLayer] = DecoderLayer  # (cfg, index, mlp) -> a decoder layer
     rope_class: type[nn.Module] = RotaryEmbedding  # (cfg) -> the RoPE tables step_rope reads
 
     def __init__(self, cfg: ModelConfig):
@@ -158,11 +158,17 @@ class LlamaModel(nn.Module):
         # (benchmarks/quality.py), and the kernel reads and writes either at one pass's cost.
         if self.cpu_kernels is not None:
             x = x.float()
-        norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
-        h = self.layers[0].input_layernorm.add_forward(None, x, self.cpu_kernels)
-        for layer, kv, m, norm in zip(self.layers, kv_caches, metas, norms):
+        layers = self.decoder_layers
+        norms = [layer.input_layernorm for layer in layers[1:]] + [self.norm]
+        h = layers[0].input_layernorm.add_forward(None, x, self.cpu_kernels)
+        for layer, kv, m, norm in zip(layers, kv_caches, metas, norms):
             h = norm.add_forward(layer(h, x, rope, kv, m), x, self.cpu_kernels)
         return h
+
+    @property
+    def decoder_layers(self) -> Sequence[DecoderLayer]:
+        """self.layers as what they hold (nn.ModuleList is not generic; layer_class made them)."""
+        return cast("Sequence[DecoderLayer]", self.layers)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -172,7 +178,7 @@ class LlamaModel(nn.Module):
         """Whether a decode step can be captured in a CUDA graph: not with windowed,
         soft-capped or sink layers (the Triton backend sends them to reference_attention)."""
         return not any(layer.self_attn.window or layer.self_attn.softcap
-                       or layer.self_attn.sinks is not None for layer in self.layers)
+                       or layer.self_attn.sinks is not None for layer in self.decoder_layers)
 
     def step_rope(self, positions: torch.Tensor, dtype: torch.dtype):
         """What the layers take for the step's rotary embedding."""
