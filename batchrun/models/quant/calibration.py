@@ -139,7 +139,7 @@ def _save(path: Path, stats: dict, what: str) -> None:
     log.info("%s: cached at %s", what, path)
 
 
-def input_maxima(model: nn.Module, linears: dict[str, nn.Module], files: list[Path], tokenizer_path: Path,
+def input_maxima(model: nn.Module, linears: dict[str, nn.Linear], files: list[Path], tokenizer_path: Path,
                  method: str, logits: str | None = None,
                  run: Callable[[Iterator[list[int]]], None] | None = None) -> dict[str, torch.Tensor]:
     """{name: float32 [in_features]} for `linears` (float nn.Linear modules of `model`), and

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import glob
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 from torch import nn
 
 from batchrun.models.transformers.support import UnsupportedModelError
 
+if TYPE_CHECKING:  # transformers' modelling code loads with the backend
+    from transformers import PreTrainedModel
 
-def decoder_linears(hf: nn.Module) -> dict[str, nn.Linear]:
+
+def decoder_linears(hf: PreTrainedModel) -> dict[str, nn.Linear]:
     """{qualified name in `hf`: linear} of the decoder's linears --quantization replaces."""
     from batchrun.models.quant import kept_float
 
@@ -33,7 +36,7 @@ def decoder_linears(hf: nn.Module) -> dict[str, nn.Linear]:
             if isinstance(m, nn.Linear) and not kept_float(name)}
 
 
-def quantize_decoder(hf: nn.Module, method: str, path: Path) -> int:
+def quantize_decoder(hf: PreTrainedModel, method: str, path: Path) -> int:
     """Quantize the decoder linears of transformers' model `hf` (loaded from `path`) by
     `method`; how many."""
     from batchrun.models import quant
@@ -60,7 +63,7 @@ def quantize_decoder(hf: nn.Module, method: str, path: Path) -> int:
 
 
 @torch.no_grad()
-def _calibrate(hf: nn.Module, linears: dict[str, nn.Linear], path: Path) -> dict[str, torch.Tensor]:
+def _calibrate(hf: PreTrainedModel, linears: dict[str, nn.Linear], path: Path) -> dict[str, torch.Tensor]:
     """The calibrated input maxima of `linears`: each window of the calibration text through
     the decoder with PyTorch's SDPA attention (wrap sets the engine's afterwards)."""
     from batchrun.models.quant.calibration import input_maxima
