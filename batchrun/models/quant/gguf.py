@@ -14,7 +14,7 @@ Q4_K_M stores attn_v as Q6_K beside Q4_K q/k) become a StackedLinear of one modu
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +62,7 @@ class GgufLinears:
         self.tensors = {name: (dims, kind, offset) for name, dims, kind, offset in tensors}
         self.data = np.memmap(path, dtype=np.uint8, mode="r")
 
-    def __contains__(self, name: str) -> bool:
+    def __contains__(self, name: object) -> bool:
         return name in self.tensors
 
     def kind(self, name: str) -> int:
@@ -106,8 +106,11 @@ class GgufLinears:
         g = blocks.groups(raw, self.kind(name), rows, cols)
         heads = self._heads(part)
         if heads:
-            g = Groups(*(None if a is None else np.ascontiguousarray(unpermute(a, heads))
-                         for a in g[:3]), g.group)
+            def reorder(a: np.ndarray) -> np.ndarray:
+                return np.ascontiguousarray(unpermute(a, heads))
+
+            g = Groups(reorder(g.q), reorder(g.scale), None if g.min is None else reorder(g.min),
+                       g.group)
         return g
 
 
@@ -182,7 +185,7 @@ def own_format(gguf: GgufLinears, names: list[str], parts: tuple[str, ...]) -> n
     return stacked(items)
 
 
-def stacked(items: list[tuple[str, object]]) -> nn.Module:
+def stacked(items: Sequence[tuple[str, object]]) -> nn.Module:
     """One module for (family, float weight or Groups) parts along the output: consecutive parts
     of a family in one module, a StackedLinear where the families differ."""
     runs: list[tuple[str, list]] = []
@@ -282,7 +285,8 @@ def load_linears(model: torch.nn.Module, path: Path, method: str) -> set[str]:
             setattr(parent, fused, module)
             covered.update(f"model.layers.{i}.{_HF_PARTS[p]}.weight" for p in parts)
         experts = getattr(layer.mlp, "experts", None)
-        if method == "gguf" and getattr(experts, "per_expert_swiglu", False) and _kept(gguf, i, _EXPERT_PARTS):
+        if method == "gguf" and experts is not None and getattr(experts, "per_expert_swiglu", False) \
+                and _kept(gguf, i, _EXPERT_PARTS):
             layer.mlp.experts = own_format_experts(gguf, i, experts.num_experts)
             base = f"model.layers.{i}.mlp.experts"  # the float conversion's names, per expert or fused
             covered.update({f"{base}.gate_up_proj", f"{base}.down_proj"} | {
