@@ -11,7 +11,7 @@ too: they take `kernels` (None: PyTorch ops) and choose.
 from __future__ import annotations
 
 import ctypes
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -22,10 +22,10 @@ KINDS = {"torch.float32": 0, "torch.float16": 1, "torch.bfloat16": 2, "torch.flo
          "torch.int8": 4}
 P, I, I64, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 # name -> (restype, argtypes) of every C function the library exports.
-SIGNATURES: dict[str, tuple[type | None, list[type]]] = {}
+SIGNATURES: dict[str, tuple[type | None, Sequence[type]]] = {}
 
 
-def c_signature(name: str, restype: type | None, argtypes: list[type]) -> Callable:
+def c_signature(name: str, restype: type | None, argtypes: Sequence[type]) -> Callable:
     """Declare C function `name`'s signature (a decorator for the op that calls it)."""
     SIGNATURES[name] = (restype, argtypes)
     return lambda op: op
@@ -190,12 +190,13 @@ class CpuKernels:
     def scale_rows_(self, y: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                     x_out: torch.Tensor | None = None, pairs: torch.Tensor | None = None) -> None:
         """y [M, N] float32 = y * scale (+ bias) (+ x_out @ pairs) in place."""
+        pairs_ptr, num_pairs = None, 0
         if x_out is not None:
+            assert pairs is not None  # the outlier columns come with their weight pairs
             x_out, pairs = x_out.contiguous(), pairs.contiguous()
-        self._c.scale_rows(y.data_ptr(), scale.data_ptr(), _ptr(bias), _ptr(x_out),
-                           None if x_out is None else pairs.data_ptr(),
-                           0 if x_out is None else pairs.shape[0], y.shape[0], y.shape[1],
-                           _threads())
+            pairs_ptr, num_pairs = pairs.data_ptr(), pairs.shape[0]
+        self._c.scale_rows(y.data_ptr(), scale.data_ptr(), _ptr(bias), _ptr(x_out), pairs_ptr,
+                           num_pairs, y.shape[0], y.shape[1], _threads())
 
     @c_signature("expert_gemm", None, [P] * 5 + [I64] * 3 + [I] * 2)
     def expert_gemm(self, rows: torch.Tensor, weights: torch.Tensor, active: torch.Tensor,
@@ -397,4 +398,5 @@ def rescale_rows(y: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
     if bias is not None:
         y.add_(bias)
     if x_out is not None:
+        assert pairs is not None  # the outlier columns come with their weight pairs
         y.addmm_(x_out.float(), pairs_matrix(pairs))
