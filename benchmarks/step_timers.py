@@ -12,11 +12,11 @@ import time
 SECONDS: collections.Counter = collections.Counter()
 CALLS: collections.Counter = collections.Counter()
 MODEL_STEP = "model step (runner.execute)"
-# Share groups: the calls each is made of (kernel function names as the C library spells them).
+# Share groups: the calls each is made of (kernel ops by their names in engine/kernels/ops.py).
 GROUPS = {
     "linear": ("linear (packed)", "linear (quantized)"),
-    "attention": ("paged_decode_attention", "paged_attention_masked", "paged_attention_scaled",
-                  "cascade_groups", "kv_write", "prefill attention (SDPA)"),
+    "attention": ("paged_decode_attention", "paged_attention", "cascade_groups", "kv_write",
+                  "int8_kv_store", "prefill attention (SDPA)"),
     "sampling": ("sampler",),
 }
 
@@ -33,7 +33,7 @@ def timed(name, fn):
 
 
 class TimedLibrary:
-    """The ctypes kernel library with every function timed."""
+    """The kernel library (ops.CpuKernels) with every op timed."""
 
     def __init__(self, lib):
         self._lib = lib

@@ -112,7 +112,8 @@ class GrammarMatchers:
                 device: torch.device) -> tuple[list[int], torch.Tensor] | None:
         """(indices of constrained rows, bool [M, vocab_size] of the tokens each may take)."""
         import torch
-        from llguidance.torch import fill_next_token_bitmask_par
+
+        from batchrun.engine.kernels import ops
 
         idx = [i for i, r in enumerate(rows) if r.params.grammar is not None]
         if not idx:
@@ -121,7 +122,7 @@ class GrammarMatchers:
         ll, executor = self._runtime()
         words = (ll.vocab_size + 31) // 32
         bitmask = torch.zeros((len(idx), words), dtype=torch.int32)
-        fill_next_token_bitmask_par(executor, [(m, j) for j, m in enumerate(matchers)], bitmask)
+        ops.fill_token_bitmask(executor, [(m, j) for j, m in enumerate(matchers)], bitmask)
         shifts = torch.arange(32, dtype=torch.int32, device=device)
         bits = (bitmask.to(device)[:, :, None] >> shifts) & 1
         allowed = bits.reshape(len(idx), words * 32)[:, :vocab_size].bool()

@@ -50,7 +50,7 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
-class KernelRows(Protocol):
+class AttentionRows(Protocol):
     """The rows the attention kernel attends (engine/attention/cascade.py's KernelRows)."""
     tables: torch.Tensor
     row_table: torch.Tensor
@@ -246,7 +246,7 @@ class CpuKernels:
     @c_signature("paged_attention_scaled", I, [P] * 4 + [I] + [P] * 3 + [I] * 4 + [FLOAT]
                  + [I] * 3 + [P] * 4 + [FLOAT, P, P, P])
     def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        rows: KernelRows, block_size: int, scale: float,
+                        rows: AttentionRows, block_size: int, scale: float,
                         first: torch.Tensor | None = None, softcap: float | None = None,
                         sinks: torch.Tensor | None = None, k_scales: torch.Tensor | None = None,
                         v_scales: torch.Tensor | None = None) -> torch.Tensor:
@@ -294,6 +294,14 @@ class CpuKernels:
         if groups <= 0:
             raise RuntimeError("cascade_groups failed")
         return order, start[:groups + 1], shared[:groups]
+
+
+def fill_token_bitmask(executor, matchers: list, bitmask: torch.Tensor) -> None:
+    """llguidance's allowed-token masks of (matcher, row) pairs into int32 bitmask [rows, words]
+    (CPU, contiguous), in parallel: its pointer API as llguidance.torch calls it, without
+    importing that module (118 MiB more peak memory)."""
+    executor.unsafe_compute_mask_ptr(matchers, bitmask.data_ptr(), bitmask.shape[1] * 4,
+                                     bitmask.shape[0])
 
 
 # The ops with a PyTorch path: `kernels` None (no library) takes it.
