@@ -113,8 +113,6 @@ class GrammarMatchers:
         """(indices of constrained rows, bool [M, vocab_size] of the tokens each may take)."""
         import torch
 
-        from batchrun.engine.kernels import ops
-
         idx = [i for i, r in enumerate(rows) if r.params.grammar is not None]
         if not idx:
             return None
@@ -122,7 +120,11 @@ class GrammarMatchers:
         ll, executor = self._runtime()
         words = (ll.vocab_size + 31) // 32
         bitmask = torch.zeros((len(idx), words), dtype=torch.int32)
-        ops.fill_token_bitmask(executor, [(m, j) for j, m in enumerate(matchers)], bitmask)
+        # llguidance's pointer API (the one pointer outside engine/kernels/ops.py: the engine's
+        # kernels are not llguidance's, and llguidance.torch, which wraps this call, imports
+        # 118 MiB of modules)
+        executor.unsafe_compute_mask_ptr(
+            [(m, j) for j, m in enumerate(matchers)], bitmask.data_ptr(), words * 4, len(idx))
         shifts = torch.arange(32, dtype=torch.int32, device=device)
         bits = (bitmask.to(device)[:, :, None] >> shifts) & 1
         allowed = bits.reshape(len(idx), words * 32)[:, :vocab_size].bool()

@@ -296,14 +296,6 @@ class CpuKernels:
         return order, start[:groups + 1], shared[:groups]
 
 
-def fill_token_bitmask(executor, matchers: list, bitmask: torch.Tensor) -> None:
-    """llguidance's allowed-token masks of (matcher, row) pairs into int32 bitmask [rows, words]
-    (CPU, contiguous), in parallel: its pointer API as llguidance.torch calls it, without
-    importing that module (118 MiB more peak memory)."""
-    executor.unsafe_compute_mask_ptr(matchers, bitmask.data_ptr(), bitmask.shape[1] * 4,
-                                     bitmask.shape[0])
-
-
 # The ops with a PyTorch path: `kernels` None (no library) takes it.
 
 _TINY = 1e-12  # an all-zero row's quantization scale instead of 0 (its int8 values are all 0)
