@@ -67,7 +67,7 @@ class SdpaBackend:
             num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
             # The query heads of one KV group act as `group` query rows against that group's keys.
             qd = q[:b].view(b, num_kv_heads, num_heads // num_kv_heads, head_dim)
-            assert meta.decode_slots is not None and meta.decode_valid is not None  # build, with decodes
+            assert meta.decode_slots is not None  # build sets it when the step has decodes
             kd = read_rows(k_cache, meta.decode_slots, q.dtype)  # [B, L, Hkv, D]
             vd = read_rows(v_cache, meta.decode_slots, q.dtype)
             if window is None and not softcap and sinks is None:
@@ -75,6 +75,7 @@ class SdpaBackend:
                                                     attn_mask=meta.decode_bias, scale=scale)
             else:
                 valid = meta.decode_valid
+                assert valid is not None  # set with decode_slots
                 if window is not None:
                     grid = torch.arange(valid.shape[1], device=valid.device)[None, :]
                     valid = valid & (grid >= meta.context_lens[:b, None] - window)
