@@ -39,6 +39,10 @@ def load_model(model: str | None, engine_config: Any) -> Any:
     from batchrun.models.weights.loader import ModelNotFoundError
     from batchrun.models.lora.adapter import LoraError
 
+    if engine_config is None:  # llm.load's default, which the memory check reads too
+        from batchrun.options.engine import EngineConfig
+
+        engine_config = EngineConfig.default()
     try:
         footprint.check_model_fits(model, engine_config)
         return llm.load(model, engine_config)
