@@ -69,7 +69,7 @@ def from_runs(estimates: list[float]) -> TimeRange:
     if n == 1:
         return TimeRange(low, high, "medium",
                          f"1 run of at least {MIN_REQUESTS} requests calibrates it; {margin}")
-    spread = max(estimates) / min(estimates) - 1
+    spread = max(estimates) / min(estimates) - 1 if min(estimates) > 0 else 0.0
     level = "high" if n >= 3 and spread <= 0.25 else "medium"
     return TimeRange(low, high, level, f"{n} runs of at least {MIN_REQUESTS} requests "
                      f"calibrate it, differing by {spread:.0%}; {margin}")

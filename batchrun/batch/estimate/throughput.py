@@ -301,4 +301,4 @@ def calibration_from_run(summary: Mapping[str, Any], engine_config: EngineConfig
     source += f" over {os.path.basename(str(where))}" if where else ""
     source += f" ({n} requests, {wall:.1f} s)"
     return dataclasses.replace(base.scaled(wall / predicted, source),
-                               steps_factor=steps / simulated)
+                               steps_factor=steps / simulated if simulated > 0 else 1.0)
