@@ -27,6 +27,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
+from batchrun.models.quant.decoder import as_decoder
 from batchrun.models.quant.smoothing import record_input_max, record_output_max
 
 log = logging.getLogger(__name__)
@@ -110,12 +111,14 @@ def window_forward(model: nn.Module, ids: list[int]
     from batchrun.engine.attention.base import StepLayout
     from batchrun.engine.attention.sdpa import SdpaBackend
 
-    dtype = model.embed_tokens.weight.dtype
+    decoder = as_decoder(model)
+    dtype = decoder.embed_tokens.weight.dtype
     t = len(ids)
-    kv = [tuple(torch.zeros(t, layer.self_attn.num_kv_heads, layer.self_attn.head_dim, dtype=dtype)
-                for _ in range(2)) for layer in model.layers]
+    kv = [(torch.zeros(t, layer.self_attn.num_kv_heads, layer.self_attn.head_dim, dtype=dtype),
+           torch.zeros(t, layer.self_attn.num_kv_heads, layer.self_attn.head_dim, dtype=dtype))
+          for layer in decoder.layers]
     layout = StepLayout.of([[0]], [0], [t], 0, t, torch.device("cpu"))
-    return model(torch.tensor(ids), layout.positions, kv, SdpaBackend(dtype).build(layout)), kv
+    return decoder(torch.tensor(ids), layout.positions, kv, SdpaBackend(dtype).build(layout)), kv
 
 
 def _cached(path: Path, fits: Callable[[dict], bool], what: str) -> dict | None:
@@ -149,7 +152,7 @@ def input_maxima(model: nn.Module, linears: dict[str, nn.Linear], files: list[Pa
     path = cache_path(files, method, next(iter(linears.values())).weight.dtype)
     sizes = {n: m.in_features for n, m in linears.items()}
     if logits:
-        sizes[logits] = model.embed_tokens.weight.shape[1]
+        sizes[logits] = as_decoder(model).embed_tokens.weight.shape[1]
     cached = _cached(path, lambda c: set(c) == set(sizes) and all(
         c[n].shape == (k,) for n, k in sizes.items()), "int8 calibration")
     if cached is not None:
@@ -167,8 +170,9 @@ def input_maxima(model: nn.Module, linears: dict[str, nn.Linear], files: list[Pa
 def kv_absmax(model: nn.Module, files: list[Path], tokenizer_path: Path) -> torch.Tensor:
     """float32 [layers, 2]: each layer's largest |K| and |V| on the calibration text (what an
     fp8 KV cache's scales are set from: engine/attention/fp8_kv.py), cached like input_maxima."""
-    path = cache_path(files, "kv-absmax", model.embed_tokens.weight.dtype)
-    shape = (len(model.layers), 2)
+    decoder = as_decoder(model)
+    path = cache_path(files, "kv-absmax", decoder.embed_tokens.weight.dtype)
+    shape = (len(decoder.layers), 2)
     cached = _cached(path, lambda c: set(c) == {"absmax"} and c["absmax"].shape == shape,
                      "KV calibration")
     if cached is not None:

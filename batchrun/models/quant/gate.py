@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from batchrun.models.quant.decoder import as_decoder
 from batchrun.models.quant.errors import QuantizationError
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,8 @@ class Gate:
 
         ids = [t for w in calibration.token_windows(tokenizer_path) for t in w][:GATE_TOKENS]
         # beside the calibration, not a calibration (*.pt) itself
-        cache = calibration.cache_path(files, "int8-gate", model.embed_tokens.weight.dtype).with_suffix(".gate")
+        dtype = as_decoder(model).embed_tokens.weight.dtype
+        cache = calibration.cache_path(files, "int8-gate", dtype).with_suffix(".gate")
         return cls(ids, reference(model, ids, cache))
 
     def judge(self, model: nn.Module) -> GateResult:
@@ -75,7 +77,7 @@ def next_tokens(model: nn.Module, ids: list[int]) -> tuple[torch.Tensor, torch.T
     from batchrun.models.quant.calibration import window_forward
 
     with torch.no_grad():
-        logits = model.compute_logits(window_forward(model, ids)[0])
+        logits = as_decoder(model).compute_logits(window_forward(model, ids)[0])
     top2 = torch.log_softmax(logits.float(), dim=-1).topk(2, dim=-1)
     return top2.indices[:, 0], top2.values[:, 0] - top2.values[:, 1]
 

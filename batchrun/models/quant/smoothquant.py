@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from batchrun.models.quant.decoder import as_decoder
 from batchrun.models.quant.smoothing import smoothing_factors
 
 log = logging.getLogger(__name__)
@@ -43,16 +44,16 @@ LOGITS_OUTLIERS = 32  # benchmarks/quality.py: 16 gave 96.60% top-1, 32 97.06% (
 
 def targets(model: nn.Module) -> dict[str, tuple[nn.Linear, nn.Module | None]]:
     """{qualified linear name: (linear, the RMSNorm whose output it reads, or None)}."""
-    found = {}
-    for i, layer in enumerate(model.layers):
+    found: dict[str, tuple[nn.Module, nn.Module | None]] = {}
+    for i, layer in enumerate(as_decoder(model).layers):
         attn, mlp = layer.self_attn, layer.mlp
         found[f"layers.{i}.self_attn.qkv_proj"] = (attn.qkv_proj, layer.input_layernorm)
         found[f"layers.{i}.self_attn.o_proj"] = (attn.o_proj, None)
-        if isinstance(getattr(mlp, "gate_up_proj", None), nn.Linear) and \
-                isinstance(getattr(mlp, "down_proj", None), nn.Linear):
+        gate_up, down = getattr(mlp, "gate_up_proj", None), getattr(mlp, "down_proj", None)
+        if isinstance(gate_up, nn.Linear) and isinstance(down, nn.Linear):
             norm = getattr(layer, "pre_feedforward_layernorm", None) or layer.post_attention_layernorm
-            found[f"layers.{i}.mlp.gate_up_proj"] = (mlp.gate_up_proj, norm)
-            found[f"layers.{i}.mlp.down_proj"] = (mlp.down_proj, None)
+            found[f"layers.{i}.mlp.gate_up_proj"] = (gate_up, norm)
+            found[f"layers.{i}.mlp.down_proj"] = (down, None)
     return {name: (linear, norm) for name, (linear, norm) in found.items()
             if isinstance(linear, nn.Linear)}
 
@@ -76,8 +77,11 @@ def smooth_and_quantize(model: nn.Module, input_max: dict[str, torch.Tensor]) ->
         maxima = input_max[name]
         s = smoothing_factors(maxima, weight, ALPHA)
         outliers = torch.topk(maxima, min(OUTLIERS, len(maxima))).indices.sort().values
+        layer: nn.Module
         if norm is not None:
-            norm.weight.div_(s.to(norm.weight.dtype))
+            norm_weight = norm.weight
+            assert isinstance(norm_weight, torch.Tensor)  # an RMSNorm's
+            norm_weight.div_(s.to(norm_weight.dtype))
             layer = Int8Linear(weight * s, linear.bias, outliers=outliers, input_divided_by=s)
         else:
             layer = smoothed_in_layer(linear, maxima)
@@ -86,7 +90,10 @@ def smooth_and_quantize(model: nn.Module, input_max: dict[str, torch.Tensor]) ->
         count += 1
     if LOGITS in input_max:
         maxima = input_max[LOGITS]
-        weight = (model.embed_tokens if model.lm_head is None else model.lm_head).weight.detach().float()
+        decoder = as_decoder(model)
+        logits_weight = (decoder.embed_tokens if decoder.lm_head is None else decoder.lm_head).weight
+        assert isinstance(logits_weight, torch.Tensor)
+        weight = logits_weight.detach().float()
         outliers = torch.topk(maxima, min(LOGITS_OUTLIERS, len(maxima))).indices.sort().values
         model.lm_head = Int8Linear(weight, None, smooth=smoothing_factors(maxima, weight, ALPHA),
                                    outliers=outliers)

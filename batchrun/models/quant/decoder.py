@@ -1,0 +1,54 @@
+"""What quant/ reads of a native decoder (models/arch/'s LlamaModel and the families built on
+it), as Protocols. quant/ cannot import arch/ (arch's linears become quant's modules through
+replace_linears, so the import would run both ways); the calibration, SmoothQuant, the int8
+gate and GGUF loading name a model `as_decoder(model)` once and read it through these."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence, cast
+
+import torch
+from torch import nn
+
+
+class Attention(Protocol):
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def qkv_proj(self) -> nn.Module: ...
+    @property
+    def o_proj(self) -> nn.Module: ...
+
+
+class Layer(Protocol):
+    @property
+    def self_attn(self) -> Attention: ...
+    @property
+    def mlp(self) -> nn.Module: ...
+    @property
+    def input_layernorm(self) -> nn.Module: ...
+    @property
+    def post_attention_layernorm(self) -> nn.Module: ...
+
+
+class Decoder(Protocol):
+    @property
+    def embed_tokens(self) -> nn.Embedding: ...
+    @property
+    def layers(self) -> Sequence[Layer]: ...
+    lm_head: nn.Module | None
+    num_labels: int
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: Any) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    def get_submodule(self, target: str) -> nn.Module: ...
+
+
+def as_decoder(model: nn.Module) -> Decoder:
+    """`model`, a native decoder, read through the Decoder Protocol (no copy, no check)."""
+    return cast(Decoder, model)
