@@ -11,7 +11,7 @@ norms and a RoPE of its own for the sliding layers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, cast
 
 import torch
 from torch import nn
@@ -79,8 +79,8 @@ class DecoderLayer(llama.DecoderLayer):
             self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
             self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, h, residual, ropes: dict[str, StepRope], kv, meta) -> torch.Tensor:
-        rope = ropes[self.layer_type]
+    def forward(self, h, residual, ropes: StepRope | dict[str, StepRope], kv, meta) -> torch.Tensor:
+        rope = ropes[self.layer_type] if isinstance(ropes, dict) else ropes  # GemmaModel passes a dict
         if not self.sandwich:
             return super().forward(h, residual, rope, kv, meta)
         attn = self.post_attention_layernorm(self.self_attn(h, rope, kv, meta), rope.kernels)
@@ -92,7 +92,7 @@ class GemmaModel(llama.LlamaModel):
     layer_class = DecoderLayer
     rope_class = Ropes
 
-    def make_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
+    def make_mlp(self, cfg: model_config.ModelConfig, layer: int) -> nn.Module:
         return MLP(cfg, activation="gelu_tanh")
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -100,12 +100,13 @@ class GemmaModel(llama.LlamaModel):
         return x.mul_(torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype))
 
     def step_rope(self, positions: torch.Tensor, dtype: torch.dtype) -> dict[str, StepRope]:
-        return {t: StepRope(positions, table, dtype, self.cpu_kernels)
-                for t, table in self.rope.tables.items()}
+        tables = cast(Ropes, self.rope).tables
+        return {t: StepRope(positions, cast(RotaryEmbedding, table), dtype, self.cpu_kernels)
+                for t, table in tables.items()}
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)  # float32, a new tensor: capped in place
-        cap = self.config.final_softcap
+        cap = cast(ModelConfig, self.config).final_softcap
         if cap is None:
             return logits
         return ops.softcap_(logits, cap, self.cpu_kernels)
@@ -115,7 +116,7 @@ class GemmaModel(llama.LlamaModel):
         super().load_weights(weights)
         for module in self.modules():  # Gemma's norms scale by (1 + w)
             if isinstance(module, RMSNorm):
-                module.weight += 1
+                module.weight.add_(1)
 
 
 Model = GemmaModel

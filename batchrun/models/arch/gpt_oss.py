@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -118,8 +120,8 @@ def expert_tensor(kind: str, tensor: torch.Tensor) -> torch.Tensor:
 class GptOssModel(moe.MoeModel):
     layer_class = DecoderLayer
 
-    def make_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
-        return MoeBlock(cfg)
+    def make_mlp(self, cfg: model_config.ModelConfig, layer: int) -> nn.Module:
+        return MoeBlock(cast(ModelConfig, cfg))  # this family's config (from_hf made it)
 
     def load_special(self, name: str, tensor: torch.Tensor, params: dict, loaded: set[str]) -> bool:
         """The router (`mlp.router.*` -> `mlp.gate.*`) and the experts, reordered (module doc)."""

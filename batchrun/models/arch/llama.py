@@ -182,7 +182,7 @@ class LlamaModel(nn.Module):
 
     def step_rope(self, positions: torch.Tensor, dtype: torch.dtype):
         """What the layers take for the step's rotary embedding."""
-        return StepRope(positions, self.rope, dtype, self.cpu_kernels)
+        return StepRope(positions, cast(RotaryEmbedding, self.rope), dtype, self.cpu_kernels)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None:  # tied to the embeddings

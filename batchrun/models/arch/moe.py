@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -146,8 +148,9 @@ _PER_EXPERT = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
 
 
 class MoeModel(LlamaModel):
-    def make_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
-        return SparseMoeBlock(cfg) if cfg.sparse_layers[layer] else MLP(cfg)
+    def make_mlp(self, cfg: model_config.ModelConfig, layer: int) -> nn.Module:
+        moe_cfg = cast(ModelConfig, cfg)  # this family's config (from_hf made it)
+        return SparseMoeBlock(moe_cfg) if moe_cfg.sparse_layers[layer] else MLP(cfg)
 
     @torch.no_grad()
     def load_weights(self, weights) -> None:

@@ -103,11 +103,18 @@ class CheckpointFormat:
         `quantization` method dequantised one layer at a time and quantized by it (not exact)."""
         from batchrun.models.quant import checkpoint
 
+        from batchrun.models.quant.decoder import as_stored
+
         make = None if quantization == "none" else linear_class(quantization)
+
+        def requantize(layer: nn.Module) -> nn.Module:
+            assert make is not None
+            stored = as_stored(layer)
+            return make(stored.dequantized_weight().float(), stored.bias)
+
         return checkpoint.load_linears(
             model, folder, lambda t, p: self.module.read(t, p, self.config), self.method,
-            None if make is None else lambda layer: make(layer.dequantized_weight().float(), layer.bias),
-            getattr(self.module, "read_fused", None))
+            None if make is None else requantize, getattr(self.module, "read_fused", None))
 
 
 def checkpoint_method(hf_config) -> tuple[str, dict] | None:

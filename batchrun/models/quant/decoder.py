@@ -1,7 +1,8 @@
 """What quant/ reads of a native decoder (models/arch/'s LlamaModel and the families built on
 it), as Protocols. quant/ cannot import arch/ (arch's linears become quant's modules through
 replace_linears, so the import would run both ways); the calibration, SmoothQuant, the int8
-gate and GGUF loading name a model `as_decoder(model)` once and read it through these."""
+gate and GGUF loading name a model `as_decoder(model)` once and read it through these, and a
+quantized linear `as_stored(layer)`."""
 
 from __future__ import annotations
 
@@ -47,6 +48,25 @@ class Decoder(Protocol):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
     def get_submodule(self, target: str) -> nn.Module: ...
+
+
+class StoredLayer(Protocol):
+    """A linear held in a reduced-precision format (quant/'s modules): its shape, bias and
+    the float weights it computes with."""
+
+    @property
+    def in_features(self) -> int: ...
+    @property
+    def out_features(self) -> int: ...
+    @property
+    def bias(self) -> torch.Tensor | None: ...
+
+    def dequantized_weight(self) -> torch.Tensor: ...
+
+
+def as_stored(layer: nn.Module) -> StoredLayer:
+    """`layer`, one of quant/'s linear modules, read through the StoredLayer Protocol."""
+    return cast(StoredLayer, layer)
 
 
 def as_decoder(model: nn.Module) -> Decoder:

@@ -23,6 +23,7 @@ from torch import nn
 
 from batchrun.models.weights.gguf_weights import read_header, unpermute
 from batchrun.models.weights.loader import GGUF_SOURCE as SOURCE_FILE  # the .gguf a converted folder came from
+from batchrun.models.quant.decoder import as_decoder, as_stored
 from batchrun.models.quant import gguf_blocks as blocks
 from batchrun.models.quant.gguf_blocks import Groups
 
@@ -121,15 +122,15 @@ class StackedLinear(nn.Module):
     def __init__(self, parts: list[nn.Module]):
         super().__init__()
         self.parts = nn.ModuleList(parts)
-        self.out_features = sum(p.out_features for p in parts)
-        self.in_features = parts[0].in_features
+        self.out_features = sum(as_stored(p).out_features for p in parts)
+        self.in_features = as_stored(parts[0]).in_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([p(x) for p in self.parts], dim=-1)
 
     def dequantized_weight(self) -> torch.Tensor:
         return torch.cat([p.weight.detach().float() if isinstance(p, nn.Linear)
-                          else p.dequantized_weight().float() for p in self.parts])
+                          else as_stored(p).dequantized_weight().float() for p in self.parts])
 
 
 def family_of(kind: int) -> str:
@@ -270,7 +271,7 @@ def load_linears(model: torch.nn.Module, path: Path, method: str) -> set[str]:
 
     gguf = GgufLinears(path)
     covered: set[str] = set()
-    for i, layer in enumerate(model.layers):
+    for i, layer in enumerate(as_decoder(model).layers):
         for fused, parts in _FUSED.items():
             parent = layer.self_attn if fused in ("qkv_proj", "o_proj") else layer.mlp
             if not isinstance(getattr(parent, fused, None), nn.Linear) or not _kept(gguf, i, parts):

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from batchrun.engine.kernels.ops import CpuKernels
 from batchrun.models.quant import cpu
 
 # Up to this many rows the kernel beats dequantize + GEMM (benchmarks/grouped_int8.py, one
@@ -34,7 +35,7 @@ class GroupedInt8Linear(nn.Module):
         self.scale = scale.float().contiguous()
         self.minimum = None if minimum is None else minimum.float().contiguous()
         self.bias = None if bias is None else bias.detach().float()
-        self.kernels = None  # the CPU kernel library, once built (int8_linear.attach_kernels)
+        self.kernels: CpuKernels | None = None  # the CPU kernel library, once built (int8_linear.attach_kernels)
 
     @staticmethod
     def nbytes(out_features: int, in_features: int, group: int = 32, has_min: bool = True) -> int:
@@ -55,6 +56,7 @@ class GroupedInt8Linear(nn.Module):
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
     def kernel_forward(self, x2: torch.Tensor) -> torch.Tensor:
+        assert self.kernels is not None  # forward calls it only then
         return self.kernels.grouped_int8_linear(x2, self.qweight, self.scale, self.minimum,
                                                 self.group)
 
