@@ -15,6 +15,15 @@ from pathlib import Path
 from typing import Any
 
 
+# What DevTools answers an evaluation that a navigation overtook (a click's new page loading).
+NAVIGATED = ("Inspected target navigated or closed", "Execution context was destroyed",
+             "Cannot find context with specified id")
+
+
+class NavigatedAway(Exception):
+    """The page navigated while a call was in flight: the call means nothing, ask again."""
+
+
 def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which(
         "google-chrome")
@@ -64,12 +73,18 @@ class Browser:
         while True:
             message = await self.ws.receive_json()
             if message.get("id") == self.ids:
+                error = message.get("error", {}).get("message", "")
+                if any(n in error for n in NAVIGATED):
+                    raise NavigatedAway(error)
                 assert "error" not in message, message["error"]
                 return message.get("result", {})
 
     async def js(self, expression: str) -> Any:
         result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True,
                                  awaitPromise=True)
+        details = json.dumps(result.get("exceptionDetails", ""))
+        if any(n in details for n in NAVIGATED):
+            raise NavigatedAway(details)
         assert "exceptionDetails" not in result, result["exceptionDetails"]
         return result["result"].get("value")
 
@@ -81,7 +96,10 @@ class Browser:
     async def wait_for(self, expression: str, timeout: float = 30) -> Any:
         deadline = time.monotonic() + timeout
         while True:
-            value = await self.js(expression)
+            try:
+                value = await self.js(expression)
+            except NavigatedAway:  # a page on its way: ask the next one
+                value = None
             if value:
                 return value
             assert time.monotonic() < deadline, f"timed out waiting for: {expression}"
