@@ -32,10 +32,10 @@ class UsageError(click.ClickException):
 
 
 def load_model(model: str | None, engine_config: Any) -> Any:
-    """batchrun.llm.load, after footprint.check_model_fits (the config's sizes, the folder's
+    """batchrun.llm.load, after memory_fit.check_model_fits (the config's sizes, the folder's
     code, the memory it needs: refused before anything is allocated); UsageError for an unknown
     model, a model folder batchrun refuses, one that does not fit, or a bad engine option."""
-    from batchrun import footprint, llm
+    from batchrun import llm, memory_fit
     from batchrun.models.weights.loader import ModelNotFoundError
     from batchrun.models.lora.adapter import LoraError
 
@@ -44,7 +44,7 @@ def load_model(model: str | None, engine_config: Any) -> Any:
 
         engine_config = EngineConfig.default()
     try:
-        footprint.check_model_fits(model, engine_config)
+        memory_fit.check_model_fits(model, engine_config)
         return llm.load(model, engine_config)
     except (ModelNotFoundError, LoraError) as exc:  # a LoraError names the adapter and its path
         raise UsageError(str(exc)) from exc

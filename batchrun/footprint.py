@@ -116,20 +116,20 @@ def tied_logits_copy_bytes(cfg, dtype: torch.dtype | str | None = None,
     """Of weights_bytes unquantized, the logits layer's packed copy of tied embeddings: the
     checkpoint and the parameter count hold that tensor once, the run twice (0 when the
     embeddings are untied, nothing is packed, or a vision-language model is held as built)."""
-    dev = _device(device)
-    dt = _dtype(dtype, dev)
+    dev = device_of(device)
+    dt = dtype_of(dtype, dev)
     if vision_language_parameters(cfg) is not None or not _packs_tied_logits(cfg, dev, dt):
         return 0
     return cfg.vocab_size * cfg.hidden_size * _elem(dt)
 
 
-def _device(device) -> torch.device:
+def device_of(device) -> torch.device:
     from batchrun.engine.devices import pick_device
 
     return device if isinstance(device, torch.device) else pick_device(str(device or "auto"))
 
 
-def _dtype(dtype, device: torch.device) -> torch.dtype:
+def dtype_of(dtype, device: torch.device) -> torch.dtype:
     from batchrun.engine.devices import pick_dtype
 
     return dtype if isinstance(dtype, torch.dtype) else pick_dtype(dtype or "auto", device)
@@ -155,15 +155,15 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
     the logits get a packed copy of them: counted, since it is memory the run holds. The RoPE
     cos/sin tables (computed, not loaded) are not weights and not counted.
     """
-    dev = _device(device)
-    dt = _dtype(dtype, dev)
+    dev = device_of(device)
+    dt = dtype_of(dtype, dev)
     whole = vision_language_parameters(cfg)
-    if quantization == "gguf" and not _native(cfg):
+    if quantization == "gguf" and not is_native(cfg):
         raise UnsupportedModelError("--quantization gguf needs the native path; this model runs "
                                     "on the transformers backend")
     if whole is not None and quantization == "none":  # held as built, in the run dtype
         return whole * _elem(dt)
-    if whole is not None or (quantization != "none" and not _native(cfg)):
+    if whole is not None or (quantization != "none" and not is_native(cfg)):
         return _backend_bytes(cfg, whole, dt, quantization)
     count = parameter_count(cfg)
     if _packs_tied_logits(cfg, dev, dt):
@@ -176,7 +176,7 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
     from batchrun.models.quant import check_checkpoint, linear_class, logits_in_bf16
 
     stored = check_checkpoint(cfg.hf_config)  # a checkpoint stored quantized: its layers' sizes
-    if stored is not None and not _native(cfg):
+    if stored is not None and not is_native(cfg):
         raise UnsupportedModelError(f"the checkpoint is stored quantized ({stored.method}), which "
                                     "loads on the native path only")
     if stored is not None and quantization == "none":
@@ -193,7 +193,7 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
 
     extra = 0
     logits = cfg.vocab_size * cfg.hidden_size
-    if quantization == "int8" and stored is None and _native(cfg) and not cfg.num_labels:
+    if quantization == "int8" and stored is None and is_native(cfg) and not cfg.num_labels:
         # calibrated: the logits layer is a smoothed int8 one (quant/smoothquant.py LOGITS)
         from batchrun.models.quant.int8_linear import Int8Linear
         from batchrun.models.quant.smoothquant import LOGITS_OUTLIERS, smoothed_bytes
@@ -220,7 +220,7 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
     return count * _elem(dt) + extra
 
 
-def _native(cfg) -> bool:
+def is_native(cfg) -> bool:
     return isinstance(cfg, ModelConfig)
 
 
@@ -275,100 +275,13 @@ def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,
     from batchrun.engine.kv_groups import kv_block_bytes
     from batchrun.engine.kv_sizing import kv_layout
 
-    dev = _device(device)
-    dt = _dtype(dtype if dtype is not None else engine_config.device.dtype, dev)
+    dev = device_of(device)
+    dt = dtype_of(dtype if dtype is not None else engine_config.device.dtype, dev)
     num_blocks, _, kv_dtype = kv_layout(engine_config, cfg, dev, dt)
     per_block = kv_block_bytes(cfg, engine_config.cache.block_size, _elem(kv_dtype),
                                4 if kv_dtype == torch.int8 else 0)
     scales = 2 * 4 * cfg.num_layers if kv_dtype.is_floating_point and kv_dtype.itemsize == 1 else 0
     return num_blocks, (num_blocks + 1) * per_block + scales
-
-
-class WontFitError(UnsupportedModelError):
-    """The model needs more memory than the machine has available (check_fits)."""
-
-
-def rope_table_bytes(cfg) -> int:
-    """A native model's float32 RoPE cos/sin tables (models/layers/rope.py: every position up
-    to max_position_embeddings), a pair per kind of layer; 0 on the transformers backend, which
-    computes them per step."""
-    if not _native(cfg):
-        return 0
-    kinds = len(set(getattr(cfg, "layer_types", None) or [None]))
-    return kinds * 2 * cfg.max_position_embeddings * cfg.head_dim * 4
-
-
-def available_memory(device: torch.device) -> int:
-    """Bytes a load may still take: the GPU's free memory, or the machine's available RAM."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    import psutil
-
-    return psutil.virtual_memory().available
-
-
-def check_fits(cfg, engine_config: EngineConfig, model: str | None = None,
-               available: int | None = None) -> None:
-    """WontFitError when the weights of `cfg`'s model as `engine_config` loads it, its RoPE
-    tables and a KV cache whose size the options fix (--kv-cache-memory; otherwise the engine
-    sizes the cache from what is free after the load) need more than `available` (default:
-    available_memory): said before anything is allocated. `model`: the spec `cfg` was read from
-    (under --quantization gguf, its .gguf file's blocks are counted)."""
-    dev = _device(engine_config.device.device)
-    device = engine_config.device
-    parts = [("its RoPE tables", rope_table_bytes(cfg), "")]
-    cache = engine_config.cache
-    if cache.kv_cache_memory is not None or cache.num_blocks is not None:
-        parts.append(("the KV cache", kv_reservation(engine_config, cfg, dev)[1],
-                      "--kv-cache-memory"))
-    have = available_memory(dev) if available is None else available
-    if _native(cfg) and native_bytes_bound(cfg) + sum(n for _, n, _ in parts) <= have:
-        return  # it fits even so: no exact count (transformers' meta model, for an MoE)
-    gguf = None
-    if device.quantization == "gguf":
-        from batchrun.models.config.spec_config import gguf_file
-
-        gguf = gguf_file(model)
-    weights = weights_bytes(cfg, device.dtype, dev, device.quantization, gguf=gguf)
-    parts.insert(0, ("its weights", weights,
-                     f"{_dtype(device.dtype, dev)}".removeprefix("torch.")))
-    need = sum(n for _, n, _ in parts)
-    if need > have:
-        shown = ", ".join(f"{what} {_gib(n)}" + (f" ({note})" if note else "")
-                          for what, n, note in parts if n >= need // 100)
-        where = f"{dev} has" if dev.type == "cuda" else "this machine has"
-        raise WontFitError(f"the model will not fit in memory: {shown}; {where} "
-                           f"{_gib(have)} available (a smaller --dtype or "
-                           "--quantization holds the weights in less)")
-
-
-def native_bytes_bound(cfg) -> int:
-    """More bytes than a native model's weights take in any dtype and quantization, from its
-    config alone (weights_bytes counts a native MoE's experts on transformers' model, a few
-    seconds of imports a load of one that plainly fits need not wait for): every projection,
-    embedding, expert and norm counted in float32, with half as much again for what this
-    leaves out (biases, routers, a packed copy of tied embeddings, quantization scales)."""
-    from batchrun.models.transformers.check import expert_counts
-
-    hf = cfg.hf_config
-    h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    experts, _ = expert_counts(hf)
-    expert_width = getattr(hf, "moe_intermediate_size", None) or cfg.intermediate_size
-    shared_width = getattr(hf, "shared_expert_intermediate_size", None) or 0
-    layer = (h * (2 * q + 2 * kv) + 3 * h * (cfg.intermediate_size + shared_width)
-             + 3 * h * expert_width * experts + h * experts + 4 * h)
-    return 6 * (2 * cfg.vocab_size * h + cfg.num_layers * layer + h)
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
-
-
-def check_model_fits(model: str | None, engine_config: EngineConfig) -> None:
-    """check_fits for `model` (as model_config_for reads it, under `engine_config`'s
-    --model-impl and --trust-remote-code): what a load calls before it allocates."""
-    cfg = model_config_for(model, engine_config.model_impl, engine_config.trust_remote_code)
-    check_fits(cfg, engine_config, model)
 
 
 def model_config_for(model: str | None, impl: str = "auto", trust_remote_code: bool = False):

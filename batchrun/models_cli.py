@@ -68,11 +68,11 @@ def check_cmd(model: str, trust_remote_code: bool | None) -> None:
 def _wont_fit(model: str, engine: EngineConfig) -> str | None:
     """Why `model` will not fit this machine's memory as `run` would load it by default (None:
     it fits, or no path runs it, which check reports)."""
-    from batchrun import footprint
+    from batchrun import memory_fit
 
     try:
-        footprint.check_model_fits(model, engine)
-    except footprint.WontFitError as exc:
+        memory_fit.check_model_fits(model, engine)
+    except memory_fit.WontFitError as exc:
         return str(exc)
     except ValueError:  # no path runs it (unsupported, a quantization it cannot read)
         pass  # check says why

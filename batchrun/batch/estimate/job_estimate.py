@@ -158,13 +158,13 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     this machine that did enough work, confidence.calibrating_runs, else the micro-benchmark),
     last-run (fail over to the benchmark with a note), benchmark."""
     from batchrun.batch.estimate import calibrate, confidence, run_store, throughput
-    from batchrun import footprint
+    from batchrun import footprint, memory_fit
 
     spec = plan.inputs.model
     on_stage("reading the model's config and tokenizer (not its weights)")
     engine = plan.engine
     cfg = footprint.model_config_for(spec, engine.model_impl, engine.trust_remote_code)
-    footprint.check_fits(cfg, engine, spec)  # WontFitError before a calibration allocates
+    memory_fit.check_fits(cfg, engine, spec)  # WontFitError before a calibration allocates
     model = tokenizer_model(spec, engine.max_model_len, engine.trust_remote_code)
     blocks, kv_bytes = footprint.kv_reservation(engine, cfg)
     groups = kv_groups(cfg)

@@ -7,7 +7,7 @@ same way (ModelFolderError naming the file and the field; exit 2).
 The upper bounds are far above any released model (hidden 18432, 126 layers, 128 heads, a
 262144-token vocabulary, 10M positions) and low enough that counting parameters or building the
 model on the meta device stays quick; whether a model in range fits the machine is
-footprint.check_fits's question.
+memory_fit.check_fits's question.
 """
 
 from __future__ import annotations
