@@ -155,64 +155,45 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
     the logits get a packed copy of them: counted, since it is memory the run holds. The RoPE
     cos/sin tables (computed, not loaded) are not weights and not counted.
     """
+    from batchrun.models.quant.precision import Precision
+
     dev = device_of(device)
     dt = dtype_of(dtype, dev)
     whole = vision_language_parameters(cfg)
-    if quantization == "gguf" and not is_native(cfg):
-        raise UnsupportedModelError("--quantization gguf needs the native path; this model runs "
-                                    "on the transformers backend")
-    if whole is not None and quantization == "none":  # held as built, in the run dtype
+    precision = Precision.of(cfg.hf_config, quantization)  # a stored checkpoint: its layers' sizes
+    how = precision.method
+    if not is_native(cfg) and not how.on_backend:
+        raise UnsupportedModelError(f"--quantization {how.name} needs the native path; this "
+                                    "model runs on the transformers backend")
+    if whole is not None and not how.quantizes:  # held as built, in the run dtype
         return whole * _elem(dt)
-    if whole is not None or (quantization != "none" and not is_native(cfg)):
-        return _backend_bytes(cfg, whole, dt, quantization)
+    if precision.stored is not None and not is_native(cfg) and whole is None:
+        raise UnsupportedModelError(f"the checkpoint is stored quantized ({precision.stored.method}), "
+                                    "which loads on the native path only")
+    if whole is not None or (how.quantizes and not is_native(cfg)):
+        return _backend_bytes(cfg, whole, dt, precision)
     count = parameter_count(cfg)
     if _packs_tied_logits(cfg, dev, dt):
         count += cfg.vocab_size * cfg.hidden_size
-    if quantization == "gguf" and gguf is not None:
+    if how.needs_gguf and gguf is not None:
         from batchrun.models.quant.gguf import kept_bytes
 
         weights, kept = kept_bytes(gguf)
         return (count - weights) * _elem(dt) + kept
-    from batchrun.models.quant import check_checkpoint, linear_class, logits_in_bf16
-
-    stored = check_checkpoint(cfg.hf_config)  # a checkpoint stored quantized: its layers' sizes
-    if stored is not None and not is_native(cfg):
-        raise UnsupportedModelError(f"the checkpoint is stored quantized ({stored.method}), which "
-                                    "loads on the native path only")
-    if stored is not None and quantization == "none":
-        extra = 0  # the linears and the routed experts (quant/experts.py) at the format's size
-        shapes = Counter(_routed_expert_shapes(cfg))
-        if stored.holds == "linears":
-            shapes += Counter(quantized_linear_shapes(cfg))
-        for (out_features, in_features), n in shapes.items():
-            count -= out_features * in_features * n
-            extra += stored.nbytes(out_features, in_features) * n
-        return count * _elem(dt) + extra
-    if quantization in ("none", "gguf"):  # gguf without its file: counted as float
-        return count * _elem(dt)
-
+    if not precision.has_quantized_layers or (how.needs_gguf and precision.stored is None):
+        return count * _elem(dt)  # float; gguf without its file: counted as float
     extra = 0
-    logits = cfg.vocab_size * cfg.hidden_size
-    if quantization == "int8" and stored is None and is_native(cfg) and not cfg.num_labels:
-        # calibrated: the logits layer is a smoothed int8 one (quant/smoothquant.py LOGITS)
-        from batchrun.models.quant.int8_linear import Int8Linear
-        from batchrun.models.quant.smoothquant import LOGITS_OUTLIERS, smoothed_bytes
-
-        logits_bytes: int | None = (Int8Linear.nbytes(cfg.vocab_size, cfg.hidden_size)
-                        + smoothed_bytes(cfg.vocab_size, cfg.hidden_size, LOGITS_OUTLIERS))
-    else:
-        logits_bytes = logits * 2 if logits_in_bf16(quantization) else None  # bfloat16
-    if logits_bytes is not None:  # in place of a dt copy of the logits matrix
-        if not cfg.tie_word_embeddings or _packs_tied_logits(cfg, dev, dt):
-            count -= logits
-        extra += logits_bytes
-    shapes = Counter(quantized_linear_shapes(cfg))
-    if stored is not None:  # a stored checkpoint's experts, requantized layer by layer too
-        shapes += Counter(_routed_expert_shapes(cfg))
+    if how.quantizes:
+        count, extra = _logits_layer(cfg, precision, dev, dt, count)
+    # the linears (unless a format stores only experts) and the routed experts (quant/experts.py)
+    # of a stored checkpoint, as stored or requantized; a float one's linears
+    shapes = Counter(_routed_expert_shapes(cfg)) if precision.stored is not None else Counter()
+    if precision.stored is None or precision.stored.holds == "linears" or how.quantizes:
+        shapes += Counter(quantized_linear_shapes(cfg))
     for (out_features, in_features), n in shapes.items():
         count -= out_features * in_features * n
-        extra += linear_class(quantization).nbytes(out_features, in_features) * n
-    if quantization == "int8" and stored is None:  # calibrated smoothing, float outlier channels
+        extra += precision.layer_bytes(out_features, in_features) * n
+    if precision.calibrated:  # calibrated smoothing, float outlier channels
         from batchrun.models.quant.smoothquant import smoothed_bytes
 
         smoothed = quantized_linear_shapes(cfg, smoothed=True)
@@ -220,21 +201,51 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
     return count * _elem(dt) + extra
 
 
+def _logits_layer(cfg, precision, dev: torch.device, dt: torch.dtype, count: int) -> tuple[int, int]:
+    """(parameters counted in `dt`, extra bytes) once a quantizing method holds the logits layer
+    its own way: calibrated int8's smoothed int8 layer (quant/smoothquant.py LOGITS), or an
+    uncalibrated int8's bfloat16 one (Method.logits_in_bf16); else as counted."""
+    logits = cfg.vocab_size * cfg.hidden_size
+    if precision.calibrated and not cfg.num_labels:
+        from batchrun.models.quant.int8_linear import Int8Linear
+        from batchrun.models.quant.smoothquant import LOGITS_OUTLIERS, smoothed_bytes
+
+        held = (Int8Linear.nbytes(cfg.vocab_size, cfg.hidden_size)
+                + smoothed_bytes(cfg.vocab_size, cfg.hidden_size, LOGITS_OUTLIERS))
+    elif precision.method.logits_in_bf16():
+        held = logits * 2  # bfloat16
+    else:
+        return count, 0
+    if not cfg.tie_word_embeddings or _packs_tied_logits(cfg, dev, dt):
+        count -= logits  # in place of a dt copy of the logits matrix
+    return count, held
+
+
+def kv_layout_of(engine_config: EngineConfig, cfg, device: torch.device, dtype: torch.dtype):
+    """engine/kv_sizing.py's kv_layout, --kv-cache-dtype auto as the --quantization method means it."""
+    from batchrun.engine.kv_sizing import kv_layout
+    from batchrun.models.quant import method
+
+    auto = method(engine_config.device.quantization).default_kv_dtype(dtype)
+    return kv_layout(engine_config, cfg, device, dtype, auto)
+
+
 def is_native(cfg) -> bool:
     return isinstance(cfg, ModelConfig)
 
 
-def _backend_bytes(cfg, whole: int | None, dt: torch.dtype, quantization: str) -> int:
+def _backend_bytes(cfg, whole: int | None, dt: torch.dtype, precision) -> int:
     """weights_bytes of a transformers-backend model under --quantization: its decoder's linears
     at the method's size (models/transformers/quantized.py), the rest in `dt` (a vision-language
     model's `whole` parameters as built; a text model's as unquantized)."""
-    from batchrun.models.quant import linear_class
     from batchrun.models.quant.smoothquant import smoothed_bytes
 
     held = whole * _elem(dt) if whole is not None else weights_bytes(cfg, dt)
+    if not precision.method.quantizes:
+        return held
     shapes = _meta_counts(cfg.hf_config)[3]
-    smoothing = smoothed_bytes if quantization == "int8" else lambda o, i: 0  # every linear's
-    return held + sum((linear_class(quantization).nbytes(o, i) + smoothing(o, i) - o * i * _elem(dt)) * n
+    smoothing = smoothed_bytes if precision.calibrated else lambda o, i: 0  # every linear's
+    return held + sum((precision.layer_bytes(o, i) + smoothing(o, i) - o * i * _elem(dt)) * n
                       for (o, i), n in shapes.items())
 
 
@@ -273,11 +284,10 @@ def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,
     token and KV head are in the blocks); on the CPU they are
     reserved, and touched (resident) only as blocks fill."""
     from batchrun.engine.kv_groups import kv_block_bytes
-    from batchrun.engine.kv_sizing import kv_layout
 
     dev = device_of(device)
     dt = dtype_of(dtype if dtype is not None else engine_config.device.dtype, dev)
-    num_blocks, _, kv_dtype = kv_layout(engine_config, cfg, dev, dt)
+    num_blocks, _, kv_dtype = kv_layout_of(engine_config, cfg, dev, dt)
     per_block = kv_block_bytes(cfg, engine_config.cache.block_size, _elem(kv_dtype),
                                4 if kv_dtype == torch.int8 else 0)
     scales = 2 * 4 * cfg.num_layers if kv_dtype.is_floating_point and kv_dtype.itemsize == 1 else 0

@@ -157,9 +157,10 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
         return build_model(module.Model, module.ModelConfig.from_hf(hf), path, device, dtype,
                            config.device.quantization, config.batch_invariant)
     native_types = ", ".join(sorted(native.NATIVE_MODULES))
-    from batchrun.models.quant import check_device, checkpoint_method
+    from batchrun.models.quant import checkpoint_method, method
 
-    check_device(config.device.quantization, device)
+    how = method(config.device.quantization)
+    how.check_device(device)
 
     stored = checkpoint_method(hf)
     if stored is not None:
@@ -168,21 +169,19 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
     from batchrun.models.transformers import model as text, vision
 
     model = (vision if vision.is_vision_language(hf) else text).load(
-        path, device, dtype, config.device.quantization, config.trust_remote_code)
+        path, device, dtype, how, config.trust_remote_code)
     phases.mark("weights (transformers backend)")
     return model
 
 
 def check_batch_invariant(config: EngineConfig, native_path: bool, native_module: str) -> None:
     """UnsupportedModelError where --batch-invariant would promise what it does not cover."""
+    from batchrun.models.quant import method
     from batchrun.models.transformers.support import UnsupportedModelError
 
     if not config.batch_invariant:
         return
-    # int8's GEMMs are exact int32 sums of per-row int8 activations, rescaled and given their
-    # outlier channels row by row: no row's numbers depend on the others'
-    quantized = config.device.quantization not in ("none", "int8")
-    beside = ("--quantization" if quantized else
+    beside = ("--quantization" if not method(config.device.quantization).batch_invariant else
               "--lora" if config.lora.adapters else
               "the transformers backend" if not native_path else
               # the experts' grouped GEMMs sum over however many rows an expert gets
@@ -199,7 +198,10 @@ def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: 
                  dtype: torch.dtype, base_names: tuple[str, ...] = ()) -> Engine:
     """The engine over `model`, with the LoRA adapters config.lora names (checked now: a bad
     one is a LoraError, a ValueError)."""
-    num_blocks, max_model_len, kv_dtype = kv_layout(config, model.config, device, dtype)
+    from batchrun.models.quant import method
+
+    auto_kv = method(config.device.quantization).default_kv_dtype(dtype)
+    num_blocks, max_model_len, kv_dtype = kv_layout(config, model.config, device, dtype, auto_kv)
     kv_scales = fp8_kv_scales(model) if kv_dtype.is_floating_point and kv_dtype.itemsize == 1 \
         else None
     adapters = None
@@ -239,21 +241,23 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
 
     from batchrun.models import quant
     from batchrun.models.layers import bf16_logits, packed_linear
-    from batchrun.models.errors import ModelFolderError, naming
-    from batchrun.models.quant import QuantizationError, check_checkpoint, check_device, cpu
+    from batchrun.models.errors import ModelFolderError
+    from batchrun.models.quant import QuantizationError, check_checkpoint, cpu
+    from batchrun.models.quant.precision import Precision
     from batchrun.models.weights.safetensors_check import named
 
-    try:
-        stored = check_checkpoint(model_cfg.hf_config, device)  # a checkpoint stored quantized
+    how = quant.method(quantization)
+    how.check_device(device)
+    try:  # a checkpoint stored quantized: its format
+        precision = Precision(how, check_checkpoint(model_cfg.hf_config, device))
     except QuantizationError as exc:
         raise QuantizationError(f"{path / 'config.json'}: {exc}") from None
-    check_device(quantization, device)
-    slow_bf16 = cpu.slow_bf16_note(dtype, device, quantization)
+    slow_bf16 = cpu.slow_bf16_note(dtype, device, how.name if how.bf16_gemms else None)
     if slow_bf16:
         logging.getLogger("batchrun").warning(slow_bf16)
-    if stored is not None and batch_invariant:
+    if precision.stored is not None and batch_invariant:
         raise QuantizationError(f"--batch-invariant does not cover a checkpoint stored quantized "
-                                f"({stored.describe()})")
+                                f"({precision.stored.describe()})")
     files = sorted(glob.glob(str(path / "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {path}")
@@ -271,24 +275,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     # before the dtype cast: the float layers and experts they replace are never touched (a
     # bfloat16 copy of a quantized MoE's float experts doubled its peak memory), and the float
     # parts they keep take the model's dtype
-    in_gguf: set[str] = set()  # tensors the quantized layers already hold (GGUF, stored quantized)
-    if stored is not None:
-        try:
-            with naming(path, f"its {stored.method} layers cannot be read"):
-                in_gguf = stored.load_linears(model, path, quantization)
-        except ModelFolderError as exc:  # the format's own refusals keep their type
-            if isinstance(exc.__cause__, QuantizationError):
-                raise QuantizationError(f"{path}: {exc.__cause__}") from exc
-            raise
-    elif quantization not in ("none", "int8"):  # int8 calibrates on the float model: below
-        from batchrun.models.quant import gguf as quant_gguf
-
-        source = quant_gguf.source_of(path)
-        if source is not None:
-            in_gguf = quant_gguf.load_linears(model, source, quantization)
-        elif quantization == "gguf":
-            raise QuantizationError("--quantization gguf keeps a GGUF checkpoint's own block "
-                                    f"formats; {path} is not a GGUF model")
+    in_gguf = precision.load_layers(model, path)  # tensors the quantized layers already hold
     model = model.to(dtype)
     if device.type != "cpu" or dtype != torch.float32:  # float32 tables computed on the CPU
         model.rope = type(model.rope)(model_cfg).to(device)
@@ -317,7 +304,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
         raise ModelFolderError(f"{reading[0]}: {detail}") from exc
     model.checkpoint = (path, [Path(f) for f in files])  # what calibrations key their caches by
     gate = None  # int8's load gate (models/quant/gate.py): the float model's choices first
-    if quantization == "int8" and stored is None:  # a stored checkpoint's layers: requantized plain
+    if precision.calibrated:  # a stored checkpoint's layers: requantized plain
         from batchrun.models.quant.gate import Gate
         from batchrun.models.quant.smoothquant import has_logits_layer, prepare_int8
 
@@ -327,7 +314,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
         phases.mark("weights (load) and int8 calibration (cached after the first load)")
     pack_float = device.type == "cpu" and packed_linear.available(dtype)
     float32_logits = kernels is not None and dtype == torch.bfloat16  # models/layers/bf16_logits.py
-    if pack_float or quantization != "none" or batch_invariant or float32_logits:
+    if pack_float or how.quantizes or batch_invariant or float32_logits:
         if model.lm_head is None and not model.num_labels:
             # a linear (packed) over the tied embeddings for the logits (a classifier has none)
             model.lm_head = torch.nn.Linear(model_cfg.hidden_size, model_cfg.vocab_size, bias=False,
@@ -335,7 +322,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
             model.lm_head.weight = model.embed_tokens.weight
         if float32_logits:
             bf16_logits.use_float32_logits(model)
-        quant.replace_linears(model, quantization, pack_float)
+        quant.replace_linears(model, how, pack_float)
     if batch_invariant:
         from batchrun.models.layers.fixed_rows import fix_rows
 
@@ -344,7 +331,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     if kernels is not None:
         model.cpu_kernels = kernels.result()
         bf16_logits.attach(model, model.cpu_kernels, packed_linear.PackedLinear)
-        if quantization != "none" or stored is not None:
+        if precision.has_quantized_layers:
             from batchrun.models.quant.int8_linear import attach_kernels
 
             attach_kernels(model, model.cpu_kernels)

@@ -52,8 +52,10 @@ def check_fits(cfg, engine_config: EngineConfig, model: str | None = None,
     have = available_memory(dev) if available is None else available
     if footprint.is_native(cfg) and native_bytes_bound(cfg) + sum(n for _, n, _ in parts) <= have:
         return  # it fits even so: no exact count (transformers' meta model, for an MoE)
+    from batchrun.models.quant import method
+
     gguf = None
-    if device.quantization == "gguf":
+    if method(device.quantization).needs_gguf:
         from batchrun.models.config.spec_config import gguf_file
 
         gguf = gguf_file(model)

@@ -12,22 +12,21 @@ from batchrun.options.engine import EngineConfig
 CPU_DEFAULT_KV_BYTES = 4 << 30
 
 
-def kv_layout(config: EngineConfig, model_cfg, device: torch.device,
-              dtype: torch.dtype) -> tuple[int, int, torch.dtype]:
-    """(KV blocks, max_model_len, KV dtype) of the engine build_engine makes; needs no weights."""
+def kv_layout(config: EngineConfig, model_cfg, device: torch.device, dtype: torch.dtype,
+              auto: torch.dtype | None = None) -> tuple[int, int, torch.dtype]:
+    """(KV blocks, max_model_len, KV dtype) of the engine build_engine makes; needs no weights.
+    `auto`: the KV dtype --kv-cache-dtype auto means (the model's `dtype` unless the
+    --quantization method says otherwise: models/quant/methods.py default_kv_dtype)."""
     max_model_len = min(config.max_model_len or model_cfg.max_position_embeddings,
                         model_cfg.max_position_embeddings)
-    kv_dtype = kv_dtype_of(config.cache.kv_cache_dtype, device, dtype, config.device.quantization)
+    kv_dtype = kv_dtype_of(config.cache.kv_cache_dtype, device, dtype, auto)
     return kv_blocks_for(config, model_cfg, device, kv_dtype, max_model_len), max_model_len, kv_dtype
 
 
 def kv_dtype_of(name: str, device: torch.device, dtype: torch.dtype,
-                quantization: str = "none") -> torch.dtype:
-    """The KV cache's element type for --kv-cache-dtype `name`. auto: the model's `dtype`, and
-    bfloat16 under --quantization int8 (as a W8A8 model runs in vLLM, whose activations are
-    16-bit): over benchmarks/quality.py's 16 windows read through the cache (chunks of 16
-    tokens) int8 with a bfloat16 cache agreed with float32 on 97.40% of next tokens against
-    97.38% with a float32 one, and decode attention reads half the bytes."""
+                auto: torch.dtype | None = None) -> torch.dtype:
+    """The KV cache's element type for --kv-cache-dtype `name`; auto: `auto`, else the model's
+    `dtype`."""
     from batchrun.engine.attention.fp8_kv import NAMES as FP8_NAMES
 
     if name in FP8_NAMES or name == "int8":
@@ -36,7 +35,7 @@ def kv_dtype_of(name: str, device: torch.device, dtype: torch.dtype,
                              "kernel reads 16- and 32-bit caches); use bfloat16 or float16 there")
         return FP8_NAMES.get(name, torch.int8)
     if name == "auto":
-        return torch.bfloat16 if quantization == "int8" and dtype == torch.float32 else dtype
+        return dtype if auto is None else auto
     return pick_dtype(name, device)
 
 

@@ -4,7 +4,7 @@ weights, per layer on random data, and end to end on tiny random models."""
 import pytest
 import torch
 
-from batchrun.models.quant import QuantizationError, check_checkpoint, check_device, cpu, linear_class, quantize_linears
+from batchrun.models.quant import METHODS, QuantizationError, check_checkpoint, cpu, method, quantize_linears
 from batchrun.engine.kernels.ops import quantize_rows
 from batchrun.models.quant.int4_linear import Int4WeightLinear, pack, quantize_groups, unpack
 from batchrun.models.quant.int8_linear import Int8Linear, Int8WeightLinear, quantize_per_channel
@@ -109,17 +109,36 @@ def test_quantize_linears_keeps_the_logits_layer_in_float():
     model.block = torch.nn.Module()
     model.block.proj = torch.nn.Linear(32, 64)
     model.lm_head = torch.nn.Linear(32, 100, bias=False)
-    assert quantize_linears(model, "int4-weight") == 1
+    assert quantize_linears(model, method("int4-weight")) == 1
     assert isinstance(model.block.proj, Int4WeightLinear)
     assert isinstance(model.lm_head, torch.nn.Linear)
 
 
 def test_unknown_method_and_non_cpu_devices_are_refused():
     with pytest.raises(QuantizationError, match="unknown quantization 'int3'"):
-        linear_class("int3")
+        method("int3")
     with pytest.raises(QuantizationError, match="'int8' runs on the CPU only"):
-        check_device("int8", torch.device("cuda"))
-    check_device("none", torch.device("cuda"))
+        method("int8").check_device(torch.device("cuda"))
+    method("none").check_device(torch.device("cuda"))
+    with pytest.raises(QuantizationError, match="no linear layer of its own"):
+        method("gguf").linear_class()
+
+
+def test_every_option_value_is_a_method_with_its_layer():
+    """The option's choices (options/engine.py) and the methods (models/quant/methods.py) are
+    the same set; each method with a layer names a class that builds and sizes one."""
+    import typing
+
+    from batchrun.options.engine import DeviceConfig
+
+    choices = typing.get_args(DeviceConfig.model_fields["quantization"].annotation)
+    assert set(choices) == set(METHODS)
+    w = torch.randn(64, 64)
+    for how in METHODS.values():
+        if how.linear is not None:
+            layer = how.linear_class()(w, None)
+            assert layer(torch.randn(3, 64)).shape == (3, 64)
+            assert how.linear_class().nbytes(64, 64) > 0
 
 
 def test_int4_refuses_input_sizes_its_groups_do_not_divide():

@@ -112,11 +112,15 @@ def test_cuda_refuses_fp8_by_name():
 
 def test_int8_quantization_defaults_to_a_bfloat16_cache():
     from batchrun.engine.kv_sizing import kv_dtype_of
+    from batchrun.models.quant import method
 
     cpu = torch.device("cpu")
-    assert kv_dtype_of("auto", cpu, torch.float32, "int8") == torch.bfloat16
-    assert kv_dtype_of("float32", cpu, torch.float32, "int8") == torch.float32  # asked for: kept
-    assert kv_dtype_of("auto", cpu, torch.float32, "int8-weight") == torch.float32
+    int8 = method("int8").default_kv_dtype(torch.float32)
+    assert int8 == torch.bfloat16
+    assert kv_dtype_of("auto", cpu, torch.float32, int8) == torch.bfloat16
+    assert kv_dtype_of("float32", cpu, torch.float32, int8) == torch.float32  # asked for: kept
+    assert method("int8-weight").default_kv_dtype(torch.float32) == torch.float32
+    assert method("int8").default_kv_dtype(torch.bfloat16) == torch.bfloat16
     assert kv_dtype_of("auto", cpu, torch.float32) == torch.float32
 
 

@@ -45,7 +45,8 @@ def _bench_model(model_cfg, layers: int, device, dtype, quantization: str = "non
     model = model.to_empty(device=device).to(dtype)
     model.rope = type(model.rope)(cfg).to(device)
     _randomise(model, device)
-    if quantization == "int8":  # as a calibrated load's layers (smoothed, outlier channels, int8 logits)
+    how = quant.method(quantization)
+    if how.calibrates:  # as a calibrated load's layers (smoothed, outlier channels, int8 logits)
         from batchrun.models.quant import smoothquant
 
         maxima = {n: torch.ones(lin.in_features) for n, (lin, _) in smoothquant.targets(model).items()}
@@ -56,20 +57,20 @@ def _bench_model(model_cfg, layers: int, device, dtype, quantization: str = "non
     pack_float = device.type == "cpu" and packed_linear.available(dtype)
     cpu_kernels = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
     float32_logits = cpu_kernels and dtype == torch.bfloat16
-    if pack_float or quantization != "none" or float32_logits:
+    if pack_float or how.quantizes or float32_logits:
         if model.lm_head is None:
             model.lm_head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device="meta")
             model.lm_head.weight = model.embed_tokens.weight
         if float32_logits:
             bf16_logits.use_float32_logits(model)
-        quant.replace_linears(model, quantization, pack_float)
+        quant.replace_linears(model, how, pack_float)
     if cpu_kernels:
         from batchrun.engine import kernels
 
         model.cpu_kernels = kernels.library(kernels.shape_flags(
             cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
         bf16_logits.attach(model, model.cpu_kernels, packed_linear.PackedLinear)
-        if quantization != "none":
+        if how.quantizes:
             from batchrun.models.quant.int8_linear import attach_kernels
 
             attach_kernels(model, model.cpu_kernels)

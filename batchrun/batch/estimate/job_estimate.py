@@ -186,16 +186,19 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     estimate = scan(plan, model, sharing, shape, share, cfg)
     if share < 1.0:
         estimate.expected_completion_tokens = shape.completion_tokens
+    from batchrun.models.quant import method
+
     quantization = engine.device.quantization
+    how = method(quantization)
     kept = None
-    if quantization == "gguf":
+    if how.needs_gguf:
         from batchrun.models.config.spec_config import gguf_file
 
         kept = gguf_file(spec)
     estimate.weights_bytes = footprint.weights_bytes(cfg, engine.device.dtype,
                                                      quantization=quantization, gguf=kept)
     estimate.weights_dtype = _dtype_name(engine, cfg)
-    if quantization == "none":
+    if not how.quantizes:
         estimate.tied_logits_copy_bytes = footprint.tied_logits_copy_bytes(
             cfg, engine.device.dtype, engine.device.device)
     estimate.kv_blocks, estimate.kv_bytes = blocks, kv_bytes
@@ -239,10 +242,8 @@ def describe_model(estimate: Estimate, cfg: Any, engine: EngineConfig, groups: A
     figures assume."""
     from batchrun import footprint
     from batchrun.engine.devices import pick_device, pick_dtype
-    from batchrun.engine.kv_sizing import kv_layout
-
     device = pick_device(engine.device.device)
-    _, _, kv_dtype = kv_layout(engine, cfg, device, pick_dtype(engine.device.dtype, device))
+    _, _, kv_dtype = footprint.kv_layout_of(engine, cfg, device, pick_dtype(engine.device.dtype, device))
     cost = footprint.compute(cfg)
     estimate.model_path = "native" if isinstance(cfg, ModelConfig) else "transformers"
     estimate.parameters, estimate.active_parameters = cost.parameters, cost.active_parameters
@@ -266,23 +267,25 @@ def describe_model(estimate: Estimate, cfg: Any, engine: EngineConfig, groups: A
 def run_key(model_name: str, engine: EngineConfig) -> str:
     """What a run's calibration is kept under (with the machine: run_store.save_run)."""
     key = f"{model_name}|{engine.device.dtype}|kv={engine.cache.kv_cache_dtype}"
+    from batchrun.models.quant import method
+
     quantization = engine.device.quantization
-    return key if quantization == "none" else f"{key}|q={quantization}"
+    return f"{key}|q={quantization}" if method(quantization).quantizes else key
 
 
 def _dtype_name(engine: EngineConfig, cfg) -> str:
     """The dtype the weights will have here (auto: float32 on the CPU, bfloat16 on CUDA), and
     the format of a checkpoint stored quantized."""
     from batchrun.engine.devices import pick_device, pick_dtype
-    from batchrun.models.quant import check_checkpoint
+    from batchrun.models.quant.precision import Precision
 
     name = str(pick_dtype(engine.device.dtype, pick_device(engine.device.device))).split(".")[-1]
-    stored = check_checkpoint(cfg.hf_config)
-    quantization = engine.device.quantization
+    precision = Precision.of(cfg.hf_config, engine.device.quantization)
+    how, stored = precision.method, precision.stored
     if stored is not None:
-        into = "" if quantization == "none" else f" requantized to {quantization}"
+        into = f" requantized to {how.name}" if how.quantizes else ""
         return f"{stored.describe()} {stored.holds}{into}, the rest {name}"
-    return name if quantization == "none" else f"{name}, {quantization} linears"
+    return f"{name}, {how.name} linears" if how.quantizes else name
 
 
 def _size(n: int) -> str:

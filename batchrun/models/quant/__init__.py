@@ -14,22 +14,23 @@
 The logits layer (lm_head, or the tied embeddings' packed copy) stays in the model's dtype,
 except under int8: calibrated (a float checkpoint) it is a smoothed int8 layer with float outlier
 channels (smoothquant.py LOGITS); uncalibrated (a stored checkpoint requantized) on a CPU with
-fast bfloat16 it is a bfloat16 GEMM (logits_in_bf16). benchmarks/quality.py measured plain int8
+fast bfloat16 it is a bfloat16 GEMM (Method.logits_in_bf16). benchmarks/quality.py measured plain int8
 logits at +0.85% perplexity for int8, and bfloat16 logits at 98.6% top-1 instead of 99.7% for
-bf16. `quantize_linears` is the one
-place a model's nn.Linear layers become quantized modules (replace_linears calls it).
+bf16. Each method is one object (methods.py: what loading, footprint and KV sizing ask of it);
+`quantize_linears` is the one place a model's nn.Linear layers become quantized modules
+(replace_linears calls it).
 """
 
 from __future__ import annotations
-
-from typing import Protocol
 
 import torch
 from torch import nn
 
 from batchrun.models.quant.errors import QuantizationError
+from batchrun.models.quant.methods import METHODS, LinearClass, Method, method
 
-METHODS = ("none", "int8", "int8-weight", "int4-weight", "gguf", "bf16")
+__all__ = ["METHODS", "LinearClass", "Method", "method", "QuantizationError"]
+
 # precision-critical: the logits (a classifier's head), and MoE routers (a rounding there switches a
 # token's experts; the experts themselves are 3-D tensors, not linears, and stay float); a linear
 # named so, or inside a module named so (a transformers model's router.layer)
@@ -39,35 +40,6 @@ KEEP_FLOAT = ("lm_head", "score", "gate", "shared_expert_gate", "router")
 def kept_float(name: str, keep: tuple[str, ...] = KEEP_FLOAT) -> bool:
     """Whether the linear at qualified `name` stays float under --quantization."""
     return any(part in keep for part in name.split("."))
-
-
-
-
-class LinearClass(Protocol):
-    """A quantized linear layer's class: made from float weights, and the bytes one holds."""
-
-    def __call__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module: ...
-
-    def nbytes(self, out_features: int, in_features: int) -> int: ...
-
-
-def linear_class(method: str) -> LinearClass:
-    from batchrun.models.quant.bf16_linear import Bf16Linear
-    from batchrun.models.quant.int4_linear import Int4WeightLinear
-    from batchrun.models.quant.int8_linear import Int8Linear, Int8WeightLinear
-
-    classes: dict[str, LinearClass] = {
-        "int8": Int8Linear, "int8-weight": Int8WeightLinear, "int4-weight": Int4WeightLinear,
-        "bf16": Bf16Linear}
-    if method not in classes:
-        raise QuantizationError(f"unknown quantization {method!r}: use one of {', '.join(METHODS)}")
-    return classes[method]
-
-
-def check_device(method: str, device: torch.device) -> None:
-    if method != "none" and device.type != "cpu":
-        raise QuantizationError(f"quantization {method!r} runs on the CPU only; on {device.type} "
-                                "use --dtype bfloat16 (or --quantization none)")
 
 
 # A checkpoint stored quantized, read in its own format: quant_method -> the module that reads it
@@ -98,14 +70,15 @@ class CheckpointFormat:
     def nbytes(self, out_features: int, in_features: int) -> int:
         return self.module.nbytes(self.config, out_features, in_features)
 
-    def load_linears(self, model: nn.Module, folder, quantization: str = "none") -> set[str]:
+    def load_linears(self, model: nn.Module, folder, how: Method = METHODS["none"]) -> set[str]:
         """The stored layers in place of the model's linears, as stored, or with a
-        `quantization` method dequantised one layer at a time and quantized by it (not exact)."""
+        --quantization method `how` dequantised one layer at a time and quantized by it (not
+        exact)."""
         from batchrun.models.quant import checkpoint
 
         from batchrun.models.quant.decoder import as_stored
 
-        make = None if quantization == "none" else linear_class(quantization)
+        make = how.linear_class() if how.quantizes else None
 
         def requantize(layer: nn.Module) -> nn.Module:
             assert make is not None
@@ -184,27 +157,15 @@ def _check_values(fmt: CheckpointFormat) -> None:
                                 f"batchrun cannot use ({type(exc).__name__}: {exc})") from None
 
 
-def logits_in_bf16(method: str) -> bool:
-    """Whether `method` computes an uncalibrated logits layer in bfloat16 (a Bf16Linear) here:
-    int8 on a CPU with fast bfloat16, where the float32 logits GEMM was half of an int8 run's
-    linear time (a calibrated int8 model's logits layer is int8 already: smoothquant.py)."""
-    from batchrun.models.quant import cpu
-
-    return method == "int8" and cpu.has_fast_bf16()
-
-
 @torch.no_grad()
-def quantize_linears(model: nn.Module, method: str, keep: tuple[str, ...] = KEEP_FLOAT,
+def quantize_linears(model: nn.Module, how: Method, keep: tuple[str, ...] = KEEP_FLOAT,
                      float_linear=None) -> int:
-    """Replace every nn.Linear of `model` not named in `keep` by `method`'s module (those in
+    """Replace every nn.Linear of `model` not named in `keep` by `how`'s module (those in
     `keep` by float_linear(weight, bias) when given); returns how many were quantized. Under
     `gguf` the quantized layers are in place already (quant/gguf.py): the rest stay float."""
-    if method == "gguf":
-        keep, make = (), None
-    else:
-        make = linear_class(method)
+    make = how.linear_class() if how.linear else None
     # the logits layer only: routers and a classifier's head stay in the model's dtype
-    logits_linear = linear_class("bf16") if logits_in_bf16(method) else float_linear
+    logits_linear = METHODS["bf16"].linear_class() if how.logits_in_bf16() else float_linear
     count = 0
     for path, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
@@ -220,11 +181,11 @@ def quantize_linears(model: nn.Module, method: str, keep: tuple[str, ...] = KEEP
     return count
 
 
-def replace_linears(model: nn.Module, method: str, pack_float: bool) -> int:
-    """The model's linears for `method`: quantized modules (the kept-float ones packed when
+def replace_linears(model: nn.Module, how: Method, pack_float: bool) -> int:
+    """The model's linears for `how`: quantized modules (the kept-float ones packed when
     pack_float), or with no method packed float linears (pack_float) or left as they are."""
     from batchrun.models.layers.packed_linear import PackedLinear, pack_linears
 
-    if method == "none":
+    if not how.quantizes:
         return pack_linears(model) if pack_float else 0
-    return quantize_linears(model, method, float_linear=PackedLinear if pack_float else None)
+    return quantize_linears(model, how, float_linear=PackedLinear if pack_float else None)

@@ -8,7 +8,6 @@ import os
 
 import torch
 
-
 # oneDNN's ONEDNN_MAX_CPU_ISA values from the first with a bfloat16 dot product (VDPBF16PS, AMX).
 ONEDNN_BF16_ISAS = ("AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX",
                     "AVX512_CORE_AMX", "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16", "ALL")
@@ -31,11 +30,12 @@ def has_fast_bf16() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
-def slow_bf16_note(dtype: torch.dtype, device: torch.device, quantization: str = "none") -> str | None:
+def slow_bf16_note(dtype: torch.dtype, device: torch.device,
+                   bf16_method: str | None = None) -> str | None:
     """What --dtype bfloat16 (or --quantization bf16) runs on here when the CPU has no bfloat16
     dot product (None where it has): GEMMs that widen bfloat16 to float32."""
     asked = "--dtype bfloat16" if dtype == torch.bfloat16 else \
-        "--quantization bf16" if quantization == "bf16" else None
+        f"--quantization {bf16_method}" if bf16_method else None
     if asked is None or device.type != "cpu" or has_fast_bf16():
         return None
     return (f"{asked} on a CPU without AVX512-BF16 or AMX (or with oneDNN capped below them by "

@@ -25,6 +25,7 @@ from batchrun.models.weights.gguf_weights import read_header, unpermute
 from batchrun.models.weights.loader import GGUF_SOURCE as SOURCE_FILE  # the .gguf a converted folder came from
 from batchrun.models.quant.decoder import as_decoder, as_stored
 from batchrun.models.quant import gguf_blocks as blocks
+from batchrun.models.quant.methods import Method
 from batchrun.models.quant.gguf_blocks import Groups
 
 FLOAT_KINDS = {0: "F32", 1: "F16", 30: "BF16"}
@@ -263,12 +264,10 @@ def kept_bytes(path: Path) -> tuple[int, int]:
 
 
 @torch.no_grad()
-def load_linears(model: torch.nn.Module, path: Path, method: str) -> set[str]:
-    """Put `method`'s layers built from the GGUF's tensors in place of every decoder layer's
+def load_linears(model: torch.nn.Module, path: Path, how: Method) -> set[str]:
+    """Put `how`'s layers built from the GGUF's tensors in place of every decoder layer's
     projections of `model` (and, under `gguf`, its routed experts: quant/experts.py); returns the
     checkpoint tensor names they stand for (which the float weights' loading then skips)."""
-    from batchrun.models.quant import linear_class
-
     gguf = GgufLinears(path)
     covered: set[str] = set()
     for i, layer in enumerate(as_decoder(model).layers):
@@ -278,15 +277,15 @@ def load_linears(model: torch.nn.Module, path: Path, method: str) -> set[str]:
                 continue  # an MoE block's MLP (its experts below), or float: see _kept
             names = [f"blk.{i}.{p}.weight" for p in parts]
             kinds = [gguf.kind(n) for n in names]
-            if method == "gguf" or (method == "int4-weight" and all(k in blocks.INT4 for k in kinds)):
+            if how.keeps_gguf(kinds):
                 module = own_format(gguf, names, parts)
             else:
                 weight = torch.cat([gguf.float_weight(n, p) for n, p in zip(names, parts)])
-                module = linear_class(method)(weight, None)
+                module = how.linear_class()(weight, None)
             setattr(parent, fused, module)
             covered.update(f"model.layers.{i}.{_HF_PARTS[p]}.weight" for p in parts)
         experts = getattr(layer.mlp, "experts", None)
-        if method == "gguf" and experts is not None and getattr(experts, "per_expert_swiglu", False) \
+        if how.needs_gguf and experts is not None and getattr(experts, "per_expert_swiglu", False) \
                 and _kept(gguf, i, _EXPERT_PARTS):
             layer.mlp.experts = own_format_experts(gguf, i, experts.num_experts)
             base = f"model.layers.{i}.mlp.experts"  # the float conversion's names, per expert or fused

@@ -19,6 +19,7 @@ from batchrun.models.layers import packed_linear
 from batchrun.models.config.classifier import classifier_labels
 from batchrun.models.transformers import attention, probe
 from batchrun.models.transformers.support import UnsupportedModelError
+from batchrun.models.quant.methods import METHODS, Method
 
 if TYPE_CHECKING:  # transformers' modelling code loads with the backend, not with this module
     from transformers import PreTrainedModel
@@ -102,7 +103,7 @@ def max_context(meta, positions: torch.Tensor) -> int:
     return int(positions.max()) + 1
 
 
-def load(path, device: torch.device, dtype: torch.dtype, quantization: str = "none",
+def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = METHODS["none"],
          trust_remote_code: bool = False) -> TransformersModel:
     """The model at `path` (safetensors, sharded or not, as transformers maps them onto its own
     modules), its decoder's linears quantized by `quantization` (quantized.py), probed for its
@@ -190,13 +191,13 @@ def config_of(cfg, shapes: dict, windows: dict) -> BackendConfig:
                             for w in (windows.get(i) for i in range(layers))))
 
 
-def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: str = "none",
+def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: Method = METHODS["none"],
          path=None) -> TransformersModel:
     """`hf` (its attention implementation set to "batchrun"; its decoder quantized by
     `quantization`, calibrated on the checkpoint at `path`) as the engine's model, after a probe
     forward over a few tokens: every layer must attend through the paged cache with one KV
     shape, and compute_logits must reproduce transformers' own logits."""
-    if quantization != "none":
+    if quantization.quantizes:
         from batchrun.models.transformers.quantized import quantize_decoder
 
         quantize_decoder(hf, quantization, path)
@@ -215,7 +216,7 @@ def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: str = "none",
     config = config_of(cfg, shapes, windows)
     model = cls(hf, config)
     probe.check_logits(model, hidden)
-    if quantization != "none":  # after the probe, whose two forwards must round alike
+    if quantization.quantizes:  # after the probe, whose two forwards must round alike
         from batchrun.engine import kernels
         from batchrun.models.quant.int8_linear import attach_kernels
 

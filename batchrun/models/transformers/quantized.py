@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from batchrun.models.transformers.support import UnsupportedModelError
+from batchrun.models.quant.methods import Method
 
 if TYPE_CHECKING:  # transformers' modelling code loads with the backend
     from transformers import PreTrainedModel
@@ -36,25 +37,23 @@ def decoder_linears(hf: PreTrainedModel) -> dict[str, nn.Linear]:
             if isinstance(m, nn.Linear) and not kept_float(name)}
 
 
-def quantize_decoder(hf: PreTrainedModel, method: str, path: Path) -> int:
+def quantize_decoder(hf: PreTrainedModel, how: Method, path: Path) -> int:
     """Quantize the decoder linears of transformers' model `hf` (loaded from `path`) by
-    `method`; how many."""
-    from batchrun.models import quant
-
-    if method == "gguf":
-        raise UnsupportedModelError("--quantization gguf keeps a GGUF's blocks on the native "
-                                    "path only; this model runs on the transformers backend")
+    `how`; how many."""
+    if not how.on_backend:
+        raise UnsupportedModelError(f"--quantization {how.name} keeps a GGUF's blocks on the "
+                                    "native path only; this model runs on the transformers backend")
     linears = decoder_linears(hf)
     if not linears:
-        raise UnsupportedModelError(f"{hf.config.model_type}: --quantization {method} found no "
+        raise UnsupportedModelError(f"{hf.config.model_type}: --quantization {how.name} found no "
                                     "linear layers in its decoder to quantize")
-    if method == "int8":
+    if how.calibrates:
         from batchrun.models.quant.smoothquant import smoothed_in_layer
 
         maxima = _calibrate(hf, linears, Path(path))
         made = {name: smoothed_in_layer(linear, maxima[name]) for name, linear in linears.items()}
     else:
-        make = quant.linear_class(method)
+        make = how.linear_class()
         made = {name: make(linear.weight.float(), linear.bias) for name, linear in linears.items()}
     for name, module in made.items():
         parent, _, child = name.rpartition(".")

@@ -20,6 +20,7 @@ import torch
 from batchrun.engine.attention.base import GroupedMetadata
 from batchrun.engine.multimodal import ImageInput, MultiModalInputs, StepImages
 from batchrun.models.transformers import attention
+from batchrun.models.quant.methods import METHODS, Method
 from batchrun.models.transformers.model import TransformersModel, max_context, wrap
 from batchrun.models.transformers.support import VISION_MODEL_TYPES, UnsupportedModelError
 
@@ -193,7 +194,7 @@ def decoder_of(hf, hf_config):
     return inner.language_model if hasattr(inner, "language_model") else inner.text_model
 
 
-def load(path, device: torch.device, dtype: torch.dtype, quantization: str = "none",
+def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = METHODS["none"],
          trust_remote_code: bool = False) -> VisionLanguageModel:
     """The vision-language model at `path`: its decoder on the "batchrun" attention, its vision
     tower on PyTorch's SDPA (the tower runs outside the engine's steps and caches)."""
