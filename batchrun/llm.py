@@ -237,14 +237,11 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     (or quantized: models/quant/), with batch_invariant run on fixed-size row slices
     (models/layers/fixed_rows.py), and, on the CPU, its C kernels, which build (once per machine)
     while the weights load."""
-    from safetensors import safe_open
-
     from batchrun.models import quant
-    from batchrun.models.layers import bf16_logits, packed_linear
-    from batchrun.models.errors import ModelFolderError
+    from batchrun.models.layers import packed_linear
     from batchrun.models.quant import QuantizationError, check_checkpoint, cpu
     from batchrun.models.quant.precision import Precision
-    from batchrun.models.weights.safetensors_check import named
+    from batchrun.models.quant.ready import attach_cpu_kernels, ready_linears, uses_float32_logits
 
     how = quant.method(quantization)
     how.check_device(device)
@@ -279,30 +276,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     model = model.to(dtype)
     if device.type != "cpu" or dtype != torch.float32:  # float32 tables computed on the CPU
         model.rope = type(model.rope)(model_cfg).to(device)
-
-    reading = [path]  # the file being read: what a weight's error names
-
-    def tensors():
-        for f in files:
-            reading[0] = f
-            with safe_open(f, framework="pt") as sf:
-                for key in sf.keys():
-                    if key in in_gguf:
-                        continue
-                    tensor = sf.get_tensor(key)
-                    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                        raise ValueError(f"weight {key!r} holds non-finite values (NaN or inf): "
-                                         "the checkpoint is damaged")
-                    yield key, tensor
-        reading[0] = named(files, path)
-
-    try:
-        model.load_weights(tensors())
-    except (ValueError, KeyError, IndexError) as exc:  # a weight the config has no place for
-        detail = exc if isinstance(exc, ValueError) else \
-            f"a weight has no place in the model its config describes ({exc!r})"
-        raise ModelFolderError(f"{reading[0]}: {detail}") from exc
-    model.checkpoint = (path, [Path(f) for f in files])  # what calibrations key their caches by
+    _load_float_weights(model, [Path(f) for f in files], path, skip=in_gguf)
     gate = None  # int8's load gate (models/quant/gate.py): the float model's choices first
     if precision.calibrated:  # a stored checkpoint's layers: requantized plain
         from batchrun.models.quant.gate import Gate
@@ -312,34 +286,51 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
             gate = Gate.before(model, [Path(f) for f in files], path)
         prepare_int8(model, [Path(f) for f in files], path)
         phases.mark("weights (load) and int8 calibration (cached after the first load)")
-    pack_float = device.type == "cpu" and packed_linear.available(dtype)
-    float32_logits = kernels is not None and dtype == torch.bfloat16  # models/layers/bf16_logits.py
-    if pack_float or how.quantizes or batch_invariant or float32_logits:
-        if model.lm_head is None and not model.num_labels:
-            # a linear (packed) over the tied embeddings for the logits (a classifier has none)
-            model.lm_head = torch.nn.Linear(model_cfg.hidden_size, model_cfg.vocab_size, bias=False,
-                                            device="meta")
-            model.lm_head.weight = model.embed_tokens.weight
-        if float32_logits:
-            bf16_logits.use_float32_logits(model)
-        quant.replace_linears(model, how, pack_float)
-    if batch_invariant:
-        from batchrun.models.layers.fixed_rows import fix_rows
-
-        fix_rows(model)
+    ready_linears(model, how, pack_float=device.type == "cpu" and packed_linear.available(dtype),
+                  float32_logits=uses_float32_logits(kernels is not None, dtype),
+                  batch_invariant=batch_invariant)
     phases.mark("weights (load, pack)")
     if kernels is not None:
-        model.cpu_kernels = kernels.result()
-        bf16_logits.attach(model, model.cpu_kernels, packed_linear.PackedLinear)
-        if precision.has_quantized_layers:
-            from batchrun.models.quant.int8_linear import attach_kernels
-
-            attach_kernels(model, model.cpu_kernels)
+        attach_cpu_kernels(model, kernels.result(), precision.has_quantized_layers)
         phases.mark("CPU kernels (built once, beside the weights)")
     if gate is not None:
         gate.judge(model.eval())
         phases.mark("int8 gate (the quantized model against the float one)")
     return model.eval()
+
+
+def _load_float_weights(model, files: list[Path], path: Path, skip: set[str]) -> None:
+    """The checkpoint's tensors (but those in `skip`, which quantized layers hold) into the
+    model; ModelFolderError naming the file for a non-finite weight or one the config has no
+    place for. Records model.checkpoint: what calibrations key their caches by."""
+    from safetensors import safe_open
+
+    from batchrun.models.errors import ModelFolderError
+    from batchrun.models.weights.safetensors_check import named
+
+    reading: list = [path]  # the file being read: what a weight's error names
+
+    def tensors():
+        for f in files:
+            reading[0] = f
+            with safe_open(f, framework="pt") as sf:
+                for key in sf.keys():
+                    if key in skip:
+                        continue
+                    tensor = sf.get_tensor(key)
+                    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                        raise ValueError(f"weight {key!r} holds non-finite values (NaN or inf): "
+                                         "the checkpoint is damaged")
+                    yield key, tensor
+        reading[0] = named([str(f) for f in files], path)
+
+    try:
+        model.load_weights(tensors())
+    except (ValueError, KeyError, IndexError) as exc:  # a weight the config has no place for
+        detail = exc if isinstance(exc, ValueError) else \
+            f"a weight has no place in the model its config describes ({exc!r})"
+        raise ModelFolderError(f"{reading[0]}: {detail}") from exc
+    model.checkpoint = (path, files)
 
 
 @functools.lru_cache(maxsize=None)

@@ -37,7 +37,8 @@ def _bench_model(model_cfg, layers: int, device, dtype, quantization: str = "non
         return _bench_backend(model_cfg, layers, device, dtype)
     from batchrun.models import quant
     from batchrun.models.arch import native
-    from batchrun.models.layers import bf16_logits, packed_linear
+    from batchrun.models.layers import packed_linear
+    from batchrun.models.quant.ready import attach_cpu_kernels, ready_linears, uses_float32_logits
 
     cfg, assumed = _bench_config(model_cfg, layers, torch.tensor([], dtype=dtype).element_size())
     with torch.device("meta"):
@@ -54,26 +55,16 @@ def _bench_model(model_cfg, layers: int, device, dtype, quantization: str = "non
             maxima[smoothquant.LOGITS] = torch.ones(cfg.hidden_size)
         smoothquant.smooth_and_quantize(model, maxima)
     # As llm.build_model does after loading the weights.
-    pack_float = device.type == "cpu" and packed_linear.available(dtype)
-    cpu_kernels = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
-    float32_logits = cpu_kernels and dtype == torch.bfloat16
-    if pack_float or how.quantizes or float32_logits:
-        if model.lm_head is None:
-            model.lm_head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device="meta")
-            model.lm_head.weight = model.embed_tokens.weight
-        if float32_logits:
-            bf16_logits.use_float32_logits(model)
-        quant.replace_linears(model, how, pack_float)
-    if cpu_kernels:
-        from batchrun.engine import kernels
+    kernels = None
+    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+        from batchrun.engine import kernels as cpu_kernels
 
-        model.cpu_kernels = kernels.library(kernels.shape_flags(
+        kernels = cpu_kernels.library(cpu_kernels.shape_flags(
             cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
-        bf16_logits.attach(model, model.cpu_kernels, packed_linear.PackedLinear)
-        if how.quantizes:
-            from batchrun.models.quant.int8_linear import attach_kernels
-
-            attach_kernels(model, model.cpu_kernels)
+    ready_linears(model, how, pack_float=device.type == "cpu" and packed_linear.available(dtype),
+                  float32_logits=uses_float32_logits(kernels is not None, dtype))
+    if kernels is not None:
+        attach_cpu_kernels(model, kernels, how.quantizes)
     return model.eval(), assumed
 
 
