@@ -238,6 +238,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     (models/layers/fixed_rows.py), and, on the CPU, its C kernels, which build (once per machine)
     while the weights load."""
     from batchrun.models import quant
+    from batchrun.models.arch import native
     from batchrun.models.layers import packed_linear
     from batchrun.models.quant import QuantizationError, check_checkpoint, cpu
     from batchrun.models.quant.precision import Precision
@@ -267,7 +268,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     # Allocated, not initialised: every parameter is overwritten by the checkpoint. (Building on
     # the meta device instead runs its ops as Python references, whose first call imports
     # torch._dynamo: half a second.)
-    with _no_init(), (contextlib.nullcontext() if device.type == "cpu" else device):
+    with native.no_init(), (contextlib.nullcontext() if device.type == "cpu" else device):
         model = cls(model_cfg)
     # before the dtype cast: the float layers and experts they replace are never touched (a
     # bfloat16 copy of a quantized MoE's float experts doubled its peak memory), and the float
@@ -345,20 +346,6 @@ def _kernels_in_background(flags: tuple[str, ...]):
     future = pool.submit(kernels.library, flags)
     pool.shutdown(wait=False)
     return future
-
-
-@contextlib.contextmanager
-def _no_init():
-    """nn.Module constructors allocate their parameters without the random initialisation."""
-    names = ("normal_", "uniform_", "kaiming_uniform_", "zeros_", "ones_", "trunc_normal_")
-    saved = {n: getattr(torch.nn.init, n) for n in names}
-    for n in names:
-        setattr(torch.nn.init, n, lambda tensor, *a, **k: tensor)
-    try:
-        yield
-    finally:
-        for n, fn in saved.items():
-            setattr(torch.nn.init, n, fn)
 
 
 def read_generation_config(path: Path) -> tuple[dict[str, Any], list[int]]:

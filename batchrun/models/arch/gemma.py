@@ -22,6 +22,7 @@ from batchrun.models.arch import llama
 from batchrun.models.config import model_config
 from batchrun.models.arch.llama import Attention, MLP, RMSNorm
 from batchrun.models.layers.rope import RotaryEmbedding, StepRope, longrope_reason
+from batchrun.models.layers.projections import LayerLayout
 
 SUPPORTED_ARCHITECTURES = {"GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"}
 GELU_TANH = {"gelu_pytorch_tanh", "gelu_tanh"}
@@ -91,6 +92,13 @@ class DecoderLayer(llama.DecoderLayer):
 class GemmaModel(llama.LlamaModel):
     layer_class = DecoderLayer
     rope_class = Ropes
+
+    def make_layout(self, cfg: model_config.ModelConfig) -> LayerLayout:
+        """Gemma 2/3's MLP reads the pre-feedforward norm (their sandwich norms)."""
+        layout = super().make_layout(cfg)
+        if cast(ModelConfig, cfg).sandwich_norms:
+            return layout.with_norm("mlp.gate_up_proj", "pre_feedforward_layernorm")
+        return layout
 
     def make_mlp(self, cfg: model_config.ModelConfig, layer: int) -> nn.Module:
         return MLP(cfg, activation="gelu_tanh")

@@ -20,6 +20,7 @@ from batchrun.engine.attention import AttentionMetadata, layer_metadata, paged_a
 from batchrun.engine.kernels import ops
 from batchrun.models.config.model_config import ModelConfig
 from batchrun.models.config.model_config import SUPPORTED_ARCHITECTURES  # noqa: F401 (native.py reads it here)
+from batchrun.models.layers.projections import LLAMA, PHI3, LayerLayout
 from batchrun.models.layers.rope import RotaryEmbedding, StepRope, longrope_reason
 from batchrun.models.weights.tensor_copy import copy_into
 
@@ -141,6 +142,11 @@ class LlamaModel(nn.Module):
         # The CPU kernels (engine/kernels/ops.py: norms, RoPE, gated activations...), set by the
         # loader when the model runs on the CPU in float32/bfloat16; None = PyTorch ops.
         self.cpu_kernels = None
+        self.layout = self.make_layout(cfg)
+
+    def make_layout(self, cfg: ModelConfig) -> LayerLayout:
+        """How the layers' linears are named (models/layers/projections.py)."""
+        return PHI3 if getattr(cfg.hf_config, "model_type", None) == "phi3" else LLAMA
 
     def make_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
         """Layer `layer`'s feed-forward block (a subclass builds MoE or GeGLU blocks here)."""
@@ -195,39 +201,30 @@ class LlamaModel(nn.Module):
         return self.score(hidden).float()
 
     def lora_targets(self):
-        """The PEFT modules of a Llama-family checkpoint as slices of our fused projections (an
-        MoE layer's experts are no linears: only its attention is a target)."""
+        """The PEFT modules of the checkpoint (self.layout's parts) as slices of our fused
+        projections; a projection a layer does not have (an MoE layer's MLP) is no target."""
         from batchrun.models.lora.targets import LoraTargets, Target
 
-        cfg = self.config
-        h, i = cfg.hidden_size, cfg.intermediate_size
-        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        qkv, gate_up = "self_attn.qkv_proj", "mlp.gate_up_proj"
-        attention = {"self_attn.q_proj": Target(qkv, 0, q, h),
-                     "self_attn.k_proj": Target(qkv, q, q + kv, h),
-                     "self_attn.v_proj": Target(qkv, q + kv, q + 2 * kv, h),
-                     "self_attn.o_proj": Target("self_attn.o_proj", 0, h, q)}
-        mlp = {"mlp.gate_proj": Target(gate_up, 0, i, h),
-               "mlp.up_proj": Target(gate_up, i, 2 * i, h),
-               "mlp.down_proj": Target("mlp.down_proj", 0, h, i)}
-        if getattr(cfg.hf_config, "model_type", None) == "phi3":
-            # Phi-3's checkpoint fuses them as we do: PEFT targets the fused linears whole.
-            attention = {"self_attn.qkv_proj": Target(qkv, 0, q + 2 * kv, h),
-                         "self_attn.o_proj": attention["self_attn.o_proj"]}
-            mlp = {"mlp.gate_up_proj": Target(gate_up, 0, 2 * i, h),
-                   "mlp.down_proj": mlp["mlp.down_proj"]}
         targets = {}
         for index, layer in enumerate(self.layers):
-            per_layer = attention | (mlp if isinstance(layer.mlp, MLP) else {})
-            targets.update({(index, path): t for path, t in per_layer.items()})
+            for p in self.layout.projections:
+                linear = _submodule(layer, p.name)  # float, packed or quantized
+                if linear is None or not hasattr(linear, "in_features"):
+                    continue
+                rows = self._rows(p, linear.out_features)
+                targets.update({(index, part): Target(p.name, start, start + n, linear.in_features)
+                                for part, (start, n) in zip(p.parts, rows)})
         return LoraTargets("model.layers", self.layers, targets)
+
+    def _rows(self, projection, total: int) -> list[tuple[int, int]]:
+        cfg = self.config
+        return projection.rows(total, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load Hugging Face checkpoint tensors, fusing q/k/v and gate/up as they arrive."""
         params = dict(self.named_parameters())
-        fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-                 "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+        stacked = self.layout.stacked()
         loaded: set[str] = set()
         for name, tensor in weights:
             name = name.removeprefix("model.")
@@ -238,11 +235,12 @@ class LlamaModel(nn.Module):
             if self.load_special(name, tensor, params, loaded):
                 continue
             parts = name.split(".")
-            if len(parts) >= 2 and parts[-2] in fused:
-                target_name, shard = fused[parts[-2]]
-                target_name = ".".join(parts[:-2] + [target_name, parts[-1]])
+            if len(parts) >= 2 and parts[-2] in stacked:  # q_proj into its sibling qkv_proj, ...
+                projection, shard = stacked[parts[-2]]
+                target_name = ".".join(parts[:-2] + [projection.name.rsplit(".", 1)[-1], parts[-1]])
                 target = params[target_name]
-                copy_into(target.narrow(0, *self._shard_range(target_name, shard)), tensor, name)
+                start, n = self._rows(projection, target.shape[0])[shard]
+                copy_into(target.narrow(0, start, n), tensor, name)
                 loaded.add(f"{target_name}#{shard}")
                 continue
             if name not in params:
@@ -258,13 +256,11 @@ class LlamaModel(nn.Module):
         """Load a tensor the generic rules do not place (a subclass's experts); True if done."""
         return False
 
-    def _shard_range(self, name: str, shard: int) -> tuple[int, int]:
-        cfg = self.config
-        if "qkv_proj" in name:
-            q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-            return [(0, q), (q, kv), (q + kv, kv)][shard]
-        half = self.get_parameter(name).shape[0] // 2  # gate/up of this MLP's own width
-        return (shard * half, half)
+def _submodule(layer: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return layer.get_submodule(path)
+    except AttributeError:
+        return None
 
 
 Model = LlamaModel

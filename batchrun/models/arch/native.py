@@ -9,6 +9,7 @@ LoRA: models/lora/targets.py) and
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from types import ModuleType
 
@@ -62,3 +63,20 @@ def architectures() -> list[str]:
     for name in set(NATIVE_MODULES.values()):
         names |= importlib.import_module(name).SUPPORTED_ARCHITECTURES
     return sorted(names)
+
+
+@contextlib.contextmanager
+def no_init():
+    """nn.Module constructors allocate their parameters without the random initialisation
+    (every parameter is then overwritten, or never touched: the meta device)."""
+    import torch
+
+    names = ("normal_", "uniform_", "kaiming_uniform_", "zeros_", "ones_", "trunc_normal_")
+    saved = {n: getattr(torch.nn.init, n) for n in names}
+    for n in names:
+        setattr(torch.nn.init, n, lambda tensor, *a, **k: tensor)
+    try:
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(torch.nn.init, n, fn)

@@ -11,6 +11,8 @@ from typing import Any, Protocol, Sequence, cast
 import torch
 from torch import nn
 
+from batchrun.models.layers.projections import LayerLayout
+
 
 class Attention(Protocol):
     @property
@@ -33,6 +35,8 @@ class Layer(Protocol):
     @property
     def post_attention_layernorm(self) -> nn.Module: ...
 
+    def get_submodule(self, target: str) -> nn.Module: ...
+
 
 class Decoder(Protocol):
     @property
@@ -41,6 +45,7 @@ class Decoder(Protocol):
     def layers(self) -> Sequence[Layer]: ...
     lm_head: nn.Module | None
     num_labels: int
+    layout: LayerLayout  # its linears' names (models/layers/projections.py)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
                  kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: Any) -> torch.Tensor: ...

@@ -25,16 +25,14 @@ from batchrun.models.weights.gguf_weights import read_header, unpermute
 from batchrun.models.weights.loader import GGUF_SOURCE as SOURCE_FILE  # the .gguf a converted folder came from
 from batchrun.models.quant.decoder import as_decoder, as_stored
 from batchrun.models.quant import gguf_blocks as blocks
+from batchrun.models.layers.projections import LLAMA
 from batchrun.models.quant.methods import Method
 from batchrun.models.quant.gguf_blocks import Groups
 
 FLOAT_KINDS = {0: "F32", 1: "F16", 30: "BF16"}
 PERMUTED_ARCHS = {"llama"}  # GGUF architectures whose q/k rows llama.cpp stores permuted
-_FUSED = {"qkv_proj": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",),
-          "gate_up_proj": ("ffn_gate", "ffn_up"), "down_proj": ("ffn_down",)}
-_HF_PARTS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-             "ffn_down": "mlp.down_proj"}
+# GGUF files hold Llama-architecture models (weights/gguf_weights.py): their projections' names
+_GGUF_PARTS = tuple(p.gguf for p in LLAMA.projections if p.gguf)
 
 
 def source_of(folder: Path) -> Path | None:
@@ -246,7 +244,7 @@ def kept_bytes(path: Path) -> tuple[int, int]:
     layers = {int(name.split(".")[1]) for name in shapes if name.startswith("blk.")}
     count = total = 0
     for i in sorted(layers):
-        groups = [parts for parts in _FUSED.values() if _kept(shapes, i, parts)]
+        groups = [parts for parts in _GGUF_PARTS if _kept(shapes, i, parts)]
         if _kept(shapes, i, _EXPERT_PARTS):
             groups.append(_EXPERT_PARTS)
         for part in (p for parts in groups for p in parts):
@@ -270,10 +268,14 @@ def load_linears(model: torch.nn.Module, path: Path, how: Method) -> set[str]:
     checkpoint tensor names they stand for (which the float weights' loading then skips)."""
     gguf = GgufLinears(path)
     covered: set[str] = set()
-    for i, layer in enumerate(as_decoder(model).layers):
-        for fused, parts in _FUSED.items():
-            parent = layer.self_attn if fused in ("qkv_proj", "o_proj") else layer.mlp
-            if not isinstance(getattr(parent, fused, None), nn.Linear) or not _kept(gguf, i, parts):
+    decoder = as_decoder(model)
+    for i, layer in enumerate(decoder.layers):
+        for projection in decoder.layout.projections:
+            parts = projection.gguf
+            path_in_layer, _, fused = projection.name.rpartition(".")
+            parent = layer.get_submodule(path_in_layer)
+            if not parts or not isinstance(getattr(parent, fused, None), nn.Linear) \
+                    or not _kept(gguf, i, parts):
                 continue  # an MoE block's MLP (its experts below), or float: see _kept
             names = [f"blk.{i}.{p}.weight" for p in parts]
             kinds = [gguf.kind(n) for n in names]
@@ -283,7 +285,7 @@ def load_linears(model: torch.nn.Module, path: Path, how: Method) -> set[str]:
                 weight = torch.cat([gguf.float_weight(n, p) for n, p in zip(names, parts)])
                 module = how.linear_class()(weight, None)
             setattr(parent, fused, module)
-            covered.update(f"model.layers.{i}.{_HF_PARTS[p]}.weight" for p in parts)
+            covered.update(f"model.layers.{i}.{p}.weight" for p in projection.parts)
         experts = getattr(layer.mlp, "experts", None)
         if how.needs_gguf and experts is not None and getattr(experts, "per_expert_swiglu", False) \
                 and _kept(gguf, i, _EXPERT_PARTS):

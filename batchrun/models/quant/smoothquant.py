@@ -43,19 +43,25 @@ LOGITS_OUTLIERS = 32  # benchmarks/quality.py: 16 gave 96.60% top-1, 32 97.06% (
 
 
 def targets(model: nn.Module) -> dict[str, tuple[nn.Linear, nn.Module | None]]:
-    """{qualified linear name: (linear, the RMSNorm whose output it reads, or None)}."""
-    found: dict[str, tuple[nn.Module, nn.Module | None]] = {}
-    for i, layer in enumerate(as_decoder(model).layers):
-        attn, mlp = layer.self_attn, layer.mlp
-        found[f"layers.{i}.self_attn.qkv_proj"] = (attn.qkv_proj, layer.input_layernorm)
-        found[f"layers.{i}.self_attn.o_proj"] = (attn.o_proj, None)
-        gate_up, down = getattr(mlp, "gate_up_proj", None), getattr(mlp, "down_proj", None)
-        if isinstance(gate_up, nn.Linear) and isinstance(down, nn.Linear):
-            norm = getattr(layer, "pre_feedforward_layernorm", None) or layer.post_attention_layernorm
-            found[f"layers.{i}.mlp.gate_up_proj"] = (gate_up, norm)
-            found[f"layers.{i}.mlp.down_proj"] = (down, None)
-    return {name: (linear, norm) for name, (linear, norm) in found.items()
-            if isinstance(linear, nn.Linear)}
+    """{qualified linear name: (linear, the RMSNorm whose output it reads, or None)}: each
+    layer's projections as the model's layout declares them (models/layers/projections.py) that
+    are plain linears (an MoE layer's experts are not)."""
+    decoder = as_decoder(model)
+    found: dict[str, tuple[nn.Linear, nn.Module | None]] = {}
+    for i, layer in enumerate(decoder.layers):
+        for p in decoder.layout.projections:
+            linear = _submodule(layer, p.name)
+            if isinstance(linear, nn.Linear):
+                norm = None if p.norm is None else _submodule(layer, p.norm)
+                found[f"layers.{i}.{p.name}"] = (linear, norm)
+    return found
+
+
+def _submodule(layer, path: str) -> nn.Module | None:
+    try:
+        return layer.get_submodule(path)
+    except AttributeError:
+        return None
 
 
 def smoothed_bytes(out_features: int, in_features: int, outliers: int = OUTLIERS) -> int:
