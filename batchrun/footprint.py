@@ -399,9 +399,10 @@ def tokenizer_model(spec: str | None, max_model_len: int | None = None,
     defaults, _ = read_generation_config(files.path)
     processor = None
     if config.get("vision_config") is not None:  # renders image lines as the run would
-        from batchrun.models.transformers.processor import load_processor
+        from batchrun.models.transformers.processor import load_processor, processor_class
 
-        processor = load_processor(files.path, trust_remote_code)
+        if processor_class(files.path) is not None:  # without one: a text model, as in run
+            processor = load_processor(files.path, trust_remote_code)
     return TokenizerModel(load_tokenizer(files.path, trust_remote_code), files.name,
                           tuple(files.aliases), max_model_len=context, generation_defaults=defaults,
                           hidden_size=config.get("hidden_size"), processor=processor,

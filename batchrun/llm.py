@@ -131,9 +131,13 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
     phases.mark("engine (KV cache)")
     processor = None
     if isinstance(model, TakesImages):
-        from batchrun.models.transformers.processor import load_processor
+        from batchrun.models.transformers.processor import load_processor, processor_class
 
-        processor = load_processor(path, trusted)
+        if processor_class(path) is not None:  # without one it runs as a text model
+            processor = load_processor(path, trusted)
+        else:
+            logging.getLogger("batchrun").warning(
+                "%s saves no processor: it runs as a text model (image parts refused)", path)
     return LoadedModel(engine, tokenizer, name, tuple(aliases), gen_defaults, path,
                        adapters=tuple(config.lora.adapters), processor=processor)
 

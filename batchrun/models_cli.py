@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from batchrun.commandkit import UsageError
@@ -50,13 +52,20 @@ def check_cmd(model: str, trust_remote_code: bool | None) -> None:
     try:
         hf = config_for(model, engine.trust_remote_code)
         too_big = _wont_fit(model, engine)
-        report = refused(hf, too_big) if too_big else check(hf)
+        folder = Path(model).expanduser()
+        report = refused(hf, too_big) if too_big else check(hf, folder if folder.is_dir() else None)
     except (ModelNotFoundError, ModelFolderError) as exc:  # a usage error, as `run` has it
         raise UsageError(str(exc)) from exc
+    except Exception as exc:  # noqa: BLE001 - a config this check does not know how to read
+        raise click.ClickException(f"models check could not read {model}'s config: "
+                                   f"{type(exc).__name__}: {exc}; `batchrun run` decides at load")
     for line in describe(model, report):
         click.echo(line)
     if report.impl != "refused":
-        click.echo(_held(model, engine.trust_remote_code))
+        try:
+            click.echo(_held(model, engine.trust_remote_code))
+        except Exception as exc:  # noqa: BLE001 - the sizes are a note; the path is the verdict
+            click.echo(f"weights held when run here: unknown ({type(exc).__name__}: {exc})")
     if report.impl == "native":
         kept = _kept_quantized(model)
         if kept:

@@ -62,6 +62,11 @@ BACKEND_ARCHS = {
         "moe_intermediate_size": 64, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", {
         "head_dim": 32, "intermediate_size": 128, **_MOE, **_SWA}),
+    # MoE whose modelling code uses its router linear as more than a linear: PhiMoE's router is
+    # an nn.Linear subclass returning (logits, weights, experts); HunYuan's gate reads wg.weight.
+    "phimoe": ("PhimoeConfig", "PhimoeForCausalLM", {**_MOE, "router_jitter_noise": 0.0}),
+    "hunyuan_v1_moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM", {
+        "head_dim": 32, "num_experts": 4, "moe_topk": 2}),
 }
 
 

@@ -108,7 +108,7 @@ def _bench_backend(model_cfg, layers: int, device, dtype):
 
     from batchrun.models.weights.remote_code import config_kwargs
     from batchrun.models.layers import packed_linear
-    from batchrun.models.transformers.model import wrap
+    from batchrun.models.transformers.model import pack, wrap
 
     text = copy.deepcopy(model_cfg.hf_config.get_text_config())
     assumed = ["transformers backend, random weights"]
@@ -124,7 +124,7 @@ def _bench_backend(model_cfg, layers: int, device, dtype):
                                                                           dtype=dtype)
     model = wrap(hf.eval())
     if device.type == "cpu" and packed_linear.available(dtype):
-        packed_linear.pack_linears(hf)
+        pack(model)
     return model, assumed
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Collection
 
 import torch
 import torch.nn as nn
@@ -47,13 +48,13 @@ class PackedLinear(nn.Module):
 
 
 @torch.no_grad()
-def pack_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear in `model` by a PackedLinear; returns how many were replaced
-    (quantized modules instead: quant.replace_linears)."""
+def pack_linears(model: nn.Module, keep: Collection[str] = ()) -> int:
+    """Replace every nn.Linear in `model` by a PackedLinear but those whose qualified names are
+    in `keep`; returns how many were replaced (quantized modules instead: quant.replace_linears)."""
     count = 0
-    for module in list(model.modules()):
+    for path, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
+            if isinstance(child, nn.Linear) and f"{path}.{child_name}".lstrip(".") not in keep:
                 setattr(module, child_name, PackedLinear(child.weight, child.bias))
                 count += 1
     return count

@@ -72,18 +72,19 @@ def meta_model(hf):
         return None
 
 
-def shapes_from_config(hf) -> tuple[dict, dict]:
+def shapes_from_config(hf, hf_model=None) -> tuple[dict, dict]:
     """What probe.run reports (layer_idx -> attention shape; layer_idx -> window), without weights:
-    transformers' model for `hf` built on the meta device and run over the probe tokens with
-    the attention function recording the shapes and returning zeros. Raises what transformers
-    raises when its model cannot be built or run so."""
+    transformers' model for `hf` (`hf_model`, else built) on the meta device run over the probe
+    tokens with the attention function recording the shapes and returning zeros. Raises the
+    probe's UnsupportedModelError (no attention through the interface, a bidirectional layer),
+    and what transformers raises when its model cannot be built or run so."""
     import torch
 
     from batchrun.models.transformers import attention
     from batchrun.models.transformers.model import attention_implementation
-    from batchrun.models.transformers.probe import PROBE_IDS
+    from batchrun.models.transformers.probe import PROBE_IDS, check_attended
 
-    hf_model = meta_model(hf)
+    hf_model = meta_model(hf) if hf_model is None else hf_model
     if hf_model is None:
         raise UnsupportedModelError(f"transformers cannot build {hf.model_type} from its config")
     attention.register()
@@ -93,11 +94,12 @@ def shapes_from_config(hf) -> tuple[dict, dict]:
     ids = torch.zeros(1, n, dtype=torch.long, device="meta")
     shapes: dict = {}
     windows: dict = {}
-    with torch.inference_mode(), attention.step(None, None, n, shapes, windows):
+    with torch.inference_mode(), attention.step(None, None, n, shapes, windows) as current:
         # An all-ones mask: without one, transformers' mask preparation reads the positions'
         # values (packed sequences), which meta tensors do not have.
         hf_model.base_model(input_ids=ids, attention_mask=torch.ones_like(ids),
                             position_ids=torch.arange(n, device="meta")[None], use_cache=False)
+    check_attended(hf.model_type, current)
     return shapes, windows
 
 
@@ -190,7 +192,9 @@ def refused(hf, reason: str, impl: str = "refused") -> CheckReport:
                        impl, reason)
 
 
-def check(hf) -> CheckReport:
+def check(hf, folder=None) -> CheckReport:
+    """What `run` does with the model of config `hf` (in `folder`, where local: whether it holds
+    a processor): the path and why, or the refusal `run` gives, from the config alone."""
     try:
         verdict = choose(hf, "auto")
         impl, reason = verdict.impl, verdict.note or "it runs the model exactly"
@@ -200,6 +204,11 @@ def check(hf) -> CheckReport:
     if impl != "refused":
         impl, reason, stored = _stored_quantized(hf, impl, reason)
     full = as_transformers_config(hf)
+    text = full.get_text_config()  # a vision-language model's decoder's
+    model = meta_model(full) if impl != "refused" else None
+    shape = None
+    if impl == "transformers":
+        impl, reason, shape = _probe_verdict(full, model, reason)
     report = refused(full, reason, impl)
     if impl == "refused":
         return report
@@ -207,13 +216,52 @@ def check(hf) -> CheckReport:
         from batchrun.models.arch import native
 
         report.native_file = native.native_module(hf).__name__.rsplit(".", 1)[-1] + ".py"
-    model = meta_model(full)
     report.parameters = count_parameters(model)
-    report.layers = full.num_hidden_layers
-    report.kv_heads, report.k_head_dim, report.v_head_dim = kv_shape(full)
-    report.features = features(full, impl, lora_support(model, full, impl))
-    report.stored_quantized = "" if stored is None else _stored_size(stored, model, full)
+    report.layers = text.num_hidden_layers
+    report.kv_heads, report.k_head_dim, report.v_head_dim = shape or kv_shape(full)
+    report.features = features(text, impl, lora_support(model, full, impl))
+    from batchrun.models.transformers.vision import is_vision_language
+
+    if is_vision_language(full):
+        report.features.append(("images", image_support(folder)))
+    report.stored_quantized = "" if stored is None else _stored_size(stored, model, text)
     return report
+
+
+def _probe_verdict(full, model, reason: str):
+    """(impl, reason, (KV heads, K dim, V dim) or None) after the load's probe run on the meta
+    model: refused as the load refuses (attention outside the interface, a bidirectional
+    layer, layers of different KV shapes); where the forward cannot run without weights the
+    load's probe decides, and the shape is the config's."""
+    from batchrun.models.transformers.model import config_of
+
+    if model is None:
+        return "refused", f"unsupported model: transformers cannot build {full.model_type} " \
+            "from its config", None
+    try:
+        shapes, windows = shapes_from_config(full, model)
+        config = config_of(full.get_text_config(), shapes, windows)
+    except UnsupportedModelError as exc:
+        return "refused", str(exc), None
+    except Exception as exc:  # data-dependent code in its forward: it needs real tensors
+        return "transformers", f"{reason}; its attention shape is checked at load (its forward " \
+            f"does not run without weights: {type(exc).__name__})", None
+    k_dim, v_dim = max((s[2], s[3]) for s in shapes.values())
+    return "transformers", reason, (config.num_kv_heads, k_dim, v_dim)
+
+
+def image_support(folder) -> str:
+    """Whether `run` takes images for a vision-language model in `folder`: with the processor
+    saved there, else it runs as a text model (transformers/processor.py: has_processor)."""
+    from batchrun.models.transformers.processor import processor_class
+
+    if folder is None:
+        return "unknown (not a local folder: with a processor saved, yes)"
+    name = processor_class(folder)
+    if name is None:
+        return ("no: no processor saved with the model (processor_config.json or "
+                "preprocessor_config.json naming a processor_class); it runs as a text model")
+    return f"yes ({name}; the vision tower on PyTorch's SDPA)"
 
 
 def _stored_quantized(hf, impl: str, reason: str):

@@ -17,7 +17,7 @@ from torch import nn
 
 from batchrun.models.layers import packed_linear
 from batchrun.models.config.classifier import classifier_labels
-from batchrun.models.transformers import attention, probe
+from batchrun.models.transformers import attention, plain_linears, probe
 from batchrun.models.transformers.support import UnsupportedModelError
 from batchrun.models.quant.methods import METHODS, Method
 
@@ -66,6 +66,8 @@ class TransformersModel(nn.Module):
         self._transforms = logit_transforms(hf_model.config.get_text_config())
         # A *ForSequenceClassification model: its `score` head's outputs; 0 for a causal LM.
         self.num_labels = len(classifier_labels(hf_model.config) or ())
+        # Qualified names of the linears its modelling code uses directly (wrap finds them).
+        self.plain_linears: frozenset[str] = frozenset()
 
     @property
     def decoder(self) -> nn.Module:
@@ -120,7 +122,7 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = 
                                  attn_implementation=attention.NAME, **trust)
     model = wrap(hf.eval(), quantization=quantization, path=path)
     if device.type == "cpu" and packed_linear.available(dtype):  # as the native model's
-        packed_linear.pack_linears(hf)
+        pack(model)
     return model
 
 
@@ -196,26 +198,26 @@ def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: Method = METH
     """`hf` (its attention implementation set to "batchrun"; its decoder quantized by
     `quantization`, calibrated on the checkpoint at `path`) as the engine's model, after a probe
     forward over a few tokens: every layer must attend through the paged cache with one KV
-    shape, and compute_logits must reproduce transformers' own logits."""
+    shape, and compute_logits must reproduce transformers' own logits. The linears its
+    modelling code uses directly (plain_linears.py) stay nn.Linear: `model.plain_linears`."""
+    attention.register()
+    cfg = hf.config.get_text_config()  # a vision-language model's decoder's
+    implementation = attention_implementation(hf.config, cfg)
+    hf.set_attn_implementation(implementation)
+    plain: set[str] = set()
     if quantization.quantizes:
         from batchrun.models.transformers.quantized import quantize_decoder
 
-        quantize_decoder(hf, quantization, path)
-    attention.register()
-    cfg = hf.config.get_text_config()  # a vision-language model's decoder's
-    hf.set_attn_implementation(attention_implementation(hf.config, cfg))
+        plain = plain_linears.find(hf, lambda: _probe(hf, cfg, full=True))  # on the float model
+        quantize_decoder(hf, quantization, path, keep=plain)
+        hf.set_attn_implementation(implementation)  # the calibration ran on SDPA
     windows: dict = {}
-    try:
-        hidden, shapes = probe.run(hf, lambda ids, pos: hf.base_model(
-            input_ids=ids, position_ids=pos, use_cache=False)[0][0], windows)
-    except UnsupportedModelError:
-        raise
-    except Exception as exc:  # its modelling code does something the flat step cannot feed
-        raise UnsupportedModelError(f"{cfg.model_type}: a forward pass on the transformers "
-                                    f"backend failed: {type(exc).__name__}: {exc}") from exc
-    config = config_of(cfg, shapes, windows)
-    model = cls(hf, config)
-    probe.check_logits(model, hidden)
+    with plain_linears.traced(hf) as used:
+        hidden, shapes = _probe(hf, cfg, windows=windows)
+        config = config_of(cfg, shapes, windows)
+        model = cls(hf, config)
+        probe.check_logits(model, hidden)
+    model.plain_linears = frozenset(plain | used | plain_linears.static(hf))
     if quantization.quantizes:  # after the probe, whose two forwards must round alike
         from batchrun.engine import kernels
         from batchrun.models.quant.int8_linear import attach_kernels
@@ -225,3 +227,26 @@ def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: Method = METH
         if library is not None:  # the int8 layers' quantize and rescale passes in C
             attach_kernels(hf, library)
     return model
+
+
+def _probe(hf: PreTrainedModel, cfg, full: bool = False, windows: dict | None = None):
+    """probe.run over the decoder (with `full`, the whole causal LM); UnsupportedModelError
+    where the modelling code fails on the flat step."""
+    def decoder(ids, pos):
+        return hf.base_model(input_ids=ids, position_ids=pos, use_cache=False)[0][0]
+
+    def causal_lm(ids, pos):
+        return hf(input_ids=ids, position_ids=pos, use_cache=False).logits
+
+    try:
+        return probe.run(hf, causal_lm if full else decoder, windows)
+    except UnsupportedModelError:
+        raise
+    except Exception as exc:  # its modelling code does something the flat step cannot feed
+        raise UnsupportedModelError(f"{cfg.model_type}: a forward pass on the transformers "
+                                    f"backend failed: {type(exc).__name__}: {exc}") from exc
+
+
+def pack(model: TransformersModel) -> int:
+    """Pack the float linears of a wrapped model for oneDNN, but those it keeps plain; how many."""
+    return packed_linear.pack_linears(model.hf, keep=model.plain_linears)

@@ -44,13 +44,20 @@ def run(hf, fn, windows: dict | None = None):
     with attention.step(_ProbeCaches(shapes, n, dtype, device), prefill_meta(n, device), n,
                         shapes, windows) as current:
         out = fn(ids, torch.arange(n, device=device)[None])
+    check_attended(hf.config.model_type, current)
+    return out, shapes
+
+
+def check_attended(model_type: str, current: attention.Step) -> None:
+    """UnsupportedModelError where a probe forward (`current`, its step) shows attention the
+    backend cannot run: none through the "batchrun" function, or a layer attending both ways
+    (the load's probe, and models check's without weights)."""
     if not current.calls:
-        raise UnsupportedModelError(f"{hf.config.model_type}: its attention does not go "
+        raise UnsupportedModelError(f"{model_type}: its attention does not go "
                                     f"through transformers' AttentionInterface")
     if current.bidirectional:
-        raise UnsupportedModelError(f"{hf.config.model_type} attends bidirectionally (causal "
+        raise UnsupportedModelError(f"{model_type} attends bidirectionally (causal "
                                     f"decoders only)")
-    return out, shapes
 
 
 def check_logits(model, hidden: torch.Tensor) -> None:

@@ -32,6 +32,26 @@ class NoVideos:
     fps = None
 
 
+def processor_settings(path) -> dict:
+    """processor_config.json and preprocessor_config.json of the folder at `path`, merged."""
+    from pathlib import Path
+
+    from batchrun.models.weights.json_file import read_object
+
+    settings: dict = {}
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        if (Path(path) / name).exists():
+            settings.update(read_object(Path(path) / name))
+    return settings
+
+
+def processor_class(path) -> str | None:
+    """The processor class the folder at `path` saves (None: it has no processor, and a
+    vision-language model in it runs as a text model)."""
+    name = processor_settings(path).get("processor_class")
+    return str(name) if name else None
+
+
 def load_processor(path, trust_remote_code: bool = False):
     """The processor saved with the model at `path` (processor_config.json / preprocessor_config.json
     and the tokenizer), its image processor the slow one; the folder's own code only when
@@ -47,10 +67,7 @@ def load_processor(path, trust_remote_code: bool = False):
 
     path = Path(path)
     check_folder(path, trust_remote_code)
-    settings = {}
-    for name in ("processor_config.json", "preprocessor_config.json"):
-        if (path / name).exists():
-            settings.update(read_object(path / name))
+    settings = processor_settings(path)
     cls_name = settings.get("processor_class")
     if not cls_name:
         raise ValueError(f"{path} has no processor_class in its processor config")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import glob
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Collection, Iterable
 
 import torch
 from torch import nn
@@ -27,23 +27,27 @@ if TYPE_CHECKING:  # transformers' modelling code loads with the backend
     from transformers import PreTrainedModel
 
 
-def decoder_linears(hf: PreTrainedModel) -> dict[str, nn.Linear]:
-    """{qualified name in `hf`: linear} of the decoder's linears --quantization replaces."""
+def decoder_linears(hf: PreTrainedModel, keep: Collection[str] = ()) -> dict[str, nn.Linear]:
+    """{qualified name in `hf`: linear} of the decoder's linears --quantization replaces: not
+    those named in KEEP_FLOAT, nor those in `keep` (the ones its modelling code uses directly:
+    plain_linears.py)."""
     from batchrun.models.quant import kept_float
 
     decoder = hf.get_decoder()  # a vision-language model's: its language model
     prefix = next(name for name, m in hf.named_modules() if m is decoder)
-    return {f"{prefix}.{name}" if prefix else name: m for name, m in decoder.named_modules()
-            if isinstance(m, nn.Linear) and not kept_float(name)}
+    linears = {f"{prefix}.{name}" if prefix else name: (name, m)
+               for name, m in decoder.named_modules() if isinstance(m, nn.Linear)}
+    return {full: m for full, (name, m) in linears.items()
+            if not kept_float(name) and full not in keep}
 
 
-def quantize_decoder(hf: PreTrainedModel, how: Method, path: Path) -> int:
+def quantize_decoder(hf: PreTrainedModel, how: Method, path: Path, keep: Collection[str] = ()) -> int:
     """Quantize the decoder linears of transformers' model `hf` (loaded from `path`) by
-    `how`; how many."""
+    `how`, but those named in `keep`; how many."""
     if not how.on_backend:
         raise UnsupportedModelError(f"--quantization {how.name} keeps a GGUF's blocks on the "
                                     "native path only; this model runs on the transformers backend")
-    linears = decoder_linears(hf)
+    linears = decoder_linears(hf, keep)
     if not linears:
         raise UnsupportedModelError(f"{hf.config.model_type}: --quantization {how.name} found no "
                                     "linear layers in its decoder to quantize")

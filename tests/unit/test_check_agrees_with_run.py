@@ -1,0 +1,123 @@
+"""`batchrun models check FOLDER` says what `run` does with the folder: the path it loads on
+(native file, or the transformers backend) and the KV shape the load finds, or the refusal
+run gives, word for word; for every architecture of the tiny parity tables (tests/tiny_models.py
+ARCHS and BACKEND_ARCHS, tests/tiny_vlms.py) and a few that run refuses."""
+
+import re
+
+import pytest
+import torch
+
+from batchrun.llm import load_from_path, load_weights
+from batchrun.models.transformers.model import TransformersModel
+from batchrun.options.engine import EngineConfig
+from tests.tiny_models import ARCHS, BACKEND_ARCHS, make_tiny
+from tests.tiny_vlms import FAMILIES, make_tiny_vlm
+
+CPU = torch.device("cpu")
+# BACKEND_ARCHS repeats some of ARCHS under their names: those once
+TEXT = [("native", a) for a in sorted(ARCHS)] + \
+    [("backend", a) for a in sorted(BACKEND_ARCHS) if BACKEND_ARCHS[a] is not ARCHS.get(a)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def models_check(folder):
+    """(exit code, path line's kind, its reason, (layers, KV heads, head dim) or None, output)."""
+    from click.testing import CliRunner
+
+    from batchrun.models_cli import models
+
+    result = CliRunner().invoke(models, ["check", str(folder)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    path = re.search(r"^path: (native \(models/arch/(\S+)\)|transformers backend|refused) \((.*)\)$",
+                     result.output, re.M)
+    assert path, result.output
+    kind = path[2] or path[1]
+    kv = re.search(r"KV cache: (\d+) layers x (\d+) KV heads x (?:head dim (\d+)|K/V head dims "
+                   r"(\d+)/(\d+))", result.output)
+    shape = None if kv is None else (int(kv[1]), int(kv[2]),
+                                     int(kv[3] or max(int(kv[4]), int(kv[5]))))
+    return result.exit_code, kind, path[3], shape, result.output
+
+
+def run_verdict(folder, load=load_weights):
+    """What run does with the folder: (kind as check names it, (layers, KV heads, head dim)),
+    or ("refused", the reason)."""
+    try:
+        model = load(folder, EngineConfig.default(), CPU, torch.float32) if load is load_weights \
+            else load(folder).engine.runner.model
+    except ValueError as exc:  # UnsupportedModelError, a refusal
+        return "refused", str(exc)
+    cfg = model.config
+    kind = "transformers backend" if isinstance(model, TransformersModel) \
+        else type(model).__module__.rsplit(".", 1)[-1] + ".py"
+    return kind, (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+
+
+def assert_agree(folder, load=load_weights):
+    code, kind, reason, shape, output = models_check(folder)
+    ran = run_verdict(folder, load)
+    if kind == "refused":
+        assert code == 2 and ran == ("refused", reason), output
+    else:
+        assert code == 0 and ran == (kind, shape), output
+    return output
+
+
+@pytest.mark.parametrize("table,arch", TEXT)
+def test_check_says_what_run_does_for_each_text_architecture(table, arch, tmp_path):
+    make_tiny(arch, tmp_path, archs=ARCHS if table == "native" else BACKEND_ARCHS)
+    assert_agree(tmp_path)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_check_says_what_run_does_for_each_vision_family(family, tmp_path, smol_tokenizer):
+    make_tiny_vlm(family, tmp_path, smol_tokenizer)
+    output = assert_agree(tmp_path)
+    assert re.search(r"^  images: yes \(\w+Processor;", output, re.M), output
+
+
+def test_a_vision_language_folder_without_a_processor_runs_as_a_text_model(tmp_path,
+                                                                          smol_tokenizer):
+    """A Gemma3ForConditionalGeneration saved with its tokenizer only: run serves it on text
+    (greedy as transformers'), and check says it takes no images, and why."""
+    from batchrun.engine import SamplingParams
+
+    hf, _ = make_tiny_vlm("gemma3", tmp_path, smol_tokenizer)
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        (tmp_path / name).unlink()
+    output = assert_agree(tmp_path, load_from_path)
+    assert "images: no: no processor saved with the model" in output
+    loaded = load_from_path(tmp_path)
+    assert loaded.processor is None
+    prompt = [5, 17, 300, 4000, 9]
+    out = loaded.engine.generate([prompt], SamplingParams(temperature=0, max_tokens=8,
+                                                          ignore_eos=True))[0]
+    ref = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
+                      min_new_tokens=8)[0, len(prompt):].tolist()
+    assert out.outputs[0].token_ids == ref
+
+
+def test_refusals_are_the_ones_run_gives(tmp_path):
+    """A recurrent model (by its config), a bidirectional encoder and layers of two KV shapes
+    (Gemma 4's, at the load's probe): check refuses each with run's reason, exit code 2."""
+    import transformers as t
+
+    text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    t.MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "m")
+    torch.manual_seed(0)
+    t.BertLMHeadModel(t.BertConfig(**{k: v for k, v in text.items() if k != "num_key_value_heads"})
+                      ).save_pretrained(tmp_path / "bert")
+    t.Gemma4ForConditionalGeneration(t.Gemma4Config(text_config=dict(text, head_dim=16))
+                                     ).save_pretrained(tmp_path / "gemma4")
+    for name, why in (("m", "keeps a recurrent"), ("bert", "attends bidirectionally"),
+                      ("gemma4", "attention shapes differ between layers")):
+        assert why in assert_agree(tmp_path / name), name
