@@ -62,6 +62,8 @@ BACKEND_ARCHS = {
         "moe_intermediate_size": 64, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", {
         "head_dim": 32, "intermediate_size": 128, **_MOE, **_SWA}),
+    # Differential attention: two attention calls per layer over one K, each with half of V.
+    "diffllama": ("DiffLlamaConfig", "DiffLlamaForCausalLM", {}),
 }
 
 

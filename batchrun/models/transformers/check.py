@@ -72,8 +72,9 @@ def meta_model(hf):
         return None
 
 
-def shapes_from_config(hf) -> tuple[dict, dict]:
-    """What probe.run reports (layer_idx -> attention shape; layer_idx -> window), without weights:
+def shapes_from_config(hf, calls: dict | None = None) -> tuple[dict, dict]:
+    """What probe.run reports (layer_idx -> attention shape; layer_idx -> window; in `calls`
+    layer_idx -> its attention calls per step), without weights:
     transformers' model for `hf` built on the meta device and run over the probe tokens with
     the attention function recording the shapes and returning zeros. Raises what transformers
     raises when its model cannot be built or run so."""
@@ -93,11 +94,14 @@ def shapes_from_config(hf) -> tuple[dict, dict]:
     ids = torch.zeros(1, n, dtype=torch.long, device="meta")
     shapes: dict = {}
     windows: dict = {}
-    with torch.inference_mode(), attention.step(None, None, n, shapes, windows):
+    with torch.inference_mode(), attention.step(None, None, n, shapes, windows,
+                                                calls_per_layer=None) as current:
         # An all-ones mask: without one, transformers' mask preparation reads the positions'
         # values (packed sequences), which meta tensors do not have.
         hf_model.base_model(input_ids=ids, attention_mask=torch.ones_like(ids),
                             position_ids=torch.arange(n, device="meta")[None], use_cache=False)
+    if calls is not None:
+        calls.update(current.seen)
     return shapes, windows
 
 

@@ -29,6 +29,7 @@ class BackendConfig:
     """What the runner, the engine and the KV sizing read from a model's config."""
     vocab_size: int
     hidden_size: int
+    # KV caches: one per attention call of a step (decoder_layers x calls_per_layer)
     num_layers: int
     num_heads: int
     num_kv_heads: int
@@ -36,8 +37,10 @@ class BackendConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     hf_config: object
-    # Each layer's sliding window as the probe saw it attend (None: full); KV groups read it.
+    # Each KV cache's sliding window as the probe saw it attend (None: full); KV groups read it.
     layer_windows: tuple = ()
+    decoder_layers: int = 0  # the decoder's layers (0: num_layers)
+    calls_per_layer: int = 1  # attention calls per layer and step (DiffLlama: 2)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -73,7 +76,8 @@ class TransformersModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches,
                 meta) -> torch.Tensor:
         """Hidden states [T, hidden] for the flat row of tokens of one step."""
-        with attention.step(kv_caches, meta, max_context(meta, positions)):
+        with attention.step(kv_caches, meta, max_context(meta, positions),
+                            calls_per_layer=self.config.calls_per_layer):
             out = self.decoder(input_ids=input_ids[None], position_ids=positions[None],
                                use_cache=False)
         return out[0][0]
@@ -83,7 +87,8 @@ class TransformersModel(nn.Module):
         ValueError when its decoder layers are not found."""
         from batchrun.models.lora.targets import linear_targets
 
-        return linear_targets(self.hf, self.decoder, self.config.num_layers)
+        return linear_targets(self.hf, self.decoder,
+                              self.config.decoder_layers or self.config.num_layers)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.hf.get_output_embeddings()(hidden)
@@ -167,14 +172,21 @@ def attention_implementation(config, text_config) -> str | dict:
     raise UnsupportedModelError(f"{config.model_type}: no sub-config holds its text config")
 
 
-def config_of(cfg, shapes: dict, windows: dict) -> BackendConfig:
+def config_of(cfg, shapes: dict, windows: dict, calls: dict | None = None) -> BackendConfig:
     """The engine's config of a model whose text config is `cfg`, from what the probe saw its
-    layers attend (probe.run, or check.shapes_from_config without weights): one KV shape."""
+    layers attend (probe.run, or check.shapes_from_config without weights): one KV shape, and
+    as many attention calls per step in every layer (`calls`, layer_idx -> count; each call
+    gets a KV cache of its own)."""
     layers = cfg.num_hidden_layers
     if sorted(shapes) != list(range(layers)):
         raise UnsupportedModelError(
             f"{cfg.model_type}: attention ran for layers {sorted(shapes)} of {layers}; the "
-            f"backend needs one attention call per layer, indexed by layer_idx")
+            f"backend needs attention calls in every layer, indexed by layer_idx")
+    per_layer = set((calls or {}).values()) or {1}
+    if len(per_layer) > 1:
+        raise UnsupportedModelError(f"{cfg.model_type}: its layers call attention different "
+                                    f"numbers of times per step ({sorted(per_layer)})")
+    repeat = per_layer.pop()
     distinct = set(shapes.values())
     if len(distinct) > 1:
         raise UnsupportedModelError(f"{cfg.model_type}: attention shapes differ between layers "
@@ -182,12 +194,14 @@ def config_of(cfg, shapes: dict, windows: dict) -> BackendConfig:
     heads, kv_heads, dk, dv = distinct.pop()
     longest = getattr(cfg, "max_position_embeddings", None) or 2048
     return BackendConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_layers=layers,
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_layers=layers * repeat,
         num_heads=heads, num_kv_heads=kv_heads, head_dim=max(dk, dv),
         max_position_embeddings=longest,
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), hf_config=cfg,
         layer_windows=tuple(w if w and w < longest else None
-                            for w in (windows.get(i) for i in range(layers))))
+                            for w in (windows.get(i) for i in range(layers)
+                                      for _ in range(repeat))),
+        decoder_layers=layers, calls_per_layer=repeat)
 
 
 def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: str = "none",
@@ -204,15 +218,16 @@ def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: str = "none",
     cfg = hf.config.get_text_config()  # a vision-language model's decoder's
     hf.set_attn_implementation(attention_implementation(hf.config, cfg))
     windows: dict = {}
+    calls: dict = {}
     try:
         hidden, shapes = probe.run(hf, lambda ids, pos: hf.base_model(
-            input_ids=ids, position_ids=pos, use_cache=False)[0][0], windows)
+            input_ids=ids, position_ids=pos, use_cache=False)[0][0], windows, calls)
     except UnsupportedModelError:
         raise
     except Exception as exc:  # its modelling code does something the flat step cannot feed
         raise UnsupportedModelError(f"{cfg.model_type}: a forward pass on the transformers "
                                     f"backend failed: {type(exc).__name__}: {exc}") from exc
-    config = config_of(cfg, shapes, windows)
+    config = config_of(cfg, shapes, windows, calls)
     model = cls(hf, config)
     probe.check_logits(model, hidden)
     if quantization != "none":  # after the probe, whose two forwards must round alike

@@ -152,7 +152,8 @@ class VisionLanguageModel(TransformersModel):
         position_ids = rope[:, None] if self.mrope else rope[None]
         if self.bidirectional and images:
             meta = with_image_rows(meta, images, len(input_ids))
-        with attention.step(kv_caches, meta, max_context(meta, positions)):
+        with attention.step(kv_caches, meta, max_context(meta, positions),
+                            calls_per_layer=self.config.calls_per_layer):
             out = self.decoder(inputs_embeds=embeds[None], position_ids=position_ids,
                                use_cache=False)
         return out[0][0]
