@@ -17,7 +17,7 @@ from torch import nn
 
 from batchrun.models.layers import packed_linear
 from batchrun.models.config.classifier import classifier_labels
-from batchrun.models.transformers import attention, probe
+from batchrun.models.transformers import attention, own_forward, probe
 from batchrun.models.transformers.support import UnsupportedModelError
 
 if TYPE_CHECKING:  # transformers' modelling code loads with the backend, not with this module
@@ -111,7 +111,9 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: str = "no
          trust_remote_code: bool = False) -> TransformersModel:
     """The model at `path` (safetensors, sharded or not, as transformers maps them onto its own
     modules), its decoder's linears quantized by `quantization` (quantized.py), probed for its
-    real attention shape; UnsupportedModelError when it cannot run."""
+    real attention shape, checked against transformers' own forward (own_forward.py: a
+    LoadCheckError where the engine's logits differ); UnsupportedModelError when it cannot
+    run."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from batchrun.models.weights.remote_code import auto_kwargs
@@ -125,6 +127,7 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: str = "no
     model = wrap(hf.eval(), quantization=quantization, path=path)
     if device.type == "cpu" and packed_linear.available(dtype):  # as the native model's
         packed_linear.pack_linears(hf)
+    own_forward.check(model, f"{path}", quantized=quantization != "none")
     return model
 
 
@@ -160,15 +163,15 @@ def from_pretrained_checked(auto, path, **kwargs):
     return hf
 
 
-def attention_implementation(config, text_config) -> str | dict:
-    """What set_attn_implementation gets: "batchrun" for a text model; for a vision-language
-    model, "batchrun" on its decoder's sub-config only, so the vision tower keeps its own (SDPA:
-    its attention is per image, outside the KV cache)."""
+def attention_implementation(config, text_config, name: str = attention.NAME) -> str | dict:
+    """What set_attn_implementation gets: `name` ("batchrun") for a text model; for a
+    vision-language model, `name` on its decoder's sub-config only, so the vision tower keeps
+    its own (SDPA: its attention is per image, outside the KV cache)."""
     if text_config is config:
-        return attention.NAME
+        return name
     for key in config.sub_configs:
         if getattr(config, key, None) is text_config:
-            return {key: attention.NAME}
+            return {key: name}
     raise UnsupportedModelError(f"{config.model_type}: no sub-config holds its text config")
 
 

@@ -19,7 +19,7 @@ import torch
 
 from batchrun.engine.attention.base import GroupedMetadata
 from batchrun.engine.multimodal import ImageInput, MultiModalInputs, StepImages
-from batchrun.models.transformers import attention
+from batchrun.models.transformers import attention, own_forward
 from batchrun.models.transformers.model import TransformersModel, max_context, wrap
 from batchrun.models.transformers.support import VISION_MODEL_TYPES, UnsupportedModelError
 
@@ -214,4 +214,5 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: str = "no
                                     f"{', '.join(VISION_MODEL_TYPES)})")
     model = wrap(hf.eval(), VisionLanguageModel, quantization, path)
     assert isinstance(model, VisionLanguageModel)
+    own_forward.check(model, f"{path}", quantized=quantization != "none")
     return model
