@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import logging
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -35,7 +36,7 @@ def checked_layers(windows, num_layers: int) -> int:
 def first_layers(model: nn.Module, n: int):
     """`model` running its first n decoder layers only (then its final norm and head)."""
     layers = model.layers
-    model.layers = nn.ModuleList(list(layers)[:n])
+    model.layers = nn.ModuleList(list(cast(nn.ModuleList, layers))[:n])
     try:
         yield
     finally:

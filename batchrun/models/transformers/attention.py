@@ -112,6 +112,18 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
     return out[..., :dv].unsqueeze(0), None
 
 
+def implementation(config, text_config, name: str = NAME) -> str | dict:
+    """What set_attn_implementation gets: `name` ("batchrun") for a text model; for a
+    vision-language model, `name` on its decoder's sub-config only, so the vision tower keeps
+    its own (SDPA: its attention is per image, outside the KV cache)."""
+    if text_config is config:
+        return name
+    for key in config.sub_configs:
+        if getattr(config, key, None) is text_config:
+            return {key: name}
+    raise UnsupportedModelError(f"{config.model_type}: no sub-config holds its text config")
+
+
 def no_mask(*args, **kwargs):
     """Transformers builds no attention mask: the paged attention knows each row's context."""
     return None

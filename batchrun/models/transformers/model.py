@@ -163,18 +163,6 @@ def from_pretrained_checked(auto, path, **kwargs):
     return hf
 
 
-def attention_implementation(config, text_config, name: str = attention.NAME) -> str | dict:
-    """What set_attn_implementation gets: `name` ("batchrun") for a text model; for a
-    vision-language model, `name` on its decoder's sub-config only, so the vision tower keeps
-    its own (SDPA: its attention is per image, outside the KV cache)."""
-    if text_config is config:
-        return name
-    for key in config.sub_configs:
-        if getattr(config, key, None) is text_config:
-            return {key: name}
-    raise UnsupportedModelError(f"{config.model_type}: no sub-config holds its text config")
-
-
 def config_of(cfg, shapes: dict, windows: dict, calls: dict | None = None) -> BackendConfig:
     """The engine's config of a model whose text config is `cfg`, from what the probe saw its
     layers attend (probe.run, or check.shapes_from_config without weights): one KV shape, and
@@ -219,7 +207,7 @@ def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: str = "none",
         quantize_decoder(hf, quantization, path)
     attention.register()
     cfg = hf.config.get_text_config()  # a vision-language model's decoder's
-    hf.set_attn_implementation(attention_implementation(hf.config, cfg))
+    hf.set_attn_implementation(attention.implementation(hf.config, cfg))
     windows: dict = {}
     calls: dict = {}
     try:

@@ -16,14 +16,12 @@ from batchrun.models.transformers import attention
 @contextlib.contextmanager
 def own_attention(hf):
     """hf's decoder on transformers' eager attention for the duration."""
-    from batchrun.models.transformers.model import attention_implementation
-
     text = hf.config.get_text_config()
-    hf.set_attn_implementation(attention_implementation(hf.config, text, "eager"))
+    hf.set_attn_implementation(attention.implementation(hf.config, text, "eager"))
     try:
         yield
     finally:
-        hf.set_attn_implementation(attention_implementation(hf.config, text))
+        hf.set_attn_implementation(attention.implementation(hf.config, text))
 
 
 @torch.inference_mode()
