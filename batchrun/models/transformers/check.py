@@ -43,16 +43,18 @@ def attention_shape(hf) -> tuple[int, int, int]:
     return getattr(hf, "num_key_value_heads", None) or heads, head_dim, head_dim
 
 
-def kv_shape(hf) -> tuple[int, int, int]:
-    """(KV heads, K head dim, V head dim) as the model's layers call attention (one shape: the
-    load refuses models whose layers differ), read by shapes_from_config; where its forward
-    cannot run on meta tensors, as the config describes them (attention_shape)."""
+def kv_shape(hf) -> tuple[int, int, int, int]:
+    """(KV heads, K head dim, V head dim, KV caches per layer) as the model's layers call
+    attention (one shape: the load refuses models whose layers differ; a cache per call:
+    DiffLlama's 2), read by shapes_from_config; where its forward cannot run on meta tensors,
+    as the config describes them (attention_shape), one cache per layer."""
+    calls: dict = {}
     try:
-        shapes, _ = shapes_from_config(hf)
+        shapes, _ = shapes_from_config(hf, calls)
     except Exception:  # data-dependent code in its forward, or no model from the config
-        return attention_shape(hf.get_text_config())
+        return (*attention_shape(hf.get_text_config()), 1)
     _, kv_heads, k_dim, v_dim = max(shapes.values())
-    return kv_heads, k_dim, v_dim
+    return kv_heads, k_dim, v_dim, max(calls.values(), default=1)
 
 
 def meta_model(hf):
@@ -212,8 +214,8 @@ def check(hf) -> CheckReport:
         report.native_file = native.native_module(hf).__name__.rsplit(".", 1)[-1] + ".py"
     model = meta_model(full)
     report.parameters = count_parameters(model)
-    report.layers = full.num_hidden_layers
-    report.kv_heads, report.k_head_dim, report.v_head_dim = kv_shape(full)
+    report.kv_heads, report.k_head_dim, report.v_head_dim, per_layer = kv_shape(full)
+    report.layers = full.num_hidden_layers * per_layer  # KV caches, as the load sizes them
     report.features = features(full, impl, lora_support(model, full, impl))
     report.stored_quantized = "" if stored is None else _stored_size(stored, model, full)
     return report
