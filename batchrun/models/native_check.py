@@ -106,14 +106,30 @@ def cached_reference(path: Path, files: list[Path], n: int, ids: torch.Tensor, n
     return logits
 
 
+class NoReference(Exception):
+    """transformers could not build or run the checkpoint's first layers."""
+
+
 def check(model, path: Path, files: list[Path], device: torch.device, dtype: torch.dtype,
-          trust_remote_code: bool = False) -> load_check.Verdict:
+          trust_remote_code: bool = False) -> load_check.Verdict | None:
     """load_check.verify of the native `model` (its first checked_layers) against transformers'
-    forward of the same checkpoint's first layers."""
+    forward of the same checkpoint's first layers; None, with a warning, where transformers
+    cannot build that reference (no evidence either way: the model loads)."""
     cfg = model.config
     n = checked_layers(getattr(cfg, "windows", None), len(model.layers))
+
+    def reference(ids):
+        try:
+            return cached_reference(path, files, n, ids, model.num_labels, trust_remote_code)
+        except Exception as exc:  # transformers' own refusal of the truncated checkpoint
+            raise NoReference(f"{type(exc).__name__}: {exc}") from exc
+
     with first_layers(model, n):
-        return load_check.verify(
-            model, lambda ids: cached_reference(path, files, n, ids, model.num_labels,
-                                                trust_remote_code),
-            f"{path} (its first {n} layers on the native path)", device, dtype)
+        try:
+            return load_check.verify(model, reference,
+                                     f"{path} (its first {n} layers on the native path)",
+                                     device, dtype)
+        except NoReference as exc:
+            log.warning("load check skipped: transformers cannot build %s's first %d layers "
+                        "(%s)", path, n, exc)
+            return None

@@ -54,3 +54,18 @@ def test_a_native_model_that_differs_is_refused_or_runs_on_the_backend(tmp_path,
         load(tmp_path, "native")
     assert isinstance(load(tmp_path, "auto"), TransformersModel)
     assert "running it on the transformers backend" in caplog.text
+
+
+def test_a_native_model_loads_with_a_warning_where_transformers_cannot_build_the_reference(
+        tmp_path, monkeypatch, caplog):
+    from batchrun.models import native_check
+
+    make_tiny("qwen3", tmp_path, archs=BACKEND_ARCHS)
+
+    def cannot(*args, **kwargs):
+        raise ValueError("no such architecture in this transformers")
+
+    monkeypatch.setattr(native_check, "cache_path", lambda *a: tmp_path / "none" / "x.pt")
+    monkeypatch.setattr(native_check, "reference_logits", cannot)
+    assert isinstance(load(tmp_path, "native"), llama.LlamaModel)
+    assert "load check skipped" in caplog.text and "no such architecture" in caplog.text
