@@ -327,15 +327,16 @@ def backend_config(hf):
 
     full = as_transformers_config(hf)
     text = full.get_text_config()
+    calls: dict = {}
     try:
-        shapes, windows = check.shapes_from_config(full)
+        shapes, windows = check.shapes_from_config(full, calls)
     except UnsupportedModelError:
         raise
     except Exception:  # data-dependent code in its forward: the config's own description
         shape = (text.num_attention_heads, *check.attention_shape(text))
         shapes = {i: shape for i in range(text.num_hidden_layers)}
         windows = dict(enumerate(config_layer_windows(text)))
-    config = config_of(text, shapes, windows)
+    config = config_of(text, shapes, windows, calls)
     if getattr(full, "vision_config", None) is not None:  # its weights: the whole model's
         config = dataclasses.replace(config, hf_config=full)
     return config

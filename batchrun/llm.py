@@ -157,9 +157,9 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
     native_path = choose(hf, config.model_impl).impl == "native"
     check_batch_invariant(config, native_path, getattr(native.module_for(hf), "__name__", ""))
     if native_path:
-        module = native.native_module(hf)
-        return build_model(module.Model, module.ModelConfig.from_hf(hf), path, device, dtype,
-                           config.device.quantization, config.batch_invariant)
+        native_model = build_native(hf, path, config, device, dtype)
+        if native_model is not None:
+            return native_model
     native_types = ", ".join(sorted(native.NATIVE_MODULES))
     from batchrun.models.quant import checkpoint_method, method
 
@@ -176,6 +176,23 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
         path, device, dtype, how, config.trust_remote_code)
     phases.mark("weights (transformers backend)")
     return model
+
+
+def build_native(hf, path: Path, config: EngineConfig, device: torch.device, dtype: torch.dtype):
+    """The native model of `hf`; None where its load check found it differs from transformers
+    and --model-impl auto lets the transformers backend run it instead (a path that agrees)."""
+    from batchrun.models.arch import native
+    from batchrun.models.load_check import LoadCheckError
+
+    module = native.native_module(hf)
+    try:
+        return build_model(module.Model, module.ModelConfig.from_hf(hf), path, device, dtype,
+                           config.device.quantization, config.batch_invariant)
+    except LoadCheckError as exc:
+        if config.model_impl != "auto" or config.batch_invariant:
+            raise
+        logging.getLogger("batchrun").warning("%s; running it on the transformers backend", exc)
+        return None
 
 
 def check_batch_invariant(config: EngineConfig, native_path: bool, native_module: str) -> None:
@@ -301,6 +318,11 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
     if gate is not None:
         gate.judge(model.eval())
         phases.mark("int8 gate (the quantized model against the float one)")
+    if not precision.has_quantized_layers:  # quantized: the gate's (int8) and quality's
+        from batchrun.models import native_check
+
+        native_check.check(model.eval(), path, [Path(f) for f in files], device, dtype)
+        phases.mark("load check (against transformers; its reference cached after the first load)")
     return model.eval()
 
 

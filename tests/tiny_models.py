@@ -67,6 +67,8 @@ BACKEND_ARCHS = {
     "phimoe": ("PhimoeConfig", "PhimoeForCausalLM", {**_MOE, "router_jitter_noise": 0.0}),
     "hunyuan_v1_moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM", {
         "head_dim": 32, "num_experts": 4, "moe_topk": 2}),
+    # Differential attention: two attention calls per layer over one K, each with half of V.
+    "diffllama": ("DiffLlamaConfig", "DiffLlamaForCausalLM", {}),
 }
 
 

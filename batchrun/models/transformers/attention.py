@@ -8,12 +8,16 @@ engine's `paged_attention` (the C kernels on the CPU), sliding-window, soft-capp
 attention-sink ones included, and steps whose image tokens attend both ways within an image
 (the metadata's visible_until, which the C kernels read). Key and value head dims that
 differ (MLA: DeepSeek-V2) are stored zero-padded to the wider one, and the output cut back.
+
+A layer may call attention more than once per step (DiffLlama's differential attention: the
+same keys with each half of the values): its n-th call of a step has a KV cache of its own,
+cache `layer * calls_per_layer + n`, so no call overwrites the values another one reads later.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -33,8 +37,23 @@ class Step:
     # layer_idx -> (heads, KV heads, K head dim, V head dim), filled while probing a model
     shapes: dict[int, tuple[int, int, int, int]] | None = None
     windows: dict[int, int | None] | None = None  # layer_idx -> its sliding window (probing)
+    # Attention calls of each layer per step (the probe counts them: `seen`); None while
+    # probing, whose caches are fresh per call and indexed by layer.
+    calls_per_layer: int | None = 1
     calls: int = 0
+    seen: dict[int, int] = field(default_factory=dict)  # layer_idx -> its calls so far
     bidirectional: bool = False  # a layer attends both ways (probing)
+
+    def cache_index(self, layer: int) -> int:
+        """The KV cache of this call of `layer` (its first, second, ... of the step)."""
+        n = self.seen.get(layer, 0)
+        self.seen[layer] = n + 1
+        if self.calls_per_layer is None:
+            return layer
+        if n >= self.calls_per_layer:
+            raise RuntimeError(f"layer {layer} called attention {n + 1} times in one step; the "
+                               f"probe saw {self.calls_per_layer}")
+        return layer * self.calls_per_layer + n
 
 
 _current: Step | None = None
@@ -42,9 +61,10 @@ _current: Step | None = None
 
 @contextlib.contextmanager
 def step(kv_caches, meta, max_context: int, shapes: dict | None = None,
-         windows: dict | None = None):
+         windows: dict | None = None, calls_per_layer: int | None = 1):
     global _current
-    previous, _current = _current, Step(kv_caches, meta, max_context, shapes, windows)
+    previous, _current = _current, Step(kv_caches, meta, max_context, shapes, windows,
+                                        calls_per_layer)
     try:
         yield _current
     finally:
@@ -64,10 +84,14 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
     if layer is None:
         raise UnsupportedModelError(f"{type(module).__name__} has no layer_idx: the backend "
                                     f"cannot tell which layer's KV cache it reads")
+    index = current.cache_index(layer)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, D]
     dv = v.shape[-1]
     if current.shapes is not None:
-        current.shapes[layer] = (q.shape[1], k.shape[1], k.shape[2], dv)
+        shape = (q.shape[1], k.shape[1], k.shape[2], dv)
+        if current.shapes.setdefault(layer, shape) != shape:
+            raise UnsupportedModelError(f"layer {layer}'s attention calls differ in shape "
+                                        f"({current.shapes[layer]}, {shape}); the KV cache has one")
         current.bidirectional |= getattr(module, "is_causal", True) is False
     if current.windows is not None:
         current.windows[layer] = sliding_window or None
@@ -79,13 +103,25 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
         v = F.pad(v, (0, width - dv))
     elif k.shape[-1] < width:
         q, k = F.pad(q, (0, width - k.shape[-1])), F.pad(k, (0, width - k.shape[-1]))
-    k_cache, v_cache = current.kv_caches[layer]
+    k_cache, v_cache = current.kv_caches[index]
     assert current.meta is not None  # a step with caches has its metadata
-    meta = layer_metadata(current.meta, layer)
+    meta = layer_metadata(current.meta, index)
     window = sliding_window if sliding_window and sliding_window < current.max_context else None
     out = paged_attention(q.contiguous(), k, v, k_cache, v_cache, meta, scale,
                           window=window, softcap=softcap or None, sinks=s_aux)
     return out[..., :dv].unsqueeze(0), None
+
+
+def implementation(config, text_config, name: str = NAME) -> str | dict:
+    """What set_attn_implementation gets: `name` ("batchrun") for a text model; for a
+    vision-language model, `name` on its decoder's sub-config only, so the vision tower keeps
+    its own (SDPA: its attention is per image, outside the KV cache)."""
+    if text_config is config:
+        return name
+    for key in config.sub_configs:
+        if getattr(config, key, None) is text_config:
+            return {key: name}
+    raise UnsupportedModelError(f"{config.model_type}: no sub-config holds its text config")
 
 
 def no_mask(*args, **kwargs):

@@ -43,16 +43,18 @@ def attention_shape(hf) -> tuple[int, int, int]:
     return getattr(hf, "num_key_value_heads", None) or heads, head_dim, head_dim
 
 
-def kv_shape(hf) -> tuple[int, int, int]:
-    """(KV heads, K head dim, V head dim) as the model's layers call attention (one shape: the
-    load refuses models whose layers differ), read by shapes_from_config; where its forward
-    cannot run on meta tensors, as the config describes them (attention_shape)."""
+def kv_shape(hf) -> tuple[int, int, int, int]:
+    """(KV heads, K head dim, V head dim, KV caches per layer) as the model's layers call
+    attention (one shape: the load refuses models whose layers differ; a cache per call:
+    DiffLlama's 2), read by shapes_from_config; where its forward cannot run on meta tensors,
+    as the config describes them (attention_shape), one cache per layer."""
+    calls: dict = {}
     try:
-        shapes, _ = shapes_from_config(hf)
+        shapes, _ = shapes_from_config(hf, calls=calls)
     except Exception:  # data-dependent code in its forward, or no model from the config
-        return attention_shape(hf.get_text_config())
+        return (*attention_shape(hf.get_text_config()), 1)
     _, kv_heads, k_dim, v_dim = max(shapes.values())
-    return kv_heads, k_dim, v_dim
+    return kv_heads, k_dim, v_dim, max(calls.values(), default=1)
 
 
 def meta_model(hf):
@@ -72,34 +74,37 @@ def meta_model(hf):
         return None
 
 
-def shapes_from_config(hf, hf_model=None) -> tuple[dict, dict]:
-    """What probe.run reports (layer_idx -> attention shape; layer_idx -> window), without weights:
-    transformers' model for `hf` (`hf_model`, else built) on the meta device run over the probe
-    tokens with the attention function recording the shapes and returning zeros. Raises the
-    probe's UnsupportedModelError (no attention through the interface, a bidirectional layer),
-    and what transformers raises when its model cannot be built or run so."""
+def shapes_from_config(hf, hf_model=None, calls: dict | None = None) -> tuple[dict, dict]:
+    """What probe.run reports (layer_idx -> attention shape; layer_idx -> window; in `calls`
+    layer_idx -> its attention calls per step), without weights: transformers' model for `hf`
+    (`hf_model`, else built) on the meta device run over the probe tokens with the attention
+    function recording the shapes and returning zeros. Raises the probe's UnsupportedModelError
+    (no attention through the interface, a bidirectional layer), and what transformers raises
+    when its model cannot be built or run so."""
     import torch
 
     from batchrun.models.transformers import attention
-    from batchrun.models.transformers.model import attention_implementation
     from batchrun.models.transformers.probe import PROBE_IDS, check_attended
 
     hf_model = meta_model(hf) if hf_model is None else hf_model
     if hf_model is None:
         raise UnsupportedModelError(f"transformers cannot build {hf.model_type} from its config")
     attention.register()
-    hf_model.set_attn_implementation(attention_implementation(hf, hf.get_text_config()))
+    hf_model.set_attn_implementation(attention.implementation(hf, hf.get_text_config()))
     hf_model.to(torch.bfloat16)  # grouped expert GEMMs have meta kernels in bfloat16 only
     n = len(PROBE_IDS)
     ids = torch.zeros(1, n, dtype=torch.long, device="meta")
     shapes: dict = {}
     windows: dict = {}
-    with torch.inference_mode(), attention.step(None, None, n, shapes, windows) as current:
+    with torch.inference_mode(), attention.step(None, None, n, shapes, windows,
+                                                calls_per_layer=None) as current:
         # An all-ones mask: without one, transformers' mask preparation reads the positions'
         # values (packed sequences), which meta tensors do not have.
         hf_model.base_model(input_ids=ids, attention_mask=torch.ones_like(ids),
                             position_ids=torch.arange(n, device="meta")[None], use_cache=False)
     check_attended(hf.model_type, current)
+    if calls is not None:
+        calls.update(current.seen)
     return shapes, windows
 
 
@@ -217,8 +222,8 @@ def check(hf, folder=None) -> CheckReport:
 
         report.native_file = native.native_module(hf).__name__.rsplit(".", 1)[-1] + ".py"
     report.parameters = count_parameters(model)
-    report.layers = text.num_hidden_layers
-    report.kv_heads, report.k_head_dim, report.v_head_dim = shape or kv_shape(full)
+    report.kv_heads, report.k_head_dim, report.v_head_dim, per_layer = shape or kv_shape(full)
+    report.layers = text.num_hidden_layers * per_layer  # KV caches, as the load sizes them
     report.features = features(text, impl, lora_support(model, full, impl))
     from batchrun.models.transformers.vision import is_vision_language
 
@@ -229,7 +234,7 @@ def check(hf, folder=None) -> CheckReport:
 
 
 def _probe_verdict(full, model, reason: str):
-    """(impl, reason, (KV heads, K dim, V dim) or None) after the load's probe run on the meta
+    """(impl, reason, (KV heads, K dim, V dim, KV caches per layer) or None) after the load's probe run on the meta
     model: refused as the load refuses (attention outside the interface, a bidirectional
     layer, layers of different KV shapes); where the forward cannot run without weights the
     load's probe decides, and the shape is the config's."""
@@ -238,8 +243,9 @@ def _probe_verdict(full, model, reason: str):
     if model is None:
         return "refused", f"unsupported model: transformers cannot build {full.model_type} " \
             "from its config", None
+    calls: dict = {}
     try:
-        shapes, windows = shapes_from_config(full, model)
+        shapes, windows = shapes_from_config(full, model, calls)
         config = config_of(full.get_text_config(), shapes, windows)
     except UnsupportedModelError as exc:
         return "refused", str(exc), None
@@ -247,7 +253,7 @@ def _probe_verdict(full, model, reason: str):
         return "transformers", f"{reason}; its attention shape is checked at load (its forward " \
             f"does not run without weights: {type(exc).__name__})", None
     k_dim, v_dim = max((s[2], s[3]) for s in shapes.values())
-    return "transformers", reason, (config.num_kv_heads, k_dim, v_dim)
+    return "transformers", reason, (config.num_kv_heads, k_dim, v_dim, max(calls.values(), default=1))
 
 
 def image_support(folder) -> str:

@@ -17,7 +17,7 @@ from torch import nn
 
 from batchrun.models.layers import packed_linear
 from batchrun.models.config.classifier import classifier_labels
-from batchrun.models.transformers import attention, plain_linears, probe
+from batchrun.models.transformers import attention, own_forward, plain_linears, probe
 from batchrun.models.transformers.support import UnsupportedModelError
 from batchrun.models.quant.methods import METHODS, Method
 
@@ -30,6 +30,7 @@ class BackendConfig:
     """What the runner, the engine and the KV sizing read from a model's config."""
     vocab_size: int
     hidden_size: int
+    # KV caches: one per attention call of a step (decoder_layers x calls_per_layer)
     num_layers: int
     num_heads: int
     num_kv_heads: int
@@ -37,8 +38,10 @@ class BackendConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     hf_config: object
-    # Each layer's sliding window as the probe saw it attend (None: full); KV groups read it.
+    # Each KV cache's sliding window as the probe saw it attend (None: full); KV groups read it.
     layer_windows: tuple = ()
+    decoder_layers: int = 0  # the decoder's layers (0: num_layers)
+    calls_per_layer: int = 1  # attention calls per layer and step (DiffLlama: 2)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -76,7 +79,8 @@ class TransformersModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches,
                 meta) -> torch.Tensor:
         """Hidden states [T, hidden] for the flat row of tokens of one step."""
-        with attention.step(kv_caches, meta, max_context(meta, positions)):
+        with attention.step(kv_caches, meta, max_context(meta, positions),
+                            calls_per_layer=self.config.calls_per_layer):
             out = self.decoder(input_ids=input_ids[None], position_ids=positions[None],
                                use_cache=False)
         return out[0][0]
@@ -86,7 +90,8 @@ class TransformersModel(nn.Module):
         ValueError when its decoder layers are not found."""
         from batchrun.models.lora.targets import linear_targets
 
-        return linear_targets(self.hf, self.decoder, self.config.num_layers)
+        return linear_targets(self.hf, self.decoder,
+                              self.config.decoder_layers or self.config.num_layers)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.hf.get_output_embeddings()(hidden)
@@ -109,7 +114,9 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = 
          trust_remote_code: bool = False) -> TransformersModel:
     """The model at `path` (safetensors, sharded or not, as transformers maps them onto its own
     modules), its decoder's linears quantized by `quantization` (quantized.py), probed for its
-    real attention shape; UnsupportedModelError when it cannot run."""
+    real attention shape, checked against transformers' own forward (own_forward.py: a
+    LoadCheckError where the engine's logits differ); UnsupportedModelError when it cannot
+    run."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from batchrun.models.weights.remote_code import auto_kwargs
@@ -123,6 +130,7 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = 
     model = wrap(hf.eval(), quantization=quantization, path=path)
     if device.type == "cpu" and packed_linear.available(dtype):  # as the native model's
         pack(model)
+    own_forward.check(model, f"{path}", quantized=quantization.quantizes)
     return model
 
 
@@ -158,26 +166,21 @@ def from_pretrained_checked(auto, path, **kwargs):
     return hf
 
 
-def attention_implementation(config, text_config) -> str | dict:
-    """What set_attn_implementation gets: "batchrun" for a text model; for a vision-language
-    model, "batchrun" on its decoder's sub-config only, so the vision tower keeps its own (SDPA:
-    its attention is per image, outside the KV cache)."""
-    if text_config is config:
-        return attention.NAME
-    for key in config.sub_configs:
-        if getattr(config, key, None) is text_config:
-            return {key: attention.NAME}
-    raise UnsupportedModelError(f"{config.model_type}: no sub-config holds its text config")
-
-
-def config_of(cfg, shapes: dict, windows: dict) -> BackendConfig:
+def config_of(cfg, shapes: dict, windows: dict, calls: dict | None = None) -> BackendConfig:
     """The engine's config of a model whose text config is `cfg`, from what the probe saw its
-    layers attend (probe.run, or check.shapes_from_config without weights): one KV shape."""
+    layers attend (probe.run, or check.shapes_from_config without weights): one KV shape, and
+    as many attention calls per step in every layer (`calls`, layer_idx -> count; each call
+    gets a KV cache of its own)."""
     layers = cfg.num_hidden_layers
     if sorted(shapes) != list(range(layers)):
         raise UnsupportedModelError(
             f"{cfg.model_type}: attention ran for layers {sorted(shapes)} of {layers}; the "
-            f"backend needs one attention call per layer, indexed by layer_idx")
+            f"backend needs attention calls in every layer, indexed by layer_idx")
+    per_layer = set((calls or {}).values()) or {1}
+    if len(per_layer) > 1:
+        raise UnsupportedModelError(f"{cfg.model_type}: its layers call attention different "
+                                    f"numbers of times per step ({sorted(per_layer)})")
+    repeat = per_layer.pop()
     distinct = set(shapes.values())
     if len(distinct) > 1:
         raise UnsupportedModelError(f"{cfg.model_type}: attention shapes differ between layers "
@@ -185,12 +188,14 @@ def config_of(cfg, shapes: dict, windows: dict) -> BackendConfig:
     heads, kv_heads, dk, dv = distinct.pop()
     longest = getattr(cfg, "max_position_embeddings", None) or 2048
     return BackendConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_layers=layers,
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_layers=layers * repeat,
         num_heads=heads, num_kv_heads=kv_heads, head_dim=max(dk, dv),
         max_position_embeddings=longest,
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), hf_config=cfg,
         layer_windows=tuple(w if w and w < longest else None
-                            for w in (windows.get(i) for i in range(layers))))
+                            for w in (windows.get(i) for i in range(layers)
+                                      for _ in range(repeat))),
+        decoder_layers=layers, calls_per_layer=repeat)
 
 
 def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: Method = METHODS["none"],
@@ -202,7 +207,7 @@ def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: Method = METH
     modelling code uses directly (plain_linears.py) stay nn.Linear: `model.plain_linears`."""
     attention.register()
     cfg = hf.config.get_text_config()  # a vision-language model's decoder's
-    implementation = attention_implementation(hf.config, cfg)
+    implementation = attention.implementation(hf.config, cfg)
     hf.set_attn_implementation(implementation)
     plain: set[str] = set()
     if quantization.quantizes:
@@ -212,9 +217,10 @@ def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: Method = METH
         quantize_decoder(hf, quantization, path, keep=plain)
         hf.set_attn_implementation(implementation)  # the calibration ran on SDPA
     windows: dict = {}
+    calls: dict = {}
     with plain_linears.traced(hf) as used:
-        hidden, shapes = _probe(hf, cfg, windows=windows)
-        config = config_of(cfg, shapes, windows)
+        hidden, shapes = _probe(hf, cfg, windows=windows, calls=calls)
+        config = config_of(cfg, shapes, windows, calls)
         model = cls(hf, config)
         probe.check_logits(model, hidden)
     model.plain_linears = frozenset(plain | used | plain_linears.static(hf))
@@ -229,7 +235,8 @@ def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: Method = METH
     return model
 
 
-def _probe(hf: PreTrainedModel, cfg, full: bool = False, windows: dict | None = None):
+def _probe(hf: PreTrainedModel, cfg, full: bool = False, windows: dict | None = None,
+           calls: dict | None = None):
     """probe.run over the decoder (with `full`, the whole causal LM); UnsupportedModelError
     where the modelling code fails on the flat step."""
     def decoder(ids, pos):
@@ -239,7 +246,7 @@ def _probe(hf: PreTrainedModel, cfg, full: bool = False, windows: dict | None = 
         return hf(input_ids=ids, position_ids=pos, use_cache=False).logits
 
     try:
-        return probe.run(hf, causal_lm if full else decoder, windows)
+        return probe.run(hf, causal_lm if full else decoder, windows, calls)
     except UnsupportedModelError:
         raise
     except Exception as exc:  # its modelling code does something the flat step cannot feed

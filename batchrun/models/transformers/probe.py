@@ -33,17 +33,20 @@ def prefill_meta(n: int, device) -> AttentionMetadata:
 
 
 @torch.inference_mode()
-def run(hf, fn, windows: dict | None = None):
+def run(hf, fn, windows: dict | None = None, calls: dict | None = None):
     """fn(ids [1, n], positions [1, n]) over the probe tokens on the "batchrun" attention, and
     layer_idx -> (query heads, KV heads, K head dim, V head dim) as the layers attended;
-    `windows` gets layer_idx -> the sliding window it attended with (None: full)."""
+    `windows` gets layer_idx -> the sliding window it attended with (None: full), `calls`
+    layer_idx -> how many times it called attention."""
     device, dtype = hf.device, hf.dtype
     n = len(PROBE_IDS)
     shapes: dict = {}
     ids = torch.tensor([PROBE_IDS], device=device) % hf.config.get_text_config().vocab_size
     with attention.step(_ProbeCaches(shapes, n, dtype, device), prefill_meta(n, device), n,
-                        shapes, windows) as current:
+                        shapes, windows, calls_per_layer=None) as current:
         out = fn(ids, torch.arange(n, device=device)[None])
+    if calls is not None:
+        calls.update(current.seen)
     check_attended(hf.config.model_type, current)
     return out, shapes
 

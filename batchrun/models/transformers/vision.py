@@ -19,7 +19,7 @@ import torch
 
 from batchrun.engine.attention.base import GroupedMetadata
 from batchrun.engine.multimodal import ImageInput, MultiModalInputs, StepImages
-from batchrun.models.transformers import attention
+from batchrun.models.transformers import attention, own_forward
 from batchrun.models.quant.methods import METHODS, Method
 from batchrun.models.transformers.model import TransformersModel, max_context, wrap
 from batchrun.models.transformers.support import VISION_MODEL_TYPES, UnsupportedModelError
@@ -153,7 +153,8 @@ class VisionLanguageModel(TransformersModel):
         position_ids = rope[:, None] if self.mrope else rope[None]
         if self.bidirectional and images:
             meta = with_image_rows(meta, images, len(input_ids))
-        with attention.step(kv_caches, meta, max_context(meta, positions)):
+        with attention.step(kv_caches, meta, max_context(meta, positions),
+                            calls_per_layer=self.config.calls_per_layer):
             out = self.decoder(inputs_embeds=embeds[None], position_ids=position_ids,
                                use_cache=False)
         return out[0][0]
@@ -214,4 +215,5 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = 
                                     f"{', '.join(VISION_MODEL_TYPES)})")
     model = wrap(hf.eval(), VisionLanguageModel, quantization, path)
     assert isinstance(model, VisionLanguageModel)
+    own_forward.check(model, f"{path}", quantized=quantization.quantizes)
     return model
