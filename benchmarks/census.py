@@ -36,6 +36,8 @@ from pathlib import Path
 PROMPT_LENGTHS = (5, 11, 17, 3)
 MAX_TOKENS = 8
 TIE_MARGIN = 1e-3
+MAX_PARAMETERS = 40_000_000  # the vocabulary alone is 2 x 49152 x 64
+MAX_MEMORY = 6 << 30  # a worker's address space beyond torch's own reservations
 # Config fields set small wherever a config has them (its own names or its attribute_map's).
 SMALL = {
     "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -65,11 +67,13 @@ def log(*args):
 # ----------------------------------------------------------------------------------------------
 # The worker: one architecture at a time, a JSON line per result on stdout.
 
-def shrunk_kwargs(cfg_cls) -> dict:
+def shrunk_kwargs(cfg_cls, vocab_size: int | None = None) -> dict:
     """Keyword arguments that make `cfg_cls` tiny: SMALL's fields it has, head_dim from them, and
     its sub-configs (text_config, vision_config, ...) made tiny the same way."""
     default = cfg_cls()
     kwargs = {k: v for k, v in SMALL.items() if hasattr(default, k)}
+    if vocab_size and hasattr(default, "vocab_size"):
+        kwargs["vocab_size"] = vocab_size
     heads = kwargs.get("num_attention_heads", getattr(default, "num_attention_heads", None))
     hidden = kwargs.get("hidden_size", getattr(default, "hidden_size", None))
     settable = not isinstance(getattr(cfg_cls, "head_dim", None), property)
@@ -83,12 +87,14 @@ def shrunk_kwargs(cfg_cls) -> dict:
     kwargs.update(EXTRA.get(getattr(cfg_cls, "model_type", ""), {}))
     if isinstance(getattr(default, "num_key_value_heads", None), int) is False:
         kwargs.pop("num_key_value_heads", None)
-    for key, sub in (getattr(cfg_cls, "sub_configs", None) or {}).items():
-        if isinstance(sub, type) and getattr(default, key, None) is not None:
+    for key in getattr(cfg_cls, "sub_configs", None) or {}:
+        sub = getattr(default, key, None)
+        if hasattr(sub, "to_dict"):  # a sub-config (its class, where the mapping says AutoConfig)
             try:
-                kwargs[key] = shrunk_kwargs(sub)
-            except Exception:  # a sub-config that will not build alone: leave it default
-                pass
+                kwargs[key] = {"model_type": sub.model_type,
+                               **shrunk_kwargs(type(sub), vocab_size if key == "text_config" else None)}
+            except Exception as exc:  # a sub-config that will not build alone: left default
+                log(f"{cfg_cls.__name__}.{key}: not shrunk ({first_line(exc)})")
     return kwargs
 
 
@@ -98,13 +104,18 @@ def build(model_type: str, class_name: str, folder: Path, vocab_size: int):
     from transformers import CONFIG_MAPPING
 
     cfg_cls = CONFIG_MAPPING[model_type]
-    cfg = cfg_cls(**shrunk_kwargs(cfg_cls))
+    cfg = cfg_cls(**shrunk_kwargs(cfg_cls, vocab_size))
     text = cfg.get_text_config()
     text.vocab_size = vocab_size
     for c in {id(cfg): cfg, id(text): text}.values():
         c.bos_token_id, c.eos_token_id, c.pad_token_id = 1, 2, 0
     if getattr(cfg, "is_encoder_decoder", False):
         raise SkipArch("encoder-decoder")
+    with torch.device("meta"):  # sized first: a config the shrinking missed is skipped
+        size = sum(p.numel() for p in getattr(transformers, class_name)(cfg).parameters())
+    if size > MAX_PARAMETERS:
+        raise SkipArch(f"build: {size / 1e6:.0f}M parameters at 'tiny' size (the generic "
+                       f"shrinking missed some of its sizes)")
     torch.manual_seed(0)
     model = getattr(transformers, class_name)(cfg).eval()
     model.save_pretrained(folder)
@@ -199,6 +210,9 @@ def worker(archs: list[str], names: dict) -> None:
 
     from batchrun.models.weights.resolve import resolve_model
 
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (MAX_MEMORY + (4 << 30), resource.RLIM_INFINITY))
     hf_logging.set_verbosity_error()
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(None).path)

@@ -62,6 +62,21 @@ BACKEND_ARCHS = {
         "moe_intermediate_size": 64, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", {
         "head_dim": 32, "intermediate_size": 128, **_MOE, **_SWA}),
+    # Attention that does not call AttentionInterface (models/transformers/inline/): ALiBi
+    # (BLOOM, Falcon's alibi variant), Falcon's RoPE with multi-query and new-decoder K/V
+    # groups, GPT-Neo's unscaled local (8-token) and global layers, OpenAI-GPT.
+    "bloom": ("BloomConfig", "BloomForCausalLM", {}),
+    "falcon": ("FalconConfig", "FalconForCausalLM", {"new_decoder_architecture": True,
+                                                     "num_kv_heads": 2}),
+    "falcon-mqa": ("FalconConfig", "FalconForCausalLM", {"multi_query": True,
+                                                         "parallel_attn": True}),
+    "falcon-alibi": ("FalconConfig", "FalconForCausalLM", {
+        "alibi": True, "multi_query": False, "parallel_attn": False}),
+    "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM", {
+        "attention_types": [[["global", "local"], 1]], "window_size": 8}),
+    "openai-gpt": ("OpenAIGPTConfig", "OpenAIGPTLMHeadModel", {}),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", {
+        "partial_rotary_factor": 0.25, "qk_layernorm": True, "use_qkv_bias": True}),
 }
 
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from batchrun.models.layers import packed_linear
 from batchrun.models.config.classifier import classifier_labels
-from batchrun.models.transformers import attention, probe
+from batchrun.models.transformers import attention, inline, probe
 from batchrun.models.transformers.support import UnsupportedModelError
 
 if TYPE_CHECKING:  # transformers' modelling code loads with the backend, not with this module
@@ -113,10 +113,11 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: str = "no
 
     attention.register()
     trust = auto_kwargs(trust_remote_code)
-    auto = AutoModelForSequenceClassification \
-        if classifier_labels(AutoConfig.from_pretrained(path, **trust)) else AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(path, **trust)
+    auto = AutoModelForSequenceClassification if classifier_labels(config) else AutoModelForCausalLM
     hf = from_pretrained_checked(auto, path, dtype=dtype, device_map=device,
-                                 attn_implementation=attention.NAME, **trust)
+                                 attn_implementation=inline.load_implementation(
+                                     config, attention.NAME), **trust)
     model = wrap(hf.eval(), quantization=quantization, path=path)
     if device.type == "cpu" and packed_linear.available(dtype):  # as the native model's
         packed_linear.pack_linears(hf)
@@ -167,6 +168,18 @@ def attention_implementation(config, text_config) -> str | dict:
     raise UnsupportedModelError(f"{config.model_type}: no sub-config holds its text config")
 
 
+def use_batchrun_attention(hf) -> None:
+    """Point `hf`'s attention at the "batchrun" function (its decoder's, for a vision-language
+    model), or for a family whose attention modules do not call AttentionInterface, replace
+    their forwards (inline/)."""
+    attention.register()
+    cfg = hf.config.get_text_config()
+    if inline.replaces(cfg):
+        inline.install(hf, attention.NAME)
+    else:
+        hf.set_attn_implementation(attention_implementation(hf.config, cfg))
+
+
 def config_of(cfg, shapes: dict, windows: dict) -> BackendConfig:
     """The engine's config of a model whose text config is `cfg`, from what the probe saw its
     layers attend (probe.run, or check.shapes_from_config without weights): one KV shape."""
@@ -200,9 +213,8 @@ def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: str = "none",
         from batchrun.models.transformers.quantized import quantize_decoder
 
         quantize_decoder(hf, quantization, path)
-    attention.register()
+    use_batchrun_attention(hf)
     cfg = hf.config.get_text_config()  # a vision-language model's decoder's
-    hf.set_attn_implementation(attention_implementation(hf.config, cfg))
     windows: dict = {}
     try:
         hidden, shapes = probe.run(hf, lambda ids, pos: hf.base_model(
