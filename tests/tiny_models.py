@@ -64,7 +64,8 @@ BACKEND_ARCHS = {
         "head_dim": 32, "intermediate_size": 128, **_MOE, **_SWA}),
     # Attention that does not call AttentionInterface (models/transformers/inline/): ALiBi
     # (BLOOM, Falcon's alibi variant), Falcon's RoPE with multi-query and new-decoder K/V
-    # groups, GPT-Neo's unscaled local (8-token) and global layers, OpenAI-GPT.
+    # groups, GPT-Neo's unscaled local (8-token) and global layers, OpenAI-GPT, MPT (ALiBi,
+    # clipped q/k/v).
     "bloom": ("BloomConfig", "BloomForCausalLM", {}),
     "falcon": ("FalconConfig", "FalconForCausalLM", {"new_decoder_architecture": True,
                                                      "num_kv_heads": 2}),
@@ -75,6 +76,7 @@ BACKEND_ARCHS = {
     "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM", {
         "attention_types": [[["global", "local"], 1]], "window_size": 8}),
     "openai-gpt": ("OpenAIGPTConfig", "OpenAIGPTLMHeadModel", {}),
+    "mpt": ("MptConfig", "MptForCausalLM", {"attn_config": {"clip_qkv": 4.0}}),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", {
         "partial_rotary_factor": 0.25, "qk_layernorm": True, "use_qkv_bias": True}),
 }

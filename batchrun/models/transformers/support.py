@@ -22,7 +22,8 @@ VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "llava", "idefics3", "smolvlm", 
 # Families whose attention classes (named here, by model type) compute attention inline instead
 # of calling transformers' AttentionInterface: inline/ replaces those modules' forwards.
 INLINE_ATTENTION = {"bloom": "BloomAttention", "falcon": "FalconAttention",
-                    "gpt_neo": "GPTNeoSelfAttention", "openai-gpt": "Attention"}
+                    "gpt_neo": "GPTNeoSelfAttention", "openai-gpt": "Attention",
+                    "mpt": "MptAttention"}
 
 
 class UnsupportedModelError(ValueError):

@@ -1,5 +1,5 @@
 """Families whose attention classes compute attention inline instead of calling transformers'
-AttentionInterface (BLOOM, Falcon, GPT-Neo, OpenAI-GPT): the backend replaces each attention
+AttentionInterface (BLOOM, Falcon, GPT-Neo, OpenAI-GPT, MPT): the backend replaces each attention
 module's forward, on the loaded model's own instances, with one that computes q/k/v with the
 module's own projections, applies the family's positional scheme (its RoPE, ALiBi's slopes,
 GPT-Neo's local windows) and attends on the engine's paged cache (attention.attend_layer).
@@ -24,8 +24,12 @@ FORWARDS: dict[str, Callable[..., Any]] = {
     "falcon": families.falcon_forward,
     "gpt_neo": families.gpt_neo_forward,
     "openai-gpt": families.openai_gpt_forward,
+    "mpt": families.mpt_forward,
 }
 assert set(FORWARDS) == set(INLINE_ATTENTION)
+# Families whose decoder uses the mask it builds (MPT casts it): they keep transformers' eager
+# mask, which their replaced attention ignores.
+KEEPS_MASK = {"mpt"}
 
 
 def replaces(config) -> bool:
@@ -41,7 +45,8 @@ def load_implementation(config, name: str) -> str:
 
 def install(hf, name: str) -> None:
     """Replace the forward of each of `hf`'s attention modules of its family, numbering them
-    in order as the layers whose KV cache they read; its config then names attention `name`."""
+    in order as the layers whose KV cache they read; its config then names attention `name`
+    (its masks none), except where KEEPS_MASK keeps them."""
     model_type = hf.config.get_text_config().model_type
     class_name, forward = INLINE_ATTENTION[model_type], FORWARDS[model_type]
     layer = 0
@@ -51,4 +56,5 @@ def install(hf, name: str) -> None:
             module.batchrun_layer = layer
             module.forward = MethodType(forward, module)
             layer += 1
-    hf.config._attn_implementation = name
+    if model_type not in KEEPS_MASK:
+        hf.config._attn_implementation = name

@@ -87,3 +87,16 @@ def openai_gpt_forward(self, x, attention_mask=None, output_attentions=False):
     scale = 1 / math.sqrt(v.shape[-1]) if self.scale else 1.0
     out = attend_layer(self.batchrun_layer, q, k, v, scale)
     return [self.resid_dropout(self.c_proj(out.reshape(1, x.shape[1], -1)))]
+
+
+def mpt_forward(self, hidden_states, position_bias, cache=None, attention_mask=None, **kwargs):
+    qkv = self.Wqkv(hidden_states)
+    if self.clip_qkv:
+        qkv = qkv.clamp(min=-self.clip_qkv, max=self.clip_qkv)
+    q, k, v = (_heads(part, self.n_heads) for part in qkv.chunk(3, dim=2))
+    slopes = None
+    if position_bias is not None:  # MPT's ALiBi (as MptModel builds it: its default bias max)
+        two = _family(self).build_mpt_alibi_tensor(self.n_heads, 2, device=q.device)
+        slopes = -two.view(self.n_heads, 2)[:, 0].float()
+    out = attend_layer(self.batchrun_layer, q, k, v, self.softmax_scale, alibi=slopes)
+    return self.out_proj(out.reshape(1, hidden_states.shape[1], -1)), None
