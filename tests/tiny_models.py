@@ -69,6 +69,23 @@ BACKEND_ARCHS = {
         "head_dim": 32, "num_experts": 4, "moe_topk": 2}),
     # Differential attention: two attention calls per layer over one K, each with half of V.
     "diffllama": ("DiffLlamaConfig", "DiffLlamaForCausalLM", {}),
+    # Attention that does not call AttentionInterface (models/transformers/inline/): ALiBi
+    # (BLOOM, Falcon's alibi variant), Falcon's RoPE with multi-query and new-decoder K/V
+    # groups, GPT-Neo's unscaled local (8-token) and global layers, OpenAI-GPT, MPT (ALiBi,
+    # clipped q/k/v).
+    "bloom": ("BloomConfig", "BloomForCausalLM", {}),
+    "falcon": ("FalconConfig", "FalconForCausalLM", {"new_decoder_architecture": True,
+                                                     "num_kv_heads": 2}),
+    "falcon-mqa": ("FalconConfig", "FalconForCausalLM", {"multi_query": True,
+                                                         "parallel_attn": True}),
+    "falcon-alibi": ("FalconConfig", "FalconForCausalLM", {
+        "alibi": True, "multi_query": False, "parallel_attn": False}),
+    "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM", {
+        "attention_types": [[["global", "local"], 1]], "window_size": 8}),
+    "openai-gpt": ("OpenAIGPTConfig", "OpenAIGPTLMHeadModel", {}),
+    "mpt": ("MptConfig", "MptForCausalLM", {"attn_config": {"clip_qkv": 4.0}}),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", {
+        "partial_rotary_factor": 0.25, "qk_layernorm": True, "use_qkv_bias": True}),
 }
 
 

@@ -1,6 +1,6 @@
 """Attention from the generic layout alone (any backend's metadata): the portable path for the
 attention variants the fast backends do not implement (sliding windows, logit soft-capping,
-attention sinks), and the yardstick tests hold the backends to. Decode rows (one query token)
+attention sinks, ALiBi), and the yardstick tests hold the backends to. Decode rows (one query token)
 are attended in one batched call, each prefill chunk in one call over its gathered context
 (only the last window's keys when a window is set).
 """
@@ -18,14 +18,17 @@ from batchrun.engine.attention.kv_write import read_rows, store_rows
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                         v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, *,
                         sliding_window: int | None = None, softcap: float | None = None,
-                        sinks: torch.Tensor | None = None) -> torch.Tensor:
+                        sinks: torch.Tensor | None = None,
+                        alibi: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, H, D], k/v [T, Hkv, D] of the step's rows (written into the cache at
     meta.slot_mapping); returns [T, H, D], computed in float32 at least.
 
     sliding_window: a row at position p attends to positions p - sliding_window < j <= p only
     (transformers' sliding-window layers). softcap: scores become softcap * tanh(score /
     softcap) before masking (Gemma 2). sinks [H]: a learned logit per head that joins each
-    row's softmax denominator and attends to nothing (GPT-OSS). meta.visible_until: rows that
+    row's softmax denominator and attends to nothing (GPT-OSS). alibi [H]: each head's score
+    of a key gains slope * the key's position (ALiBi: BLOOM, Falcon; softmax leaves the
+    query's own position out of it). meta.visible_until: rows that
     also see later keys of their sequence (an image's tokens, both ways within the image; the
     step holds the whole image).
     """
@@ -35,7 +38,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cac
     ctx = meta.context_lens.tolist()
     out = torch.empty_like(q)
     decode = [s for s in range(len(ctx)) if starts[s + 1] - starts[s] == 1]
-    extras: dict[str, Any] = dict(window=sliding_window, softcap=softcap, sinks=sinks)
+    extras: dict[str, Any] = dict(window=sliding_window, softcap=softcap, sinks=sinks,
+                                  alibi=alibi)
     until = meta.visible_until
     if decode:
         rows = torch.tensor([starts[s] for s in decode], device=q.device)
@@ -51,7 +55,7 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cac
 
 
 def _attend_sequences(q: torch.Tensor, ctx: list[int], seqs: list[int], k_cache, v_cache, meta,
-                      scale: float, window, softcap, sinks,
+                      scale: float, window, softcap, sinks, alibi=None,
                       until: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, n, H, D]: the last n tokens of each of sequences `seqs` (context lengths ctx);
     until [B, n]: keys before it are visible too (meta.visible_until's rows)."""
@@ -73,14 +77,17 @@ def _attend_sequences(q: torch.Tensor, ctx: list[int], seqs: list[int], k_cache,
         later = (keys > qpos[:, :, None]) & (keys < until.to(dev)[:, :, None])
         allowed |= valid[:, None, :] & later
     dt = torch.promote_types(q.dtype, torch.float32)
+    bias = None if alibi is None else alibi.to(dt)[None, :, None] * kpos[:, None, :].to(dt)
     return attend(q, read_rows(k_cache, slots, dt), read_rows(v_cache, slots, dt), allowed, scale,
-                  softcap, sinks)
+                  softcap, sinks, bias)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float,
-           softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+           softcap: float | None = None, sinks: torch.Tensor | None = None,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
     """Dense attention, in float32 at least: q [B, n, H, D], k/v [B, L, Hkv, Dv], allowed
-    [B, n, L] bool, sinks [H] or None; returns [B, n, H, Dv] in q's dtype."""
+    [B, n, L] bool, sinks [H] or None, bias [B, H, L] (added to the scores of every query) or
+    None; returns [B, n, H, Dv] in q's dtype."""
     b, n, h, d = q.shape
     hkv = k.shape[2]
     dt = torch.promote_types(q.dtype, torch.float32)
@@ -88,6 +95,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Ten
     scores = torch.einsum("bnkgd,blkd->bkgnl", qg, k.to(dt)) * scale
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias.view(b, hkv, h // hkv, 1, -1)
     scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
     if sinks is not None:
         sink = sinks.to(dt).view(1, hkv, h // hkv, 1, 1).expand(b, -1, -1, n, 1)

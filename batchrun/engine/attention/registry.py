@@ -40,26 +40,31 @@ def select_backend(env: BackendEnv) -> AttentionBackend[Any]:
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
                     window: int | None = None, softcap: float | None = None,
-                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+                    sinks: torch.Tensor | None = None,
+                    alibi: torch.Tensor | None = None) -> torch.Tensor:
     """One layer's attention for the step: q [T, H, D], k/v [T, Hkv, D] of the step's rows (written
     into k_cache/v_cache at meta.slot_mapping); returns [T, H, D]. Runs the backend whose
     builder made `meta`. window: the layer's sliding window (a row at position p sees
     positions p - window < j <= p); softcap: scores become softcap * tanh(score / softcap);
     sinks [H]: a learned logit per head that joins the softmax's denominator only (GPT-OSS).
+    alibi [H]: ALiBi's slope per head, a score gaining slope * the key's position (BLOOM,
+    Falcon): the reference attention runs it, the backends' kernels do not yet.
     meta.visible_until set: rows also see later keys of their sequence before it. An fp8 or
     int8 cache carries its scales (fp8_kv.py, int8_kv.py)."""
     if k_cache.dtype in QUANTIZED:
         return QUANTIZED[k_cache.dtype](_attend, q, k, v, k_cache, v_cache, meta, scale, window,
-                                        softcap, sinks)
-    return _attend(q, k, v, k_cache, v_cache, meta, scale, window, softcap, sinks)
+                                        softcap, sinks, alibi)
+    return _attend(q, k, v, k_cache, v_cache, meta, scale, window, softcap, sinks, alibi)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
             v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int | None,
-            softcap: float | None, sinks: torch.Tensor | None) -> torch.Tensor:
-    if meta.visible_until is not None and type(meta) not in _SEES_AHEAD:
+            softcap: float | None, sinks: torch.Tensor | None,
+            alibi: torch.Tensor | None = None) -> torch.Tensor:
+    if alibi is not None or (meta.visible_until is not None and type(meta) not in _SEES_AHEAD):
         return reference_attention(q, k, v, k_cache, v_cache, meta, scale,
-                                   sliding_window=window, softcap=softcap, sinks=sinks)
+                                   sliding_window=window, softcap=softcap, sinks=sinks,
+                                   alibi=alibi)
     if window is None and not softcap and sinks is None:
         return _FORWARD[type(meta)](q, k, v, k_cache, v_cache, meta, scale)
     return _FORWARD[type(meta)](q, k, v, k_cache, v_cache, meta, scale, window, softcap, sinks)

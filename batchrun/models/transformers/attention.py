@@ -76,28 +76,40 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
                        sliding_window: int | None = None, softcap: float | None = None,
                        s_aux: torch.Tensor | None = None, **kwargs):
     """query [1, H, T, D], key/value [1, Hkv, T, D(v)] -> ([1, T, H, Dv], None)."""
-    current = _current
-    if current is None:
-        raise RuntimeError("the batchrun attention function runs only inside a batchrun step")
-    current.calls += 1
     layer = getattr(module, "layer_idx", None)
     if layer is None:
         raise UnsupportedModelError(f"{type(module).__name__} has no layer_idx: the backend "
                                     f"cannot tell which layer's KV cache it reads")
-    index = current.cache_index(layer)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, D]
+    out = attend_layer(layer, q, k, v, scaling, sliding_window, softcap, s_aux,
+                       causal=getattr(module, "is_causal", True) is not False)
+    return out.unsqueeze(0), None
+
+
+def attend_layer(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 scale: float | None = None, window: int | None = None,
+                 softcap: float | None = None, sinks: torch.Tensor | None = None,
+                 alibi: torch.Tensor | None = None, causal: bool = True) -> torch.Tensor:
+    """Layer `layer`'s attention on the step's paged cache (this call's KV cache: a layer that
+    calls attention twice has two): q [T, H, D], k/v [T, Hkv, D(v)] -> [T, H, Dv]. alibi:
+    ALiBi's per-head slopes [H] (a score gains slope * key position)."""
+    current = _current
+    if current is None:
+        raise RuntimeError("the batchrun attention function runs only inside a batchrun step")
+    current.calls += 1
+    index = current.cache_index(layer)
     dv = v.shape[-1]
     if current.shapes is not None:
         shape = (q.shape[1], k.shape[1], k.shape[2], dv)
         if current.shapes.setdefault(layer, shape) != shape:
             raise UnsupportedModelError(f"layer {layer}'s attention calls differ in shape "
                                         f"({current.shapes[layer]}, {shape}); the KV cache has one")
-        current.bidirectional |= getattr(module, "is_causal", True) is False
+        current.bidirectional |= not causal
     if current.windows is not None:
-        current.windows[layer] = sliding_window or None
+        current.windows[layer] = window or None
     if current.kv_caches is None:  # a shape-only probe (check.shapes_from_config): no cache
-        return query.new_zeros(1, q.shape[0], q.shape[1], dv), None
-    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+        return q.new_zeros(q.shape[0], q.shape[1], dv)
+    scale = scale if scale is not None else q.shape[-1] ** -0.5
     width = max(k.shape[-1], dv)  # zeros added to q and k leave the scores as they are
     if dv < width:
         v = F.pad(v, (0, width - dv))
@@ -106,10 +118,10 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
     k_cache, v_cache = current.kv_caches[index]
     assert current.meta is not None  # a step with caches has its metadata
     meta = layer_metadata(current.meta, index)
-    window = sliding_window if sliding_window and sliding_window < current.max_context else None
+    window = window if window and window < current.max_context else None
     out = paged_attention(q.contiguous(), k, v, k_cache, v_cache, meta, scale,
-                          window=window, softcap=softcap or None, sinks=s_aux)
-    return out[..., :dv].unsqueeze(0), None
+                          window=window, softcap=softcap or None, sinks=sinks, alibi=alibi)
+    return out[..., :dv]
 
 
 def implementation(config, text_config, name: str = NAME) -> str | dict:

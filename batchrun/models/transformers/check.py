@@ -84,13 +84,13 @@ def shapes_from_config(hf, hf_model=None, calls: dict | None = None) -> tuple[di
     import torch
 
     from batchrun.models.transformers import attention
+    from batchrun.models.transformers.model import use_batchrun_attention
     from batchrun.models.transformers.probe import PROBE_IDS, check_attended
 
     hf_model = meta_model(hf) if hf_model is None else hf_model
     if hf_model is None:
         raise UnsupportedModelError(f"transformers cannot build {hf.model_type} from its config")
-    attention.register()
-    hf_model.set_attn_implementation(attention.implementation(hf, hf.get_text_config()))
+    use_batchrun_attention(hf_model)
     hf_model.to(torch.bfloat16)  # grouped expert GEMMs have meta kernels in bfloat16 only
     n = len(PROBE_IDS)
     ids = torch.zeros(1, n, dtype=torch.long, device="meta")

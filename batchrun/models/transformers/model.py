@@ -17,7 +17,7 @@ from torch import nn
 
 from batchrun.models.layers import packed_linear
 from batchrun.models.config.classifier import classifier_labels
-from batchrun.models.transformers import attention, own_forward, plain_linears, probe
+from batchrun.models.transformers import attention, inline, own_forward, plain_linears, probe
 from batchrun.models.transformers.support import UnsupportedModelError
 from batchrun.models.quant.methods import METHODS, Method
 
@@ -123,10 +123,11 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = 
 
     attention.register()
     trust = auto_kwargs(trust_remote_code)
-    auto = AutoModelForSequenceClassification \
-        if classifier_labels(AutoConfig.from_pretrained(path, **trust)) else AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(path, **trust)
+    auto = AutoModelForSequenceClassification if classifier_labels(config) else AutoModelForCausalLM
     hf = from_pretrained_checked(auto, path, dtype=dtype, device_map=device,
-                                 attn_implementation=attention.NAME, **trust)
+                                 attn_implementation=inline.load_implementation(
+                                     config, attention.NAME), **trust)
     model = wrap(hf.eval(), quantization=quantization, path=path)
     if device.type == "cpu" and packed_linear.available(dtype):  # as the native model's
         pack(model)
@@ -164,6 +165,18 @@ def from_pretrained_checked(auto, path, **kwargs):
         raise ModelFolderError(f"{where}: the checkpoint lacks weights: {missing[:5]}"
                                f"{'…' if len(missing) > 5 else ''}")
     return hf
+
+
+def use_batchrun_attention(hf) -> None:
+    """Point `hf`'s attention at the "batchrun" function (its decoder's, for a vision-language
+    model), or for a family whose attention modules do not call AttentionInterface, replace
+    their forwards (inline/)."""
+    attention.register()
+    cfg = hf.config.get_text_config()
+    if inline.replaces(cfg):
+        inline.install(hf, attention.NAME)
+    else:
+        hf.set_attn_implementation(attention.implementation(hf.config, cfg))
 
 
 def config_of(cfg, shapes: dict, windows: dict, calls: dict | None = None) -> BackendConfig:
@@ -205,17 +218,16 @@ def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: Method = METH
     forward over a few tokens: every layer must attend through the paged cache with one KV
     shape, and compute_logits must reproduce transformers' own logits. The linears its
     modelling code uses directly (plain_linears.py) stay nn.Linear: `model.plain_linears`."""
-    attention.register()
     cfg = hf.config.get_text_config()  # a vision-language model's decoder's
-    implementation = attention.implementation(hf.config, cfg)
-    hf.set_attn_implementation(implementation)
+    use_batchrun_attention(hf)
     plain: set[str] = set()
     if quantization.quantizes:
         from batchrun.models.transformers.quantized import quantize_decoder
 
         plain = plain_linears.find(hf, lambda: _probe(hf, cfg, full=True))  # on the float model
-        quantize_decoder(hf, quantization, path, keep=plain)
-        hf.set_attn_implementation(implementation)  # the calibration ran on SDPA
+        with inline.suspended(hf):  # its own attention forwards for the calibration
+            quantize_decoder(hf, quantization, path, keep=plain)
+        use_batchrun_attention(hf)  # the calibration ran on SDPA
     windows: dict = {}
     calls: dict = {}
     with plain_linears.traced(hf) as used:

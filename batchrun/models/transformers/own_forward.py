@@ -10,13 +10,18 @@ import contextlib
 import torch
 
 from batchrun.models import load_check
-from batchrun.models.transformers import attention
+from batchrun.models.transformers import attention, inline
 
 
 @contextlib.contextmanager
 def own_attention(hf):
-    """hf's decoder on transformers' eager attention for the duration."""
+    """hf's decoder on transformers' eager attention for the duration (a family whose attention
+    forwards the backend replaced: its own forwards, inline.suspended)."""
     text = hf.config.get_text_config()
+    if inline.replaces(text):
+        with inline.suspended(hf):
+            yield
+        return
     hf.set_attn_implementation(attention.implementation(hf.config, text, "eager"))
     try:
         yield

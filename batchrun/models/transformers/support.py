@@ -19,6 +19,12 @@ RECURRENT_MODEL_TYPES = {
 # placeholder tokens their processors write per image).
 VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "llava", "idefics3", "smolvlm", "gemma3")
 
+# Families whose attention classes (named here, by model type) compute attention inline instead
+# of calling transformers' AttentionInterface: inline/ replaces those modules' forwards.
+INLINE_ATTENTION = {"bloom": "BloomAttention", "falcon": "FalconAttention",
+                    "gpt_neo": "GPTNeoSelfAttention", "openai-gpt": "Attention",
+                    "mpt": "MptAttention"}
+
 
 class UnsupportedModelError(ValueError):
     """The model cannot run on the requested path; the message says why."""
@@ -59,10 +65,20 @@ def transformers_reason(hf) -> str | None:
     cls = causal_lm_class(hf)
     if cls is None:
         return f"transformers has no causal-LM class for model type {model_type!r}"
-    if not getattr(cls, "_supports_attention_backend", False):
+    if not takes_attention_function(cls, hf):
         return (f"{cls.__name__} does not take a custom attention function (transformers' "
                 f"AttentionInterface)")
     return None
+
+
+def takes_attention_function(cls, hf) -> bool:
+    """Whether the backend can attend for `cls`'s layers: the class says it takes transformers'
+    AttentionInterface, or its modelling code calls it (transformers' own test of its source,
+    as set_attn_implementation makes it), or inline/ replaces its attention modules."""
+    if getattr(cls, "_supports_attention_backend", False) or hf.model_type in INLINE_ATTENTION:
+        return True
+    can_set = getattr(cls, "_can_set_attn_implementation", None)
+    return bool(can_set and can_set())
 
 
 def causal_lm_class(hf):
