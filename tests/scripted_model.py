@@ -23,6 +23,7 @@ class ScriptedModel(torch.nn.Module):
     def __init__(self, vocab_size: int, max_len: int = 2048):
         super().__init__()
         self.vocab_size = vocab_size
+        self.num_labels = 0  # a causal LM (engine/model.py's NativeModel)
         self.scripts: dict[int, list[int]] = {}
         self.config = SimpleNamespace(num_heads=1, num_kv_heads=1, head_dim=1, num_layers=0,
                                       vocab_size=vocab_size, max_position_embeddings=max_len,

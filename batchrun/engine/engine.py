@@ -12,10 +12,10 @@ from batchrun.engine.errors import PromptTooLongError
 from batchrun.engine.kv_cache import KVCacheManager
 from batchrun.engine.kv_groups import kv_groups
 from batchrun.engine.lora import AdapterSlots
-from batchrun.engine.model import TakesImages
 from batchrun.engine.multimodal import MultiModalInputs
 from batchrun.engine.outputs import RequestOutput
 from batchrun.engine.request import Group, Request, Status
+from batchrun.engine.request_checks import ImagesCheck, LoraCheck, PoolingCheck, RequestCheck
 from batchrun.engine.runner import ModelRunner
 from batchrun.engine.sampler import Sampler
 from batchrun.engine.sampling_params import SamplingParams
@@ -63,6 +63,10 @@ class Engine:
         self.updater = OutputProcessor(self.sequences, self.scheduler, self.kv, self.scores,
                                        self.sampler, self.runner.copy_block, self.stats,
                                        self.eos_token_ids, max_model_len)
+        # what a request may ask of this engine, by feature (engine/request_checks.py)
+        self.request_checks: list[RequestCheck] = [
+            LoraCheck(adapters), PoolingCheck(model.num_labels),
+            ImagesCheck(model, config.scheduler.max_num_batched_tokens)]
 
     @property
     def hidden_size(self) -> int | None:
@@ -89,14 +93,6 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         if params.n < 1:
             raise ValueError("n must be at least 1")
-        if params.lora is not None and (self.adapters is None or not self.adapters.known(params.lora)):
-            raise ValueError(f"unknown LoRA adapter {params.lora!r}")
-        if params.pooling is not None and (params.max_tokens != 0 or params.n != 1):
-            raise ValueError("a pooling request is prefill-only: it needs max_tokens=0 and n=1")
-        if params.pooling is not None and params.pooling.head and not self.runner.model.num_labels:
-            raise ValueError("this model has no sequence-classification head")
-        if params.pooling is not None and params.pooling.token_ids and self.runner.model.num_labels:
-            raise ValueError("a sequence classifier has no LM head to read token logits from")
         prompt_len = len(prompt_token_ids)
         if prompt_len == 0:
             raise ValueError("the prompt is empty")
@@ -110,15 +106,8 @@ class Engine:
             raise PromptTooLongError(
                 f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the model's "
                 f"context length of {self.max_model_len} tokens")
-        if multimodal is not None:
-            if not isinstance(self.runner.model, TakesImages):
-                raise ValueError("this model takes text only; the request has images")
-            self.runner.model.place_images(list(prompt_token_ids), multimodal)
-            budget = self.config.scheduler.max_num_batched_tokens
-            if multimodal.bidirectional and any(b - a > budget for a, b in multimodal.spans):
-                raise ValueError(f"an image takes more tokens than a step computes "
-                                 f"(--max-num-batched-tokens {budget}), and this model's image "
-                                 f"tokens must be computed in one step")
+        for feature in self.request_checks:
+            feature.check(prompt_token_ids, params, multimodal)
         group = Group(request_id, params.n, stream)
         group.multimodal = multimodal
         leader = self.sequences.new_sequence(group, 0, list(prompt_token_ids), params, max_tokens,
