@@ -329,7 +329,7 @@ def backend_config(hf):
     text = full.get_text_config()
     calls: dict = {}
     try:
-        shapes, windows = check.shapes_from_config(full, calls)
+        shapes, windows = check.shapes_from_config(full, calls=calls)
     except UnsupportedModelError:
         raise
     except Exception:  # data-dependent code in its forward: the config's own description

@@ -113,6 +113,10 @@ def _root(node: ast.expr) -> str | None:
 THIRD_PARTY_PRIVATE = {
     "_call_s3",  # s3fs: fsspec's async API names each coroutine `_<method>`
     "_location",  # gcsfs: the JSON API's endpoint, which its own `call` does not prefix
+    # transformers: a config's attention implementation, which set_attn_implementation refuses
+    # to change on the families whose attention does not go through AttentionInterface
+    "_attn_implementation",
+    "_split_heads",  # transformers' FalconAttention method (inline/ binds our forward to it)
 }
 
 
