@@ -120,7 +120,7 @@ def tied_logits_copy_bytes(cfg, dtype: torch.dtype | str | None = None,
     dt = dtype_of(dtype, dev)
     if vision_language_parameters(cfg) is not None or not _packs_tied_logits(cfg, dev, dt):
         return 0
-    return cfg.vocab_size * cfg.hidden_size * _elem(dt)
+    return cfg.vocab_size * cfg.hidden_size * dt.itemsize
 
 
 def device_of(device) -> torch.device:
@@ -133,10 +133,6 @@ def dtype_of(dtype, device: torch.device) -> torch.dtype:
     from batchrun.engine.devices import pick_dtype
 
     return dtype if isinstance(dtype, torch.dtype) else pick_dtype(dtype or "auto", device)
-
-
-def _elem(dtype: torch.dtype) -> int:
-    return torch.tensor([], dtype=dtype).element_size()
 
 
 def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
@@ -166,7 +162,7 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
         raise UnsupportedModelError(f"--quantization {how.name} needs the native path; this "
                                     "model runs on the transformers backend")
     if whole is not None and not how.quantizes:  # held as built, in the run dtype
-        return whole * _elem(dt)
+        return whole * dt.itemsize
     if precision.stored is not None and not is_native(cfg) and whole is None:
         raise UnsupportedModelError(f"the checkpoint is stored quantized ({precision.stored.method}), "
                                     "which loads on the native path only")
@@ -179,9 +175,9 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
         from batchrun.models.quant.gguf import kept_bytes
 
         weights, kept = kept_bytes(gguf)
-        return (count - weights) * _elem(dt) + kept
+        return (count - weights) * dt.itemsize + kept
     if not precision.has_quantized_layers or (how.needs_gguf and precision.stored is None):
-        return count * _elem(dt)  # float; gguf without its file: counted as float
+        return count * dt.itemsize  # float; gguf without its file: counted as float
     extra = 0
     if how.quantizes:
         count, extra = _logits_layer(cfg, precision, dev, dt, count)
@@ -198,7 +194,7 @@ def weights_bytes(cfg, dtype: torch.dtype | str | None = None,
 
         smoothed = quantized_linear_shapes(cfg, smoothed=True)
         extra += sum(smoothed_bytes(*shape) * n for shape, n in smoothed.items())
-    return count * _elem(dt) + extra
+    return count * dt.itemsize + extra
 
 
 def _logits_layer(cfg, precision, dev: torch.device, dt: torch.dtype, count: int) -> tuple[int, int]:
@@ -221,15 +217,6 @@ def _logits_layer(cfg, precision, dev: torch.device, dt: torch.dtype, count: int
     return count, held
 
 
-def kv_layout_of(engine_config: EngineConfig, cfg, device: torch.device, dtype: torch.dtype):
-    """engine/kv_sizing.py's kv_layout, --kv-cache-dtype auto as the --quantization method means it."""
-    from batchrun.engine.kv_sizing import kv_layout
-    from batchrun.models.quant import method
-
-    auto = method(engine_config.device.quantization).default_kv_dtype(dtype)
-    return kv_layout(engine_config, cfg, device, dtype, auto)
-
-
 def is_native(cfg) -> bool:
     return isinstance(cfg, ModelConfig)
 
@@ -240,12 +227,12 @@ def _backend_bytes(cfg, whole: int | None, dt: torch.dtype, precision) -> int:
     model's `whole` parameters as built; a text model's as unquantized)."""
     from batchrun.models.quant.smoothquant import smoothed_bytes
 
-    held = whole * _elem(dt) if whole is not None else weights_bytes(cfg, dt)
+    held = whole * dt.itemsize if whole is not None else weights_bytes(cfg, dt)
     if not precision.method.quantizes:
         return held
     shapes = _meta_counts(cfg.hf_config)[3]
     smoothing = smoothed_bytes if precision.calibrated else lambda o, i: 0  # every linear's
-    return held + sum((precision.layer_bytes(o, i) + smoothing(o, i) - o * i * _elem(dt)) * n
+    return held + sum((precision.layer_bytes(o, i) + smoothing(o, i) - o * i * dt.itemsize) * n
                       for (o, i), n in shapes.items())
 
 
@@ -282,8 +269,10 @@ def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,
 
     dev = device_of(device)
     dt = dtype_of(dtype if dtype is not None else engine_config.device.dtype, dev)
-    num_blocks, _, kv_dtype = kv_layout_of(engine_config, cfg, dev, dt)
-    per_block = kv_block_bytes(cfg, engine_config.cache.block_size, _elem(kv_dtype),
+    from batchrun.llm import kv_layout_for
+
+    num_blocks, _, kv_dtype = kv_layout_for(engine_config, cfg, dev, dt)
+    per_block = kv_block_bytes(cfg, engine_config.cache.block_size, kv_dtype.itemsize,
                                4 if kv_dtype == torch.int8 else 0)
     scales = 2 * 4 * cfg.num_layers if kv_dtype.is_floating_point and kv_dtype.itemsize == 1 else 0
     return num_blocks, (num_blocks + 1) * per_block + scales

@@ -219,10 +219,7 @@ def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: 
                  dtype: torch.dtype, base_names: tuple[str, ...] = ()) -> Engine:
     """The engine over `model`, with the LoRA adapters config.lora names (checked now: a bad
     one is a LoraError, a ValueError)."""
-    from batchrun.models.quant import method
-
-    auto_kv = method(config.device.quantization).default_kv_dtype(dtype)
-    num_blocks, max_model_len, kv_dtype = kv_layout(config, model.config, device, dtype, auto_kv)
+    num_blocks, max_model_len, kv_dtype = kv_layout_for(config, model.config, device, dtype)
     kv_scales = fp8_kv_scales(model) if kv_dtype.is_floating_point and kv_dtype.itemsize == 1 \
         else None
     adapters = None
@@ -234,6 +231,15 @@ def build_engine(model, tokenizer, config: EngineConfig, eos_token_ids, device: 
                                dtype, base_names)
     return Engine(model, tokenizer, config, eos_token_ids, device, dtype, num_blocks, max_model_len,
                   kv_dtype=kv_dtype, adapters=adapters, kv_scales=kv_scales)
+
+
+def kv_layout_for(config: EngineConfig, model_cfg, device: torch.device, dtype: torch.dtype):
+    """engine/kv_sizing.py's kv_layout with --kv-cache-dtype auto as the --quantization method
+    means it (the engine cannot import models/); footprint sizes the pool with it too."""
+    from batchrun.models.quant import method
+
+    auto = method(config.device.quantization).default_kv_dtype(dtype)
+    return kv_layout(config, model_cfg, device, dtype, auto)
 
 
 def fp8_kv_scales(model) -> torch.Tensor:

@@ -243,7 +243,9 @@ def describe_model(estimate: Estimate, cfg: Any, engine: EngineConfig, groups: A
     from batchrun import footprint
     from batchrun.engine.devices import pick_device, pick_dtype
     device = pick_device(engine.device.device)
-    _, _, kv_dtype = footprint.kv_layout_of(engine, cfg, device, pick_dtype(engine.device.dtype, device))
+    from batchrun.llm import kv_layout_for
+
+    _, _, kv_dtype = kv_layout_for(engine, cfg, device, pick_dtype(engine.device.dtype, device))
     cost = footprint.compute(cfg)
     estimate.model_path = "native" if isinstance(cfg, ModelConfig) else "transformers"
     estimate.parameters, estimate.active_parameters = cost.parameters, cost.active_parameters
