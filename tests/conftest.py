@@ -7,6 +7,11 @@ import pytest
 # calibrate the user's real model. Set before any test (subprocesses inherit it).
 os.environ["BATCHRUN_RUNS_DIR"] = tempfile.mkdtemp(prefix="batchrun-test-runs-")
 
+# Without a GPU the Triton kernels run under Triton's interpreter, which triton.jit reads when a
+# kernel module is imported: set it before any test imports one.
+if os.environ.get("CUDA_VISIBLE_DEVICES") != "" and not os.path.exists("/dev/nvidiactl"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 @pytest.fixture(scope="session")
 def real_model():
