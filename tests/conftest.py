@@ -9,7 +9,9 @@ os.environ["BATCHRUN_RUNS_DIR"] = tempfile.mkdtemp(prefix="batchrun-test-runs-")
 
 # Without a GPU the Triton kernels run under Triton's interpreter, which triton.jit reads when a
 # kernel module is imported: set it before any test imports one.
-if os.environ.get("CUDA_VISIBLE_DEVICES") != "" and not os.path.exists("/dev/nvidiactl"):
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
