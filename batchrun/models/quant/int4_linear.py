@@ -6,8 +6,8 @@ is min = -z * scale).
 The nibbles live once, in the layout of torch's CPU int4 kernel (_weight_int4pack_mm_for_cpu,
 which computes (q - 8) * s + z: s = scale, z = min + 8 * scale); that kernel runs a few rows
 of bfloat16 activations, and larger steps (and float32 activations, which it runs without
-vector code) dequantize this layer's weights for one dense GEMM, in bfloat16 where the CPU
-has fast bfloat16 (cpu.weight_only_dtype)."""
+vector code) dequantize this layer's weights for one dense GEMM, in the activations' dtype
+(float32: exact to the dequantised weights; bfloat16 under --dtype bfloat16)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from batchrun.models.quant import cpu
 from batchrun.models.quant.int8_linear import WEIGHT_ONLY_KERNEL_ROWS
 
 GROUP = 32
@@ -91,7 +90,7 @@ class Int4WeightLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        dtype = cpu.weight_only_dtype(x.dtype)
+        dtype = x.dtype
         x2 = x2.to(dtype)
         if self.in_perm is not None:
             x2 = x2.index_select(1, self.in_perm)
