@@ -211,7 +211,7 @@ def check_batch_invariant(config: EngineConfig, native_path: bool, native_module
     if beside:
         raise UnsupportedModelError(f"--batch-invariant does not cover {beside}: it runs the "
                                     "dense native models (Llama, Mistral, Qwen2, Qwen3, Phi-3, "
-                                    "Gemma) in float32, bfloat16 or --quantization int8 on the "
+                                    "Gemma, StableLM) in float32, bfloat16 or --quantization int8 on the "
                                     "CPU, without LoRA")
 
 

@@ -29,6 +29,7 @@ NATIVE_MODULES = {
     "gemma": "batchrun.models.arch.gemma",
     "gemma2": "batchrun.models.arch.gemma",
     "gemma3_text": "batchrun.models.arch.gemma",
+    "stablelm": "batchrun.models.arch.stablelm",
 }
 
 
