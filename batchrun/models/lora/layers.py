@@ -14,32 +14,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from batchrun.models.lora.stacked import StackedUpdates, stack_updates, stacked_segments
 from batchrun.models.lora.targets import LoraTargets
-
-if TYPE_CHECKING:
-    from batchrun.models.lora.stacked import StackedUpdates
-
-
-@dataclass
-class SliceUpdate:
-    out_start: int  # columns of the projection's output this slice writes
-    out_end: int
-    rank_start: int  # columns of the shrunk rows it reads
-    rank_end: int
-    b_t: torch.Tensor  # (scaling * B)^T, [r, out]
-
-
-@dataclass
-class ProjectionUpdate:
-    """One adapter's update of one (possibly fused) projection."""
-
-    a_t: torch.Tensor  # stacked A^T of the targeted slices, [in, r * slices]
-    slices: list[SliceUpdate]
+from batchrun.models.lora.updates import ProjectionUpdate, SliceUpdate
 
 
 @dataclass
@@ -86,7 +67,6 @@ class LoraLinear(nn.Module):
     def _update_batched(self, flat_x: torch.Tensor, flat_y: torch.Tensor) -> None:
         """Every segment's update in one shrink and one expand launch (engine/kernels/triton_lora.py)."""
         from batchrun.engine.kernels.triton_lora import lora_update
-        from batchrun.models.lora.stacked import stack_updates, stacked_segments
 
         by_slot = {slot: u[self.key] for slot, u in self.step.updates.items() if self.key in u}
         if not by_slot:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from batchrun.models.lora.layers import ProjectionUpdate
+from batchrun.models.lora.updates import ProjectionUpdate
 
 
 @dataclass(frozen=True)
