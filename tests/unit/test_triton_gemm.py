@@ -12,6 +12,7 @@ pytest.importorskip("triton")
 from batchrun.engine.kernels.triton_lora import lora_update  # noqa: E402
 from batchrun.engine.kernels.triton_moe import expert_tiles, grouped_gemm  # noqa: E402
 from batchrun.models.arch.moe import Experts  # noqa: E402
+from batchrun.models.layers.grouped_gemm import sort_by_expert  # noqa: E402
 from batchrun.models.lora.layers import LoraLinear, StepAdapters  # noqa: E402
 from batchrun.models.lora.stacked import stack_updates, stacked_segments  # noqa: E402
 from benchmarks.kernel_checks import gemm  # noqa: E402
@@ -69,20 +70,20 @@ def test_expert_tiles_cover_each_run_once():
     assert all(t - s <= 4 for s, t in zip(start.tolist(), end.tolist()))
 
 
-def test_moe_kernel_agrees_with_cpu_experts():
-    """An Experts module's grouped projections on the CPU path and through the kernel."""
+@pytest.mark.parametrize("count,tokens,top_k", [(6, 10, 2), (3, 60, 1)])  # 16- and 64-row tiles
+def test_moe_kernel_agrees_with_cpu_experts(count, tokens, top_k):
+    """An Experts module's grouped projections on the CPU path and through the kernel (the last
+    expert never chosen)."""
     gen = torch.Generator().manual_seed(3)
-    experts = Experts(6, 32, 48)
+    experts = Experts(count, 32, 48)
     with torch.no_grad():
-        experts.gate_up_proj.copy_(torch.randn(6, 96, 32, generator=gen) * 0.2)
-        experts.down_proj.copy_(torch.randn(6, 32, 48, generator=gen) * 0.2)
-    x = torch.randn(10, 32, generator=gen)
-    chosen = torch.stack([torch.randperm(5, generator=gen)[:2] for _ in range(10)])
-    weights = torch.rand(10, 2, generator=gen)
+        experts.gate_up_proj.copy_(torch.randn(count, 96, 32, generator=gen) * 0.2)
+        experts.down_proj.copy_(torch.randn(count, 32, 48, generator=gen) * 0.2)
+    x = torch.randn(tokens, 32, generator=gen)
+    chosen = torch.stack([torch.randperm(count - 1, generator=gen)[:top_k] for _ in range(tokens)])
+    weights = torch.rand(tokens, top_k, generator=gen)
     want = experts(x, chosen, weights)
-    from batchrun.models.layers.grouped_gemm import sort_by_expert
-
-    pairs = sort_by_expert(chosen, 6)
+    pairs = sort_by_expert(chosen, count)
     gate_up = grouped_gemm(x[pairs.token].to(DEVICE), experts.gate_up_proj.detach().to(DEVICE),
                            pairs.ends.to(DEVICE)).cpu()
     down = grouped_gemm(experts.activate(gate_up).to(DEVICE), experts.down_proj.detach().to(DEVICE),
