@@ -19,6 +19,7 @@ from batchrun.models.layers import packed_linear
 from batchrun.models.config.classifier import classifier_labels
 from batchrun.models.transformers import attention, inline, own_forward, plain_linears, probe
 from batchrun.models.transformers.support import WINDOW_FROM_MASK, UnsupportedModelError
+from batchrun.models.transformers.weights_check import weights_reason
 from batchrun.models.quant.methods import METHODS, Method
 
 if TYPE_CHECKING:  # transformers' modelling code loads with the backend, not with this module
@@ -138,6 +139,9 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = 
     hf = from_pretrained_checked(auto, path, dtype=dtype, device_map=device,
                                  attn_implementation=inline.load_implementation(
                                      config, attention.NAME), **trust)
+    reason = weights_reason(hf)
+    if reason:
+        raise UnsupportedModelError(f"unsupported model: {reason}")
     model = wrap(hf.eval(), quantization=quantization, path=path)
     if device.type == "cpu" and packed_linear.available(dtype):  # as the native model's
         pack(model)

@@ -74,8 +74,8 @@ def transformers_reason(hf) -> str | None:
     if not getattr(hf, "is_causal", True):
         return f"{model_type} attends bidirectionally (causal decoders only)"
     if model_type in DECODER_IF_SET and not getattr(hf, "is_decoder", False):
-        return (f"{model_type} without is_decoder in its config attends bidirectionally "
-                f"(causal decoders only)")
+        return (f"{model_type} without is_decoder in its config attends both ways (causal "
+                f"decoders only)")
     if getattr(hf, "vision_config", None) is not None:
         if model_type not in VISION_MODEL_TYPES:
             return (f"{model_type} is a vision-language model of a family the backend does not "

@@ -1,14 +1,18 @@
 """XGLM's and TrOCR's decoder attention (fairseq's multi-head attention: the queries scaled
 as projected, keys and values from the same hidden states) on the engine's paged cache, and
 TrOCR's positions: its decoder counts them from transformers' cache length, which a step of
-several sequences does not have, so its positional embedding reads the step's positions."""
+several sequences does not have, so its learned positional embedding reads the step's."""
 
 from __future__ import annotations
+
+from types import MethodType
+from typing import Any
 
 import torch
 
 from batchrun.models.transformers.attention import attend_layer
 from batchrun.models.transformers.inline.families import _heads
+from batchrun.models.transformers.support import UnsupportedModelError
 
 
 def fairseq_forward(self, hidden_states, key_value_states=None, cache=None,
@@ -21,9 +25,14 @@ def fairseq_forward(self, hidden_states, key_value_states=None, cache=None,
 
 def install_trocr_positions(hf) -> None:
     """TrOCR's decoder takes the step's position_ids (it would count from its cache): they
-    reach its positional embedding, learned or sinusoidal, through a hook on the decoder."""
+    reach its learned positional embedding through a hook on the decoder."""
     decoder = hf.model.decoder
     embed = decoder.embed_positions
+    if not isinstance(embed, torch.nn.Embedding):
+        raise UnsupportedModelError(
+            "trocr with sinusoidal positions (use_learned_position_embeddings false): "
+            "transformers' from_pretrained leaves its position table on the meta device, so "
+            "transformers cannot run it either")
 
     def keep_positions(module, args, kwargs):
         embed.batchrun_positions = kwargs.get("position_ids")
@@ -35,15 +44,8 @@ def install_trocr_positions(hf) -> None:
         positions = getattr(self, "batchrun_positions", None)
         if positions is None:  # transformers' own forward (the load check's reference)
             return original(self, input_ids, cache_length)
-        if isinstance(self, torch.nn.Embedding):  # learned
-            return torch.nn.Embedding.forward(self, positions + self.offset)
-        # sinusoidal: fairseq's positions start past padding_idx; a pad token's is padding_idx
-        ids = torch.where(input_ids == self.padding_idx, self.padding_idx,
-                          positions + self.padding_idx + 1)
-        if not ids.is_meta and int(ids.max()) >= self.weights.size(0):
-            self.weights = self.get_embedding(int(ids.max()) + 1, self.embedding_dim,
-                                              self.padding_idx)
-        return self.weights.to(ids.device).index_select(0, ids.view(-1)).view(*ids.shape, -1)
+        return torch.nn.Embedding.forward(self, positions + self.offset)
 
-    embed.forward = forward.__get__(embed)
-    embed.batchrun_replaced = True
+    replaced: Any = embed  # its forward and marker set on the instance (inline.suspended)
+    replaced.forward = MethodType(forward, embed)
+    replaced.batchrun_replaced = True
