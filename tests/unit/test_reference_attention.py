@@ -1,6 +1,6 @@
 """reference_attention (engine/attention/reference.py) against attention computed plainly in
 float64 from the sequences' full K/V, with and without each extra (sliding window, softcap,
-sinks), and against every backend that runs here on the same step's metadata (with each
+sinks, ALiBi), and against every backend that runs here on the same step's metadata (with each
 backend's own sliding window and soft-capping)."""
 
 import math
@@ -50,9 +50,11 @@ def problem(device="cpu", seed=0, seqs=SEQS, num_decode=NUM_DECODE, shared=0, d=
     return to(q), to(k), to(v), to(k_cache), to(v_cache), history, layout
 
 
-def plain(q, k, v, history, scale, window=None, softcap=None, sinks=None, until=None):
+def plain(q, k, v, history, scale, window=None, softcap=None, sinks=None, until=None,
+          alibi=None):
     """float64, one query row and head at a time; until[row]: keys after the row's position
-    and before until[row] are seen too (an image's tokens, both ways)."""
+    and before until[row] are seen too (an image's tokens, both ways); alibi [H]: the score of
+    key j from the query at p gains alibi[h] * (j - p) (MPT's form of ALiBi)."""
     out = torch.zeros(q.shape, dtype=torch.float64)
     row = 0
     for (c, n), (hk, hv) in zip(SEQS, history):
@@ -68,6 +70,8 @@ def plain(q, k, v, history, scale, window=None, softcap=None, sinks=None, until=
                 scores = [float(q[row + t, h].double() @ keys[j, kv]) * scale for j in seen]
                 if softcap is not None:
                     scores = [softcap * math.tanh(s / softcap) for s in scores]
+                if alibi is not None:
+                    scores = [s + float(alibi[h]) * (j - p) for s, j in zip(scores, seen)]
                 top = max(scores + ([float(sinks[h])] if sinks is not None else []))
                 weights = [math.exp(s - top) for s in scores]
                 total = sum(weights) + (math.exp(float(sinks[h]) - top) if sinks is not None else 0)
@@ -78,7 +82,10 @@ def plain(q, k, v, history, scale, window=None, softcap=None, sinks=None, until=
 
 EXTRAS = {"none": {}, "sliding_window": {"sliding_window": 3}, "softcap": {"softcap": 0.5},
           "sinks": {"sinks": torch.tensor([0.5, -1.0, 2.0, 0.0, 1.5, -0.5])},
-          "all": {"sliding_window": 4, "softcap": 1.0, "sinks": torch.linspace(-1, 1, H)}}
+          "all": {"sliding_window": 4, "softcap": 1.0, "sinks": torch.linspace(-1, 1, H)},
+          "alibi": {"alibi": torch.tensor([1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125])},
+          "alibi+window": {"alibi": torch.tensor([0.7, 0.3, 0.1, 0.05, 0.02, 0.01]),
+                           "sliding_window": 4}}
 
 
 @pytest.mark.parametrize("extra", list(EXTRAS))
@@ -88,7 +95,7 @@ def test_reference_matches_plain_float64(extra):
     kw = EXTRAS[extra]
     got = reference_attention(q, k, v, kc, vc, meta, D ** -0.5, **kw)
     expected = plain(q, k, v, history, D ** -0.5, kw.get("sliding_window"), kw.get("softcap"),
-                     kw.get("sinks"))
+                     kw.get("sinks"), alibi=kw.get("alibi"))
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
     # the step's K/V went into the cache
     assert torch.equal(kc[layout.slot_mapping], k) and torch.equal(vc[layout.slot_mapping], v)
@@ -108,12 +115,16 @@ def backends():
     return found
 
 
-# (sliding window, soft-cap, sinks) a layer passes to the backend; windows of 3 and 6 tokens end
-# inside a block and cut both decodes and chunks, 2 keeps one position of the previous block.
+# (sliding window, soft-cap, sinks, ALiBi slopes) a layer passes to the backend; windows of 3 and
+# 6 tokens end inside a block and cut both decodes and chunks, 2 keeps one position of the
+# previous block; the ALiBi slopes are 2^-h (BLOOM's for 8 heads start at 2^-1).
 SINKS = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.5, -0.5])
-MASKS = {"plain": (None, None, None), "window": (6, None, None), "softcap": (None, 0.5, None),
-         "window+softcap": (3, 2.0, None), "window 2": (2, None, None),
-         "sinks": (None, None, SINKS), "window+sinks": (6, None, SINKS)}
+ALIBI = torch.tensor([1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125])
+MASKS = {"plain": (None, None, None, None), "window": (6, None, None, None),
+         "softcap": (None, 0.5, None, None), "window+softcap": (3, 2.0, None, None),
+         "window 2": (2, None, None, None), "sinks": (None, None, SINKS, None),
+         "window+sinks": (6, None, SINKS, None), "alibi": (None, None, None, ALIBI),
+         "window+alibi": (6, None, None, ALIBI)}
 
 
 @pytest.mark.parametrize("mask", list(MASKS))
@@ -126,13 +137,15 @@ def test_every_backend_matches_the_reference(name, backend, device, shape, mask)
     kw = dict(seqs=SHARED_SEQS, num_decode=4, shared=3) if "shared" in shape else {}
     q, k, v, kc, vc, _, layout = problem(device, d=d, **kw)
     meta = backend.build(layout)
-    window, softcap, sinks = MASKS[mask]
+    window, softcap, sinks, alibi = MASKS[mask]
     sinks = None if sinks is None else sinks.to(device)
+    alibi = None if alibi is None else alibi.to(device)
     kc_ref, vc_ref = kc.clone(), vc.clone()
     expected = reference_attention(q, k, v, kc_ref, vc_ref, meta, 0.3,
-                                   sliding_window=window, softcap=softcap, sinks=sinks)
+                                   sliding_window=window, softcap=softcap, sinks=sinks,
+                                   alibi=alibi)
     got = paged_attention(q, k, v, kc, vc, meta, 0.3, window=window, softcap=softcap,
-                          sinks=sinks)
+                          sinks=sinks, alibi=alibi)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
 

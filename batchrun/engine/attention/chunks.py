@@ -5,8 +5,8 @@ batched causal SDPA call over views of the step's rows (an embedding run's many 
 would otherwise cost a call each per layer). A chunk over a cached context is one SDPA call over
 its gathered context with a causal mask offset by that context.
 
-A layer's sliding window narrows those masks; logit soft-capping and attention sinks, which SDPA
-cannot apply, take reference.attend on the same rows instead.
+A layer's sliding window narrows those masks; logit soft-capping, attention sinks and ALiBi,
+which SDPA cannot apply, take reference.attend on the same rows instead.
 """
 
 from __future__ import annotations
@@ -84,13 +84,19 @@ def chunk_mask(q_len: int, ctx_len: int, window: int | None, device) -> torch.Te
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                     scale: float, softcap: float | None,
-                    sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """q [B, n, H, D], k/v [B, L, Hkv, D], mask [n, L] bool (None: causal, n == L);
-    returns [B, n, H, D]."""
-    if softcap or sinks is not None:
+                    sinks: torch.Tensor | None = None,
+                    alibi: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, n, H, D], k/v [B, L, Hkv, D] (keys at positions 0..L-1), mask [n, L] bool (None:
+    causal, n == L), alibi [H] ALiBi slopes or None; returns [B, n, H, D]."""
+    if softcap or sinks is not None or alibi is not None:
         if mask is None:
             mask = chunk_mask(q.shape[1], k.shape[1], None, q.device)
-        return attend(q, k, v, mask.expand(q.shape[0], -1, -1), scale, softcap, sinks)
+        bias = None
+        if alibi is not None:
+            dt = torch.promote_types(q.dtype, torch.float32)
+            pos = torch.arange(k.shape[1], device=q.device, dtype=dt)
+            bias = (alibi.to(dt)[:, None] * pos[None, :]).expand(q.shape[0], -1, -1)
+        return attend(q, k, v, mask.expand(q.shape[0], -1, -1), scale, softcap, sinks, bias)
     og = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
         is_causal=mask is None, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
@@ -101,9 +107,11 @@ def prefill_attention(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                       k_cache: torch.Tensor, v_cache: torch.Tensor,
                       prefills: list[PrefillChunk], same_length: list[tuple[int, int, int]],
                       scale: float, window: int | None = None,
-                      softcap: float | None = None, sinks: torch.Tensor | None = None) -> None:
-    """Attention of the chunks not `in_kernel` into their rows of `out` (window, softcap and
-    sinks: the layer's sliding window, logit soft-cap and attention sinks, None for none)."""
+                      softcap: float | None = None, sinks: torch.Tensor | None = None,
+                      alibi: torch.Tensor | None = None) -> None:
+    """Attention of the chunks not `in_kernel` into their rows of `out` (window, softcap,
+    sinks and alibi: the layer's sliding window, logit soft-cap, attention sinks and ALiBi
+    slopes, None for none)."""
     num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     for s, count, n in same_length:
         rows = slice(s, s + count * n)
@@ -111,7 +119,7 @@ def prefill_attention(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         og = dense_attention(q[rows].view(count, n, num_heads, head_dim),
                              k[rows].view(count, n, num_kv_heads, head_dim),
                              v[rows].view(count, n, num_kv_heads, head_dim), mask, scale, softcap,
-                             sinks)
+                             sinks, alibi)
         out[rows] = og.reshape(count * n, num_heads, head_dim)
     for chunk in prefills:
         if chunk.batched or chunk.in_kernel:
@@ -125,4 +133,4 @@ def prefill_attention(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             vp = read_rows(v_cache, chunk.slots, q.dtype)
             mask = chunk_mask(n, chunk.ctx_len, window, q.device)
         out[s:s + n] = dense_attention(q[None, s:s + n], kp[None], vp[None], mask, scale,
-                                       softcap, sinks)[0]
+                                       softcap, sinks, alibi)[0]

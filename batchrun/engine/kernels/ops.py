@@ -244,15 +244,17 @@ class CpuKernels:
         return out
 
     @c_signature("paged_attention_scaled", I, [P] * 4 + [I] + [P] * 3 + [I] * 4 + [FLOAT]
-                 + [I] * 3 + [P] * 4 + [FLOAT, P, P, P])
+                 + [I] * 3 + [P] * 4 + [FLOAT, P, P, P, P])
     def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         rows: AttentionRows, block_size: int, scale: float,
                         first: torch.Tensor | None = None, softcap: float | None = None,
                         sinks: torch.Tensor | None = None, k_scales: torch.Tensor | None = None,
-                        v_scales: torch.Tensor | None = None) -> torch.Tensor:
+                        v_scales: torch.Tensor | None = None,
+                        alibi: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of `rows` of q [T, H, D] over the paged caches, float32 [T, H, D] (rows
         outside the groups left uninitialised). first: int64 [rows] each row's first visible
-        position; sinks: float32 [H]; k/v_scales: an int8 cache's row scales."""
+        position; sinks: float32 [H]; k/v_scales: an int8 cache's row scales; alibi: float32
+        [H] ALiBi slopes (a score gains slope * (key position - the row's last position))."""
         qf = q.float().contiguous()  # the kernel computes in float32 whatever the model's dtype
         of = torch.empty_like(qf)
         rc = self._c.paged_attention_scaled(
@@ -261,7 +263,7 @@ class CpuKernels:
             of.data_ptr(), q.shape[1], k_cache.shape[1], q.shape[2], block_size, scale,
             kind(k_cache.dtype), _threads(), rows.groups, rows.order.data_ptr(),
             rows.group_start.data_ptr(), rows.group_shared.data_ptr(), _ptr(first),
-            softcap or 0.0, _ptr(sinks), _ptr(k_scales), _ptr(v_scales))
+            softcap or 0.0, _ptr(sinks), _ptr(k_scales), _ptr(v_scales), _ptr(alibi))
         if rc != 0:
             raise RuntimeError("paged_attention failed")
         return of

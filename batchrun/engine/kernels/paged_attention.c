@@ -67,6 +67,8 @@ typedef struct {
     const float *sinks;        // [H] a logit per query head that joins the softmax's denominator
                                // only (GPT-OSS's attention sinks; NULL: none)
     const float *ks, *vs;      // [slots, Hkv] int8 KV's scales (NULL: none)
+    const float *alibi;        // [H] ALiBi slopes: head h's score of the key at position p gains
+                               // alibi[h] * (p - (row_len - 1)) (NULL: none)
     int first, last;           // range of (group, first head) work items
 } Job;
 
@@ -76,6 +78,8 @@ typedef struct {  // one row's query heads of one KV head
     int8_t *qi;                   // an int8 cache's: q rounded to int8 per head, q = qi * qs,
     float qs[MAX_G], qsum[MAX_G]; // with sum(qi) per head
     uint32_t *qb;                 // a bfloat16 cache's: q as bfloat16 pairs (the memory of qi)
+    float slope[MAX_G];           // ALiBi: each head's slope (Job.alibi), and the row's last
+    int64_t last_pos;             // position, which its biases are measured from
 } State;
 // floats a State's q, acc and qi / qb take
 #define STATE_FLOATS(G, D) (2 * (G) * (D) + (G) * (D) / 2)
@@ -270,7 +274,7 @@ SIMD_INLINE void soft_cap(float *x, int64_t n, float cap) {
 // online-softmax update (one max, one rescale per query head per tile, not per block: the
 // update is a chain of dependent reductions that a single 16-key block cannot hide).
 SIMD_INLINE void attend_tile(const Job *j, State *s, const int64_t *row0, int nblk, int last_n,
-                             int skip, float *p, const int G, const int CH) {
+                             int skip, int64_t pos0, float *p, const int G, const int CH) {
     const int D = CH * VW, bs = j->bs;
     const int64_t stride = (int64_t)j->Hkv * D;
     const int n = (nblk - 1) * bs + last_n;
@@ -303,6 +307,8 @@ SIMD_INLINE void attend_tile(const Job *j, State *s, const int64_t *row0, int nb
     for (int g = 0; g < G; g++) {  // online softmax: rescale to the new max, exponentiate
         float *pg = p + g * MAX_TILE;
         if (j->softcap > 0.f) soft_cap(pg, n, j->softcap);
+        if (j->alibi)  // key t sits at position pos0 + t
+            for (int t = 0; t < n; t++) pg[t] += s->slope[g] * (float)(pos0 + t - s->last_pos);
         for (int t = 0; t < skip; t++) pg[t] = NEG;  // before the row's window
         for (int t = n; t < padded; t++) pg[t] = NEG;
         vf vm = vset1(NEG);
@@ -366,7 +372,8 @@ SIMD_INLINE void group_scores(const Job *j, const float *qt, int RP, int rv0, in
 // Folds the tile of nblk full blocks at row0[] into the states of all the group's query vectors
 // (m, l, acc[r]; RV vectors of VW query vectors, padded with zero queries).
 SIMD_INLINE void group_tile(const Job *j, const float *qt, float *sc, float *m, float *l,
-                            float *const *acc, int R, const int64_t *row0, int nblk, const int CH) {
+                            float *const *acc, int R, const int64_t *row0, int nblk,
+                            const State *const *st, int64_t pos0, const int CH) {
     const int D = CH * VW, bs = j->bs, n = nblk * bs, RV = (R + VW - 1) / VW, RP = RV * VW;
     for (int b = 0; b < nblk; b++)
         for (int t = 0; t < bs; t += 4) {
@@ -386,6 +393,14 @@ SIMD_INLINE void group_tile(const Job *j, const float *qt, float *sc, float *m, 
         }
     if (j->ks) scale_keys(j, j->ks, sc, 1, RP, row0, nblk, bs, RP, D);
     if (j->softcap > 0.f) soft_cap(sc, (int64_t)n * RP, j->softcap);
+    if (j->alibi) {  // query vector r is head r % G of the row whose state is st[r / G]
+        const int G = j->H / j->Hkv;
+        for (int r = 0; r < R; r++) {
+            const State *x = st[r / G];
+            const float slope = x->slope[r % G];
+            for (int t = 0; t < n; t++) sc[(int64_t)t * RP + r] += slope * (float)(pos0 + t - x->last_pos);
+        }
+    }
     float c[MAX_GROUP * MAX_G + VW];
     for (int rv = 0; rv < RV; rv++) {  // online softmax of every query vector, across the keys
         vf mx = vset1(NEG);
@@ -511,6 +526,8 @@ SIMD_INLINE void run_group(const Job *j, int item, int next, float *buf, State *
             for (int g = 0; g < G; g++) { x->m[g] = NEG; x->l[g] = 0.f; }
             if (j->kind == I8) round_query(x, G, D);
             if (j->kind == BF16) round_query_bf16(x, q, j->scale, G, D);
+            x->last_pos = j->row_len[row] - 1;
+            for (int g = 0; g < G; g++) x->slope[g] = j->alibi ? j->alibi[(h0 + h) * G + g] : 0.f;
         }
     }
 #define TABLE(s) (j->tables + j->row_table[j->order[first + (s)]] * j->max_blocks)
@@ -541,10 +558,12 @@ SIMD_INLINE void run_group(const Job *j, int item, int next, float *buf, State *
             for (int b = 0; b < nblk; b++) row0[b] = (table0[b0 + b] * bs * j->Hkv + h0 + h) * D;
             if (grouped) {
                 float *const gm = gbuf + (int64_t)h * (D + 2) * RP;
+                const State *rows[MAX_GROUP];
+                for (int s = 0; s < count; s++) rows[s] = &st[s * per + h];
                 for (int r = 0; r < R; r++) acc[r] = st[(r / G) * per + h].acc + (r % G) * D;
-                group_tile(j, gm + 2 * RP, sc, gm, gm + RP, acc, R, row0, nblk, CH);
+                group_tile(j, gm + 2 * RP, sc, gm, gm + RP, acc, R, row0, nblk, rows, b0 * bs, CH);
             } else {
-                for (int s = 0; s < count; s++) attend_tile(j, &st[s * per + h], row0, nblk, bs, 0, p, G, CH);
+                for (int s = 0; s < count; s++) attend_tile(j, &st[s * per + h], row0, nblk, bs, 0, b0 * bs, p, G, CH);
             }
         }
     }
@@ -571,7 +590,7 @@ SIMD_INLINE void run_group(const Job *j, int item, int next, float *buf, State *
                 else if (s + 1 < count) prefetch_blocks(j, TABLE(s + 1), shared, min64(tile, BLOCKS(s + 1) - shared), h0 + h, 1);
                 else if (next >= 0) prefetch_item(j, next, h, tile);
                 for (int b = 0; b < nblk; b++) row0[b] = (table[b0 + b] * bs * j->Hkv + h0 + h) * D;
-                attend_tile(j, &st[s * per + h], row0, nblk, last_n, skip, p, G, CH);
+                attend_tile(j, &st[s * per + h], row0, nblk, last_n, skip, b0 * bs, p, G, CH);
             }
         }
         for (int h = 0; h < per; h++) {
@@ -628,7 +647,9 @@ static void run_range(const void *arg, int i) {
 // Attention for the rows of `groups` groups (see the top of the file), row r seeing positions
 // [row_first[r], row_len[r]) (row_first NULL: from 0) with scores soft-capped at softcap (0:
 // none) and sinks[h] (NULL: none) added to head h's softmax denominator as exp(sinks[h]);
-// ks / vs: an int8 cache's scales per (slot, KV head) (NULL: none).
+// ks / vs: an int8 cache's scales per (slot, KV head) (NULL: none); alibi[h] (NULL: none): head
+// h's score of the key at position p gains alibi[h] * (p - (row_len[r] - 1)), ALiBi measured from
+// the row's last visible key (a constant per row, which the softmax ignores: BLOOM's slope * p).
 // Returns 0, or -1 for shapes the kernel does not take (the caller then uses PyTorch).
 int paged_attention_scaled(const float *q, const void *k, const void *v, const int64_t *tables,
                            int max_blocks, const int64_t *row_table, const int64_t *row_len,
@@ -636,7 +657,7 @@ int paged_attention_scaled(const float *q, const void *k, const void *v, const i
                            int threads, int groups, const int32_t *order,
                            const int32_t *group_start, const int32_t *group_shared,
                            const int64_t *row_first, float softcap, const float *sinks,
-                           const float *ks, const float *vs) {
+                           const float *ks, const float *vs, const float *alibi) {
     if (D > MAX_D || D % VW || H % Hkv || H / Hkv > MAX_G || block_size > MAX_BS) return -1;
     for (int g = 0; g < groups; g++)
         if (group_start[g + 1] - group_start[g] > MAX_GROUP) return -1;
@@ -665,7 +686,7 @@ int paged_attention_scaled(const float *q, const void *k, const void *v, const i
         const int64_t goal = total * (i + 1) / threads;
         jobs[i] = (Job){q, k, v, tables, row_table, row_len, out, order, group_start, group_shared,
                         row_first, H, Hkv, D, block_size, max_blocks, kind, per, scale, softcap,
-                        sinks, ks, vs, item, item};
+                        sinks, ks, vs, alibi, item, item};
         while (item < items && (acc < goal || i == threads - 1)) acc += cost[item++ / (Hkv / per)];
         jobs[i].last = item;
     }
@@ -683,7 +704,7 @@ int paged_attention_masked(const float *q, const void *k, const void *v, const i
                            const int64_t *row_first, float softcap, const float *sinks) {
     return paged_attention_scaled(q, k, v, tables, max_blocks, row_table, row_len, out, H, Hkv, D,
                                   block_size, scale, kind, threads, groups, order, group_start,
-                                  group_shared, row_first, softcap, sinks, NULL, NULL);
+                                  group_shared, row_first, softcap, sinks, NULL, NULL, NULL);
 }
 
 // paged_attention_masked with every row seeing its whole context, scores as they are.
