@@ -17,6 +17,10 @@ KINDS = [(["q_proj", "v_proj"], 4, 16, False), (ALL, 8, 16, True), (["up_proj", 
 # Phi-3's checkpoint has fused linears, PEFT's targets there.
 PHI3_KINDS = [(["qkv_proj"], 4, 16, False), (["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], 8, 16, True),
               (["gate_up_proj", "down_proj"], 6, 12, False)]
+# BLOOM's (and Falcon's) names: q/k/v one linear, a two-linear GELU MLP.
+BLOOM_KINDS = [(["query_key_value"], 4, 16, False),
+               (["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"], 8, 16, True),
+               (["dense_h_to_4h", "dense_4h_to_h"], 6, 12, False)]
 
 
 def make_adapter(hf, path: Path, seed: int, targets, r: int = 4, alpha: int = 16,
@@ -40,9 +44,10 @@ def make_adapter(hf, path: Path, seed: int, targets, r: int = 4, alpha: int = 16
 
 def make_adapters(hf, root: Path, kinds=None, scale_b: float = 1.0) -> dict[str, tuple[str, object]]:
     """name -> (folder, PEFT model) for one adapter of each kind (default: KINDS, PHI3_KINDS
-    on Phi-3)."""
+    on Phi-3, BLOOM_KINDS on BLOOM and Falcon)."""
     if kinds is None:
-        kinds = PHI3_KINDS if hf.config.model_type == "phi3" else KINDS
+        kinds = {"phi3": PHI3_KINDS, "bloom": BLOOM_KINDS, "falcon": BLOOM_KINDS}.get(
+            hf.config.model_type, KINDS)
     out = {}
     for i, (targets, r, alpha, rslora) in enumerate(kinds):
         path = root / f"adapter{i}"

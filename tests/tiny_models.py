@@ -124,7 +124,7 @@ def make_tiny(arch: str, path: Path, seed: int = 0, archs: dict = ARCHS, **overr
 # Architectures whose checkpoints get random norm weights and biases: transformers initialises
 # a LayerNorm to weight 1, bias 0, where a bias never loaded or a per-head weight loaded into
 # the wrong head would give the same output.
-RANDOM_NORMS = {"stablelm", "stablelm-parallel"}
+RANDOM_NORMS = {"stablelm", "stablelm-parallel", "bloom"}
 
 
 @torch.no_grad()

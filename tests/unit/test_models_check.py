@@ -19,6 +19,7 @@ EXPECTED = {
     "gemma3_text": "native (models/arch/gemma.py)",
     "phi3": "native (models/arch/llama.py)",
     "stablelm": "native (models/arch/stablelm.py)",
+    "bloom": "native (models/arch/bloom.py)",
     "olmo2": "transformers backend",
     "granite": "transformers backend",
     "glm4": "transformers backend",

@@ -124,6 +124,7 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     layer_class: type[DecoderLayer] = DecoderLayer  # (cfg, index, mlp) -> a decoder layer
     rope_class: type[nn.Module] = RotaryEmbedding  # (cfg) -> the RoPE tables step_rope reads
+    layers_path = "model.layers"  # the decoder layers' module name in the checkpoint (LoRA's)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -214,7 +215,7 @@ class LlamaModel(nn.Module):
                 rows = self._rows(p, linear.out_features)
                 targets.update({(index, part): Target(p.name, start, start + n, linear.in_features)
                                 for part, (start, n) in zip(p.parts, rows)})
-        return LoraTargets("model.layers", self.layers, targets)
+        return LoraTargets(self.layers_path, self.layers, targets)
 
     def _rows(self, projection, total: int) -> list[tuple[int, int]]:
         cfg = self.config

@@ -30,6 +30,7 @@ NATIVE_MODULES = {
     "gemma2": "batchrun.models.arch.gemma",
     "gemma3_text": "batchrun.models.arch.gemma",
     "stablelm": "batchrun.models.arch.stablelm",
+    "bloom": "batchrun.models.arch.bloom",
 }
 
 

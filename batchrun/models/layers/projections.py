@@ -73,3 +73,13 @@ PHI3 = LayerLayout((
     Projection("mlp.gate_up_proj", ("mlp.gate_up_proj",), "post_attention_layernorm"),
     Projection("mlp.down_proj", ("mlp.down_proj",)),
 ))
+
+# BLOOM's names (models/arch/bloom.py): q/k/v one linear as the checkpoint stores it (rows per
+# head [q, k, v]), a GELU MLP of two linears; the attention is our self_attn.
+BLOOM = LayerLayout((
+    Projection("self_attn.query_key_value", ("self_attention.query_key_value",),
+               "input_layernorm"),
+    Projection("self_attn.dense", ("self_attention.dense",)),
+    Projection("mlp.dense_h_to_4h", ("mlp.dense_h_to_4h",), "post_attention_layernorm"),
+    Projection("mlp.dense_4h_to_h", ("mlp.dense_4h_to_h",)),
+))
