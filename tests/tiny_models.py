@@ -80,6 +80,9 @@ BACKEND_ARCHS = {
                                                          "parallel_attn": True}),
     "falcon-alibi": ("FalconConfig", "FalconForCausalLM", {
         "alibi": True, "multi_query": False, "parallel_attn": False}),
+    # Falcon's sequential layer with RoPE and biases (native: models/arch/falcon.py)
+    "falcon-seq": ("FalconConfig", "FalconForCausalLM", {
+        "multi_query": False, "parallel_attn": False, "bias": True}),
     "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM", {
         "attention_types": [[["global", "local"], 1]], "window_size": 8}),
     "openai-gpt": ("OpenAIGPTConfig", "OpenAIGPTLMHeadModel", {}),
@@ -124,7 +127,7 @@ def make_tiny(arch: str, path: Path, seed: int = 0, archs: dict = ARCHS, **overr
 # Architectures whose checkpoints get random norm weights and biases: transformers initialises
 # a LayerNorm to weight 1, bias 0, where a bias never loaded or a per-head weight loaded into
 # the wrong head would give the same output.
-RANDOM_NORMS = {"stablelm", "stablelm-parallel", "bloom"}
+RANDOM_NORMS = {"stablelm", "stablelm-parallel", "bloom", "falcon", "falcon-mqa", "falcon-seq"}
 
 
 @torch.no_grad()

@@ -20,6 +20,7 @@ EXPECTED = {
     "phi3": "native (models/arch/llama.py)",
     "stablelm": "native (models/arch/stablelm.py)",
     "bloom": "native (models/arch/bloom.py)",
+    "falcon": "native (models/arch/falcon.py)",
     "olmo2": "transformers backend",
     "granite": "transformers backend",
     "glm4": "transformers backend",

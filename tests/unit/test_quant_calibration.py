@@ -55,8 +55,9 @@ def _isolated(tmp_path, monkeypatch):
     calibrate_int8_on_random_tokens(monkeypatch)  # the text's windows: the last test
 
 
-# RMSNorm, LayerNorm; BLOOM: LayerNorms with biases, biased linears, ALiBi
-@pytest.mark.parametrize("arch", ["llama", "stablelm", "stablelm-parallel", "bloom"])
+# RMSNorm, LayerNorm; BLOOM: LayerNorms with biases, biased linears, ALiBi; Falcon: its
+# sequential layer (the outliers go into norms named *layernorm)
+@pytest.mark.parametrize("arch", ["llama", "stablelm", "stablelm-parallel", "bloom", "falcon-seq"])
 def test_smoothed_int8_is_closer_to_float32_than_plain_int8(arch, tmp_path, monkeypatch):
     from benchmarks.quality import compare
 

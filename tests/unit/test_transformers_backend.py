@@ -120,10 +120,13 @@ def check_a_busy_engine(hf, engine, arch):
 # weights; LongRoPE on half the head, a window on every layer), windowed Mistral, StableLM
 # (LayerNorm with bias; q/k/v bias, per-head q/k norms and rotary on a quarter of the head; or
 # the parallel residual, full rotary, tied embeddings), BLOOM (ALiBi in the attention kernels,
-# LayerNorms with biases and random weights, per-head interleaved q/k/v).
+# LayerNorms with biases and random weights, per-head interleaved q/k/v), Falcon (RoPE; new
+# decoder architecture's K/V groups and two norms, multi-query with one parallel norm, or
+# sequential with per-head q/k/v and biases).
 NATIVE_FILES = {"gemma": "gemma", "gemma2": "gemma", "gemma3_text": "gemma", "phi3": "llama",
                 "phi3-longrope": "llama", "mistral": "llama", "stablelm": "stablelm",
-                "stablelm-parallel": "stablelm", "bloom": "bloom"}
+                "stablelm-parallel": "stablelm", "bloom": "bloom", "falcon": "falcon",
+                "falcon-mqa": "falcon", "falcon-seq": "falcon"}
 
 
 @pytest.mark.parametrize("path", ["cpu-kernels", "pytorch-only"])

@@ -132,10 +132,11 @@ class BloomModel(llama.LlamaModel):
         return False
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights((_our_name(name), tensor) for name, tensor in weights)
+        super().load_weights((rename(name), tensor) for name, tensor in weights)
 
 
-def _our_name(name: str) -> str:
+def rename(name: str) -> str:
+    """A BLOOM or Falcon checkpoint name as our model's."""
     name = name.removeprefix("transformer.").replace(".self_attention.", ".self_attn.")
     for old, new in _RENAMES:
         if name.startswith(old):

@@ -31,6 +31,7 @@ NATIVE_MODULES = {
     "gemma3_text": "batchrun.models.arch.gemma",
     "stablelm": "batchrun.models.arch.stablelm",
     "bloom": "batchrun.models.arch.bloom",
+    "falcon": "batchrun.models.arch.falcon",
 }
 
 

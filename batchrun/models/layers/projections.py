@@ -83,3 +83,7 @@ BLOOM = LayerLayout((
     Projection("mlp.dense_h_to_4h", ("mlp.dense_h_to_4h",), "post_attention_layernorm"),
     Projection("mlp.dense_4h_to_h", ("mlp.dense_4h_to_h",)),
 ))
+
+# Falcon's names (models/arch/falcon.py): BLOOM's; in the parallel layers the norms each reads
+# differ (FalconModel.make_layout).
+FALCON = BLOOM
