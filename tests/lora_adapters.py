@@ -21,6 +21,10 @@ PHI3_KINDS = [(["qkv_proj"], 4, 16, False), (["qkv_proj", "o_proj", "gate_up_pro
 BLOOM_KINDS = [(["query_key_value"], 4, 16, False),
                (["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"], 8, 16, True),
                (["dense_h_to_4h", "dense_4h_to_h"], 6, 12, False)]
+# GPT-Neo's: q/k/v apart (fused in the native model), out_proj, c_fc / c_proj.
+GPT_NEO_KINDS = [(["q_proj", "v_proj"], 4, 16, False),
+                 (["q_proj", "k_proj", "v_proj", "out_proj", "c_fc", "c_proj"], 8, 16, True),
+                 (["c_fc", "c_proj"], 6, 12, False)]
 
 
 def make_adapter(hf, path: Path, seed: int, targets, r: int = 4, alpha: int = 16,
@@ -44,9 +48,10 @@ def make_adapter(hf, path: Path, seed: int, targets, r: int = 4, alpha: int = 16
 
 def make_adapters(hf, root: Path, kinds=None, scale_b: float = 1.0) -> dict[str, tuple[str, object]]:
     """name -> (folder, PEFT model) for one adapter of each kind (default: KINDS, PHI3_KINDS
-    on Phi-3, BLOOM_KINDS on BLOOM and Falcon)."""
+    on Phi-3, BLOOM_KINDS on BLOOM and Falcon, GPT_NEO_KINDS on GPT-Neo)."""
     if kinds is None:
-        kinds = {"phi3": PHI3_KINDS, "bloom": BLOOM_KINDS, "falcon": BLOOM_KINDS}.get(
+        kinds = {"phi3": PHI3_KINDS, "bloom": BLOOM_KINDS, "falcon": BLOOM_KINDS,
+                 "gpt_neo": GPT_NEO_KINDS}.get(
             hf.config.model_type, KINDS)
     out = {}
     for i, (targets, r, alpha, rslora) in enumerate(kinds):

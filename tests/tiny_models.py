@@ -127,7 +127,8 @@ def make_tiny(arch: str, path: Path, seed: int = 0, archs: dict = ARCHS, **overr
 # Architectures whose checkpoints get random norm weights and biases: transformers initialises
 # a LayerNorm to weight 1, bias 0, where a bias never loaded or a per-head weight loaded into
 # the wrong head would give the same output.
-RANDOM_NORMS = {"stablelm", "stablelm-parallel", "bloom", "falcon", "falcon-mqa", "falcon-seq"}
+RANDOM_NORMS = {"stablelm", "stablelm-parallel", "bloom", "falcon", "falcon-mqa", "falcon-seq",
+                "gpt_neo"}
 
 
 @torch.no_grad()

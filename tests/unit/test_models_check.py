@@ -21,6 +21,7 @@ EXPECTED = {
     "stablelm": "native (models/arch/stablelm.py)",
     "bloom": "native (models/arch/bloom.py)",
     "falcon": "native (models/arch/falcon.py)",
+    "gpt_neo": "native (models/arch/gpt_neo.py)",
     "olmo2": "transformers backend",
     "granite": "transformers backend",
     "glm4": "transformers backend",

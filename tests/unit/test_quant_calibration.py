@@ -25,7 +25,8 @@ def _tiny(arch, path):
     make_tiny(arch, path, archs=BACKEND_ARCHS)
     weights = load_file(path / "model.safetensors")
     for key, tensor in weights.items():
-        if key.endswith("layernorm.weight") or key == "model.norm.weight":
+        if key.endswith(("layernorm.weight", ".ln_1.weight", ".ln_2.weight")) \
+                or key == "model.norm.weight":  # GPT-Neo's layers' norms: ln_1, ln_2
             tensor[list(OUTLIER_CHANNELS)] = 20.0
     save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
 
@@ -57,7 +58,8 @@ def _isolated(tmp_path, monkeypatch):
 
 # RMSNorm, LayerNorm; BLOOM: LayerNorms with biases, biased linears, ALiBi; Falcon: its
 # sequential layer (the outliers go into norms named *layernorm)
-@pytest.mark.parametrize("arch", ["llama", "stablelm", "stablelm-parallel", "bloom", "falcon-seq"])
+@pytest.mark.parametrize("arch", ["llama", "stablelm", "stablelm-parallel", "bloom", "falcon-seq",
+                                  "gpt_neo"])
 def test_smoothed_int8_is_closer_to_float32_than_plain_int8(arch, tmp_path, monkeypatch):
     from benchmarks.quality import compare
 

@@ -122,11 +122,12 @@ def check_a_busy_engine(hf, engine, arch):
 # the parallel residual, full rotary, tied embeddings), BLOOM (ALiBi in the attention kernels,
 # LayerNorms with biases and random weights, per-head interleaved q/k/v), Falcon (RoPE; new
 # decoder architecture's K/V groups and two norms, multi-query with one parallel norm, or
-# sequential with per-head q/k/v and biases).
+# sequential with per-head q/k/v and biases), GPT-Neo (learned positions, unscaled scores,
+# 8-token local layers between global ones).
 NATIVE_FILES = {"gemma": "gemma", "gemma2": "gemma", "gemma3_text": "gemma", "phi3": "llama",
                 "phi3-longrope": "llama", "mistral": "llama", "stablelm": "stablelm",
                 "stablelm-parallel": "stablelm", "bloom": "bloom", "falcon": "falcon",
-                "falcon-mqa": "falcon", "falcon-seq": "falcon"}
+                "falcon-mqa": "falcon", "falcon-seq": "falcon", "gpt_neo": "gpt_neo"}
 
 
 @pytest.mark.parametrize("path", ["cpu-kernels", "pytorch-only"])

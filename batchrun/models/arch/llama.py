@@ -156,7 +156,7 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states [T, hidden] for the flat row of tokens of one step."""
-        x = self.embed(input_ids)
+        x = self.embed_at(input_ids, positions)
         rope = self.step_rope(positions, x.dtype)
         metas = [layer_metadata(meta, i) for i in range(len(self.layers))]  # each layer's KV group
         # Each residual add runs inside the norm that follows it (x is the stream, in place).
@@ -179,6 +179,10 @@ class LlamaModel(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
+
+    def embed_at(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The step's input embeddings (a model with learned positions adds them here)."""
+        return self.embed(input_ids)
 
     @property
     def graph_safe(self) -> bool:

@@ -32,6 +32,7 @@ NATIVE_MODULES = {
     "stablelm": "batchrun.models.arch.stablelm",
     "bloom": "batchrun.models.arch.bloom",
     "falcon": "batchrun.models.arch.falcon",
+    "gpt_neo": "batchrun.models.arch.gpt_neo",
 }
 
 

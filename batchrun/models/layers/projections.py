@@ -87,3 +87,13 @@ BLOOM = LayerLayout((
 # Falcon's names (models/arch/falcon.py): BLOOM's; in the parallel layers the norms each reads
 # differ (FalconModel.make_layout).
 FALCON = BLOOM
+
+# GPT-Neo's names (models/arch/gpt_neo.py): q/k/v and the output projection under
+# attn.attention, fused as Llama's; the MLP's c_fc and c_proj.
+GPT_NEO = LayerLayout((
+    Projection("self_attn.qkv_proj", ("attn.attention.q_proj", "attn.attention.k_proj",
+                                      "attn.attention.v_proj"), "input_layernorm", split="qkv"),
+    Projection("self_attn.o_proj", ("attn.attention.out_proj",)),
+    Projection("mlp.c_fc", ("mlp.c_fc",), "post_attention_layernorm"),
+    Projection("mlp.c_proj", ("mlp.c_proj",)),
+))
