@@ -1,0 +1,89 @@
+"""The Triton attention kernels (batchrun/engine/kernels/triton_*.py) through TritonBackend's
+build and forward, against reference_attention on the same paged step: small random shapes
+(4 query heads over 2 KV heads, head_dim 16, 4-token blocks), float32."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from batchrun.engine.attention.cuda_triton import TritonBackend
+from benchmarks.kernel_checks.attention_problems import Problem, make_problem, max_err
+
+TOL = 1e-4  # float32 throughout: the kernels and the reference differ by summation order only
+MIXED = dict(starts=[9, 3, 30, 6, 0, 11], counts=[1, 1, 1, 5, 7, 9], num_decode=3)
+WINDOW = 5
+
+
+def _backend(p: Problem, splits: int | None = None, **extras) -> torch.Tensor:
+    meta = TritonBackend().build(p.layout)
+    meta.decode_splits = splits
+    meta.visible_until = extras.pop("visible_until", None)
+    kc, vc = p.caches()
+    return TritonBackend.forward(p.q, p.k, p.v, kc, vc, meta, p.scale, **extras)
+
+
+def _both_decodes(p: Problem, **extras) -> float:
+    """The largest error of the step with its decodes through the plain and the split-K kernel."""
+    ref = p.reference(**{"sliding_window" if k == "window" else k: x for k, x in extras.items()})
+    return max(max_err(_backend(p, splits, **extras), ref) for splits in (1, 3))
+
+
+def check_prefill(device: torch.device) -> tuple[float, float]:
+    """Fresh chunks of different lengths (no cached prefix), causal within each."""
+    p = make_problem(device, starts=[0, 0, 0], counts=[7, 19, 2], num_decode=0)
+    return max_err(_backend(p), p.reference()), TOL
+
+
+def check_prefix(device: torch.device) -> tuple[float, float]:
+    """Chunks over cached prefixes (prefix-cache hits, chunked prefill) beside decodes."""
+    p = make_problem(device, **MIXED)  # type: ignore[arg-type]
+    return max_err(_backend(p, 1), p.reference()), TOL
+
+
+def check_decode(device: torch.device) -> tuple[float, float]:
+    p = make_problem(device, starts=[9, 0, 22, 4], counts=[1] * 4, num_decode=4)
+    return max_err(_backend(p, 1), p.reference()), TOL
+
+
+def check_decode_splitk(device: torch.device) -> tuple[float, float]:
+    """Long contexts in 3 and 4 shares (shares that get no keys included)."""
+    p = make_problem(device, starts=[70, 5, 130], counts=[1] * 3, num_decode=3)
+    ref = p.reference()
+    return max(max_err(_backend(p, s), ref) for s in (3, 4)), TOL
+
+
+def check_window(device: torch.device) -> tuple[float, float]:
+    return _both_decodes(make_problem(device, **MIXED), window=WINDOW), TOL  # type: ignore[arg-type]
+
+
+def check_softcap(device: torch.device) -> tuple[float, float]:
+    p = make_problem(device, **MIXED)  # type: ignore[arg-type]
+    return _both_decodes(p, softcap=1.5), TOL
+
+
+def check_sink(device: torch.device) -> tuple[float, float]:
+    p = make_problem(device, **MIXED)  # type: ignore[arg-type]
+    sinks = torch.randn(p.q.shape[1], generator=torch.Generator().manual_seed(1)).to(device)
+    return _both_decodes(p, sinks=sinks * 2), TOL
+
+
+def check_bidirectional(device: torch.device) -> tuple[float, float]:
+    """An image's rows (positions 5..10 of a 12-row chunk over 3 cached tokens) see each other
+    both ways (visible_until, Gemma 3), with and without a window."""
+    p = make_problem(device, starts=[4, 3], counts=[1, 12], num_decode=1)
+    until = torch.zeros(13, dtype=torch.long)
+    until[1 + 2:1 + 8] = 11  # rows at positions 5..10
+    until = until.to(device)
+    errs = [max_err(_backend(p, visible_until=until, **extras),
+                    p.reference(visible_until=until, **ref))
+            for extras, ref in (({}, {}), ({"window": 3}, {"sliding_window": 3}))]
+    return max(errs), TOL
+
+
+CHECKS: dict[str, Callable[[torch.device], tuple[float, float]]] = {
+    "prefill": check_prefill, "prefix": check_prefix, "decode": check_decode,
+    "decode_splitk": check_decode_splitk, "window": check_window, "softcap": check_softcap,
+    "sink": check_sink, "bidirectional": check_bidirectional,
+}
