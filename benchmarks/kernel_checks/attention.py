@@ -54,6 +54,20 @@ def check_decode_splitk(device: torch.device) -> tuple[float, float]:
     return max(max_err(_backend(p, s), ref) for s in (3, 4)), TOL
 
 
+def check_decode_cascade(device: torch.device) -> tuple[float, float]:
+    """Decodes in two groups sharing leading blocks (3 and 2 blocks) and one alone, the rest of
+    each context plain or in split-K shares; soft-capped and with sinks too."""
+    p = make_problem(device, starts=[21, 30, 14, 17, 40, 9], counts=[1] * 6, num_decode=6,
+                     shared={1: 0, 2: 0, 4: 3})
+    meta = TritonBackend().build(p.layout)
+    assert meta.shared is not None and meta.shared.tile_first.shape[0] == 2  # two groups
+    sinks = torch.linspace(-1, 1, p.q.shape[1]).to(device)
+    many = make_problem(device, starts=[13 + 2 * i for i in range(10)], counts=[1] * 10,
+                        num_decode=10, shared={i: 0 for i in range(1, 10)})  # two tiles
+    return max(_both_decodes(p), _both_decodes(p, softcap=2.0, sinks=sinks),
+               max_err(_backend(many, 1), many.reference())), TOL
+
+
 def check_window(device: torch.device) -> tuple[float, float]:
     return _both_decodes(make_problem(device, **MIXED), window=WINDOW), TOL  # type: ignore[arg-type]
 
@@ -84,6 +98,6 @@ def check_bidirectional(device: torch.device) -> tuple[float, float]:
 
 CHECKS: dict[str, Callable[[torch.device], tuple[float, float]]] = {
     "prefill": check_prefill, "prefix": check_prefix, "decode": check_decode,
-    "decode_splitk": check_decode_splitk, "window": check_window, "softcap": check_softcap,
+    "decode_splitk": check_decode_splitk, "decode_cascade": check_decode_cascade, "window": check_window, "softcap": check_softcap,
     "sink": check_sink, "bidirectional": check_bidirectional,
 }

@@ -37,9 +37,11 @@ class Problem:
 
 def make_problem(device: torch.device, starts: list[int], counts: list[int], num_decode: int,
                  heads: int = 4, kv_heads: int = 2, dim: int = 16, block_size: int = 4,
-                 dtype: torch.dtype = torch.float32, seed: int = 0) -> Problem:
+                 dtype: torch.dtype = torch.float32, seed: int = 0,
+                 shared: dict[int, int] | None = None) -> Problem:
     """Sequence i has starts[i] cached tokens and counts[i] rows in the step; the first
-    num_decode are decodes (counts 1)."""
+    num_decode are decodes (counts 1). shared {i: j}: sequence i's table starts with sequence
+    j's first blocks (as many as both hold whole), a prefix-cache hit."""
     gen = torch.Generator().manual_seed(seed)
     need = [-(-(s + n) // block_size) for s, n in zip(starts, counts)]
     order = torch.randperm(sum(need) + 2, generator=gen).tolist()
@@ -47,6 +49,9 @@ def make_problem(device: torch.device, starts: list[int], counts: list[int], num
     for n in need:
         tables.append(order[at:at + n])
         at += n
+    for i, j in (shared or {}).items():
+        whole = min(starts[i], starts[j]) // block_size
+        tables[i][:whole] = tables[j][:whole]
     slots = (sum(need) + 2) * block_size
     rand = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
     k_cache, v_cache = (torch.zeros(slots, kv_heads, dim, dtype=dtype) for _ in range(2))

@@ -52,3 +52,22 @@ def test_suite_fails_on_a_wrong_kernel(tmp_path, monkeypatch):
 def test_every_check_module_is_discovered():
     names = gpu_suite.discover_checks()
     assert set(CHECKS) <= set(names)
+
+
+def test_shared_prefix_plan_groups_only_what_saves_reads():
+    from batchrun.engine.kernels.triton_cascade import TILE_MEMBERS, plan_shared_prefixes
+
+    cpu = torch.device("cpu")
+    # nothing shared: the plain decode kernel runs
+    assert plan_shared_prefixes([[0, 1], [2, 3], [4, 5]], [8, 8, 6], 4, cpu) is None
+    # 10 sequences on one 2-block prefix (then their own blocks), one alone
+    tables = [[7, 8, 10 + i] for i in range(10)] + [[30, 31, 32]]
+    plan = plan_shared_prefixes(tables, [11] * 10 + [12], 4, cpu)
+    assert plan is not None
+    assert plan.order.tolist() == list(range(10))
+    assert plan.tile_first.tolist() == [0, TILE_MEMBERS] and plan.tile_end.tolist() == [10, 10]
+    assert plan.tile_shared.tolist() == [8, 8]
+    assert plan.skip.tolist() == [8] * 10 + [0]
+    # one shared block among 2 of 11 long contexts saves too little
+    tables = [[7, 1, 2, 3], [7, 4, 5, 6]] + [[20 + 4 * i + j for j in range(4)] for i in range(9)]
+    assert plan_shared_prefixes(tables, [16] * 11, 4, cpu) is None

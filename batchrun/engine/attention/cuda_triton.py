@@ -3,7 +3,10 @@
 Decode tokens take kernels/triton_decode.py (one program per sequence and KV head), or for long
 contexts with few sequences the split-K kernel (kernels/triton_splitk.py, its split count a
 function of the launch's shapes alone); both read context lengths on the device, so decode-only
-steps are captured as CUDA graphs (engine/cuda_graphs.py). Prefill chunks, fresh or over a
+steps are captured as CUDA graphs (engine/cuda_graphs.py). Decodes that share leading blocks
+(a common system prompt, n > 1 samples) read them once per group (kernels/triton_cascade.py,
+planned once per step on the host from the layout's block tables; not for windowed layers, not
+in captured graphs; --attention-kernel legacy turns it off). Prefill chunks, fresh or over a
 cached prefix, take kernels/triton_prefill.py, which reads the chunk's own K/V back from the
 cache (written first) and the prefix where it lies. Sliding windows, logit soft-capping,
 attention sinks and fp8 e4m3 caches run in those kernels (registry.paged_attention folds an fp8
@@ -38,6 +41,7 @@ class TritonMetadata(AttentionMetadata):
     max_prefill_rows: int | None = None  # the longest chunk's rows (None: read from query_start)
     max_rows: int | None = None  # the most rows of any sequence (visible_until steps)
     decode_splits: int | None = None  # split-K shares of decodes (None: choose from the shapes)
+    shared: Any = None  # triton_cascade.SharedPrefixes of the decodes, or None
 
 
 @lru_cache(maxsize=None)
@@ -51,10 +55,13 @@ class TritonBackend:
     metadata_type: ClassVar[type[AttentionMetadata]] = TritonMetadata
     sees_ahead: ClassVar[bool] = True  # forward honours meta.visible_until
 
+    def __init__(self, cascade: bool = True):
+        self.cascade = cascade
+
     @classmethod
     def create(cls, env: BackendEnv) -> TritonBackend | None:
         if env.device.type == "cuda" and importlib.util.find_spec("triton") is not None:
-            return cls()
+            return cls(cascade=env.kernel_mode == "cascade")
         return None
 
     def build(self, layout: StepLayout) -> TritonMetadata:
@@ -65,6 +72,12 @@ class TritonBackend:
         if b:
             meta.decode_tables = layout.block_tables[:b].contiguous()
             meta.decode_lens = layout.context_lens[:b]
+        if self.cascade and b > 1 and layout.host_tables is not None:
+            from batchrun.engine.kernels.triton_cascade import plan_shared_prefixes
+
+            meta.shared = plan_shared_prefixes(layout.host_tables[:b],
+                                               [n + 1 for n in layout.starts[:b]],
+                                               layout.block_size, layout.block_tables.device)
         return meta
 
     @staticmethod
@@ -115,6 +128,11 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta:
             context = min(context, window)
         splits = choose_splits(q.shape[0], k_cache.shape[1], context, meta.block_size,
                                _programs(q.device.index or 0)) if q.is_cuda else 1
+    if meta.shared is not None and window is None:
+        from batchrun.engine.kernels.triton_cascade import cascade_decode_attention
+
+        return cascade_decode_attention(q, k_cache, v_cache, tables, lens, meta.block_size, scale,
+                                        meta.shared, splits, softcap, sinks)
     if splits > 1:
         return splitk_decode_attention(q, k_cache, v_cache, tables, lens, meta.block_size, scale,
                                        splits, window, softcap, sinks)

@@ -20,13 +20,15 @@ from batchrun.engine.kernels.triton_decode import decode_launch_args
 
 
 @triton.jit
-def _splitk_partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, acc_ptr, ms_ptr,
+def _splitk_partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, skip_ptr, acc_ptr, ms_ptr,
                            stride_qt, stride_qh, stride_table, qk_scale, window, softcap,
-                           SPLITS: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr,
+                           SPLITS: tl.constexpr, SLOTS: tl.constexpr, H: tl.constexpr,
+                           HKV: tl.constexpr,
                            D: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                            BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
                            HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                           HAS_SINKS: tl.constexpr, FP8: tl.constexpr, PREC: tl.constexpr):
+                           HAS_SINKS: tl.constexpr, FP8: tl.constexpr, PREC: tl.constexpr,
+                           HAS_SKIP: tl.constexpr):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -41,6 +43,8 @@ def _splitk_partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, acc_ptr, m
     lo = length * 0
     if HAS_WINDOW:
         lo = tl.maximum(length - window, 0)
+    if HAS_SKIP:  # keys another kernel attends (cascade: a shared prefix)
+        lo = tl.maximum(lo, tl.load(skip_ptr + seq))
     first_tile = lo // BLOCK_N
     per_split = tl.cdiv(tl.cdiv(length, BLOCK_N) - first_tile, SPLITS)
     begin = (first_tile + split * per_split) * BLOCK_N
@@ -56,7 +60,7 @@ def _splitk_partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, acc_ptr, m
         allowed = seen[None, :] & g_ok[:, None]
         acc, m, s = attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, d, d_ok, kvh,
                                 qk_scale, softcap, HKV, D, HAS_SOFTCAP, FP8, PREC)
-    row = (seq * H + heads) * SPLITS + split  # [B, H, SPLITS] rows
+    row = (seq * H + heads) * SLOTS + split  # [B, H, SLOTS] partials
     tl.store(acc_ptr + row[:, None] * D + d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
     tl.store(ms_ptr + row * 2, m, mask=g_ok)
     tl.store(ms_ptr + row * 2 + 1, s, mask=g_ok)
@@ -96,18 +100,42 @@ def splitk_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             softcap: float | None = None, sinks: torch.Tensor | None = None,
                             k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """As triton_decode.paged_decode_attention, each sequence's keys in `splits` shares."""
-    (kc, vc, sinks), consts = decode_launch_args(q, k_cache, v_cache, block_size, window,
-                                                 softcap, sinks)
+    args, consts = decode_launch_args(q, k_cache, v_cache, block_size, window, softcap, sinks)
+    acc, ms = partials(q, splits)
+    launch_partials(q, args, consts, tables, lens, None, acc, ms, scale * k_scale, window,
+                    softcap, splits)
+    return reduce_partials(acc, ms, args[2], consts, v_scale, q.dtype)
+
+
+def partials(q: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Buffers for `slots` partial results per (sequence, head): (acc [B, H, slots, D], (m, s)
+    [B, H, slots, 2]), float32; a slot no kernel writes must hold (0, -inf, 0)."""
     b, h, dim = q.shape
-    acc = torch.empty(b, h, splits, dim, dtype=torch.float32, device=q.device)
-    ms = torch.empty(b, h, splits, 2, dtype=torch.float32, device=q.device)
-    _splitk_partial_kernel[(b, consts["HKV"], splits)](
-        q, kc, vc, tables, lens, acc, ms, q.stride(0), q.stride(1), tables.stride(0),
-        scale * k_scale, window or 0, softcap or 0.0, SPLITS=splits, H=h, **consts)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    return (torch.empty(b, h, slots, dim, dtype=torch.float32, device=q.device),
+            torch.empty(b, h, slots, 2, dtype=torch.float32, device=q.device))
+
+
+def launch_partials(q: torch.Tensor, args: tuple, consts: dict, tables: torch.Tensor,
+                    lens: torch.Tensor, skip: torch.Tensor | None, acc: torch.Tensor,
+                    ms: torch.Tensor, qk_scale: float, window: int | None,
+                    softcap: float | None, splits: int) -> None:
+    """The partial kernel into slots 0..splits-1 of acc / ms; skip [B]: keys before skip[seq]
+    are left out (None: none)."""
+    kc, vc, _ = args
+    _splitk_partial_kernel[(q.shape[0], consts["HKV"], splits)](
+        q, kc, vc, tables, lens, lens if skip is None else skip, acc, ms, q.stride(0),
+        q.stride(1), tables.stride(0), qk_scale, window or 0, softcap or 0.0, SPLITS=splits,
+        SLOTS=acc.shape[2], H=q.shape[1], HAS_SKIP=skip is not None, **consts)
+
+
+def reduce_partials(acc: torch.Tensor, ms: torch.Tensor, sinks: torch.Tensor | None,
+                    consts: dict, v_scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """The attention output [B, H, D] from every slot of the partials."""
+    b, h, slots, dim = acc.shape
+    out = torch.empty(b, h, dim, dtype=dtype, device=acc.device)
     _splitk_reduce_kernel[(b, h)](
-        acc, ms, lens if sinks is None else sinks, out, out.stride(0), out.stride(1), v_scale,
-        SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), H=h, D=dim,
+        acc, ms, ms if sinks is None else sinks, out, out.stride(0), out.stride(1), v_scale,
+        SPLITS=slots, SPLITS_PAD=triton.next_power_of_2(slots), H=h, D=dim,
         D_PAD=consts["D_PAD"], HAS_SINKS=consts["HAS_SINKS"])
     return out
 
