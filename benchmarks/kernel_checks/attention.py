@@ -68,6 +68,15 @@ def check_decode_cascade(device: torch.device) -> tuple[float, float]:
                max_err(_backend(many, 1), many.reference())), TOL
 
 
+def _half(dtype: torch.dtype, tol: float) -> Callable[[torch.device], tuple[float, float]]:
+    def check(device: torch.device) -> tuple[float, float]:
+        """The mixed step (fresh and prefix chunks, plain and split-K decodes) in `dtype`
+        against the reference in float32 rounded to it: tol is a couple of its ulps at |out| ~ 1
+        (softmax weights enter the value dot in `dtype`, as flash attention's do)."""
+        return _both_decodes(make_problem(device, **MIXED, dtype=dtype)), tol  # type: ignore[arg-type]
+    return check
+
+
 def check_window(device: torch.device) -> tuple[float, float]:
     return _both_decodes(make_problem(device, **MIXED), window=WINDOW), TOL  # type: ignore[arg-type]
 
@@ -100,4 +109,5 @@ CHECKS: dict[str, Callable[[torch.device], tuple[float, float]]] = {
     "prefill": check_prefill, "prefix": check_prefix, "decode": check_decode,
     "decode_splitk": check_decode_splitk, "decode_cascade": check_decode_cascade, "window": check_window, "softcap": check_softcap,
     "sink": check_sink, "bidirectional": check_bidirectional,
+    "bf16": _half(torch.bfloat16, 3e-2), "fp16": _half(torch.float16, 4e-3),
 }

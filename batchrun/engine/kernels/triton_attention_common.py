@@ -12,6 +12,8 @@ float32 models their exactness).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -76,9 +78,18 @@ def finish(acc, m, s, sinks_ptr, heads, head_ok, v_scale, HAS_SINKS: tl.constexp
     return acc * (v_scale / tl.where(s > 0, s, 1.0))[:, None]
 
 
-def dot_dtype(q: torch.Tensor) -> tuple[str, bool]:
-    """(tl.dot's input precision, whether q is float32) for a query tensor."""
-    return ("ieee", True) if q.dtype == torch.float32 else ("tf32", False)
+def dot_dtype(q: torch.Tensor) -> tuple[str, tl.dtype]:
+    """(tl.dot's input precision, the dtype the kernels' dots take) for a query tensor: q's own,
+    float32 in IEEE precision for a float32 q, and float32 for bfloat16 under Triton's
+    interpreter (whose tl.dot multiplies bfloat16's raw bits as integers: numpy has no bfloat16)."""
+    if q.dtype == torch.float32:
+        return "ieee", tl.float32
+    if q.dtype == torch.bfloat16:
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        return "tf32", tl.float32 if interpreted else tl.bfloat16
+    if q.dtype == torch.float16:
+        return "tf32", tl.float16
+    raise TypeError(f"no Triton attention for {q.dtype} queries")
 
 
 def cache_args(k_cache: torch.Tensor, v_cache: torch.Tensor

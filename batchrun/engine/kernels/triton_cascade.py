@@ -84,9 +84,9 @@ def _shared_prefix_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, order_ptr, first_ptr,
                           qk_scale, softcap, SLOT: tl.constexpr, SLOTS: tl.constexpr,
                           H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                           GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, MEMBERS: tl.constexpr,
-                          TILE_MEMBERS: tl.constexpr,
-                          BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
-                          HAS_SOFTCAP: tl.constexpr, FP8: tl.constexpr, PREC: tl.constexpr):
+                          TILE_MEMBERS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
+                          HAS_SOFTCAP: tl.constexpr, FP8: tl.constexpr, PREC: tl.constexpr,
+                          DOT: tl.constexpr):
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
     first = tl.load(first_ptr + tile)
@@ -101,7 +101,7 @@ def _shared_prefix_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, order_ptr, first_ptr,
     d = tl.arange(0, D_PAD)
     d_ok = d < D
     q = tl.load(q_ptr + seq[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(DOT)
     table_row = tl.load(order_ptr + first).to(tl.int64) * stride_table  # every member's prefix
     m = tl.full([MEMBERS * GROUP_PAD], float("-inf"), tl.float32)
     s = tl.zeros([MEMBERS * GROUP_PAD], tl.float32)

@@ -27,7 +27,7 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, sinks_ptr, o
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK: tl.constexpr,
                          BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr,
                          HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, FP8: tl.constexpr,
-                         PREC: tl.constexpr):
+                         PREC: tl.constexpr, DOT: tl.constexpr):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     length = tl.load(lens_ptr + seq)
@@ -37,7 +37,7 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, sinks_ptr, o
     d_ok = d < D
     heads = kvh * GROUP + g
     q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(DOT)
     lo = length * 0
     if HAS_WINDOW:
         lo = tl.maximum(length - window, 0)
@@ -66,14 +66,14 @@ def decode_launch_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     h, dim = q.shape[1], q.shape[2]
     hkv = k_cache.shape[1]
     kc, vc, fp8 = cache_args(k_cache, v_cache)
-    prec, _ = dot_dtype(q)
+    prec, dot = dot_dtype(q)
     sinks = None if sinks is None else sinks.detach().float().contiguous()
     group = h // hkv
     consts = dict(HKV=hkv, D=dim, GROUP=group,
                   GROUP_PAD=max(MIN_DOT, triton.next_power_of_2(group)), BLOCK=block_size,
                   BLOCK_N=key_tile(block_size), D_PAD=max(MIN_DOT, triton.next_power_of_2(dim)),
                   HAS_WINDOW=window is not None, HAS_SOFTCAP=bool(softcap),
-                  HAS_SINKS=sinks is not None, FP8=fp8, PREC=prec)
+                  HAS_SINKS=sinks is not None, FP8=fp8, PREC=prec, DOT=dot)
     return (kc, vc, sinks), consts
 
 

@@ -28,7 +28,8 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, qstart_ptr, 
                           D_PAD: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
                           HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-                          HAS_UNTIL: tl.constexpr, FP8: tl.constexpr, PREC: tl.constexpr):
+                          HAS_UNTIL: tl.constexpr, FP8: tl.constexpr, PREC: tl.constexpr,
+                          DOT: tl.constexpr):
     seq = first_seq + tl.program_id(0)
     tile = tl.program_id(1)
     head = tl.program_id(2)
@@ -43,7 +44,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, qstart_ptr, 
         d = tl.arange(0, D_PAD)
         d_ok = d < D
         q = tl.load(q_ptr + (q_start + rows)[:, None] * stride_qt + head * stride_qh + d[None, :],
-                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(DOT)
         hi = tl.minimum(ctx, ctx - q_len + (tile + 1) * BLOCK_M)
         until = tl.zeros([BLOCK_M], tl.int64)
         if HAS_UNTIL:
@@ -93,7 +94,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     h, dim = q.shape[1], q.shape[2]
     hkv = k_cache.shape[1]
     kc, vc, fp8 = cache_args(k_cache, v_cache)
-    prec, _ = dot_dtype(q)
+    prec, dot = dot_dtype(q)
     block_m = 16 if max_rows <= 16 or dim > 128 else 64
     grid = (len(seqs), triton.cdiv(max_rows, block_m), h)
     dummy = context_lens
@@ -105,4 +106,4 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         D_PAD=max(16, triton.next_power_of_2(dim)), BLOCK=block_size, BLOCK_M=block_m,
         BLOCK_N=key_tile(block_size), HAS_WINDOW=window is not None,
         HAS_SOFTCAP=bool(softcap), HAS_SINKS=sinks is not None,
-        HAS_UNTIL=visible_until is not None, FP8=fp8, PREC=prec)
+        HAS_UNTIL=visible_until is not None, FP8=fp8, PREC=prec, DOT=dot)

@@ -28,7 +28,7 @@ def _splitk_partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, skip_ptr, 
                            BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
                            HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                            HAS_SINKS: tl.constexpr, FP8: tl.constexpr, PREC: tl.constexpr,
-                           HAS_SKIP: tl.constexpr):
+                           DOT: tl.constexpr, HAS_SKIP: tl.constexpr):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -39,7 +39,7 @@ def _splitk_partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, skip_ptr, 
     d_ok = d < D
     heads = kvh * GROUP + g
     q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(DOT)
     lo = length * 0
     if HAS_WINDOW:
         lo = tl.maximum(length - window, 0)
