@@ -100,6 +100,11 @@ def cache_args(k_cache: torch.Tensor, v_cache: torch.Tensor
     return k_cache, v_cache, False
 
 
+KEY_TILE = 64  # keys per tile: a 16-token block per tile would make prefill's dots too small
+
+
 def key_tile(block_size: int) -> int:
-    """Keys per tile: at least tl.dot's minimum and at least one cache block."""
-    return max(MIN_DOT, triton.next_power_of_2(block_size))
+    """Keys per tile: KEY_TILE, or one cache block where blocks are larger; under the interpreter
+    tl.dot's minimum, so the checks' small contexts span several tiles."""
+    least = MIN_DOT if os.environ.get("TRITON_INTERPRET") == "1" else KEY_TILE
+    return max(least, triton.next_power_of_2(block_size))
