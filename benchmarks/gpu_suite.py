@@ -50,7 +50,8 @@ def run_checks(device, only: set[str] | None) -> dict[str, dict[str, Any]]:
             results[name] = {"pass": bool(err <= tol), "max_err": float(err), "tol": float(tol)}
         except Exception as exc:  # one broken kernel must not hide the others' results
             traceback.print_exc()
-            results[name] = {"pass": False, "max_err": None, "error": f"{type(exc).__name__}: {exc}"}
+            results[name] = {"pass": False, "max_err": None,
+                             "error": f"{type(exc).__name__}: {exc}"}
         results[name]["seconds"] = round(time.perf_counter() - start, 3)
         print(f"{name:24s} {'ok' if results[name]['pass'] else 'FAIL'} "
               f"max_err={results[name]['max_err']}", flush=True)

@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 
 from batchrun.engine.attention.cuda_triton import TritonBackend
+from batchrun.engine.attention.registry import paged_attention
 from benchmarks.kernel_checks.attention_problems import Problem, make_problem, max_err
 
 TOL = 1e-4  # float32 throughout: the kernels and the reference differ by summation order only
@@ -73,12 +74,31 @@ def _half(dtype: torch.dtype, tol: float) -> Callable[[torch.device], tuple[floa
         """The mixed step (fresh and prefix chunks, plain and split-K decodes) in `dtype`
         against the reference in float32 rounded to it: tol is a couple of its ulps at |out| ~ 1
         (softmax weights enter the value dot in `dtype`, as flash attention's do)."""
-        return _both_decodes(make_problem(device, **MIXED, dtype=dtype)), tol  # type: ignore[arg-type]
+        p = make_problem(device, **MIXED, dtype=dtype)  # type: ignore[arg-type]
+        return _both_decodes(p), tol
     return check
 
 
+def check_alibi(device: torch.device) -> tuple[float, float]:
+    """ALiBi slopes (BLOOM's, 2^(-8h/H)) through registry.paged_attention, which hands them to
+    this backend: the mixed step with plain and split-K decodes, and shared-prefix decodes."""
+    slopes = (2.0 ** (-8.0 * torch.arange(1, 5) / 4)).to(device)
+    errs = []
+    for p in (make_problem(device, **MIXED),  # type: ignore[arg-type]
+              make_problem(device, starts=[21, 30, 14, 9], counts=[1] * 4, num_decode=4,
+                           shared={1: 0, 2: 0})):
+        ref = p.reference(alibi=slopes)
+        for splits in (1, 3):
+            meta = TritonBackend().build(p.layout)
+            meta.decode_splits = splits
+            got = paged_attention(p.q, p.k, p.v, *p.caches(), meta, p.scale, alibi=slopes)
+            errs.append(max_err(got, ref))
+    return max(errs), TOL
+
+
 def check_window(device: torch.device) -> tuple[float, float]:
-    return _both_decodes(make_problem(device, **MIXED), window=WINDOW), TOL  # type: ignore[arg-type]
+    p = make_problem(device, **MIXED)  # type: ignore[arg-type]
+    return _both_decodes(p, window=WINDOW), TOL
 
 
 def check_softcap(device: torch.device) -> tuple[float, float]:
@@ -107,7 +127,8 @@ def check_bidirectional(device: torch.device) -> tuple[float, float]:
 
 CHECKS: dict[str, Callable[[torch.device], tuple[float, float]]] = {
     "prefill": check_prefill, "prefix": check_prefix, "decode": check_decode,
-    "decode_splitk": check_decode_splitk, "decode_cascade": check_decode_cascade, "window": check_window, "softcap": check_softcap,
-    "sink": check_sink, "bidirectional": check_bidirectional,
+    "decode_splitk": check_decode_splitk, "decode_cascade": check_decode_cascade,
+    "window": check_window, "softcap": check_softcap,
+    "sink": check_sink, "bidirectional": check_bidirectional, "alibi": check_alibi,
     "bf16": _half(torch.bfloat16, 3e-2), "fp16": _half(torch.float16, 4e-3),
 }

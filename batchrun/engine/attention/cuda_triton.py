@@ -12,10 +12,12 @@ cache (written first) and the prefix where it lies. Sliding windows, logit soft-
 attention sinks and fp8 e4m3 caches run in those kernels (registry.paged_attention folds an fp8
 cache's layer scales into the scale and the output, fp8_kv.py); a step with visible_until (an
 image's rows see each other both ways, Gemma 3) runs every row through the prefill kernel.
+ALiBi slopes too (BLOOM, Falcon, MPT): registry.paged_attention hands them to this backend
+(takes_alibi) instead of the reference.
 
-What still takes reference_attention on CUDA: ALiBi (registry.paged_attention sends it there
-before any backend) and an int8 cache, whose per-row scales no Triton kernel reads
-(kv_sizing refuses --kv-cache-dtype int8 on CUDA, so only a caller passing one reaches it).
+What still takes reference_attention on CUDA: an int8 cache, whose per-row scales no Triton
+kernel reads (kv_sizing refuses --kv-cache-dtype int8 on CUDA, so only a caller passing one
+reaches it).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class TritonBackend:
     name: ClassVar[str] = "triton"
     metadata_type: ClassVar[type[AttentionMetadata]] = TritonMetadata
     sees_ahead: ClassVar[bool] = True  # forward honours meta.visible_until
+    takes_alibi: ClassVar[bool] = True  # forward takes alibi slopes
 
     def __init__(self, cascade: bool = True):
         self.cascade = cascade
@@ -84,15 +87,17 @@ class TritonBackend:
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: TritonMetadata, scale: float,
                 window: int | None = None, softcap: float | None = None,
-                sinks: torch.Tensor | None = None) -> torch.Tensor:
+                sinks: torch.Tensor | None = None,
+                alibi: torch.Tensor | None = None) -> torch.Tensor:
         if k_cache.dtype == INT8:
             return reference_attention(q, k, v, k_cache, v_cache, meta, scale,
-                                       sliding_window=window, softcap=softcap, sinks=sinks)
+                                       sliding_window=window, softcap=softcap, sinks=sinks,
+                                       alibi=alibi)
         from batchrun.engine.kernels.triton_prefill import paged_prefill_attention
 
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        extras: dict[str, Any] = dict(window=window, softcap=softcap, sinks=sinks)
+        extras: dict[str, Any] = dict(window=window, softcap=softcap, sinks=sinks, alibi=alibi)
         seqs = meta.context_lens.shape[0]
         if meta.visible_until is not None:
             rows = meta.max_rows if meta.max_rows is not None else _most_rows(meta, 0)
@@ -102,7 +107,7 @@ class TritonBackend:
             return out
         b = meta.num_decode
         if b:
-            out[:b] = _decode(q[:b], k_cache, v_cache, meta, scale, window, softcap, sinks)
+            out[:b] = _decode(q[:b], k_cache, v_cache, meta, scale, **extras)
         if seqs > b:
             most = meta.max_prefill_rows
             paged_prefill_attention(q, k_cache, v_cache, out, meta.block_tables, meta.query_start,
@@ -114,7 +119,7 @@ class TritonBackend:
 
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: TritonMetadata,
             scale: float, window: int | None, softcap: float | None,
-            sinks: torch.Tensor | None) -> torch.Tensor:
+            sinks: torch.Tensor | None, alibi: torch.Tensor | None) -> torch.Tensor:
     """The decode rows' attention: the plain kernel, or split-K where the shapes call for it."""
     from batchrun.engine.kernels.triton_decode import paged_decode_attention
     from batchrun.engine.kernels.triton_splitk import choose_splits, splitk_decode_attention
@@ -132,12 +137,12 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta:
         from batchrun.engine.kernels.triton_cascade import cascade_decode_attention
 
         return cascade_decode_attention(q, k_cache, v_cache, tables, lens, meta.block_size, scale,
-                                        meta.shared, splits, softcap, sinks)
+                                        meta.shared, splits, softcap, sinks, alibi=alibi)
     if splits > 1:
         return splitk_decode_attention(q, k_cache, v_cache, tables, lens, meta.block_size, scale,
-                                       splits, window, softcap, sinks)
+                                       splits, window, softcap, sinks, alibi=alibi)
     return paged_decode_attention(q, k_cache, v_cache, tables, lens, meta.block_size, scale,
-                                  window, softcap, sinks)
+                                  window, softcap, sinks, alibi=alibi)
 
 
 def _most_rows(meta: TritonMetadata, first: int) -> int:

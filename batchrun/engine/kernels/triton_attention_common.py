@@ -42,12 +42,15 @@ def tile_slots(tables_ptr, table_row, kpos, seen, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, d, d_ok, kvh, qk_scale,
-                softcap, HKV: tl.constexpr, D: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                FP8: tl.constexpr, PREC: tl.constexpr):
+def attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, kpos, slopes, d, d_ok, kvh,
+                qk_scale, softcap, HKV: tl.constexpr, D: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, FP8: tl.constexpr,
+                PREC: tl.constexpr):
     """One online-softmax step: q [M, D_PAD] (the kernel's dot dtype) against the keys at
-    `slots` [N] of KV head kvh; allowed [M, N] masks scores; returns (acc, m, s) updated. A row
-    with nothing allowed so far keeps m = -inf and contributes nothing."""
+    positions kpos [N] (cache slots `slots`) of KV head kvh; allowed [M, N] masks scores;
+    HAS_ALIBI: row r's scores gain slopes[r] * the key's position (after the soft-cap, as
+    reference.attend adds its bias). Returns (acc, m, s) updated. A row with nothing allowed so
+    far keeps m = -inf and contributes nothing."""
     offs = (slots[:, None] * HKV + kvh) * D + d[None, :]
     kv_mask = seen[:, None] & d_ok[None, :]
     k = load_kv(k_ptr + offs, kv_mask, FP8).to(q.dtype)
@@ -55,6 +58,8 @@ def attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, d, d_ok, kvh, 
     if HAS_SOFTCAP:
         # tanh(x) = 1 - 2 / (exp(2x) + 1): saturates to +-1 without NaN where exp overflows
         scores = softcap * (1.0 - 2.0 / (tl.exp(2.0 * scores / softcap) + 1.0))
+    if HAS_ALIBI:
+        scores += slopes[:, None] * kpos[None, :].to(tl.float32)
     scores = tl.where(allowed, scores, float("-inf"))
     m_new = tl.maximum(m, tl.max(scores, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -64,6 +69,15 @@ def attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, d, d_ok, kvh, 
     v = load_kv(v_ptr + offs, kv_mask, FP8).to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=PREC)
     return acc, m_new, s
+
+
+@triton.jit
+def head_slopes(alibi_ptr, heads, ok, HAS_ALIBI: tl.constexpr):
+    """The rows' ALiBi slopes (their heads'), zeros without ALiBi."""
+    if HAS_ALIBI:
+        return tl.load(alibi_ptr + heads, mask=ok, other=0.0).to(tl.float32)
+    else:
+        return tl.zeros(heads.shape, tl.float32)
 
 
 @triton.jit

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from batchrun.engine.kernels.triton_attention_common import attend_tile, tile_slots
+from batchrun.engine.kernels.triton_attention_common import attend_tile, head_slopes, tile_slots
 from batchrun.engine.kernels.triton_decode import decode_launch_args
 from batchrun.engine.kernels.triton_splitk import launch_partials, partials, reduce_partials
 
@@ -80,13 +80,14 @@ def plan_shared_prefixes(tables: list[list[int]], lens: list[int], block_size: i
 
 @triton.jit
 def _shared_prefix_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, order_ptr, first_ptr, end_ptr,
-                          shared_ptr, acc_ptr, ms_ptr, stride_qt, stride_qh, stride_table,
-                          qk_scale, softcap, SLOT: tl.constexpr, SLOTS: tl.constexpr,
+                          shared_ptr, alibi_ptr, acc_ptr, ms_ptr, stride_qt, stride_qh,
+                          stride_table, qk_scale, softcap, SLOT: tl.constexpr, SLOTS: tl.constexpr,
                           H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                           GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, MEMBERS: tl.constexpr,
-                          TILE_MEMBERS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
+                          TILE_MEMBERS: tl.constexpr, BLOCK: tl.constexpr,
+                          BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
                           HAS_SOFTCAP: tl.constexpr, FP8: tl.constexpr, PREC: tl.constexpr,
-                          DOT: tl.constexpr):
+                          DOT: tl.constexpr, HAS_ALIBI: tl.constexpr):
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
     first = tl.load(first_ptr + tile)
@@ -102,6 +103,7 @@ def _shared_prefix_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, order_ptr, first_ptr,
     d_ok = d < D
     q = tl.load(q_ptr + seq[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(DOT)
+    slopes = head_slopes(alibi_ptr, heads, row_ok, HAS_ALIBI)
     table_row = tl.load(order_ptr + first).to(tl.int64) * stride_table  # every member's prefix
     m = tl.full([MEMBERS * GROUP_PAD], float("-inf"), tl.float32)
     s = tl.zeros([MEMBERS * GROUP_PAD], tl.float32)
@@ -112,8 +114,9 @@ def _shared_prefix_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, order_ptr, first_ptr,
         seen = kpos < shared
         slots = tile_slots(tables_ptr, table_row, kpos, seen, BLOCK)
         allowed = seen[None, :] & row_ok[:, None]
-        acc, m, s = attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, d, d_ok, kvh,
-                                qk_scale, softcap, HKV, D, HAS_SOFTCAP, FP8, PREC)
+        acc, m, s = attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, kpos,
+                                slopes, d, d_ok, kvh, qk_scale, softcap, HKV, D,
+                                HAS_SOFTCAP, HAS_ALIBI, FP8, PREC)
     out_row = (seq * H + heads) * SLOTS + SLOT
     tl.store(acc_ptr + out_row[:, None] * D + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
     tl.store(ms_ptr + out_row * 2, m, mask=row_ok)
@@ -124,24 +127,27 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                              tables: torch.Tensor, lens: torch.Tensor, block_size: int,
                              scale: float, groups: SharedPrefixes, splits: int = 1,
                              softcap: float | None = None, sinks: torch.Tensor | None = None,
-                             k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                             k_scale: float = 1.0, v_scale: float = 1.0,
+                             alibi: torch.Tensor | None = None) -> torch.Tensor:
     """As triton_decode.paged_decode_attention (no window), each group's shared prefix read once
     for the group, the rest of each context in `splits` shares."""
-    args, consts = decode_launch_args(q, k_cache, v_cache, block_size, None, softcap, sinks)
+    args, consts = decode_launch_args(q, k_cache, v_cache, block_size, None, softcap, sinks,
+                                      alibi)
     acc, ms = partials(q, splits + 1)
     acc[:, :, splits].zero_()  # the prefix slot of sequences outside the groups
     ms[:, :, splits, 0].fill_(float("-inf"))
     ms[:, :, splits, 1].zero_()
     launch_partials(q, args, consts, tables, lens, groups.skip, acc, ms, scale * k_scale, None,
                     softcap, splits)
-    kc, vc, _ = args
+    kc, vc, _, alibi = args
     consts = {k: v for k, v in consts.items() if k not in ("HAS_WINDOW", "HAS_SINKS")}
     group_pad = triton.next_power_of_2(consts["GROUP"])
     consts["GROUP_PAD"] = group_pad
     members = max(TILE_MEMBERS, 16 // group_pad)  # rows for tl.dot's 16, the extra ones masked
     _shared_prefix_kernel[(groups.tile_first.shape[0], consts["HKV"])](
         q, kc, vc, tables, groups.order, groups.tile_first, groups.tile_end, groups.tile_shared,
-        acc, ms, q.stride(0), q.stride(1), tables.stride(0), scale * k_scale, softcap or 0.0,
+        groups.skip if alibi is None else alibi, acc, ms, q.stride(0), q.stride(1),
+        tables.stride(0), scale * k_scale, softcap or 0.0,
         SLOT=splits, SLOTS=splits + 1, H=q.shape[1], MEMBERS=members, TILE_MEMBERS=TILE_MEMBERS,
         **consts)
     return reduce_partials(acc, ms, args[2], consts | {"HAS_SINKS": sinks is not None}, v_scale,

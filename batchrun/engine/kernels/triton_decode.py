@@ -16,18 +16,18 @@ import triton
 import triton.language as tl
 
 from batchrun.engine.kernels.triton_attention_common import (MIN_DOT, attend_tile, cache_args,
-                                                           dot_dtype, finish, key_tile,
-                                                           tile_slots)
+                                                           dot_dtype, finish, head_slopes,
+                                                           key_tile, tile_slots)
 
 
 @triton.jit
-def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, sinks_ptr, out_ptr,
+def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, sinks_ptr, alibi_ptr, out_ptr,
                          stride_qt, stride_qh, stride_ot, stride_oh, stride_table, qk_scale,
                          v_scale, window, softcap, HKV: tl.constexpr, D: tl.constexpr,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK: tl.constexpr,
                          BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr,
                          HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, FP8: tl.constexpr,
-                         PREC: tl.constexpr, DOT: tl.constexpr):
+                         PREC: tl.constexpr, DOT: tl.constexpr, HAS_ALIBI: tl.constexpr):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     length = tl.load(lens_ptr + seq)
@@ -38,6 +38,7 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, sinks_ptr, o
     heads = kvh * GROUP + g
     q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(DOT)
+    slopes = head_slopes(alibi_ptr, heads, g_ok, HAS_ALIBI)
     lo = length * 0
     if HAS_WINDOW:
         lo = tl.maximum(length - window, 0)
@@ -50,8 +51,9 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, sinks_ptr, o
         seen = (kpos < length) & (kpos >= lo)
         slots = tile_slots(tables_ptr, seq * stride_table, kpos, seen, BLOCK)
         allowed = seen[None, :] & g_ok[:, None]
-        acc, m, s = attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, d, d_ok, kvh,
-                                qk_scale, softcap, HKV, D, HAS_SOFTCAP, FP8, PREC)
+        acc, m, s = attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, kpos,
+                                slopes, d, d_ok, kvh, qk_scale, softcap, HKV, D,
+                                HAS_SOFTCAP, HAS_ALIBI, FP8, PREC)
     out = finish(acc, m, s, sinks_ptr, heads, g_ok, v_scale, HAS_SINKS)
     tl.store(out_ptr + seq * stride_ot + heads[:, None] * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
@@ -59,38 +61,44 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, sinks_ptr, o
 
 def decode_launch_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        block_size: int, window: int | None, softcap: float | None,
-                       sinks: torch.Tensor | None) -> tuple[tuple, dict]:
-    """The arguments the decode kernels (this one and triton_splitk.py's) share: (caches and
-    sinks, constexprs)."""
+                       sinks: torch.Tensor | None, alibi: torch.Tensor | None = None
+                       ) -> tuple[tuple, dict]:
+    """The arguments the decode kernels (this one, triton_splitk.py's and triton_cascade.py's)
+    share: ((K cache, V cache, sinks, ALiBi slopes), constexprs)."""
     assert q.stride(2) == 1
     h, dim = q.shape[1], q.shape[2]
     hkv = k_cache.shape[1]
     kc, vc, fp8 = cache_args(k_cache, v_cache)
     prec, dot = dot_dtype(q)
     sinks = None if sinks is None else sinks.detach().float().contiguous()
+    alibi = None if alibi is None else alibi.detach().float().contiguous()
     group = h // hkv
     consts = dict(HKV=hkv, D=dim, GROUP=group,
                   GROUP_PAD=max(MIN_DOT, triton.next_power_of_2(group)), BLOCK=block_size,
                   BLOCK_N=key_tile(block_size), D_PAD=max(MIN_DOT, triton.next_power_of_2(dim)),
                   HAS_WINDOW=window is not None, HAS_SOFTCAP=bool(softcap),
-                  HAS_SINKS=sinks is not None, FP8=fp8, PREC=prec, DOT=dot)
-    return (kc, vc, sinks), consts
+                  HAS_SINKS=sinks is not None, FP8=fp8, PREC=prec, DOT=dot,
+                  HAS_ALIBI=alibi is not None)
+    return (kc, vc, sinks, alibi), consts
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            tables: torch.Tensor, lens: torch.Tensor, block_size: int,
                            scale: float, window: int | None = None, softcap: float | None = None,
                            sinks: torch.Tensor | None = None, k_scale: float = 1.0,
-                           v_scale: float = 1.0) -> torch.Tensor:
+                           v_scale: float = 1.0, alibi: torch.Tensor | None = None
+                           ) -> torch.Tensor:
     """q [B, H, D]; caches [slots, Hkv, D]; tables [B, max_blocks]; lens [B] -> [B, H, D].
-    window / softcap / sinks [H]: the layer's (registry.paged_attention); k_scale / v_scale: an
+    window / softcap / sinks [H] / alibi [H]: the layer's (registry.paged_attention); k_scale /
+    v_scale: an
     fp8 cache's layer scales (1 when the caller folded them into scale and the output)."""
-    (kc, vc, sinks), consts = decode_launch_args(q, k_cache, v_cache, block_size, window,
-                                                 softcap, sinks)
+    (kc, vc, sinks, alibi), consts = decode_launch_args(q, k_cache, v_cache, block_size, window,
+                                                        softcap, sinks, alibi)
     b = q.shape[0]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _paged_decode_kernel[(b, consts["HKV"])](
-        q, kc, vc, tables, lens, lens if sinks is None else sinks, out, q.stride(0), q.stride(1),
+        q, kc, vc, tables, lens, lens if sinks is None else sinks,
+        lens if alibi is None else alibi, out, q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), tables.stride(0), scale * k_scale, v_scale, window or 0,
         softcap or 0.0, **consts)
     return out

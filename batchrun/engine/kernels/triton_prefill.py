@@ -17,19 +17,20 @@ import triton
 import triton.language as tl
 
 from batchrun.engine.kernels.triton_attention_common import (attend_tile, cache_args, dot_dtype,
-                                                           finish, key_tile, tile_slots)
+                                                           finish, head_slopes, key_tile,
+                                                           tile_slots)
 
 
 @triton.jit
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, qstart_ptr, ctx_ptr,
-                          until_ptr, sinks_ptr, first_seq, stride_qt, stride_qh, stride_ot,
-                          stride_oh, stride_table, qk_scale, v_scale, window, softcap,
+                          until_ptr, sinks_ptr, alibi_ptr, first_seq, stride_qt, stride_qh,
+                          stride_ot, stride_oh, stride_table, qk_scale, v_scale, window, softcap,
                           HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                           D_PAD: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
                           HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
                           HAS_UNTIL: tl.constexpr, FP8: tl.constexpr, PREC: tl.constexpr,
-                          DOT: tl.constexpr):
+                          DOT: tl.constexpr, HAS_ALIBI: tl.constexpr):
     seq = first_seq + tl.program_id(0)
     tile = tl.program_id(1)
     head = tl.program_id(2)
@@ -45,6 +46,8 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, qstart_ptr, 
         d_ok = d < D
         q = tl.load(q_ptr + (q_start + rows)[:, None] * stride_qt + head * stride_qh + d[None, :],
                     mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(DOT)
+        heads = head + tl.zeros([BLOCK_M], tl.int32)
+        slopes = head_slopes(alibi_ptr, heads, row_ok, HAS_ALIBI)
         hi = tl.minimum(ctx, ctx - q_len + (tile + 1) * BLOCK_M)
         until = tl.zeros([BLOCK_M], tl.int64)
         if HAS_UNTIL:
@@ -68,9 +71,9 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, qstart_ptr, 
                 allowed = allowed | ((kpos[None, :] > qpos[:, None])
                                      & (kpos[None, :] < until[:, None]))
             allowed = allowed & seen[None, :] & row_ok[:, None]
-            acc, m, s = attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, d, d_ok,
-                                    kvh, qk_scale, softcap, HKV, D, HAS_SOFTCAP, FP8, PREC)
-        heads = head + tl.zeros([BLOCK_M], tl.int32)
+            acc, m, s = attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, kpos,
+                                    slopes, d, d_ok, kvh, qk_scale, softcap, HKV, D,
+                                    HAS_SOFTCAP, HAS_ALIBI, FP8, PREC)
         out = finish(acc, m, s, sinks_ptr, heads, row_ok, v_scale, HAS_SINKS)
         tl.store(out_ptr + (q_start + rows)[:, None] * stride_ot + head * stride_oh + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -82,7 +85,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             block_size: int, scale: float, window: int | None = None,
                             softcap: float | None = None, sinks: torch.Tensor | None = None,
                             visible_until: torch.Tensor | None = None, k_scale: float = 1.0,
-                            v_scale: float = 1.0) -> None:
+                            v_scale: float = 1.0, alibi: torch.Tensor | None = None) -> None:
     """Attention of sequences `seqs` (consecutive; at most max_rows rows each) of q [T, H, D]
     into their rows of out [T, H, D], over caches [slots, Hkv, D] that already hold the step's
     K/V. tables [S, W] int64, query_start [S + 1], context_lens [S] on the device. k_scale /
@@ -91,6 +94,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         return
     assert q.stride(2) == 1 and out.stride(2) == 1
     sinks = None if sinks is None else sinks.detach().float().contiguous()
+    alibi = None if alibi is None else alibi.detach().float().contiguous()
     h, dim = q.shape[1], q.shape[2]
     hkv = k_cache.shape[1]
     kc, vc, fp8 = cache_args(k_cache, v_cache)
@@ -101,9 +105,11 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     _paged_prefill_kernel[grid](
         q, kc, vc, out, tables, query_start, context_lens,
         dummy if visible_until is None else visible_until, dummy if sinks is None else sinks,
+        dummy if alibi is None else alibi,
         seqs.start, q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0),
         scale * k_scale, v_scale, window or 0, softcap or 0.0, HKV=hkv, GROUP=h // hkv, D=dim,
         D_PAD=max(16, triton.next_power_of_2(dim)), BLOCK=block_size, BLOCK_M=block_m,
         BLOCK_N=key_tile(block_size), HAS_WINDOW=window is not None,
         HAS_SOFTCAP=bool(softcap), HAS_SINKS=sinks is not None,
-        HAS_UNTIL=visible_until is not None, FP8=fp8, PREC=prec, DOT=dot)
+        HAS_UNTIL=visible_until is not None, FP8=fp8, PREC=prec, DOT=dot,
+        HAS_ALIBI=alibi is not None)

@@ -15,12 +15,13 @@ import torch
 import triton
 import triton.language as tl
 
-from batchrun.engine.kernels.triton_attention_common import attend_tile, tile_slots
+from batchrun.engine.kernels.triton_attention_common import attend_tile, head_slopes, tile_slots
 from batchrun.engine.kernels.triton_decode import decode_launch_args
 
 
 @triton.jit
-def _splitk_partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, skip_ptr, acc_ptr, ms_ptr,
+def _splitk_partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, skip_ptr, alibi_ptr,
+                           acc_ptr, ms_ptr,
                            stride_qt, stride_qh, stride_table, qk_scale, window, softcap,
                            SPLITS: tl.constexpr, SLOTS: tl.constexpr, H: tl.constexpr,
                            HKV: tl.constexpr,
@@ -28,7 +29,8 @@ def _splitk_partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, skip_ptr, 
                            BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
                            HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                            HAS_SINKS: tl.constexpr, FP8: tl.constexpr, PREC: tl.constexpr,
-                           DOT: tl.constexpr, HAS_SKIP: tl.constexpr):
+                           DOT: tl.constexpr, HAS_SKIP: tl.constexpr,
+                           HAS_ALIBI: tl.constexpr):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -40,6 +42,7 @@ def _splitk_partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, skip_ptr, 
     heads = kvh * GROUP + g
     q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(DOT)
+    slopes = head_slopes(alibi_ptr, heads, g_ok, HAS_ALIBI)
     lo = length * 0
     if HAS_WINDOW:
         lo = tl.maximum(length - window, 0)
@@ -58,8 +61,9 @@ def _splitk_partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, skip_ptr, 
         seen = (kpos < length) & (kpos >= lo)
         slots = tile_slots(tables_ptr, seq * stride_table, kpos, seen, BLOCK)
         allowed = seen[None, :] & g_ok[:, None]
-        acc, m, s = attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, d, d_ok, kvh,
-                                qk_scale, softcap, HKV, D, HAS_SOFTCAP, FP8, PREC)
+        acc, m, s = attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, kpos,
+                                slopes, d, d_ok, kvh, qk_scale, softcap, HKV, D,
+                                HAS_SOFTCAP, HAS_ALIBI, FP8, PREC)
     row = (seq * H + heads) * SLOTS + split  # [B, H, SLOTS] partials
     tl.store(acc_ptr + row[:, None] * D + d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
     tl.store(ms_ptr + row * 2, m, mask=g_ok)
@@ -98,9 +102,11 @@ def splitk_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             tables: torch.Tensor, lens: torch.Tensor, block_size: int,
                             scale: float, splits: int, window: int | None = None,
                             softcap: float | None = None, sinks: torch.Tensor | None = None,
-                            k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                            k_scale: float = 1.0, v_scale: float = 1.0,
+                            alibi: torch.Tensor | None = None) -> torch.Tensor:
     """As triton_decode.paged_decode_attention, each sequence's keys in `splits` shares."""
-    args, consts = decode_launch_args(q, k_cache, v_cache, block_size, window, softcap, sinks)
+    args, consts = decode_launch_args(q, k_cache, v_cache, block_size, window, softcap, sinks,
+                                      alibi)
     acc, ms = partials(q, splits)
     launch_partials(q, args, consts, tables, lens, None, acc, ms, scale * k_scale, window,
                     softcap, splits)
@@ -121,9 +127,10 @@ def launch_partials(q: torch.Tensor, args: tuple, consts: dict, tables: torch.Te
                     softcap: float | None, splits: int) -> None:
     """The partial kernel into slots 0..splits-1 of acc / ms; skip [B]: keys before skip[seq]
     are left out (None: none)."""
-    kc, vc, _ = args
+    kc, vc, _, alibi = args
     _splitk_partial_kernel[(q.shape[0], consts["HKV"], splits)](
-        q, kc, vc, tables, lens, lens if skip is None else skip, acc, ms, q.stride(0),
+        q, kc, vc, tables, lens, lens if skip is None else skip, lens if alibi is None else alibi,
+        acc, ms, q.stride(0),
         q.stride(1), tables.stride(0), qk_scale, window or 0, softcap or 0.0, SPLITS=splits,
         SLOTS=acc.shape[2], H=q.shape[1], HAS_SKIP=skip is not None, **consts)
 
