@@ -45,7 +45,7 @@ def test_suite_fails_on_a_wrong_kernel(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gpu_suite, "discover_checks", lambda: {"wrong": wrong, "broken": broken})
     out = tmp_path / "kernels.json"
-    assert gpu_suite.main(suite_args(out)) == 1
+    assert gpu_suite.main(suite_args(out) + ["--only", "wrong,broken"]) == 1
     kernels = json.loads(out.read_text())["kernels"]
     assert kernels["wrong"] == {"pass": False, "max_err": 1.0, "tol": 1e-4,
                                 "seconds": kernels["wrong"]["seconds"]}
