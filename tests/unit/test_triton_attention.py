@@ -74,3 +74,27 @@ def test_shared_prefix_plan_groups_only_what_saves_reads():
     # one shared block among 2 of 11 long contexts saves too little
     tables = [[7, 1, 2, 3], [7, 4, 5, 6]] + [[20 + 4 * i + j for j in range(4)] for i in range(9)]
     assert plan_shared_prefixes(tables, [16] * 11, 4, cpu) is None
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_padding_rows_of_a_captured_batch_write_zeros(splits):
+    """A captured decode graph's padding rows have context length 0 (engine/cuda_graphs.py): the
+    decode kernels write zeros there (with a sink too) and attend the real rows as usual."""
+    from benchmarks.kernel_checks.attention_problems import make_problem
+    from batchrun.engine.kernels.triton_decode import paged_decode_attention
+    from batchrun.engine.kernels.triton_splitk import splitk_decode_attention
+
+    p = make_problem(DEVICE, starts=[9, 4, 6], counts=[1] * 3, num_decode=3)
+    expected = p.reference()
+    lay = p.layout
+    kc, vc = p.caches()
+    kc[lay.slot_mapping], vc[lay.slot_mapping] = p.k, p.v
+    lens = lay.context_lens.clone()
+    lens[1] = 0
+    for sinks in (None, torch.ones(4, device=DEVICE)):
+        args = (p.q, kc, vc, lay.block_tables, lens, lay.block_size, p.scale)
+        out = (paged_decode_attention(*args, sinks=sinks) if splits == 1
+               else splitk_decode_attention(*args, splits, sinks=sinks))
+        assert torch.equal(out[1], torch.zeros_like(out[1]))
+        if sinks is None:
+            torch.testing.assert_close(out[[0, 2]], expected[[0, 2]], atol=1e-5, rtol=1e-5)
