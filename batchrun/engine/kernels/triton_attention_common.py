@@ -1,14 +1,14 @@
 """What the Triton attention kernels share (triton_prefill.py, triton_decode.py,
-triton_splitk.py): reading a tile of keys/values through a block table where they lie, an fp8
-cache's bytes widened in-kernel, and one online-softmax step over a key tile with the layer's
-soft-cap.
+triton_splitk.py, triton_cascade.py): reading a tile of keys/values through a block table where
+they lie, an fp8 cache's bytes widened in-kernel, one online-softmax step over a key tile with
+the layer's soft-cap and ALiBi slopes, and the final division where sinks join.
 
 A key tile is BLOCK_N consecutive positions of one sequence; each position's slot is its block's
 id (from the block table) * block size + its offset, so a tile may span several cache blocks and
 no K/V is gathered into a copy. Scores go through tl.dot (a query tile of at least 16 rows on a
-GPU: decode pads its GQA group to 16), with float32 inputs in IEEE precision (TF32 would cost
-float32 models their exactness).
-"""
+GPU: decode pads its GQA group to 16) in the query's dtype, float32 inputs in IEEE precision
+(TF32 would cost float32 models their exactness); under Triton's interpreter bfloat16 dots run
+in float32 (dot_dtype)."""
 
 from __future__ import annotations
 
