@@ -99,7 +99,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     hkv = k_cache.shape[1]
     kc, vc, fp8 = cache_args(k_cache, v_cache)
     prec, dot = dot_dtype(q)
-    block_m = 16 if max_rows <= 16 or dim > 128 else 64
+    block_m, warps = query_tile(max_rows, dim)
     grid = (len(seqs), triton.cdiv(max_rows, block_m), h)
     dummy = context_lens
     _paged_prefill_kernel[grid](
@@ -112,4 +112,13 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         BLOCK_N=key_tile(block_size), HAS_WINDOW=window is not None,
         HAS_SOFTCAP=bool(softcap), HAS_SINKS=sinks is not None,
         HAS_UNTIL=visible_until is not None, FP8=fp8, PREC=prec, DOT=dot,
-        HAS_ALIBI=alibi is not None)
+        HAS_ALIBI=alibi is not None, num_warps=warps)
+
+
+def query_tile(max_rows: int, dim: int) -> tuple[int, int]:
+    """(BLOCK_M, warps): long chunks take 128-row tiles on 8 warps (each key tile read once for
+    more rows), short ones 64 or 16 rows (few programs past a chunk's end), head dims past 128
+    16 rows (the accumulator's registers)."""
+    if dim > 128 or max_rows <= 16:
+        return 16, 4
+    return (128, 8) if max_rows >= 128 else (64, 4)
