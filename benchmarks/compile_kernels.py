@@ -65,8 +65,9 @@ class Compiler:
             self.done[key] = None
             status = f"ok {time.perf_counter() - start:.1f}s"
         except Exception as exc:  # report every failing variant, not the first only
-            self.done[key] = f"{type(exc).__name__}: {exc}"
-            status = "FAIL " + self.done[key].splitlines()[0][:200]
+            error = f"{type(exc).__name__}: {exc}"
+            self.done[key] = error
+            status = "FAIL " + error.splitlines()[0][:200]
         flags = ",".join(f"{k}={v}" for k, v in consts.items() if isinstance(v, bool) and v)
         types = ",".join(sorted({t for t in signature.values() if t.startswith("*")}))
         print(f"{fn.__name__:28s} {types:36s} {flags:50s} {status}", flush=True)
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.gpu_suite import discover_checks
 
     compiler = Compiler(args.arch)
-    JITFunction.__getitem__ = lambda fn, grid: (  # type: ignore[method-assign]
+    JITFunction.__getitem__ = lambda fn, grid: (
         lambda *a, **kw: compiler.launch(fn, a, kw))
     only = None if args.only is None else set(args.only.split(","))
     for name, check in discover_checks().items():
