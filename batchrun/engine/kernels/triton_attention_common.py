@@ -114,11 +114,11 @@ def cache_args(k_cache: torch.Tensor, v_cache: torch.Tensor
     return k_cache, v_cache, False
 
 
-KEY_TILE = 64  # keys per tile: a 16-token block per tile would make prefill's dots too small
-
-
-def key_tile(block_size: int) -> int:
-    """Keys per tile: KEY_TILE, or one cache block where blocks are larger; under the interpreter
-    tl.dot's minimum, so the checks' small contexts span several tiles."""
-    least = MIN_DOT if os.environ.get("TRITON_INTERPRET") == "1" else KEY_TILE
-    return max(least, triton.next_power_of_2(block_size))
+def key_tile(block_size: int, keys: int) -> int:
+    """Keys per tile: `keys` (the kernel's choice for its head dim: tiles as wide as registers
+    allow without spilling, by ptxas's report for sm_90; a 16-token block per tile would make the
+    dots small), or one cache block where blocks are larger; under the interpreter tl.dot's
+    minimum, so the checks' small contexts span several tiles."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        keys = MIN_DOT
+    return max(keys, triton.next_power_of_2(block_size))

@@ -92,7 +92,7 @@ def _shared_prefix_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, order_ptr, first_ptr,
     kvh = tl.program_id(1)
     first = tl.load(first_ptr + tile)
     end = tl.minimum(tl.load(end_ptr + tile), first + TILE_MEMBERS)
-    shared = tl.load(shared_ptr + tile)
+    shared = tl.load(shared_ptr + tile).to(tl.int32)
     r = tl.arange(0, MEMBERS * GROUP_PAD)
     member = first + r // GROUP_PAD
     g = r % GROUP_PAD

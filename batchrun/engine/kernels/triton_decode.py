@@ -30,7 +30,7 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, sinks_ptr, a
                          PREC: tl.constexpr, DOT: tl.constexpr, HAS_ALIBI: tl.constexpr):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
-    length = tl.load(lens_ptr + seq)
+    length = tl.load(lens_ptr + seq).to(tl.int32)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D_PAD)
     g_ok = g < GROUP
@@ -75,10 +75,11 @@ def decode_launch_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     group = h // hkv
     consts = dict(HKV=hkv, D=dim, GROUP=group,
                   GROUP_PAD=max(MIN_DOT, triton.next_power_of_2(group)), BLOCK=block_size,
-                  BLOCK_N=key_tile(block_size), D_PAD=max(MIN_DOT, triton.next_power_of_2(dim)),
+                  BLOCK_N=key_tile(block_size, 64 if dim <= 128 else 32), D_PAD=max(MIN_DOT, triton.next_power_of_2(dim)),
                   HAS_WINDOW=window is not None, HAS_SOFTCAP=bool(softcap),
                   HAS_SINKS=sinks is not None, FP8=fp8, PREC=prec, DOT=dot,
-                  HAS_ALIBI=alibi is not None)
+                  HAS_ALIBI=alibi is not None,
+                  num_warps=8 if dim > 64 else 4)  # head dim 128 on 4 warps spilled (sm_90)
     return (kc, vc, sinks, alibi), consts
 
 

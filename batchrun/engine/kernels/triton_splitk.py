@@ -34,7 +34,7 @@ def _splitk_partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, skip_ptr, 
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    length = tl.load(lens_ptr + seq)
+    length = tl.load(lens_ptr + seq).to(tl.int32)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D_PAD)
     g_ok = g < GROUP
@@ -47,7 +47,7 @@ def _splitk_partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, skip_ptr, 
     if HAS_WINDOW:
         lo = tl.maximum(length - window, 0)
     if HAS_SKIP:  # keys another kernel attends (cascade: a shared prefix)
-        lo = tl.maximum(lo, tl.load(skip_ptr + seq))
+        lo = tl.maximum(lo, tl.load(skip_ptr + seq).to(tl.int32))
     first_tile = lo // BLOCK_N
     per_split = tl.cdiv(tl.cdiv(length, BLOCK_N) - first_tile, SPLITS)
     begin = (first_tile + split * per_split) * BLOCK_N
