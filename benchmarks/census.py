@@ -61,6 +61,7 @@ SMALL = {
 # What the generic shrinking cannot guess.
 EXTRA = {
     "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": 8},
+    "megatron-bert": {"is_decoder": True},  # as MegatronBertForCausalLM asks
 }
 
 

@@ -84,6 +84,19 @@ BACKEND_ARCHS = {
         "attention_types": [[["global", "local"], 1]], "window_size": 8}),
     "openai-gpt": ("OpenAIGPTConfig", "OpenAIGPTLMHeadModel", {}),
     "mpt": ("MptConfig", "MptForCausalLM", {"attn_config": {"clip_qkv": 4.0}}),
+    # XGLM and TrOCR's decoder (fairseq's attention; TrOCR's learned positions from the step's),
+    # GPT-NeoX-Japanese (RoPE on half of each head, the last layer's dense bias), Megatron-BERT
+    # as a decoder (its LM head's transform before the output embeddings).
+    "xglm": ("XGLMConfig", "XGLMForCausalLM", {"ffn_dim": 256}),
+    "trocr": ("TrOCRConfig", "TrOCRForCausalLM", {"decoder_ffn_dim": 256}),
+    "gpt_neox_japanese": ("GPTNeoXJapaneseConfig", "GPTNeoXJapaneseForCausalLM", {
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.5}}),
+    "megatron-bert": ("MegatronBertConfig", "MegatronBertForCausalLM", {"is_decoder": True}),
+    # Windows their masks apply while their attention calls do not pass them (WINDOW_FROM_MASK).
+    "phimoe-window": ("PhimoeConfig", "PhimoeForCausalLM", {
+        **_MOE, "router_jitter_noise": 0.0, "sliding_window": 8}),
+    "doge": ("DogeConfig", "DogeForCausalLM", {"sliding_window": 8}),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", {
         "partial_rotary_factor": 0.25, "qk_layernorm": True, "use_qkv_bias": True}),
     # StableLM's other shape (native: models/arch/stablelm.py): the parallel residual (no

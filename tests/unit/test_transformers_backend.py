@@ -339,6 +339,8 @@ def test_auto_picks_native_where_it_runs_the_model_exactly():
     ("t5", {}, "encoder-decoder"),
     ("llama", {"num_hidden_layers": 2, "layer_types": ["full_attention", "linear_attention"]},
      "linear_attention layers"),
+    ("cpmant", {}, "CPM-Ant attends bidirectionally"),
+    ("megatron-bert", {"is_decoder": False}, "without is_decoder in its config attends both ways"),
 ])
 def test_refused_with_the_reason(model_type, kw, reason):
     with pytest.raises(UnsupportedModelError, match=reason):
@@ -353,6 +355,18 @@ def test_a_bidirectional_encoder_is_refused_at_load(tmp_path):
     config = EngineConfig.default(model_impl="transformers")
     with pytest.raises(UnsupportedModelError, match="attends bidirectionally"):
         load_weights(tmp_path, config, CPU, torch.float32)
+
+
+def test_doge_with_a_learned_dynamic_mask_is_refused_at_load(tmp_path):
+    """A trained Doge's A is not zero: its per-key bias changes transformers' scores, which the
+    paged attention would not add (the random tiny Doge's A is zero: it runs, in the matrix)."""
+    hf = make_tiny("doge", tmp_path / "zero", archs=BACKEND_ARCHS)
+    for layer in hf.model.layers:
+        torch.nn.init.uniform_(layer.self_attn.A, 0.5, 1.5)
+    hf.save_pretrained(tmp_path / "learned")
+    config = EngineConfig.default(model_impl="transformers")
+    with pytest.raises(UnsupportedModelError, match="dynamic mask attention"):
+        load_weights(tmp_path / "learned", config, CPU, torch.float32)
 
 
 def test_cli_refuses_with_exit_code_2_and_runs_json_mode(tmp_path, smol_tokenizer):

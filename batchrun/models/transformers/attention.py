@@ -81,6 +81,8 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
         raise UnsupportedModelError(f"{type(module).__name__} has no layer_idx: the backend "
                                     f"cannot tell which layer's KV cache it reads")
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, D]
+    # the window of a family whose mask, not its attention call, applies it (WINDOW_FROM_MASK)
+    sliding_window = sliding_window or getattr(module, "batchrun_window", None)
     out = attend_layer(layer, q, k, v, scaling, sliding_window, softcap, s_aux,
                        causal=getattr(module, "is_causal", True) is not False)
     return out.unsqueeze(0), None

@@ -18,7 +18,8 @@ from torch import nn
 from batchrun.models.layers import packed_linear
 from batchrun.models.config.classifier import classifier_labels
 from batchrun.models.transformers import attention, inline, own_forward, plain_linears, probe
-from batchrun.models.transformers.support import UnsupportedModelError
+from batchrun.models.transformers.support import WINDOW_FROM_MASK, UnsupportedModelError
+from batchrun.models.transformers.weights_check import weights_reason
 from batchrun.models.quant.methods import METHODS, Method
 
 if TYPE_CHECKING:  # transformers' modelling code loads with the backend, not with this module
@@ -61,12 +62,20 @@ def logit_transforms(hf) -> list:
     return ops
 
 
+def head_transform(hf) -> nn.Module | None:
+    """What a BERT-style LM head applies before its output embeddings (Megatron-BERT's
+    cls.predictions.transform: dense, activation, norm), or None."""
+    predictions = getattr(getattr(hf, "cls", None), "predictions", None)
+    return getattr(predictions, "transform", None)
+
+
 class TransformersModel(nn.Module):
     def __init__(self, hf_model: PreTrainedModel, config: BackendConfig):
         super().__init__()
         self.hf = hf_model
         self.config = config
         self._transforms = logit_transforms(hf_model.config.get_text_config())
+        self._head_transform = head_transform(hf_model)
         # A *ForSequenceClassification model: its `score` head's outputs; 0 for a causal LM.
         self.num_labels = len(classifier_labels(hf_model.config) or ())
         # Qualified names of the linears its modelling code uses directly (wrap finds them).
@@ -94,6 +103,8 @@ class TransformersModel(nn.Module):
                               self.config.decoder_layers or self.config.num_layers)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._head_transform is not None:
+            hidden = self._head_transform(hidden)
         logits = self.hf.get_output_embeddings()(hidden)
         for op in self._transforms:
             logits = op(logits)
@@ -128,6 +139,9 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = 
     hf = from_pretrained_checked(auto, path, dtype=dtype, device_map=device,
                                  attn_implementation=inline.load_implementation(
                                      config, attention.NAME), **trust)
+    reason = weights_reason(hf)
+    if reason:
+        raise UnsupportedModelError(f"unsupported model: {reason}")
     model = wrap(hf.eval(), quantization=quantization, path=path)
     if device.type == "cpu" and packed_linear.available(dtype):  # as the native model's
         pack(model)
@@ -177,6 +191,10 @@ def use_batchrun_attention(hf) -> None:
         inline.install(hf, attention.NAME)
     else:
         hf.set_attn_implementation(attention.implementation(hf.config, cfg))
+    if cfg.model_type in WINDOW_FROM_MASK and getattr(cfg, "sliding_window", None):
+        for module in hf.modules():  # the attention modules (those that know their layer)
+            if hasattr(module, "layer_idx"):
+                module.batchrun_window = cfg.sliding_window
 
 
 def config_of(cfg, shapes: dict, windows: dict, calls: dict | None = None) -> BackendConfig:

@@ -23,7 +23,21 @@ VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "llava", "idefics3", "smolvlm", 
 # of calling transformers' AttentionInterface: inline/ replaces those modules' forwards.
 INLINE_ATTENTION = {"bloom": "BloomAttention", "falcon": "FalconAttention",
                     "gpt_neo": "GPTNeoSelfAttention", "openai-gpt": "Attention",
-                    "mpt": "MptAttention"}
+                    "mpt": "MptAttention", "xglm": "XGLMAttention", "trocr": "TrOCRAttention",
+                    "gpt_neox_japanese": "GPTNeoXJapaneseAttention",
+                    "megatron-bert": "MegatronBertSelfAttention"}
+# Families whose mask applies config.sliding_window to every layer while their attention
+# modules do not pass it to the attention function (the paged kernels see no mask):
+# the backend gives their attention modules the window (model.use_batchrun_attention).
+WINDOW_FROM_MASK = {"phimoe", "doge"}
+# Families no path runs, and why (what the generic checks cannot tell).
+REFUSED = {
+    "cpmant": "CPM-Ant attends bidirectionally over its whole input (its context mask is all "
+              "ones) with a learned relative-position bias per query-key pair; the paged KV "
+              "cache serves causal attention",
+}
+# Families that are causal decoders only when their config says is_decoder.
+DECODER_IF_SET = {"megatron-bert"}
 
 
 class UnsupportedModelError(ValueError):
@@ -55,8 +69,13 @@ def transformers_reason(hf) -> str | None:
     if other:
         return (f"{model_type} has {', '.join(other)} layers; the paged KV cache holds only "
                 f"full and sliding-window attention layers")
+    if model_type in REFUSED:
+        return REFUSED[model_type]
     if not getattr(hf, "is_causal", True):
         return f"{model_type} attends bidirectionally (causal decoders only)"
+    if model_type in DECODER_IF_SET and not getattr(hf, "is_decoder", False):
+        return (f"{model_type} without is_decoder in its config attends both ways (causal "
+                f"decoders only)")
     if getattr(hf, "vision_config", None) is not None:
         if model_type not in VISION_MODEL_TYPES:
             return (f"{model_type} is a vision-language model of a family the backend does not "

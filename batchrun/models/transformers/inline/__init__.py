@@ -1,8 +1,11 @@
 """Families whose attention classes compute attention inline instead of calling transformers'
-AttentionInterface (BLOOM, Falcon, GPT-Neo, OpenAI-GPT, MPT): the backend replaces each attention
+AttentionInterface (BLOOM, Falcon, GPT-Neo, OpenAI-GPT, MPT, XGLM, TrOCR's decoder,
+GPT-NeoX-Japanese, Megatron-BERT as a decoder): the backend replaces each attention
 module's forward, on the loaded model's own instances, with one that computes q/k/v with the
 module's own projections, applies the family's positional scheme (its RoPE, ALiBi's slopes,
 GPT-Neo's local windows) and attends on the engine's paged cache (attention.attend_layer).
+Only self-attention is replaced: a decoder's cross-attention modules (of the same class in
+XGLM, TrOCR, Megatron-BERT) run only with encoder states, which a causal LM is not given.
 
 Such a model loads with transformers' "eager" attention (the only implementation some of
 these families' class tables hold), and then its config names the "batchrun" attention, so
@@ -16,7 +19,9 @@ import contextlib
 from types import MethodType
 from typing import Any, Callable
 
-from batchrun.models.transformers.inline import families
+from batchrun.models.transformers.inline import families, fairseq
+from batchrun.models.transformers.inline.gpt_neox_japanese import gpt_neox_japanese_forward
+from batchrun.models.transformers.inline.megatron_bert import megatron_bert_forward
 from batchrun.models.transformers.support import INLINE_ATTENTION
 
 # model_type -> our forward for the attention class support.INLINE_ATTENTION names
@@ -26,11 +31,17 @@ FORWARDS: dict[str, Callable[..., Any]] = {
     "gpt_neo": families.gpt_neo_forward,
     "openai-gpt": families.openai_gpt_forward,
     "mpt": families.mpt_forward,
+    "xglm": fairseq.fairseq_forward,
+    "trocr": fairseq.fairseq_forward,
+    "gpt_neox_japanese": gpt_neox_japanese_forward,
+    "megatron-bert": megatron_bert_forward,
 }
 assert set(FORWARDS) == set(INLINE_ATTENTION)
 # Families whose decoder uses the mask it builds (MPT casts it): they keep transformers' eager
 # mask, which their replaced attention ignores.
 KEEPS_MASK = {"mpt"}
+# Where cross-attention modules of the replaced class sit (left as they are).
+CROSS_ATTENTION = ("encoder_attn", "crossattention")
 
 
 def replaces(config) -> bool:
@@ -51,12 +62,15 @@ def install(hf, name: str) -> None:
     model_type = hf.config.get_text_config().model_type
     class_name, forward = INLINE_ATTENTION[model_type], FORWARDS[model_type]
     layer = 0
-    for module in hf.modules():
+    for name, module in hf.named_modules():
         if type(module).__name__ == class_name and type(module).__module__.startswith(
-                "transformers.models."):
+                "transformers.models.") and not any(c in name for c in CROSS_ATTENTION):
             module.batchrun_layer = layer
+            module.batchrun_replaced = True
             module.forward = MethodType(forward, module)
             layer += 1
+    if model_type == "trocr":
+        fairseq.install_trocr_positions(hf)
     if model_type not in KEEPS_MASK:
         hf.config._attn_implementation = name
 
@@ -67,7 +81,7 @@ def suspended(hf):
     int8 calibration), on the implementation transformers picks by default (SDPA where the
     class has it: Falcon's eager and SDPA paths scale ALiBi differently, and generate runs
     SDPA), the replaced ones back afterwards; nothing where none were replaced."""
-    replaced = [m for m in hf.modules() if "forward" in vars(m) and hasattr(m, "batchrun_layer")]
+    replaced = [m for m in hf.modules() if "forward" in vars(m) and hasattr(m, "batchrun_replaced")]
     saved = [vars(m).pop("forward") for m in replaced]
     implementation = hf.config._attn_implementation
     if replaced:  # what transformers loads it with by default (Falcon's ALiBi differs between)
