@@ -27,6 +27,9 @@ _FORWARD: dict[type[AttentionMetadata], Callable[..., torch.Tensor]] = {
 # The metadata types whose forward reads visible_until; the others' steps with it go to the
 # reference attention.
 _SEES_AHEAD = {b.metadata_type for b in BACKENDS if getattr(b, "sees_ahead", False)}
+# The metadata types whose forward takes ALiBi slopes (an `alibi` keyword); the others' ALiBi
+# layers go to the reference attention.
+_TAKES_ALIBI = {b.metadata_type for b in BACKENDS if getattr(b, "takes_alibi", False)}
 
 
 def select_backend(env: BackendEnv) -> AttentionBackend[Any]:
@@ -48,7 +51,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     positions p - window < j <= p); softcap: scores become softcap * tanh(score / softcap);
     sinks [H]: a learned logit per head that joins the softmax's denominator only (GPT-OSS).
     alibi [H]: ALiBi's slope per head, a score gaining slope * the key's position (BLOOM,
-    Falcon): the reference attention runs it, the backends' kernels do not yet.
+    Falcon): the Triton backend's kernels take it, on other backends the reference attention
+    runs it.
     meta.visible_until set: rows also see later keys of their sequence before it. An fp8 or
     int8 cache carries its scales (fp8_kv.py, int8_kv.py)."""
     if k_cache.dtype in QUANTIZED:
@@ -61,6 +65,10 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Te
             v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int | None,
             softcap: float | None, sinks: torch.Tensor | None,
             alibi: torch.Tensor | None = None) -> torch.Tensor:
+    if alibi is not None and type(meta) in _TAKES_ALIBI \
+            and (meta.visible_until is None or type(meta) in _SEES_AHEAD):
+        return _FORWARD[type(meta)](q, k, v, k_cache, v_cache, meta, scale, window, softcap, sinks,
+                                    alibi=alibi)
     if alibi is not None or (meta.visible_until is not None and type(meta) not in _SEES_AHEAD):
         return reference_attention(q, k, v, k_cache, v_cache, meta, scale,
                                    sliding_window=window, softcap=softcap, sinks=sinks,
