@@ -113,9 +113,9 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
     trusted = config.trust_remote_code
     from batchrun.models.transformers.model import TransformersModel
 
-    # Steps that sync on the host (the transformers backend's; on CUDA a native model's
-    # windowed or soft-capped layers, which take reference_attention) get no CUDA graphs.
-    if isinstance(model, TransformersModel) or not getattr(model, "graph_safe", True):
+    # The transformers backend's steps sync on the host: no CUDA graphs (every native layer
+    # kind, windows, soft-capping and sinks included, runs in the Triton kernels).
+    if isinstance(model, TransformersModel):
         config = config.model_copy(update={"device": config.device.model_copy(
             update={"cuda_graphs": False})})
     tokenizer = load_tokenizer(path, trusted)
