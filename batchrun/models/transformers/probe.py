@@ -9,7 +9,7 @@ import torch
 from batchrun.engine.attention import AttentionMetadata, StepLayout
 from batchrun.engine.attention.sdpa import SdpaBackend
 from batchrun.models.transformers import attention
-from batchrun.models.transformers.support import UnsupportedModelError
+from batchrun.models.transformers.support import BOTH_WAYS, UnsupportedModelError
 
 PROBE_IDS = [3, 5, 7, 11]
 
@@ -58,7 +58,9 @@ def check_attended(model_type: str, current: attention.Step) -> None:
     if not current.calls:
         raise UnsupportedModelError(f"{model_type}: its attention does not go "
                                     f"through transformers' AttentionInterface")
-    if current.bidirectional:
+    if current.bidirectional and model_type not in BOTH_WAYS:
+        # (PaliGemma's layers say is_causal=False for their prefix, which its mask bounds:
+        # vision.place_both_ways gives the engine that span)
         raise UnsupportedModelError(f"{model_type} attends bidirectionally (causal "
                                     f"decoders only)")
 
