@@ -97,3 +97,18 @@ def test_families_it_cannot_run_exactly_are_refused_by_name():
         choose(transformers.Qwen3VLConfig(), "auto")
     with pytest.raises(UnsupportedModelError, match="molmo2 builds its own attention masks"):
         choose(transformers.Molmo2Config(), "auto")
+
+
+def test_the_load_check_refuses_an_image_path_that_answers_wrong(tmp_path, smol_tokenizer,
+                                                                 monkeypatch):
+    """The load runs a synthetic image through the engine and through transformers' forward:
+    PaliGemma with its prefix made causal (no both-ways span) differs, and is refused with the
+    figure instead of served."""
+    from batchrun.models.load_check import LoadCheckError
+    from batchrun.models.transformers import vision
+
+    make_tiny_vlm("paligemma", tmp_path, smol_tokenizer)
+    monkeypatch.setattr(vision, "place_both_ways", lambda cfg, prompt, mm: None)
+    with pytest.raises(LoadCheckError, match="with an image, the engine's logits differ"):
+        load_from_path(tmp_path, EngineConfig.default(model_impl="auto", block_size=4,
+                                                      num_blocks=256, threads=1))

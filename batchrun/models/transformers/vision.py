@@ -254,4 +254,10 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = 
     model = wrap(hf.eval(), VisionLanguageModel, quantization, path)
     assert isinstance(model, VisionLanguageModel)
     own_forward.check(model, f"{path}", quantized=quantization.quantizes)
+    from batchrun.models.transformers import vision_check
+    from batchrun.models.transformers.processor import load_processor, processor_class
+
+    if processor_class(path) is not None:  # without one it runs as a text model
+        vision_check.verify(model, load_processor(path, trust_remote_code), f"{path}",
+                            quantized=quantization.quantizes)
     return model
