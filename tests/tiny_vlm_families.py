@@ -1,7 +1,8 @@
 """Tiny random-weight vision-language models of the families the generic vision path runs
 (models/transformers/vision.py: the family's own processor and get_image_features) beyond
 tests/tiny_vlms.py's: LLaVA-NeXT (anyres grids), LLaVA on a SigLIP tower with the "full" feature
-strategy, Mistral 3 (Pixtral tower), InternVL (tiles, pixel shuffle) and PaliGemma (prefix-LM).
+strategy, Mistral 3 (Pixtral tower), InternVL (tiles, pixel shuffle), PaliGemma (prefix-LM) and
+Qwen3-VL (interleaved M-RoPE, deepstack features added inside the decoder's first layers).
 Built offline from transformers' own config and processor classes and the bundled tokenizer."""
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import torch
 
 from tests.tiny_vlms import CHAT_TEMPLATE, TEXT, save_processor
 
-FAMILIES = ("llava_next", "llava_siglip", "mistral3", "internvl", "paligemma")
+FAMILIES = ("llava_next", "llava_siglip", "mistral3", "internvl", "paligemma", "qwen3_vl")
 
 IMAGE_MARKER = {"llava_next": "<image>", "llava_siglip": "<image>", "mistral3": "[IMG]",
-                "internvl": "<IMG_CONTEXT>", "paligemma": "<image>"}
+                "internvl": "<IMG_CONTEXT>", "paligemma": "<image>",
+                "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
 EXTRA_TOKENS = {"llava_next": ["<image>"], "llava_siglip": ["<image>"],
-                "mistral3": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"], "paligemma": ["<image>"]}
+                "mistral3": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"], "paligemma": ["<image>"],
+                "qwen3_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>",
+                             "<|video_pad|>"]}
 # InternVL's processor reads them as the tokenizer's named special tokens.
 INTERNVL_TOKENS = {"start_image_token": "<img>", "end_image_token": "</img>",
                    "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"}
@@ -75,6 +79,11 @@ def processor(family: str, tok):
         return images_only(t.InternVLProcessor)(image_processor=ip, tokenizer=tok,
                                                 video_processor=None, image_seq_length=4,
                                                 chat_template=template)
+    if family == "qwen3_vl":
+        ip = t.Qwen2VLImageProcessorPil(min_pixels=16 * 32 * 32 // 4, max_pixels=64 * 32 * 32,
+                                        patch_size=16, merge_size=2)
+        return images_only(t.Qwen3VLProcessor)(image_processor=ip, tokenizer=tok,
+                                               video_processor=None, chat_template=template)
     if family == "paligemma":
         ip = t.SiglipImageProcessorPil(size={"height": 28, "width": 28})
         ip.image_seq_length = 16
@@ -110,6 +119,18 @@ def config(family: str, tok):
             vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                num_attention_heads=2, image_size=[28, 28], patch_size=[7, 7]),
             image_token_id=ids["<IMG_CONTEXT>"], downsample_ratio=0.5, vision_feature_layer=-1)
+    if family == "qwen3_vl":  # one deepstack layer: the tower's first block feeds decoder layer 0
+        return t.Qwen3VLConfig(
+            text_config=dict(text, head_dim=16, rope_parameters={
+                "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                "mrope_interleaved": True}),
+            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                               out_hidden_size=64, patch_size=16, spatial_merge_size=2,
+                               temporal_patch_size=2, num_position_embeddings=64,
+                               deepstack_visual_indexes=[0]),
+            image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"],
+            vision_end_token_id=ids["<|vision_end|>"])
     if family == "paligemma":
         gemma = {k: v for k, v in text.items() if k != "bos_token_id"}
         gemma.update(model_type="gemma", head_dim=16)

@@ -1,7 +1,8 @@
 """The generic vision path (models/transformers/vision.py) on families beyond the first six:
 LLaVA-NeXT (anyres grids and newline features), LLaVA on a SigLIP tower with the "full" feature
-strategy, Mistral 3 (Pixtral tower, [IMG_BREAK] rows), InternVL (tiles, pixel shuffle) and
-PaliGemma (prefix-LM: the whole prompt attends both ways). Each tiny random model's greedy tokens
+strategy, Mistral 3 (Pixtral tower, [IMG_BREAK] rows), InternVL (tiles, pixel shuffle),
+PaliGemma (prefix-LM: the whole prompt attends both ways) and Qwen3-VL (interleaved M-RoPE,
+deepstack features added inside the first decoder layers). Each tiny random model's greedy tokens
 through the engine, prefilled in chunks that cut through images where the family allows, equal
 transformers' generate on the same processor output; placeholder counts are the processor's."""
 
@@ -82,33 +83,35 @@ def test_greedy_tokens_match_generate(family, tmp_path, smol_tokenizer):
 
 
 def test_families_it_cannot_run_exactly_are_refused_by_name():
-    """Qwen3-VL adds vision features inside its decoder layers (deepstack); Molmo 2 builds its
-    own token-type masks: both refused with the reason, where the generic path would answer
-    wrong. The families above are accepted by their configs alone."""
+    """Molmo 2 builds its own token-type attention masks: refused with the reason, where the
+    generic path would answer wrong. The families above are accepted by their configs alone."""
     import transformers
 
     from batchrun.models.transformers.support import UnsupportedModelError, choose
 
     for cfg in (transformers.LlavaNextConfig(), transformers.Mistral3Config(),
-                transformers.InternVLConfig(), transformers.PaliGemmaConfig()):
+                transformers.InternVLConfig(), transformers.PaliGemmaConfig(),
+                transformers.Qwen3VLConfig()):
         assert choose(cfg, "auto").impl == "transformers"
-    with pytest.raises(UnsupportedModelError, match="qwen3_vl adds vision features inside its "
-                                                    "decoder layers \\(deepstack\\)"):
-        choose(transformers.Qwen3VLConfig(), "auto")
     with pytest.raises(UnsupportedModelError, match="molmo2 builds its own attention masks"):
         choose(transformers.Molmo2Config(), "auto")
 
 
-def test_the_load_check_refuses_an_image_path_that_answers_wrong(tmp_path, smol_tokenizer,
+@pytest.mark.parametrize("family,broken,replacement", [
+    ("paligemma", "place_both_ways", lambda cfg, prompt, mm: None),  # its prefix made causal
+    ("qwen3_vl", "deepstack_inputs", lambda deep, layers: {}),  # no deepstack features
+])
+def test_the_load_check_refuses_an_image_path_that_answers_wrong(family, broken, replacement,
+                                                                 tmp_path, smol_tokenizer,
                                                                  monkeypatch):
     """The load runs a synthetic image through the engine and through transformers' forward:
-    PaliGemma with its prefix made causal (no both-ways span) differs, and is refused with the
+    a family whose image path leaves out what its model does differs, and is refused with the
     figure instead of served."""
     from batchrun.models.load_check import LoadCheckError
     from batchrun.models.transformers import vision
 
-    make_tiny_vlm("paligemma", tmp_path, smol_tokenizer)
-    monkeypatch.setattr(vision, "place_both_ways", lambda cfg, prompt, mm: None)
+    make_tiny_vlm(family, tmp_path, smol_tokenizer)
+    monkeypatch.setattr(vision, broken, replacement)
     with pytest.raises(LoadCheckError, match="with an image, the engine's logits differ"):
         load_from_path(tmp_path, EngineConfig.default(model_impl="auto", block_size=4,
                                                       num_blocks=256, threads=1))

@@ -100,9 +100,6 @@ def vision_reason(hf) -> str | None:
         cls = AutoModelForImageTextToText._model_mapping[type(hf)]
     except (KeyError, ValueError):
         return f"transformers has no image-text-to-text class for model type {model_type!r}"
-    if getattr(hf.vision_config, "deepstack_visual_indexes", None):
-        return (f"{model_type} adds vision features inside its decoder layers (deepstack), which "
-                f"the engine's decoder path does not do")
     if "create_masks_for_generate" in vars(cls) and model_type not in BOTH_WAYS:
         return (f"{model_type} builds its own attention masks from token types, which the "
                 f"engine's attention does not reproduce")

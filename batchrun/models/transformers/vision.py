@@ -100,6 +100,9 @@ class VisionLanguageModel(TransformersModel):
         # keeps each such span in one chunk, the attention reads visible_until.
         self.bidirectional = hf_model.config.model_type in BOTH_WAYS
         self.encoder_inputs = encoder_inputs(hf_model.model.get_image_features)
+        # Qwen3-VL: the vision tower's deepstack features join the first decoder layers' output
+        self.deepstack = len(getattr(hf_model.config.vision_config, "deepstack_visual_indexes",
+                                     None) or ())
 
     @property
     def decoder(self):
@@ -119,29 +122,44 @@ class VisionLanguageModel(TransformersModel):
 
     @torch.inference_mode()
     def encode(self, image: ImageInput) -> torch.Tensor:
-        """The image's features [placeholders, hidden], from the cache or the vision tower."""
+        """The image's features [placeholders, hidden] (with deepstack: [placeholders,
+        hidden x (1 + deepstack layers)], the layers' features beside the input's), from the
+        cache or the vision tower."""
         def run():
             data = {k: v.to(self.hf.device) for k, v in image.data.items()
                     if k in self.encoder_inputs}
-            return features(self.hf.model.get_image_features(**data)).to(self.hf.dtype)
+            out = self.hf.model.get_image_features(**data)
+            deep = [features(d) for d in getattr(out, "deepstack_features", None) or ()]
+            return torch.cat([features(out), *deep], -1).to(self.hf.dtype)
         return self.encoder_cache.get(image.content_hash, run)
+
+    def place_features(self, embeds: torch.Tensor, step: StepImages, deep: torch.Tensor | None):
+        """Write the features of the step's image placeholders into their rows of `embeds`
+        (their deepstack features into those rows of `deep`)."""
+        mm, last, width = step.inputs, step.first + step.count, embeds.shape[-1]
+        for img, (a, b), where in zip(mm.images, mm.spans, mm.placeholders):
+            if a >= last or b <= step.first:
+                continue
+            feats = self.encode(img)
+            if feats.shape[0] != len(where):
+                raise RuntimeError(f"{self.hf.config.model_type}: the vision tower gave "
+                                   f"{feats.shape[0]} features for an image with "
+                                   f"{len(where)} placeholder tokens")
+            inside = (where >= step.first) & (where < last)
+            rows = step.row + where[inside] - step.first
+            embeds[rows] = feats[inside, :width].to(embeds.dtype)
+            if deep is not None:
+                deep[rows] = feats[inside, width:].to(deep.dtype)
 
     def forward(self, input_ids, positions, kv_caches, meta, images: Sequence[StepImages] = ()):
         embeds = self.hf.get_input_embeddings()(input_ids)
         rope = positions[None].expand(3, -1).clone() if self.mrope else positions
+        deep = embeds.new_full((len(input_ids), embeds.shape[-1] * self.deepstack), float("nan")) \
+            if self.deepstack and images else None
         for step in images:
-            mm, last = step.inputs, step.first + step.count
-            for img, (a, b), where in zip(mm.images, mm.spans, mm.placeholders):
-                if a >= last or b <= step.first:
-                    continue
-                feats = self.encode(img)
-                if feats.shape[0] != len(where):
-                    raise RuntimeError(f"{self.hf.config.model_type}: the vision tower gave "
-                                       f"{feats.shape[0]} features for an image with "
-                                       f"{len(where)} placeholder tokens")
-                inside = (where >= step.first) & (where < last)
-                embeds[step.row + where[inside] - step.first] = feats[inside].to(embeds.dtype)
+            self.place_features(embeds, step, deep)
             if self.mrope:
+                mm, last = step.inputs, step.first + step.count
                 assert mm.positions is not None  # place_images sets them for M-RoPE models
                 tokens = torch.arange(step.first, last)
                 prompt_len = mm.positions.shape[1]
@@ -156,8 +174,21 @@ class VisionLanguageModel(TransformersModel):
         with attention.step(kv_caches, meta, max_context(meta, positions),
                             calls_per_layer=self.config.calls_per_layer):
             out = self.decoder(inputs_embeds=embeds[None], position_ids=position_ids,
-                               use_cache=False)
+                               use_cache=False, **deepstack_inputs(deep, self.deepstack))
         return out[0][0]
+
+
+def deepstack_inputs(deep: torch.Tensor | None, layers: int) -> dict:
+    """The decoder's deepstack arguments (Qwen3-VL): the image rows of the step and, per
+    decoder layer that adds them, those rows' features from the vision tower's layers; rows
+    without an image feature (text, images not in this step) are NaN in `deep`."""
+    if deep is None:
+        return {}
+    rows = ~deep[:, 0].isnan()
+    if not rows.any():
+        return {}
+    return {"visual_pos_masks": rows[None],
+            "deepstack_visual_embeds": list(deep[rows].chunk(layers, -1))}
 
 
 def encoder_inputs(get_image_features) -> set[str]:
@@ -213,8 +244,14 @@ def model_reason(hf) -> str | None:
         return f"{kind}: its model has no get_image_features to encode images with"
     if not hasattr(inner, "language_model") and not hasattr(inner, "text_model"):
         return f"{kind}: its model has no separate language model to run on the engine"
-    if hasattr(inner, "get_rope_index"):
-        takes = set(inspect.signature(inner.get_rope_index).parameters)
+    takes = inspect.signature(decoder_of(hf, hf.config).forward).parameters
+    if getattr(hf.config.vision_config, "deepstack_visual_indexes", None) and \
+            "deepstack_visual_embeds" not in takes:
+        return (f"{kind} adds vision features inside its decoder layers (deepstack), and its "
+                f"language model takes them otherwise than Qwen3-VL's")
+    rope_index = getattr(inner, "get_rope_index", None)
+    if rope_index is not None:
+        takes = set(inspect.signature(rope_index).parameters)
         if not {"mm_token_type_ids", "image_grid_thw"} <= takes:
             return (f"{kind}: its 3-D rotary positions (get_rope_index) take other inputs "
                     f"than Qwen2-VL's, which the engine does not supply")
