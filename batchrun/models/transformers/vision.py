@@ -244,9 +244,9 @@ def model_reason(hf) -> str | None:
         return f"{kind}: its model has no get_image_features to encode images with"
     if not hasattr(inner, "language_model") and not hasattr(inner, "text_model"):
         return f"{kind}: its model has no separate language model to run on the engine"
-    takes = inspect.signature(decoder_of(hf, hf.config).forward).parameters
+    decoder_takes = inspect.signature(decoder_of(hf, hf.config).forward).parameters
     if getattr(hf.config.vision_config, "deepstack_visual_indexes", None) and \
-            "deepstack_visual_embeds" not in takes:
+            "deepstack_visual_embeds" not in decoder_takes:
         return (f"{kind} adds vision features inside its decoder layers (deepstack), and its "
                 f"language model takes them otherwise than Qwen3-VL's")
     rope_index = getattr(inner, "get_rope_index", None)
