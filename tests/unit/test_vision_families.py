@@ -4,7 +4,8 @@ strategy, Mistral 3 (Pixtral tower, [IMG_BREAK] rows), InternVL (tiles, pixel sh
 PaliGemma (prefix-LM: the whole prompt attends both ways) and Qwen3-VL (interleaved M-RoPE,
 deepstack features added inside the first decoder layers). Each tiny random model's greedy tokens
 through the engine, prefilled in chunks that cut through images where the family allows, equal
-transformers' generate on the same processor output; placeholder counts are the processor's."""
+transformers' generate on the same processor output (and a text-only line: PaliGemma's prefix
+attends both ways without an image too); placeholder counts are the processor's."""
 
 import pytest
 import torch
@@ -33,6 +34,18 @@ def one_thread():
 def chat(n_images: int):
     parts = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": "Describe it."}]
     return [{"role": "user", "content": parts}]
+
+
+def text_only(hf, loaded):
+    """(engine tokens, transformers' greedy tokens) of a line without an image, its prompt the
+    chat template's through the tokenizer as a text line is."""
+    text = loaded.processor.apply_chat_template(chat(0), add_generation_prompt=True,
+                                                tokenize=False)
+    prompt = loaded.processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+    ours = loaded.engine.generate([prompt], SamplingParams(temperature=0,
+                                                           max_tokens=MAX_TOKENS))[0]
+    ref = hf.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False)
+    return list(ours.outputs[0].token_ids), ref[0, len(prompt):].tolist()
 
 
 def generate(hf, processor, images):
@@ -70,6 +83,8 @@ def test_greedy_tokens_match_generate(family, tmp_path, smol_tokenizer):
         assert sum(img.placeholders(model.image_token_id) for img in mm.images) == \
             prompt.count(model.image_token_id)
         assert done[rid] == ref, f"{family} {rid}"
+    ours, ref = text_only(hf, loaded)  # PaliGemma's prefix attends both ways without an image
+    assert ours == ref, f"{family} text only"
     if family == "paligemma":  # the both-ways prefix matters: causal attention answers otherwise
         assert rendered["one"][1].both_ways == [(0, len(rendered["one"][0]))]
         with torch.no_grad():

@@ -158,8 +158,12 @@ def render_image(processor, image, template_kwargs: dict):
     from batchrun.engine.multimodal import ImageInput
 
     alone = [{"role": "user", "content": [{"type": "image"}]}]
-    text = processor.apply_chat_template(alone, add_generation_prompt=False, tokenize=False,
-                                         **template_kwargs)
+    template = {k: v for k, v in template_kwargs.items() if k == "chat_template"}
+    try:
+        text = processor.apply_chat_template(alone, add_generation_prompt=False,
+                                             tokenize=False, **template)
+    except Exception:  # a template that wants more than one image message: the bare marker
+        text = processor.image_token
     out = processor(text=[text], images=[image], return_tensors="pt")
     data = {k: v for k, v in out.items() if k not in TEXT_KEYS}
     return ImageInput(image_hash(image), data, tuple(out["input_ids"][0].tolist()))

@@ -64,7 +64,7 @@ def place_spans(cfg, prompt: list[int], mm: MultiModalInputs) -> None:
     token = image_token_id(cfg)
     where = torch.nonzero(torch.tensor(prompt) == token).flatten()
     counts = [img.placeholders(token) for img in mm.images]
-    if sum(counts) != len(where) or 0 in counts:
+    if mm.images and (sum(counts) != len(where) or 0 in counts):
         raise ValueError(f"the prompt holds {len(where)} image placeholder tokens; its "
                          f"{len(mm.images)} image(s) need {sum(counts)}")
     mm.spans, mm.placeholders, start = [], [], 0
@@ -111,7 +111,7 @@ class VisionLanguageModel(TransformersModel):
     def place_images(self, prompt: list[int], mm: MultiModalInputs) -> None:
         """Fill mm's spans (and M-RoPE positions) from the prompt's placeholder tokens."""
         place_spans(self.hf.config, prompt, mm)
-        if self.mrope:
+        if self.mrope and mm.images:
             ids = torch.tensor(prompt)
             grids = torch.cat([img.data["image_grid_thw"] for img in mm.images])
             types = (ids == self.image_token_id).int()[None]
