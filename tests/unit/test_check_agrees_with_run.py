@@ -127,3 +127,16 @@ def test_refusals_are_the_ones_run_gives(tmp_path):
     for name, why in (("m", "keeps a recurrent"), ("bert", "attends bidirectionally"),
                       ("gemma4", "attention shapes differ between layers")):
         assert why in assert_agree(tmp_path / name), name
+
+
+def test_a_vision_folder_whose_processor_cannot_load_is_refused_by_both(tmp_path, smol_tokenizer):
+    """A processor_config.json naming a processor transformers does not have: run cannot load
+    the model (it would take images), and check refuses it in run's words."""
+    import json
+
+    make_tiny_vlm("llava", tmp_path, smol_tokenizer)
+    settings = json.loads((tmp_path / "processor_config.json").read_text())
+    settings["processor_class"] = "NoSuchProcessor"
+    (tmp_path / "processor_config.json").write_text(json.dumps(settings))
+    output = assert_agree(tmp_path)
+    assert "transformers cannot read its processor" in output, output
