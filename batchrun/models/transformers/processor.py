@@ -148,7 +148,7 @@ def image_hash(image) -> bytes:
     return h.digest()
 
 
-TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
+TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids", "labels")
 
 
 def render_image(processor, image, template_kwargs: dict):
