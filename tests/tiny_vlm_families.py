@@ -1,8 +1,10 @@
 """Tiny random-weight vision-language models of the families the generic vision path runs
 (models/transformers/vision.py: the family's own processor and get_image_features) beyond
 tests/tiny_vlms.py's: LLaVA-NeXT (anyres grids), LLaVA on a SigLIP tower with the "full" feature
-strategy, Mistral 3 (Pixtral tower), InternVL (tiles, pixel shuffle), PaliGemma (prefix-LM) and
-Qwen3-VL (interleaved M-RoPE, deepstack features added inside the decoder's first layers).
+strategy, Mistral 3 (Pixtral tower), InternVL (tiles, pixel shuffle), PaliGemma (prefix-LM),
+Qwen3-VL (interleaved M-RoPE, deepstack features added inside the decoder's first layers),
+LLaVA-OneVision (anyres with a cap on the grid's features) and Idefics2 (a perceiver
+resampler).
 Built offline from transformers' own config and processor classes and the bundled tokenizer."""
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import torch
 
 from tests.tiny_vlms import CHAT_TEMPLATE, TEXT, save_processor
 
-FAMILIES = ("llava_next", "llava_siglip", "mistral3", "internvl", "paligemma", "qwen3_vl")
+FAMILIES = ("llava_next", "llava_siglip", "mistral3", "internvl", "paligemma", "qwen3_vl",
+            "llava_onevision", "idefics2")
 
-IMAGE_MARKER = {"llava_next": "<image>", "llava_siglip": "<image>", "mistral3": "[IMG]",
+IMAGE_MARKER = {"llava_next": "<image>", "llava_onevision": "<image>", "idefics2": "<image>", "llava_siglip": "<image>", "mistral3": "[IMG]",
                 "internvl": "<IMG_CONTEXT>", "paligemma": "<image>",
                 "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
-EXTRA_TOKENS = {"llava_next": ["<image>"], "llava_siglip": ["<image>"],
+EXTRA_TOKENS = {"llava_next": ["<image>"], "llava_onevision": ["<image>", "<video>"],
+                "idefics2": ["<fake_token_around_image>", "<image>", "<end_of_utterance>"], "llava_siglip": ["<image>"],
                 "mistral3": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"], "paligemma": ["<image>"],
                 "qwen3_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>",
                              "<|video_pad|>"]}
@@ -63,6 +67,18 @@ def processor(family: str, tok):
         return t.LlavaNextProcessor(image_processor=ip, tokenizer=tok, patch_size=7,
                                     vision_feature_select_strategy="default",
                                     num_additional_image_tokens=1, chat_template=template)
+    if family == "llava_onevision":  # anyres with a cap on the grid's features
+        ip = t.LlavaOnevisionImageProcessorPil(size={"height": 28, "width": 28},
+                                               image_grid_pinpoints=PINPOINTS)
+        return images_only(t.LlavaOnevisionProcessor)(
+            image_processor=ip, tokenizer=tok, video_processor=None, num_image_tokens=16,
+            vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_1",
+            chat_template=template)
+    if family == "idefics2":  # a perceiver resampler pools each image to image_seq_len latents
+        ip = t.Idefics2ImageProcessorPil(size={"longest_edge": 28, "shortest_edge": 28},
+                                         do_image_splitting=True)
+        return t.Idefics2Processor(image_processor=ip, tokenizer=tok, image_seq_len=4,
+                                   chat_template=template)
     if family == "llava_siglip":  # no CLS token: "full" keeps all 16 patches, no more
         ip = t.SiglipImageProcessorPil(size={"height": 28, "width": 28})
         return t.LlavaProcessor(image_processor=ip, tokenizer=tok, patch_size=7,
@@ -101,6 +117,21 @@ def config(family: str, tok):
             text_config=dict(text, model_type="llama"), vision_config=CLIP,
             image_token_id=ids["<image>"], image_grid_pinpoints=PINPOINTS,
             vision_feature_layer=-1, vision_feature_select_strategy="default")
+    if family == "llava_onevision":
+        return t.LlavaOnevisionConfig(
+            text_config=dict(text, model_type="qwen2"), vision_config=SIGLIP,
+            image_token_id=ids["<image>"], video_token_id=ids["<video>"],
+            image_grid_pinpoints=PINPOINTS, vision_feature_layer=-1,
+            vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_1")
+    if family == "idefics2":
+        return t.Idefics2Config(
+            text_config=dict(text, model_type="mistral", head_dim=16),
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=2, image_size=28, patch_size=7),
+            perceiver_config=dict(hidden_size=64, resampler_n_latents=4, resampler_depth=1,
+                                  resampler_n_heads=2, resampler_head_dim=16,
+                                  num_key_value_heads=1),
+            image_token_id=ids["<image>"])
     if family == "llava_siglip":
         return t.LlavaConfig(
             text_config=dict(text, model_type="llama"), vision_config=SIGLIP,

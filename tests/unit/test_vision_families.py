@@ -1,8 +1,8 @@
 """The generic vision path (models/transformers/vision.py) on families beyond the first six:
 LLaVA-NeXT (anyres grids and newline features), LLaVA on a SigLIP tower with the "full" feature
 strategy, Mistral 3 (Pixtral tower, [IMG_BREAK] rows), InternVL (tiles, pixel shuffle),
-PaliGemma (prefix-LM: the whole prompt attends both ways) and Qwen3-VL (interleaved M-RoPE,
-deepstack features added inside the first decoder layers). Each tiny random model's greedy tokens
+PaliGemma (prefix-LM: the whole prompt attends both ways), Qwen3-VL (interleaved M-RoPE,
+deepstack features added inside the first decoder layers), LLaVA-OneVision and Idefics2. Each tiny random model's greedy tokens
 through the engine, prefilled in chunks that cut through images where the family allows, equal
 transformers' generate on the same processor output (and a text-only line: PaliGemma's prefix
 attends both ways without an image too); placeholder counts are the processor's."""
