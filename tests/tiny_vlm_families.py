@@ -4,8 +4,7 @@ tests/tiny_vlms.py's: LLaVA-NeXT (anyres grids), LLaVA on a SigLIP tower with th
 strategy, Mistral 3 (Pixtral tower), InternVL (tiles, pixel shuffle), PaliGemma (prefix-LM),
 Qwen3-VL (interleaved M-RoPE, deepstack features added inside the decoder's first layers),
 LLaVA-OneVision (anyres with a cap on the grid's features) and Idefics2 (a perceiver
-resampler).
-Built offline from transformers' own config and processor classes and the bundled tokenizer."""
+resampler). Built offline from transformers' own config and processor classes and the bundled tokenizer."""
 
 from __future__ import annotations
 

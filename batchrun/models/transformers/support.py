@@ -19,7 +19,7 @@ RECURRENT_MODEL_TYPES = {
 # builds their masks from token types, create_masks_for_generate), and where: "image" (each
 # image's placeholders), "prefix" (the whole prompt: PaliGemma's prefix-LM). Another family with
 # its own masks is refused (vision_reason): its attention is not the engine's causal one.
-BOTH_WAYS = {"gemma3": "image", "paligemma": "prefix"}
+BOTH_WAYS = {"gemma3": "image", "shieldgemma2": "image", "paligemma": "prefix"}
 
 # Families whose attention classes (named here, by model type) compute attention inline instead
 # of calling transformers' AttentionInterface: inline/ replaces those modules' forwards.

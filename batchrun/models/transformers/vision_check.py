@@ -70,11 +70,15 @@ def verify(model, processor, name: str, quantized: bool = False) -> load_check.V
         prompt, mm = render(processor, CHAT, [probe_image()])
         model.place_images(prompt, mm)
         ours = engine_logits(model, prompt, mm)
-    except (ValueError, RuntimeError, TypeError, KeyError) as exc:
+    except Exception as exc:  # whatever the family's processor or modelling code raises
         raise UnsupportedModelError(f"{kind}: its image path fails on the engine "
                                     f"({type(exc).__name__}: {exc})") from exc
-    dtype = model.hf.dtype
-    verdict = load_check.compare(ours, reference_logits(model.hf, processor), dtype, quantized)
+    try:
+        ref = reference_logits(model.hf, processor)
+    except Exception as exc:  # transformers' own forward cannot take its processor's output
+        raise UnsupportedModelError(f"{kind}: transformers' own forward fails on its "
+                                    f"processor's output ({type(exc).__name__}: {exc})") from exc
+    verdict = load_check.compare(ours, ref, model.hf.dtype, quantized)
     if not verdict.agrees:
         raise load_check.LoadCheckError(
             f"{name}: with an image, the engine's logits differ from transformers' own forward "
