@@ -3,8 +3,8 @@
 tests/tiny_vlms.py's: LLaVA-NeXT (anyres grids), LLaVA on a SigLIP tower with the "full" feature
 strategy, Mistral 3 (Pixtral tower), InternVL (tiles, pixel shuffle), PaliGemma (prefix-LM),
 Qwen3-VL (interleaved M-RoPE, deepstack features added inside the decoder's first layers),
-LLaVA-OneVision (anyres with a cap on the grid's features) and Idefics2 (a perceiver
-resampler). Built offline from transformers' own config and processor classes and the bundled tokenizer."""
+LLaVA-OneVision (anyres with a cap on the grid's features), Idefics2 (a perceiver
+resampler) and Aya Vision (tiles, pixel shuffle, a Cohere 2 decoder). Built offline from transformers' own config and processor classes and the bundled tokenizer."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ import torch
 from tests.tiny_vlms import CHAT_TEMPLATE, TEXT, save_processor
 
 FAMILIES = ("llava_next", "llava_siglip", "mistral3", "internvl", "paligemma", "qwen3_vl",
-            "llava_onevision", "idefics2")
+            "llava_onevision", "idefics2", "aya_vision")
 
-IMAGE_MARKER = {"llava_next": "<image>", "llava_onevision": "<image>", "idefics2": "<image>", "llava_siglip": "<image>", "mistral3": "[IMG]",
+IMAGE_MARKER = {"aya_vision": "<image>", "llava_next": "<image>", "llava_onevision": "<image>", "idefics2": "<image>", "llava_siglip": "<image>", "mistral3": "[IMG]",
                 "internvl": "<IMG_CONTEXT>", "paligemma": "<image>",
                 "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
-EXTRA_TOKENS = {"llava_next": ["<image>"], "llava_onevision": ["<image>", "<video>"],
+EXTRA_TOKENS = {"aya_vision": ["<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>",
+                               "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>"],
+                "llava_next": ["<image>"], "llava_onevision": ["<image>", "<video>"],
                 "idefics2": ["<fake_token_around_image>", "<image>", "<end_of_utterance>"], "llava_siglip": ["<image>"],
                 "mistral3": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"], "paligemma": ["<image>"],
                 "qwen3_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>",
@@ -78,6 +80,11 @@ def processor(family: str, tok):
                                          do_image_splitting=True)
         return t.Idefics2Processor(image_processor=ip, tokenizer=tok, image_seq_len=4,
                                    chat_template=template)
+    if family == "aya_vision":  # tiles of 28 px, 7-px patches shuffled 2x2: 4 per tile
+        ip = t.GotOcr2ImageProcessorPil(size={"height": 28, "width": 28}, crop_to_patches=True,
+                                        min_patches=1, max_patches=4)
+        return t.AyaVisionProcessor(image_processor=ip, tokenizer=tok, patch_size=7,
+                                    img_size=28, downsample_factor=2, chat_template=template)
     if family == "llava_siglip":  # no CLS token: "full" keeps all 16 patches, no more
         ip = t.SiglipImageProcessorPil(size={"height": 28, "width": 28})
         return t.LlavaProcessor(image_processor=ip, tokenizer=tok, patch_size=7,
@@ -131,6 +138,13 @@ def config(family: str, tok):
                                   resampler_n_heads=2, resampler_head_dim=16,
                                   num_key_value_heads=1),
             image_token_id=ids["<image>"])
+    if family == "aya_vision":
+        return t.AyaVisionConfig(
+            text_config=dict(text, model_type="cohere2", head_dim=16, sliding_window=512,
+                             layer_types=["sliding_attention", "full_attention"]),
+            vision_config=SIGLIP, image_token_id=ids["<|IMG_PATCH|>"], downsample_factor=2,
+            vision_feature_layer=-1, vision_feature_select_strategy="full",
+            adapter_layer_norm_eps=1e-6)
     if family == "llava_siglip":
         return t.LlavaConfig(
             text_config=dict(text, model_type="llama"), vision_config=SIGLIP,

@@ -2,7 +2,8 @@
 LLaVA-NeXT (anyres grids and newline features), LLaVA on a SigLIP tower with the "full" feature
 strategy, Mistral 3 (Pixtral tower, [IMG_BREAK] rows), InternVL (tiles, pixel shuffle),
 PaliGemma (prefix-LM: the whole prompt attends both ways), Qwen3-VL (interleaved M-RoPE,
-deepstack features added inside the first decoder layers), LLaVA-OneVision and Idefics2. Each tiny random model's greedy tokens
+deepstack features added inside the first decoder layers), LLaVA-OneVision, Idefics2 and
+Aya Vision. Each tiny random model's greedy tokens
 through the engine, prefilled in chunks that cut through images where the family allows, equal
 transformers' generate on the same processor output (and a text-only line: PaliGemma's prefix
 attends both ways without an image too); placeholder counts are the processor's."""

@@ -72,9 +72,20 @@ def check_logits(model, hidden: torch.Tensor) -> None:
     hf = model.hf
     ref, _ = run(hf, lambda ids, pos: hf(input_ids=ids, position_ids=pos,
                                          use_cache=False).logits[0].float())
+    def agrees(ours):
+        return torch.allclose(ours, ref, rtol=1e-3, atol=1e-3 * (1 + float(ref.abs().max())))
+
     with torch.inference_mode():
         ours = model.classify(hidden[-1:])[0] if model.num_labels else model.compute_logits(hidden)
-    if not torch.allclose(ours, ref, rtol=1e-3, atol=1e-3 * (1 + float(ref.abs().max()))):
+        if not agrees(ours) and model.transforms and not model.num_labels:
+            # a vision-language model's head may leave out its text config's transforms (Aya
+            # Vision: Cohere's logit_scale belongs to Cohere's own causal-LM head)
+            kept, model.transforms = model.transforms, []
+            ours = model.compute_logits(hidden)
+            if agrees(ours):
+                return
+            model.transforms = kept
+    if not agrees(ours):
         head = "sequence-classification" if model.num_labels else "causal-LM"
         raise UnsupportedModelError(
             f"{hf.config.model_type}: its {head} head transforms the logits in a way the "
