@@ -67,7 +67,8 @@ def transformers_reason(hf) -> str | None:
     if model_type in RECURRENT_MODEL_TYPES:
         return (f"{model_type} keeps a recurrent (state-space / linear-attention) state, which the "
                 f"paged KV cache does not hold")
-    other = sorted(set(getattr(hf, "layer_types", None) or ()) - ATTENTION_LAYER_TYPES)
+    text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf  # a VLM's decoder's
+    other = sorted(set(getattr(text, "layer_types", None) or ()) - ATTENTION_LAYER_TYPES)
     if other:
         return (f"{model_type} has {', '.join(other)} layers; the paged KV cache holds only "
                 f"full and sliding-window attention layers")
