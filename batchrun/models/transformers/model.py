@@ -74,7 +74,8 @@ class TransformersModel(nn.Module):
         super().__init__()
         self.hf = hf_model
         self.config = config
-        self._transforms = logit_transforms(hf_model.config.get_text_config())
+        # what compute_logits does to lm_head's output (the load's probe checks it)
+        self.transforms = logit_transforms(hf_model.config.get_text_config())
         self._head_transform = head_transform(hf_model)
         # A *ForSequenceClassification model: its `score` head's outputs; 0 for a causal LM.
         self.num_labels = len(classifier_labels(hf_model.config) or ())
@@ -106,7 +107,7 @@ class TransformersModel(nn.Module):
         if self._head_transform is not None:
             hidden = self._head_transform(hidden)
         logits = self.hf.get_output_embeddings()(hidden)
-        for op in self._transforms:
+        for op in self.transforms:
             logits = op(logits)
         return logits.float()
 
