@@ -56,15 +56,18 @@ def check_against_transformers(hf, prompts, outs, label, report):
 
 
 def windowed(arch: str) -> bool:
+    """Whether some layers see only part of the context: a sliding window (GPT-Neo's
+    window_size) or an attention chunk (Llama 4)."""
     extra = BACKEND_ARCHS[arch][2]
-    return bool(extra.get("sliding_window") or extra.get("window_size"))  # GPT-Neo's name
+    return bool(extra.get("sliding_window") or extra.get("window_size")
+                or extra.get("attention_chunk_size"))
 
 
 def pool_blocks(arch: str) -> int:
     """A KV pool small enough for the busy batch to preempt: a model whose every layer is
     windowed holds only its windows' blocks (engine/kv_groups.py), so it gets a smaller one."""
-    every_layer = windowed(arch) and not {"layer_types", "attention_types"} & set(
-        BACKEND_ARCHS[arch][2])
+    every_layer = windowed(arch) and not {
+        "layer_types", "attention_types", "no_rope_layer_interval"} & set(BACKEND_ARCHS[arch][2])
     return 12 if every_layer else 24
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from batchrun.models.config.windows import effective_window
-from batchrun.models.transformers.support import UnsupportedModelError, as_transformers_config, choose
+from batchrun.models.transformers.support import (UnsupportedModelError, as_transformers_config,
+                                                  base_decoder, choose)
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 
@@ -100,8 +101,8 @@ def shapes_from_config(hf, hf_model=None, calls: dict | None = None) -> tuple[di
                                                 calls_per_layer=None) as current:
         # An all-ones mask: without one, transformers' mask preparation reads the positions'
         # values (packed sequences), which meta tensors do not have.
-        hf_model.base_model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                            position_ids=torch.arange(n, device="meta")[None], use_cache=False)
+        base_decoder(hf_model)(input_ids=ids, attention_mask=torch.ones_like(ids),
+                               position_ids=torch.arange(n, device="meta")[None], use_cache=False)
     check_attended(hf.model_type, current)
     if calls is not None:
         calls.update(current.seen)

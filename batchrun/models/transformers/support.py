@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Layer kinds the paged KV cache holds; anything else keeps recurrent or convolution state.
-ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
+ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
 # Models whose layers (some or all) keep a recurrent state instead of a KV cache, for configs that
 # do not say so through layer_types.
 RECURRENT_MODEL_TYPES = {
@@ -71,7 +71,7 @@ def transformers_reason(hf) -> str | None:
     other = sorted(set(getattr(text, "layer_types", None) or ()) - ATTENTION_LAYER_TYPES)
     if other:
         return (f"{model_type} has {', '.join(other)} layers; the paged KV cache holds only "
-                f"full and sliding-window attention layers")
+                f"full, sliding-window and chunked attention layers")
     if model_type in REFUSED:
         return REFUSED[model_type]
     if not getattr(hf, "is_causal", True):
@@ -163,3 +163,12 @@ def as_transformers_config(hf):
         return hf
     values = {k: v for k, v in vars(hf).items() if k != "model_type"}
     return AutoConfig.for_model(hf.model_type, **values)
+
+
+def base_decoder(hf):
+    """The decoder without its head of transformers' causal LM `hf`: its base_model, or its
+    `model` where base_model_prefix names no attribute of it (Llama4ForCausalLM shares the
+    prefix "language_model" with the vision-language class, and base_model is then itself)."""
+    base = hf.base_model
+    inner = getattr(hf, "model", None)
+    return inner if base is hf and inner is not None else base

@@ -22,7 +22,8 @@ from batchrun.engine.multimodal import ImageInput, MultiModalInputs, StepImages
 from batchrun.models.transformers import attention, own_forward
 from batchrun.models.quant.methods import METHODS, Method
 from batchrun.models.transformers.model import TransformersModel, max_context, wrap
-from batchrun.models.transformers.support import BOTH_WAYS, UnsupportedModelError, vision_reason
+from batchrun.models.transformers.support import (BOTH_WAYS, UnsupportedModelError,
+                                                  base_decoder, vision_reason)
 
 ENCODER_CACHE_BYTES = 512 << 20
 
@@ -266,7 +267,7 @@ def decoder_of(hf, hf_config):
     """The decoder (the text model, without its head) of transformers' model `hf`: a
     vision-language model's language model."""
     if not is_vision_language(hf_config):
-        return hf.base_model
+        return base_decoder(hf)
     inner = hf.model
     return inner.language_model if hasattr(inner, "language_model") else inner.text_model
 
