@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from batchrun.models.config.windows import effective_window
+from batchrun.models.config.windows import config_layer_chunks, effective_window
 from batchrun.models.transformers.support import (UnsupportedModelError, as_transformers_config,
                                                   base_decoder, choose)
 
@@ -344,6 +344,11 @@ def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
                                       f"layers (their KV kept over the window only)"))
     else:
         out.append(("sliding window", "no"))
+    chunks = [c for c in config_layer_chunks(hf) if c]
+    if chunks:
+        out.append(("chunked attention", f"{chunks[0]} tokens on {len(chunks)} of "
+                                         f"{hf.num_hidden_layers} layers (a query sees its own "
+                                         f"chunk; their KV kept as over a window of as many)"))
     experts, per_token = expert_counts(hf)
     out.append(("MoE", f"{experts} experts, {per_token} per token" if experts else "no"))
     caps = [n for n in ("attn_logit_softcapping", "final_logit_softcapping")

@@ -21,8 +21,9 @@ def take_over(model: nn.Module) -> int:
     for module in model.modules():
         if getattr(module, "attn_temperature_tuning", False) and not getattr(module, "use_rope",
                                                                              True):
-            setattr(module, ATTRIBUTE, (float(module.floor_scale), float(module.attn_scale)))
-            module.attn_temperature_tuning = False
+            scales = (float(getattr(module, "floor_scale")), float(getattr(module, "attn_scale")))
+            setattr(module, ATTRIBUTE, scales)
+            setattr(module, "attn_temperature_tuning", False)
             count += 1
     return count
 
@@ -44,9 +45,9 @@ def restored(model: nn.Module):
     the load check's reference, the int8 calibration), off again afterwards."""
     taken = [m for m in model.modules() if hasattr(m, ATTRIBUTE)]
     for module in taken:
-        module.attn_temperature_tuning = True
+        setattr(module, "attn_temperature_tuning", True)
     try:
         yield
     finally:
         for module in taken:
-            module.attn_temperature_tuning = False
+            setattr(module, "attn_temperature_tuning", False)
