@@ -112,3 +112,17 @@ def test_every_backend_attends_within_the_chunk(name, backend):
     meta = backend.build(layout)
     out = paged_attention(q, k, v, k_cache, v_cache, meta, SCALE, chunk=CHUNK)
     torch.testing.assert_close(out, explicit(q, k_cache, v_cache, layout), atol=2e-5, rtol=2e-5)
+
+
+def test_triton_steps_send_chunked_layers_to_the_reference(monkeypatch):
+    """The Triton backend takes no chunk: paged_attention hands its chunked layers to the
+    reference attention (its forward, which would attend causally, is never called)."""
+    from batchrun.engine.attention import registry
+    from batchrun.engine.attention.cuda_triton import TritonMetadata
+
+    layout, k_cache, v_cache, q, k, v = step(3)
+    meta = TritonMetadata(**layout.metadata_fields(), num_decode=NUM_DECODE)
+    monkeypatch.setitem(registry._FORWARD, TritonMetadata, lambda *a, **kw: pytest.fail(
+        "the Triton forward got a chunked layer"))
+    out = paged_attention(q, k, v, k_cache, v_cache, meta, SCALE, chunk=CHUNK)
+    torch.testing.assert_close(out, explicit(q, k_cache, v_cache, layout), atol=2e-5, rtol=2e-5)
