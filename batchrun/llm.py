@@ -108,14 +108,15 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
     dtype = pick_dtype(config.device.dtype, device)
     if device.type == "cpu":
         set_cpu_threads(config)
+    config = with_default_invariance(path, config, device)
 
     model = load_weights(path, config, device, dtype)
     trusted = config.trust_remote_code
     from batchrun.models.transformers.model import TransformersModel
 
-    # Steps that sync on the host (the transformers backend's; on CUDA a native model's
-    # windowed or soft-capped layers, which take reference_attention) get no CUDA graphs.
-    if isinstance(model, TransformersModel) or not getattr(model, "graph_safe", True):
+    # The transformers backend's steps sync on the host: no CUDA graphs (every native layer
+    # kind, windows, soft-capping and sinks included, runs in the Triton kernels).
+    if isinstance(model, TransformersModel):
         config = config.model_copy(update={"device": config.device.model_copy(
             update={"cuda_graphs": False})})
     tokenizer = load_tokenizer(path, trusted)
@@ -155,7 +156,7 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
     hf = read_config(path, config.trust_remote_code)
     check_safetensors(sorted(path.glob("*.safetensors")))
     native_path = choose(hf, config.model_impl).impl == "native"
-    check_batch_invariant(config, native_path, getattr(native.module_for(hf), "__name__", ""))
+    check_batch_invariant(config, native_path, native_module_name(hf), device)
     if native_path:
         native_model = build_native(hf, path, config, device, dtype)
         if native_model is not None:
@@ -195,19 +196,57 @@ def build_native(hf, path: Path, config: EngineConfig, device: torch.device, dty
         return None
 
 
-def check_batch_invariant(config: EngineConfig, native_path: bool, native_module: str) -> None:
-    """UnsupportedModelError where --batch-invariant would promise what it does not cover."""
+def native_module_name(hf) -> str:
+    from batchrun.models.arch import native
+
+    return getattr(native.module_for(hf), "__name__", "")
+
+
+def invariance_gap(config: EngineConfig, native_path: bool, native_module: str,
+                   device: torch.device) -> str | None:
+    """What --batch-invariant does not cover in this configuration (None: it covers it)."""
     from batchrun.models.quant import method
+
+    return ("--quantization" if not method(config.device.quantization).batch_invariant else
+            "--lora" if config.lora.adapters else
+            "the transformers backend" if not native_path else
+            # the experts' grouped GEMMs sum over however many rows an expert gets
+            "mixture-of-experts models" if native_module.endswith((".moe", ".gpt_oss"))
+            else "CUDA" if device.type != "cpu" else None)
+
+
+def with_default_invariance(path: Path, config: EngineConfig, device: torch.device
+                            ) -> EngineConfig:
+    """config with batch_invariant on where the --quantization method runs invariant by default
+    (int8: methods.Method.invariant_by_default) and it covers the model; where it does not, the
+    load warns that answers may change with the batch and prefix-cache hits."""
+    from batchrun.models.config.hf_config import read_config
+    from batchrun.models.quant import method
+    from batchrun.models.transformers.support import choose
+
+    if config.batch_invariant or not method(config.device.quantization).invariant_by_default:
+        return config
+    hf = read_config(path, config.trust_remote_code)
+    gap = invariance_gap(config, choose(hf, config.model_impl).impl == "native",
+                         native_module_name(hf), device)
+    if gap is None:
+        return config.model_copy(update={"batch_invariant": True})
+    logging.getLogger("batchrun").warning(
+        "--quantization %s runs batch-invariant where it can, but not with %s: its int8 "
+        "rounding can turn last-bit differences into other greedy tokens, so an answer may "
+        "change with the batch it runs in and with prefix-cache hits",
+        config.device.quantization, gap)
+    return config
+
+
+def check_batch_invariant(config: EngineConfig, native_path: bool, native_module: str,
+                          device: torch.device | None = None) -> None:
+    """UnsupportedModelError where --batch-invariant would promise what it does not cover."""
     from batchrun.models.transformers.support import UnsupportedModelError
 
     if not config.batch_invariant:
         return
-    beside = ("--quantization" if not method(config.device.quantization).batch_invariant else
-              "--lora" if config.lora.adapters else
-              "the transformers backend" if not native_path else
-              # the experts' grouped GEMMs sum over however many rows an expert gets
-              "mixture-of-experts models" if native_module.endswith((".moe", ".gpt_oss"))
-              else None)
+    beside = invariance_gap(config, native_path, native_module, device or torch.device("cpu"))
     if beside:
         raise UnsupportedModelError(f"--batch-invariant does not cover {beside}: it runs the "
                                     "dense native models (Llama, Mistral, Qwen2, Qwen3, Phi-3, "

@@ -5,6 +5,7 @@ ratio, with the CPU named.
 
     PYTHONPATH=$PWD python benchmarks/batch_invariant.py [--lines 32] [--max-tokens 32]
         [--workload /work/shared/workloads/humaneval_chat.jsonl] [--repeats 2] [--threads N]
+        [--quantization int8]
 """
 
 from __future__ import annotations
@@ -51,10 +52,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None, help="--threads [default: all cores]")
+    ap.add_argument("--quantization", default="none", help="--quantization of both modes")
     args = ap.parse_args(argv)
-    modes = {"default": llm.load(None, EngineConfig.default(threads=args.threads)),
+    both = dict(threads=args.threads, quantization=args.quantization)
+    modes = {"default": llm.load(None, EngineConfig.default(**both)),
              "--batch-invariant": llm.load(None, EngineConfig.default(batch_invariant=True,
-                                                                      threads=args.threads))}
+                                                                      **both))}
     work = prompts(modes["default"].tokenizer, args.workload, args.lines)
     totals = {name: [0.0, 0, 0] for name in modes}
     for _ in range(args.repeats):
@@ -63,7 +66,7 @@ def main(argv=None) -> int:
                 totals[name][i] += v
     print(f"CPU: {cpu_name()}; torch threads {torch.get_num_threads()}")
     print(f"workload: {args.lines} lines of {args.workload}, {args.max_tokens} output tokens "
-          f"each, greedy; {args.repeats} alternating repeats")
+          f"each, greedy; {args.repeats} alternating repeats; --quantization {args.quantization}")
     rates = {}
     for name, (seconds, prompt, output) in totals.items():
         rates[name] = ((prompt + output) / seconds, output / seconds)

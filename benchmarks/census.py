@@ -61,6 +61,9 @@ SMALL = {
 # What the generic shrinking cannot guess.
 EXTRA = {
     "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": 8},
+    # chunks and temperature steps the prompts cross (the defaults, 8192 each, exceed them),
+    # and a NoPE layer beside the chunked one
+    "llama4_text": {"attention_chunk_size": 8, "floor_scale": 4, "no_rope_layer_interval": 2},
     "megatron-bert": {"is_decoder": True},  # as MegatronBertForCausalLM asks
 }
 

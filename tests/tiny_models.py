@@ -67,6 +67,16 @@ BACKEND_ARCHS = {
     "phimoe": ("PhimoeConfig", "PhimoeForCausalLM", {**_MOE, "router_jitter_noise": 0.0}),
     "hunyuan_v1_moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM", {
         "head_dim": 32, "num_experts": 4, "moe_topk": 2}),
+    # Llama 4's text model: chunked local attention (8-token chunks) on its RoPE layers (0, 2),
+    # NoPE layers (1, 3) with full attention and temperature tuning (floor_scale 4, so it
+    # changes within the prompts), L2 q/k norms, top-1 sigmoid-routed MoE with a shared expert
+    # on layers 1 and 3, dense MLPs on 0 and 2.
+    "llama4_text": ("Llama4TextConfig", "Llama4ForCausalLM", {
+        "num_hidden_layers": 4, "head_dim": 32, "intermediate_size": 64,
+        "intermediate_size_mlp": 128, "num_local_experts": 4, "num_experts_per_tok": 1,
+        "interleave_moe_layer_step": 2, "no_rope_layer_interval": 2, "attention_chunk_size": 8,
+        "attn_temperature_tuning": True, "floor_scale": 4, "attn_scale": 0.5,
+        "use_qk_norm": True}),
     # Differential attention: two attention calls per layer over one K, each with half of V.
     "diffllama": ("DiffLlamaConfig", "DiffLlamaForCausalLM", {}),
     # Attention that does not call AttentionInterface (models/transformers/inline/): ALiBi

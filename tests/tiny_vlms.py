@@ -159,7 +159,8 @@ def save_processor(proc, path: Path) -> None:
     proc.tokenizer.save_pretrained(path)
     settings = {"processor_class": type(proc).__name__}
     for key in ("image_seq_len", "image_seq_length", "num_image_tokens", "patch_size",
-                "vision_feature_select_strategy", "num_additional_image_tokens"):
+                "vision_feature_select_strategy", "num_additional_image_tokens",
+                "spatial_merge_size", "vision_aspect_ratio", "img_size", "downsample_factor"):
         if hasattr(proc, key):
             settings[key] = getattr(proc, key)
     (Path(path) / "processor_config.json").write_text(json.dumps(settings))

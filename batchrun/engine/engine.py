@@ -12,6 +12,7 @@ from batchrun.engine.errors import PromptTooLongError
 from batchrun.engine.kv_cache import KVCacheManager
 from batchrun.engine.kv_groups import kv_groups
 from batchrun.engine.lora import AdapterSlots
+from batchrun.engine.model import TakesImages
 from batchrun.engine.multimodal import MultiModalInputs
 from batchrun.engine.outputs import RequestOutput
 from batchrun.engine.request import Group, Request, Status
@@ -106,10 +107,14 @@ class Engine:
             raise PromptTooLongError(
                 f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the model's "
                 f"context length of {self.max_model_len} tokens")
+        if multimodal is None and isinstance(self.runner.model, TakesImages):
+            multimodal = MultiModalInputs([])  # a text prompt its model may mark (PaliGemma's
+            # prefix attends both ways, images or not)
         for feature in self.request_checks:
             feature.check(prompt_token_ids, params, multimodal)
         group = Group(request_id, params.n, stream)
-        group.multimodal = multimodal
+        if multimodal is not None and (multimodal.images or multimodal.both_ways):
+            group.multimodal = multimodal
         leader = self.sequences.new_sequence(group, 0, list(prompt_token_ids), params, max_tokens,
                                               arrival_time, priority)
         self.sequences.groups[request_id] = group

@@ -29,11 +29,13 @@ def kv_dtype_of(name: str, device: torch.device, dtype: torch.dtype,
     `dtype`."""
     from batchrun.engine.attention.fp8_kv import NAMES as FP8_NAMES
 
-    if name in FP8_NAMES or name == "int8":
+    if name in FP8_NAMES:  # the CPU's C kernels and CUDA's Triton kernels read e4m3
+        return FP8_NAMES[name]
+    if name == "int8":
         if device.type != "cpu":
-            raise ValueError(f"--kv-cache-dtype {name} runs on the CPU only (the CUDA attention "
-                             "kernel reads 16- and 32-bit caches); use bfloat16 or float16 there")
-        return FP8_NAMES.get(name, torch.int8)
+            raise ValueError("--kv-cache-dtype int8 runs on the CPU only (no CUDA attention "
+                             "kernel reads its per-row scales); use fp8, bfloat16 or float16 there")
+        return torch.int8
     if name == "auto":
         return dtype if auto is None else auto
     return pick_dtype(name, device)

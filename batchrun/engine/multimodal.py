@@ -20,6 +20,13 @@ if TYPE_CHECKING:  # the model's tensors; this module itself needs no torch
 class ImageInput:
     content_hash: bytes  # of the image's pixels/bytes: two equal images share encoder output
     data: dict  # the processor's tensors for this image alone (pixel_values, image_grid_thw, ...)
+    # The token ids the processor wrote for a chat of this image alone: how many placeholders
+    # the image takes is the processor's own count (anyres grids, tiles, feature strategies).
+    expansion: tuple[int, ...] = ()
+
+    def placeholders(self, token_id: int) -> int:
+        """How many placeholder tokens (`token_id`, the model's) the processor wrote for it."""
+        return self.expansion.count(token_id)
 
 
 @dataclass
@@ -34,15 +41,25 @@ class MultiModalInputs:
     # token index (M-RoPE); generated token i then sits at position prompt_len + i + delta.
     positions: torch.Tensor | None = None
     position_delta: int = 0
-    # Set by the model: each image's placeholders attend to each other both ways (Gemma 3), so
-    # a prefill chunk must hold an image's whole span (chunk_end).
-    bidirectional: bool = False
+    # Set by the model: token spans [first, end) whose tokens attend to each other both ways
+    # (Gemma 3: each image's placeholders; PaliGemma: the whole prompt, its prefix), so a
+    # prefill chunk must hold a span whole (chunk_end); `both_ways_key` (the span's tokens'
+    # hash, where they are not all one image's) goes into the prefix-cache key of its blocks.
+    both_ways: list[tuple[int, int]] = field(default_factory=list)
+    both_ways_key: bytes = b""
+
+    @property
+    def bidirectional(self) -> bool:
+        return bool(self.both_ways)
 
     def block_key(self, first: int, end: int) -> bytes:
         """What the prefix-cache hash of the block over tokens [first, end) mixes in: the content
         hashes of the images whose placeholders it holds (b"" for a block of text only)."""
-        return b"".join(img.content_hash for img, (s, e) in zip(self.images, self.spans)
-                        if s < end and e > first)
+        key = b"".join(img.content_hash for img, (s, e) in zip(self.images, self.spans)
+                       if s < end and e > first)
+        if self.both_ways_key and any(s < end and e > first for s, e in self.both_ways):
+            key += self.both_ways_key
+        return key
 
 
     def chunk_end(self, start: int, end: int) -> int:
@@ -51,7 +68,7 @@ class MultiModalInputs:
         image begins at or before `start`: the chunk must wait for a step with room for it)."""
         if not self.bidirectional:
             return end
-        for first, last in self.spans:
+        for first, last in self.both_ways:
             if first < end < last:
                 return max(start, first)
         return end
@@ -61,7 +78,7 @@ class MultiModalInputs:
         sees the whole image), 0 for a token outside every image (causal)."""
         out = [0] * count
         if self.bidirectional:
-            for a, b in self.spans:
+            for a, b in self.both_ways:
                 for t in range(max(a, first), min(b, first + count)):
                     out[t - first] = b
         return out

@@ -1,17 +1,28 @@
 """Logit adjustments before sampling, each vectorised over the rows that ask for it.
 
-Rows are the engine's sequences, as the sampler reads them (sampler.SamplingRow). Only rows that use a feature pay for it; the per-row Python work is
+Rows are the engine's sequences, as the sampler reads them (SamplingRow). Only rows that use a feature pay for it; the per-row Python work is
 collecting token id lists, never a loop over the vocabulary.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
-if TYPE_CHECKING:
-    from batchrun.engine.sampler import SamplingRow
+from batchrun.engine.sampling_params import SamplingParams
+
+
+class SamplingRow(Protocol):
+    """What the sampler reads of a sequence (the engine's Request has all of it)."""
+
+    request_id: str
+    params: SamplingParams
+    all_token_ids: list[int]
+    num_prompt_tokens: int
+
+    @property
+    def num_output_tokens(self) -> int: ...
 
 
 def _token_counts(seqs: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:

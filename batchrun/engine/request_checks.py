@@ -63,7 +63,7 @@ class ImagesCheck:
             raise ValueError("this model takes text only; the request has images")
         self.model.place_images(list(prompt), multimodal)
         budget = self.step_budget
-        if multimodal.bidirectional and any(b - a > budget for a, b in multimodal.spans):
-            raise ValueError(f"an image takes more tokens than a step computes "
-                             f"(--max-num-batched-tokens {budget}), and this model's image "
-                             f"tokens must be computed in one step")
+        if any(b - a > budget for a, b in multimodal.both_ways):
+            raise ValueError(f"an image (or the prompt prefix over it) takes more tokens than a "
+                             f"step computes (--max-num-batched-tokens {budget}), and this "
+                             f"model's tokens there attend both ways: one step must hold them")

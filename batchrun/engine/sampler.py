@@ -13,29 +13,18 @@ Logprobs are the model's own (log-softmax of the raw logits), as vLLM and OpenAI
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 
-from batchrun.engine.penalties import apply_logit_bias, apply_min_tokens, apply_penalties
+from batchrun.engine.penalties import (SamplingRow, apply_logit_bias, apply_min_tokens,
+                                       apply_penalties)
 from batchrun.engine.sampling_params import SamplingParams
 from batchrun.engine.structured import GrammarMatchers
 
 # top_p alone samples among this many best tokens when they hold top_p of the probability mass
 # (exact, and a topk instead of a sort of the whole vocabulary); otherwise among all of them.
 TOP_P_CANDIDATES = 1024
-
-
-class SamplingRow(Protocol):
-    """What the sampler reads of a sequence (the engine's Request has all of it)."""
-
-    request_id: str
-    params: SamplingParams
-    all_token_ids: list[int]
-    num_prompt_tokens: int
-
-    @property
-    def num_output_tokens(self) -> int: ...
 
 
 # Per row: (logprob of the chosen token, [(token id, logprob)] top alternatives) or None.

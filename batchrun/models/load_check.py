@@ -66,20 +66,27 @@ def step_layout(start: int, count: int, device) -> StepLayout:
     return StepLayout.of([blocks], [start], [count], decode, BLOCK_SIZE, device)
 
 
-@torch.inference_mode()
-def engine_hidden(model, ids: torch.Tensor, device: torch.device,
-                  dtype: torch.dtype) -> torch.Tensor:
-    """Final hidden states [T, hidden] of `ids` through `model` step by step (CHUNKS) on a fresh
-    paged KV cache of its own shape, as the engine's runner would run them."""
+def fresh_cache(model, tokens: int, device: torch.device, dtype: torch.dtype):
+    """(the attention backend the engine would pick, zeroed paged KV caches of every layer for
+    `tokens` tokens in BLOCK_SIZE blocks) for `model`."""
     cfg = model.config
     lib = kernels.library(kernels.shape_flags(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)) \
         if device.type == "cpu" and str(dtype) in kernels.KINDS else None
     backend = select_backend(BackendEnv(device, dtype, dtype, cfg.num_heads, cfg.num_kv_heads,
                                         cfg.head_dim, BLOCK_SIZE, lib))
-    slots = -(-sum(CHUNKS) // BLOCK_SIZE) * BLOCK_SIZE
+    slots = -(-tokens // BLOCK_SIZE) * BLOCK_SIZE
     caches = [tuple(torch.zeros(slots, cfg.num_kv_heads, cfg.head_dim, dtype=dtype,
                                 device=device) for _ in range(2))
               for _ in range(cfg.num_layers)]
+    return backend, caches
+
+
+@torch.inference_mode()
+def engine_hidden(model, ids: torch.Tensor, device: torch.device,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """Final hidden states [T, hidden] of `ids` through `model` step by step (CHUNKS) on a fresh
+    paged KV cache of its own shape, as the engine's runner would run them."""
+    backend, caches = fresh_cache(model, sum(CHUNKS), device, dtype)
     out, start = [], 0
     for count in CHUNKS:
         layout = step_layout(start, count, device)

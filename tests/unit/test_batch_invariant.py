@@ -178,12 +178,14 @@ def test_mixture_of_experts_models_are_refused(arch, tmp_path):
 
 @pytest.fixture(scope="module")
 def loaded_int8(folder):
-    return llm.load_from_path(folder, EngineConfig.default(batch_invariant=True, quantization="int8"))
+    return llm.load_from_path(folder, EngineConfig.default(quantization="int8"))
 
 
 def test_int8_gives_the_same_bits_in_a_batch_and_after_a_prefix_hit(loaded_int8):
-    """int8 amplifies a last-bit difference into a changed rounding of an activation, so in the
-    default mode its greedy answers can move with the batch or a prefix hit; here they cannot."""
+    """int8 amplifies a last-bit difference into a changed rounding of an activation, so its
+    greedy answers would move with the batch or a prefix hit: it runs invariant unasked."""
+    assert loaded_int8.engine.config.batch_invariant
+    assert loaded_int8.engine.runner.attention.name == "cpu-invariant"
     assert type(loaded_int8.engine.runner.model.layers[0].mlp.down_proj).__name__ == "Int8Linear"
     alone = [run(engine(loaded_int8), [t])[0] for t in TARGETS]
     work = [other(i) for i in range(7)]
@@ -196,3 +198,16 @@ def test_int8_gives_the_same_bits_in_a_batch_and_after_a_prefix_hit(loaded_int8)
     outs = eng.generate([p for p, _ in TARGETS], [s for _, s in TARGETS])
     assert all(o.num_cached_tokens > 0 for o in outs)
     assert [result(o) for o in outs] == alone
+
+
+def test_int8_where_invariance_does_not_reach_warns(tmp_path, caplog, smol_tokenizer):
+    """A mixture-of-experts model under int8 loads (not refused, as --batch-invariant would be)
+    and the load says its answers may move with the batch and prefix-cache hits."""
+    from tests.tiny_models import BACKEND_ARCHS
+
+    make_tiny("qwen3_moe", tmp_path, archs=BACKEND_ARCHS, vocab_size=len(smol_tokenizer))
+    smol_tokenizer.save_pretrained(tmp_path)
+    with caplog.at_level("WARNING", logger="batchrun"):
+        loaded = llm.load_from_path(tmp_path, EngineConfig.default(quantization="int8"))
+    assert not loaded.engine.config.batch_invariant
+    assert "not with mixture-of-experts models" in caplog.text

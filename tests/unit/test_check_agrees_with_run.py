@@ -1,7 +1,8 @@
 """`batchrun models check FOLDER` says what `run` does with the folder: the path it loads on
 (native file, or the transformers backend) and the KV shape the load finds, or the refusal
 run gives, word for word; for every architecture of the tiny parity tables (tests/tiny_models.py
-ARCHS and BACKEND_ARCHS, tests/tiny_vlms.py) and a few that run refuses."""
+ARCHS and BACKEND_ARCHS, tests/tiny_vlms.py, tests/tiny_vlm_families.py) and a few that run
+refuses."""
 
 import re
 
@@ -12,6 +13,7 @@ from batchrun.llm import load_from_path, load_weights
 from batchrun.models.transformers.model import TransformersModel
 from batchrun.options.engine import EngineConfig
 from tests.tiny_models import ARCHS, BACKEND_ARCHS, make_tiny
+from tests import tiny_vlm_families
 from tests.tiny_vlms import FAMILIES, make_tiny_vlm
 
 CPU = torch.device("cpu")
@@ -77,9 +79,13 @@ def test_check_says_what_run_does_for_each_text_architecture(table, arch, tmp_pa
     assert_agree(tmp_path)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+VISION = {**{f: make_tiny_vlm for f in FAMILIES},
+          **{f: tiny_vlm_families.make_tiny_vlm for f in tiny_vlm_families.FAMILIES}}
+
+
+@pytest.mark.parametrize("family", sorted(VISION))
 def test_check_says_what_run_does_for_each_vision_family(family, tmp_path, smol_tokenizer):
-    make_tiny_vlm(family, tmp_path, smol_tokenizer)
+    VISION[family](family, tmp_path, smol_tokenizer)
     output = assert_agree(tmp_path)
     assert re.search(r"^  images: yes \(\w+Processor;", output, re.M), output
 
@@ -121,3 +127,16 @@ def test_refusals_are_the_ones_run_gives(tmp_path):
     for name, why in (("m", "keeps a recurrent"), ("bert", "attends bidirectionally"),
                       ("gemma4", "attention shapes differ between layers")):
         assert why in assert_agree(tmp_path / name), name
+
+
+def test_a_vision_folder_whose_processor_cannot_load_is_refused_by_both(tmp_path, smol_tokenizer):
+    """A processor_config.json naming a processor transformers does not have: run cannot load
+    the model (it would take images), and check refuses it in run's words."""
+    import json
+
+    make_tiny_vlm("llava", tmp_path, smol_tokenizer)
+    settings = json.loads((tmp_path / "processor_config.json").read_text())
+    settings["processor_class"] = "NoSuchProcessor"
+    (tmp_path / "processor_config.json").write_text(json.dumps(settings))
+    output = assert_agree(tmp_path)
+    assert "transformers cannot read its processor" in output, output

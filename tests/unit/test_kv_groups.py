@@ -189,3 +189,34 @@ def test_a_window_budget_fits_more_sequences():
     assert plain == 2 ** 21 // (2 * 6 * 16 * 4 * BS) == 682  # a block holds all 6 layers
     assert windowed == 2 ** 21 // (2 * 1 * 16 * 4 * BS) == 4096  # ...or one
     assert plain // 250 == 2 and windowed // (250 + 5 * 7) == 14  # sequences of 1000 tokens
+
+
+def test_chunked_layers_are_a_kind_of_their_own():
+    """Llama 4: chunked local attention on three layers in four, full attention on the fourth;
+    a chunked layer and a windowed one of the same size do not share a group."""
+    llama4 = KVGroups.of([None] * 8, [8, 8, 8, None] * 2)
+    assert llama4.groups[0] == KVGroup(None, (3, 7))
+    assert {g.chunked for g in llama4.groups[1:]} == {True}
+    assert [g.layers for g in llama4.groups[1:]] == [(0, 1), (2, 4), (5, 6)]
+    mixed = KVGroups.of([8, None, None], [None, 8, None])
+    assert [(g.window, g.chunked, g.layers) for g in mixed.groups] == [
+        (None, False, (2,)), (8, False, (0,)), (8, True, (1,))]
+
+
+@pytest.mark.parametrize("step", [1, 3, 5])
+def test_a_chunked_group_holds_every_block_its_queries_read(step):
+    """Each query at p reads keys from its chunk's start p - p % C: those blocks are held at
+    every step (the group keeps them as a window of C would), older ones handed back."""
+    kv = KVCacheManager(64, BS, True, KVGroups.of([None, None], [W, None]))
+    req = request(list(range(3, 40)))
+    while req.num_computed_tokens < 37:
+        c = req.num_computed_tokens
+        n = min(step, 37 - c)
+        assert kv.allocate(req, c + n)
+        first_key = c - c % W
+        table = req.block_ids[WIN]
+        assert all(b != FREED for b in table[first_key // BS:])
+        assert FREED not in req.block_ids[FULL]
+        req.num_computed_tokens += n
+        kv.cache_full_blocks(req)
+    assert FREED in req.block_ids[WIN]  # the chunks behind were handed back

@@ -33,6 +33,7 @@ EXPECTED = {
     "qwen2_moe": "native (models/arch/moe.py)",
     "deepseek_v2": "transformers backend",
     "gpt_oss": "native (models/arch/gpt_oss.py)",
+    "llama4_text": "transformers backend",
 }
 # What the report lists for the families with something particular.
 FEATURES = {
@@ -46,6 +47,7 @@ FEATURES = {
                  "dense layer; not the experts",
     "deepseek_v2": "MLA: K/V expanded per head",
     "gpt_oss": "attention sinks: yes",
+    "llama4_text": "chunked attention: 8 tokens on 2 of 4 layers",
 }
 
 
@@ -69,7 +71,8 @@ def test_each_family_of_the_matrix_gets_its_path(arch, tmp_path):
     reason = "it runs the model exactly" if path.startswith("native") else \
         f"the native path does not run it: model type '{arch}'"
     assert f"path: {path} ({reason}" in result.output
-    assert "parameters: " in result.output and "KV cache: 2 layers" in result.output
+    layers = config.num_hidden_layers
+    assert "parameters: " in result.output and f"KV cache: {layers} layers" in result.output
     if arch in FEATURES:
         assert FEATURES[arch] in result.output
 

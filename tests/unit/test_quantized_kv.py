@@ -102,12 +102,13 @@ def test_scales_map_the_calibrated_maxima_inside_the_range():
     assert fp8_kv.quantize(big, 1.0).float().tolist() == [448.0, -448.0, 3.0]
 
 
-def test_cuda_refuses_fp8_by_name():
+def test_cuda_takes_fp8_and_refuses_int8_by_name():
     from batchrun.engine.kv_sizing import kv_dtype_of
 
     assert kv_dtype_of("fp8_e4m3", torch.device("cpu"), torch.float32) == FP8
-    with pytest.raises(ValueError, match="fp8 runs on the CPU only"):
-        kv_dtype_of("fp8", torch.device("cuda"), torch.bfloat16)
+    assert kv_dtype_of("fp8", torch.device("cuda"), torch.bfloat16) == FP8  # Triton reads e4m3
+    with pytest.raises(ValueError, match="int8 runs on the CPU only"):
+        kv_dtype_of("int8", torch.device("cuda"), torch.bfloat16)
 
 
 def test_int8_quantization_defaults_to_a_bfloat16_cache():

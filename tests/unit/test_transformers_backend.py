@@ -56,15 +56,18 @@ def check_against_transformers(hf, prompts, outs, label, report):
 
 
 def windowed(arch: str) -> bool:
+    """Whether some layers see only part of the context: a sliding window (GPT-Neo's
+    window_size) or an attention chunk (Llama 4)."""
     extra = BACKEND_ARCHS[arch][2]
-    return bool(extra.get("sliding_window") or extra.get("window_size"))  # GPT-Neo's name
+    return bool(extra.get("sliding_window") or extra.get("window_size")
+                or extra.get("attention_chunk_size"))
 
 
 def pool_blocks(arch: str) -> int:
     """A KV pool small enough for the busy batch to preempt: a model whose every layer is
     windowed holds only its windows' blocks (engine/kv_groups.py), so it gets a smaller one."""
-    every_layer = windowed(arch) and not {"layer_types", "attention_types"} & set(
-        BACKEND_ARCHS[arch][2])
+    every_layer = windowed(arch) and not {
+        "layer_types", "attention_types", "no_rope_layer_interval"} & set(BACKEND_ARCHS[arch][2])
     return 12 if every_layer else 24
 
 
@@ -163,7 +166,7 @@ def test_backend_equals_native_path(arch, tmp_path):
             assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["gemma2", "gpt_oss", "llama4_text"])
 def test_prompt_logprobs_embeddings_and_n(arch, tmp_path):
     """Prompt scoring and final hidden states against one transformers forward; n > 1 sampling."""
     hf, engine = backend_engine(arch, tmp_path, max_num_batched_tokens=16)
@@ -205,6 +208,26 @@ def test_windowed_and_sink_layers_take_the_engine_kernels_with_their_window(tmp_
     calls.clear()
     engine.generate([list(range(3, 23))], SamplingParams(max_tokens=1))
     assert calls == [("paged_attention", 8), ("paged_attention", None)]
+
+
+def test_chunked_layers_attend_with_their_chunk(tmp_path, monkeypatch):
+    """Llama 4's chunked layers (0 and 2) pass their 8-token chunk to paged_attention once a
+    context is longer than a chunk; its NoPE layers (1 and 3) attend to everything."""
+    from batchrun.models.transformers import attention
+
+    calls = []
+    real = attention.paged_attention
+    monkeypatch.setattr(attention, "paged_attention", lambda *a, **k: (
+        calls.append((k.get("window"), k.get("chunk"))), real(*a, **k))[1])
+    _, engine = backend_engine("llama4_text", tmp_path)
+    calls.clear()
+    engine.generate([list(range(3, 8))], SamplingParams(max_tokens=1))
+    assert calls == [(None, None)] * 4  # 5 tokens: one chunk, nothing to cut
+    calls.clear()
+    engine.generate([list(range(3, 23))], SamplingParams(max_tokens=1))
+    assert calls == [(None, 8), (None, None)] * 2
+    assert [(g.chunked, g.window) for g in engine.kv.groups.groups] == [
+        (False, None), (True, 8)]
 
 
 def test_sharded_checkpoint_loads(tmp_path):

@@ -118,18 +118,6 @@ def test_prefix_cache_keys_blocks_by_image(family):
     assert done["same"][0] == reference(hf, loaded.processor, chat(1), [first]), name
 
 
-def test_vision_language_families_it_cannot_run_are_refused_with_the_reason():
-    """A family whose placeholders per image the backend does not know is refused at load."""
-    import transformers
-
-    from batchrun.models.transformers.support import UnsupportedModelError, choose
-
-    assert choose(transformers.LlavaConfig(), "auto").impl == "transformers"
-    assert choose(transformers.Gemma3Config(), "auto").impl == "transformers"
-    with pytest.raises(UnsupportedModelError, match="paligemma is a vision-language model"):
-        choose(transformers.PaliGemmaConfig(), "auto")
-
-
 def test_gemma3_image_tokens_attend_both_ways_and_are_never_split(tmp_path, smol_tokenizer,
                                                                   monkeypatch):
     """Gemma 3's image tokens see their whole image (transformers' token_type_ids mask): the

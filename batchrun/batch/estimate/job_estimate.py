@@ -255,12 +255,12 @@ def describe_model(estimate: Estimate, cfg: Any, engine: EngineConfig, groups: A
         estimate.assumptions.append("MoE FLOPs count top-k of the routed experts per token")
     # One pool block holds layers_per_block layers' K and V of the group that owns it.
     per_token = kv_block_bytes(cfg, 1, kv_dtype.itemsize, 4 if str(kv_dtype) == "torch.int8" else 0)
-    estimate.kv_groups = [{"window": g.window, "layers": len(g.layers),
+    estimate.kv_groups = [{"window": g.window, "chunked": g.chunked, "layers": len(g.layers),
                            "bytes_per_token": per_token} for g in groups.groups]
     if any(g.window for g in groups.groups):
-        estimate.assumptions.append("a sliding-window group holds a request's KV over its "
-                                    "window only; the prefix-cache replay counts each cached "
-                                    "block once per KV group")
+        estimate.assumptions.append("a sliding-window (or chunked-attention) group holds a "
+                                    "request's KV over its window (chunk) only; the prefix-cache "
+                                    "replay counts each cached block once per KV group")
     if estimate.model_path == "transformers":
         estimate.assumptions.append("KV shape and windows read by a forward pass of "
                                     "transformers' model on the meta device (no weights)")

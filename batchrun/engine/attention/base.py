@@ -29,6 +29,7 @@ class StepLayout:
     num_decode: int  # the first num_decode sequences are decodes (one row each)
     starts: list[int]  # [S] tokens of context before this step
     counts: list[int]  # [S] rows of each sequence
+    host_tables: list[list[int]] | None = None  # block_tables' rows as the host built them
 
     @classmethod
     def of(cls, tables: list[list[int]], starts: list[int], counts: list[int], num_decode: int,
@@ -45,14 +46,14 @@ class StepLayout:
         return cls(slot_mapping=slots, positions=positions, block_tables=table,
                    query_start=torch.cat([ends.new_zeros(1), ends]),
                    context_lens=start_t + count_t, block_size=block_size, num_decode=num_decode,
-                   starts=starts, counts=counts)
+                   starts=starts, counts=counts, host_tables=tables)
 
     def through(self, tables: list[list[int]]) -> StepLayout:
         """The same rows read and written through other block tables (another KV group's)."""
         seq = torch.repeat_interleave(torch.arange(len(self.counts), device=self.positions.device),
                                       torch.tensor(self.counts, device=self.positions.device))
         table, slots = _table_and_slots(tables, seq, self.positions, self.block_size)
-        return replace(self, block_tables=table, slot_mapping=slots)
+        return replace(self, block_tables=table, slot_mapping=slots, host_tables=tables)
 
     def metadata_fields(self) -> dict[str, Any]:
         """The AttentionMetadata base fields of this layout."""

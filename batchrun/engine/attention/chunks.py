@@ -5,8 +5,9 @@ batched causal SDPA call over views of the step's rows (an embedding run's many 
 would otherwise cost a call each per layer). A chunk over a cached context is one SDPA call over
 its gathered context with a causal mask offset by that context.
 
-A layer's sliding window narrows those masks; logit soft-capping, attention sinks and ALiBi,
-which SDPA cannot apply, take reference.attend on the same rows instead.
+A layer's sliding window or attention chunk (reach.py) narrows those masks; logit soft-capping,
+attention sinks and ALiBi, which SDPA cannot apply, take reference.attend on the same rows
+instead.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from batchrun.engine.attention.base import StepLayout
 from batchrun.engine.attention.kv_write import read_rows
+from batchrun.engine.attention.reach import first_visible, reach
 from batchrun.engine.attention.reference import attend
 
 
@@ -73,13 +75,21 @@ def plan_prefills(layout: StepLayout, in_kernel: list[bool] | None = None
     return prefills, same_length_runs(prefills)
 
 
-def chunk_mask(q_len: int, ctx_len: int, window: int | None, device) -> torch.Tensor:
+def chunk_mask(q_len: int, ctx_len: int, window: int | None, device,
+               chunk: int | None = None) -> torch.Tensor:
     """[q_len, ctx_len] bool: the last q_len of ctx_len positions attend causally, within
-    `window` positions when set."""
+    `window` positions, or their own attention `chunk`, when set."""
     q_pos = torch.arange(ctx_len - q_len, ctx_len, device=device)[:, None]
     k_pos = torch.arange(ctx_len, device=device)[None, :]
     mask = k_pos <= q_pos
-    return mask if window is None else mask & (q_pos - k_pos < window)
+    lowest = first_visible(q_pos, window, chunk)
+    return mask if lowest is None else mask & (k_pos >= lowest)
+
+
+def fresh_mask(n: int, window: int | None, chunk: int | None, device) -> torch.Tensor | None:
+    """The mask of a fresh chunk of n positions from 0 (None: plain causal)."""
+    most = reach(window, chunk)
+    return None if most is None or most >= n else chunk_mask(n, n, window, device, chunk)
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -108,29 +118,29 @@ def prefill_attention(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                       prefills: list[PrefillChunk], same_length: list[tuple[int, int, int]],
                       scale: float, window: int | None = None,
                       softcap: float | None = None, sinks: torch.Tensor | None = None,
-                      alibi: torch.Tensor | None = None) -> None:
+                      chunk: int | None = None, alibi: torch.Tensor | None = None) -> None:
     """Attention of the chunks not `in_kernel` into their rows of `out` (window, softcap,
-    sinks and alibi: the layer's sliding window, logit soft-cap, attention sinks and ALiBi
-    slopes, None for none)."""
+    sinks, chunk and alibi: the layer's sliding window, logit soft-cap, attention sinks,
+    attention chunk and ALiBi slopes, None for none)."""
     num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     for s, count, n in same_length:
         rows = slice(s, s + count * n)
-        mask = None if window is None or window >= n else chunk_mask(n, n, window, q.device)
+        mask = fresh_mask(n, window, chunk, q.device)
         og = dense_attention(q[rows].view(count, n, num_heads, head_dim),
                              k[rows].view(count, n, num_kv_heads, head_dim),
                              v[rows].view(count, n, num_kv_heads, head_dim), mask, scale, softcap,
                              sinks, alibi)
         out[rows] = og.reshape(count * n, num_heads, head_dim)
-    for chunk in prefills:
-        if chunk.batched or chunk.in_kernel:
+    for part in prefills:
+        if part.batched or part.in_kernel:
             continue
-        s, n = chunk.q_start, chunk.q_len
-        if chunk.slots is None:
+        s, n = part.q_start, part.q_len
+        if part.slots is None:
             kp, vp = k[s:s + n], v[s:s + n]
-            mask = None if window is None or window >= n else chunk_mask(n, n, window, q.device)
+            mask = fresh_mask(n, window, chunk, q.device)
         else:
-            kp = read_rows(k_cache, chunk.slots, q.dtype)
-            vp = read_rows(v_cache, chunk.slots, q.dtype)
-            mask = chunk_mask(n, chunk.ctx_len, window, q.device)
+            kp = read_rows(k_cache, part.slots, q.dtype)
+            vp = read_rows(v_cache, part.slots, q.dtype)
+            mask = chunk_mask(n, part.ctx_len, window, q.device, chunk)
         out[s:s + n] = dense_attention(q[None, s:s + n], kp[None], vp[None], mask, scale,
                                        softcap, sinks, alibi)[0]

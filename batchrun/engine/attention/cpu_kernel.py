@@ -6,10 +6,10 @@ the rows once per step); a step where nothing is shared and no chunk has a cache
 the plain per-sequence decode kernel. `--attention-kernel legacy` keeps every decode on its own
 and every prefill chunk on SDPA. Chunks the kernel leaves go to chunks.py.
 
-A layer with a sliding window, logit soft-capping or attention sinks runs the same kernel (each
-row starts its walk where its window does, without shared-prefix grouping; a sink joins each
-row's softmax sum at the end); its decodes go through the grouped entry point even when the step
-has no groups. An ALiBi layer (BLOOM, Falcon: a slope per head times the key's distance added
+A layer with a sliding window or attention chunk (reach.py), logit soft-capping or attention
+sinks runs the same kernel (each row starts its walk where its window or chunk does, without
+shared-prefix grouping; a sink joins each row's softmax sum at the end); its decodes go
+through the grouped entry point even when the step has no groups. An ALiBi layer (BLOOM, Falcon: a slope per head times the key's distance added
 to each score) runs the same kernel, grouping kept (the bias is per row, head and key). A
 soft-capped, sink or ALiBi layer's fresh prefill chunks take the kernel too (in cascade mode):
 SDPA can neither cap scores nor add a sink, and the dense fallback (reference.attend) builds
@@ -32,6 +32,7 @@ from batchrun.engine.attention.cascade import (KernelRows, plan_rows, plan_seein
 from batchrun.engine.attention.chunks import PrefillChunk, plan_prefills, prefill_attention
 from batchrun.engine.attention.int8_kv import INT8
 from batchrun.engine.attention.kv_write import write_kv
+from batchrun.engine.attention.reach import first_visible
 
 
 @dataclass
@@ -89,13 +90,15 @@ class CpuKernelMetadata(AttentionMetadata):
 def kernel_attention(lib, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      rows: KernelRows, block_size: int, scale: float, window: int | None = None,
                      softcap: float | None = None, sinks: torch.Tensor | None = None,
-                     alibi: torch.Tensor | None = None) -> torch.Tensor:
+                     chunk: int | None = None, alibi: torch.Tensor | None = None
+                     ) -> torch.Tensor:
     """The C kernel's attention for `rows` of q [T, H, D] over the paged cache, as float32
     [T, H, D] (rows outside the groups are left uninitialised). window: a row sees its last
-    `window` positions only; softcap: scores become softcap * tanh(score / softcap); sinks [H]:
-    a logit per head that joins the softmax's denominator only; alibi [H]: ALiBi's slopes."""
+    `window` positions only; chunk: a row sees its own attention chunk only; softcap: scores
+    become softcap * tanh(score / softcap); sinks [H]: a logit per head that joins the
+    softmax's denominator only; alibi [H]: ALiBi's slopes."""
     causal = rows.row_len if rows.causal_len is None else rows.causal_len
-    first = None if window is None else (causal - window).clamp_(min=0)
+    first = first_visible(causal - 1, window, chunk)
     sinks = None if sinks is None else sinks.detach().float().contiguous()
     alibi = None if alibi is None else alibi.detach().float().contiguous()
     ks, vs = (getattr(c, "row_scales", None) for c in (k_cache, v_cache))  # int8_kv.py
@@ -145,22 +148,23 @@ class CpuKernelBackend:
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: CpuKernelMetadata, scale: float,
                 window: int | None = None, softcap: float | None = None,
-                sinks: torch.Tensor | None = None,
+                sinks: torch.Tensor | None = None, chunk: int | None = None,
                 alibi: torch.Tensor | None = None) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.lib)
         if meta.visible_until is not None:  # every row in the kernel, none to SDPA
             of = kernel_attention(meta.lib, q, k_cache, v_cache, meta.rows_seeing_ahead(),
-                                  meta.block_size, scale, window, softcap, sinks, alibi)
+                                  meta.block_size, scale, window, softcap, sinks, chunk, alibi)
             return of if of.dtype == q.dtype else of.to(q.dtype)
         every_chunk = False
         if softcap or sinks is not None or alibi is not None:
             rows, every_chunk = meta.rows_for_sdpa_misfits()
         else:
             # the plain decode kernel reads no row scales: an int8 cache's decodes take groups of one
-            rows = meta.rows if window is None and k_cache.dtype != INT8 else meta.rows_for_masked()
+            plain = window is None and chunk is None and k_cache.dtype != INT8
+            rows = meta.rows if plain else meta.rows_for_masked()
         if rows is not None:
             of = kernel_attention(meta.lib, q, k_cache, v_cache, rows, meta.block_size, scale,
-                                  window, softcap, sinks, alibi)
+                                  window, softcap, sinks, chunk, alibi)
             out = of if of.dtype == q.dtype else of.to(q.dtype)
         else:
             out = torch.empty_like(q)
@@ -171,5 +175,5 @@ class CpuKernelBackend:
                                            meta.decode_lens, meta.block_size, scale)
         if meta.prefills and not every_chunk:
             prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, meta.same_length,
-                              scale, window, softcap, sinks, alibi)
+                              scale, window, softcap, sinks, chunk, alibi)
         return out

@@ -1,8 +1,8 @@
 """Attention from the generic layout alone (any backend's metadata): the portable path for the
 attention variants the fast backends do not implement (sliding windows, logit soft-capping,
-attention sinks, ALiBi), and the yardstick tests hold the backends to. Decode rows (one query token)
+attention sinks, ALiBi, chunked local attention), and the yardstick tests hold the backends to. Decode rows (one query token)
 are attended in one batched call, each prefill chunk in one call over its gathered context
-(only the last window's keys when a window is set).
+(only the last window's or chunk's keys when a layer has one: reach.py).
 """
 
 from __future__ import annotations
@@ -13,18 +13,21 @@ import torch
 
 from batchrun.engine.attention.base import AttentionMetadata
 from batchrun.engine.attention.kv_write import read_rows, store_rows
+from batchrun.engine.attention.reach import first_visible, reach
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                         v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, *,
                         sliding_window: int | None = None, softcap: float | None = None,
                         sinks: torch.Tensor | None = None,
-                        alibi: torch.Tensor | None = None) -> torch.Tensor:
+                        alibi: torch.Tensor | None = None,
+                        chunk: int | None = None) -> torch.Tensor:
     """q [T, H, D], k/v [T, Hkv, D] of the step's rows (written into the cache at
     meta.slot_mapping); returns [T, H, D], computed in float32 at least.
 
     sliding_window: a row at position p attends to positions p - sliding_window < j <= p only
-    (transformers' sliding-window layers). softcap: scores become softcap * tanh(score /
+    (transformers' sliding-window layers). chunk: a row at position p attends to positions
+    p - p % chunk <= j <= p only (Llama 4's chunked layers). softcap: scores become softcap * tanh(score /
     softcap) before masking (Gemma 2). sinks [H]: a learned logit per head that joins each
     row's softmax denominator and attends to nothing (GPT-OSS). alibi [H]: each head's score
     of a key gains slope * the key's position (ALiBi: BLOOM, Falcon; softmax leaves the
@@ -39,7 +42,7 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cac
     out = torch.empty_like(q)
     decode = [s for s in range(len(ctx)) if starts[s + 1] - starts[s] == 1]
     extras: dict[str, Any] = dict(window=sliding_window, softcap=softcap, sinks=sinks,
-                                  alibi=alibi)
+                                  alibi=alibi, chunk=chunk)
     until = meta.visible_until
     if decode:
         rows = torch.tensor([starts[s] for s in decode], device=q.device)
@@ -56,12 +59,14 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cac
 
 def _attend_sequences(q: torch.Tensor, ctx: list[int], seqs: list[int], k_cache, v_cache, meta,
                       scale: float, window, softcap, sinks, alibi=None,
-                      until: torch.Tensor | None = None) -> torch.Tensor:
+                      until: torch.Tensor | None = None, chunk: int | None = None
+                      ) -> torch.Tensor:
     """q [B, n, H, D]: the last n tokens of each of sequences `seqs` (context lengths ctx);
     until [B, n]: keys before it are visible too (meta.visible_until's rows)."""
     dev, bs, n = q.device, meta.block_size, q.shape[1]
     ctx_t = torch.tensor(ctx, device=dev)
-    span = max(ctx) if window is None else min(max(ctx), window + n - 1)
+    most = reach(window, chunk)
+    span = max(ctx) if most is None else min(max(ctx), most + n - 1)
     first = (ctx_t - span).clamp(min=0)  # the earliest key position any query needs
     kpos = first[:, None] + torch.arange(span, device=dev)[None, :]  # [B, L]
     valid = kpos < ctx_t[:, None]
@@ -70,8 +75,9 @@ def _attend_sequences(q: torch.Tensor, ctx: list[int], seqs: list[int], k_cache,
     slots = tables.gather(1, kpos // bs) * bs + kpos % bs
     qpos = ctx_t[:, None] - n + torch.arange(n, device=dev)[None, :]  # [B, n]
     allowed = valid[:, None, :] & (kpos[:, None, :] <= qpos[:, :, None])
-    if window is not None:
-        allowed &= qpos[:, :, None] - kpos[:, None, :] < window
+    lowest = first_visible(qpos, window, chunk)
+    if lowest is not None:
+        allowed &= kpos[:, None, :] >= lowest[:, :, None]
     if until is not None:
         keys = kpos[:, None, :]
         later = (keys > qpos[:, :, None]) & (keys < until.to(dev)[:, :, None])

@@ -1,6 +1,7 @@
 """The portable backend: decode gathers each sequence's KV blocks and calls torch SDPA with a
-padding mask (narrowed to a layer's sliding window; soft-capped layers and layers with
-attention sinks through reference.attend); prefill chunks as in chunks.py. Runs on any device and any head shape."""
+padding mask (narrowed to a layer's sliding window or attention chunk; soft-capped layers and
+layers with attention sinks through reference.attend); prefill chunks as in chunks.py. Runs on
+any device and any head shape."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from batchrun.engine.attention.base import AttentionMetadata, BackendEnv, StepLayout
 from batchrun.engine.attention.chunks import PrefillChunk, plan_prefills, prefill_attention
 from batchrun.engine.attention.kv_write import read_rows, write_kv
+from batchrun.engine.attention.reach import first_visible
 from batchrun.engine.attention.reference import attend
 
 
@@ -59,7 +61,7 @@ class SdpaBackend:
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: SdpaMetadata, scale: float,
                 window: int | None = None, softcap: float | None = None,
-                sinks: torch.Tensor | None = None) -> torch.Tensor:
+                sinks: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.lib)
         out = torch.empty_like(q)
         b = meta.num_decode
@@ -70,18 +72,19 @@ class SdpaBackend:
             assert meta.decode_slots is not None  # build sets it when the step has decodes
             kd = read_rows(k_cache, meta.decode_slots, q.dtype)  # [B, L, Hkv, D]
             vd = read_rows(v_cache, meta.decode_slots, q.dtype)
-            if window is None and not softcap and sinks is None:
+            if window is None and chunk is None and not softcap and sinks is None:
                 od = F.scaled_dot_product_attention(qd, kd.transpose(1, 2), vd.transpose(1, 2),
                                                     attn_mask=meta.decode_bias, scale=scale)
             else:
                 valid = meta.decode_valid
                 assert valid is not None  # set with decode_slots
-                if window is not None:
+                lowest = first_visible(meta.context_lens[:b, None] - 1, window, chunk)
+                if lowest is not None:
                     grid = torch.arange(valid.shape[1], device=valid.device)[None, :]
-                    valid = valid & (grid >= meta.context_lens[:b, None] - window)
+                    valid = valid & (grid >= lowest)
                 od = attend(q[:b, None], kd, vd, valid[:, None], scale, softcap, sinks)
             out[:b] = od.reshape(b, num_heads, head_dim)
         if meta.prefills:
             prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, meta.same_length,
-                              scale, window, softcap, sinks)
+                              scale, window, softcap, sinks, chunk)
         return out

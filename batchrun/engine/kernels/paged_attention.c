@@ -59,7 +59,7 @@ typedef struct {
     const int32_t *order;      // rows in group order
     const int32_t *group_start;  // [groups + 1] into order
     const int32_t *group_shared; // [groups] leading blocks read once for the group (NULL: none)
-    const int64_t *row_first;  // [rows] first position a row sees (sliding window; NULL: 0)
+    const int64_t *row_first;  // [rows] first position a row sees (window or chunk; NULL: 0)
     int H, Hkv, D, bs, max_blocks, kind;
     int per_item;              // KV heads per work item (all of them, or 1 when there are few groups)
     float scale;

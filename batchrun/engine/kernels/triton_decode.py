@@ -1,9 +1,12 @@
 """Paged decode attention for CUDA in Triton: one program per (sequence, KV head).
 
-Each program keeps the query rows of its KV group, walks the sequence's block table reading K
-and V blocks where they lie (no gather), and runs an online softmax. Context lengths are read on
-the device, so the launch has fixed shapes and can be captured in a CUDA graph. A sequence of
-length 0 (a padding row of a captured batch) writes zeros.
+Each program keeps the query rows of its KV group (padded to tl.dot's 16 rows), walks the
+sequence's block table reading K and V where they lie (no gather), and runs an online softmax;
+a sliding window starts the walk at the window's first position, soft-capping, sinks and an
+fp8 cache as in triton_attention_common.py. Context lengths are read on the device, so the
+launch has fixed shapes and can be captured in a CUDA graph. A sequence of length 0 (a padding
+row of a captured batch) writes zeros. Long contexts with few programs take the split-K kernel
+(triton_splitk.py) instead.
 """
 
 from __future__ import annotations
@@ -12,58 +15,91 @@ import torch
 import triton
 import triton.language as tl
 
+from batchrun.engine.kernels.triton_attention_common import (MIN_DOT, attend_tile, cache_args,
+                                                           dot_dtype, finish, head_slopes,
+                                                           key_tile, tile_slots)
+
 
 @triton.jit
-def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, scale,
-                         stride_table, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, sinks_ptr, alibi_ptr, out_ptr,
+                         stride_qt, stride_qh, stride_ot, stride_oh, stride_table, qk_scale,
+                         v_scale, window, softcap, HKV: tl.constexpr, D: tl.constexpr,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK: tl.constexpr,
-                         D_PAD: tl.constexpr):
+                         BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                         HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, FP8: tl.constexpr,
+                         PREC: tl.constexpr, DOT: tl.constexpr, HAS_ALIBI: tl.constexpr):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
-    length = tl.load(lens_ptr + seq)
+    length = tl.load(lens_ptr + seq).to(tl.int32)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D_PAD)
-    t = tl.arange(0, BLOCK)
     g_ok = g < GROUP
     d_ok = d < D
     heads = kvh * GROUP + g
-    q = tl.load(q_ptr + (seq * H + heads)[:, None] * D + d[None, :],
-                mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(DOT)
+    slopes = head_slopes(alibi_ptr, heads, g_ok, HAS_ALIBI)
+    lo = length * 0
+    if HAS_WINDOW:
+        lo = tl.maximum(length - window, 0)
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     s = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-    num_blocks = tl.cdiv(length, BLOCK)
-    for i in range(0, num_blocks):
-        block = tl.load(tables_ptr + seq * stride_table + i)
-        pos = i * BLOCK + t
-        t_ok = pos < length
-        offs = ((block * BLOCK + t)[:, None] * HKV + kvh) * D + d[None, :]
-        kv_mask = t_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_ptr + offs, mask=kv_mask, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + offs, mask=kv_mask, other=0.0).to(tl.float32)
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [GROUP_PAD, BLOCK]
-        scores = tl.where(t_ok[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        s = s * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-        m = m_new
-    out = acc / tl.where(s > 0, s, 1.0)[:, None]
-    tl.store(out_ptr + (seq * H + heads)[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=g_ok[:, None] & d_ok[None, :])
+    t = tl.arange(0, BLOCK_N)
+    for start in range(lo // BLOCK_N * BLOCK_N, length, BLOCK_N):
+        kpos = start + t
+        seen = (kpos < length) & (kpos >= lo)
+        slots = tile_slots(tables_ptr, seq * stride_table, kpos, seen, BLOCK)
+        allowed = seen[None, :] & g_ok[:, None]
+        acc, m, s = attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, kpos,
+                                slopes, d, d_ok, kvh, qk_scale, softcap, HKV, D,
+                                HAS_SOFTCAP, HAS_ALIBI, FP8, PREC)
+    out = finish(acc, m, s, sinks_ptr, heads, g_ok, v_scale, HAS_SINKS)
+    tl.store(out_ptr + seq * stride_ot + heads[:, None] * stride_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+
+
+def decode_launch_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       block_size: int, window: int | None, softcap: float | None,
+                       sinks: torch.Tensor | None, alibi: torch.Tensor | None = None
+                       ) -> tuple[tuple, dict]:
+    """The arguments the decode kernels (this one, triton_splitk.py's and triton_cascade.py's)
+    share: ((K cache, V cache, sinks, ALiBi slopes), constexprs)."""
+    assert q.stride(2) == 1
+    h, dim = q.shape[1], q.shape[2]
+    hkv = k_cache.shape[1]
+    kc, vc, fp8 = cache_args(k_cache, v_cache)
+    prec, dot = dot_dtype(q)
+    sinks = None if sinks is None else sinks.detach().float().contiguous()
+    alibi = None if alibi is None else alibi.detach().float().contiguous()
+    group = h // hkv
+    consts = dict(HKV=hkv, D=dim, GROUP=group,
+                  GROUP_PAD=max(MIN_DOT, triton.next_power_of_2(group)), BLOCK=block_size,
+                  BLOCK_N=key_tile(block_size, 64 if dim <= 128 else 32), D_PAD=max(MIN_DOT, triton.next_power_of_2(dim)),
+                  HAS_WINDOW=window is not None, HAS_SOFTCAP=bool(softcap),
+                  HAS_SINKS=sinks is not None, FP8=fp8, PREC=prec, DOT=dot,
+                  HAS_ALIBI=alibi is not None,
+                  num_warps=8 if dim > 64 else 4)  # head dim 128 on 4 warps spilled (sm_90)
+    return (kc, vc, sinks, alibi), consts
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            tables: torch.Tensor, lens: torch.Tensor, block_size: int,
-                           scale: float) -> torch.Tensor:
-    """q [B, H, D]; caches [slots, Hkv, D]; tables [B, max_blocks]; lens [B] -> [B, H, D]."""
-    b, h, dim = q.shape
-    hkv = k_cache.shape[1]
-    group = h // hkv
-    out = torch.empty_like(q)
-    _paged_decode_kernel[(b, hkv)](
-        q, k_cache, v_cache, tables, lens, out, scale, tables.stride(0), H=h, HKV=hkv, D=dim,
-        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK=block_size,
-        D_PAD=triton.next_power_of_2(dim))
+                           scale: float, window: int | None = None, softcap: float | None = None,
+                           sinks: torch.Tensor | None = None, k_scale: float = 1.0,
+                           v_scale: float = 1.0, alibi: torch.Tensor | None = None
+                           ) -> torch.Tensor:
+    """q [B, H, D]; caches [slots, Hkv, D]; tables [B, max_blocks]; lens [B] -> [B, H, D].
+    window / softcap / sinks [H] / alibi [H]: the layer's (registry.paged_attention); k_scale /
+    v_scale: an
+    fp8 cache's layer scales (1 when the caller folded them into scale and the output)."""
+    (kc, vc, sinks, alibi), consts = decode_launch_args(q, k_cache, v_cache, block_size, window,
+                                                        softcap, sinks, alibi)
+    b = q.shape[0]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _paged_decode_kernel[(b, consts["HKV"])](
+        q, kc, vc, tables, lens, lens if sinks is None else sinks,
+        lens if alibi is None else alibi, out, q.stride(0), q.stride(1),
+        out.stride(0), out.stride(1), tables.stride(0), scale * k_scale, v_scale, window or 0,
+        softcap or 0.0, **consts)
     return out

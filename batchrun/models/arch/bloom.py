@@ -126,11 +126,6 @@ class BloomModel(llama.LlamaModel):
             self._slopes[device] = alibi_slopes(self.config.num_heads, device)
         return StepAlibi(self._slopes[device], self.cpu_kernels)
 
-    @property
-    def graph_safe(self) -> bool:
-        """No: ALiBi sends the CUDA attention to reference_attention (not capturable)."""
-        return False
-
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights((rename(name), tensor) for name, tensor in weights)
 

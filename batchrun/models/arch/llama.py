@@ -184,13 +184,6 @@ class LlamaModel(nn.Module):
         """The step's input embeddings (a model with learned positions adds them here)."""
         return self.embed(input_ids)
 
-    @property
-    def graph_safe(self) -> bool:
-        """Whether a decode step can be captured in a CUDA graph: not with windowed,
-        soft-capped or sink layers (the Triton backend sends them to reference_attention)."""
-        return not any(layer.self_attn.window or layer.self_attn.softcap
-                       or layer.self_attn.sinks is not None for layer in self.decoder_layers)
-
     def step_rope(self, positions: torch.Tensor, dtype: torch.dtype):
         """What the layers take for the step's rotary embedding."""
         return StepRope(positions, cast(RotaryEmbedding, self.rope), dtype, self.cpu_kernels)

@@ -56,6 +56,7 @@ SHAPES = {"quantization_config": (dict, type(None)), "rope_scaling": (dict, type
           "rope_parameters": (dict, type(None)), "auto_map": (dict, list, type(None)),
           "architectures": (list, type(None)), "model_type": (str,),
           "layer_types": (list, type(None)), "tie_word_embeddings": (bool,)}
+PAIRS = ("image_size", "patch_size")  # a whole number, or a [height, width] pair of them
 NESTED = ("text_config", "vision_config", "audio_config")
 
 
@@ -96,15 +97,23 @@ def _check(raw: dict, source, prefix: str) -> None:
         value = raw.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            _refuse(source, prefix + key, value, "must be a whole number")
-        if not low <= value <= high:
-            _refuse(source, prefix + key, value, f"must be between {low:,} and {high:,}")
+        if key in PAIRS and isinstance(value, list) and len(value) == 2:
+            for side in value:  # InternVL's vision tower: [height, width]
+                _check_size(source, prefix + key, side, low, high)
+            continue
+        _check_size(source, prefix + key, value, low, high)
     _check_floats(raw, source, prefix)
     for key in ("rope_parameters", "rope_scaling"):  # rope_theta may live there instead
         if isinstance(raw.get(key), dict):
             _check_floats(raw[key], source, f"{prefix}{key}.")
     _check_relations(raw, source, prefix)
+
+
+def _check_size(source, field: str, value, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        _refuse(source, field, value, "must be a whole number")
+    if not low <= value <= high:
+        _refuse(source, field, value, f"must be between {low:,} and {high:,}")
 
 
 def _check_floats(raw: dict, source, prefix: str) -> None:

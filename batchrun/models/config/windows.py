@@ -22,3 +22,21 @@ def config_layer_windows(hf) -> tuple[int | None, ...]:
     if types:
         return tuple(window if t == "sliding_attention" else None for t in types)
     return (window,) * hf.num_hidden_layers
+
+
+def config_layer_chunks(hf) -> tuple[int | None, ...]:
+    """Each layer's attention chunk (None: not chunked) where the config's layer_types name
+    `chunked_attention` layers (Llama 4: a query at p sees p - p % chunk <= j <= p); () when
+    none is shorter than the context."""
+    chunk = getattr(hf, "attention_chunk_size", None)
+    types = getattr(hf, "layer_types", None) or ()
+    longest = getattr(hf, "max_position_embeddings", None)
+    if not chunk or "chunked_attention" not in types or (longest and chunk >= longest):
+        return ()
+    return tuple(chunk if t == "chunked_attention" else None for t in types)
+
+
+def layer_chunk(hf, layer: int) -> int | None:
+    """Layer `layer`'s attention chunk as config_layer_chunks says (None: not chunked)."""
+    chunks = config_layer_chunks(hf)
+    return chunks[layer] if layer < len(chunks) else None

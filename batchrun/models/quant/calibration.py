@@ -112,13 +112,15 @@ def window_forward(model: nn.Module, ids: list[int]
     from batchrun.engine.attention.sdpa import SdpaBackend
 
     decoder = as_decoder(model)
-    dtype = decoder.embed_tokens.weight.dtype
+    dtype, device = decoder.embed_tokens.weight.dtype, decoder.embed_tokens.weight.device
     t = len(ids)
-    kv = [(torch.zeros(t, layer.self_attn.num_kv_heads, layer.self_attn.head_dim, dtype=dtype),
-           torch.zeros(t, layer.self_attn.num_kv_heads, layer.self_attn.head_dim, dtype=dtype))
-          for layer in decoder.layers]
-    layout = StepLayout.of([[0]], [0], [t], 0, t, torch.device("cpu"))
-    return decoder(torch.tensor(ids), layout.positions, kv, SdpaBackend(dtype).build(layout)), kv
+    shapes = [(t, layer.self_attn.num_kv_heads, layer.self_attn.head_dim)
+              for layer in decoder.layers]
+    kv = [(torch.zeros(shape, dtype=dtype, device=device),
+           torch.zeros(shape, dtype=dtype, device=device)) for shape in shapes]
+    layout = StepLayout.of([[0]], [0], [t], 0, t, device)  # the model's device (fp8 KV on CUDA)
+    return decoder(torch.tensor(ids, device=device), layout.positions, kv,
+                   SdpaBackend(dtype).build(layout)), kv
 
 
 def _cached(path: Path, fits: Callable[[dict], bool], what: str) -> dict | None:

@@ -3,9 +3,9 @@ the name "batchrun": it writes the layer's K/V into the engine's paged cache and
 
 The step's KV caches and metadata are not arguments transformers passes along, so the model's
 forward sets them for the duration of the call (`step`); with several KV groups (a model of
-full and sliding-window layers) each layer reads its group's metadata. Layers go through the
-engine's `paged_attention` (the C kernels on the CPU), sliding-window, soft-capped and
-attention-sink ones included, and steps whose image tokens attend both ways within an image
+full and sliding-window or chunked layers) each layer reads its group's metadata. Layers go
+through the engine's `paged_attention` (the C kernels on the CPU), sliding-window, chunked
+(layer_types' `chunked_attention`: Llama 4), soft-capped and attention-sink ones included, and steps whose image tokens attend both ways within an image
 (the metadata's visible_until, which the C kernels read). Key and value head dims that
 differ (MLA: DeepSeek-V2) are stored zero-padded to the wider one, and the output cut back.
 
@@ -24,6 +24,8 @@ import torch.nn.functional as F
 
 from batchrun.engine.attention import (AttentionMetadata, GroupedMetadata, layer_metadata,
                                        paged_attention)
+from batchrun.models.config.windows import layer_chunk
+from batchrun.models.transformers import temperature
 from batchrun.models.transformers.support import UnsupportedModelError
 
 NAME = "batchrun"
@@ -83,18 +85,23 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, D]
     # the window of a family whose mask, not its attention call, applies it (WINDOW_FROM_MASK)
     sliding_window = sliding_window or getattr(module, "batchrun_window", None)
+    if _current is not None and _current.meta is not None:
+        q = temperature.tune(module, q, _current.meta.positions)
     out = attend_layer(layer, q, k, v, scaling, sliding_window, softcap, s_aux,
-                       causal=getattr(module, "is_causal", True) is not False)
+                       causal=getattr(module, "is_causal", True) is not False,
+                       chunk=layer_chunk(getattr(module, "config", None), layer))
     return out.unsqueeze(0), None
 
 
 def attend_layer(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  scale: float | None = None, window: int | None = None,
                  softcap: float | None = None, sinks: torch.Tensor | None = None,
-                 alibi: torch.Tensor | None = None, causal: bool = True) -> torch.Tensor:
+                 alibi: torch.Tensor | None = None, causal: bool = True,
+                 chunk: int | None = None) -> torch.Tensor:
     """Layer `layer`'s attention on the step's paged cache (this call's KV cache: a layer that
     calls attention twice has two): q [T, H, D], k/v [T, Hkv, D(v)] -> [T, H, Dv]. alibi:
-    ALiBi's per-head slopes [H] (a score gains slope * key position)."""
+    ALiBi's per-head slopes [H] (a score gains slope * key position); chunk: the layer's
+    attention chunk (a row at p sees p - p % chunk <= j <= p)."""
     current = _current
     if current is None:
         raise RuntimeError("the batchrun attention function runs only inside a batchrun step")
@@ -121,8 +128,10 @@ def attend_layer(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     assert current.meta is not None  # a step with caches has its metadata
     meta = layer_metadata(current.meta, index)
     window = window if window and window < current.max_context else None
+    chunk = chunk if chunk and chunk < current.max_context else None
     out = paged_attention(q.contiguous(), k, v, k_cache, v_cache, meta, scale,
-                          window=window, softcap=softcap or None, sinks=sinks, alibi=alibi)
+                          window=window, softcap=softcap or None, sinks=sinks, alibi=alibi,
+                          chunk=chunk)
     return out[..., :dv]
 
 

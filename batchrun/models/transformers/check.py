@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from batchrun.models.config.windows import effective_window
-from batchrun.models.transformers.support import UnsupportedModelError, as_transformers_config, choose
+from batchrun.models.config.windows import config_layer_chunks, effective_window
+from batchrun.models.transformers.support import (UnsupportedModelError, as_transformers_config,
+                                                  base_decoder, choose)
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 
@@ -100,8 +101,8 @@ def shapes_from_config(hf, hf_model=None, calls: dict | None = None) -> tuple[di
                                                 calls_per_layer=None) as current:
         # An all-ones mask: without one, transformers' mask preparation reads the positions'
         # values (packed sequences), which meta tensors do not have.
-        hf_model.base_model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                            position_ids=torch.arange(n, device="meta")[None], use_cache=False)
+        base_decoder(hf_model)(input_ids=ids, attention_mask=torch.ones_like(ids),
+                               position_ids=torch.arange(n, device="meta")[None], use_cache=False)
     check_attended(hf.model_type, current)
     if calls is not None:
         calls.update(current.seen)
@@ -214,6 +215,8 @@ def check(hf, folder=None) -> CheckReport:
     shape = None
     if impl == "transformers":
         impl, reason, shape = _probe_verdict(full, model, reason)
+    if impl == "transformers":
+        impl, reason = _vision_verdict(full, model, folder, impl, reason)
     report = refused(full, reason, impl)
     if impl == "refused":
         return report
@@ -231,6 +234,26 @@ def check(hf, folder=None) -> CheckReport:
         report.features.append(("images", image_support(folder)))
     report.stored_quantized = "" if stored is None else _stored_size(stored, model, text)
     return report
+
+
+def _vision_verdict(full, model, folder, impl: str, reason: str) -> tuple[str, str]:
+    """(impl, reason) after what the load checks of a vision-language model before its image
+    check (vision.model_reason on the meta model, then its processor: run cannot load without
+    the one it saves), refused in run's words."""
+    from batchrun.models.transformers.processor import load_processor, processor_class
+    from batchrun.models.transformers.vision import is_vision_language, model_reason
+
+    if not is_vision_language(full):
+        return impl, reason
+    why = model_reason(model) if model is not None else None
+    if why:
+        return "refused", f"unsupported model: {why}"
+    if folder is not None and processor_class(folder) is not None:
+        try:
+            load_processor(folder, getattr(full, "auto_map", None) is not None)
+        except ValueError as exc:
+            return "refused", str(exc)
+    return impl, reason
 
 
 def _probe_verdict(full, model, reason: str):
@@ -321,6 +344,11 @@ def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
                                       f"layers (their KV kept over the window only)"))
     else:
         out.append(("sliding window", "no"))
+    chunks = [c for c in config_layer_chunks(hf) if c]
+    if chunks:
+        out.append(("chunked attention", f"{chunks[0]} tokens on {len(chunks)} of "
+                                         f"{hf.num_hidden_layers} layers (a query sees its own "
+                                         f"chunk; their KV kept as over a window of as many)"))
     experts, per_token = expert_counts(hf)
     out.append(("MoE", f"{experts} experts, {per_token} per token" if experts else "no"))
     caps = [n for n in ("attn_logit_softcapping", "final_logit_softcapping")

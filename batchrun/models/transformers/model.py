@@ -17,8 +17,11 @@ from torch import nn
 
 from batchrun.models.layers import packed_linear
 from batchrun.models.config.classifier import classifier_labels
-from batchrun.models.transformers import attention, inline, own_forward, plain_linears, probe
-from batchrun.models.transformers.support import WINDOW_FROM_MASK, UnsupportedModelError
+from batchrun.models.config.windows import config_layer_chunks
+from batchrun.models.transformers import (attention, inline, own_forward, plain_linears, probe,
+                                          temperature)
+from batchrun.models.transformers.support import (WINDOW_FROM_MASK, UnsupportedModelError,
+                                                  base_decoder)
 from batchrun.models.transformers.weights_check import weights_reason
 from batchrun.models.quant.methods import METHODS, Method
 
@@ -41,6 +44,8 @@ class BackendConfig:
     hf_config: object
     # Each KV cache's sliding window as the probe saw it attend (None: full); KV groups read it.
     layer_windows: tuple = ()
+    # Each KV cache's attention chunk (None: not chunked) as layer_types says; KV groups read it.
+    layer_chunks: tuple = ()
     decoder_layers: int = 0  # the decoder's layers (0: num_layers)
     calls_per_layer: int = 1  # attention calls per layer and step (DiffLlama: 2)
 
@@ -74,7 +79,8 @@ class TransformersModel(nn.Module):
         super().__init__()
         self.hf = hf_model
         self.config = config
-        self._transforms = logit_transforms(hf_model.config.get_text_config())
+        # what compute_logits does to lm_head's output (the load's probe checks it)
+        self.transforms = logit_transforms(hf_model.config.get_text_config())
         self._head_transform = head_transform(hf_model)
         # A *ForSequenceClassification model: its `score` head's outputs; 0 for a causal LM.
         self.num_labels = len(classifier_labels(hf_model.config) or ())
@@ -83,7 +89,7 @@ class TransformersModel(nn.Module):
 
     @property
     def decoder(self) -> nn.Module:
-        return self.hf.base_model
+        return base_decoder(self.hf)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches,
                 meta) -> torch.Tensor:
@@ -106,7 +112,7 @@ class TransformersModel(nn.Module):
         if self._head_transform is not None:
             hidden = self._head_transform(hidden)
         logits = self.hf.get_output_embeddings()(hidden)
-        for op in self._transforms:
+        for op in self.transforms:
             logits = op(logits)
         return logits.float()
 
@@ -183,9 +189,10 @@ def from_pretrained_checked(auto, path, **kwargs):
 
 def use_batchrun_attention(hf) -> None:
     """Point `hf`'s attention at the "batchrun" function (its decoder's, for a vision-language
-    model), or for a family whose attention modules do not call AttentionInterface, replace
+    model; Llama 4's temperature tuning moved into it: temperature.py), or for a family whose attention modules do not call AttentionInterface, replace
     their forwards (inline/)."""
     attention.register()
+    temperature.take_over(hf)
     cfg = hf.config.get_text_config()
     if inline.replaces(cfg):
         inline.install(hf, attention.NAME)
@@ -226,6 +233,7 @@ def config_of(cfg, shapes: dict, windows: dict, calls: dict | None = None) -> Ba
         layer_windows=tuple(w if w and w < longest else None
                             for w in (windows.get(i) for i in range(layers)
                                       for _ in range(repeat))),
+        layer_chunks=tuple(c for c in config_layer_chunks(cfg) for _ in range(repeat)),
         decoder_layers=layers, calls_per_layer=repeat)
 
 
@@ -243,7 +251,7 @@ def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: Method = METH
         from batchrun.models.transformers.quantized import quantize_decoder
 
         plain = plain_linears.find(hf, lambda: _probe(hf, cfg, full=True))  # on the float model
-        with inline.suspended(hf):  # its own attention forwards for the calibration
+        with inline.suspended(hf), temperature.restored(hf):  # its own forwards calibrate
             quantize_decoder(hf, quantization, path, keep=plain)
         use_batchrun_attention(hf)  # the calibration ran on SDPA
     windows: dict = {}
@@ -270,7 +278,7 @@ def _probe(hf: PreTrainedModel, cfg, full: bool = False, windows: dict | None = 
     """probe.run over the decoder (with `full`, the whole causal LM); UnsupportedModelError
     where the modelling code fails on the flat step."""
     def decoder(ids, pos):
-        return hf.base_model(input_ids=ids, position_ids=pos, use_cache=False)[0][0]
+        return base_decoder(hf)(input_ids=ids, position_ids=pos, use_cache=False)[0][0]
 
     def causal_lm(ids, pos):
         return hf(input_ids=ids, position_ids=pos, use_cache=False).logits

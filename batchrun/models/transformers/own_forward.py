@@ -10,21 +10,23 @@ import contextlib
 import torch
 
 from batchrun.models import load_check
-from batchrun.models.transformers import attention, inline
+from batchrun.models.transformers import attention, inline, temperature
 
 
 @contextlib.contextmanager
 def own_attention(hf):
     """hf's decoder on transformers' eager attention for the duration (a family whose attention
-    forwards the backend replaced: its own forwards, inline.suspended)."""
+    forwards the backend replaced: its own forwards, inline.suspended), with its own
+    temperature tuning (temperature.py)."""
     text = hf.config.get_text_config()
     if inline.replaces(text):
-        with inline.suspended(hf):
+        with inline.suspended(hf), temperature.restored(hf):
             yield
         return
     hf.set_attn_implementation(attention.implementation(hf.config, text, "eager"))
     try:
-        yield
+        with temperature.restored(hf):
+            yield
     finally:
         hf.set_attn_implementation(attention.implementation(hf.config, text))
 

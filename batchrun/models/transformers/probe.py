@@ -9,7 +9,7 @@ import torch
 from batchrun.engine.attention import AttentionMetadata, StepLayout
 from batchrun.engine.attention.sdpa import SdpaBackend
 from batchrun.models.transformers import attention
-from batchrun.models.transformers.support import UnsupportedModelError
+from batchrun.models.transformers.support import BOTH_WAYS, UnsupportedModelError
 
 PROBE_IDS = [3, 5, 7, 11]
 
@@ -58,7 +58,9 @@ def check_attended(model_type: str, current: attention.Step) -> None:
     if not current.calls:
         raise UnsupportedModelError(f"{model_type}: its attention does not go "
                                     f"through transformers' AttentionInterface")
-    if current.bidirectional:
+    if current.bidirectional and model_type not in BOTH_WAYS:
+        # (PaliGemma's layers say is_causal=False for their prefix, which its mask bounds:
+        # vision.place_both_ways gives the engine that span)
         raise UnsupportedModelError(f"{model_type} attends bidirectionally (causal "
                                     f"decoders only)")
 
@@ -70,9 +72,20 @@ def check_logits(model, hidden: torch.Tensor) -> None:
     hf = model.hf
     ref, _ = run(hf, lambda ids, pos: hf(input_ids=ids, position_ids=pos,
                                          use_cache=False).logits[0].float())
+    def agrees(ours):
+        return torch.allclose(ours, ref, rtol=1e-3, atol=1e-3 * (1 + float(ref.abs().max())))
+
     with torch.inference_mode():
         ours = model.classify(hidden[-1:])[0] if model.num_labels else model.compute_logits(hidden)
-    if not torch.allclose(ours, ref, rtol=1e-3, atol=1e-3 * (1 + float(ref.abs().max()))):
+        if not agrees(ours) and model.transforms and not model.num_labels:
+            # a vision-language model's head may leave out its text config's transforms (Aya
+            # Vision: Cohere's logit_scale belongs to Cohere's own causal-LM head)
+            kept, model.transforms = model.transforms, []
+            ours = model.compute_logits(hidden)
+            if agrees(ours):
+                return
+            model.transforms = kept
+    if not agrees(ours):
         head = "sequence-classification" if model.num_labels else "causal-LM"
         raise UnsupportedModelError(
             f"{hf.config.model_type}: its {head} head transforms the logits in a way the "

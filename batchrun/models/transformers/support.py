@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Layer kinds the paged KV cache holds; anything else keeps recurrent or convolution state.
-ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
+ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
 # Models whose layers (some or all) keep a recurrent state instead of a KV cache, for configs that
 # do not say so through layer_types.
 RECURRENT_MODEL_TYPES = {
@@ -15,9 +15,11 @@ RECURRENT_MODEL_TYPES = {
     "recurrent_gemma", "minimax", "plamo2", "kimi_linear", "olmo_hybrid",
 }
 
-# Vision-language models the backend runs (models/transformers/vision.py knows how many
-# placeholder tokens their processors write per image).
-VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "llava", "idefics3", "smolvlm", "gemma3")
+# Vision-language families whose language model attends both ways somewhere (transformers
+# builds their masks from token types, create_masks_for_generate), and where: "image" (each
+# image's placeholders), "prefix" (the whole prompt: PaliGemma's prefix-LM). Another family with
+# its own masks is refused (vision_reason): its attention is not the engine's causal one.
+BOTH_WAYS = {"gemma3": "image", "shieldgemma2": "image", "paligemma": "prefix"}
 
 # Families whose attention classes (named here, by model type) compute attention inline instead
 # of calling transformers' AttentionInterface: inline/ replaces those modules' forwards.
@@ -65,10 +67,11 @@ def transformers_reason(hf) -> str | None:
     if model_type in RECURRENT_MODEL_TYPES:
         return (f"{model_type} keeps a recurrent (state-space / linear-attention) state, which the "
                 f"paged KV cache does not hold")
-    other = sorted(set(getattr(hf, "layer_types", None) or ()) - ATTENTION_LAYER_TYPES)
+    text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf  # a VLM's decoder's
+    other = sorted(set(getattr(text, "layer_types", None) or ()) - ATTENTION_LAYER_TYPES)
     if other:
         return (f"{model_type} has {', '.join(other)} layers; the paged KV cache holds only "
-                f"full and sliding-window attention layers")
+                f"full, sliding-window and chunked attention layers")
     if model_type in REFUSED:
         return REFUSED[model_type]
     if not getattr(hf, "is_causal", True):
@@ -77,16 +80,30 @@ def transformers_reason(hf) -> str | None:
         return (f"{model_type} without is_decoder in its config attends both ways (causal "
                 f"decoders only)")
     if getattr(hf, "vision_config", None) is not None:
-        if model_type not in VISION_MODEL_TYPES:
-            return (f"{model_type} is a vision-language model of a family the backend does not "
-                    f"run (vision-language: {', '.join(VISION_MODEL_TYPES)})")
-        return None
+        return vision_reason(hf)
     cls = causal_lm_class(hf)
     if cls is None:
         return f"transformers has no causal-LM class for model type {model_type!r}"
     if not takes_attention_function(cls, hf):
         return (f"{cls.__name__} does not take a custom attention function (transformers' "
                 f"AttentionInterface)")
+    return None
+
+
+def vision_reason(hf) -> str | None:
+    """Why the generic vision path (models/transformers/vision.py: the family's processor, its
+    model's get_image_features, the language model on the engine) cannot run the
+    vision-language model of config `hf` exactly (None: it can, as far as its config tells)."""
+    from transformers import AutoModelForImageTextToText
+
+    model_type = hf.model_type
+    try:
+        cls = AutoModelForImageTextToText._model_mapping[type(hf)]
+    except (KeyError, ValueError):
+        return f"transformers has no image-text-to-text class for model type {model_type!r}"
+    if "create_masks_for_generate" in vars(cls) and model_type not in BOTH_WAYS:
+        return (f"{model_type} builds its own attention masks from token types, which the "
+                f"engine's attention does not reproduce")
     return None
 
 
@@ -146,3 +163,12 @@ def as_transformers_config(hf):
         return hf
     values = {k: v for k, v in vars(hf).items() if k != "model_type"}
     return AutoConfig.for_model(hf.model_type, **values)
+
+
+def base_decoder(hf):
+    """The decoder without its head of transformers' causal LM `hf`: its base_model, or its
+    `model` where base_model_prefix names no attribute of it (Llama4ForCausalLM shares the
+    prefix "language_model" with the vision-language class, and base_model is then itself)."""
+    base = hf.base_model
+    inner = getattr(hf, "model", None)
+    return inner if base is hf and inner is not None else base

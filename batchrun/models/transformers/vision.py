@@ -22,7 +22,8 @@ from batchrun.engine.multimodal import ImageInput, MultiModalInputs, StepImages
 from batchrun.models.transformers import attention, own_forward
 from batchrun.models.quant.methods import METHODS, Method
 from batchrun.models.transformers.model import TransformersModel, max_context, wrap
-from batchrun.models.transformers.support import VISION_MODEL_TYPES, UnsupportedModelError
+from batchrun.models.transformers.support import (BOTH_WAYS, UnsupportedModelError,
+                                                  base_decoder, vision_reason)
 
 ENCODER_CACHE_BYTES = 512 << 20
 
@@ -51,32 +52,20 @@ class EncoderCache:
         return feats
 
 
-def placeholders_per_image(cfg, data: dict) -> int:
-    """How many placeholder tokens the processor wrote for one image (its `data`)."""
-    kind = cfg.model_type
-    if kind in ("qwen2_vl", "qwen2_5_vl"):
-        return int(data["image_grid_thw"].prod()) // cfg.vision_config.spatial_merge_size ** 2
-    if kind == "llava":
-        vc = cfg.vision_config
-        n = (vc.image_size // vc.patch_size) ** 2
-        return n + (1 if cfg.vision_feature_select_strategy == "full" else 0)
-    if kind in ("idefics3", "smolvlm"):  # SmolVLM: Idefics3's tiles, another connector
-        vc = cfg.vision_config
-        per_tile = (vc.image_size // vc.patch_size) ** 2 // cfg.scale_factor ** 2
-        return per_tile * int(data["pixel_values"].shape[1])
-    if kind == "gemma3":  # the vision tower's patches pooled to a fixed count
-        return cfg.mm_tokens_per_image
-    raise UnsupportedModelError(f"{kind}: images are not supported for this model type "
-                                f"(vision-language models: {', '.join(VISION_MODEL_TYPES)})")
+def image_token_id(cfg) -> int:
+    """The placeholder token id of vision-language config `cfg` (some name it ..._index)."""
+    known = getattr(cfg, "image_token_id", None)
+    return int(known if known is not None else cfg.image_token_index)
 
 
 def place_spans(cfg, prompt: list[int], mm: MultiModalInputs) -> None:
-    """Fill mm's spans and placeholders from the prompt's placeholder tokens: the config only,
-    no weights (`batchrun plan` keys its prefix-cache model's blocks by them, as the engine)."""
-    ids = torch.tensor(prompt)
-    where = torch.nonzero(ids == cfg.image_token_id).flatten()
-    counts = [placeholders_per_image(cfg, img.data) for img in mm.images]
-    if sum(counts) != len(where):
+    """Fill mm's spans, placeholders and both-ways spans from the prompt's placeholder tokens,
+    each image taking as many as its processor wrote (ImageInput.expansion): the config only, no
+    weights (`batchrun plan` keys its prefix-cache model's blocks by them, as the engine)."""
+    token = image_token_id(cfg)
+    where = torch.nonzero(torch.tensor(prompt) == token).flatten()
+    counts = [img.placeholders(token) for img in mm.images]
+    if mm.images and (sum(counts) != len(where) or 0 in counts):
         raise ValueError(f"the prompt holds {len(where)} image placeholder tokens; its "
                          f"{len(mm.images)} image(s) need {sum(counts)}")
     mm.spans, mm.placeholders, start = [], [], 0
@@ -85,17 +74,36 @@ def place_spans(cfg, prompt: list[int], mm: MultiModalInputs) -> None:
         mm.placeholders.append(own)
         mm.spans.append((int(own[0]), int(own[-1]) + 1))
         start += n
+    place_both_ways(cfg, prompt, mm)
+
+
+def place_both_ways(cfg, prompt: list[int], mm: MultiModalInputs) -> None:
+    """The spans whose tokens attend both ways, as transformers' masks for the family have them
+    (support.BOTH_WAYS); none for a causal family."""
+    import hashlib
+
+    kind = BOTH_WAYS.get(cfg.model_type)
+    if kind == "image":  # Gemma 3: each image's placeholders (keyed by the image's hash)
+        mm.both_ways = list(mm.spans)
+    elif kind == "prefix":  # PaliGemma: the whole prompt, images and text (token type 0)
+        mm.both_ways = [(0, len(prompt))]
+        mm.both_ways_key = hashlib.blake2b(torch.tensor(prompt).numpy().tobytes(),
+                                           digest_size=16).digest()
 
 
 class VisionLanguageModel(TransformersModel):
     def __init__(self, hf_model, config):
         super().__init__(hf_model, config)
-        self.image_token_id = hf_model.config.image_token_id
+        self.image_token_id = image_token_id(hf_model.config)
         self.encoder_cache = EncoderCache()
         self.mrope = hasattr(hf_model.model, "get_rope_index")
-        # Gemma 3: an image's tokens attend to each other both ways (transformers' token_type_ids
-        # mask); the scheduler keeps each image in one chunk, the attention reads visible_until.
-        self.bidirectional = hf_model.config.model_type == "gemma3"
+        # Gemma 3, PaliGemma: some tokens attend both ways (place_both_ways); the scheduler
+        # keeps each such span in one chunk, the attention reads visible_until.
+        self.bidirectional = hf_model.config.model_type in BOTH_WAYS
+        self.encoder_inputs = encoder_inputs(hf_model.model.get_image_features)
+        # Qwen3-VL: the vision tower's deepstack features join the first decoder layers' output
+        self.deepstack = len(getattr(hf_model.config.vision_config, "deepstack_visual_indexes",
+                                     None) or ())
 
     @property
     def decoder(self):
@@ -104,8 +112,7 @@ class VisionLanguageModel(TransformersModel):
     def place_images(self, prompt: list[int], mm: MultiModalInputs) -> None:
         """Fill mm's spans (and M-RoPE positions) from the prompt's placeholder tokens."""
         place_spans(self.hf.config, prompt, mm)
-        mm.bidirectional = self.bidirectional
-        if self.mrope:
+        if self.mrope and mm.images:
             ids = torch.tensor(prompt)
             grids = torch.cat([img.data["image_grid_thw"] for img in mm.images])
             types = (ids == self.image_token_id).int()[None]
@@ -116,32 +123,44 @@ class VisionLanguageModel(TransformersModel):
 
     @torch.inference_mode()
     def encode(self, image: ImageInput) -> torch.Tensor:
-        """The image's features [placeholders, hidden], from the cache or the vision tower."""
+        """The image's features [placeholders, hidden] (with deepstack: [placeholders,
+        hidden x (1 + deepstack layers)], the layers' features beside the input's), from the
+        cache or the vision tower."""
         def run():
-            data = {k: v.to(self.hf.device) for k, v in image.data.items()}
+            data = {k: v.to(self.hf.device) for k, v in image.data.items()
+                    if k in self.encoder_inputs}
             out = self.hf.model.get_image_features(**data)
-            feats = getattr(out, "pooler_output", out)
-            if isinstance(feats, (list, tuple)):
-                feats = torch.cat(list(feats))
-            return feats.reshape(-1, feats.shape[-1]).to(self.hf.dtype)
+            deep = [features(d) for d in getattr(out, "deepstack_features", None) or ()]
+            return torch.cat([features(out), *deep], -1).to(self.hf.dtype)
         return self.encoder_cache.get(image.content_hash, run)
+
+    def place_features(self, embeds: torch.Tensor, step: StepImages, deep: torch.Tensor | None):
+        """Write the features of the step's image placeholders into their rows of `embeds`
+        (their deepstack features into those rows of `deep`)."""
+        mm, last, width = step.inputs, step.first + step.count, embeds.shape[-1]
+        for img, (a, b), where in zip(mm.images, mm.spans, mm.placeholders):
+            if a >= last or b <= step.first:
+                continue
+            feats = self.encode(img)
+            if feats.shape[0] != len(where):
+                raise RuntimeError(f"{self.hf.config.model_type}: the vision tower gave "
+                                   f"{feats.shape[0]} features for an image with "
+                                   f"{len(where)} placeholder tokens")
+            inside = (where >= step.first) & (where < last)
+            rows = step.row + where[inside] - step.first
+            embeds[rows] = feats[inside, :width].to(embeds.dtype)
+            if deep is not None:
+                deep[rows] = feats[inside, width:].to(deep.dtype)
 
     def forward(self, input_ids, positions, kv_caches, meta, images: Sequence[StepImages] = ()):
         embeds = self.hf.get_input_embeddings()(input_ids)
         rope = positions[None].expand(3, -1).clone() if self.mrope else positions
+        deep = embeds.new_full((len(input_ids), embeds.shape[-1] * self.deepstack), float("nan")) \
+            if self.deepstack and images else None
         for step in images:
-            mm, last = step.inputs, step.first + step.count
-            for img, (a, b), where in zip(mm.images, mm.spans, mm.placeholders):
-                if a >= last or b <= step.first:
-                    continue
-                feats = self.encode(img)
-                if feats.shape[0] != len(where):
-                    raise RuntimeError(f"{self.hf.config.model_type}: the vision tower gave "
-                                       f"{feats.shape[0]} features for an image with "
-                                       f"{len(where)} placeholder tokens")
-                inside = (where >= step.first) & (where < last)
-                embeds[step.row + where[inside] - step.first] = feats[inside].to(embeds.dtype)
+            self.place_features(embeds, step, deep)
             if self.mrope:
+                mm, last = step.inputs, step.first + step.count
                 assert mm.positions is not None  # place_images sets them for M-RoPE models
                 tokens = torch.arange(step.first, last)
                 prompt_len = mm.positions.shape[1]
@@ -156,8 +175,41 @@ class VisionLanguageModel(TransformersModel):
         with attention.step(kv_caches, meta, max_context(meta, positions),
                             calls_per_layer=self.config.calls_per_layer):
             out = self.decoder(inputs_embeds=embeds[None], position_ids=position_ids,
-                               use_cache=False)
+                               use_cache=False, **deepstack_inputs(deep, self.deepstack))
         return out[0][0]
+
+
+def deepstack_inputs(deep: torch.Tensor | None, layers: int) -> dict:
+    """The decoder's deepstack arguments (Qwen3-VL): the image rows of the step and, per
+    decoder layer that adds them, those rows' features from the vision tower's layers; rows
+    without an image feature (text, images not in this step) are NaN in `deep`."""
+    if deep is None:
+        return {}
+    rows = ~deep[:, 0].isnan()
+    if not rows.any():
+        return {}
+    return {"visual_pos_masks": rows[None],
+            "deepstack_visual_embeds": list(deep[rows].chunk(layers, -1))}
+
+
+def encoder_inputs(get_image_features) -> set[str]:
+    """The processor outputs the model's get_image_features takes (pixel_values, image_sizes,
+    image_grid_thw, pixel_attention_mask, ...): the others (Idefics3's rows / cols, InternVL's
+    num_patches) only laid out the placeholders."""
+    import inspect
+
+    params = inspect.signature(get_image_features).parameters.values()
+    return {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+
+def features(out) -> torch.Tensor:
+    """get_image_features' output as one [placeholders, hidden] tensor, in placeholder order:
+    its projected features (pooler_output in transformers' output classes), one tensor or one
+    per image / tile."""
+    feats = getattr(out, "pooler_output", out)
+    if isinstance(feats, (list, tuple)):
+        feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in feats])
+    return feats.reshape(-1, feats.shape[-1])
 
 
 def with_image_rows(meta, images: Sequence[StepImages], rows: int):
@@ -182,6 +234,31 @@ def with_image_rows(meta, images: Sequence[StepImages], rows: int):
     return with_until(meta)
 
 
+def model_reason(hf) -> str | None:
+    """Why the loaded vision-language model `hf` cannot run on the generic path (None: it can):
+    its model must encode images with get_image_features, and a model with 3-D rotary
+    positions must compute them with get_rope_index as Qwen2-VL's does."""
+    import inspect
+
+    kind, inner = hf.config.model_type, getattr(hf, "model", None)
+    if not callable(getattr(inner, "get_image_features", None)):
+        return f"{kind}: its model has no get_image_features to encode images with"
+    if not hasattr(inner, "language_model") and not hasattr(inner, "text_model"):
+        return f"{kind}: its model has no separate language model to run on the engine"
+    decoder_takes = inspect.signature(decoder_of(hf, hf.config).forward).parameters
+    if getattr(hf.config.vision_config, "deepstack_visual_indexes", None) and \
+            "deepstack_visual_embeds" not in decoder_takes:
+        return (f"{kind} adds vision features inside its decoder layers (deepstack), and its "
+                f"language model takes them otherwise than Qwen3-VL's")
+    rope_index = getattr(inner, "get_rope_index", None)
+    if rope_index is not None:
+        takes = set(inspect.signature(rope_index).parameters)
+        if not {"mm_token_type_ids", "image_grid_thw"} <= takes:
+            return (f"{kind}: its 3-D rotary positions (get_rope_index) take other inputs "
+                    f"than Qwen2-VL's, which the engine does not supply")
+    return None
+
+
 def is_vision_language(hf_config) -> bool:
     return getattr(hf_config, "vision_config", None) is not None
 
@@ -190,7 +267,7 @@ def decoder_of(hf, hf_config):
     """The decoder (the text model, without its head) of transformers' model `hf`: a
     vision-language model's language model."""
     if not is_vision_language(hf_config):
-        return hf.base_model
+        return base_decoder(hf)
     inner = hf.model
     return inner.language_model if hasattr(inner, "language_model") else inner.text_model
 
@@ -209,11 +286,16 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = 
         AutoModelForImageTextToText, path, dtype=dtype, device_map=device,
         attn_implementation={"text_config": attention.NAME, "vision_config": "sdpa", "": "sdpa"},
         **auto_kwargs(trust_remote_code))
-    if hf.config.model_type not in VISION_MODEL_TYPES:
-        raise UnsupportedModelError(f"{hf.config.model_type}: images are not supported for this "
-                                    f"model type (vision-language models: "
-                                    f"{', '.join(VISION_MODEL_TYPES)})")
+    reason = vision_reason(hf.config) or model_reason(hf)
+    if reason:
+        raise UnsupportedModelError(f"unsupported model: {reason}")
     model = wrap(hf.eval(), VisionLanguageModel, quantization, path)
     assert isinstance(model, VisionLanguageModel)
     own_forward.check(model, f"{path}", quantized=quantization.quantizes)
+    from batchrun.models.transformers import vision_check
+    from batchrun.models.transformers.processor import load_processor, processor_class
+
+    if processor_class(path) is not None:  # without one it runs as a text model
+        vision_check.verify(model, load_processor(path, trust_remote_code), f"{path}",
+                            quantized=quantization.quantizes)
     return model
