@@ -146,12 +146,16 @@ def test_run_serve_and_job_specs_take_the_option(tmp_path):
         load(str(spec))
 
 
-@pytest.mark.parametrize("arch,module", [("gemma2", "gemma"), ("stablelm", "stablelm")])
+@pytest.mark.parametrize("arch,module", [("gemma2", "gemma"), ("stablelm", "stablelm"),
+                                         ("bloom", "bloom"), ("falcon", "falcon"),
+                                         ("gpt_neo", "gpt_neo")])
 def test_other_native_families_give_the_same_bits_in_a_batch(arch, module, tmp_path,
                                                              smol_tokenizer):
     """Native Gemma 2 (8-token windows on alternate layers, soft-capped scores and logits, two KV
     groups): the invariant attention takes each layer's window and cap. Native StableLM:
-    LayerNorms, per-head q/k norms and partial rotary are as invariant as the rest."""
+    LayerNorms, per-head q/k norms and partial rotary are as invariant as the rest. BLOOM
+    (ALiBi, on the reference attention), Falcon (K/V groups, two norms), GPT-Neo (learned
+    positions, windowed local layers)."""
     from tests.tiny_models import BACKEND_ARCHS
 
     make_tiny(arch, tmp_path, archs=BACKEND_ARCHS, vocab_size=len(smol_tokenizer),

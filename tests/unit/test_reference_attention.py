@@ -12,6 +12,7 @@ import torch
 from batchrun.engine.attention import BackendEnv, StepLayout, paged_attention, reference_attention
 from batchrun.engine.attention.cpu_kernel import CpuKernelBackend
 from batchrun.engine.attention.cuda_triton import TritonBackend
+from batchrun.engine.attention.invariant import InvariantBackend
 from batchrun.engine.attention.sdpa import SdpaBackend
 from tests.helpers import kernel_library
 
@@ -107,7 +108,8 @@ def backends():
     lib = kernel_library()
     if lib is not None:
         found += [("cpu-kernel cascade", CpuKernelBackend(lib, cascade=True), "cpu"),
-                  ("cpu-kernel legacy", CpuKernelBackend(lib, cascade=False), "cpu")]
+                  ("cpu-kernel legacy", CpuKernelBackend(lib, cascade=False), "cpu"),
+                  ("cpu-invariant", InvariantBackend(lib), "cpu")]
     if torch.cuda.is_available():
         env = BackendEnv(torch.device("cuda"), torch.float32, torch.float32, H, HKV, D, BS)
         triton = TritonBackend.create(env)

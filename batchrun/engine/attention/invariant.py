@@ -34,6 +34,7 @@ class InvariantMetadata(AttentionMetadata):
 class InvariantBackend:
     name: ClassVar[str] = "cpu-invariant"
     metadata_type: ClassVar[type[AttentionMetadata]] = InvariantMetadata
+    takes_alibi: ClassVar[bool] = True  # a row's ALiBi bias depends on its own position only
 
     def __init__(self, lib):
         self.lib = lib
@@ -66,9 +67,10 @@ class InvariantBackend:
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: InvariantMetadata, scale: float,
                 window: int | None = None, softcap: float | None = None,
-                sinks: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
+                sinks: torch.Tensor | None = None, chunk: int | None = None,
+                alibi: torch.Tensor | None = None) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.lib)
         assert meta.rows is not None  # build always plans them
         of = kernel_attention(meta.lib, q, k_cache, v_cache, meta.rows, meta.block_size, scale,
-                              window, softcap, sinks, chunk)
+                              window, softcap, sinks, chunk, alibi)
         return of if of.dtype == q.dtype else of.to(q.dtype)
