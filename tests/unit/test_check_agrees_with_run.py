@@ -22,12 +22,7 @@ TEXT = [("native", a) for a in sorted(ARCHS)] + \
     [("backend", a) for a in sorted(BACKEND_ARCHS) if BACKEND_ARCHS[a] is not ARCHS.get(a)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def models_check(folder):

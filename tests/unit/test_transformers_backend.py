@@ -23,14 +23,7 @@ MAX_TOKENS = 12
 MOE_ARCHS = ["gpt_oss", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Matrices this small gain nothing from threads, and on busy shared cores the threads'
-    hand-offs made this module 20x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def backend_engine(arch, path, impl="transformers", **overrides):
