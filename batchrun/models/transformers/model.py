@@ -42,6 +42,9 @@ class BackendConfig:
     layer_windows: tuple = ()
     decoder_layers: int = 0  # the decoder's layers (0: num_layers)
     calls_per_layer: int = 1  # attention calls per layer and step (DiffLlama: 2)
+    # One sequence's recurrent state (stateful.py; engine/state_slots.py), 0 for none: the KV
+    # sizing pays for a slot per sequence out of the same budget.
+    state_bytes_per_sequence: int = 0
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -121,14 +124,23 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = 
 
     from batchrun.models.weights.remote_code import auto_kwargs
 
+    from batchrun.models.transformers import stateful
+
     attention.register()
     trust = auto_kwargs(trust_remote_code)
     config = AutoConfig.from_pretrained(path, **trust)
     auto = AutoModelForSequenceClassification if classifier_labels(config) else AutoModelForCausalLM
-    hf = from_pretrained_checked(auto, path, dtype=dtype, device_map=device,
-                                 attn_implementation=inline.load_implementation(
-                                     config, attention.NAME), **trust)
-    model = wrap(hf.eval(), quantization=quantization, path=path)
+    if stateful.runs(config):
+        if quantization.quantizes:
+            raise UnsupportedModelError(f"--quantization {quantization.name} does not run models "
+                                        "with recurrent state yet")
+        hf = from_pretrained_checked(auto, path, dtype=dtype, device_map=device, **trust)
+        model: TransformersModel = stateful.wrap(hf.eval())
+    else:
+        hf = from_pretrained_checked(auto, path, dtype=dtype, device_map=device,
+                                     attn_implementation=inline.load_implementation(
+                                         config, attention.NAME), **trust)
+        model = wrap(hf.eval(), quantization=quantization, path=path)
     if device.type == "cpu" and packed_linear.available(dtype):  # as the native model's
         pack(model)
     own_forward.check(model, f"{path}", quantized=quantization.quantizes)

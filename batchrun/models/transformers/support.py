@@ -15,6 +15,10 @@ RECURRENT_MODEL_TYPES = {
     "recurrent_gemma", "minimax", "plamo2", "kimi_linear", "olmo_hybrid",
 }
 
+# Of those, the families the backend runs with the engine owning their state (stateful.py): all
+# their layers of a kind stateful.MIXERS runs. The rest stay refused until their layers are.
+STATE_MODEL_TYPES = {"mamba"}
+
 # Vision-language models the backend runs (models/transformers/vision.py knows how many
 # placeholder tokens their processors write per image).
 VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "llava", "idefics3", "smolvlm", "gemma3")
@@ -48,11 +52,11 @@ def transformers_reason(hf) -> str | None:
     model_type = getattr(hf, "model_type", None)
     if getattr(hf, "is_encoder_decoder", False):
         return f"{model_type} is an encoder-decoder model (decoder-only models only)"
-    if model_type in RECURRENT_MODEL_TYPES:
+    if model_type in RECURRENT_MODEL_TYPES and model_type not in STATE_MODEL_TYPES:
         return (f"{model_type} keeps a recurrent (state-space / linear-attention) state, which the "
                 f"paged KV cache does not hold")
     other = sorted(set(getattr(hf, "layer_types", None) or ()) - ATTENTION_LAYER_TYPES)
-    if other:
+    if other and model_type not in STATE_MODEL_TYPES:
         return (f"{model_type} has {', '.join(other)} layers; the paged KV cache holds only "
                 f"full and sliding-window attention layers")
     if not getattr(hf, "is_causal", True):

@@ -1,0 +1,113 @@
+"""Models whose layers keep recurrent state, on the transformers backend with the engine
+owning the state (engine/state_slots.py).
+
+`StateModel` declares one sequence's state (its `state_spec`, from the model's own modules) and
+runs a step as TransformersModel does, the step's StepState set for its duration (`step`): each
+stateful layer's forward is replaced by one that reads and writes the step's slots (mamba.py
+for transformers' MambaMixer), and runs transformers' own forward when no step is set (the load
+check's reference, transformers' generate on the same module). The layers are found by their
+class, not by the model's name: any model built of them runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from dataclasses import replace
+
+import torch
+
+from batchrun.engine.state_slots import StateSpec, StepState
+from batchrun.models.transformers import attention, mamba
+from batchrun.models.transformers.model import BackendConfig, TransformersModel
+from batchrun.models.transformers.support import UnsupportedModelError
+
+# transformers' stateful layer classes this backend runs -> the module that runs them
+MIXERS = {mamba.MIXER: mamba}
+# The context a model without position embeddings (Mamba) is given: a nominal length, which
+# --max-model-len can only lower.
+NOMINAL_CONTEXT = 32768
+
+_current: StepState | None = None
+
+
+@contextlib.contextmanager
+def step(state: StepState | None):
+    global _current
+    previous, _current = _current, state
+    try:
+        yield
+    finally:
+        _current = previous
+
+
+def runs(config) -> bool:
+    """Whether the backend runs `config`'s model through this module (its family's layers are
+    all of a class in MIXERS)."""
+    from batchrun.models.transformers.support import STATE_MODEL_TYPES
+
+    return getattr(config.get_text_config(), "model_type", None) in STATE_MODEL_TYPES
+
+
+def stateful_layers(hf) -> list[tuple[str, torch.nn.Module]]:
+    """(name, module) of each layer of a class in MIXERS, in order."""
+    return [(name, m) for name, m in hf.named_modules() if type(m).__name__ in MIXERS]
+
+
+def keeps_state(hf) -> bool:
+    return bool(stateful_layers(hf))
+
+
+class StateModel(TransformersModel):
+    def __init__(self, hf_model, config: BackendConfig, spec: StateSpec):
+        super().__init__(hf_model, config)
+        self.state_spec = spec
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, meta,
+                state: StepState | None = None) -> torch.Tensor:
+        with step(state):
+            return super().forward(input_ids, positions, kv_caches, meta)
+
+
+def install(hf) -> StateSpec:
+    """Replace the forwards of hf's stateful layers; the state they declare, layer by layer."""
+    layers = []
+    for index, (_, module) in enumerate(stateful_layers(hf)):
+        kind = MIXERS[type(module).__name__]
+        own = module.forward
+
+        def forward(self, hidden_states, *args, _own=own, _kind=kind, _index=index, **kwargs):
+            if _current is None:
+                return _own(hidden_states, *args, **kwargs)
+            return _kind.forward(self, hidden_states, _current.tensors[_index], _current)
+
+        module.forward = types.MethodType(forward, module)
+        layers.append(kind.state_tensors(module, hf.dtype))
+    return StateSpec(tuple(layers))
+
+
+def wrap(hf) -> StateModel:
+    """`hf` (its stateful layers installed) as the engine's model. A model that also has
+    attention layers is not run yet: the probe that lays out their KV cache sees only
+    attention, and the hybrids' cache classes are not fed."""
+    cfg = hf.config.get_text_config()
+    attention.register()
+    spec = install(hf)
+    calls = len(stateful_layers(hf))
+    if calls != cfg.num_hidden_layers:
+        raise UnsupportedModelError(
+            f"{cfg.model_type}: {calls} of its {cfg.num_hidden_layers} layers keep state; models "
+            "mixing recurrent and attention layers do not run on the backend yet")
+    config = BackendConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_layers=0, num_heads=1,
+        num_kv_heads=1, head_dim=1,
+        max_position_embeddings=getattr(cfg, "max_position_embeddings", None) or NOMINAL_CONTEXT,
+        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), hf_config=cfg,
+        decoder_layers=cfg.num_hidden_layers)
+    model = StateModel(hf, replace(config, state_bytes_per_sequence=spec.bytes_per_sequence),
+                       spec)
+    # transformers' own forward (the reference) reads these linears' weights directly
+    head = hf.get_output_embeddings()
+    model.plain_linears = frozenset([f"{name}.dt_proj" for name, _ in stateful_layers(hf)]
+                                    + [n for n, m in hf.named_modules() if m is head])
+    return model
