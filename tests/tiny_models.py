@@ -88,6 +88,13 @@ BACKEND_ARCHS = {
         "partial_rotary_factor": 0.25, "qk_layernorm": True, "use_qkv_bias": True}),
 }
 
+# Models whose layers keep recurrent state (models/transformers/stateful.py): hidden 128 gives
+# Mamba's inner width 256 (expand 2); untied embeddings keep its greedy tokens from repeating.
+STATE_ARCHS = {
+    "mamba": ("MambaConfig", "MambaForCausalLM", {"state_size": 8, "conv_kernel": 4,
+                                                  "expand": 2}),
+}
+
 
 def make_tiny(arch: str, path: Path, seed: int = 0, archs: dict = ARCHS, **overrides):
     """Save a tiny random model to `path`; returns the transformers model (fp32, eval).

@@ -1,0 +1,85 @@
+"""Models with recurrent state (engine/state_slots.py, models/transformers/stateful.py) on the
+transformers backend against transformers' generate: a tiny random Mamba through continuous
+batching of mixed prompt lengths, prefill chunks across the chunk boundary, preemption (the
+state recomputed), n = 2 (the state copied at the fork) and too few state slots."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from batchrun.engine import SamplingParams
+from batchrun.llm import build_engine, load_weights
+from batchrun.options.engine import EngineConfig
+from tests.parity import ParityReport
+from tests.tiny_models import STATE_ARCHS, IdTokenizer, make_tiny
+from tests.unit.test_transformers_backend import (MAX_TOKENS, check_against_transformers,
+                                                  one_thread)  # noqa: F401 (autouse fixture)
+
+CPU = torch.device("cpu")
+CHUNK = 16  # prompts of 37 and 20 tokens cross it
+
+
+def state_engine(path, **overrides):
+    hf = make_tiny("mamba", path, archs=STATE_ARCHS)
+    overrides.setdefault("block_size", 4)
+    config = EngineConfig.default(model_impl="transformers", max_num_batched_tokens=CHUNK,
+                                  **overrides)
+    model = load_weights(path, config, CPU, torch.float32)
+    return hf, build_engine(model, IdTokenizer(), config, [2], CPU, torch.float32)
+
+
+def prompts_of(lengths, seed=5):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 512, (n,), generator=gen).tolist() for n in lengths]
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
+
+
+def test_mamba_matches_transformers_batched_and_chunked(tmp_path):
+    hf, engine = state_engine(tmp_path)
+    assert not engine.kv.enable_prefix_caching  # a block's KV does not give back the state
+    prompts = prompts_of((37, 5, 20, 11, 1))
+    report = ParityReport()
+    check_against_transformers(hf, prompts, engine.generate(prompts, GREEDY), "mamba", report)
+    assert report.compared == 5
+    assert engine.kv.states.num_free == engine.kv.states.num_slots  # every slot back
+    again = engine.generate(prompts[:1], GREEDY)[0]
+    assert again.num_cached_tokens == 0
+    check_against_transformers(hf, prompts[:1], [again], "mamba again", report)
+
+
+def test_preempted_sequences_recompute_their_state(tmp_path):
+    # 24 blocks of 4 tokens: the four sequences cannot all grow to their full length together
+    hf, engine = state_engine(tmp_path, num_blocks=24)
+    prompts = prompts_of((37, 9, 26, 14), seed=7)
+    outs = engine.generate(prompts, GREEDY)
+    assert engine.stats.num_preemptions > 0
+    check_against_transformers(hf, prompts, outs, "mamba preempted", ParityReport())
+    assert engine.kv.states.num_free == engine.kv.states.num_slots
+
+
+def test_n2_copies_the_state_at_the_fork(tmp_path):
+    hf, engine = state_engine(tmp_path)
+    prompts = prompts_of((23, 6))
+    params = SamplingParams(n=2, temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                            logprobs=1)
+    outs = engine.generate(prompts, params)
+    for choice in range(2):  # greedy: both choices are transformers' tokens
+        one = [replace(o, outputs=[o.outputs[choice]]) for o in outs]
+        check_against_transformers(hf, prompts, one, f"mamba choice {choice}", ParityReport())
+
+
+def test_fewer_slots_than_sequences_queue_the_rest(tmp_path):
+    # two slots for four requests, and n = 2 forks that find no slot free recompute their prompt
+    hf, engine = state_engine(tmp_path, max_num_seqs=2)
+    assert engine.kv.states.num_slots == 2
+    prompts = prompts_of((30, 7, 18), seed=9)
+    params = SamplingParams(n=2, temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                            logprobs=1)
+    outs = engine.generate(prompts, params)
+    assert engine.kv.states.peak_used == 2
+    for choice in range(2):
+        one = [replace(o, outputs=[o.outputs[choice]]) for o in outs]
+        check_against_transformers(hf, prompts, one, f"mamba slots {choice}", ParityReport())
