@@ -309,13 +309,19 @@ def backend_config(hf):
     attention, read by a forward pass of transformers' model on the meta device (no weights,
     no memory: check.shapes_from_config); where that forward cannot run on meta tensors, as
     the config's fields describe them (models check's attention_shape, config_layer_windows)."""
-    from batchrun.models.transformers import check
+    from batchrun.models.transformers import check, stateful
     from batchrun.models.transformers.model import config_of
     from batchrun.models.config.windows import config_layer_windows
     from batchrun.models.transformers.support import as_transformers_config
 
     full = as_transformers_config(hf)
     text = full.get_text_config()
+    if stateful.runs(full):  # no attention; its state counted in float32 (the most it takes)
+        meta = check.meta_model(full)
+        if meta is None:
+            raise UnsupportedModelError(f"transformers cannot build {text.model_type} from its "
+                                        "config")
+        return stateful.backend_config(meta, stateful.spec_of(meta, torch.float32))
     calls: dict = {}
     try:
         shapes, windows = check.shapes_from_config(full, calls=calls)

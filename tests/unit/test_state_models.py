@@ -83,3 +83,21 @@ def test_fewer_slots_than_sequences_queue_the_rest(tmp_path):
     for choice in range(2):
         one = [replace(o, outputs=[o.outputs[choice]]) for o in outs]
         check_against_transformers(hf, prompts, one, f"mamba slots {choice}", ParityReport())
+
+
+def test_models_check_and_plan_name_the_state_per_request():
+    from batchrun.footprint import backend_config
+    from batchrun.models.transformers.check import check, describe
+    from tests.tiny_models import tiny_config
+
+    cfg = tiny_config("mamba", STATE_ARCHS)
+    cfg.architectures = ["MambaForCausalLM"]
+    inner, kernel, n = cfg.intermediate_size, cfg.conv_kernel, cfg.state_size
+    per_request = cfg.num_hidden_layers * inner * ((kernel - 1) + n) * 4  # float32
+    report = check(cfg)
+    assert report.impl == "transformers" and report.layers == 0
+    assert report.state_bytes_fp32 == per_request
+    lines = "\n".join(describe("tiny-mamba", report))
+    assert f"fp32 {per_request / 1024:.1f} KiB" in lines and "KV cache: none" in lines
+    assert "prefix caching: no" in lines
+    assert backend_config(cfg).state_bytes_per_sequence == per_request  # what plan sizes

@@ -27,6 +27,9 @@ class CheckReport:
     v_head_dim: int = 0
     features: list[tuple[str, str]] = field(default_factory=list)
     stored_quantized: str = ""  # a checkpoint stored quantized: its format and loaded weight size
+    # A model with recurrent state (stateful.py): its layers and one request's state in float32
+    state_layers: int = 0
+    state_bytes_fp32: int = 0
 
     @property
     def kv_elements_per_token(self) -> int:
@@ -211,8 +214,12 @@ def check(hf, folder=None) -> CheckReport:
     full = as_transformers_config(hf)
     text = full.get_text_config()  # a vision-language model's decoder's
     model = meta_model(full) if impl != "refused" else None
+    from batchrun.models.transformers import stateful
+
     shape = None
-    if impl == "transformers":
+    if impl == "transformers" and stateful.runs(full):
+        shape = (0, 0, 0, 1)  # no attention layers: no KV cache
+    elif impl == "transformers":
         impl, reason, shape = _probe_verdict(full, model, reason)
     report = refused(full, reason, impl)
     if impl == "refused":
@@ -225,6 +232,16 @@ def check(hf, folder=None) -> CheckReport:
     report.kv_heads, report.k_head_dim, report.v_head_dim, per_layer = shape or kv_shape(full)
     report.layers = text.num_hidden_layers * per_layer  # KV caches, as the load sizes them
     report.features = features(text, impl, lora_support(model, full, impl))
+    if shape == (0, 0, 0, 1) and model is not None:
+        report.layers = 0
+        report.features[2] = ("LoRA", "no (models with recurrent state: not yet)")
+        import torch
+
+        spec = stateful.spec_of(model, torch.float32)
+        report.state_layers, report.state_bytes_fp32 = len(spec.layers), spec.bytes_per_sequence
+        report.features[0] = ("prefix caching", "no (a cached block's KV does not give back a "
+                                                "recurrent state; each prompt is computed)")
+        report.features[1] = ("chunked prefill", "yes (the state carried across chunks)")
     from batchrun.models.transformers.vision import is_vision_language
 
     if is_vision_language(full):
@@ -346,8 +363,17 @@ def describe(name: str, report: CheckReport) -> list[str]:
         lines.append(f"parameters: {report.parameters:,} ({weights})")
     if report.stored_quantized:
         lines.append(f"stored quantized: {report.stored_quantized}")
+    if report.state_layers:
+        per = ", ".join(f"{d} {_size(report.state_bytes_fp32 * b // 4)}"
+                        for d, b in DTYPE_BYTES.items())
+        lines.append(f"recurrent state: {report.state_layers} layers (convolution + SSM state): "
+                     f"{per} per request, whatever its length")
     kv = ", ".join(f"{d} {_size(report.kv_elements_per_token * b)}" for d, b in
                    DTYPE_BYTES.items())
+    if not report.layers:
+        lines.append("KV cache: none (no attention layers)")
+        lines += [f"  {k}: {v}" for k, v in report.features]
+        return lines
     dims = (f"head dim {report.k_head_dim}" if report.k_head_dim == report.v_head_dim
             else f"K/V head dims {report.k_head_dim}/{report.v_head_dim}")
     lines.append(f"KV cache: {report.layers} layers x {report.kv_heads} KV heads x {dims}: "

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import types
-from dataclasses import replace
-
 import torch
 
 from batchrun.engine.state_slots import StateSpec, StepState
@@ -68,10 +66,12 @@ class StateModel(TransformersModel):
         with step(state):
             return super().forward(input_ids, positions, kv_caches, meta)
 
+    def lora_targets(self):
+        raise ValueError("LoRA adapters do not run on models with recurrent state yet")
 
-def install(hf) -> StateSpec:
-    """Replace the forwards of hf's stateful layers; the state they declare, layer by layer."""
-    layers = []
+
+def install(hf) -> None:
+    """Replace the forwards of hf's stateful layers (the i-th reads the step's i-th state)."""
     for index, (_, module) in enumerate(stateful_layers(hf)):
         kind = MIXERS[type(module).__name__]
         own = module.forward
@@ -82,30 +82,39 @@ def install(hf) -> StateSpec:
             return _kind.forward(self, hidden_states, _current.tensors[_index], _current)
 
         module.forward = types.MethodType(forward, module)
-        layers.append(kind.state_tensors(module, hf.dtype))
-    return StateSpec(tuple(layers))
 
 
-def wrap(hf) -> StateModel:
-    """`hf` (its stateful layers installed) as the engine's model. A model that also has
-    attention layers is not run yet: the probe that lays out their KV cache sees only
-    attention, and the hybrids' cache classes are not fed."""
+def spec_of(hf, dtype: torch.dtype) -> StateSpec:
+    """One sequence's state of hf's stateful layers, kept in `dtype` (the model's)."""
+    return StateSpec(tuple(MIXERS[type(m).__name__].state_tensors(m, dtype)
+                           for _, m in stateful_layers(hf)))
+
+
+def backend_config(hf, spec: StateSpec) -> BackendConfig:
+    """The engine's config of `hf` (weights loaded or on the meta device: footprint.py, models
+    check): no KV cache, the state `spec` per sequence. A model that also has attention layers
+    is refused: the probe that lays out their KV cache sees only attention, and the hybrids'
+    layers are not run yet."""
     cfg = hf.config.get_text_config()
-    attention.register()
-    spec = install(hf)
     calls = len(stateful_layers(hf))
     if calls != cfg.num_hidden_layers:
         raise UnsupportedModelError(
             f"{cfg.model_type}: {calls} of its {cfg.num_hidden_layers} layers keep state; models "
             "mixing recurrent and attention layers do not run on the backend yet")
-    config = BackendConfig(
+    return BackendConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_layers=0, num_heads=1,
         num_kv_heads=1, head_dim=1,
         max_position_embeddings=getattr(cfg, "max_position_embeddings", None) or NOMINAL_CONTEXT,
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), hf_config=cfg,
-        decoder_layers=cfg.num_hidden_layers)
-    model = StateModel(hf, replace(config, state_bytes_per_sequence=spec.bytes_per_sequence),
-                       spec)
+        decoder_layers=cfg.num_hidden_layers, state_bytes_per_sequence=spec.bytes_per_sequence)
+
+
+def wrap(hf) -> StateModel:
+    """`hf` (its stateful layers installed) as the engine's model."""
+    attention.register()
+    spec = spec_of(hf, hf.dtype)
+    model = StateModel(hf, backend_config(hf, spec), spec)
+    install(hf)
     # transformers' own forward (the reference) reads these linears' weights directly
     head = hf.get_output_embeddings()
     model.plain_linears = frozenset([f"{name}.dt_proj" for name, _ in stateful_layers(hf)]
