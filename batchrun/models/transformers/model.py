@@ -124,23 +124,14 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = 
 
     from batchrun.models.weights.remote_code import auto_kwargs
 
-    from batchrun.models.transformers import stateful
-
     attention.register()
     trust = auto_kwargs(trust_remote_code)
     config = AutoConfig.from_pretrained(path, **trust)
     auto = AutoModelForSequenceClassification if classifier_labels(config) else AutoModelForCausalLM
-    if stateful.runs(config):
-        if quantization.quantizes:
-            raise UnsupportedModelError(f"--quantization {quantization.name} does not run models "
-                                        "with recurrent state yet")
-        hf = from_pretrained_checked(auto, path, dtype=dtype, device_map=device, **trust)
-        model: TransformersModel = stateful.wrap(hf.eval())
-    else:
-        hf = from_pretrained_checked(auto, path, dtype=dtype, device_map=device,
-                                     attn_implementation=inline.load_implementation(
-                                         config, attention.NAME), **trust)
-        model = wrap(hf.eval(), quantization=quantization, path=path)
+    hf = from_pretrained_checked(auto, path, dtype=dtype, device_map=device,
+                                 attn_implementation=inline.load_implementation(
+                                     config, attention.NAME), **trust)
+    model = wrap(hf.eval(), quantization=quantization, path=path)
     if device.type == "cpu" and packed_linear.available(dtype):  # as the native model's
         pack(model)
     own_forward.check(model, f"{path}", quantized=quantization.quantizes)

@@ -17,8 +17,10 @@ import torch
 
 from batchrun.engine.state_slots import StateSpec, StepState
 from batchrun.models.transformers import attention, mamba
-from batchrun.models.transformers.model import BackendConfig, TransformersModel
-from batchrun.models.transformers.support import UnsupportedModelError
+from batchrun.models.quant.methods import METHODS, Method
+from batchrun.models.transformers.model import (BackendConfig, TransformersModel,
+                                                from_pretrained_checked, pack)
+from batchrun.models.transformers.support import STATE_MODEL_TYPES, UnsupportedModelError
 
 # transformers' stateful layer classes this backend runs -> the module that runs them
 MIXERS = {mamba.MIXER: mamba}
@@ -42,9 +44,8 @@ def step(state: StepState | None):
 def runs(config) -> bool:
     """Whether the backend runs `config`'s model through this module (its family's layers are
     all of a class in MIXERS)."""
-    from batchrun.models.transformers.support import STATE_MODEL_TYPES
-
-    return getattr(config.get_text_config(), "model_type", None) in STATE_MODEL_TYPES
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "model_type", None) in STATE_MODEL_TYPES
 
 
 def stateful_layers(hf) -> list[tuple[str, torch.nn.Module]]:
@@ -107,6 +108,28 @@ def backend_config(hf, spec: StateSpec) -> BackendConfig:
         max_position_embeddings=getattr(cfg, "max_position_embeddings", None) or NOMINAL_CONTEXT,
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), hf_config=cfg,
         decoder_layers=cfg.num_hidden_layers, state_bytes_per_sequence=spec.bytes_per_sequence)
+
+
+def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = METHODS["none"],
+         trust_remote_code: bool = False) -> StateModel:
+    """model.load's counterpart for a model `runs` says this module runs: its stateful layers
+    installed, checked against transformers' own forward as every backend model is."""
+    from transformers import AutoModelForCausalLM
+
+    from batchrun.models.layers import packed_linear
+    from batchrun.models.transformers import own_forward
+    from batchrun.models.weights.remote_code import auto_kwargs
+
+    if quantization.quantizes:
+        raise UnsupportedModelError(f"--quantization {quantization.name} does not run models "
+                                    "with recurrent state yet")
+    hf = from_pretrained_checked(AutoModelForCausalLM, path, dtype=dtype, device_map=device,
+                                 **auto_kwargs(trust_remote_code))
+    model = wrap(hf.eval())
+    if device.type == "cpu" and packed_linear.available(dtype):
+        pack(model)
+    own_forward.check(model, f"{path}")
+    return model
 
 
 def wrap(hf) -> StateModel:
