@@ -93,6 +93,10 @@ BACKEND_ARCHS = {
 STATE_ARCHS = {
     "mamba": ("MambaConfig", "MambaForCausalLM", {"state_size": 8, "conv_kernel": 4,
                                                   "expand": 2}),
+    # inner width 256 = 8 heads of 32; chunks of 8 positions, so prompts span several
+    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", {"state_size": 8, "conv_kernel": 4,
+                                                    "expand": 2, "num_heads": 8, "head_dim": 32,
+                                                    "n_groups": 2, "chunk_size": 8}),
 }
 
 

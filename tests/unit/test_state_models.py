@@ -1,5 +1,5 @@
 """Models with recurrent state (engine/state_slots.py, models/transformers/stateful.py) on the
-transformers backend against transformers' generate: a tiny random Mamba through continuous
+transformers backend against transformers' generate: tiny random Mamba and Mamba-2 through continuous
 batching of mixed prompt lengths, prefill chunks across the chunk boundary, preemption (the
 state recomputed), n = 2 (the state copied at the fork) and too few state slots."""
 
@@ -20,8 +20,8 @@ CPU = torch.device("cpu")
 CHUNK = 16  # prompts of 37 and 20 tokens cross it
 
 
-def state_engine(path, **overrides):
-    hf = make_tiny("mamba", path, archs=STATE_ARCHS)
+def state_engine(arch, path, **overrides):
+    hf = make_tiny(arch, path, archs=STATE_ARCHS)
     overrides.setdefault("block_size", 4)
     config = EngineConfig.default(model_impl="transformers", max_num_batched_tokens=CHUNK,
                                   **overrides)
@@ -37,43 +37,47 @@ def prompts_of(lengths, seed=5):
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
 
 
-def test_mamba_matches_transformers_batched_and_chunked(tmp_path):
-    hf, engine = state_engine(tmp_path)
+@pytest.mark.parametrize("arch", sorted(STATE_ARCHS))
+def test_matches_transformers_batched_and_chunked(arch, tmp_path):
+    hf, engine = state_engine(arch, tmp_path)
     assert not engine.kv.enable_prefix_caching  # a block's KV does not give back the state
     prompts = prompts_of((37, 5, 20, 11, 1))
     report = ParityReport()
-    check_against_transformers(hf, prompts, engine.generate(prompts, GREEDY), "mamba", report)
+    check_against_transformers(hf, prompts, engine.generate(prompts, GREEDY), arch, report)
     assert report.compared == 5
     assert engine.kv.states.num_free == engine.kv.states.num_slots  # every slot back
     again = engine.generate(prompts[:1], GREEDY)[0]
     assert again.num_cached_tokens == 0
-    check_against_transformers(hf, prompts[:1], [again], "mamba again", report)
+    check_against_transformers(hf, prompts[:1], [again], f"{arch} again", report)
 
 
-def test_preempted_sequences_recompute_their_state(tmp_path):
+@pytest.mark.parametrize("arch", sorted(STATE_ARCHS))
+def test_preempted_sequences_recompute_their_state(arch, tmp_path):
     # 24 blocks of 4 tokens: the four sequences cannot all grow to their full length together
-    hf, engine = state_engine(tmp_path, num_blocks=24)
+    hf, engine = state_engine(arch, tmp_path, num_blocks=24)
     prompts = prompts_of((37, 9, 26, 14), seed=7)
     outs = engine.generate(prompts, GREEDY)
     assert engine.stats.num_preemptions > 0
-    check_against_transformers(hf, prompts, outs, "mamba preempted", ParityReport())
+    check_against_transformers(hf, prompts, outs, f"{arch} preempted", ParityReport())
     assert engine.kv.states.num_free == engine.kv.states.num_slots
 
 
-def test_n2_copies_the_state_at_the_fork(tmp_path):
-    hf, engine = state_engine(tmp_path)
+@pytest.mark.parametrize("arch", sorted(STATE_ARCHS))
+def test_n2_copies_the_state_at_the_fork(arch, tmp_path):
+    hf, engine = state_engine(arch, tmp_path)
     prompts = prompts_of((23, 6))
     params = SamplingParams(n=2, temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True,
                             logprobs=1)
     outs = engine.generate(prompts, params)
     for choice in range(2):  # greedy: both choices are transformers' tokens
         one = [replace(o, outputs=[o.outputs[choice]]) for o in outs]
-        check_against_transformers(hf, prompts, one, f"mamba choice {choice}", ParityReport())
+        check_against_transformers(hf, prompts, one, f"{arch} choice {choice}", ParityReport())
 
 
-def test_fewer_slots_than_sequences_queue_the_rest(tmp_path):
+@pytest.mark.parametrize("arch", sorted(STATE_ARCHS))
+def test_fewer_slots_than_sequences_queue_the_rest(arch, tmp_path):
     # two slots for four requests, and n = 2 forks that find no slot free recompute their prompt
-    hf, engine = state_engine(tmp_path, max_num_seqs=2)
+    hf, engine = state_engine(arch, tmp_path, max_num_seqs=2)
     assert engine.kv.states.num_slots == 2
     prompts = prompts_of((30, 7, 18), seed=9)
     params = SamplingParams(n=2, temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True,
@@ -82,22 +86,32 @@ def test_fewer_slots_than_sequences_queue_the_rest(tmp_path):
     assert engine.kv.states.peak_used == 2
     for choice in range(2):
         one = [replace(o, outputs=[o.outputs[choice]]) for o in outs]
-        check_against_transformers(hf, prompts, one, f"mamba slots {choice}", ParityReport())
+        check_against_transformers(hf, prompts, one, f"{arch} slots {choice}", ParityReport())
 
 
-def test_models_check_and_plan_name_the_state_per_request():
+def state_elements(cfg) -> int:
+    """One layer's state elements as the papers define them: the convolution's last
+    conv_kernel - 1 inputs of each channel, and the SSM state."""
+    inner, kernel, n = cfg.expand * cfg.hidden_size, cfg.conv_kernel, cfg.state_size
+    if cfg.model_type == "mamba":
+        return inner * (kernel - 1) + inner * n
+    channels = inner + 2 * cfg.n_groups * n  # Mamba-2 convolves x, B and C
+    return channels * (kernel - 1) + cfg.num_heads * cfg.head_dim * n
+
+
+@pytest.mark.parametrize("arch", sorted(STATE_ARCHS))
+def test_models_check_and_plan_name_the_state_per_request(arch):
     from batchrun.footprint import backend_config
     from batchrun.models.transformers.check import check, describe
     from tests.tiny_models import tiny_config
 
-    cfg = tiny_config("mamba", STATE_ARCHS)
-    cfg.architectures = ["MambaForCausalLM"]
-    inner, kernel, n = cfg.intermediate_size, cfg.conv_kernel, cfg.state_size
-    per_request = cfg.num_hidden_layers * inner * ((kernel - 1) + n) * 4  # float32
+    cfg = tiny_config(arch, STATE_ARCHS)
+    cfg.architectures = [STATE_ARCHS[arch][1]]
+    per_request = cfg.num_hidden_layers * state_elements(cfg) * 4  # float32
     report = check(cfg)
     assert report.impl == "transformers" and report.layers == 0
     assert report.state_bytes_fp32 == per_request
-    lines = "\n".join(describe("tiny-mamba", report))
+    lines = "\n".join(describe(arch, report))
     assert f"fp32 {per_request / 1024:.1f} KiB" in lines and "KV cache: none" in lines
     assert "prefix caching: no" in lines
     assert backend_config(cfg).state_bytes_per_sequence == per_request  # what plan sizes

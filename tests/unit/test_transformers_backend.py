@@ -329,7 +329,7 @@ def test_auto_picks_native_where_it_runs_the_model_exactly():
 
 
 @pytest.mark.parametrize("model_type,kw,reason", [
-    ("mamba2", {}, "recurrent"),
+    ("falcon_mamba", {}, "recurrent"),
     ("jamba", {}, "recurrent"),
     ("qwen3_next", {}, "recurrent"),
     ("lfm2", {}, "recurrent"),

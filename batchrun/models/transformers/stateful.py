@@ -16,14 +16,14 @@ import types
 import torch
 
 from batchrun.engine.state_slots import StateSpec, StepState
-from batchrun.models.transformers import attention, mamba
+from batchrun.models.transformers import attention, mamba, mamba2
 from batchrun.models.quant.methods import METHODS, Method
 from batchrun.models.transformers.model import (BackendConfig, TransformersModel,
                                                 from_pretrained_checked, pack)
 from batchrun.models.transformers.support import STATE_MODEL_TYPES, UnsupportedModelError
 
 # transformers' stateful layer classes this backend runs -> the module that runs them
-MIXERS = {mamba.MIXER: mamba}
+MIXERS = {mamba.MIXER: mamba, mamba2.MIXER: mamba2}
 # The context a model without position embeddings (Mamba) is given: a nominal length, which
 # --max-model-len can only lower.
 NOMINAL_CONTEXT = 32768
@@ -140,6 +140,7 @@ def wrap(hf) -> StateModel:
     install(hf)
     # transformers' own forward (the reference) reads these linears' weights directly
     head = hf.get_output_embeddings()
-    model.plain_linears = frozenset([f"{name}.dt_proj" for name, _ in stateful_layers(hf)]
+    model.plain_linears = frozenset([f"{name}.dt_proj" for name, module in stateful_layers(hf)
+                                     if hasattr(module, "dt_proj")]
                                     + [n for n, m in hf.named_modules() if m is head])
     return model
