@@ -316,12 +316,16 @@ def backend_config(hf):
 
     full = as_transformers_config(hf)
     text = full.get_text_config()
-    if stateful.runs(full):  # no attention; its state counted in float32 (the most it takes)
+    layers, state = frozenset[int](), 0
+    if stateful.runs(full):  # its state counted in float32 (the most it takes)
         meta = check.meta_model(full)
         if meta is None:
             raise UnsupportedModelError(f"transformers cannot build {text.model_type} from its "
                                         "config")
-        return stateful.backend_config(meta, stateful.spec_of(meta, torch.float32))
+        spec = stateful.spec_of(meta, torch.float32)
+        if not stateful.has_attention(meta):
+            return stateful.backend_config(meta, spec)
+        layers, state = stateful.layer_ids(meta), spec.bytes_per_sequence
     calls: dict = {}
     try:
         shapes, windows = check.shapes_from_config(full, calls=calls)
@@ -329,9 +333,10 @@ def backend_config(hf):
         raise
     except Exception:  # data-dependent code in its forward: the config's own description
         shape = (text.num_attention_heads, *check.attention_shape(text))
-        shapes = {i: shape for i in range(text.num_hidden_layers)}
+        shapes = {i: shape for i in range(text.num_hidden_layers) if i not in layers}
         windows = dict(enumerate(config_layer_windows(text)))
-    config = config_of(text, shapes, windows, calls)
+    config = dataclasses.replace(config_of(text, shapes, windows, calls, layers),
+                                 state_bytes_per_sequence=state)
     if getattr(full, "vision_config", None) is not None:  # its weights: the whole model's
         config = dataclasses.replace(config, hf_config=full)
     return config

@@ -97,6 +97,10 @@ STATE_ARCHS = {
     "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", {"state_size": 8, "conv_kernel": 4,
                                                     "expand": 2, "num_heads": 8, "head_dim": 32,
                                                     "n_groups": 2, "chunk_size": 8}),
+    # Mamba-2 mixers with one attention layer in four
+    "bamba": ("BambaConfig", "BambaForCausalLM", {
+        "num_hidden_layers": 4, "attn_layer_indices": [1], "mamba_n_heads": 8, "mamba_d_head": 32,
+        "mamba_n_groups": 2, "mamba_d_state": 8, "mamba_expand": 2, "mamba_chunk_size": 8}),
 }
 
 

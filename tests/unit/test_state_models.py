@@ -89,14 +89,21 @@ def test_fewer_slots_than_sequences_queue_the_rest(arch, tmp_path):
         check_against_transformers(hf, prompts, one, f"{arch} slots {choice}", ParityReport())
 
 
-def state_elements(cfg) -> int:
-    """One layer's state elements as the papers define them: the convolution's last
-    conv_kernel - 1 inputs of each channel, and the SSM state."""
-    inner, kernel, n = cfg.expand * cfg.hidden_size, cfg.conv_kernel, cfg.state_size
-    if cfg.model_type == "mamba":
-        return inner * (kernel - 1) + inner * n
-    channels = inner + 2 * cfg.n_groups * n  # Mamba-2 convolves x, B and C
-    return channels * (kernel - 1) + cfg.num_heads * cfg.head_dim * n
+def state_elements(cfg) -> tuple[int, int]:
+    """(stateful layers, one layer's state elements) as the papers define them: the
+    convolution's last conv_kernel - 1 inputs of each channel, and the SSM state."""
+    if cfg.model_type == "bamba":  # Mamba-2 layers under other names, but the attention ones
+        layers = cfg.num_hidden_layers - len(cfg.attn_layer_indices)
+        inner, kernel, n = cfg.mamba_expand * cfg.hidden_size, cfg.mamba_d_conv, cfg.mamba_d_state
+        groups, heads, head_dim = cfg.mamba_n_groups, cfg.mamba_n_heads, cfg.mamba_d_head
+    else:
+        layers = cfg.num_hidden_layers
+        inner, kernel, n = cfg.expand * cfg.hidden_size, cfg.conv_kernel, cfg.state_size
+        if cfg.model_type == "mamba":
+            return layers, inner * (kernel - 1) + inner * n
+        groups, heads, head_dim = cfg.n_groups, cfg.num_heads, cfg.head_dim
+    channels = inner + 2 * groups * n  # Mamba-2 convolves x, B and C
+    return layers, channels * (kernel - 1) + heads * head_dim * n
 
 
 @pytest.mark.parametrize("arch", sorted(STATE_ARCHS))
@@ -107,11 +114,17 @@ def test_models_check_and_plan_name_the_state_per_request(arch):
 
     cfg = tiny_config(arch, STATE_ARCHS)
     cfg.architectures = [STATE_ARCHS[arch][1]]
-    per_request = cfg.num_hidden_layers * state_elements(cfg) * 4  # float32
+    layers, elements = state_elements(cfg)
+    per_request = layers * elements * 4  # float32
+    attention_layers = cfg.num_hidden_layers - layers
     report = check(cfg)
-    assert report.impl == "transformers" and report.layers == 0
+    assert report.impl == "transformers" and report.layers == attention_layers
+    assert report.state_layers == layers
     assert report.state_bytes_fp32 == per_request
     lines = "\n".join(describe(arch, report))
-    assert f"fp32 {per_request / 1024:.1f} KiB" in lines and "KV cache: none" in lines
+    assert f"fp32 {per_request / 1024:.1f} KiB" in lines
+    assert ("KV cache: none" in lines) == (not attention_layers)
     assert "prefix caching: no" in lines
-    assert backend_config(cfg).state_bytes_per_sequence == per_request  # what plan sizes
+    sized = backend_config(cfg)  # what plan sizes
+    assert sized.state_bytes_per_sequence == per_request
+    assert sized.num_layers == attention_layers

@@ -217,10 +217,12 @@ def check(hf, folder=None) -> CheckReport:
     from batchrun.models.transformers import stateful
 
     shape = None
-    if impl == "transformers" and stateful.runs(full):
+    stateful_ids = stateful.layer_ids(model) if model is not None else frozenset()
+    if impl == "transformers" and stateful.runs(full) and model is not None \
+            and not stateful.has_attention(model):
         shape = (0, 0, 0, 1)  # no attention layers: no KV cache
     elif impl == "transformers":
-        impl, reason, shape = _probe_verdict(full, model, reason)
+        impl, reason, shape = _probe_verdict(full, model, reason, stateful_ids)
     report = refused(full, reason, impl)
     if impl == "refused":
         return report
@@ -232,8 +234,10 @@ def check(hf, folder=None) -> CheckReport:
     report.kv_heads, report.k_head_dim, report.v_head_dim, per_layer = shape or kv_shape(full)
     report.layers = text.num_hidden_layers * per_layer  # KV caches, as the load sizes them
     report.features = features(text, impl, lora_support(model, full, impl))
-    if shape == (0, 0, 0, 1) and model is not None:
+    if shape == (0, 0, 0, 1):
         report.layers = 0
+    if stateful_ids:
+        report.layers = len(stateful.attention_layer_ids(model)) * per_layer
         report.features[2] = ("LoRA", "no (models with recurrent state: not yet)")
         import torch
 
@@ -250,7 +254,7 @@ def check(hf, folder=None) -> CheckReport:
     return report
 
 
-def _probe_verdict(full, model, reason: str):
+def _probe_verdict(full, model, reason: str, stateful_ids: frozenset[int] = frozenset()):
     """(impl, reason, (KV heads, K dim, V dim, KV caches per layer) or None) after the load's probe run on the meta
     model: refused as the load refuses (attention outside the interface, a bidirectional
     layer, layers of different KV shapes); where the forward cannot run without weights the
@@ -263,7 +267,7 @@ def _probe_verdict(full, model, reason: str):
     calls: dict = {}
     try:
         shapes, windows = shapes_from_config(full, model, calls)
-        config = config_of(full.get_text_config(), shapes, windows)
+        config = config_of(full.get_text_config(), shapes, windows, stateful=stateful_ids)
     except UnsupportedModelError as exc:
         return "refused", str(exc), None
     except Exception as exc:  # data-dependent code in its forward: it needs real tensors

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import types
+from dataclasses import replace
 import torch
 
 from batchrun.engine.state_slots import StateSpec, StepState
@@ -23,7 +24,8 @@ from batchrun.models.transformers.model import (BackendConfig, TransformersModel
 from batchrun.models.transformers.support import STATE_MODEL_TYPES, UnsupportedModelError
 
 # transformers' stateful layer classes this backend runs -> the module that runs them
-MIXERS = {mamba.MIXER: mamba, mamba2.MIXER: mamba2}
+MIXERS = {mamba.MIXER: mamba, mamba2.MIXER: mamba2,
+          "BambaMixer": mamba2}  # Bamba's mixer is Mamba-2's, beside attention layers
 # The context a model without position embeddings (Mamba) is given: a nominal length, which
 # --max-model-len can only lower.
 NOMINAL_CONTEXT = 32768
@@ -91,17 +93,26 @@ def spec_of(hf, dtype: torch.dtype) -> StateSpec:
                            for _, m in stateful_layers(hf)))
 
 
+def attention_layer_ids(hf) -> frozenset[int]:
+    """The decoder layers (layer_idx) with an attention module (a hybrid's: Bamba's), by
+    transformers' naming of those modules."""
+    return frozenset(int(getattr(m, "layer_idx")) for m in hf.modules()
+                     if type(m).__name__.endswith("Attention") and hasattr(m, "layer_idx"))
+
+
+def has_attention(hf) -> bool:
+    return bool(attention_layer_ids(hf))
+
+
+def layer_ids(hf) -> frozenset[int]:
+    """The decoder layers (layer_idx) whose mixer keeps state."""
+    return frozenset(int(getattr(m, "layer_idx")) for _, m in stateful_layers(hf))
+
+
 def backend_config(hf, spec: StateSpec) -> BackendConfig:
-    """The engine's config of `hf` (weights loaded or on the meta device: footprint.py, models
-    check): no KV cache, the state `spec` per sequence. A model that also has attention layers
-    is refused: the probe that lays out their KV cache sees only attention, and the hybrids'
-    layers are not run yet."""
+    """The engine's config of `hf` without attention layers (weights loaded or on the meta
+    device: footprint.py, models check): no KV cache, the state `spec` per sequence."""
     cfg = hf.config.get_text_config()
-    calls = len(stateful_layers(hf))
-    if calls != cfg.num_hidden_layers:
-        raise UnsupportedModelError(
-            f"{cfg.model_type}: {calls} of its {cfg.num_hidden_layers} layers keep state; models "
-            "mixing recurrent and attention layers do not run on the backend yet")
     return BackendConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_layers=0, num_heads=1,
         num_kv_heads=1, head_dim=1,
@@ -113,18 +124,23 @@ def backend_config(hf, spec: StateSpec) -> BackendConfig:
 def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = METHODS["none"],
          trust_remote_code: bool = False) -> StateModel:
     """model.load's counterpart for a model `runs` says this module runs: its stateful layers
-    installed, checked against transformers' own forward as every backend model is."""
-    from transformers import AutoModelForCausalLM
+    installed, its attention layers (a hybrid's) on the paged cache, checked against
+    transformers' own forward as every backend model is."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from batchrun.models.layers import packed_linear
-    from batchrun.models.transformers import own_forward
+    from batchrun.models.transformers import inline, own_forward
     from batchrun.models.weights.remote_code import auto_kwargs
 
     if quantization.quantizes:
         raise UnsupportedModelError(f"--quantization {quantization.name} does not run models "
                                     "with recurrent state yet")
+    trust = auto_kwargs(trust_remote_code)
+    attention.register()
+    implementation = inline.load_implementation(AutoConfig.from_pretrained(path, **trust),
+                                                attention.NAME)
     hf = from_pretrained_checked(AutoModelForCausalLM, path, dtype=dtype, device_map=device,
-                                 **auto_kwargs(trust_remote_code))
+                                 attn_implementation=implementation, **trust)
     model = wrap(hf.eval())
     if device.type == "cpu" and packed_linear.available(dtype):
         pack(model)
@@ -133,14 +149,25 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = 
 
 
 def wrap(hf) -> StateModel:
-    """`hf` (its stateful layers installed) as the engine's model."""
-    attention.register()
+    """`hf` as the engine's model: a hybrid's attention layers probed as model.wrap probes any
+    model's (its stateful layers need not attend), then the stateful layers installed."""
+    from batchrun.models.transformers.model import wrap as wrap_attention
+
     spec = spec_of(hf, hf.dtype)
-    model = StateModel(hf, backend_config(hf, spec), spec)
+    if has_attention(hf):
+        def state_model(hf_model, config: BackendConfig) -> StateModel:
+            return StateModel(hf_model, replace(
+                config, state_bytes_per_sequence=spec.bytes_per_sequence), spec)
+
+        model = wrap_attention(hf, cls=state_model, stateful=layer_ids(hf))
+    else:
+        attention.register()
+        model = StateModel(hf, backend_config(hf, spec), spec)
+    assert isinstance(model, StateModel)
     install(hf)
     # transformers' own forward (the reference) reads these linears' weights directly
     head = hf.get_output_embeddings()
-    model.plain_linears = frozenset([f"{name}.dt_proj" for name, module in stateful_layers(hf)
-                                     if hasattr(module, "dt_proj")]
-                                    + [n for n, m in hf.named_modules() if m is head])
+    model.plain_linears = model.plain_linears | frozenset(
+        [f"{name}.dt_proj" for name, module in stateful_layers(hf) if hasattr(module, "dt_proj")]
+        + [n for n, m in hf.named_modules() if m is head])
     return model
