@@ -325,7 +325,7 @@ def backend_config(hf):
         spec = stateful.spec_of(meta, torch.float32)
         if not stateful.has_attention(meta):
             return stateful.backend_config(meta, spec)
-        layers, state = stateful.layer_ids(meta), spec.bytes_per_sequence
+        layers, state = stateful.no_kv_layers(meta), spec.bytes_per_sequence
     calls: dict = {}
     try:
         shapes, windows = check.shapes_from_config(full, calls=calls)

@@ -101,6 +101,22 @@ STATE_ARCHS = {
     "bamba": ("BambaConfig", "BambaForCausalLM", {
         "num_hidden_layers": 4, "attn_layer_indices": [1], "mamba_n_heads": 8, "mamba_d_head": 32,
         "mamba_n_groups": 2, "mamba_d_state": 8, "mamba_expand": 2, "mamba_chunk_size": 8}),
+    # Granite 4's hybrid: Mamba-2 layers, one attention layer, MoE feed-forwards and Granite's
+    # multipliers
+    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
+        "num_hidden_layers": 4, "layer_types": ["mamba", "attention", "mamba", "mamba"],
+        "mamba_n_heads": 8, "mamba_d_head": 32, "mamba_n_groups": 2, "mamba_d_state": 8,
+        "mamba_expand": 2, "mamba_chunk_size": 8, "num_local_experts": 4,
+        "num_experts_per_tok": 2, "shared_intermediate_size": 64, "logits_scaling": 2.0,
+        "embedding_multiplier": 2.0, "residual_multiplier": 0.5}),
+    # Nemotron-H: one block kind a layer (Mamba-2, attention, MLP). Its time-step floor binds
+    # transformers' chunked scan but not its one-token decode update (nor mamba_ssm's): a
+    # recomputed (preempted) sequence would take the floor where generate did not, so the tiny
+    # model's floor is set where random weights never reach it.
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", {
+        "layers_block_type": ["mamba", "attention", "mlp", "mamba"], "head_dim": 32,
+        "mamba_num_heads": 8, "mamba_head_dim": 32, "n_groups": 2, "ssm_state_size": 8,
+        "chunk_size": 8, "time_step_min": 1e-9}),
 }
 
 

@@ -89,21 +89,31 @@ def test_fewer_slots_than_sequences_queue_the_rest(arch, tmp_path):
         check_against_transformers(hf, prompts, one, f"{arch} slots {choice}", ParityReport())
 
 
-def state_elements(cfg) -> tuple[int, int]:
-    """(stateful layers, one layer's state elements) as the papers define them: the
-    convolution's last conv_kernel - 1 inputs of each channel, and the SSM state."""
-    if cfg.model_type == "bamba":  # Mamba-2 layers under other names, but the attention ones
-        layers = cfg.num_hidden_layers - len(cfg.attn_layer_indices)
-        inner, kernel, n = cfg.mamba_expand * cfg.hidden_size, cfg.mamba_d_conv, cfg.mamba_d_state
-        groups, heads, head_dim = cfg.mamba_n_groups, cfg.mamba_n_heads, cfg.mamba_d_head
-    else:
-        layers = cfg.num_hidden_layers
-        inner, kernel, n = cfg.expand * cfg.hidden_size, cfg.conv_kernel, cfg.state_size
-        if cfg.model_type == "mamba":
-            return layers, inner * (kernel - 1) + inner * n
-        groups, heads, head_dim = cfg.n_groups, cfg.num_heads, cfg.head_dim
-    channels = inner + 2 * groups * n  # Mamba-2 convolves x, B and C
-    return layers, channels * (kernel - 1) + heads * head_dim * n
+def state_elements(cfg) -> tuple[int, int, int]:
+    """(layers with state, one such layer's state elements, layers with attention) as the
+    papers define the state: the convolution's last conv_kernel - 1 inputs of each channel,
+    and the SSM state; each family names the sizes its own way."""
+    t = cfg.model_type
+    if t == "mamba":
+        inner = cfg.expand * cfg.hidden_size
+        return cfg.num_hidden_layers, inner * (cfg.conv_kernel - 1 + cfg.state_size), 0
+    if t == "mamba2":
+        heads, head_dim, groups, n, kernel = (cfg.num_heads, cfg.head_dim, cfg.n_groups,
+                                              cfg.state_size, cfg.conv_kernel)
+        kinds = ["mamba"] * cfg.num_hidden_layers
+    elif t == "nemotron_h":
+        heads, head_dim, groups, n, kernel = (cfg.mamba_num_heads, cfg.mamba_head_dim,
+                                              cfg.n_groups, cfg.ssm_state_size, cfg.conv_kernel)
+        kinds = cfg.layers_block_type
+    else:  # Bamba, Granite 4
+        heads, head_dim, groups, n, kernel = (cfg.mamba_n_heads, cfg.mamba_d_head,
+                                              cfg.mamba_n_groups, cfg.mamba_d_state, cfg.mamba_d_conv)
+        kinds = cfg.layer_types
+    # transformers names the kinds "linear_attention" / "full_attention" in some versions
+    kinds = [{"linear_attention": "mamba", "full_attention": "attention"}.get(k, k) for k in kinds]
+    channels = heads * head_dim + 2 * groups * n  # Mamba-2 convolves x, B and C
+    elements = channels * (kernel - 1) + heads * head_dim * n
+    return kinds.count("mamba"), elements, kinds.count("attention")
 
 
 @pytest.mark.parametrize("arch", sorted(STATE_ARCHS))
@@ -114,9 +124,8 @@ def test_models_check_and_plan_name_the_state_per_request(arch):
 
     cfg = tiny_config(arch, STATE_ARCHS)
     cfg.architectures = [STATE_ARCHS[arch][1]]
-    layers, elements = state_elements(cfg)
+    layers, elements, attention_layers = state_elements(cfg)
     per_request = layers * elements * 4  # float32
-    attention_layers = cfg.num_hidden_layers - layers
     report = check(cfg)
     assert report.impl == "transformers" and report.layers == attention_layers
     assert report.state_layers == layers

@@ -217,12 +217,12 @@ def check(hf, folder=None) -> CheckReport:
     from batchrun.models.transformers import stateful
 
     shape = None
-    stateful_ids = stateful.layer_ids(model) if model is not None else frozenset()
-    if impl == "transformers" and stateful.runs(full) and model is not None \
-            and not stateful.has_attention(model):
+    keeps_state = impl == "transformers" and stateful.runs(full) and model is not None
+    if keeps_state and not stateful.has_attention(model):
         shape = (0, 0, 0, 1)  # no attention layers: no KV cache
     elif impl == "transformers":
-        impl, reason, shape = _probe_verdict(full, model, reason, stateful_ids)
+        impl, reason, shape = _probe_verdict(
+            full, model, reason, stateful.no_kv_layers(model) if keeps_state else frozenset())
     report = refused(full, reason, impl)
     if impl == "refused":
         return report
@@ -236,7 +236,7 @@ def check(hf, folder=None) -> CheckReport:
     report.features = features(text, impl, lora_support(model, full, impl))
     if shape == (0, 0, 0, 1):
         report.layers = 0
-    if stateful_ids:
+    if keeps_state:
         report.layers = len(stateful.attention_layer_ids(model)) * per_layer
         report.features[2] = ("LoRA", "no (models with recurrent state: not yet)")
         import torch
@@ -254,7 +254,7 @@ def check(hf, folder=None) -> CheckReport:
     return report
 
 
-def _probe_verdict(full, model, reason: str, stateful_ids: frozenset[int] = frozenset()):
+def _probe_verdict(full, model, reason: str, no_kv: frozenset[int] = frozenset()):
     """(impl, reason, (KV heads, K dim, V dim, KV caches per layer) or None) after the load's probe run on the meta
     model: refused as the load refuses (attention outside the interface, a bidirectional
     layer, layers of different KV shapes); where the forward cannot run without weights the
@@ -267,7 +267,7 @@ def _probe_verdict(full, model, reason: str, stateful_ids: frozenset[int] = froz
     calls: dict = {}
     try:
         shapes, windows = shapes_from_config(full, model, calls)
-        config = config_of(full.get_text_config(), shapes, windows, stateful=stateful_ids)
+        config = config_of(full.get_text_config(), shapes, windows, no_kv=no_kv)
     except UnsupportedModelError as exc:
         return "refused", str(exc), None
     except Exception as exc:  # data-dependent code in its forward: it needs real tensors

@@ -4,7 +4,7 @@ slots, for a step's packed sequences at once.
 The step's rows are gathered one sequence per row of a [S, L] batch as in mamba.py (whose
 convolution over the slots' last inputs this shares). transformers' chunked scan takes initial
 states, so it runs here as transformers has it, fed each sequence's SSM state from its slot:
-the time steps are computed first (softplus(dt + dt_bias), clamped to the config's limit) and
+the time steps are computed first (softplus(dt + dt_bias), clamped to the mixer's limit) and
 set to zero at padding positions, where a zero step neither decays the state nor adds to it,
 so the final state the scan returns is each sequence's after its last row.
 
@@ -42,7 +42,11 @@ def forward(mixer, hidden: torch.Tensor, tensors: tuple[torch.Tensor, ...],
     u = convolve(mixer, (xbc[rows] * valid[..., None]).transpose(1, 2), conv_cache, step)
     x, B, C = u.transpose(1, 2).split([inner, groups * n, groups * n], dim=-1)
     low, high = mixer.time_step_limit
-    dt = F.softplus(dt[rows] + mixer.dt_bias.to(dt.dtype)).clamp(low, high)
+    dt = F.softplus(dt[rows] + mixer.dt_bias.to(dt.dtype))
+    # The time-step limit binds the chunked scan only: a one-token step continuing a sequence
+    # runs the recurrent update, which takes none (transformers', and mamba_ssm's kernels)
+    chunked = (step.counts > 1) | step.fresh
+    dt = torch.where(chunked[:, None, None], dt.clamp(low, high), dt)
     dt = dt.masked_fill(~valid[..., None], 0)
     start = ssm_cache[step.slots].float().masked_fill(step.fresh[:, None, None, None], 0)
     y, final = mamba2_chunk_scan(

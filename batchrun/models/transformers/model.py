@@ -188,14 +188,15 @@ def use_batchrun_attention(hf) -> None:
 
 
 def config_of(cfg, shapes: dict, windows: dict, calls: dict | None = None,
-              stateful: frozenset[int] = frozenset()) -> BackendConfig:
+              no_kv: frozenset[int] = frozenset()) -> BackendConfig:
     """The engine's config of a model whose text config is `cfg`, from what the probe saw its
     layers attend (probe.run, or check.shapes_from_config without weights): one KV shape, and
     as many attention calls per step in every layer (`calls`, layer_idx -> count; each call
-    gets a KV cache of its own). A hybrid's `stateful` layers (stateful.py) may not attend."""
+    gets a KV cache of its own). A hybrid's `no_kv` layers (stateful.py: those that keep state,
+    or are only an MLP) do not attend."""
     layers = cfg.num_hidden_layers
     attending = sorted(shapes)
-    if set(range(layers)) - set(attending) - stateful or not attending:
+    if set(range(layers)) - set(attending) - no_kv or not attending:
         raise UnsupportedModelError(
             f"{cfg.model_type}: attention ran for layers {attending} of {layers}; the "
             f"backend needs attention calls in every layer, indexed by layer_idx")
@@ -222,7 +223,7 @@ def config_of(cfg, shapes: dict, windows: dict, calls: dict | None = None,
 
 
 def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: Method = METHODS["none"],
-         path=None, stateful: frozenset[int] = frozenset()) -> TransformersModel:
+         path=None, no_kv: frozenset[int] = frozenset()) -> TransformersModel:
     """`hf` (its attention implementation set to "batchrun"; its decoder quantized by
     `quantization`, calibrated on the checkpoint at `path`) as the engine's model, after a probe
     forward over a few tokens: every layer must attend through the paged cache with one KV
@@ -242,7 +243,7 @@ def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: Method = METH
     calls: dict = {}
     with plain_linears.traced(hf) as used:
         hidden, shapes = _probe(hf, cfg, windows=windows, calls=calls)
-        config = config_of(cfg, shapes, windows, calls, stateful)
+        config = config_of(cfg, shapes, windows, calls, no_kv)
         model = cls(hf, config)
         probe.check_logits(model, hidden)
     model.plain_linears = frozenset(plain | used | plain_linears.static(hf))

@@ -24,8 +24,10 @@ from batchrun.models.transformers.model import (BackendConfig, TransformersModel
 from batchrun.models.transformers.support import STATE_MODEL_TYPES, UnsupportedModelError
 
 # transformers' stateful layer classes this backend runs -> the module that runs them
-MIXERS = {mamba.MIXER: mamba, mamba2.MIXER: mamba2,
-          "BambaMixer": mamba2}  # Bamba's mixer is Mamba-2's, beside attention layers
+# Bamba's, Granite-4's and Nemotron-H's mixers are Mamba-2's (its maths under their own
+# config names), beside attention layers
+MIXERS = {mamba.MIXER: mamba, mamba2.MIXER: mamba2, "BambaMixer": mamba2,
+          "GraniteMoeHybridMambaLayer": mamba2, "NemotronHMamba2Mixer": mamba2}
 # The context a model without position embeddings (Mamba) is given: a nominal length, which
 # --max-model-len can only lower.
 NOMINAL_CONTEXT = 32768
@@ -104,9 +106,10 @@ def has_attention(hf) -> bool:
     return bool(attention_layer_ids(hf))
 
 
-def layer_ids(hf) -> frozenset[int]:
-    """The decoder layers (layer_idx) whose mixer keeps state."""
-    return frozenset(int(getattr(m, "layer_idx")) for _, m in stateful_layers(hf))
+def no_kv_layers(hf) -> frozenset[int]:
+    """The decoder layers without attention (a hybrid's mixers, MLP-only layers)."""
+    return frozenset(range(hf.config.get_text_config().num_hidden_layers)) - \
+        attention_layer_ids(hf)
 
 
 def backend_config(hf, spec: StateSpec) -> BackendConfig:
@@ -159,7 +162,7 @@ def wrap(hf) -> StateModel:
             return StateModel(hf_model, replace(
                 config, state_bytes_per_sequence=spec.bytes_per_sequence), spec)
 
-        model = wrap_attention(hf, cls=state_model, stateful=layer_ids(hf))
+        model = wrap_attention(hf, cls=state_model, no_kv=no_kv_layers(hf))
     else:
         attention.register()
         model = StateModel(hf, backend_config(hf, spec), spec)
