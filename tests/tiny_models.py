@@ -97,6 +97,14 @@ STATE_ARCHS = {
     "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", {"state_size": 8, "conv_kernel": 4,
                                                     "expand": 2, "num_heads": 8, "head_dim": 32,
                                                     "n_groups": 2, "chunk_size": 8}),
+    "falcon_mamba": ("FalconMambaConfig", "FalconMambaForCausalLM", {
+        "state_size": 8, "conv_kernel": 4, "expand": 2}),
+    # Mamba mixers (norms on dt, B and C) and one attention layer in four, MoE in every other
+    "jamba": ("JambaConfig", "JambaForCausalLM", {
+        "num_hidden_layers": 4, "attn_layer_period": 4, "attn_layer_offset": 1,
+        "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 4,
+        "num_experts_per_tok": 2, "mamba_d_state": 8, "mamba_d_conv": 4, "mamba_expand": 2,
+        "mamba_dt_rank": 8}),
     # Mamba-2 mixers with one attention layer in four
     "bamba": ("BambaConfig", "BambaForCausalLM", {
         "num_hidden_layers": 4, "attn_layer_indices": [1], "mamba_n_heads": 8, "mamba_d_head": 32,

@@ -94,9 +94,15 @@ def state_elements(cfg) -> tuple[int, int, int]:
     papers define the state: the convolution's last conv_kernel - 1 inputs of each channel,
     and the SSM state; each family names the sizes its own way."""
     t = cfg.model_type
-    if t == "mamba":
+    if t in ("mamba", "falcon_mamba"):
         inner = cfg.expand * cfg.hidden_size
         return cfg.num_hidden_layers, inner * (cfg.conv_kernel - 1 + cfg.state_size), 0
+    if t == "jamba":
+        attending = sum(i % cfg.attn_layer_period == cfg.attn_layer_offset
+                        for i in range(cfg.num_hidden_layers))
+        inner = cfg.mamba_expand * cfg.hidden_size
+        return (cfg.num_hidden_layers - attending,
+                inner * (cfg.mamba_d_conv - 1 + cfg.mamba_d_state), attending)
     if t == "mamba2":
         heads, head_dim, groups, n, kernel = (cfg.num_heads, cfg.head_dim, cfg.n_groups,
                                               cfg.state_size, cfg.conv_kernel)

@@ -329,7 +329,7 @@ def test_auto_picks_native_where_it_runs_the_model_exactly():
 
 
 @pytest.mark.parametrize("model_type,kw,reason", [
-    ("falcon_mamba", {}, "recurrent"),
+    ("rwkv", {}, "recurrent"),
     ("jamba", {}, "recurrent"),
     ("qwen3_next", {}, "recurrent"),
     ("lfm2", {}, "recurrent"),
@@ -391,7 +391,7 @@ def _models_cli(*args):
 
 
 def test_models_check_reads_the_config_only(tmp_path):
-    from transformers import FalconMambaConfig
+    from transformers import RwkvConfig
 
     hf = make_tiny("gemma2", tmp_path / "gemma2", archs=BACKEND_ARCHS)
     (tmp_path / "gemma2" / "model.safetensors").unlink()  # no weights are read
@@ -422,11 +422,10 @@ def test_models_check_reads_the_config_only(tmp_path):
     assert "attention sinks: yes (in the engine's attention kernels)" in oss
     assert "LoRA: yes: q_proj, k_proj, v_proj, o_proj (on the fused qkv_proj); not the " \
         "experts" in oss  # no dense layers to name
-    # a recurrent family whose layers the backend does not run yet (Mamba's run: test_state_models)
-    FalconMambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(
-        tmp_path / "m")
+    # a recurrent family whose layers the backend does not run yet (Mamba's and others' run: test_state_models)
+    RwkvConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "m")
     refused = _models_cli("check", tmp_path / "m")
-    assert refused.exit_code == 2 and "path: refused (unsupported model: falcon_mamba" \
+    assert refused.exit_code == 2 and "path: refused (unsupported model: rwkv" \
         in refused.output
     assert "transformers backend" in _models_cli("list").output
 
@@ -435,7 +434,7 @@ def test_plan_sizes_backend_models_and_says_why_it_refuses_one(tmp_path):
     """footprint.model_config_for (what `batchrun plan` sizes) takes the backend's models with
     the KV shape the load's probe finds (GPT-NeoX ignores num_key_value_heads: 4 KV heads, not
     the config's 2), and refuses what models check refuses, saying why."""
-    from transformers import FalconMambaConfig
+    from transformers import RwkvConfig
 
     from batchrun.footprint import model_config_for
     from batchrun.models.transformers.model import load
@@ -446,8 +445,7 @@ def test_plan_sizes_backend_models_and_says_why_it_refuses_one(tmp_path):
     assert (cfg.num_kv_heads, cfg.head_dim, cfg.layer_windows) == \
         (loaded.num_kv_heads, loaded.head_dim, loaded.layer_windows) == (4, 32, (None, None))
     assert "2 layers x 4 KV heads" in _models_cli("check", tmp_path / "neox").output
-    FalconMambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(
-        tmp_path / "m")
+    RwkvConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "m")
     with pytest.raises(UnsupportedModelError,
-                       match="falcon_mamba keeps a recurrent .*`batchrun models check"):
+                       match="rwkv keeps a recurrent .*`batchrun models check"):
         model_config_for(str(tmp_path / "m"))

@@ -1,5 +1,6 @@
 """The Mamba (selective SSM) mixer of transformers' MambaMixer over the engine's state slots,
-for a step's packed sequences at once.
+for a step's packed sequences at once (Jamba's and Falcon-Mamba's mixers too: the same, with
+RMS norms on dt, B and C).
 
 transformers' own mixer runs one batch of equal-length sequences and its full-sequence scan
 always starts from a zero state, so a prefill chunk after the first cannot continue a sequence;
@@ -42,6 +43,8 @@ def forward(mixer, hidden: torch.Tensor, tensors: tuple[torch.Tensor, ...],
     u = u.transpose(1, 2)  # [S, L, I]
     dt, B, C = torch.split(mixer.x_proj(u), [mixer.time_step_rank, mixer.ssm_state_size,
                                              mixer.ssm_state_size], dim=-1)
+    if hasattr(mixer, "dt_layernorm"):  # Jamba's and Falcon-Mamba's norms on dt, B and C
+        dt, B, C = mixer.dt_layernorm(dt), mixer.b_layernorm(B), mixer.c_layernorm(C)
     dt = F.softplus(mixer.dt_proj(dt).float())  # [S, L, I]
     y = scan(mixer, u, dt, B, C, valid, ssm_cache, step)
     y = (y + u * mixer.D) * F.silu(gate[rows])

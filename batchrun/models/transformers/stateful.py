@@ -25,9 +25,10 @@ from batchrun.models.transformers.support import STATE_MODEL_TYPES, UnsupportedM
 
 # transformers' stateful layer classes this backend runs -> the module that runs them
 # Bamba's, Granite-4's and Nemotron-H's mixers are Mamba-2's (its maths under their own
-# config names), beside attention layers
+# config names), beside attention layers; Jamba's and Falcon-Mamba's are Mamba's with norms.
 MIXERS = {mamba.MIXER: mamba, mamba2.MIXER: mamba2, "BambaMixer": mamba2,
-          "GraniteMoeHybridMambaLayer": mamba2, "NemotronHMamba2Mixer": mamba2}
+          "GraniteMoeHybridMambaLayer": mamba2, "NemotronHMamba2Mixer": mamba2,
+          "JambaMambaMixer": mamba, "FalconMambaMixer": mamba}
 # The context a model without position embeddings (Mamba) is given: a nominal length, which
 # --max-model-len can only lower.
 NOMINAL_CONTEXT = 32768
