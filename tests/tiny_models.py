@@ -117,6 +117,12 @@ STATE_ARCHS = {
         "mamba_expand": 2, "mamba_chunk_size": 8, "num_local_experts": 4,
         "num_experts_per_tok": 2, "shared_intermediate_size": 64, "logits_scaling": 2.0,
         "embedding_multiplier": 2.0, "residual_multiplier": 0.5}),
+    # Falcon-H1: attention and a Mamba-2 mixer side by side in every layer, muP multipliers
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", {
+        "head_dim": 32, "mamba_d_ssm": 256, "mamba_n_heads": 8, "mamba_d_head": 32,
+        "mamba_n_groups": 2, "mamba_d_state": 8, "mamba_chunk_size": 8,
+        "ssm_multipliers": [1.5, 0.5, 1.2, 0.8, 1.1], "ssm_in_multiplier": 0.7,
+        "ssm_out_multiplier": 1.3, "key_multiplier": 0.9, "embedding_multiplier": 1.5}),
     # Nemotron-H: one block kind a layer (Mamba-2, attention, MLP). Its time-step floor binds
     # transformers' chunked scan but not its one-token decode update (nor mamba_ssm's): a
     # recomputed (preempted) sequence would take the floor where generate did not, so the tiny

@@ -111,6 +111,12 @@ def state_elements(cfg) -> tuple[int, int, int]:
         heads, head_dim, groups, n, kernel = (cfg.mamba_num_heads, cfg.mamba_head_dim,
                                               cfg.n_groups, cfg.ssm_state_size, cfg.conv_kernel)
         kinds = cfg.layers_block_type
+    elif t == "falcon_h1":  # a mixer and attention in every layer, its width mamba_d_ssm
+        heads, head_dim, groups, n = (cfg.mamba_n_heads, cfg.mamba_d_head, cfg.mamba_n_groups,
+                                      cfg.mamba_d_state)
+        channels = cfg.mamba_d_ssm + 2 * groups * n
+        elements = channels * (cfg.mamba_d_conv - 1) + heads * head_dim * n
+        return cfg.num_hidden_layers, elements, cfg.num_hidden_layers
     else:  # Bamba, Granite 4
         heads, head_dim, groups, n, kernel = (cfg.mamba_n_heads, cfg.mamba_d_head,
                                               cfg.mamba_n_groups, cfg.mamba_d_state, cfg.mamba_d_conv)

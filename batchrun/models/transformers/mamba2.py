@@ -8,6 +8,9 @@ the time steps are computed first (softplus(dt + dt_bias), clamped to the mixer'
 set to zero at padding positions, where a zero step neither decays the state nor adds to it,
 so the final state the scan returns is each sequence's after its last row.
 
+Falcon-H1's mixer is this one with its input and per-channel (muP) multipliers and, where its
+config says, the gate without the norm.
+
 One sequence's state: the convolution's last conv_kernel - 1 inputs [conv_dim, conv_kernel - 1]
 and the SSM state [heads, head_dim, state_size], in the model's dtype.
 """
@@ -36,7 +39,10 @@ def forward(mixer, hidden: torch.Tensor, tensors: tuple[torch.Tensor, ...],
 
     conv_cache, ssm_cache = tensors
     inner, groups, n = mixer.intermediate_size, mixer.n_groups, mixer.ssm_state_size
-    gate, xbc, dt = mixer.in_proj(hidden[0]).split([inner, mixer.conv_dim, mixer.num_heads], -1)
+    projected = mixer.in_proj(hidden[0] * getattr(mixer, "ssm_in_multiplier", 1.0))
+    if hasattr(mixer, "mup_vector"):  # Falcon-H1's per-channel multipliers
+        projected = projected * mixer.mup_vector[0, 0]
+    gate, xbc, dt = projected.split([inner, mixer.conv_dim, mixer.num_heads], -1)
     rows, valid = step.padded_rows()
     S, L = rows.shape
     u = convolve(mixer, (xbc[rows] * valid[..., None]).transpose(1, 2), conv_cache, step)
@@ -54,5 +60,9 @@ def forward(mixer, hidden: torch.Tensor, tensors: tuple[torch.Tensor, ...],
         B.reshape(S, L, groups, n), C.reshape(S, L, groups, n), chunk_size=mixer.chunk_size,
         D=mixer.D, initial_states=start, return_final_states=True)
     ssm_cache[step.slots] = final.to(ssm_cache.dtype)
-    y = mixer.norm(y.reshape(S, L, inner), gate[rows])
+    y = y.reshape(S, L, inner)
+    if getattr(mixer, "mamba_rms_norm", True):
+        y = mixer.norm(y, gate[rows])
+    else:  # Falcon-H1 without the gated norm: the gate alone
+        y = y * F.silu(gate[rows].float())
     return mixer.out_proj(y[valid].to(hidden.dtype))[None]

@@ -28,7 +28,7 @@ from batchrun.models.transformers.support import STATE_MODEL_TYPES, UnsupportedM
 # config names), beside attention layers; Jamba's and Falcon-Mamba's are Mamba's with norms.
 MIXERS = {mamba.MIXER: mamba, mamba2.MIXER: mamba2, "BambaMixer": mamba2,
           "GraniteMoeHybridMambaLayer": mamba2, "NemotronHMamba2Mixer": mamba2,
-          "JambaMambaMixer": mamba, "FalconMambaMixer": mamba}
+          "JambaMambaMixer": mamba, "FalconMambaMixer": mamba, "FalconH1Mixer": mamba2}
 # The context a model without position embeddings (Mamba) is given: a nominal length, which
 # --max-model-len can only lower.
 NOMINAL_CONTEXT = 32768
