@@ -149,3 +149,30 @@ def test_models_check_and_plan_name_the_state_per_request(arch):
     sized = backend_config(cfg)  # what plan sizes
     assert sized.state_bytes_per_sequence == per_request
     assert sized.num_layers == attention_layers
+
+
+def test_batchrun_run_serves_a_mamba_end_to_end(tmp_path, smol_tokenizer):
+    """`batchrun run` on a Mamba folder with a real tokenizer: chat template, engine, the state
+    slots, the output file; the text is transformers' greedy continuation of the same prompt."""
+    import json
+
+    from tests.helpers import batchrun
+
+    folder = tmp_path / "mamba"
+    hf = make_tiny("mamba", folder, archs=STATE_ARCHS, vocab_size=len(smol_tokenizer),
+                   hidden_size=64)
+    smol_tokenizer.save_pretrained(folder)
+    lines = tmp_path / "in.jsonl"
+    lines.write_text("".join(json.dumps({
+        "custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+        "body": {"prompt": prompt, "max_tokens": 6, "temperature": 0}}) + "\n"
+        for i, prompt in enumerate(["The state of the art", "Once upon a time, far away"])))
+    ran = batchrun("run", lines, "-o", tmp_path / "out.jsonl", "--model", folder,
+                   "--progress", "none", real=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    out = {r["custom_id"]: r["response"]["body"] for r in
+           map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
+    for i, prompt in enumerate(["The state of the art", "Once upon a time, far away"]):
+        ids = smol_tokenizer(prompt, return_tensors="pt").input_ids
+        ref = hf.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)[0, ids.shape[1]:]
+        assert out[f"r{i}"]["choices"][0]["text"] == smol_tokenizer.decode(ref)

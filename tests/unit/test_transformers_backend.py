@@ -355,7 +355,7 @@ def test_a_bidirectional_encoder_is_refused_at_load(tmp_path):
 def test_cli_refuses_with_exit_code_2_and_runs_json_mode(tmp_path, smol_tokenizer):
     import json
 
-    from transformers import MambaConfig, MambaForCausalLM
+    from transformers import RwkvConfig, RwkvForCausalLM
 
     from tests.helpers import batchrun
 
@@ -364,14 +364,14 @@ def test_cli_refuses_with_exit_code_2_and_runs_json_mode(tmp_path, smol_tokenize
                                  "body": {"messages": [{"role": "user", "content": "JSON?"}],
                                           "max_tokens": 6, "response_format": {
                                               "type": "json_object"}}}) + "\n")
-    mamba = tmp_path / "mamba"
-    MambaForCausalLM(MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1)
-                     ).save_pretrained(mamba)
-    smol_tokenizer.save_pretrained(mamba)
-    refused = batchrun("run", lines, "-o", tmp_path / "o.jsonl", "--model", mamba, real=True,
+    rwkv = tmp_path / "rwkv"
+    RwkvForCausalLM(RwkvConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1)
+                    ).save_pretrained(rwkv)
+    smol_tokenizer.save_pretrained(rwkv)
+    refused = batchrun("run", lines, "-o", tmp_path / "o.jsonl", "--model", rwkv, real=True,
                        text=True)
     assert refused.returncode == 2
-    assert "mamba keeps a recurrent (state-space / linear-attention) state" in refused.stderr
+    assert "rwkv keeps a recurrent (state-space / linear-attention) state" in refused.stderr
     gemma2 = tmp_path / "gemma2"
     make_tiny("gemma2", gemma2, archs=BACKEND_ARCHS, vocab_size=len(smol_tokenizer))
     smol_tokenizer.save_pretrained(gemma2)
