@@ -355,7 +355,7 @@ def test_a_bidirectional_encoder_is_refused_at_load(tmp_path):
 def test_cli_refuses_with_exit_code_2_and_runs_json_mode(tmp_path, smol_tokenizer):
     import json
 
-    from transformers import RwkvConfig, RwkvForCausalLM
+    from transformers import RwkvConfig
 
     from tests.helpers import batchrun
 
@@ -365,8 +365,7 @@ def test_cli_refuses_with_exit_code_2_and_runs_json_mode(tmp_path, smol_tokenize
                                           "max_tokens": 6, "response_format": {
                                               "type": "json_object"}}}) + "\n")
     rwkv = tmp_path / "rwkv"
-    RwkvForCausalLM(RwkvConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1)
-                    ).save_pretrained(rwkv)
+    RwkvConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(rwkv)
     smol_tokenizer.save_pretrained(rwkv)
     refused = batchrun("run", lines, "-o", tmp_path / "o.jsonl", "--model", rwkv, real=True,
                        text=True)
