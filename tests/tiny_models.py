@@ -123,6 +123,10 @@ STATE_ARCHS = {
         "mamba_n_groups": 2, "mamba_d_state": 8, "mamba_chunk_size": 8,
         "ssm_multipliers": [1.5, 0.5, 1.2, 0.8, 1.1], "ssm_in_multiplier": 0.7,
         "ssm_out_multiplier": 1.3, "key_multiplier": 0.9, "embedding_multiplier": 1.5}),
+    # LFM2: gated short convolutions (3 positions) and one attention layer in four
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", {
+        "num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "conv"],
+        "conv_L_cache": 3}),
     # Nemotron-H: one block kind a layer (Mamba-2, attention, MLP). Its time-step floor binds
     # transformers' chunked scan but not its one-token decode update (nor mamba_ssm's): a
     # recomputed (preempted) sequence would take the floor where generate did not, so the tiny

@@ -97,6 +97,9 @@ def state_elements(cfg) -> tuple[int, int, int]:
     if t in ("mamba", "falcon_mamba"):
         inner = cfg.expand * cfg.hidden_size
         return cfg.num_hidden_layers, inner * (cfg.conv_kernel - 1 + cfg.state_size), 0
+    if t == "lfm2":  # a short convolution's last L_cache - 1 inputs, no SSM
+        return (cfg.layer_types.count("conv"), cfg.hidden_size * (cfg.conv_L_cache - 1),
+                cfg.layer_types.count("full_attention"))
     if t == "jamba":
         attending = sum(i % cfg.attn_layer_period == cfg.attn_layer_offset
                         for i in range(cfg.num_hidden_layers))

@@ -370,7 +370,7 @@ def describe(name: str, report: CheckReport) -> list[str]:
     if report.state_layers:
         per = ", ".join(f"{d} {_size(report.state_bytes_fp32 * b // 4)}"
                         for d, b in DTYPE_BYTES.items())
-        lines.append(f"recurrent state: {report.state_layers} layers (convolution + SSM state): "
+        lines.append(f"recurrent state: {report.state_layers} layers (convolution / SSM state): "
                      f"{per} per request, whatever its length")
     kv = ", ".join(f"{d} {_size(report.kv_elements_per_token * b)}" for d, b in
                    DTYPE_BYTES.items())

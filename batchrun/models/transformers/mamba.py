@@ -52,17 +52,20 @@ def forward(mixer, hidden: torch.Tensor, tensors: tuple[torch.Tensor, ...],
 
 
 def convolve(mixer, x: torch.Tensor, conv_cache: torch.Tensor, step: StepState) -> torch.Tensor:
-    """The activated causal convolution [S, I, L] of the padded chunks x [S, I, L], each after
-    its slot's last inputs (zeros for a fresh sequence); the slots get each chunk's last
-    conv_kernel - 1 inputs."""
+    """The activated causal convolution [S, I, L] of the padded chunks x [S, I, L] (causal_conv)."""
+    return mixer.act(causal_conv(x, mixer.conv1d, conv_cache, step)).to(x.dtype)
+
+
+def causal_conv(x: torch.Tensor, conv, conv_cache: torch.Tensor, step: StepState) -> torch.Tensor:
+    """The depthwise causal convolution `conv` [S, I, L] of the padded chunks x [S, I, L], each
+    after its slot's last inputs (zeros for a fresh sequence); the slots get each chunk's last
+    kernel - 1 inputs."""
     keep = conv_cache.shape[-1]
     before = conv_cache[step.slots].to(x.dtype).masked_fill(step.fresh[:, None, None], 0)
     joined = torch.cat([before, x], dim=-1)  # [S, I, keep + L]; sequence i's inputs end at keep + n_i
     last = step.counts[:, None, None] + torch.arange(keep, device=x.device)
     conv_cache[step.slots] = joined.gather(-1, last.expand(-1, x.shape[1], -1)).to(conv_cache.dtype)
-    weight = mixer.conv1d.weight
-    out = F.conv1d(joined.to(weight.dtype), weight, mixer.conv1d.bias, groups=x.shape[1])
-    return mixer.act(out).to(x.dtype)
+    return F.conv1d(joined.to(conv.weight.dtype), conv.weight, conv.bias, groups=x.shape[1])
 
 
 def scan(mixer, u: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor,

@@ -18,7 +18,7 @@ RECURRENT_MODEL_TYPES = {
 # Of those, the families the backend runs with the engine owning their state (stateful.py): all
 # their layers of a kind stateful.MIXERS runs. The rest stay refused until their layers are.
 STATE_MODEL_TYPES = {"mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "granitemoehybrid",
-                     "nemotron_h", "falcon_h1"}
+                     "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe"}
 
 # Vision-language models the backend runs (models/transformers/vision.py knows how many
 # placeholder tokens their processors write per image).
