@@ -1,7 +1,7 @@
 """`batchrun models check FOLDER` says what `run` does with the folder: the path it loads on
 (native file, or the transformers backend) and the KV shape the load finds, or the refusal
 run gives, word for word; for every architecture of the tiny parity tables (tests/tiny_models.py
-ARCHS and BACKEND_ARCHS, tests/tiny_vlms.py) and a few that run refuses."""
+ARCHS, BACKEND_ARCHS and STATE_ARCHS, tests/tiny_vlms.py) and a few that run refuses."""
 
 import re
 
@@ -11,13 +11,15 @@ import torch
 from batchrun.llm import load_from_path, load_weights
 from batchrun.models.transformers.model import TransformersModel
 from batchrun.options.engine import EngineConfig
-from tests.tiny_models import ARCHS, BACKEND_ARCHS, make_tiny
+from tests.tiny_models import ARCHS, BACKEND_ARCHS, STATE_ARCHS, make_tiny
 from tests.tiny_vlms import FAMILIES, make_tiny_vlm
 
 CPU = torch.device("cpu")
 # BACKEND_ARCHS repeats some of ARCHS under their names: those once
 TEXT = [("native", a) for a in sorted(ARCHS)] + \
-    [("backend", a) for a in sorted(BACKEND_ARCHS) if BACKEND_ARCHS[a] is not ARCHS.get(a)]
+    [("backend", a) for a in sorted(BACKEND_ARCHS) if BACKEND_ARCHS[a] is not ARCHS.get(a)] + \
+    [("state", a) for a in sorted(STATE_ARCHS)]
+TABLES = {"native": ARCHS, "backend": BACKEND_ARCHS, "state": STATE_ARCHS}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -58,6 +60,8 @@ def run_verdict(folder, load=load_weights):
     cfg = model.config
     kind = "transformers backend" if isinstance(model, TransformersModel) \
         else type(model).__module__.rsplit(".", 1)[-1] + ".py"
+    if not cfg.num_layers:  # no attention layer (Mamba): check says "KV cache: none"
+        return kind, None
     return kind, (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
 
 
@@ -73,7 +77,7 @@ def assert_agree(folder, load=load_weights):
 
 @pytest.mark.parametrize("table,arch", TEXT)
 def test_check_says_what_run_does_for_each_text_architecture(table, arch, tmp_path):
-    make_tiny(arch, tmp_path, archs=ARCHS if table == "native" else BACKEND_ARCHS)
+    make_tiny(arch, tmp_path, archs=TABLES[table])
     assert_agree(tmp_path)
 
 
