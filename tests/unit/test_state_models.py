@@ -179,3 +179,18 @@ def test_batchrun_run_serves_a_mamba_end_to_end(tmp_path, smol_tokenizer):
         ids = smol_tokenizer(prompt, return_tensors="pt").input_ids
         ref = hf.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)[0, ids.shape[1]:]
         assert out[f"r{i}"]["choices"][0]["text"] == smol_tokenizer.decode(ref)
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "lfm2"])
+def test_prompt_logprobs_across_chunks(arch, tmp_path):
+    """Prompt scoring of a 37-token prompt computed in chunks of 16, against one transformers
+    forward over it: each chunk's rows read the state the chunk before left."""
+    hf, engine = state_engine(arch, tmp_path)
+    prompt = prompts_of((37,), seed=11)[0]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), -1)
+    out = engine.generate([prompt], SamplingParams(max_tokens=0, prompt_logprobs=0))[0]
+    ours = out.prompt_logprobs.logprob
+    assert ours[0] is None
+    expected = [float(ref[p - 1, prompt[p]]) for p in range(1, len(prompt))]
+    assert ours[1:] == pytest.approx(expected, abs=2e-3)
