@@ -212,7 +212,7 @@ def check_batch_invariant(config: EngineConfig, native_path: bool, native_module
     if beside:
         raise UnsupportedModelError(f"--batch-invariant does not cover {beside}: it runs the "
                                     "dense native models (Llama, Mistral, Qwen2, Qwen3, Phi-3, "
-                                    "Gemma) in float32, bfloat16 or --quantization int8 on the "
+                                    "Gemma, StableLM) in float32, bfloat16 or --quantization int8 on the "
                                     "CPU, without LoRA")
 
 
@@ -247,13 +247,15 @@ def fp8_kv_scales(model) -> torch.Tensor:
     """[layers, 2] K/V scales of an fp8 KV cache, from the calibration text's K/V maxima
     (computed at the first load, cached): engine/attention/fp8_kv.py."""
     from batchrun.engine.attention.fp8_kv import scales_from_absmax
+    from batchrun.models.arch.native import FromCheckpoint
     from batchrun.models.quant.calibration import kv_absmax
 
-    if getattr(model, "checkpoint", None) is None:
+    checkpoint = model.checkpoint if isinstance(model, FromCheckpoint) else None
+    if checkpoint is None:
         raise ValueError("--kv-cache-dtype fp8 needs the native path (its scales come from a "
                          "calibration run through the native model); this model runs on the "
                          "transformers backend")
-    path, files = model.checkpoint
+    path, files = checkpoint
     scales = scales_from_absmax(kv_absmax(model, files, path))
     phases.mark("fp8 KV scales (calibration, cached after the first load)")
     return scales

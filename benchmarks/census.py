@@ -6,6 +6,10 @@ through transformers' `generate`, and classified:
   EXACT    the same greedy tokens on every prompt (a first difference where transformers' top-2
            logits are a numerical tie, below tests/parity.py's margin, counts as the same)
   CLOSE    the same first token everywhere, a later one differs somewhere
+  SPLIT    transformers disagrees with itself: its generate and its own forward over the same
+           tokens pick different greedy tokens (Moshi at a window below the prompt: generate's
+           cache drops tokens the forward's causal mask keeps); batchrun's tokens are then held
+           against the forward's, and any difference from those is DIFF / CLOSE as usual
   DIFF     the first token differs on some prompt
   REFUSED  batchrun refuses it (the reason's first line)
   CRASH    batchrun raised something else, or the worker died or hung (type + message)
@@ -137,6 +141,20 @@ def hf_greedy(model, prompt):
     return out.sequences[0, len(prompt):].tolist(), margins
 
 
+def forward_greedy(model, prompt, ref) -> list | None:
+    """The forward's greedy picks over prompt + generate's tokens, where they differ from
+    generate's (None: generate agrees with its own forward)."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ref])).logits[0, len(prompt) - 1:-1].float()
+    picks = logits.argmax(-1).tolist()
+    top2 = logits.topk(2, dim=-1).values
+    split = [i for i, (a, b) in enumerate(zip(picks, ref))
+             if a != b and float(top2[i, 0] - top2[i, 1]) >= TIE_MARGIN]
+    return None if not split else picks
+
+
 def compare(ours: list, ref: list, margins: list) -> tuple[int | None, bool]:
     """(first differing position or None, whether it is a tie in the reference)."""
     for i, (a, b) in enumerate(zip(ours, ref)):
@@ -191,15 +209,22 @@ def census_one(model_type: str, class_name: str, tokenizer, root: Path) -> dict:
     except Exception as exc:
         return {**row, "status": "CRASH", "reason": first_line(exc), "where": "generate",
                 "trace": traceback.format_exc(limit=-3)}
-    firsts, ties, diffs = [], 0, []
-    for out, (ref, margins) in zip(outs, refs):
-        at, tie = compare(list(out.outputs[0].token_ids), ref, margins)
+    firsts, ties, diffs, split = [], 0, [], False
+    for out, prompt, (ref, margins) in zip(outs, prompts, refs):
+        ours = list(out.outputs[0].token_ids)
+        at, tie = compare(ours, ref, margins)
+        if at is not None and not tie and (picks := forward_greedy(hf, prompt, ref)) is not None:
+            split = True  # generate's tokens are not its forward's: hold ours against those
+            with torch.no_grad():
+                logits = hf(torch.tensor([prompt + ours])).logits[0, len(prompt) - 1:-1].float()
+            margins = [float(v) for v in logits.topk(2, dim=-1).values.diff().abs()[:, 0]]
+            at, tie = compare(ours, logits.argmax(-1).tolist(), margins)
         ties += tie
         if at is not None and not tie:
             diffs.append(at)
     row["first_differences"] = diffs
     row["ties"] = ties
-    row["status"] = "EXACT" if not diffs else "DIFF" if 0 in diffs else "CLOSE"
+    row["status"] = "DIFF" if 0 in diffs else "CLOSE" if diffs else "SPLIT" if split else "EXACT"
     return row
 
 
@@ -324,7 +349,7 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         totals.setdefault(r["status"], []).append(r["arch"])
     print("\ntotals: " + ", ".join(f"{k} {len(v)}" for k, v in sorted(totals.items())))
-    for status in ("CLOSE", "DIFF", "REFUSED", "CRASH"):
+    for status in ("CLOSE", "DIFF", "SPLIT", "REFUSED", "CRASH"):
         if totals.get(status):
             print(f"{status}: {' '.join(totals[status])}")
 

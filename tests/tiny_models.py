@@ -86,6 +86,10 @@ BACKEND_ARCHS = {
     "mpt": ("MptConfig", "MptForCausalLM", {"attn_config": {"clip_qkv": 4.0}}),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", {
         "partial_rotary_factor": 0.25, "qk_layernorm": True, "use_qkv_bias": True}),
+    # StableLM's other shape (native: models/arch/stablelm.py): the parallel residual (no
+    # post-attention norm), rotary over the whole head, tied embeddings.
+    "stablelm-parallel": ("StableLmConfig", "StableLmForCausalLM", {
+        "partial_rotary_factor": 1.0, "use_parallel_residual": True, "tie_word_embeddings": True}),
 }
 
 # Models whose layers keep recurrent state (models/transformers/stateful.py): hidden 128 gives
@@ -147,8 +151,25 @@ def make_tiny(arch: str, path: Path, seed: int = 0, archs: dict = ARCHS, **overr
     cfg = tiny_config(arch, archs, **overrides)
     torch.manual_seed(seed)
     model = getattr(transformers, archs[arch][1])(cfg).eval()
+    if arch in RANDOM_NORMS:
+        randomise_norms(model)
     model.save_pretrained(path)
     return model
+
+
+# Architectures whose checkpoints get random norm weights and biases: transformers initialises
+# a LayerNorm to weight 1, bias 0, where a bias never loaded or a per-head weight loaded into
+# the wrong head would give the same output.
+RANDOM_NORMS = {"stablelm", "stablelm-parallel"}
+
+
+@torch.no_grad()
+def randomise_norms(model) -> None:
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.weight.uniform_(0.5, 1.5)
+            if module.bias is not None:
+                module.bias.uniform_(-0.5, 0.5)
 
 
 def tiny_config(arch: str, archs: dict = ARCHS, **overrides):

@@ -56,11 +56,11 @@ class DecodeGraphs:
         return self.sizes[-1]
 
     def takes(self, batch) -> bool:
-        """Whether a step_batch.StepBatch is one of the captured steps: decodes only, no pooling,
-        no adapter rows (graphs are captured without them), no images (the model takes them as
-        an argument the graph has not), few enough."""
+        """Whether a step_batch.StepBatch is one of the captured steps: decodes only, no
+        hidden-state readers, no adapter rows (graphs are captured without them), no images (the
+        model takes them as an argument the graph has not), few enough."""
         b = batch.layout.num_decode
-        return (0 < b <= self.max_batch and batch.decode_only and not batch.pooling
+        return (0 < b <= self.max_batch and batch.decode_only and not batch.reads_hidden
                 and not batch.adapter_slots and not batch.images)
 
     def run(self, layout: StepLayout, tokens: list[int]) -> torch.Tensor:

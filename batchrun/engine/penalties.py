@@ -1,15 +1,17 @@
 """Logit adjustments before sampling, each vectorised over the rows that ask for it.
 
-Rows are the engine's sequences: anything with `params`, `all_token_ids`, `num_prompt_tokens`
-and `num_output_tokens`. Only rows that use a feature pay for it; the per-row Python work is
+Rows are the engine's sequences, as the sampler reads them (sampler.SamplingRow). Only rows that use a feature pay for it; the per-row Python work is
 collecting token id lists, never a loop over the vocabulary.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from batchrun.engine.sampler import SamplingRow
 
 
 def _token_counts(seqs: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
@@ -26,7 +28,7 @@ def _token_counts(seqs: list[list[int]], vocab: int, device: torch.device) -> to
     return counts
 
 
-def apply_penalties(logits: torch.Tensor, rows: Sequence[Any]) -> torch.Tensor:
+def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """Repetition penalty over prompt + output, then OpenAI's frequency / presence penalties over
     the output, as vLLM and OpenAI define them."""
     idx = [i for i, r in enumerate(rows) if r.params.has_penalties]
@@ -52,7 +54,7 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[Any]) -> torch.Tensor:
     return logits
 
 
-def apply_logit_bias(logits: torch.Tensor, rows: Sequence[Any]) -> torch.Tensor:
+def apply_logit_bias(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     entries = [(i, tok, bias) for i, r in enumerate(rows) if r.params.logit_bias
                for tok, bias in r.params.logit_bias.items() if 0 <= tok < logits.shape[1]]
     if not entries:
@@ -64,7 +66,7 @@ def apply_logit_bias(logits: torch.Tensor, rows: Sequence[Any]) -> torch.Tensor:
     return logits.index_put((rows_t, toks), bias, accumulate=True)
 
 
-def apply_min_tokens(logits: torch.Tensor, rows: Sequence[Any],
+def apply_min_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow],
                      eos_token_ids: Sequence[int]) -> torch.Tensor:
     """Mask EOS and the stop token ids of rows that have not yet generated min_tokens."""
     entries = [(i, tok) for i, r in enumerate(rows) if r.num_output_tokens < r.params.min_tokens

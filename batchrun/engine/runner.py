@@ -1,8 +1,8 @@
 """Model runner: one scheduled step is one flat forward pass over the paged KV cache.
 
 prepare (the rows, step_batch.py) -> the attention backend's metadata (chosen once at start-up,
-engine/attention/) -> the model -> the outputs wanted of its hidden states: pooled vectors,
-prompt scores, logits of the rows that sample. Decode-only steps on CUDA replay a captured
+engine/attention/) -> the model -> the outputs wanted of its hidden states: each reader's
+(step_outputs.py: prompt scores, pooled vectors) and the logits of the rows that sample. Decode-only steps on CUDA replay a captured
 graph instead (cuda_graphs.py; models of one KV group only). A model whose layers are in several
 KV groups (kv_groups.py) gets one metadata per group, and its layers of different groups share
 the cache tensors. A model that keeps recurrent state (state_slots.py) gets the state tensors
@@ -20,10 +20,10 @@ from batchrun.engine.attention import (AttentionMetadata, BackendEnv, GroupedMet
 from batchrun.engine.kv_groups import KVGroups, kv_groups
 from batchrun.engine.model import KeepsState, NativeModel, TakesImages
 from batchrun.engine.model_output import ModelOutput
-from batchrun.engine.prompt_logprobs import score_rows
 from batchrun.engine.request import Request
 from batchrun.engine.state_slots import StepState, copy_slot, state_tensors
 from batchrun.engine.step_batch import StepBatch, prepare_batch
+from batchrun.engine.step_outputs import READERS
 
 
 class ModelRunner:
@@ -101,9 +101,9 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.takes(batch):
             return ModelOutput(self.graphs.run(batch.layout, batch.tokens), batch.samplers)
         hidden = self.run_model(batch, self.metadata(batch))
-        self.pool(batch, hidden)
-        return ModelOutput(self.logits(batch, hidden), batch.samplers,
-                           self.score_prompt(batch, hidden))
+        read = {reader.name: reader.read(self.model, batch.spans[reader.name], hidden)
+                for reader in READERS}
+        return ModelOutput(self.logits(batch, hidden), batch.samplers, read["scored"])
 
     def metadata(self, batch: StepBatch) -> AttentionMetadata | GroupedMetadata:
         """The backend's metadata of the step: one per KV group when the model has several."""
@@ -148,32 +148,6 @@ class ModelRunner:
         assert None not in slots  # the KV cache manager gave each a slot with its blocks
         return StepState.of(self.states, slots, batch.layout.starts,  # type: ignore[arg-type]
                             batch.layout.counts, self.device)
-
-    def pool(self, batch: StepBatch, hidden: torch.Tensor) -> None:
-        for req, row, rows, first in batch.pooling:
-            states = hidden[row:row + rows]
-            pooled = req.pooled
-            assert pooled is not None  # batch.pooling holds pooling requests only
-            params = pooled.params
-            if params.reads_logits:  # a head (or the LM head) reads the last position only
-                if first + rows < pooled.n:
-                    continue
-                last = states[-1:]
-                states = self.model.classify(last) if params.head else \
-                    self.model.compute_logits(last)[:, list(params.token_ids)]
-                first = pooled.n - 1
-            pooled.add(first, states)
-
-    def score_prompt(self, batch: StepBatch, hidden: torch.Tensor) -> list[tuple]:
-        scored = []
-        for req, row, rows, first in batch.scoring:
-            c = first - 1  # the position of the first scored row
-            targets = torch.tensor(req.all_token_ids[c + 1:c + 1 + rows])
-            assert req.scores is not None  # batch.scoring holds scoring requests only
-            scored.append((req, first) + score_rows(self.model.compute_logits,
-                                                    hidden[row:row + rows], targets,
-                                                    req.scores.k))
-        return scored
 
     def logits(self, batch: StepBatch, hidden: torch.Tensor) -> torch.Tensor:
         if not batch.sample_rows:

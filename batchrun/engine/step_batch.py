@@ -1,5 +1,5 @@
 """A step's rows, laid out once: which request owns which rows, the attention layout, and the
-rows whose outputs are wanted (sampling, prompt scoring, pooling).
+rows whose outputs are wanted (sampling; and each hidden-state reader's spans, step_outputs.py).
 
 Decodes (one new token on top of computed context) come first, then prefill chunks: fresh
 prompts sorted by length (runs of one length share an attention call), then chunks over a
@@ -17,9 +17,7 @@ from batchrun.engine.kv_cache import readable_table
 from batchrun.engine.lora import segments
 from batchrun.engine.multimodal import StepImages
 from batchrun.engine.request import Request
-
-# (request, first row, rows, first position or token) of a request's rows in the step.
-Span = tuple[Request, int, int, int]
+from batchrun.engine.step_outputs import READERS, Span
 
 
 @dataclass
@@ -29,13 +27,17 @@ class StepBatch:
     tokens: list[int]  # [T] input ids
     sample_rows: list[int]  # rows whose logits are sampled, one per sampling request...
     samplers: list[Request]  # ...these
-    scoring: list[Span]  # rows that score prompt tokens: (req, first row, rows, first token)
-    pooling: list[Span]  # rows of pooled requests: (req, first row, rows, first position)
+    spans: dict[str, list[Span]]  # each hidden-state reader's rows (step_outputs.READERS)
     adapter_slots: dict[str, int]  # the slot of each adapter in the step
     # The rows of requests with images (engine/multimodal.py), for the model; [] for text only.
     images: list[StepImages] = field(default_factory=list)
     # The layout through each KV group's block tables (engine/kv_groups.py); layout is group 0's.
     group_layouts: list[StepLayout] = field(default_factory=list)
+
+    @property
+    def reads_hidden(self) -> bool:
+        """Whether a reader other than sampling wants rows of this step."""
+        return any(self.spans.values())
 
     @property
     def decode_only(self) -> bool:
@@ -77,24 +79,17 @@ def prepare_batch(work: list[tuple[Request, int]], block_size: int, scratch_slot
     tables: list[list[list[int]]] = []  # [sequence][group] block ids
     sample_rows: list[int] = []
     samplers: list[Request] = []
-    scoring: list[Span] = []
+    spans: dict[str, list[Span]] = {reader.name: [] for reader in READERS}
     scratch_rows: list[int] = []
-    pooling: list[Span] = []
     images: list[StepImages] = []
     for req, n in ordered:
         c = req.num_computed_tokens
         if req.rescore:
             scratch_rows.append(len(tokens))
             c, n = c - 1, n + 1
-        if req.scores is not None and not req.scores.done:
-            # Row p scores prompt token p + 1; rows for known entries are skipped.
-            first = max(c, req.scores.filled - 1)
-            last = min(c + n, req.num_prompt_tokens - 1)
-            if last > first:
-                assert first == req.scores.filled - 1, "a gap in the prompt entries"
-                scoring.append((req, len(tokens) + first - c, last - first, first + 1))
-        if req.pooled is not None:
-            pooling.append((req, len(tokens), n, c))
+        for reader in READERS:
+            if (span := reader.span(req, len(tokens), c, n)) is not None:
+                spans[reader.name].append(span)
         if req.multimodal is not None:
             images.append(StepImages(req.multimodal, len(tokens), c, n))
         tokens.extend(req.all_token_ids[c:c + n])
@@ -111,5 +106,5 @@ def prepare_batch(work: list[tuple[Request, int]], block_size: int, scratch_slot
         # The recomputed position's K/V is already cached: write it where no request reads.
         for group_layout in layouts:
             group_layout.slot_mapping[torch.tensor(scratch_rows, device=device)] = scratch_slot
-    return StepBatch([r for r, _ in ordered], layout, tokens, sample_rows, samplers, scoring,
-                     pooling, adapter_slots, images, layouts)
+    return StepBatch([r for r, _ in ordered], layout, tokens, sample_rows, samplers, spans,
+                     adapter_slots, images, layouts)

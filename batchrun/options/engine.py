@@ -90,7 +90,8 @@ class EngineConfig(BaseModel):
     max_model_len: int | None = option(None, "Context length [default: the model's].", ge=2)
     model_impl: Literal["auto", "native", "transformers"] = option(
         "auto", "The model code: native, transformers or auto (native where it can). native: "
-        "batchrun's own (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, the MoE families, GPT-OSS); "
+        "batchrun's own (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, StableLM, the MoE families, "
+        "GPT-OSS); "
         "transformers: transformers' modelling code on batchrun's engine (any decoder-only "
         "attention model); auto: native where it runs the model, else transformers.",
         section="model")

@@ -146,21 +146,24 @@ def test_run_serve_and_job_specs_take_the_option(tmp_path):
         load(str(spec))
 
 
-def test_a_windowed_soft_capped_gemma2_gives_the_same_bits_in_a_batch(tmp_path, smol_tokenizer):
+@pytest.mark.parametrize("arch,module", [("gemma2", "gemma"), ("stablelm", "stablelm")])
+def test_other_native_families_give_the_same_bits_in_a_batch(arch, module, tmp_path,
+                                                             smol_tokenizer):
     """Native Gemma 2 (8-token windows on alternate layers, soft-capped scores and logits, two KV
-    groups): the invariant attention takes each layer's window and cap."""
+    groups): the invariant attention takes each layer's window and cap. Native StableLM:
+    LayerNorms, per-head q/k norms and partial rotary are as invariant as the rest."""
     from tests.tiny_models import BACKEND_ARCHS
 
-    make_tiny("gemma2", tmp_path, archs=BACKEND_ARCHS, vocab_size=len(smol_tokenizer),
+    make_tiny(arch, tmp_path, archs=BACKEND_ARCHS, vocab_size=len(smol_tokenizer),
               intermediate_size=1024)
     smol_tokenizer.save_pretrained(tmp_path)
-    gemma = llm.load_from_path(tmp_path, EngineConfig.default(batch_invariant=True))
-    assert type(gemma.engine.runner.model).__module__ == "batchrun.models.arch.gemma"
-    solo = [run(engine(gemma), [t])[0] for t in TARGETS]
+    loaded = llm.load_from_path(tmp_path, EngineConfig.default(batch_invariant=True))
+    assert type(loaded.engine.runner.model).__module__ == f"batchrun.models.arch.{module}"
+    solo = [run(engine(loaded), [t])[0] for t in TARGETS]
     work = [other(i) for i in range(20)]
     for place, target in zip((0, 9, 19), TARGETS):
         work.insert(place, target)
-    batch = run(engine(gemma), work)
+    batch = run(engine(loaded), work)
     assert [batch[p] for p in (0, 9, 19)] == solo
 
 

@@ -125,9 +125,10 @@ def backend_folder(tmp_path, smol_tokenizer):
 
 # A native MoE with a shared expert and a dense layer, a windowed native model (gemma2: one
 # window layer, one full), one without RMSNorm/SwiGLU (gpt_neox), MLA (deepseek_v2), and a native
-# MoE with sinks, biases and windows (gpt_oss).
+# MoE with sinks, biases and windows (gpt_oss), a native model with LayerNorms and per-head q/k
+# norms (stablelm).
 @pytest.mark.parametrize("arch,impl", [
-    ("qwen2_moe", "native"), ("mixtral", "native"), ("gemma2", "native"),
+    ("qwen2_moe", "native"), ("mixtral", "native"), ("gemma2", "native"), ("stablelm", "native"),
     ("gpt_neox", "transformers"), ("deepseek_v2", "transformers"), ("gpt_oss", "native")])
 def test_every_path_is_sized_as_the_engine_holds_it(arch, impl, backend_folder):
     """Parameters equal transformers' model's, weight bytes what the loaded model holds, and

@@ -53,7 +53,8 @@ def record_steps(engine):
     return steps
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "tied", "gemma2", "gemma3_text", "phi3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "tied", "gemma2", "gemma3_text", "phi3",
+                                  "stablelm"])
 def test_each_adapter_and_the_base_in_one_batch_match_peft(arch, tmp_path):
     hf, adapters, engine = lora_engine(arch, tmp_path)
     names = [None, *adapters]

@@ -18,6 +18,7 @@ EXPECTED = {
     "gemma2": "native (models/arch/gemma.py)",
     "gemma3_text": "native (models/arch/gemma.py)",
     "phi3": "native (models/arch/llama.py)",
+    "stablelm": "native (models/arch/stablelm.py)",
     "olmo2": "transformers backend",
     "granite": "transformers backend",
     "glm4": "transformers backend",

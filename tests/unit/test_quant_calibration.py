@@ -55,10 +55,11 @@ def _isolated(tmp_path, monkeypatch):
     calibrate_int8_on_random_tokens(monkeypatch)  # the text's windows: the last test
 
 
-def test_smoothed_int8_is_closer_to_float32_than_plain_int8(tmp_path, monkeypatch):
+@pytest.mark.parametrize("arch", ["llama", "stablelm", "stablelm-parallel"])  # RMSNorm, LayerNorm
+def test_smoothed_int8_is_closer_to_float32_than_plain_int8(arch, tmp_path, monkeypatch):
     from benchmarks.quality import compare
 
-    _tiny("llama", tmp_path / "m")
+    _tiny(arch, tmp_path / "m")
     engines = {"none:float32": _load(tmp_path / "m"), "int8": _load(tmp_path / "m", "int8")}
     monkeypatch.setattr(smoothquant, "prepare_int8", lambda *args: 0)
     engines["int8-plain"] = _load(tmp_path / "m", "int8")
@@ -68,16 +69,21 @@ def test_smoothed_int8_is_closer_to_float32_than_plain_int8(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("arch,smoothed_per_layer", [
-    ("gemma2", 4), ("phi3", 4), ("qwen2", 4), ("mixtral", 2)])  # MoE: qkv and o only
+    ("gemma2", 4), ("phi3", 4), ("qwen2", 4), ("mixtral", 2),  # MoE: qkv and o only
+    ("stablelm", 4), ("stablelm-parallel", 4)])
 def test_every_native_family_gets_smoothed_int8_layers(arch, smoothed_per_layer, tmp_path):
     _tiny(arch, tmp_path / "m")
     model = _load(tmp_path / "m", "int8").runner.model
+    # StableLM's parallel residual: q/k/v and the MLP read one norm, which folds neither's factors
+    folds = arch != "stablelm-parallel"
     for layer in model.layers:
         smoothed = [m for m in layer.modules() if isinstance(m, Int8Linear) and m.outliers is not None]
         assert len(smoothed) == smoothed_per_layer
-        assert set(OUTLIER_CHANNELS) <= set(layer.self_attn.qkv_proj.outliers.tolist())
-        # folded into the norm: its weight is divided by the factors the qkv layer recorded
-        assert layer.self_attn.qkv_proj.input_divided_by is not None
+        qkv = layer.self_attn.qkv_proj
+        assert set(OUTLIER_CHANNELS) <= set(qkv.outliers.tolist())
+        # folded into the norm: its weight is divided by the factors the qkv layer recorded;
+        # else applied inside the layer
+        assert (qkv.input_divided_by is not None, qkv.inv_smooth is None) == (folds, folds)
     # the logits layer too, smoothed inside the layer (the final norm's output is also pooled)
     assert isinstance(model.lm_head, Int8Linear) and model.lm_head.input_divided_by is None
     assert set(OUTLIER_CHANNELS) <= set(model.lm_head.outliers.tolist())

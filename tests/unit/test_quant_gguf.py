@@ -50,7 +50,7 @@ def _random_blocks(kind, rows, cols, rng):
 
 @pytest.mark.parametrize("kind", list(KEPT))
 def test_blocks_load_exactly_as_gguf_dequantizes_them(kind, monkeypatch):
-    monkeypatch.setattr(cpu, "has_fast_bf16", lambda: False)  # float32 compute
+    monkeypatch.setattr(cpu, "has_fast_bf16", lambda: True)  # float32 compute even so
     rng = np.random.default_rng(0)
     w = rng.standard_normal((128, 512)).astype(np.float32) * 0.1
     for raw in (_random_blocks(kind, 128, 512, rng), gguf_kquants.quantize(w, kind)):
@@ -151,7 +151,7 @@ CASES = {  # quantization, projection types, model size (K-quants need inputs in
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_gguf_models_projections_load_quantized_and_decode_as_its_dequantisation(case, tmp_path,
                                                                                   monkeypatch):
-    monkeypatch.setattr(cpu, "has_fast_bf16", lambda: False)  # float32 compute, as the reference
+    monkeypatch.setattr(cpu, "has_fast_bf16", lambda: True)  # float32 compute even so
     quantization, kinds, size = CASES[case]
     hf = make_tiny("llama", tmp_path, **size)
     gguf_path = tmp_path / "tiny.gguf"

@@ -117,9 +117,12 @@ def check_a_busy_engine(hf, engine, arch):
 
 # The native model files beyond Llama: Gemma (GeGLU, (1 + w) norms), Gemma 2 (soft-capping,
 # alternating 8-token windows), Gemma 3 (q/k norms, local RoPE base), Phi-3 (fused checkpoint
-# weights; LongRoPE on half the head, a window on every layer), windowed Mistral.
+# weights; LongRoPE on half the head, a window on every layer), windowed Mistral, StableLM
+# (LayerNorm with bias; q/k/v bias, per-head q/k norms and rotary on a quarter of the head; or
+# the parallel residual, full rotary, tied embeddings).
 NATIVE_FILES = {"gemma": "gemma", "gemma2": "gemma", "gemma3_text": "gemma", "phi3": "llama",
-                "phi3-longrope": "llama", "mistral": "llama"}
+                "phi3-longrope": "llama", "mistral": "llama", "stablelm": "stablelm",
+                "stablelm-parallel": "stablelm"}
 
 
 @pytest.mark.parametrize("path", ["cpu-kernels", "pytorch-only"])

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+from pathlib import Path
 from types import ModuleType
+from typing import Protocol, runtime_checkable
 
 NATIVE_MODULES = {
     "llama": "batchrun.models.arch.llama",
@@ -27,7 +29,16 @@ NATIVE_MODULES = {
     "gemma": "batchrun.models.arch.gemma",
     "gemma2": "batchrun.models.arch.gemma",
     "gemma3_text": "batchrun.models.arch.gemma",
+    "stablelm": "batchrun.models.arch.stablelm",
 }
+
+
+@runtime_checkable
+class FromCheckpoint(Protocol):
+    """A native model as llm loads it: the folder and files its float weights came from, which
+    the calibrations (int8, fp8 KV scales) key their caches by."""
+
+    checkpoint: tuple[Path, list[Path]]
 
 
 def module_for(hf) -> ModuleType | None:

@@ -77,8 +77,9 @@ def require_architecture(hf, supported: set[str], default: str) -> None:
                          f"runs {sorted(supported)}")
 
 
-def shape_fields(hf) -> dict:
-    """The ModelConfig fields every decoder of this shape reads the same way from `hf`."""
+def shape_fields(hf, eps: str = "rms_norm_eps") -> dict:
+    """The ModelConfig fields every decoder of this shape reads the same way from `hf` (`eps`:
+    the attribute its norms' epsilon is read from)."""
     heads = hf.num_attention_heads
     return dict(
         vocab_size=hf.vocab_size,
@@ -88,7 +89,7 @@ def shape_fields(hf) -> dict:
         num_heads=heads,
         num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
         head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
-        rms_norm_eps=hf.rms_norm_eps,
+        rms_norm_eps=getattr(hf, eps),
         max_position_embeddings=hf.max_position_embeddings,
         tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
         hf_config=hf,

@@ -4,6 +4,7 @@
 `grouped_mm` multiplies each expert's run of rows by that expert's weight in one call:
 - few rows per active expert (decode), with the CPU kernels: engine/kernels/expert_gemm.c, which
   visits the active experts only;
+- on CUDA, the Triton grouped GEMM (engine/kernels/triton_moe.py), one launch over all experts;
 - otherwise torch._grouped_mm where the device and dtype take it (the CPU in float32 and bfloat16
   with torch 2.13; its loop over all groups costs about 1 us per empty one, small beside a
   prefill's GEMMs);
@@ -52,6 +53,10 @@ def grouped_mm(rows: torch.Tensor, weights: torch.Tensor, pairs: ExpertPairs,
     weight of its expert, [pairs, out]."""
     if cpu_kernels is not None and len(rows) <= KERNEL_ROWS_PER_EXPERT * len(pairs.active):
         return cpu_kernels.expert_gemm(rows, weights, pairs.active, pairs.bounds)
+    if rows.is_cuda:
+        from batchrun.engine.kernels.triton_moe import grouped_gemm
+
+        return grouped_gemm(rows, weights, pairs.ends)
     if _native_grouped_mm(rows.device.type, rows.dtype):
         return torch._grouped_mm(rows, weights.transpose(1, 2), offs=pairs.ends)
     return torch.bmm(weights[pairs.expert], rows.unsqueeze(-1)).squeeze(-1)

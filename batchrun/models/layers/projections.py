@@ -49,8 +49,9 @@ class LayerLayout:
         return {part.rsplit(".", 1)[-1]: (p, i) for p in self.projections
                 for i, part in enumerate(p.parts) if part != p.name}
 
-    def with_norm(self, projection: str, norm: str) -> LayerLayout:
-        """The layout with `projection` reading `norm`'s output."""
+    def with_norm(self, projection: str, norm: str | None) -> LayerLayout:
+        """The layout with `projection` reading `norm`'s output (None: a norm it may not fold
+        into, one another projection already reads)."""
         return LayerLayout(tuple(replace(p, norm=norm) if p.name == projection else p
                                  for p in self.projections))
 

@@ -18,24 +18,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from batchrun.models.lora.stacked import StackedUpdates, stack_updates, stacked_segments
 from batchrun.models.lora.targets import LoraTargets
-
-
-@dataclass
-class SliceUpdate:
-    out_start: int  # columns of the projection's output this slice writes
-    out_end: int
-    rank_start: int  # columns of the shrunk rows it reads
-    rank_end: int
-    b_t: torch.Tensor  # (scaling * B)^T, [r, out]
-
-
-@dataclass
-class ProjectionUpdate:
-    """One adapter's update of one (possibly fused) projection."""
-
-    a_t: torch.Tensor  # stacked A^T of the targeted slices, [in, r * slices]
-    slices: list[SliceUpdate]
+from batchrun.models.lora.updates import ProjectionUpdate, SliceUpdate
 
 
 @dataclass
@@ -56,6 +41,7 @@ class LoraLinear(nn.Module):
         self.base = base
         self.key = (layer, projection)
         self.step = step
+        self._stacked: StackedUpdates | None = None  # the CUDA path's stacks of the adapters
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
@@ -65,6 +51,9 @@ class LoraLinear(nn.Module):
         divided_by = getattr(self.base, "input_divided_by", None)  # a smoothed int8 base's
         if divided_by is not None:  # (models/quant/smoothquant.py): the adapter reads the true input
             flat_x = flat_x * divided_by.to(flat_x.dtype)
+        if flat_x.is_cuda:
+            self._update_batched(flat_x, flat_y)
+            return y
         for start, end, slot in self.step.segments:
             update = self.step.updates[slot].get(self.key)
             if update is None:
@@ -74,6 +63,18 @@ class LoraLinear(nn.Module):
             for s in update.slices:
                 rows[:, s.out_start:s.out_end].addmm_(shrunk[:, s.rank_start:s.rank_end], s.b_t)
         return y
+
+    def _update_batched(self, flat_x: torch.Tensor, flat_y: torch.Tensor) -> None:
+        """Every segment's update in one shrink and one expand launch (engine/kernels/triton_lora.py)."""
+        from batchrun.engine.kernels.triton_lora import lora_update
+
+        by_slot = {slot: u[self.key] for slot, u in self.step.updates.items() if self.key in u}
+        if not by_slot:
+            return
+        if self._stacked is None or not self._stacked.current(by_slot):
+            self._stacked = stack_updates(by_slot, flat_y.shape[1])
+        table, max_rows = stacked_segments(self.step.segments, self._stacked, flat_x.device)
+        lora_update(flat_x, flat_y, self._stacked.a_t, self._stacked.b_t, table, max_rows)
 
 
 def wrap_projections(targets: LoraTargets, projections: set[tuple[int, str]],

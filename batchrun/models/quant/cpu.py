@@ -1,5 +1,5 @@
-"""What this CPU computes fast: the weight-only layers' choice of compute dtype, int8's logits
-dtype, and the load's warning where bfloat16 has no fast GEMM."""
+"""What this CPU computes fast: int8's logits dtype and the load's warning where bfloat16 has
+no fast GEMM."""
 
 from __future__ import annotations
 
@@ -43,8 +43,3 @@ def slow_bf16_note(dtype: torch.dtype, device: torch.device,
             "float32 (PyTorch's, not oneDNN's); it reads half float32's weight bytes at float32's "
             "multiply rate")
 
-
-def weight_only_dtype(activations: torch.dtype) -> torch.dtype:
-    """Weight-only layers dequantize into bfloat16 and run a bfloat16 GEMM (float32 in, float32
-    out) where the CPU has fast bfloat16; else they compute in the activations' dtype."""
-    return torch.bfloat16 if activations == torch.float32 and has_fast_bf16() else activations

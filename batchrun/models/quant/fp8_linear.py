@@ -2,8 +2,7 @@
 
 The CPU has no float8 arithmetic: the weights stay float8 bytes (1 byte a weight, as in the
 checkpoint) with their scales, and each step dequantises this layer's weights for one dense
-GEMM, in bfloat16 where the CPU has fast bfloat16 (cpu.weight_only_dtype), as int4-weight's
-larger steps do. In float32 the dequantised weights are the checkpoint's reference
+GEMM in the activations' dtype, as int4-weight's larger steps do. In float32 the dequantised weights are the checkpoint's reference
 dequantisation exactly (a float8 value times a float32 scale)."""
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from batchrun.models.quant import cpu
 
 
 def row_scales(scale: torch.Tensor, out_features: int, in_features: int,
@@ -48,7 +46,7 @@ class Fp8WeightLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        dtype = cpu.weight_only_dtype(x.dtype)
+        dtype = x.dtype
         y = F.linear(x.reshape(-1, self.in_features).to(dtype), self.dequantized_weight(dtype))
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)

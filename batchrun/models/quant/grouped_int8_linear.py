@@ -4,7 +4,7 @@ and Q6_K (-32..31, 16); the weights stay one byte each.
 
 Up to KERNEL_ROWS rows (decode) run the C kernel (engine/kernels/grouped_int8.c), which widens the int8
 weights a vector at a time; more rows (prefill), or no kernel library, dequantize this layer's
-weights for one dense GEMM, in bfloat16 where the CPU has fast bfloat16 (cpu.weight_only_dtype).
+weights for one dense GEMM in the activations' dtype (float32: exact).
 `python benchmarks/grouped_int8.py` measures both ways side by side."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from batchrun.engine.kernels.ops import CpuKernels
-from batchrun.models.quant import cpu
 
 # Up to this many rows the kernel beats dequantize + GEMM (benchmarks/grouped_int8.py, one
 # thread, SmolLM2's shapes: 2.6-3.3x float32 at 1 row, even at 16, dequantize + GEMM 1.6-2.2x at 256).
@@ -49,7 +48,7 @@ class GroupedInt8Linear(nn.Module):
                 and x.dtype in (torch.float32, torch.bfloat16)):
             y = self.kernel_forward(x2)
         else:
-            dtype = cpu.weight_only_dtype(x.dtype)
+            dtype = x.dtype
             y = F.linear(x2.to(dtype), self.dequantized_weight(dtype))
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)

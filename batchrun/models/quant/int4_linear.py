@@ -6,8 +6,10 @@ is min = -z * scale).
 The nibbles live once, in the layout of torch's CPU int4 kernel (_weight_int4pack_mm_for_cpu,
 which computes (q - 8) * s + z: s = scale, z = min + 8 * scale); that kernel runs a few rows
 of bfloat16 activations, and larger steps (and float32 activations, which it runs without
-vector code) dequantize this layer's weights for one dense GEMM, in bfloat16 where the CPU
-has fast bfloat16 (cpu.weight_only_dtype)."""
+vector code) dequantize this layer's weights for one dense GEMM, in the activations' dtype
+(float32: exact to the dequantised weights; bfloat16 under --dtype bfloat16). Moved to CUDA,
+the layer runs the Triton weight-only GEMM (engine/kernels/triton_int4_gemm.py) on the same
+nibbles."""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from batchrun.models.quant import cpu
 from batchrun.models.quant.int8_linear import WEIGHT_ONLY_KERNEL_ROWS
 
 GROUP = 32
@@ -88,10 +89,23 @@ class Int4WeightLinear(nn.Module):
         input, not counted)."""
         return out_features * in_features // 2 + out_features * (in_features // group) * 8
 
+    def _apply(self, fn, recurse=True):
+        """The nibbles, scales and minima (plain attributes, so that a cast of the model leaves
+        them as they are) follow the module to another device, keeping their dtypes."""
+        device = fn(torch.empty(0, device=self.packed.device)).device
+        if device != self.packed.device:
+            for name in ("packed", "scale", "minimum", "bias", "in_perm"):
+                if getattr(self, name) is not None:
+                    setattr(self, name, getattr(self, name).to(device))
+            self._kernel_scales = None
+        return super()._apply(fn, recurse)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed.is_cuda:
+            return self._forward_cuda(x)
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        dtype = cpu.weight_only_dtype(x.dtype)
+        dtype = x.dtype
         x2 = x2.to(dtype)
         if self.in_perm is not None:
             x2 = x2.index_select(1, self.in_perm)
@@ -104,6 +118,18 @@ class Int4WeightLinear(nn.Module):
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+    def _forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
+        """The Triton weight-only GEMM, dequantising in-kernel, in the activations' dtype."""
+        from batchrun.engine.kernels.triton_int4_gemm import int4_gemm
+
+        x2 = x.reshape(-1, self.in_features)
+        if self.in_perm is not None:
+            x2 = x2.index_select(1, self.in_perm)
+        y = int4_gemm(x2, self.packed, self.scale, self.minimum, self.group, self.kernel_layout)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weights over the inputs in their own order."""

@@ -10,15 +10,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from batchrun.engine.kernels.ops import (outlier_columns, outlier_pairs, pairs_matrix, quantize_rows,
+from batchrun.engine.kernels.ops import (CpuKernels, outlier_columns, outlier_pairs, pairs_matrix, quantize_rows,
                                          quantize_rows_split, rescale_rows)
-from batchrun.models.quant import cpu
 
 log = logging.getLogger(__name__)
 # Up to this many rows of bfloat16 activations the weight-only kernel wins; above it (and for
 # float32 activations, which that kernel runs without vector code) this layer's weights are
 # dequantized for one dense GEMM (measured on SmolLM2's shapes, rows 1-256).
 WEIGHT_ONLY_KERNEL_ROWS = 4
+GROUPED_KERNEL_ROWS = 16  # float32 rows through the C grouped kernel (as grouped_int8_linear.py)
 
 
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,12 +172,12 @@ class Int8Linear(nn.Module):
 
 
 def attach_kernels(model: nn.Module, kernels) -> None:
-    """Give the model's W8A8 and grouped-int8 layers the CPU kernel library (built beside the
+    """Give the model's W8A8, int8-weight and grouped-int8 layers the CPU kernel library (built beside the
     weights' loading)."""
     from batchrun.models.quant.grouped_int8_linear import GroupedInt8Linear
 
     for module in model.modules():
-        if isinstance(module, (Int8Linear, GroupedInt8Linear)):
+        if isinstance(module, (Int8Linear, Int8WeightLinear, GroupedInt8Linear)):
             module.kernels = kernels
 
 
@@ -189,9 +189,10 @@ def _unpack_onednn(layer: Int8Linear) -> torch.Tensor:
 
 
 class Int8WeightLinear(nn.Module):
-    """int8 weights, float activations: the weight-only kernel for a few bfloat16 rows (decode of
-    a few sequences, memory-bound), else this layer's weights dequantized for one dense GEMM;
-    in bfloat16 where the CPU has fast bfloat16 (cpu.weight_only_dtype)."""
+    """int8 weights, float activations, computed in the activations' dtype (float32: exact to
+    the dequantised weights): decode rows by a weight-only kernel (torch's for a few bfloat16
+    rows; the C grouped kernel, one group a row, for float32), memory-bound, reading a byte a
+    weight; larger steps dequantize the layer for one dense GEMM."""
 
     def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None,
                  qweight: torch.Tensor | None = None, scale: torch.Tensor | None = None):
@@ -204,6 +205,7 @@ class Int8WeightLinear(nn.Module):
         self.qweight, self.w_scale = qweight.contiguous(), scale.float()
         self.bias = None if bias is None else bias.detach().float()
         self._scales: dict[torch.dtype, torch.Tensor] = {}
+        self.kernels: CpuKernels | None = None  # the CPU kernel library, once built (attach_kernels)
 
     @staticmethod
     def nbytes(out_features: int, in_features: int) -> int:
@@ -212,10 +214,13 @@ class Int8WeightLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        dtype = cpu.weight_only_dtype(x.dtype)
-        x2 = x2.to(dtype)
+        dtype = x.dtype
         if dtype == torch.bfloat16 and 0 < x2.shape[0] <= WEIGHT_ONLY_KERNEL_ROWS:
             y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.qweight, self._scale(dtype))
+        elif (self.kernels is not None and dtype == torch.float32
+              and 0 < x2.shape[0] <= GROUPED_KERNEL_ROWS and self.in_features % 16 == 0):
+            y = self.kernels.grouped_int8_linear(x2, self.qweight, self.w_scale[:, None].contiguous(),
+                                                 None, self.in_features)
         else:
             y = F.linear(x2, self.qweight.to(dtype) * self._scale(dtype)[:, None])
         if self.bias is not None:

@@ -2,8 +2,8 @@
 
 On the float model (weights loaded, linears still nn.Linear), per decoder layer:
 
-- qkv_proj and gate_up_proj read an RMSNorm's output: s divides that norm's weight (free at run
-  time) and multiplies the linear's weight columns.
+- qkv_proj and gate_up_proj read a norm's output: s divides that norm's weight (and a
+  LayerNorm's bias; free at run time) and multiplies the linear's weight columns.
 - o_proj (reads attention's output) and down_proj (reads act(gate) * up): 1/s is applied to the
   activations inside the layer, in the same elementwise pass that zeroes its outlier channels
   (so it costs nothing extra). Folding it upstream instead would need v_proj rows (o_proj; not
@@ -43,7 +43,7 @@ LOGITS_OUTLIERS = 32  # benchmarks/quality.py: 16 gave 96.60% top-1, 32 97.06% (
 
 
 def targets(model: nn.Module) -> dict[str, tuple[nn.Linear, nn.Module | None]]:
-    """{qualified linear name: (linear, the RMSNorm whose output it reads, or None)}: each
+    """{qualified linear name: (linear, the norm whose output it reads, or None)}: each
     layer's projections as the model's layout declares them (models/layers/projections.py) that
     are plain linears (an MoE layer's experts are not)."""
     decoder = as_decoder(model)
@@ -85,9 +85,9 @@ def smooth_and_quantize(model: nn.Module, input_max: dict[str, torch.Tensor]) ->
         outliers = torch.topk(maxima, min(OUTLIERS, len(maxima))).indices.sort().values
         layer: nn.Module
         if norm is not None:
-            norm_weight = norm.weight
-            assert isinstance(norm_weight, torch.Tensor)  # an RMSNorm's
-            norm_weight.div_(s.to(norm_weight.dtype))
+            for param in (norm.weight, getattr(norm, "bias", None)):  # a LayerNorm's bias too
+                if isinstance(param, torch.Tensor):
+                    param.div_(s.to(param.dtype))
             layer = Int8Linear(weight * s, linear.bias, outliers=outliers, input_divided_by=s)
         else:
             layer = smoothed_in_layer(linear, maxima)
