@@ -194,3 +194,19 @@ def test_prompt_logprobs_across_chunks(arch, tmp_path):
     assert ours[0] is None
     expected = [float(ref[p - 1, prompt[p]]) for p in range(1, len(prompt))]
     assert ours[1:] == pytest.approx(expected, abs=2e-3)
+
+
+@pytest.mark.parametrize("arch", ["mamba", "mamba2"])
+def test_bfloat16_passes_the_load_check(arch, tmp_path):
+    """In bfloat16 Mamba's residual stream stays float32 (residual_in_fp32): the head must
+    read it in the model's dtype. The load check holds the engine's chunked path against
+    transformers' own forward within bfloat16's tolerance."""
+    make_tiny(arch, tmp_path, archs=STATE_ARCHS)
+    config = EngineConfig.default(model_impl="transformers", block_size=4,
+                                  max_num_batched_tokens=CHUNK)
+    model = load_weights(tmp_path, config, CPU, torch.bfloat16)  # raises where it differs
+    engine = build_engine(model, IdTokenizer(), config, [2], CPU, torch.bfloat16)
+    assert all(t.dtype == torch.bfloat16 for layer in engine.runner.states for t in layer)
+    out = engine.generate(prompts_of((21,)), SamplingParams(temperature=0, max_tokens=4,
+                                                            ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 4

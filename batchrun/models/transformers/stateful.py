@@ -74,6 +74,11 @@ class StateModel(TransformersModel):
         with step(state):
             return super().forward(input_ids, positions, kv_caches, meta)
 
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # Mamba keeps its residual stream in float32 (residual_in_fp32): the head reads it in
+        # the model's dtype, as transformers' causal LM casts it
+        return super().compute_logits(hidden.to(self.hf.dtype))
+
     def lora_targets(self):
         raise ValueError("LoRA adapters do not run on models with recurrent state yet")
 
