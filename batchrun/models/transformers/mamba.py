@@ -65,7 +65,14 @@ def causal_conv(x: torch.Tensor, conv, conv_cache: torch.Tensor, step: StepState
     joined = torch.cat([before, x], dim=-1)  # [S, I, keep + L]; sequence i's inputs end at keep + n_i
     last = step.counts[:, None, None] + torch.arange(keep, device=x.device)
     conv_cache[step.slots] = joined.gather(-1, last.expand(-1, x.shape[1], -1)).to(conv_cache.dtype)
-    return F.conv1d(joined.to(conv.weight.dtype), conv.weight, conv.bias, groups=x.shape[1])
+    joined = joined.to(conv.weight.dtype)
+    if x.shape[-1] > 8:
+        return F.conv1d(joined, conv.weight, conv.bias, groups=x.shape[1])
+    # decodes (L = 1): the taps as multiply-adds over the unfolded windows, ~30% cheaper than
+    # PyTorch's grouped conv1d on the CPU at this length (and dearer at prefill lengths)
+    windows = joined.unfold(-1, conv.weight.shape[-1], 1)  # [S, I, L, K]
+    out = (windows * conv.weight[:, 0][None, :, None, :]).sum(-1)
+    return out if conv.bias is None else out + conv.bias[None, :, None]
 
 
 def scan(mixer, u: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor,

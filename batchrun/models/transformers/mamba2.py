@@ -55,10 +55,15 @@ def forward(mixer, hidden: torch.Tensor, tensors: tuple[torch.Tensor, ...],
     dt = torch.where(chunked[:, None, None], dt.clamp(low, high), dt)
     dt = dt.masked_fill(~valid[..., None], 0)
     start = ssm_cache[step.slots].float().masked_fill(step.fresh[:, None, None, None], 0)
-    y, final = mamba2_chunk_scan(
-        x.reshape(S, L, mixer.num_heads, mixer.head_dim), dt, -torch.exp(mixer.A_log.float()),
-        B.reshape(S, L, groups, n), C.reshape(S, L, groups, n), chunk_size=mixer.chunk_size,
-        D=mixer.D, initial_states=start, return_final_states=True)
+    x, B, C = (x.reshape(S, L, mixer.num_heads, mixer.head_dim), B.reshape(S, L, groups, n),
+               C.reshape(S, L, groups, n))
+    A = -torch.exp(mixer.A_log.float())
+    if L == 1:  # decodes only: the recurrent update (the chunked scan would pad to a chunk)
+        y, final = recurrent_step(x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], mixer.D, start)
+        y = y[:, None]
+    else:
+        y, final = mamba2_chunk_scan(x, dt, A, B, C, chunk_size=mixer.chunk_size, D=mixer.D,
+                                     initial_states=start, return_final_states=True)
     ssm_cache[step.slots] = final.to(ssm_cache.dtype)
     y = y.reshape(S, L, inner)
     if getattr(mixer, "mamba_rms_norm", True):
@@ -66,3 +71,17 @@ def forward(mixer, hidden: torch.Tensor, tensors: tuple[torch.Tensor, ...],
     else:  # Falcon-H1 without the gated norm: the gate alone
         y = y * F.silu(gate[rows].float())
     return mixer.out_proj(y[valid].to(hidden.dtype))[None]
+
+
+def recurrent_step(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                   C: torch.Tensor, D: torch.Tensor, state: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One position of every sequence: x [S, H, P], dt [S, H], B and C [S, G, N], state
+    [S, H, P, N] (float32) -> (output [S, H, P], the next state)."""
+    heads = x.shape[1]
+    B, C = (t.float().repeat_interleave(heads // t.shape[1], dim=1) for t in (B, C))
+    dt = dt.float()
+    state = state * torch.exp(dt * A)[..., None, None] + \
+        (dt[..., None] * x.float())[..., None] * B[:, :, None, :]
+    y = (state @ C[..., None]).squeeze(-1) + D.float()[:, None] * x.float()
+    return y, state
