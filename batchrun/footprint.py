@@ -262,10 +262,11 @@ def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,
     (engine/kv_sizing.py: kv_cache_memory or num_blocks, else a share of free memory,
     never more than max_num_seqs full-length sequences). `dtype` is the model dtype (None = the
     engine config's); kv_cache_dtype applies on top. Bytes include the one padding block the
-    runner adds, and an fp8 cache's scales (a K and a V float32 per layer; an int8 cache's per
-    token and KV head are in the blocks); on the CPU they are
+    runner adds, an fp8 cache's scales (a K and a V float32 per layer; an int8 cache's per
+    token and KV head are in the blocks) and a stateful model's state slots; on the CPU they are
     reserved, and touched (resident) only as blocks fill."""
     from batchrun.engine.kv_groups import kv_block_bytes
+    from batchrun.engine.kv_sizing import state_bytes
 
     dev = device_of(device)
     dt = dtype_of(dtype if dtype is not None else engine_config.device.dtype, dev)
@@ -275,7 +276,8 @@ def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,
     per_block = kv_block_bytes(cfg, engine_config.cache.block_size, kv_dtype.itemsize,
                                4 if kv_dtype == torch.int8 else 0)
     scales = 2 * 4 * cfg.num_layers if kv_dtype.is_floating_point and kv_dtype.itemsize == 1 else 0
-    return num_blocks, (num_blocks + 1) * per_block + scales
+    # a model with recurrent state also holds a slot per sequence (engine/state_slots.py)
+    return num_blocks, (num_blocks + 1) * per_block + scales + state_bytes(engine_config, cfg)
 
 
 def model_config_for(model: str | None, impl: str = "auto", trust_remote_code: bool = False):

@@ -152,6 +152,12 @@ def test_models_check_and_plan_name_the_state_per_request(arch):
     sized = backend_config(cfg)  # what plan sizes
     assert sized.state_bytes_per_sequence == per_request
     assert sized.num_layers == attention_layers
+    from batchrun.footprint import kv_reservation
+
+    plain = EngineConfig.default(max_num_seqs=8, kv_cache_memory=2 ** 22)
+    blocks, reserved = kv_reservation(plain, sized, "cpu", torch.float32)
+    kv_bytes = reserved - 8 * per_request  # the blocks' share of the one budget
+    assert kv_bytes >= 0 and (kv_bytes == 0) == (not attention_layers)
 
 
 def test_batchrun_run_serves_a_mamba_end_to_end(tmp_path, smol_tokenizer):
