@@ -262,10 +262,11 @@ def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,
     (engine/kv_sizing.py: kv_cache_memory or num_blocks, else a share of free memory,
     never more than max_num_seqs full-length sequences). `dtype` is the model dtype (None = the
     engine config's); kv_cache_dtype applies on top. Bytes include the one padding block the
-    runner adds, and an fp8 cache's scales (a K and a V float32 per layer; an int8 cache's per
-    token and KV head are in the blocks); on the CPU they are
+    runner adds, an fp8 cache's scales (a K and a V float32 per layer; an int8 cache's per
+    token and KV head are in the blocks) and a stateful model's state slots; on the CPU they are
     reserved, and touched (resident) only as blocks fill."""
     from batchrun.engine.kv_groups import kv_block_bytes
+    from batchrun.engine.kv_sizing import state_bytes
 
     dev = device_of(device)
     dt = dtype_of(dtype if dtype is not None else engine_config.device.dtype, dev)
@@ -275,7 +276,8 @@ def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,
     per_block = kv_block_bytes(cfg, engine_config.cache.block_size, kv_dtype.itemsize,
                                4 if kv_dtype == torch.int8 else 0)
     scales = 2 * 4 * cfg.num_layers if kv_dtype.is_floating_point and kv_dtype.itemsize == 1 else 0
-    return num_blocks, (num_blocks + 1) * per_block + scales
+    # a model with recurrent state also holds a slot per sequence (engine/state_slots.py)
+    return num_blocks, (num_blocks + 1) * per_block + scales + state_bytes(engine_config, cfg)
 
 
 def model_config_for(model: str | None, impl: str = "auto", trust_remote_code: bool = False):
@@ -309,13 +311,23 @@ def backend_config(hf):
     attention, read by a forward pass of transformers' model on the meta device (no weights,
     no memory: check.shapes_from_config); where that forward cannot run on meta tensors, as
     the config's fields describe them (models check's attention_shape, config_layer_windows)."""
-    from batchrun.models.transformers import check
+    from batchrun.models.transformers import check, stateful
     from batchrun.models.transformers.model import config_of
     from batchrun.models.config.windows import config_layer_windows
     from batchrun.models.transformers.support import as_transformers_config
 
     full = as_transformers_config(hf)
     text = full.get_text_config()
+    layers, state = frozenset[int](), 0
+    if stateful.runs(full):  # its state counted in float32 (the most it takes)
+        meta = check.meta_model(full)
+        if meta is None:
+            raise UnsupportedModelError(f"transformers cannot build {text.model_type} from its "
+                                        "config")
+        spec = stateful.spec_of(meta, torch.float32)
+        if not stateful.has_attention(meta):
+            return stateful.backend_config(meta, spec)
+        layers, state = stateful.no_kv_layers(meta), spec.bytes_per_sequence
     calls: dict = {}
     try:
         shapes, windows = check.shapes_from_config(full, calls=calls)
@@ -323,9 +335,10 @@ def backend_config(hf):
         raise
     except Exception:  # data-dependent code in its forward: the config's own description
         shape = (text.num_attention_heads, *check.attention_shape(text))
-        shapes = {i: shape for i in range(text.num_hidden_layers)}
+        shapes = {i: shape for i in range(text.num_hidden_layers) if i not in layers}
         windows = dict(enumerate(config_layer_windows(text)))
-    config = config_of(text, shapes, windows, calls)
+    config = dataclasses.replace(config_of(text, shapes, windows, calls, layers),
+                                 state_bytes_per_sequence=state)
     if getattr(full, "vision_config", None) is not None:  # its weights: the whole model's
         config = dataclasses.replace(config, hf_config=full)
     return config

@@ -171,10 +171,11 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
     if stored is not None:
         raise UnsupportedModelError(f"the checkpoint is stored quantized ({stored[0]}); "
                                     f"quantized checkpoints load on the native path only ({native_types})")
-    from batchrun.models.transformers import model as text, vision
+    from batchrun.models.transformers import model as text, stateful, vision
 
-    model = (vision if vision.is_vision_language(hf) else text).load(
-        path, device, dtype, how, config.trust_remote_code)
+    loader = vision if vision.is_vision_language(hf) else \
+        stateful if stateful.runs(hf) else text
+    model = loader.load(path, device, dtype, how, config.trust_remote_code)
     phases.mark("weights (transformers backend)")
     return model
 

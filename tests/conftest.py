@@ -40,3 +40,14 @@ def smol_tokenizer():
     from batchrun.models.weights.resolve import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model(None).path)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny matrices gain nothing from threads, and on busy shared cores the threads' hand-offs
+    made a module of them 20x slower: such a module takes
+    `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -118,6 +118,55 @@ BACKEND_ARCHS = {
         "partial_rotary_factor": 1.0, "use_parallel_residual": True, "tie_word_embeddings": True}),
 }
 
+# Models whose layers keep recurrent state (models/transformers/stateful.py): hidden 128 gives
+# Mamba's inner width 256 (expand 2); untied embeddings keep its greedy tokens from repeating.
+STATE_ARCHS = {
+    "mamba": ("MambaConfig", "MambaForCausalLM", {"state_size": 8, "conv_kernel": 4,
+                                                  "expand": 2}),
+    # inner width 256 = 8 heads of 32; chunks of 8 positions, so prompts span several
+    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", {"state_size": 8, "conv_kernel": 4,
+                                                    "expand": 2, "num_heads": 8, "head_dim": 32,
+                                                    "n_groups": 2, "chunk_size": 8}),
+    "falcon_mamba": ("FalconMambaConfig", "FalconMambaForCausalLM", {
+        "state_size": 8, "conv_kernel": 4, "expand": 2}),
+    # Mamba mixers (norms on dt, B and C) and one attention layer in four, MoE in every other
+    "jamba": ("JambaConfig", "JambaForCausalLM", {
+        "num_hidden_layers": 4, "attn_layer_period": 4, "attn_layer_offset": 1,
+        "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 4,
+        "num_experts_per_tok": 2, "mamba_d_state": 8, "mamba_d_conv": 4, "mamba_expand": 2,
+        "mamba_dt_rank": 8}),
+    # Mamba-2 mixers with one attention layer in four
+    "bamba": ("BambaConfig", "BambaForCausalLM", {
+        "num_hidden_layers": 4, "attn_layer_indices": [1], "mamba_n_heads": 8, "mamba_d_head": 32,
+        "mamba_n_groups": 2, "mamba_d_state": 8, "mamba_expand": 2, "mamba_chunk_size": 8}),
+    # Granite 4's hybrid: Mamba-2 layers, one attention layer, MoE feed-forwards and Granite's
+    # multipliers
+    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
+        "num_hidden_layers": 4, "layer_types": ["mamba", "attention", "mamba", "mamba"],
+        "mamba_n_heads": 8, "mamba_d_head": 32, "mamba_n_groups": 2, "mamba_d_state": 8,
+        "mamba_expand": 2, "mamba_chunk_size": 8, "num_local_experts": 4,
+        "num_experts_per_tok": 2, "shared_intermediate_size": 64, "logits_scaling": 2.0,
+        "embedding_multiplier": 2.0, "residual_multiplier": 0.5}),
+    # Falcon-H1: attention and a Mamba-2 mixer side by side in every layer, muP multipliers
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", {
+        "head_dim": 32, "mamba_d_ssm": 256, "mamba_n_heads": 8, "mamba_d_head": 32,
+        "mamba_n_groups": 2, "mamba_d_state": 8, "mamba_chunk_size": 8,
+        "ssm_multipliers": [1.5, 0.5, 1.2, 0.8, 1.1], "ssm_in_multiplier": 0.7,
+        "ssm_out_multiplier": 1.3, "key_multiplier": 0.9, "embedding_multiplier": 1.5}),
+    # LFM2: gated short convolutions (3 positions) and one attention layer in four
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", {
+        "num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "conv"],
+        "conv_L_cache": 3}),
+    # Nemotron-H: one block kind a layer (Mamba-2, attention, MLP). Its time-step floor binds
+    # transformers' chunked scan but not its one-token decode update (nor mamba_ssm's): a
+    # recomputed (preempted) sequence would take the floor where generate did not, so the tiny
+    # model's floor is set where random weights never reach it.
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", {
+        "layers_block_type": ["mamba", "attention", "mlp", "mamba"], "head_dim": 32,
+        "mamba_num_heads": 8, "mamba_head_dim": 32, "n_groups": 2, "ssm_state_size": 8,
+        "chunk_size": 8, "time_step_min": 1e-9}),
+}
+
 
 def make_tiny(arch: str, path: Path, seed: int = 0, archs: dict = ARCHS, **overrides):
     """Save a tiny random model to `path`; returns the transformers model (fp32, eval).

@@ -12,7 +12,7 @@ from batchrun.engine.errors import PromptTooLongError
 from batchrun.engine.kv_cache import KVCacheManager
 from batchrun.engine.kv_groups import kv_groups
 from batchrun.engine.lora import AdapterSlots
-from batchrun.engine.model import TakesImages
+from batchrun.engine.model import KeepsState, TakesImages
 from batchrun.engine.multimodal import MultiModalInputs
 from batchrun.engine.outputs import RequestOutput
 from batchrun.engine.request import Group, Request, Status
@@ -22,6 +22,7 @@ from batchrun.engine.sampler import Sampler
 from batchrun.engine.sampling_params import SamplingParams
 from batchrun.engine.scheduler import Scheduler, ScheduledStep
 from batchrun.engine.score_cache import ScoreCache
+from batchrun.engine.state_slots import StateSlots
 from batchrun.engine.sequences import Sequences
 from batchrun.engine.update import OutputProcessor
 from batchrun.options.engine import EngineConfig
@@ -46,7 +47,11 @@ class Engine:
         self.max_model_len = max_model_len
         bs = config.cache.block_size
         groups = kv_groups(model.config)
-        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching, groups)
+        # A model with recurrent state: a slot per running sequence, no prefix cache
+        # (engine/state_slots.py).
+        slots = config.scheduler.max_num_seqs if isinstance(model, KeepsState) else 0
+        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching and not slots,
+                                 groups, StateSlots(slots) if slots else None)
         # LoRA adapters served on this model (engine/lora.py); None = none.
         self.adapters = adapters
         self.scores = ScoreCache(self.kv)
@@ -57,13 +62,14 @@ class Engine:
                                   cuda_graphs=config.device.cuda_graphs, adapters=adapters,
                                   attention_kernel="invariant" if config.batch_invariant
                                   else config.device.attention_kernel, groups=groups,
-                                  kv_scales=kv_scales)
+                                  kv_scales=kv_scales, num_state_slots=slots)
         self.sampler = Sampler(device, tokenizer, self.eos_token_ids)
         self.stats = EngineStats(num_kv_blocks=num_blocks)
         self.sequences = Sequences(tokenizer, self.scheduler, self.sampler, self.stats)
         self.updater = OutputProcessor(self.sequences, self.scheduler, self.kv, self.scores,
                                        self.sampler, self.runner.copy_block, self.stats,
-                                       self.eos_token_ids, max_model_len)
+                                       self.eos_token_ids, max_model_len,
+                                       copy_state=self.runner.copy_state)
         # what a request may ask of this engine, by feature (engine/request_checks.py)
         self.request_checks: list[RequestCheck] = [
             LoraCheck(adapters), PoolingCheck(model.num_labels),

@@ -14,6 +14,11 @@ the table); a freed block keeps its hash like any other. A prefix-cache hit at b
 in the full groups, blocks 0..m-1 cached, and in a window group only those holding the window
 before the first uncomputed token: the hit is shortened to the longest prefix every group
 holds, so no freed block is ever read.
+
+A model whose layers keep recurrent state (state_slots.py) also holds one state slot per
+running sequence, taken with its first blocks and handed back with them; the scheduler sees one
+`allocate` that succeeds only when both the blocks and a slot are there. Its prefix cache is
+off (the engine builds the manager so): a block's KV does not give back the state at its end.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Callable, Literal
 
 from batchrun.engine.kv_groups import KVGroups
 from batchrun.engine.request import Request
+from batchrun.engine.state_slots import StateSlots
 
 FREED = -1  # a block-table entry a window group has handed back
 
@@ -45,8 +51,9 @@ def request_block_hash(req: Request, parent: bytes | None, i: int, bs: int) -> b
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 groups: KVGroups | None = None):
+                 groups: KVGroups | None = None, states: StateSlots | None = None):
         self.num_blocks = num_blocks
+        self.states = states  # a stateful model's state slots; None for attention only
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.groups = groups or KVGroups.single()
@@ -159,13 +166,18 @@ class KVCacheManager:
         self.release_behind_window(req)
         full = -(-num_tokens // self.block_size)
         need = [max(0, full - len(t)) for t in tables]
-        if sum(need) > len(self.free):
+        if sum(need) > len(self.free) or not self._slot_available(req):
             return False
         for table, n in zip(tables, need):
             for _ in range(n):
                 table.append(self._take())
+        if self.states is not None and req.state_slot is None:
+            req.state_slot = self.states.take()
         self._note_usage()
         return True
+
+    def _slot_available(self, req: Request) -> bool:
+        return self.states is None or req.state_slot is not None or self.states.num_free > 0
 
     def release_behind_window(self, req: Request) -> None:
         """Hand back the window groups' blocks wholly before the window of req's next query
@@ -199,12 +211,15 @@ class KVCacheManager:
         copied.
 
         Returns the (src block, dst block) pairs to copy, False when the pool has no blocks
-        for the copies (dst then gets nothing and recomputes later).
+        for the copies or no state slot for dst (dst then gets nothing and recomputes later).
+        A stateful model's dst gets a slot of its own: the caller copies src's state into it.
         """
         full = src.num_computed_tokens // self.block_size
         partial = src.num_computed_tokens % self.block_size
-        if partial and len(self.free) < len(self.windows):
+        if partial and len(self.free) < len(self.windows) or not self._slot_available(dst):
             return False
+        if self.states is not None and dst.state_slot is None:
+            dst.state_slot = self.states.take()
         copies = []
         tables = []
         for table in src.block_ids:
@@ -256,6 +271,10 @@ class KVCacheManager:
                     self._release(block)
         req.block_ids = []
         req.block_hashes = []
+        if req.state_slot is not None:
+            assert self.states is not None
+            self.states.release(req.state_slot)
+            req.state_slot = None
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block hash (all blocks must be free)."""

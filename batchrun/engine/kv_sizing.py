@@ -10,6 +10,9 @@ from batchrun.engine.kv_groups import kv_block_bytes, kv_groups
 from batchrun.options.engine import EngineConfig
 
 CPU_DEFAULT_KV_BYTES = 4 << 30
+# The pool of a model without attention layers: its blocks take no memory, the bound only keeps
+# the manager's bookkeeping small.
+ZERO_BYTE_BLOCKS = 1 << 16
 
 
 def kv_layout(config: EngineConfig, model_cfg, device: torch.device, dtype: torch.dtype,
@@ -48,7 +51,32 @@ def kv_blocks_for(config: EngineConfig, model_cfg, device: torch.device, dtype: 
         return cache.num_blocks
     block_bytes = kv_block_bytes(model_cfg, cache.block_size, dtype.itemsize,
                                  4 if dtype == torch.int8 else 0)  # attention/int8_kv.py
-    budget: int | None = cache.kv_cache_memory
+    # More than every sequence at full length can never be used (a sliding-window layer's
+    # blocks only over its window: engine/kv_groups.py).
+    most = config.scheduler.max_num_seqs * kv_groups(model_cfg).blocks_per_sequence(
+        max_model_len, cache.block_size, config.scheduler.max_num_batched_tokens)
+    budget = kv_budget(config, device) - state_bytes(config, model_cfg)
+    if budget < block_bytes or budget < 0:
+        raise ValueError(f"the KV cache memory ({kv_budget(config, device)} bytes) does not hold "
+                         f"the recurrent state of --max-num-seqs {config.scheduler.max_num_seqs} "
+                         f"sequences ({state_bytes(config, model_cfg)} bytes) and a KV block; "
+                         "raise --kv-cache-memory or lower --max-num-seqs")
+    if block_bytes == 0:  # no attention layers (Mamba): blocks only count positions
+        return max(1, min(most, ZERO_BYTE_BLOCKS))
+    return max(1, min(budget // block_bytes, most))
+
+
+def state_bytes(config: EngineConfig, model_cfg) -> int:
+    """The state slots' bytes (one per sequence the scheduler may run: engine/state_slots.py)
+    that the KV budget also pays for; 0 for a model without recurrent state."""
+    per_sequence = getattr(model_cfg, "state_bytes_per_sequence", 0)
+    return config.scheduler.max_num_seqs * per_sequence
+
+
+def kv_budget(config: EngineConfig, device: torch.device) -> int:
+    """The bytes of KV blocks and state slots together: --kv-cache-memory, else a share of what
+    the device has free."""
+    budget: int | None = config.cache.kv_cache_memory
     if budget is None:
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)
@@ -57,8 +85,4 @@ def kv_blocks_for(config: EngineConfig, model_cfg, device: torch.device, dtype: 
             import psutil
 
             budget = min(CPU_DEFAULT_KV_BYTES, int(psutil.virtual_memory().available * 0.3))
-    # More than every sequence at full length can never be used (a sliding-window layer's
-    # blocks only over its window: engine/kv_groups.py).
-    most = config.scheduler.max_num_seqs * kv_groups(model_cfg).blocks_per_sequence(
-        max_model_len, cache.block_size, config.scheduler.max_num_batched_tokens)
-    return max(1, min(budget // block_bytes, most))
+    return budget

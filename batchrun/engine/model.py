@@ -16,6 +16,7 @@ import torch
 if TYPE_CHECKING:
     from batchrun.engine.attention.base import AttentionMetadata, GroupedMetadata
     from batchrun.engine.multimodal import MultiModalInputs, StepImages
+    from batchrun.engine.state_slots import StateSpec, StepState
 
 
 class ModelShape(Protocol):
@@ -65,4 +66,19 @@ class TakesImages(Protocol):
                  meta: AttentionMetadata | GroupedMetadata,
                  images: Sequence[StepImages] = ()) -> torch.Tensor:
         """NativeModel's step, with the step's rows of images (StepImages) to encode."""
+        ...
+
+
+@runtime_checkable
+class KeepsState(Protocol):
+    """A model whose layers keep recurrent state (engine/state_slots.py): it declares one
+    sequence's state, and each step reads and writes its sequences' slots."""
+
+    state_spec: StateSpec
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                 meta: AttentionMetadata | GroupedMetadata,
+                 state: StepState | None = None) -> torch.Tensor:
+        """NativeModel's step, reading and updating the state of the step's sequences."""
         ...

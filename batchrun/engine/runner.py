@@ -5,7 +5,8 @@ engine/attention/) -> the model -> the outputs wanted of its hidden states: each
 (step_outputs.py: prompt scores, pooled vectors) and the logits of the rows that sample. Decode-only steps on CUDA replay a captured
 graph instead (cuda_graphs.py; models of one KV group only). A model whose layers are in several
 KV groups (kv_groups.py) gets one metadata per group, and its layers of different groups share
-the cache tensors.
+the cache tensors. A model that keeps recurrent state (state_slots.py) gets the state tensors
+of `num_state_slots` slots here and each step's StepState beside the metadata (no CUDA graphs).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from batchrun.engine.attention import fp8_kv, int8_kv
 from batchrun.engine.attention import (AttentionMetadata, BackendEnv, GroupedMetadata,
                                        StepLayout, select_backend)
 from batchrun.engine.kv_groups import KVGroups, kv_groups
-from batchrun.engine.model import NativeModel, TakesImages
+from batchrun.engine.model import KeepsState, NativeModel, TakesImages
 from batchrun.engine.model_output import ModelOutput
 from batchrun.engine.request import Request
+from batchrun.engine.state_slots import StepState, copy_slot, state_tensors
 from batchrun.engine.step_batch import StepBatch, prepare_batch
 from batchrun.engine.step_outputs import READERS
 
@@ -29,7 +31,7 @@ class ModelRunner:
                  dtype: torch.dtype, kv_dtype: torch.dtype | None = None, max_num_seqs: int = 64,
                  max_model_len: int = 2048, cuda_graphs: bool = True, adapters=None,
                  attention_kernel: str = "cascade", groups: KVGroups | None = None,
-                 kv_scales: torch.Tensor | None = None):
+                 kv_scales: torch.Tensor | None = None, num_state_slots: int = 0):
         cfg = model.config
         self.groups = groups or kv_groups(cfg)
         self.model = model
@@ -39,7 +41,10 @@ class ModelRunner:
         self.dtype = dtype
         kv_dtype = kv_dtype or dtype
         lib = kernels.library(kernels.shape_flags(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)) \
-            if device.type == "cpu" and str(kv_dtype) in kernels.KINDS else None
+            if device.type == "cpu" and str(kv_dtype) in kernels.KINDS and cfg.num_layers \
+            else None  # a model without attention layers (Mamba) needs no attention kernels
+        self.states = state_tensors(model.state_spec, num_state_slots, device) \
+            if isinstance(model, KeepsState) else []
         # --attention-kernel legacy keeps each decode sequence on its own and prefill chunks
         # on SDPA (attention/cpu_kernel.py).
         self.attention = select_backend(BackendEnv(
@@ -70,7 +75,8 @@ class ModelRunner:
                               for layer, (k, v) in enumerate(self.kv_caches)]
         self.layer_group = [placement[layer][0] for layer in range(cfg.num_layers)]
         self.graphs = None
-        if self.attention.name == "triton" and cuda_graphs and len(self.groups.groups) == 1:
+        if self.attention.name == "triton" and cuda_graphs and len(self.groups.groups) == 1 \
+                and not self.states:
             from batchrun.engine.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(model, self.kv_caches, max_num_seqs,
@@ -83,6 +89,10 @@ class ModelRunner:
         for k, v in self.tensors + self.row_scales:
             k[dst * bs:(dst + 1) * bs] = k[src * bs:(src + 1) * bs]
             v[dst * bs:(dst + 1) * bs] = v[src * bs:(src + 1) * bs]
+
+    @torch.inference_mode()
+    def copy_state(self, src: int, dst: int) -> None:
+        copy_slot(self.states, src, dst)
 
     @torch.inference_mode()
     def execute(self, work: list[tuple[Request, int]]) -> ModelOutput:
@@ -125,10 +135,19 @@ class ModelRunner:
                 assert isinstance(self.model, TakesImages)  # add_request refuses images otherwise
                 return self.model(input_ids, layout.positions, self.kv_caches, meta,
                                   images=batch.images)
+            if isinstance(self.model, KeepsState):
+                return self.model(input_ids, layout.positions, self.kv_caches, meta,
+                                  state=self.step_state(batch))
             return self.model(input_ids, layout.positions, self.kv_caches, meta)
         finally:
             if batch.adapter_slots:
                 self.adapters.set_segments([])
+
+    def step_state(self, batch: StepBatch) -> StepState:
+        slots = [r.state_slot for r in batch.requests]
+        assert None not in slots  # the KV cache manager gave each a slot with its blocks
+        return StepState.of(self.states, slots, batch.layout.starts,  # type: ignore[arg-type]
+                            batch.layout.counts, self.device)
 
     def logits(self, batch: StepBatch, hidden: torch.Tensor) -> torch.Tensor:
         if not batch.sample_rows:

@@ -33,13 +33,15 @@ Work = list[tuple[Request, int]]
 class OutputProcessor:
     def __init__(self, sequences: Sequences, scheduler: Scheduler, kv: KVCacheManager,
                  scores: ScoreCache, sampler: Sampler, copy_block: Callable[[int, int], None],
-                 stats: EngineStats, eos_token_ids: set[int], max_model_len: int):
+                 stats: EngineStats, eos_token_ids: set[int], max_model_len: int,
+                 copy_state: Callable[[int, int], None] | None = None):
         self.sequences = sequences
         self.scheduler = scheduler
         self.kv = kv
         self.scores = scores
         self.sampler = sampler
         self.copy_block = copy_block  # ModelRunner.copy_block: a forked sequence's tail block
+        self.copy_state = copy_state  # ModelRunner.copy_state: a forked sequence's state slot
         self.stats = stats
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
@@ -139,6 +141,9 @@ class OutputProcessor:
                 if copies is not False:
                     for src, dst in copies:
                         self.copy_block(src, dst)
+                    if sib.state_slot is not None and self.copy_state is not None:
+                        assert req.state_slot is not None
+                        self.copy_state(req.state_slot, sib.state_slot)
                     sib.num_computed_tokens = req.num_computed_tokens
                 self.scheduler.add_forked(sib, running=copies is not False)
                 seqs.append(sib)

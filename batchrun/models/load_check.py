@@ -18,6 +18,8 @@ import torch
 
 from batchrun.engine import kernels
 from batchrun.engine.attention import BackendEnv, StepLayout, select_backend
+from batchrun.engine.model import KeepsState
+from batchrun.engine.state_slots import StepState, state_tensors
 
 # The prompt: a prefill in two chunks (the second reads the first's cache), then decode steps.
 CHUNKS = (7, 5, 1, 1, 1)
@@ -71,7 +73,7 @@ def fresh_cache(model, tokens: int, device: torch.device, dtype: torch.dtype):
     `tokens` tokens in BLOCK_SIZE blocks) for `model`."""
     cfg = model.config
     lib = kernels.library(kernels.shape_flags(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)) \
-        if device.type == "cpu" and str(dtype) in kernels.KINDS else None
+        if device.type == "cpu" and str(dtype) in kernels.KINDS and cfg.num_layers else None
     backend = select_backend(BackendEnv(device, dtype, dtype, cfg.num_heads, cfg.num_kv_heads,
                                         cfg.head_dim, BLOCK_SIZE, lib))
     slots = -(-tokens // BLOCK_SIZE) * BLOCK_SIZE
@@ -87,11 +89,14 @@ def engine_hidden(model, ids: torch.Tensor, device: torch.device,
     """Final hidden states [T, hidden] of `ids` through `model` step by step (CHUNKS) on a fresh
     paged KV cache of its own shape, as the engine's runner would run them."""
     backend, caches = fresh_cache(model, sum(CHUNKS), device, dtype)
+    # a model with recurrent state: one slot, carried from chunk to chunk (engine/state_slots.py)
+    states = state_tensors(model.state_spec, 1, device) if isinstance(model, KeepsState) else None
     out, start = [], 0
     for count in CHUNKS:
         layout = step_layout(start, count, device)
-        out.append(model(ids[start:start + count].to(device), layout.positions, caches,
-                         backend.build(layout)))
+        args = (ids[start:start + count].to(device), layout.positions, caches, backend.build(layout))
+        out.append(model(*args) if states is None else
+                   model(*args, state=StepState.of(states, [0], [start], [count], device)))
         start += count
     return torch.cat(out)
 

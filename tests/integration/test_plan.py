@@ -179,11 +179,20 @@ def test_plan_sizes_every_model_path_as_the_engine_holds_it(arch, tmp_path, smol
 
 
 def test_plan_on_a_refused_model_says_why(tmp_path, smol_tokenizer):
-    from transformers import MambaConfig
+    from transformers import MambaConfig, MambaForCausalLM, RwkvConfig
 
-    MambaConfig(vocab_size=len(smol_tokenizer), hidden_size=64, num_hidden_layers=2,
-                architectures=["MambaForCausalLM"]).save_pretrained(tmp_path)
+    RwkvConfig(vocab_size=len(smol_tokenizer), hidden_size=64, num_hidden_layers=2,
+               architectures=["RwkvForCausalLM"]).save_pretrained(tmp_path)
     smol_tokenizer.save_pretrained(tmp_path)
     result = CliRunner().invoke(plan, [str(SAMPLES / "chat.jsonl"), "--model", str(tmp_path)])
     assert result.exit_code == 2
-    assert "mamba keeps a recurrent" in result.output and "models check" in result.output
+    assert "rwkv keeps a recurrent" in result.output and "models check" in result.output
+    # a Mamba runs on the engine's state slots: plan sizes it (from its config: the weights are
+    # only looked for)
+    MambaForCausalLM(MambaConfig(vocab_size=len(smol_tokenizer), hidden_size=64,
+                                 num_hidden_layers=2)).save_pretrained(tmp_path / "mamba")
+    smol_tokenizer.save_pretrained(tmp_path / "mamba")
+    result = CliRunner().invoke(plan, [str(SAMPLES / "chat.jsonl"), "--model",
+                                       str(tmp_path / "mamba")])
+    assert result.exit_code == 0, result.output
+    assert "0 from the prefix cache" in result.output  # off for a model with state

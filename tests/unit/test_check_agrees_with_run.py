@@ -1,8 +1,8 @@
 """`batchrun models check FOLDER` says what `run` does with the folder: the path it loads on
 (native file, or the transformers backend) and the KV shape the load finds, or the refusal
 run gives, word for word; for every architecture of the tiny parity tables (tests/tiny_models.py
-ARCHS and BACKEND_ARCHS, tests/tiny_vlms.py, tests/tiny_vlm_families.py) and a few that run
-refuses."""
+ARCHS, BACKEND_ARCHS and STATE_ARCHS, tests/tiny_vlms.py, tests/tiny_vlm_families.py) and a
+few that run refuses."""
 
 import re
 
@@ -12,22 +12,19 @@ import torch
 from batchrun.llm import load_from_path, load_weights
 from batchrun.models.transformers.model import TransformersModel
 from batchrun.options.engine import EngineConfig
-from tests.tiny_models import ARCHS, BACKEND_ARCHS, make_tiny
+from tests.tiny_models import ARCHS, BACKEND_ARCHS, STATE_ARCHS, make_tiny
 from tests import tiny_vlm_families
 from tests.tiny_vlms import FAMILIES, make_tiny_vlm
 
 CPU = torch.device("cpu")
 # BACKEND_ARCHS repeats some of ARCHS under their names: those once
 TEXT = [("native", a) for a in sorted(ARCHS)] + \
-    [("backend", a) for a in sorted(BACKEND_ARCHS) if BACKEND_ARCHS[a] is not ARCHS.get(a)]
+    [("backend", a) for a in sorted(BACKEND_ARCHS) if BACKEND_ARCHS[a] is not ARCHS.get(a)] + \
+    [("state", a) for a in sorted(STATE_ARCHS)]
+TABLES = {"native": ARCHS, "backend": BACKEND_ARCHS, "state": STATE_ARCHS}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def models_check(folder):
@@ -60,6 +57,8 @@ def run_verdict(folder, load=load_weights):
     cfg = model.config
     kind = "transformers backend" if isinstance(model, TransformersModel) \
         else type(model).__module__.rsplit(".", 1)[-1] + ".py"
+    if not cfg.num_layers:  # no attention layer (Mamba): check says "KV cache: none"
+        return kind, None
     return kind, (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
 
 
@@ -75,7 +74,7 @@ def assert_agree(folder, load=load_weights):
 
 @pytest.mark.parametrize("table,arch", TEXT)
 def test_check_says_what_run_does_for_each_text_architecture(table, arch, tmp_path):
-    make_tiny(arch, tmp_path, archs=ARCHS if table == "native" else BACKEND_ARCHS)
+    make_tiny(arch, tmp_path, archs=TABLES[table])
     assert_agree(tmp_path)
 
 
@@ -112,13 +111,13 @@ def test_a_vision_language_folder_without_a_processor_runs_as_a_text_model(tmp_p
 
 
 def test_refusals_are_the_ones_run_gives(tmp_path):
-    """A recurrent model (by its config), a bidirectional encoder and layers of two KV shapes
+    """A recurrent model the backend does not run (RWKV, by its config), a bidirectional encoder and layers of two KV shapes
     (Gemma 4's, at the load's probe): check refuses each with run's reason, exit code 2."""
     import transformers as t
 
     text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
-    t.MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "m")
+    t.RwkvConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "m")
     torch.manual_seed(0)
     t.BertLMHeadModel(t.BertConfig(**{k: v for k, v in text.items() if k != "num_key_value_heads"})
                       ).save_pretrained(tmp_path / "bert")

@@ -19,7 +19,8 @@ from tests.parity import ParityReport
 from tests.tiny_models import BACKEND_ARCHS, IdTokenizer, make_tiny
 from tests.unit.test_lora import record_steps
 from tests.unit.test_transformers_backend import MAX_TOKENS, check_against_transformers
-from tests.unit.test_transformers_backend import one_thread  # noqa: F401 (autouse fixture)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 pytest.importorskip("peft")
 CPU = torch.device("cpu")

@@ -78,8 +78,8 @@ def test_each_family_of_the_matrix_gets_its_path(arch, tmp_path):
 
 
 @pytest.mark.parametrize("model_type,reason", [
-    ("mamba", "mamba keeps a recurrent (state-space / linear-attention) state"),
-    ("jamba", "jamba keeps a recurrent (state-space / linear-attention) state"),
+    ("rwkv", "rwkv keeps a recurrent (state-space / linear-attention) state"),
+    ("zamba2", "zamba2 keeps a recurrent (state-space / linear-attention) state"),
     ("t5", "t5 is an encoder-decoder model"),
     ("bart", "bart is an encoder-decoder model"),
 ])

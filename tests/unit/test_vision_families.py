@@ -23,13 +23,7 @@ CASES = {"one": [image(120, 90, 1)], "two": [image(150, 100, 2), image(28, 28, 3
 STEP_TOKENS = {"paligemma": 64}  # its prompt attends both ways: one step must hold it
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices gain nothing from threads on busy shared cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def chat(n_images: int):

@@ -15,13 +15,7 @@ ENGINE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava", "idefics3", "smolvlm", "ge
 BOTH_WAYS = ("gemma3",)  # families whose image tokens attend both ways within an image
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices gain nothing from threads on busy shared cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def chat(n_images: int, text: str = "Describe it."):

@@ -13,8 +13,9 @@ from batchrun.llm import build_engine, load_weights
 from batchrun.options.engine import EngineConfig
 from tests.parity import ParityReport
 from tests.tiny_models import BACKEND_ARCHS, IdTokenizer, make_tiny
-from tests.unit.test_transformers_backend import (MAX_TOKENS, check_against_transformers,
-                                                  one_thread)  # noqa: F401 (autouse fixture)
+from tests.unit.test_transformers_backend import MAX_TOKENS, check_against_transformers
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 CPU = torch.device("cpu")
 BS, WINDOW, CHUNK = 4, 6, 16  # a window of 6 tokens: block boundaries fall inside it

@@ -108,12 +108,16 @@ def _bench_backend(model_cfg, layers: int, device, dtype):
 
     from batchrun.models.weights.remote_code import config_kwargs
     from batchrun.models.layers import packed_linear
+    from batchrun.models.transformers import stateful
     from batchrun.models.transformers.model import pack, wrap
 
     text = copy.deepcopy(model_cfg.hf_config.get_text_config())
     assumed = ["transformers backend, random weights"]
     types = list(getattr(text, "layer_types", None) or [])
-    if types:
+    keeps_state = stateful.runs(text)  # its layer kinds follow from other fields: first layers
+    if keeps_state:
+        assumed.append(f"the first {layers} layers timed (a recurrent model's own mix)")
+    elif types:
         kinds = list(dict.fromkeys(types))
         text.layer_types = (kinds * layers)[:layers]
         if len(kinds) > 1:
@@ -122,7 +126,7 @@ def _bench_backend(model_cfg, layers: int, device, dtype):
     text.num_hidden_layers = layers
     hf = AutoModelForCausalLM.from_config(text, **config_kwargs(text)).to(device=device,
                                                                           dtype=dtype)
-    model = wrap(hf.eval())
+    model = stateful.wrap(hf.eval()) if keeps_state else wrap(hf.eval())
     if device.type == "cpu" and packed_linear.available(dtype):
         pack(model)
     return model, assumed
@@ -227,6 +231,14 @@ def _nonneg_fit(rows: list[list[float]], target: list[float]) -> list[float]:
     return best.tolist()
 
 
+def decoder_depth(model_config) -> int:
+    """The decoder's layers: its KV layers (num_layers), but for a model with recurrent state
+    on the transformers backend (its decoder_layers: a Mamba has no KV layers at all)."""
+    if getattr(model_config, "state_bytes_per_sequence", 0):
+        return model_config.decoder_layers
+    return model_config.num_layers
+
+
 def pair_token_ratio(model_config, inefficiency: float = 2.0) -> float:
     """Cost of one prefill attention (query, key) pair relative to one token's pass through a
     decoder layer's matmuls, from their FLOPs (footprint.compute: the layer's *active*
@@ -256,7 +268,8 @@ def calibrate(model_config, engine_config: EngineConfig | None = None,
     if device.type == "cpu":  # as llm.load_from_path sets them
         set_cpu_threads(config)
     try:
-        layers = min(2, model_config.num_layers)
+        depth = decoder_depth(model_config)
+        layers = min(2, depth)
         model, assumed = _bench_model(model_config, layers, device, dtype,
                                       config.device.quantization)
         sched = config.scheduler
@@ -321,7 +334,6 @@ def calibrate(model_config, engine_config: EngineConfig | None = None,
                           [r[4] / layers for r in rows])
         per_layer = [fit[0], fit[1], fit[2], fit[1] * ratio]
         rest = _nonneg_fit([[1.0, r[0], r[3]] for r in rows], [r[5] - r[4] for r in rows])
-        depth = model_config.num_layers
         elapsed = time.perf_counter() - start
         return Calibration(
             source=f"micro-benchmark ({elapsed:.1f} s, {len(recorder.rows)} steps, {layers}-layer "

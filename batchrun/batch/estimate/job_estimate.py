@@ -168,9 +168,11 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     model = tokenizer_model(spec, engine.max_model_len, engine.trust_remote_code)
     blocks, kv_bytes = footprint.kv_reservation(engine, cfg)
     groups = kv_groups(cfg)
-    # A cached block of prompt tokens takes one pool block in each KV group.
+    # A cached block of prompt tokens takes one pool block in each KV group. A model with
+    # recurrent state runs without the prefix cache (engine/state_slots.py).
     sharing = PrefixSharing(engine.cache.block_size, blocks // len(groups.groups),
-                            enabled=engine.cache.enable_prefix_caching)
+                            enabled=engine.cache.enable_prefix_caching
+                            and not getattr(cfg, "state_bytes_per_sequence", 0))
     key = run_key(model.name, engine)
     recorded = run_store.load_runs(key) if calibration in ("auto", "last-run") else []
     runs, passed_over = confidence.calibrating_runs(recorded)

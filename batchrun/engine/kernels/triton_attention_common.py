@@ -72,6 +72,47 @@ def attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, kpos, slopes, 
 
 
 @triton.jit
+def decode_group(q_ptr, alibi_ptr, seq, kvh, stride_qt, stride_qh, length, window,
+                 D: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                 D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                 DOT: tl.constexpr):
+    """A decode program's query rows (the GROUP heads of KV head kvh, padded), what it needs to
+    index them, and the first key position it may see: (q, heads, g_ok, d, d_ok, slopes, lo)."""
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, D_PAD)
+    g_ok = g < GROUP
+    d_ok = d < D
+    heads = kvh * GROUP + g
+    q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(DOT)
+    slopes = head_slopes(alibi_ptr, heads, g_ok, HAS_ALIBI)
+    lo = length * 0
+    if HAS_WINDOW:
+        lo = tl.maximum(length - window, 0)
+    return q, heads, g_ok, d, d_ok, slopes, lo
+
+
+@triton.jit
+def attend_keys(q, acc, m, s, k_ptr, v_ptr, tables_ptr, table_row, begin, end, lo, length,
+                slopes, g_ok, d, d_ok, kvh, qk_scale, softcap, HKV: tl.constexpr,
+                D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, FP8: tl.constexpr,
+                PREC: tl.constexpr):
+    """A decode program's walk over key tiles [begin, end) of its sequence (keys below `lo` or
+    at `length` and past masked), one attend_tile a tile; returns (acc, m, s)."""
+    t = tl.arange(0, BLOCK_N)
+    for start in range(begin, end, BLOCK_N):
+        kpos = start + t
+        seen = (kpos < length) & (kpos >= lo)
+        slots = tile_slots(tables_ptr, table_row, kpos, seen, BLOCK)
+        allowed = seen[None, :] & g_ok[:, None]
+        acc, m, s = attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, kpos,
+                                slopes, d, d_ok, kvh, qk_scale, softcap, HKV, D,
+                                HAS_SOFTCAP, HAS_ALIBI, FP8, PREC)
+    return acc, m, s
+
+
+@triton.jit
 def head_slopes(alibi_ptr, heads, ok, HAS_ALIBI: tl.constexpr):
     """The rows' ALiBi slopes (their heads'), zeros without ALiBi."""
     if HAS_ALIBI:

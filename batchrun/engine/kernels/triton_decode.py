@@ -15,9 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from batchrun.engine.kernels.triton_attention_common import (MIN_DOT, attend_tile, cache_args,
-                                                           dot_dtype, finish, head_slopes,
-                                                           key_tile, tile_slots)
+from batchrun.engine.kernels.triton_attention_common import (MIN_DOT, attend_keys, cache_args,
+                                                           decode_group, dot_dtype, finish,
+                                                           key_tile)
 
 
 @triton.jit
@@ -31,29 +31,16 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, sinks_ptr, a
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     length = tl.load(lens_ptr + seq).to(tl.int32)
-    g = tl.arange(0, GROUP_PAD)
-    d = tl.arange(0, D_PAD)
-    g_ok = g < GROUP
-    d_ok = d < D
-    heads = kvh * GROUP + g
-    q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(DOT)
-    slopes = head_slopes(alibi_ptr, heads, g_ok, HAS_ALIBI)
-    lo = length * 0
-    if HAS_WINDOW:
-        lo = tl.maximum(length - window, 0)
+    q, heads, g_ok, d, d_ok, slopes, lo = decode_group(
+        q_ptr, alibi_ptr, seq, kvh, stride_qt, stride_qh, length, window, D, GROUP, GROUP_PAD,
+        D_PAD, HAS_WINDOW, HAS_ALIBI, DOT)
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     s = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-    t = tl.arange(0, BLOCK_N)
-    for start in range(lo // BLOCK_N * BLOCK_N, length, BLOCK_N):
-        kpos = start + t
-        seen = (kpos < length) & (kpos >= lo)
-        slots = tile_slots(tables_ptr, seq * stride_table, kpos, seen, BLOCK)
-        allowed = seen[None, :] & g_ok[:, None]
-        acc, m, s = attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, kpos,
-                                slopes, d, d_ok, kvh, qk_scale, softcap, HKV, D,
-                                HAS_SOFTCAP, HAS_ALIBI, FP8, PREC)
+    acc, m, s = attend_keys(q, acc, m, s, k_ptr, v_ptr, tables_ptr, seq * stride_table,
+                            lo // BLOCK_N * BLOCK_N, length, lo, length, slopes, g_ok, d, d_ok,
+                            kvh, qk_scale, softcap, HKV, D, BLOCK, BLOCK_N, HAS_SOFTCAP,
+                            HAS_ALIBI, FP8, PREC)
     out = finish(acc, m, s, sinks_ptr, heads, g_ok, v_scale, HAS_SINKS)
     tl.store(out_ptr + seq * stride_ot + heads[:, None] * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from batchrun.engine.kernels.triton_attention_common import attend_tile, head_slopes, tile_slots
+from batchrun.engine.kernels.triton_attention_common import attend_keys, decode_group
 from batchrun.engine.kernels.triton_decode import decode_launch_args
 
 
@@ -35,17 +35,9 @@ def _splitk_partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, skip_ptr, 
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     length = tl.load(lens_ptr + seq).to(tl.int32)
-    g = tl.arange(0, GROUP_PAD)
-    d = tl.arange(0, D_PAD)
-    g_ok = g < GROUP
-    d_ok = d < D
-    heads = kvh * GROUP + g
-    q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(DOT)
-    slopes = head_slopes(alibi_ptr, heads, g_ok, HAS_ALIBI)
-    lo = length * 0
-    if HAS_WINDOW:
-        lo = tl.maximum(length - window, 0)
+    q, heads, g_ok, d, d_ok, slopes, lo = decode_group(
+        q_ptr, alibi_ptr, seq, kvh, stride_qt, stride_qh, length, window, D, GROUP, GROUP_PAD,
+        D_PAD, HAS_WINDOW, HAS_ALIBI, DOT)
     if HAS_SKIP:  # keys another kernel attends (cascade: a shared prefix)
         lo = tl.maximum(lo, tl.load(skip_ptr + seq).to(tl.int32))
     first_tile = lo // BLOCK_N
@@ -55,15 +47,9 @@ def _splitk_partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, skip_ptr, 
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     s = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-    t = tl.arange(0, BLOCK_N)
-    for start in range(begin, end, BLOCK_N):
-        kpos = start + t
-        seen = (kpos < length) & (kpos >= lo)
-        slots = tile_slots(tables_ptr, seq * stride_table, kpos, seen, BLOCK)
-        allowed = seen[None, :] & g_ok[:, None]
-        acc, m, s = attend_tile(q, acc, m, s, k_ptr, v_ptr, slots, seen, allowed, kpos,
-                                slopes, d, d_ok, kvh, qk_scale, softcap, HKV, D,
-                                HAS_SOFTCAP, HAS_ALIBI, FP8, PREC)
+    acc, m, s = attend_keys(q, acc, m, s, k_ptr, v_ptr, tables_ptr, seq * stride_table, begin,
+                            end, lo, length, slopes, g_ok, d, d_ok, kvh, qk_scale, softcap, HKV,
+                            D, BLOCK, BLOCK_N, HAS_SOFTCAP, HAS_ALIBI, FP8, PREC)
     row = (seq * H + heads) * SLOTS + split  # [B, H, SLOTS] partials
     tl.store(acc_ptr + row[:, None] * D + d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
     tl.store(ms_ptr + row * 2, m, mask=g_ok)

@@ -45,6 +45,9 @@ class Step:
     calls: int = 0
     seen: dict[int, int] = field(default_factory=dict)  # layer_idx -> its calls so far
     bidirectional: bool = False  # a layer attends both ways (probing)
+    # layer_idx -> its KV index where only some layers attend (a hybrid's: stateful.py); None:
+    # the layer's own index
+    layers: dict[int, int] | None = None
 
     def cache_index(self, layer: int) -> int:
         """The KV cache of this call of `layer` (its first, second, ... of the step)."""
@@ -55,7 +58,7 @@ class Step:
         if n >= self.calls_per_layer:
             raise RuntimeError(f"layer {layer} called attention {n + 1} times in one step; the "
                                f"probe saw {self.calls_per_layer}")
-        return layer * self.calls_per_layer + n
+        return (layer if self.layers is None else self.layers[layer]) * self.calls_per_layer + n
 
 
 _current: Step | None = None
@@ -63,10 +66,11 @@ _current: Step | None = None
 
 @contextlib.contextmanager
 def step(kv_caches, meta, max_context: int, shapes: dict | None = None,
-         windows: dict | None = None, calls_per_layer: int | None = 1):
+         windows: dict | None = None, calls_per_layer: int | None = 1,
+         layers: dict[int, int] | None = None):
     global _current
     previous, _current = _current, Step(kv_caches, meta, max_context, shapes, windows,
-                                        calls_per_layer)
+                                        calls_per_layer, layers=layers)
     try:
         yield _current
     finally:

@@ -28,6 +28,9 @@ class CheckReport:
     v_head_dim: int = 0
     features: list[tuple[str, str]] = field(default_factory=list)
     stored_quantized: str = ""  # a checkpoint stored quantized: its format and loaded weight size
+    # A model with recurrent state (stateful.py): its layers and one request's state in float32
+    state_layers: int = 0
+    state_bytes_fp32: int = 0
 
     @property
     def kv_elements_per_token(self) -> int:
@@ -212,9 +215,15 @@ def check(hf, folder=None) -> CheckReport:
     full = as_transformers_config(hf)
     text = full.get_text_config()  # a vision-language model's decoder's
     model = meta_model(full) if impl != "refused" else None
+    from batchrun.models.transformers import stateful
+
     shape = None
-    if impl == "transformers":
-        impl, reason, shape = _probe_verdict(full, model, reason)
+    keeps_state = impl == "transformers" and stateful.runs(full) and model is not None
+    if keeps_state and not stateful.has_attention(model):
+        shape = (0, 0, 0, 1)  # no attention layers: no KV cache
+    elif impl == "transformers":
+        impl, reason, shape = _probe_verdict(
+            full, model, reason, stateful.no_kv_layers(model) if keeps_state else frozenset())
     if impl == "transformers":
         impl, reason = _vision_verdict(full, model, folder, impl, reason)
     report = refused(full, reason, impl)
@@ -228,6 +237,18 @@ def check(hf, folder=None) -> CheckReport:
     report.kv_heads, report.k_head_dim, report.v_head_dim, per_layer = shape or kv_shape(full)
     report.layers = text.num_hidden_layers * per_layer  # KV caches, as the load sizes them
     report.features = features(text, impl, lora_support(model, full, impl))
+    if shape == (0, 0, 0, 1):
+        report.layers = 0
+    if keeps_state:
+        report.layers = len(stateful.attention_layer_ids(model)) * per_layer
+        report.features[2] = ("LoRA", "no (models with recurrent state: not yet)")
+        import torch
+
+        spec = stateful.spec_of(model, torch.float32)
+        report.state_layers, report.state_bytes_fp32 = len(spec.layers), spec.bytes_per_sequence
+        report.features[0] = ("prefix caching", "no (a cached block's KV does not give back a "
+                                                "recurrent state; each prompt is computed)")
+        report.features[1] = ("chunked prefill", "yes (the state carried across chunks)")
     from batchrun.models.transformers.vision import is_vision_language
 
     if is_vision_language(full):
@@ -256,7 +277,7 @@ def _vision_verdict(full, model, folder, impl: str, reason: str) -> tuple[str, s
     return impl, reason
 
 
-def _probe_verdict(full, model, reason: str):
+def _probe_verdict(full, model, reason: str, no_kv: frozenset[int] = frozenset()):
     """(impl, reason, (KV heads, K dim, V dim, KV caches per layer) or None) after the load's probe run on the meta
     model: refused as the load refuses (attention outside the interface, a bidirectional
     layer, layers of different KV shapes); where the forward cannot run without weights the
@@ -269,7 +290,7 @@ def _probe_verdict(full, model, reason: str):
     calls: dict = {}
     try:
         shapes, windows = shapes_from_config(full, model, calls)
-        config = config_of(full.get_text_config(), shapes, windows)
+        config = config_of(full.get_text_config(), shapes, windows, no_kv=no_kv)
     except UnsupportedModelError as exc:
         return "refused", str(exc), None
     except Exception as exc:  # data-dependent code in its forward: it needs real tensors
@@ -374,8 +395,17 @@ def describe(name: str, report: CheckReport) -> list[str]:
         lines.append(f"parameters: {report.parameters:,} ({weights})")
     if report.stored_quantized:
         lines.append(f"stored quantized: {report.stored_quantized}")
+    if report.state_layers:
+        per = ", ".join(f"{d} {_size(report.state_bytes_fp32 * b // 4)}"
+                        for d, b in DTYPE_BYTES.items())
+        lines.append(f"recurrent state: {report.state_layers} layers (convolution / SSM state): "
+                     f"{per} per request, whatever its length")
     kv = ", ".join(f"{d} {_size(report.kv_elements_per_token * b)}" for d, b in
                    DTYPE_BYTES.items())
+    if not report.layers:
+        lines.append("KV cache: none (no attention layers)")
+        lines += [f"  {k}: {v}" for k, v in report.features]
+        return lines
     dims = (f"head dim {report.k_head_dim}" if report.k_head_dim == report.v_head_dim
             else f"K/V head dims {report.k_head_dim}/{report.v_head_dim}")
     lines.append(f"KV cache: {report.layers} layers x {report.kv_heads} KV heads x {dims}: "

@@ -17,7 +17,7 @@ from torch import nn
 
 from batchrun.models.layers import packed_linear
 from batchrun.models.config.classifier import classifier_labels
-from batchrun.models.config.windows import config_layer_chunks
+from batchrun.models.config.windows import config_layer_chunks, layer_chunk
 from batchrun.models.transformers import (attention, inline, own_forward, plain_linears, probe,
                                           temperature)
 from batchrun.models.transformers.support import (WINDOW_FROM_MASK, UnsupportedModelError,
@@ -48,6 +48,12 @@ class BackendConfig:
     layer_chunks: tuple = ()
     decoder_layers: int = 0  # the decoder's layers (0: num_layers)
     calls_per_layer: int = 1  # attention calls per layer and step (DiffLlama: 2)
+    # One sequence's recurrent state (stateful.py; engine/state_slots.py), 0 for none: the KV
+    # sizing pays for a slot per sequence out of the same budget.
+    state_bytes_per_sequence: int = 0
+    # The decoder layers that attend, where not all do (a hybrid's other layers keep state:
+    # stateful.py); (): every layer. KV cache i belongs to the i-th of them.
+    attention_layers: tuple[int, ...] = ()
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -86,6 +92,8 @@ class TransformersModel(nn.Module):
         self.num_labels = len(classifier_labels(hf_model.config) or ())
         # Qualified names of the linears its modelling code uses directly (wrap finds them).
         self.plain_linears: frozenset[str] = frozenset()
+        # layer_idx -> KV index where only some layers attend (attention.Step.layers)
+        self._kv_index = {layer: i for i, layer in enumerate(config.attention_layers)} or None
 
     @property
     def decoder(self) -> nn.Module:
@@ -95,7 +103,7 @@ class TransformersModel(nn.Module):
                 meta) -> torch.Tensor:
         """Hidden states [T, hidden] for the flat row of tokens of one step."""
         with attention.step(kv_caches, meta, max_context(meta, positions),
-                            calls_per_layer=self.config.calls_per_layer):
+                            calls_per_layer=self.config.calls_per_layer, layers=self._kv_index):
             out = self.decoder(input_ids=input_ids[None], position_ids=positions[None],
                                use_cache=False)
         return out[0][0]
@@ -204,15 +212,18 @@ def use_batchrun_attention(hf) -> None:
                 module.batchrun_window = cfg.sliding_window
 
 
-def config_of(cfg, shapes: dict, windows: dict, calls: dict | None = None) -> BackendConfig:
+def config_of(cfg, shapes: dict, windows: dict, calls: dict | None = None,
+              no_kv: frozenset[int] = frozenset()) -> BackendConfig:
     """The engine's config of a model whose text config is `cfg`, from what the probe saw its
     layers attend (probe.run, or check.shapes_from_config without weights): one KV shape, and
     as many attention calls per step in every layer (`calls`, layer_idx -> count; each call
-    gets a KV cache of its own)."""
+    gets a KV cache of its own). A hybrid's `no_kv` layers (stateful.py: those that keep state,
+    or are only an MLP) do not attend."""
     layers = cfg.num_hidden_layers
-    if sorted(shapes) != list(range(layers)):
+    attending = sorted(shapes)
+    if set(range(layers)) - set(attending) - no_kv or not attending:
         raise UnsupportedModelError(
-            f"{cfg.model_type}: attention ran for layers {sorted(shapes)} of {layers}; the "
+            f"{cfg.model_type}: attention ran for layers {attending} of {layers}; the "
             f"backend needs attention calls in every layer, indexed by layer_idx")
     per_layer = set((calls or {}).values()) or {1}
     if len(per_layer) > 1:
@@ -226,19 +237,20 @@ def config_of(cfg, shapes: dict, windows: dict, calls: dict | None = None) -> Ba
     heads, kv_heads, dk, dv = distinct.pop()
     longest = getattr(cfg, "max_position_embeddings", None) or 2048
     return BackendConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_layers=layers * repeat,
-        num_heads=heads, num_kv_heads=kv_heads, head_dim=max(dk, dv),
-        max_position_embeddings=longest,
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        num_layers=len(attending) * repeat, num_heads=heads, num_kv_heads=kv_heads,
+        head_dim=max(dk, dv), max_position_embeddings=longest,
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), hf_config=cfg,
         layer_windows=tuple(w if w and w < longest else None
-                            for w in (windows.get(i) for i in range(layers)
-                                      for _ in range(repeat))),
-        layer_chunks=tuple(c for c in config_layer_chunks(cfg) for _ in range(repeat)),
-        decoder_layers=layers, calls_per_layer=repeat)
+                            for w in (windows.get(i) for i in attending for _ in range(repeat))),
+        layer_chunks=tuple(layer_chunk(cfg, i) for i in attending for _ in range(repeat))
+        if config_layer_chunks(cfg) else (),
+        decoder_layers=layers, calls_per_layer=repeat,
+        attention_layers=tuple(attending) if len(attending) < layers else ())
 
 
 def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: Method = METHODS["none"],
-         path=None) -> TransformersModel:
+         path=None, no_kv: frozenset[int] = frozenset()) -> TransformersModel:
     """`hf` (its attention implementation set to "batchrun"; its decoder quantized by
     `quantization`, calibrated on the checkpoint at `path`) as the engine's model, after a probe
     forward over a few tokens: every layer must attend through the paged cache with one KV
@@ -258,7 +270,7 @@ def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: Method = METH
     calls: dict = {}
     with plain_linears.traced(hf) as used:
         hidden, shapes = _probe(hf, cfg, windows=windows, calls=calls)
-        config = config_of(cfg, shapes, windows, calls)
+        config = config_of(cfg, shapes, windows, calls, no_kv)
         model = cls(hf, config)
         probe.check_logits(model, hidden)
     model.plain_linears = frozenset(plain | used | plain_linears.static(hf))

@@ -21,6 +21,11 @@ RECURRENT_MODEL_TYPES = {
 # its own masks is refused (vision_reason): its attention is not the engine's causal one.
 BOTH_WAYS = {"gemma3": "image", "shieldgemma2": "image", "paligemma": "prefix"}
 
+# Of those, the families the backend runs with the engine owning their state (stateful.py): all
+# their layers of a kind stateful.MIXERS runs. The rest stay refused until their layers are.
+STATE_MODEL_TYPES = {"mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "granitemoehybrid",
+                     "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe"}
+
 # Families whose attention classes (named here, by model type) compute attention inline instead
 # of calling transformers' AttentionInterface: inline/ replaces those modules' forwards.
 INLINE_ATTENTION = {"bloom": "BloomAttention", "falcon": "FalconAttention",
@@ -64,12 +69,12 @@ def transformers_reason(hf) -> str | None:
     model_type = getattr(hf, "model_type", None)
     if getattr(hf, "is_encoder_decoder", False):
         return f"{model_type} is an encoder-decoder model (decoder-only models only)"
-    if model_type in RECURRENT_MODEL_TYPES:
+    if model_type in RECURRENT_MODEL_TYPES and model_type not in STATE_MODEL_TYPES:
         return (f"{model_type} keeps a recurrent (state-space / linear-attention) state, which the "
                 f"paged KV cache does not hold")
     text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf  # a VLM's decoder's
     other = sorted(set(getattr(text, "layer_types", None) or ()) - ATTENTION_LAYER_TYPES)
-    if other:
+    if other and model_type not in STATE_MODEL_TYPES:
         return (f"{model_type} has {', '.join(other)} layers; the paged KV cache holds only "
                 f"full, sliding-window and chunked attention layers")
     if model_type in REFUSED:

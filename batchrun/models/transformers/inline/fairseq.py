@@ -11,14 +11,14 @@ from typing import Any
 import torch
 
 from batchrun.models.transformers.attention import attend_layer
-from batchrun.models.transformers.inline.families import _heads
+from batchrun.models.transformers.inline.families import split_heads
 from batchrun.models.transformers.support import UnsupportedModelError
 
 
 def fairseq_forward(self, hidden_states, key_value_states=None, cache=None,
                     attention_mask=None, output_attentions=False, **kwargs):
-    q = _heads(self.q_proj(hidden_states) * self.scaling, self.num_heads)
-    k, v = (_heads(proj(hidden_states), self.num_heads) for proj in (self.k_proj, self.v_proj))
+    q = split_heads(self.q_proj(hidden_states) * self.scaling, self.num_heads)
+    k, v = (split_heads(proj(hidden_states), self.num_heads) for proj in (self.k_proj, self.v_proj))
     out = attend_layer(self.batchrun_layer, q, k, v, 1.0)  # the queries carry the scale
     return self.out_proj(out.reshape(1, hidden_states.shape[1], -1)), None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from batchrun.models.transformers.attention import attend_layer
-from batchrun.models.transformers.inline.families import _family
+from batchrun.models.transformers.inline.families import modelling_module
 
 
 def gpt_neox_japanese_forward(self, hidden_states, attention_mask=None, position_ids=None,
@@ -17,7 +17,7 @@ def gpt_neox_japanese_forward(self, hidden_states, attention_mask=None, position
     qkv = self.query_key_value(hidden_states)[0].view(t, self.num_attention_heads, 3 * d)
     q, k, v = qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:]
     cos, sin = position_embeddings  # [1, T, r]; rotated as [1, heads, T, r]
-    q_rot, k_rot = _family(self).apply_rotary_pos_emb(
+    q_rot, k_rot = modelling_module(self).apply_rotary_pos_emb(
         q[..., :r].transpose(0, 1)[None], k[..., :r].transpose(0, 1)[None], cos, sin)
     q = torch.cat((q_rot[0].transpose(0, 1), q[..., r:]), dim=-1)
     k = torch.cat((k_rot[0].transpose(0, 1), k[..., r:]), dim=-1)

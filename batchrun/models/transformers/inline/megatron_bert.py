@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 
 from batchrun.models.transformers.attention import attend_layer
-from batchrun.models.transformers.inline.families import _heads
+from batchrun.models.transformers.inline.families import split_heads
 
 
 def megatron_bert_forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None,
                           cache=None, output_attentions=False, **kwargs):
     heads = self.num_attention_heads
-    q, k, v = (_heads(proj(hidden_states), heads) for proj in (self.query, self.key, self.value))
+    q, k, v = (split_heads(proj(hidden_states), heads) for proj in (self.query, self.key, self.value))
     out = attend_layer(self.batchrun_layer, q, k, v, 1 / math.sqrt(self.attention_head_size))
     return out.reshape(1, hidden_states.shape[1], -1), None
