@@ -55,8 +55,11 @@ def kv_blocks_for(config: EngineConfig, model_cfg, device: torch.device, dtype: 
     # blocks only over its window: engine/kv_groups.py).
     most = config.scheduler.max_num_seqs * kv_groups(model_cfg).blocks_per_sequence(
         max_model_len, cache.block_size, config.scheduler.max_num_batched_tokens)
-    budget = kv_budget(config, device) - state_bytes(config, model_cfg)
-    if budget < block_bytes or budget < 0:
+    state = state_bytes(config, model_cfg)
+    budget = kv_budget(config, device) - state
+    # (a model without state and a budget below one block gets one: the memory fit refuses it
+    # by its whole footprint)
+    if state and (budget < block_bytes or budget < 0):
         raise ValueError(f"the KV cache memory ({kv_budget(config, device)} bytes) does not hold "
                          f"the recurrent state of --max-num-seqs {config.scheduler.max_num_seqs} "
                          f"sequences ({state_bytes(config, model_cfg)} bytes) and a KV block; "
