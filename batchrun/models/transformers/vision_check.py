@@ -7,6 +7,8 @@ served wrong; one whose image cannot even be placed is refused with the reason."
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from batchrun.engine.attention import StepLayout
@@ -49,8 +51,28 @@ def reference_logits(hf, processor) -> torch.Tensor:
     inputs = processor(text=[text], images=[probe_image()], return_tensors="pt")
     taken = set(TEXT_KEYS) | set(own_forward_inputs(hf))
     inputs = {k: v.to(hf.device) for k, v in inputs.items() if k in taken}
-    with own_forward.own_attention(hf):
+    with own_forward.own_attention(hf), no_leftover_state(hf):
         return hf(**inputs, use_cache=False).logits[0].float()
+
+
+@contextlib.contextmanager
+def no_leftover_state(hf):
+    """transformers' forwards keep per-call state on their modules (Qwen2-VL's rope_deltas):
+    after the reference run every module's plain tensor-or-None attributes are as they were,
+    so the served model holds (and reads) nothing the check left."""
+    def plain(module):
+        return {k: v for k, v in vars(module).items()
+                if not k.startswith("_") and (v is None or isinstance(v, torch.Tensor))}
+
+    saved = [(m, plain(m)) for m in hf.modules()]
+    try:
+        yield
+    finally:
+        for module, before in saved:
+            for key in plain(module).keys() - before.keys():
+                delattr(module, key)
+            for key, value in before.items():
+                setattr(module, key, value)
 
 
 def own_forward_inputs(hf) -> list[str]:
