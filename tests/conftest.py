@@ -51,3 +51,18 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--matrix", action="store_true",
+                     help="also run the full architecture matrices (tests marked `matrix`); the "
+                          "default run keeps one representative per mechanism")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--matrix") or "matrix" in (config.getoption("-m") or ""):
+        return
+    kept = [item for item in items if item.get_closest_marker("matrix") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept

@@ -188,3 +188,16 @@ def kernel_library(variant: str = "native", *flags: str):
 
     return kernels.library(kernels.VARIANTS[variant] + kernels.shapes_flags(KERNEL_TEST_SHAPES)
                            + flags)
+
+
+def matrix(values, keep, key=lambda v: v) -> list:
+    """`values` as pytest parameters: those whose key is in `keep` (one representative per
+    mechanism) run by default, the rest carry the `matrix` mark and run with `pytest --matrix`
+    (the whole architecture matrix, outside the default suite's time)."""
+    import pytest
+
+    unknown = set(keep) - {key(v) for v in values}
+    assert not unknown, f"representatives not in the matrix: {sorted(unknown)}"
+    return [v if key(v) in keep else pytest.param(*(v if isinstance(v, tuple) else (v,)),
+                                                  marks=pytest.mark.matrix)
+            for v in values]

@@ -11,11 +11,14 @@ import torch
 from batchrun.engine import SamplingParams
 from batchrun.llm import build_engine, load_weights
 from batchrun.options.engine import EngineConfig
+from tests.helpers import matrix
 from tests.parity import ParityReport
 from tests.tiny_models import STATE_ARCHS, IdTokenizer, make_tiny
 from tests.unit.test_transformers_backend import MAX_TOKENS, check_against_transformers
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# One representative per kind of state runs by default (pytest --matrix: every family).
+STATE_KEEP = {"mamba", "mamba2", "jamba", "lfm2"}
 
 CPU = torch.device("cpu")
 CHUNK = 16  # prompts of 37 and 20 tokens cross it
@@ -38,7 +41,7 @@ def prompts_of(lengths, seed=5):
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
 
 
-@pytest.mark.parametrize("arch", sorted(STATE_ARCHS))
+@pytest.mark.parametrize("arch", matrix(sorted(STATE_ARCHS), STATE_KEEP))
 def test_matches_transformers_batched_and_chunked(arch, tmp_path):
     hf, engine = state_engine(arch, tmp_path)
     assert not engine.kv.enable_prefix_caching  # a block's KV does not give back the state
@@ -52,7 +55,7 @@ def test_matches_transformers_batched_and_chunked(arch, tmp_path):
     check_against_transformers(hf, prompts[:1], [again], f"{arch} again", report)
 
 
-@pytest.mark.parametrize("arch", sorted(STATE_ARCHS))
+@pytest.mark.parametrize("arch", matrix(sorted(STATE_ARCHS), STATE_KEEP))
 def test_preempted_sequences_recompute_their_state(arch, tmp_path):
     # 24 blocks of 4 tokens: the four sequences cannot all grow to their full length together
     hf, engine = state_engine(arch, tmp_path, num_blocks=24)
@@ -63,7 +66,7 @@ def test_preempted_sequences_recompute_their_state(arch, tmp_path):
     assert engine.kv.states.num_free == engine.kv.states.num_slots
 
 
-@pytest.mark.parametrize("arch", sorted(STATE_ARCHS))
+@pytest.mark.parametrize("arch", matrix(sorted(STATE_ARCHS), STATE_KEEP))
 def test_n2_copies_the_state_at_the_fork(arch, tmp_path):
     hf, engine = state_engine(arch, tmp_path)
     prompts = prompts_of((23, 6))
@@ -75,7 +78,7 @@ def test_n2_copies_the_state_at_the_fork(arch, tmp_path):
         check_against_transformers(hf, prompts, one, f"{arch} choice {choice}", ParityReport())
 
 
-@pytest.mark.parametrize("arch", sorted(STATE_ARCHS))
+@pytest.mark.parametrize("arch", matrix(sorted(STATE_ARCHS), STATE_KEEP))
 def test_fewer_slots_than_sequences_queue_the_rest(arch, tmp_path):
     # two slots for four requests, and n = 2 forks that find no slot free recompute their prompt
     hf, engine = state_engine(arch, tmp_path, max_num_seqs=2)
@@ -132,7 +135,7 @@ def state_elements(cfg) -> tuple[int, int, int]:
     return kinds.count("mamba"), elements, kinds.count("attention")
 
 
-@pytest.mark.parametrize("arch", sorted(STATE_ARCHS))
+@pytest.mark.parametrize("arch", matrix(sorted(STATE_ARCHS), STATE_KEEP))
 def test_models_check_and_plan_name_the_state_per_request(arch):
     from batchrun.footprint import backend_config
     from batchrun.models.transformers.check import check, describe

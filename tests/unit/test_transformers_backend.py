@@ -12,6 +12,7 @@ from batchrun.models.arch.moe import MoeModel
 from batchrun.models.transformers.model import TransformersModel
 from batchrun.models.transformers.support import UnsupportedModelError, choose
 from batchrun.options.engine import EngineConfig
+from tests.helpers import matrix
 from tests.parity import ParityReport, assert_greedy_match
 from tests.tiny_models import BACKEND_ARCHS, IdTokenizer, make_tiny
 from tests.unit.test_native_model import hf_greedy
@@ -24,6 +25,11 @@ MOE_ARCHS = ["gpt_oss", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe"]
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# One representative per mechanism runs by default (pytest --matrix: all of them).
+BACKEND_KEEP = {"llama", "gemma2", "diffllama", "falcon", "bloom", "phimoe-window", "llama4_text",
+                "gpt_neox", "mixtral", "megatron-bert", "deepseek_v2", "trocr"}
+NATIVE_KEEP = {"gemma2", "phi3-longrope", "stablelm", "bloom", "falcon-mqa", "gpt_neo"}
+MOE_KEEP = {"qwen3_moe", "gpt_oss"}
 
 
 def backend_engine(arch, path, impl="transformers", **overrides):
@@ -64,7 +70,7 @@ def pool_blocks(arch: str) -> int:
     return 12 if every_layer else 24
 
 
-@pytest.mark.parametrize("arch", sorted(BACKEND_ARCHS))
+@pytest.mark.parametrize("arch", matrix(sorted(BACKEND_ARCHS), BACKEND_KEEP))
 def test_greedy_and_logprobs_match_transformers(arch, tmp_path):
     """Mixed-length prompts in one engine, prefilled in chunks of at most 16 tokens (crossing the
     8-token sliding windows), in a KV pool too small for all of them (preemption), then two
@@ -76,7 +82,7 @@ def test_greedy_and_logprobs_match_transformers(arch, tmp_path):
 
 
 @pytest.mark.parametrize("path", ["cpu-kernels", "pytorch-only"])
-@pytest.mark.parametrize("arch", MOE_ARCHS)
+@pytest.mark.parametrize("arch", matrix(MOE_ARCHS, MOE_KEEP))
 def test_native_moe_matches_transformers(arch, path, tmp_path, monkeypatch):
     """The native MoE path (models/arch/moe.py) through the same batching, chunked prefill, preemption
     and prefix hits, with the C kernels and packed linears and without them."""
@@ -127,7 +133,7 @@ NATIVE_FILES = {"gemma": "gemma", "gemma2": "gemma", "gemma3_text": "gemma", "ph
 
 
 @pytest.mark.parametrize("path", ["cpu-kernels", "pytorch-only"])
-@pytest.mark.parametrize("arch", sorted(NATIVE_FILES))
+@pytest.mark.parametrize("arch", matrix(sorted(NATIVE_FILES), NATIVE_KEEP))
 def test_native_greedy_and_logprobs_match_transformers(arch, path, tmp_path, monkeypatch):
     """The same batch on the native path: the C kernels' windowed and soft-capped attention, or
     without them (BATCHRUN_DISABLE_KERNELS) the SDPA backend's."""

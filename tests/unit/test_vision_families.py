@@ -15,6 +15,7 @@ from batchrun.engine import SamplingParams
 from batchrun.llm import load_from_path
 from batchrun.models.transformers.processor import render
 from batchrun.options.engine import EngineConfig
+from tests.helpers import matrix
 from tests.tiny_vlm_families import FAMILIES, make_tiny_vlm
 from tests.tiny_vlms import image
 
@@ -24,6 +25,8 @@ STEP_TOKENS = {"paligemma": 64}  # its prompt attends both ways: one step must h
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# Anyres tiling, a SigLIP tower, a both-ways prefix, deepstack (pytest --matrix: every family).
+FAMILY_KEEP = {"llava_next", "llava_siglip", "paligemma", "qwen3_vl"}
 
 
 def chat(n_images: int):
@@ -53,7 +56,7 @@ def generate(hf, processor, images):
     return out[0, len(prompt):].tolist(), prompt
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", matrix(FAMILIES, FAMILY_KEEP))
 def test_greedy_tokens_match_generate(family, tmp_path, smol_tokenizer):
     hf, _ = make_tiny_vlm(family, tmp_path, smol_tokenizer)
     loaded = load_from_path(tmp_path, EngineConfig.default(
