@@ -21,6 +21,7 @@ from torch import nn
 
 from batchrun.engine.attention import AttentionMetadata, paged_attention
 from batchrun.models.arch import llama
+from batchrun.models.arch.native import checkpoint_name
 from batchrun.models.arch.stablelm import LayerNorm
 from batchrun.models.config import model_config
 from batchrun.models.layers.alibi import NoRope, StepAlibi, alibi_slopes
@@ -132,11 +133,7 @@ class BloomModel(llama.LlamaModel):
 
 def rename(name: str) -> str:
     """A BLOOM or Falcon checkpoint name as our model's."""
-    name = name.removeprefix("transformer.").replace(".self_attention.", ".self_attn.")
-    for old, new in _RENAMES:
-        if name.startswith(old):
-            return new + name[len(old):]
-    return name
+    return checkpoint_name(name, "transformer.", ((".self_attention.", ".self_attn."),), _RENAMES)
 
 
 Model = BloomModel

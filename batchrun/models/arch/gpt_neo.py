@@ -20,6 +20,7 @@ from torch import nn
 
 from batchrun.engine.attention import AttentionMetadata, paged_attention
 from batchrun.models.arch import llama
+from batchrun.models.arch.native import checkpoint_name
 from batchrun.models.arch.stablelm import LayerNorm
 from batchrun.models.config import model_config
 from batchrun.models.layers.alibi import NoRope
@@ -129,13 +130,7 @@ class GPTNeoModel(llama.LlamaModel):
 
 
 def _our_name(name: str) -> str:
-    name = name.removeprefix("transformer.")
-    for old, new in _INNER:
-        name = name.replace(old, new)
-    for old, new in _PREFIXES:
-        if name.startswith(old):
-            return new + name[len(old):]
-    return name
+    return checkpoint_name(name, "transformer.", _INNER, _PREFIXES)
 
 
 Model = GPTNeoModel

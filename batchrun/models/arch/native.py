@@ -44,6 +44,19 @@ class FromCheckpoint(Protocol):
     checkpoint: tuple[Path, list[Path]]
 
 
+def checkpoint_name(name: str, strip: str, inner: tuple[tuple[str, str], ...] = (),
+                    prefixes: tuple[tuple[str, str], ...] = ()) -> str:
+    """A checkpoint tensor's name as a native model names it: `strip` removed from its front,
+    each `inner` part replaced, then the first matching `prefixes` entry swapped."""
+    name = name.removeprefix(strip)
+    for old, new in inner:
+        name = name.replace(old, new)
+    for old, new in prefixes:
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
+
+
 def module_for(hf) -> ModuleType | None:
     """The native module for `hf`'s model type (None: no native path)."""
     name = NATIVE_MODULES.get(getattr(hf, "model_type", "llama"))
