@@ -277,7 +277,7 @@ def kv_reservation(engine_config: EngineConfig, cfg: ModelConfig,
                                4 if kv_dtype == torch.int8 else 0)
     scales = 2 * 4 * cfg.num_layers if kv_dtype.is_floating_point and kv_dtype.itemsize == 1 else 0
     # a model with recurrent state also holds a slot per sequence (engine/state_slots.py)
-    return num_blocks, (num_blocks + 1) * per_block + scales + state_bytes(engine_config, cfg)
+    return num_blocks, (num_blocks + 1) * per_block + scales + state_bytes(engine_config, cfg, dev)
 
 
 def model_config_for(model: str | None, impl: str = "auto", trust_remote_code: bool = False):

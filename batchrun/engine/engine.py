@@ -11,6 +11,7 @@ from batchrun.engine.client import EngineStats
 from batchrun.engine.errors import PromptTooLongError
 from batchrun.engine.kv_cache import KVCacheManager
 from batchrun.engine.kv_groups import kv_groups
+from batchrun.engine.kv_sizing import state_slot_count
 from batchrun.engine.lora import AdapterSlots
 from batchrun.engine.model import KeepsState, TakesImages
 from batchrun.engine.multimodal import MultiModalInputs
@@ -46,10 +47,12 @@ class Engine:
         self.eos_token_ids = set(eos_token_ids)
         self.max_model_len = max_model_len
         bs = config.cache.block_size
-        groups = kv_groups(model.config)
-        # A model with recurrent state: a slot per running sequence, no prefix cache
+        model_cfg = model.config
+        groups = kv_groups(model_cfg)
+        # A model with recurrent state: a slot per running sequence (fewer where they would
+        # crowd out the KV blocks: kv_sizing.state_slot_count), no prefix cache
         # (engine/state_slots.py).
-        slots = config.scheduler.max_num_seqs if isinstance(model, KeepsState) else 0
+        slots = state_slot_count(config, model_cfg, device) if isinstance(model, KeepsState) else 0
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching and not slots,
                                  groups, StateSlots(slots) if slots else None)
         # LoRA adapters served on this model (engine/lora.py); None = none.

@@ -55,25 +55,39 @@ def kv_blocks_for(config: EngineConfig, model_cfg, device: torch.device, dtype: 
     # blocks only over its window: engine/kv_groups.py).
     most = config.scheduler.max_num_seqs * kv_groups(model_cfg).blocks_per_sequence(
         max_model_len, cache.block_size, config.scheduler.max_num_batched_tokens)
-    state = state_bytes(config, model_cfg)
+    state = state_bytes(config, model_cfg, device)
     budget = kv_budget(config, device) - state
     # (a model without state and a budget below one block gets one: the memory fit refuses it
     # by its whole footprint)
     if state and (budget < block_bytes or budget < 0):
         raise ValueError(f"the KV cache memory ({kv_budget(config, device)} bytes) does not hold "
-                         f"the recurrent state of --max-num-seqs {config.scheduler.max_num_seqs} "
-                         f"sequences ({state_bytes(config, model_cfg)} bytes) and a KV block; "
-                         "raise --kv-cache-memory or lower --max-num-seqs")
+                         f"the recurrent state of one sequence ({state} bytes) and a KV block; "
+                         "raise --kv-cache-memory")
     if block_bytes == 0:  # no attention layers (Mamba): blocks only count positions
         return max(1, min(most, ZERO_BYTE_BLOCKS))
     return max(1, min(budget // block_bytes, most))
 
 
-def state_bytes(config: EngineConfig, model_cfg) -> int:
-    """The state slots' bytes (one per sequence the scheduler may run: engine/state_slots.py)
-    that the KV budget also pays for; 0 for a model without recurrent state."""
+# The share of the KV budget state slots may take when --max-num-seqs asks more: the rest
+# stays for the blocks of the attention layers.
+STATE_SHARE = 0.5
+
+
+def state_slot_count(config: EngineConfig, model_cfg, device: torch.device) -> int:
+    """How many state slots (engine/state_slots.py) a model with recurrent state gets: one per
+    sequence --max-num-seqs lets run, fewer where those would take more than STATE_SHARE of the
+    KV budget (a sequence without a slot waits, as one without blocks does); 0 without state."""
     per_sequence = getattr(model_cfg, "state_bytes_per_sequence", 0)
-    return config.scheduler.max_num_seqs * per_sequence
+    if not per_sequence:
+        return 0
+    fit = int(kv_budget(config, device) * STATE_SHARE) // per_sequence
+    return max(1, min(config.scheduler.max_num_seqs, fit))
+
+
+def state_bytes(config: EngineConfig, model_cfg, device: torch.device) -> int:
+    """The state slots' bytes the KV budget also pays for; 0 for a model without state."""
+    return state_slot_count(config, model_cfg, device) * \
+        getattr(model_cfg, "state_bytes_per_sequence", 0)
 
 
 def kv_budget(config: EngineConfig, device: torch.device) -> int:

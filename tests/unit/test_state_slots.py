@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from batchrun.engine.kv_cache import KVCacheManager
-from batchrun.engine.kv_sizing import kv_blocks_for
+from batchrun.engine.kv_sizing import kv_blocks_for, state_slot_count
 from batchrun.engine.request import Request
 from batchrun.engine.sampling_params import SamplingParams
 from batchrun.engine.scheduler import Scheduler
@@ -105,10 +105,17 @@ def test_blocks_and_slots_share_one_budget():
     assert kv_blocks_for(config, Attention, cpu, torch.float32, 4096) == 2 ** 20 // block
     assert kv_blocks_for(config, Hybrid, cpu, torch.float32, 4096) == 2 ** 19 // block
 
-    class TooBig(Attention):
-        state_bytes_per_sequence = 2 ** 17
+    class Big(Attention):
+        state_bytes_per_sequence = 2 ** 17  # 8 slots would take the whole budget
 
-    with pytest.raises(ValueError, match="recurrent state of --max-num-seqs 8"):
+    # the slots take at most half the budget: 4 of them, the sequences beyond wait for one
+    assert state_slot_count(config, Big, cpu) == 4
+    assert kv_blocks_for(config, Big, cpu, torch.float32, 4096) == 2 ** 19 // block
+
+    class TooBig(Attention):
+        state_bytes_per_sequence = 2 ** 21  # one sequence's state outgrows the budget
+
+    with pytest.raises(ValueError, match="recurrent state of one sequence"):
         kv_blocks_for(config, TooBig, cpu, torch.float32, 4096)
 
     class Mamba(Hybrid):
