@@ -225,7 +225,9 @@ def check(hf, folder=None) -> CheckReport:
         impl, reason, shape = _probe_verdict(
             full, model, reason, stateful.no_kv_layers(model) if keeps_state else frozenset())
     if impl == "transformers":
-        impl, reason = _vision_verdict(full, model, folder, impl, reason)
+        from batchrun.models.transformers.vision import verdict_before_load
+
+        impl, reason = verdict_before_load(full, model, folder, impl, reason)
     report = refused(full, reason, impl)
     if impl == "refused":
         return report
@@ -255,26 +257,6 @@ def check(hf, folder=None) -> CheckReport:
         report.features.append(("images", image_support(folder)))
     report.stored_quantized = "" if stored is None else _stored_size(stored, model, text)
     return report
-
-
-def _vision_verdict(full, model, folder, impl: str, reason: str) -> tuple[str, str]:
-    """(impl, reason) after what the load checks of a vision-language model before its image
-    check (vision.model_reason on the meta model, then its processor: run cannot load without
-    the one it saves), refused in run's words."""
-    from batchrun.models.transformers.processor import load_processor, processor_class
-    from batchrun.models.transformers.vision import is_vision_language, model_reason
-
-    if not is_vision_language(full):
-        return impl, reason
-    why = model_reason(model) if model is not None else None
-    if why:
-        return "refused", f"unsupported model: {why}"
-    if folder is not None and processor_class(folder) is not None:
-        try:
-            load_processor(folder, getattr(full, "auto_map", None) is not None)
-        except ValueError as exc:
-            return "refused", str(exc)
-    return impl, reason
 
 
 def _probe_verdict(full, model, reason: str, no_kv: frozenset[int] = frozenset()):

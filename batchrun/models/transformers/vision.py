@@ -299,3 +299,22 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = 
         vision_check.verify(model, load_processor(path, trust_remote_code), f"{path}",
                             quantized=quantization.quantizes)
     return model
+
+
+def verdict_before_load(full, model, folder, impl: str, reason: str) -> tuple[str, str]:
+    """(impl, reason) after what the load checks of a vision-language model before its image
+    check (vision.model_reason on the meta model, then its processor: run cannot load without
+    the one it saves), refused in run's words."""
+    from batchrun.models.transformers.processor import load_processor, processor_class
+
+    if not is_vision_language(full):
+        return impl, reason
+    why = model_reason(model) if model is not None else None
+    if why:
+        return "refused", f"unsupported model: {why}"
+    if folder is not None and processor_class(folder) is not None:
+        try:
+            load_processor(folder, getattr(full, "auto_map", None) is not None)
+        except ValueError as exc:
+            return "refused", str(exc)
+    return impl, reason
