@@ -168,6 +168,27 @@ STATE_ARCHS = {
 }
 
 
+_GATED_DELTA = {"num_hidden_layers": 4, "head_dim": 32,
+                "layer_types": ["linear_attention", "full_attention", "linear_attention",
+                                "linear_attention"],
+                "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
+                "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4}
+_GATED_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+              "shared_expert_intermediate_size": 64}
+# Gated DeltaNet (linear attention with the delta rule) beside gated full attention: Qwen3-Next
+# (MoE with a shared expert, its first layer dense), Qwen3.5 dense and MoE, OLMo-Hybrid (beta
+# up to 2: negative eigenvalues)
+STATE_ARCHS.update({
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {
+        **_GATED_DELTA, **_GATED_MOE, "mlp_only_layers": [0]}),
+    "qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(_GATED_DELTA)),
+    "qwen3_5_moe_text": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", {
+        **_GATED_DELTA, **_GATED_MOE}),
+    "olmo_hybrid": ("OlmoHybridConfig", "OlmoHybridForCausalLM", {
+        **_GATED_DELTA, "linear_allow_neg_eigval": True}),
+})
+
+
 def make_tiny(arch: str, path: Path, seed: int = 0, archs: dict = ARCHS, **overrides):
     """Save a tiny random model to `path`; returns the transformers model (fp32, eval).
     `overrides` change its config (vocab_size to match a real tokenizer, say); `archs` is the

@@ -28,7 +28,7 @@ TABLES = {"native": ARCHS, "backend": BACKEND_ARCHS, "state": STATE_ARCHS}
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # check against run for one architecture per path and mechanism (pytest --matrix: all).
 CHECK_KEEP = {"llama", "tied", "gemma2", "bloom", "falcon", "diffllama", "llama4_text", "mixtral",
-              "deepseek_v2", "trocr", "mamba", "jamba", "lfm2"}
+              "deepseek_v2", "trocr", "mamba", "jamba", "lfm2", "qwen3_next"}
 
 
 def models_check(folder):

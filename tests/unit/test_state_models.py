@@ -18,7 +18,7 @@ from tests.unit.test_transformers_backend import MAX_TOKENS, check_against_trans
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # One representative per kind of state runs by default (pytest --matrix: every family).
-STATE_KEEP = {"mamba", "mamba2", "jamba", "lfm2"}
+STATE_KEEP = {"mamba", "mamba2", "jamba", "lfm2", "qwen3_next"}
 
 CPU = torch.device("cpu")
 CHUNK = 16  # prompts of 37 and 20 tokens cross it
@@ -98,6 +98,13 @@ def state_elements(cfg) -> tuple[int, int, int]:
     papers define the state: the convolution's last conv_kernel - 1 inputs of each channel,
     and the SSM state; each family names the sizes its own way."""
     t = cfg.model_type
+    if hasattr(cfg, "linear_num_value_heads"):  # Gated DeltaNet: q, k, v convolved; S [Hv, dk, dv]
+        hk, hv, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads,
+                          cfg.linear_key_head_dim, cfg.linear_value_head_dim)
+        channels = 2 * hk * dk + hv * dv
+        return (cfg.layer_types.count("linear_attention"),
+                channels * (cfg.linear_conv_kernel_dim - 1) + hv * dk * dv,
+                cfg.layer_types.count("full_attention"))
     if t in ("mamba", "falcon_mamba"):
         inner = cfg.expand * cfg.hidden_size
         return cfg.num_hidden_layers, inner * (cfg.conv_kernel - 1 + cfg.state_size), 0
@@ -135,6 +142,14 @@ def state_elements(cfg) -> tuple[int, int, int]:
     return kinds.count("mamba"), elements, kinds.count("attention")
 
 
+def float32_elements(cfg) -> int:
+    """One stateful layer's state elements kept in float32 whatever the model's dtype: a Gated
+    DeltaNet's recurrent state (transformers' cache keeps the float32 its kernels return)."""
+    if not hasattr(cfg, "linear_num_value_heads"):
+        return 0
+    return cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
+
+
 @pytest.mark.parametrize("arch", matrix(sorted(STATE_ARCHS), STATE_KEEP))
 def test_models_check_and_plan_name_the_state_per_request(arch):
     from batchrun.footprint import backend_config
@@ -150,7 +165,10 @@ def test_models_check_and_plan_name_the_state_per_request(arch):
     assert report.state_layers == layers
     assert report.state_bytes_fp32 == per_request
     lines = "\n".join(describe(arch, report))
-    assert f"fp32 {per_request / 1024:.1f} KiB" in lines
+    wide = float32_elements(cfg)
+    per_request_bf16 = layers * ((elements - wide) * 2 + wide * 4)
+    assert report.state_bytes_bf16 == per_request_bf16
+    assert f"fp32 {per_request / 1024:.1f} KiB, bf16 {per_request_bf16 / 1024:.1f} KiB" in lines
     assert ("KV cache: none" in lines) == (not attention_layers)
     assert "prefix caching: no" in lines
     sized = backend_config(cfg)  # what plan sizes
@@ -191,7 +209,7 @@ def test_batchrun_run_serves_a_mamba_end_to_end(tmp_path, smol_tokenizer):
         assert out[f"r{i}"]["choices"][0]["text"] == smol_tokenizer.decode(ref)
 
 
-@pytest.mark.parametrize("arch", ["mamba2", "lfm2"])
+@pytest.mark.parametrize("arch", ["mamba2", "lfm2", "qwen3_next"])
 def test_prompt_logprobs_across_chunks(arch, tmp_path):
     """Prompt scoring of a 37-token prompt computed in chunks of 16, against one transformers
     forward over it: each chunk's rows read the state the chunk before left."""
@@ -206,7 +224,13 @@ def test_prompt_logprobs_across_chunks(arch, tmp_path):
     assert ours[1:] == pytest.approx(expected, abs=2e-3)
 
 
-@pytest.mark.parametrize("arch", ["mamba", "mamba2"])
+# The dtypes of each stateful layer's state tensors in a bfloat16 model: the Gated DeltaNet's
+# recurrent state stays float32, as transformers' cache keeps it
+BF16_STATE = {"mamba": [torch.bfloat16] * 2, "mamba2": [torch.bfloat16] * 2,
+              "qwen3_next": [torch.bfloat16, torch.float32]}
+
+
+@pytest.mark.parametrize("arch", sorted(BF16_STATE))
 def test_bfloat16_passes_the_load_check(arch, tmp_path):
     """In bfloat16 Mamba's residual stream stays float32 (residual_in_fp32): the head must
     read it in the model's dtype. The load check holds the engine's chunked path against
@@ -216,7 +240,7 @@ def test_bfloat16_passes_the_load_check(arch, tmp_path):
                                   max_num_batched_tokens=CHUNK)
     model = load_weights(tmp_path, config, CPU, torch.bfloat16)  # raises where it differs
     engine = build_engine(model, IdTokenizer(), config, [2], CPU, torch.bfloat16)
-    assert all(t.dtype == torch.bfloat16 for layer in engine.runner.states for t in layer)
+    assert all([t.dtype for t in layer] == BF16_STATE[arch] for layer in engine.runner.states)
     out = engine.generate(prompts_of((21,)), SamplingParams(temperature=0, max_tokens=4,
                                                             ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 4

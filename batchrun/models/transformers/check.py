@@ -29,8 +29,10 @@ class CheckReport:
     features: list[tuple[str, str]] = field(default_factory=list)
     stored_quantized: str = ""  # a checkpoint stored quantized: its format and loaded weight size
     # A model with recurrent state (stateful.py): its layers and one request's state in float32
+    # and in bfloat16 (a Gated DeltaNet's recurrent state stays float32 in either)
     state_layers: int = 0
     state_bytes_fp32: int = 0
+    state_bytes_bf16: int = 0
 
     @property
     def kv_elements_per_token(self) -> int:
@@ -248,6 +250,7 @@ def check(hf, folder=None) -> CheckReport:
 
         spec = stateful.spec_of(model, torch.float32)
         report.state_layers, report.state_bytes_fp32 = len(spec.layers), spec.bytes_per_sequence
+        report.state_bytes_bf16 = stateful.spec_of(model, torch.bfloat16).bytes_per_sequence
         report.features[0] = ("prefix caching", "no (a cached block's KV does not give back a "
                                                 "recurrent state; each prompt is computed)")
         report.features[1] = ("chunked prefill", "yes (the state carried across chunks)")
@@ -378,9 +381,10 @@ def describe(name: str, report: CheckReport) -> list[str]:
     if report.stored_quantized:
         lines.append(f"stored quantized: {report.stored_quantized}")
     if report.state_layers:
-        per = ", ".join(f"{d} {_size(report.state_bytes_fp32 * b // 4)}"
-                        for d, b in DTYPE_BYTES.items())
-        lines.append(f"recurrent state: {report.state_layers} layers (convolution / SSM state): "
+        per = (f"fp32 {_size(report.state_bytes_fp32)}, "
+               f"bf16 {_size(report.state_bytes_bf16)}")
+        lines.append(f"recurrent state: {report.state_layers} layers (convolution / SSM / "
+                     f"linear-attention state): "
                      f"{per} per request, whatever its length")
     kv = ", ".join(f"{d} {_size(report.kv_elements_per_token * b)}" for d, b in
                    DTYPE_BYTES.items())
