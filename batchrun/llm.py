@@ -173,10 +173,12 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
     if stored is not None:
         raise UnsupportedModelError(f"the checkpoint is stored quantized ({stored[0]}); "
                                     f"quantized checkpoints load on the native path only ({native_types})")
-    from batchrun.models.transformers import model as text, stateful, vision
+    from batchrun.models.transformers import model as text, stateful, stateful_vision, vision
 
-    loader = vision if vision.is_vision_language(hf) else \
-        stateful if stateful.runs(hf) else text
+    if vision.is_vision_language(hf):
+        loader = stateful_vision if stateful.runs(hf) else vision
+    else:
+        loader = stateful if stateful.runs(hf) else text
     model = loader.load(path, device, dtype, how, config.trust_remote_code)
     phases.mark("weights (transformers backend)")
     return model

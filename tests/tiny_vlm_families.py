@@ -4,7 +4,8 @@ tests/tiny_vlms.py's: LLaVA-NeXT (anyres grids), LLaVA on a SigLIP tower with th
 strategy, Mistral 3 (Pixtral tower), InternVL (tiles, pixel shuffle), PaliGemma (prefix-LM),
 Qwen3-VL (interleaved M-RoPE, deepstack features added inside the decoder's first layers),
 LLaVA-OneVision (anyres with a cap on the grid's features), Idefics2 (a perceiver
-resampler) and Aya Vision (tiles, pixel shuffle, a Cohere 2 decoder). Built offline from transformers' own config and processor classes and the bundled tokenizer."""
+resampler), Aya Vision (tiles, pixel shuffle, a Cohere 2 decoder) and Qwen3.5 (Qwen3-VL's
+processor, a decoder of Gated DeltaNet layers with recurrent state beside attention). Built offline from transformers' own config and processor classes and the bundled tokenizer."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import torch
 from tests.tiny_vlms import CHAT_TEMPLATE, TEXT, save_processor
 
 FAMILIES = ("llava_next", "llava_siglip", "mistral3", "internvl", "paligemma", "qwen3_vl",
-            "llava_onevision", "idefics2", "aya_vision")
+            "llava_onevision", "idefics2", "aya_vision", "qwen3_5")
 
 IMAGE_MARKER = {"aya_vision": "<image>", "llava_next": "<image>", "llava_onevision": "<image>", "idefics2": "<image>", "llava_siglip": "<image>", "mistral3": "[IMG]",
                 "internvl": "<IMG_CONTEXT>", "paligemma": "<image>",
-                "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
+                "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+                "qwen3_5": "<|vision_start|><|image_pad|><|vision_end|>"}
 EXTRA_TOKENS = {"aya_vision": ["<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>",
                                "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>"],
                 "llava_next": ["<image>"], "llava_onevision": ["<image>", "<video>"],
@@ -27,6 +29,7 @@ EXTRA_TOKENS = {"aya_vision": ["<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>",
                 "mistral3": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"], "paligemma": ["<image>"],
                 "qwen3_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>",
                              "<|video_pad|>"]}
+EXTRA_TOKENS["qwen3_5"] = EXTRA_TOKENS["qwen3_vl"]
 # InternVL's processor reads them as the tokenizer's named special tokens.
 INTERNVL_TOKENS = {"start_image_token": "<img>", "end_image_token": "</img>",
                    "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"}
@@ -101,7 +104,7 @@ def processor(family: str, tok):
         return images_only(t.InternVLProcessor)(image_processor=ip, tokenizer=tok,
                                                 video_processor=None, image_seq_length=4,
                                                 chat_template=template)
-    if family == "qwen3_vl":
+    if family in ("qwen3_vl", "qwen3_5"):  # Qwen3.5 takes Qwen3-VL's processor
         ip = t.Qwen2VLImageProcessorPil(min_pixels=16 * 32 * 32 // 4, max_pixels=64 * 32 * 32,
                                         patch_size=16, merge_size=2)
         return images_only(t.Qwen3VLProcessor)(image_processor=ip, tokenizer=tok,
@@ -172,6 +175,21 @@ def config(family: str, tok):
                                out_hidden_size=64, patch_size=16, spatial_merge_size=2,
                                temporal_patch_size=2, num_position_embeddings=64,
                                deepstack_visual_indexes=[0]),
+            image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"],
+            vision_end_token_id=ids["<|vision_end|>"])
+    if family == "qwen3_5":  # Gated DeltaNet layers (state) beside gated attention, M-RoPE
+        return t.Qwen3_5Config(
+            text_config=dict(text, head_dim=16, layer_types=["linear_attention", "full_attention"],
+                             linear_num_key_heads=2, linear_num_value_heads=4,
+                             linear_key_head_dim=16, linear_value_head_dim=16,
+                             linear_conv_kernel_dim=4, rope_parameters={
+                                 "rope_type": "default", "rope_theta": 10000.0,
+                                 "partial_rotary_factor": 0.5, "mrope_section": [1, 1, 2],
+                                 "mrope_interleaved": True}),
+            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                               out_hidden_size=64, patch_size=16, spatial_merge_size=2,
+                               temporal_patch_size=2, num_position_embeddings=64),
             image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
             vision_start_token_id=ids["<|vision_start|>"],
             vision_end_token_id=ids["<|vision_end|>"])

@@ -128,17 +128,16 @@ class ModelRunner:
         """The final hidden states [T, hidden] of the step's rows."""
         layout: StepLayout = batch.layout
         input_ids = torch.tensor(batch.tokens, dtype=torch.long, device=self.device)
+        extra: dict = {}  # models without images or state keep their signature
+        if batch.images:
+            assert isinstance(self.model, TakesImages)  # add_request refuses images otherwise
+            extra["images"] = batch.images
+        if isinstance(self.model, KeepsState):  # a vision-language one takes both (Qwen3.5)
+            extra["state"] = self.step_state(batch)
         if batch.adapter_slots:
             self.adapters.set_segments(batch.adapter_segments())
         try:
-            if batch.images:  # models without images keep their signature
-                assert isinstance(self.model, TakesImages)  # add_request refuses images otherwise
-                return self.model(input_ids, layout.positions, self.kv_caches, meta,
-                                  images=batch.images)
-            if isinstance(self.model, KeepsState):
-                return self.model(input_ids, layout.positions, self.kv_caches, meta,
-                                  state=self.step_state(batch))
-            return self.model(input_ids, layout.positions, self.kv_caches, meta)
+            return self.model(input_ids, layout.positions, self.kv_caches, meta, **extra)
         finally:
             if batch.adapter_slots:
                 self.adapters.set_segments([])

@@ -25,8 +25,9 @@ STEP_TOKENS = {"paligemma": 64}  # its prompt attends both ways: one step must h
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-# Anyres tiling, a SigLIP tower, a both-ways prefix, deepstack (pytest --matrix: every family).
-FAMILY_KEEP = {"llava_next", "llava_siglip", "paligemma", "qwen3_vl"}
+# Anyres tiling, a SigLIP tower, a both-ways prefix, deepstack, a decoder with recurrent state
+# (pytest --matrix: every family).
+FAMILY_KEEP = {"llava_next", "llava_siglip", "paligemma", "qwen3_vl", "qwen3_5"}
 
 
 def chat(n_images: int):

@@ -93,7 +93,7 @@ class TransformersModel(nn.Module):
         # Qualified names of the linears its modelling code uses directly (wrap finds them).
         self.plain_linears: frozenset[str] = frozenset()
         # layer_idx -> KV index where only some layers attend (attention.Step.layers)
-        self._kv_index = {layer: i for i, layer in enumerate(config.attention_layers)} or None
+        self.kv_index = {layer: i for i, layer in enumerate(config.attention_layers)} or None
 
     @property
     def decoder(self) -> nn.Module:
@@ -103,7 +103,7 @@ class TransformersModel(nn.Module):
                 meta) -> torch.Tensor:
         """Hidden states [T, hidden] for the flat row of tokens of one step."""
         with attention.step(kv_caches, meta, max_context(meta, positions),
-                            calls_per_layer=self.config.calls_per_layer, layers=self._kv_index):
+                            calls_per_layer=self.config.calls_per_layer, layers=self.kv_index):
             out = self.decoder(input_ids=input_ids[None], position_ids=positions[None],
                                use_cache=False)
         return out[0][0]

@@ -184,3 +184,4 @@ def wrap(hf) -> StateModel:
         [f"{name}.dt_proj" for name, module in stateful_layers(hf) if hasattr(module, "dt_proj")]
         + [n for n, m in hf.named_modules() if m is head])
     return model
+

@@ -75,7 +75,7 @@ def transformers_reason(hf) -> str | None:
                 f"paged KV cache does not hold")
     text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf  # a VLM's decoder's
     other = sorted(set(getattr(text, "layer_types", None) or ()) - ATTENTION_LAYER_TYPES)
-    if other and model_type not in STATE_MODEL_TYPES:
+    if other and getattr(text, "model_type", model_type) not in STATE_MODEL_TYPES:
         return (f"{model_type} has {', '.join(other)} layers; the paged KV cache holds only "
                 f"full, sliding-window and chunked attention layers")
     if model_type in REFUSED:

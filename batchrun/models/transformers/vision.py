@@ -173,7 +173,7 @@ class VisionLanguageModel(TransformersModel):
         if self.bidirectional and images:
             meta = with_image_rows(meta, images, len(input_ids))
         with attention.step(kv_caches, meta, max_context(meta, positions),
-                            calls_per_layer=self.config.calls_per_layer):
+                            calls_per_layer=self.config.calls_per_layer, layers=self.kv_index):
             out = self.decoder(inputs_embeds=embeds[None], position_ids=position_ids,
                                use_cache=False, **deepstack_inputs(deep, self.deepstack))
         return out[0][0]
@@ -272,10 +272,17 @@ def decoder_of(hf, hf_config):
     return inner.language_model if hasattr(inner, "language_model") else inner.text_model
 
 
+def wrap_language_model(hf, quantization: Method, path) -> VisionLanguageModel:
+    model = wrap(hf, VisionLanguageModel, quantization, path)
+    assert isinstance(model, VisionLanguageModel)
+    return model
+
+
 def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = METHODS["none"],
-         trust_remote_code: bool = False) -> VisionLanguageModel:
+         trust_remote_code: bool = False, wrap_model=wrap_language_model) -> VisionLanguageModel:
     """The vision-language model at `path`: its decoder on the "batchrun" attention, its vision
-    tower on PyTorch's SDPA (the tower runs outside the engine's steps and caches)."""
+    tower on PyTorch's SDPA (the tower runs outside the engine's steps and caches); `wrap_model`
+    makes the engine's model of it (stateful_vision.py's for a decoder that keeps state)."""
     from transformers import AutoModelForImageTextToText
 
     from batchrun.models.transformers.model import from_pretrained_checked
@@ -289,7 +296,7 @@ def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = 
     reason = vision_reason(hf.config) or model_reason(hf)
     if reason:
         raise UnsupportedModelError(f"unsupported model: {reason}")
-    model = wrap(hf.eval(), VisionLanguageModel, quantization, path)
+    model = wrap_model(hf.eval(), quantization, path)
     assert isinstance(model, VisionLanguageModel)
     own_forward.check(model, f"{path}", quantized=quantization.quantizes)
     from batchrun.models.transformers import vision_check

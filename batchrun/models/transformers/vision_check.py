@@ -12,7 +12,9 @@ import contextlib
 import torch
 
 from batchrun.engine.attention import StepLayout
+from batchrun.engine.model import KeepsState
 from batchrun.engine.multimodal import StepImages
+from batchrun.engine.state_slots import StepState, state_tensors
 from batchrun.models import load_check
 from batchrun.models.transformers import own_forward
 from batchrun.models.transformers.support import UnsupportedModelError
@@ -37,8 +39,12 @@ def engine_logits(model, prompt: list[int], mm) -> torch.Tensor:
     backend, caches = load_check.fresh_cache(model, n, device, dtype)
     blocks = list(range(-(-n // load_check.BLOCK_SIZE)))
     layout = StepLayout.of([blocks], [0], [n], 0, load_check.BLOCK_SIZE, device)
+    state = {}
+    if isinstance(model, KeepsState):  # its state layers (Qwen3.5's) on one fresh slot
+        state["state"] = StepState.of(state_tensors(model.state_spec, 1, device), [0], [0], [n],
+                                      device)
     hidden = model(torch.tensor(prompt, device=device), layout.positions, caches,
-                   backend.build(layout), images=[StepImages(mm, 0, 0, n)])
+                   backend.build(layout), images=[StepImages(mm, 0, 0, n)], **state)
     return model.compute_logits(hidden).float()
 
 
