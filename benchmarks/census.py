@@ -65,6 +65,13 @@ EXTRA = {
     # and a NoPE layer beside the chunked one
     "llama4_text": {"attention_chunk_size": 8, "floor_scale": 4, "no_rope_layer_interval": 2},
     "megatron-bert": {"is_decoder": True},  # as MegatronBertForCausalLM asks
+    # the first two of their layers are both linear attention: transformers' generate needs an
+    # attention layer (its cache reads the length from one)
+    **{t: {"layer_types": ["linear_attention", "full_attention"]}
+       for t in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid")},
+    # and Kimi's MLA expands K and V to every query head
+    "kimi_linear": {"layer_types": ["linear_attention", "full_attention"],
+                    "num_key_value_heads": 4},
 }
 
 

@@ -186,6 +186,13 @@ STATE_ARCHS.update({
         **_GATED_DELTA, **_GATED_MOE}),
     "olmo_hybrid": ("OlmoHybridConfig", "OlmoHybridForCausalLM", {
         **_GATED_DELTA, "linear_allow_neg_eigval": True}),
+    # Kimi Linear: delta attention decaying per key channel, MLA full attention, MoE
+    "kimi_linear": ("KimiLinearConfig", "KimiLinearForCausalLM", {
+        "num_hidden_layers": 4, "num_key_value_heads": 4, "layer_types": _GATED_DELTA["layer_types"],
+        "mlp_layer_types": ["dense", "sparse", "sparse", "dense"], "linear_num_heads": 4,
+        "linear_head_dim": 32, "linear_conv_kernel_dim": 4, "kv_lora_rank": 32,
+        "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 24, "num_experts": 4,
+        "num_experts_per_token": 2, "moe_intermediate_size": 64}),
 })
 
 

@@ -53,3 +53,27 @@ def test_padding_positions_leave_the_state():
     _, short = reference(q[1:, :20], k[1:, :20], v[1:, :20], beta[1:, :20], g[1:, :20],
                          state[1:])
     torch.testing.assert_close(final[1:], short, atol=2e-5, rtol=1e-4)
+
+
+def test_per_channel_decay_matches_kimi_delta_attention():
+    """Kimi's decay per key channel (g [S, L, H, dk]) through the same recurrence, against
+    transformers' recurrent_kimi_delta_attention from a non-zero state."""
+    from transformers.models.kimi_linear.modeling_kimi_linear import (
+        recurrent_kimi_delta_attention)
+
+    from batchrun.models.transformers.kimi_delta import l2norm
+
+    S, L, H, d = 2, 9, 3, 8
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(S, L, H, d, generator=gen) for _ in range(3))
+    g = -torch.rand(S, L, H, d, generator=gen)
+    beta = torch.rand(S, L, H, generator=gen)
+    state = torch.randn(S, H, d, d, generator=gen) * 0.1
+    ref_out, ref_state = recurrent_kimi_delta_attention(
+        q, k, v, g=g, beta=beta, initial_state=state.clone(), output_final_state=True,
+        use_qk_l2norm_in_kernel=True)
+    heads = [t.transpose(1, 2) for t in (q, k, v, beta, g)]
+    out, final = gated_delta.recurrent(l2norm(heads[0]) * d ** -0.5, l2norm(heads[1]),
+                                       *heads[2:], state)
+    torch.testing.assert_close(out.transpose(1, 2), ref_out, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(final, ref_state, atol=2e-5, rtol=1e-4)

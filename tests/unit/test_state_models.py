@@ -105,6 +105,11 @@ def state_elements(cfg) -> tuple[int, int, int]:
         return (cfg.layer_types.count("linear_attention"),
                 channels * (cfg.linear_conv_kernel_dim - 1) + hv * dk * dv,
                 cfg.layer_types.count("full_attention"))
+    if t == "kimi_linear":  # q, k, v of linear_num_heads x linear_head_dim convolved; S [H, d, d]
+        heads, d = cfg.linear_num_heads, cfg.linear_head_dim
+        return (cfg.layer_types.count("linear_attention"),
+                3 * heads * d * (cfg.linear_conv_kernel_dim - 1) + heads * d * d,
+                cfg.layer_types.count("full_attention"))
     if t in ("mamba", "falcon_mamba"):
         inner = cfg.expand * cfg.hidden_size
         return cfg.num_hidden_layers, inner * (cfg.conv_kernel - 1 + cfg.state_size), 0
@@ -144,7 +149,10 @@ def state_elements(cfg) -> tuple[int, int, int]:
 
 def float32_elements(cfg) -> int:
     """One stateful layer's state elements kept in float32 whatever the model's dtype: a Gated
-    DeltaNet's recurrent state (transformers' cache keeps the float32 its kernels return)."""
+    DeltaNet's or Kimi delta attention's recurrent state (transformers' cache keeps the float32
+    its kernels return)."""
+    if cfg.model_type == "kimi_linear":
+        return cfg.linear_num_heads * cfg.linear_head_dim ** 2
     if not hasattr(cfg, "linear_num_value_heads"):
         return 0
     return cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim

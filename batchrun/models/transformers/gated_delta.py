@@ -97,10 +97,12 @@ def heads_first(mixer, q, k, v, beta, g) -> tuple[torch.Tensor, ...]:
 
 def recurrent(q, k, v, beta, g, state) -> tuple[torch.Tensor, torch.Tensor]:
     """The delta rule one position at a time: outputs [S, H, L, dv] and the final state
-    [S, H, dk, dv]."""
+    [S, H, dk, dv]. The decay g is a head's [S, H, L] or each key channel's [S, H, L, dk]
+    (Kimi's)."""
     outs = []
     for t in range(q.shape[2]):
-        state = state * g[:, :, t, None, None].exp()
+        decay = g[:, :, t, None, None] if g.dim() == 3 else g[:, :, t, :, None]
+        state = state * decay.exp()
         remembered = (state * k[:, :, t, :, None]).sum(-2)  # S^T k [S, H, dv]
         delta = (v[:, :, t] - remembered) * beta[:, :, t, None]
         state = state + k[:, :, t, :, None] * delta[:, :, None, :]
