@@ -193,6 +193,14 @@ STATE_ARCHS.update({
         "linear_head_dim": 32, "linear_conv_kernel_dim": 4, "kv_lora_rank": 32,
         "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 24, "num_experts": 4,
         "num_experts_per_token": 2, "moe_intermediate_size": 64}),
+    # MiniMax: lightning attention (a decaying key-value state) beside full attention, MoE,
+    # its residual alpha / beta factors away from 1
+    "minimax": ("MiniMaxConfig", "MiniMaxForCausalLM", {
+        "num_hidden_layers": 4, "head_dim": 32, "layer_types": [
+            "linear_attention", "full_attention", "linear_attention", "linear_attention"],
+        "num_local_experts": 4, "num_experts_per_tok": 2, "block_size": 8,
+        "linear_attn_alpha_factor": 0.9, "linear_attn_beta_factor": 1.1,
+        "mlp_alpha_factor": 0.8, "mlp_beta_factor": 1.2}),
 })
 
 

@@ -1,6 +1,8 @@
-"""The gated delta rule of models/transformers/gated_delta.py against transformers' own
-(torch_recurrent_gated_delta_rule): the chunked (WY) form over several chunks from a non-zero
-state, the recurrence, and padding positions (g = 0, beta = 0) leaving the state as it was."""
+"""The linear-attention rules against references: gated_delta.py's delta rule against
+transformers' own (torch_recurrent_gated_delta_rule; the chunked WY form over several chunks
+from a non-zero state, the recurrence, padding positions with g = 0 and beta = 0 leaving the
+state as it was), Kimi's per-channel decay against transformers' recurrent_kimi_delta_attention,
+and lightning.py's chunked decayed linear attention against its per-position recurrence."""
 
 import pytest
 import torch
@@ -77,3 +79,22 @@ def test_per_channel_decay_matches_kimi_delta_attention():
                                        *heads[2:], state)
     torch.testing.assert_close(out.transpose(1, 2), ref_out, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(final, ref_state, atol=2e-5, rtol=1e-4)
+
+
+def test_lightning_attention_chunks_match_its_recurrence():
+    """MiniMax's decayed linear attention (models/transformers/lightning.py) in chunks of 8 from
+    a non-zero state, against KV <- exp(g) KV + k^T v, o = q KV one position at a time."""
+    from batchrun.models.transformers.lightning import decayed
+
+    S, H, L, d = 2, 3, 21, 8
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(S, H, L, d, generator=gen) for _ in range(3))
+    g = -torch.rand(S, H, 1, generator=gen).expand(S, H, L)
+    state = torch.randn(S, H, d, d, generator=gen)
+    out, final = decayed(q, k, v, g, state, size=8)
+    kv, ref = state, []
+    for t in range(L):
+        kv = g[:, :, t, None, None].exp() * kv + k[:, :, t, :, None] * v[:, :, t, None, :]
+        ref.append(q[:, :, t, None, :] @ kv)
+    torch.testing.assert_close(out, torch.cat(ref, dim=2), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(final, kv, atol=1e-4, rtol=1e-4)

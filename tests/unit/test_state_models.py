@@ -110,6 +110,10 @@ def state_elements(cfg) -> tuple[int, int, int]:
         return (cfg.layer_types.count("linear_attention"),
                 3 * heads * d * (cfg.linear_conv_kernel_dim - 1) + heads * d * d,
                 cfg.layer_types.count("full_attention"))
+    if t == "minimax":  # lightning attention: a key-value state [heads, d, d], no convolution
+        return (cfg.layer_types.count("linear_attention"),
+                cfg.num_attention_heads * cfg.head_dim ** 2,
+                cfg.layer_types.count("full_attention"))
     if t in ("mamba", "falcon_mamba"):
         inner = cfg.expand * cfg.hidden_size
         return cfg.num_hidden_layers, inner * (cfg.conv_kernel - 1 + cfg.state_size), 0

@@ -17,8 +17,8 @@ from dataclasses import replace
 import torch
 
 from batchrun.engine.state_slots import StateSpec, StepState
-from batchrun.models.transformers import (attention, gated_delta, kimi_delta, mamba, mamba2,
-                                          short_conv)
+from batchrun.models.transformers import (attention, gated_delta, kimi_delta, lightning, mamba,
+                                          mamba2, short_conv)
 from batchrun.models.quant.methods import METHODS, Method
 from batchrun.models.transformers.model import (BackendConfig, TransformersModel,
                                                 from_pretrained_checked, pack)
@@ -29,12 +29,13 @@ from batchrun.models.transformers.support import STATE_MODEL_TYPES, UnsupportedM
 # config names), beside attention layers; Jamba's and Falcon-Mamba's are Mamba's with norms;
 # LFM2's short convolutions keep a convolution state only; Qwen3-Next's, Qwen3.5's and
 # OLMo-Hybrid's Gated DeltaNets and Kimi Linear's delta attention a convolution and a
-# linear-attention state.
+# linear-attention state; MiniMax's lightning attention a decaying key-value state only.
 MIXERS = {mamba.MIXER: mamba, mamba2.MIXER: mamba2, "BambaMixer": mamba2,
           "GraniteMoeHybridMambaLayer": mamba2, "NemotronHMamba2Mixer": mamba2,
           "JambaMambaMixer": mamba, "FalconMambaMixer": mamba, "FalconH1Mixer": mamba2,
           short_conv.MIXER: short_conv, "Lfm2MoeShortConv": short_conv,
-          kimi_delta.MIXER: kimi_delta, **{name: gated_delta for name in gated_delta.MIXERS}}
+          kimi_delta.MIXER: kimi_delta, lightning.MIXER: lightning,
+          **{name: gated_delta for name in gated_delta.MIXERS}}
 # The context a model without position embeddings (Mamba) is given: a nominal length, which
 # --max-model-len can only lower.
 NOMINAL_CONTEXT = 32768
