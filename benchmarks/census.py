@@ -69,9 +69,15 @@ EXTRA = {
     # attention layer (its cache reads the length from one)
     **{t: {"layer_types": ["linear_attention", "full_attention"]}
        for t in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid")},
+    # Zamba 2's shared block adds adapters of the full width to K and V; its time-step floor
+    # binds transformers' chunked scan (its forward, the load check's reference) but not its
+    # one-token decode update (generate), so the tiny model's floor is set where random
+    # weights never reach it (as tests/tiny_models.py's Nemotron-H)
+    "zamba2": {"layer_types": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1],
+               "num_key_value_heads": 4, "time_step_min": 1e-9},
     # and Kimi's MLA expands K and V to every query head
     "kimi_linear": {"layer_types": ["linear_attention", "full_attention"],
-                    "num_key_value_heads": 4},
+                    "num_key_value_heads": 4, "time_step_min": 1e-9},
 }
 
 

@@ -201,6 +201,14 @@ STATE_ARCHS.update({
         "num_local_experts": 4, "num_experts_per_tok": 2, "block_size": 8,
         "linear_attn_alpha_factor": 0.9, "linear_attn_beta_factor": 1.1,
         "mlp_alpha_factor": 0.8, "mlp_beta_factor": 1.2}),
+    # Zamba 2: Mamba-2 layers, two of them hybrid with one shared attention block (its
+    # per-layer adapters) over the hidden state and the embeddings
+    "zamba2": ("Zamba2Config", "Zamba2ForCausalLM", {
+        "num_hidden_layers": 4, "num_key_value_heads": 4,
+        "layer_types": ["linear_attention", "hybrid", "linear_attention", "hybrid"],
+        "hybrid_layer_ids": [1, 3], "num_mem_blocks": 1, "mamba_d_state": 8,
+        "mamba_headdim": 32, "n_mamba_heads": 8, "mamba_ngroups": 2, "chunk_size": 8,
+        "adapter_rank": 8, "use_shared_attention_adapter": True, "time_step_min": 1e-9}),
 })
 
 

@@ -140,6 +140,12 @@ def state_elements(cfg) -> tuple[int, int, int]:
         channels = cfg.mamba_d_ssm + 2 * groups * n
         elements = channels * (cfg.mamba_d_conv - 1) + heads * head_dim * n
         return cfg.num_hidden_layers, elements, cfg.num_hidden_layers
+    elif t == "zamba2":  # a Mamba-2 mixer in every layer; the hybrid ones attend too
+        heads, head_dim, groups, n, kernel = (cfg.n_mamba_heads, cfg.mamba_headdim,
+                                              cfg.mamba_ngroups, cfg.mamba_d_state, cfg.mamba_d_conv)
+        channels = heads * head_dim + 2 * groups * n
+        return (cfg.num_hidden_layers, channels * (kernel - 1) + heads * head_dim * n,
+                cfg.layer_types.count("hybrid"))
     else:  # Bamba, Granite 4
         heads, head_dim, groups, n, kernel = (cfg.mamba_n_heads, cfg.mamba_d_head,
                                               cfg.mamba_n_groups, cfg.mamba_d_state, cfg.mamba_d_conv)

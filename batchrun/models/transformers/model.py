@@ -19,7 +19,7 @@ from batchrun.models.layers import packed_linear
 from batchrun.models.config.classifier import classifier_labels
 from batchrun.models.config.windows import config_layer_chunks, layer_chunk
 from batchrun.models.transformers import (attention, inline, own_forward, plain_linears, probe,
-                                          temperature)
+                                          shared_attention, temperature)
 from batchrun.models.transformers.support import (WINDOW_FROM_MASK, UnsupportedModelError,
                                                   base_decoder)
 from batchrun.models.transformers.weights_check import weights_reason
@@ -201,6 +201,7 @@ def use_batchrun_attention(hf) -> None:
     their forwards (inline/)."""
     attention.register()
     temperature.take_over(hf)
+    shared_attention.install(hf, hf.config.get_text_config().model_type)
     cfg = hf.config.get_text_config()
     if inline.replaces(cfg):
         inline.install(hf, attention.NAME)

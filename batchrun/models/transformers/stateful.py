@@ -18,7 +18,7 @@ import torch
 
 from batchrun.engine.state_slots import StateSpec, StepState
 from batchrun.models.transformers import (attention, gated_delta, kimi_delta, lightning, mamba,
-                                          mamba2, short_conv)
+                                          mamba2, shared_attention, short_conv)
 from batchrun.models.quant.methods import METHODS, Method
 from batchrun.models.transformers.model import (BackendConfig, TransformersModel,
                                                 from_pretrained_checked, pack)
@@ -32,7 +32,7 @@ from batchrun.models.transformers.support import STATE_MODEL_TYPES, UnsupportedM
 # linear-attention state; MiniMax's lightning attention a decaying key-value state only.
 MIXERS = {mamba.MIXER: mamba, mamba2.MIXER: mamba2, "BambaMixer": mamba2,
           "GraniteMoeHybridMambaLayer": mamba2, "NemotronHMamba2Mixer": mamba2,
-          "JambaMambaMixer": mamba, "FalconMambaMixer": mamba, "FalconH1Mixer": mamba2,
+          "JambaMambaMixer": mamba, "Zamba2MambaMixer": mamba2, "FalconMambaMixer": mamba, "FalconH1Mixer": mamba2,
           short_conv.MIXER: short_conv, "Lfm2MoeShortConv": short_conv,
           kimi_delta.MIXER: kimi_delta, lightning.MIXER: lightning,
           **{name: gated_delta for name in gated_delta.MIXERS}}
@@ -110,7 +110,10 @@ def spec_of(hf, dtype: torch.dtype) -> StateSpec:
 
 def attention_layer_ids(hf) -> frozenset[int]:
     """The decoder layers (layer_idx) with an attention module (a hybrid's: Bamba's), by
-    transformers' naming of those modules."""
+    transformers' naming of those modules (Zamba's shared blocks: the layers they serve)."""
+    shared = shared_attention.layers(hf.config.get_text_config())
+    if shared is not None:
+        return shared
     return frozenset(int(getattr(m, "layer_idx")) for m in hf.modules()
                      if type(m).__name__.endswith("Attention") and hasattr(m, "layer_idx")
                      and type(m).__name__ not in MIXERS)  # Kimi's delta "attention" keeps state
