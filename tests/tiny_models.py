@@ -209,6 +209,12 @@ STATE_ARCHS.update({
         "hybrid_layer_ids": [1, 3], "num_mem_blocks": 1, "mamba_d_state": 8,
         "mamba_headdim": 32, "n_mamba_heads": 8, "mamba_ngroups": 2, "chunk_size": 8,
         "adapter_rank": 8, "use_shared_attention_adapter": True, "time_step_min": 1e-9}),
+    # Zamba: Mamba mixers of two heads (each its own x_proj and dt_proj), the shared attention
+    # block in layers 1 and 3
+    "zamba": ("ZambaConfig", "ZambaForCausalLM", {
+        "num_hidden_layers": 4, "num_key_value_heads": 4, "attn_layer_period": 2,
+        "attn_layer_offset": 1, "n_mamba_heads": 2, "mamba_d_state": 8, "mamba_dt_rank": 8,
+        "attention_head_dim": 64, "attention_hidden_size": 256}),
 })
 
 

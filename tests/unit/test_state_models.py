@@ -114,6 +114,10 @@ def state_elements(cfg) -> tuple[int, int, int]:
         return (cfg.layer_types.count("linear_attention"),
                 cfg.num_attention_heads * cfg.head_dim ** 2,
                 cfg.layer_types.count("full_attention"))
+    if t == "zamba":  # a Mamba mixer in every layer (its heads share the width); hybrids attend
+        inner = cfg.mamba_expand * cfg.hidden_size
+        return (cfg.num_hidden_layers, inner * (cfg.mamba_d_conv - 1 + cfg.mamba_d_state),
+                cfg.layer_types.count("hybrid"))
     if t in ("mamba", "falcon_mamba"):
         inner = cfg.expand * cfg.hidden_size
         return cfg.num_hidden_layers, inner * (cfg.conv_kernel - 1 + cfg.state_size), 0
