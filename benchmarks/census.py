@@ -75,6 +75,8 @@ EXTRA = {
     # weights never reach it (as tests/tiny_models.py's Nemotron-H)
     "zamba2": {"layer_types": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1],
                "num_key_value_heads": 4, "time_step_min": 1e-9},
+    # RecurrentGemma's local attention in its second layer
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
     # Zamba's shared attention block in its second layer
     "zamba": {"layer_types": ["linear_attention", "hybrid"], "num_key_value_heads": 4},
     # and Kimi's MLA expands K and V to every query head

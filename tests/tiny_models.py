@@ -215,6 +215,11 @@ STATE_ARCHS.update({
         "num_hidden_layers": 4, "num_key_value_heads": 4, "attn_layer_period": 2,
         "attn_layer_offset": 1, "n_mamba_heads": 2, "mamba_d_state": 8, "mamba_dt_rank": 8,
         "attention_head_dim": 64, "attention_hidden_size": 256}),
+    # RecurrentGemma (Griffin): RG-LRU recurrent blocks and local attention (8-token window)
+    "recurrent_gemma": ("RecurrentGemmaConfig", "RecurrentGemmaForCausalLM", {
+        "num_hidden_layers": 3, "head_dim": 32, "num_key_value_heads": 1, "lru_width": 128,
+        "attention_window_size": 8, "conv1d_width": 4, "final_w_init_variance_scale": 1.0,
+        "block_types": ["recurrent", "attention", "recurrent"]}),
 })
 
 

@@ -25,12 +25,31 @@ CHUNK = 16  # prompts of 37 and 20 tokens cross it
 
 
 def state_engine(arch, path, **overrides):
-    hf = make_tiny(arch, path, archs=STATE_ARCHS)
+    hf = fresh_generate(make_tiny(arch, path, archs=STATE_ARCHS))
     overrides.setdefault("block_size", 4)
     config = EngineConfig.default(model_impl="transformers", max_num_batched_tokens=CHUNK,
                                   **overrides)
     model = load_weights(path, config, CPU, torch.float32)
     return hf, build_engine(model, IdTokenizer(), config, [2], CPU, torch.float32)
+
+
+WINDOW_BLOCKS = {"recurrent_gemma": 9}
+
+
+def fresh_generate(hf):
+    """`hf` whose generate starts from no state: RecurrentGemma's blocks keep the last call's
+    state on the module, and a one-token prompt's prefill (transformers' decode path) continues
+    it where it should start afresh."""
+    if not hasattr(hf.model, "_setup_cache"):
+        return hf
+    own = hf.generate
+
+    def generate(ids, **kwargs):
+        hf.model._setup_cache(hf.config, ids.shape[0], ids.device, hf.dtype)
+        return own(ids, **kwargs)
+
+    hf.generate = generate
+    return hf
 
 
 def prompts_of(lengths, seed=5):
@@ -58,7 +77,8 @@ def test_matches_transformers_batched_and_chunked(arch, tmp_path):
 @pytest.mark.parametrize("arch", matrix(sorted(STATE_ARCHS), STATE_KEEP))
 def test_preempted_sequences_recompute_their_state(arch, tmp_path):
     # 24 blocks of 4 tokens: the four sequences cannot all grow to their full length together
-    hf, engine = state_engine(arch, tmp_path, num_blocks=24)
+    # (RecurrentGemma's attention keeps an 8-token window: fewer blocks)
+    hf, engine = state_engine(arch, tmp_path, num_blocks=WINDOW_BLOCKS.get(arch, 24))
     prompts = prompts_of((37, 9, 26, 14), seed=7)
     outs = engine.generate(prompts, GREEDY)
     assert engine.stats.num_preemptions > 0
@@ -114,6 +134,10 @@ def state_elements(cfg) -> tuple[int, int, int]:
         return (cfg.layer_types.count("linear_attention"),
                 cfg.num_attention_heads * cfg.head_dim ** 2,
                 cfg.layer_types.count("full_attention"))
+    if t == "recurrent_gemma":  # RG-LRU blocks: a convolution's last inputs and the LRU state
+        kinds = cfg.layers_block_type
+        return (kinds.count("linear_attention"), cfg.lru_width * cfg.conv1d_width,
+                kinds.count("sliding_attention"))
     if t == "zamba":  # a Mamba mixer in every layer (its heads share the width); hybrids attend
         inner = cfg.mamba_expand * cfg.hidden_size
         return (cfg.num_hidden_layers, inner * (cfg.mamba_d_conv - 1 + cfg.mamba_d_state),
@@ -165,6 +189,8 @@ def float32_elements(cfg) -> int:
     """One stateful layer's state elements kept in float32 whatever the model's dtype: a Gated
     DeltaNet's or Kimi delta attention's recurrent state (transformers' cache keeps the float32
     its kernels return)."""
+    if cfg.model_type == "recurrent_gemma":
+        return cfg.lru_width
     if cfg.model_type == "kimi_linear":
         return cfg.linear_num_heads * cfg.linear_head_dim ** 2
     if not hasattr(cfg, "linear_num_value_heads"):

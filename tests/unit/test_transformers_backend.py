@@ -361,7 +361,6 @@ def test_auto_picks_native_where_it_runs_the_model_exactly():
 @pytest.mark.parametrize("model_type,kw,reason", [
     ("rwkv", {}, "recurrent"),
     ("xlstm", {}, "recurrent"),
-    ("recurrent_gemma", {}, "recurrent"),
     ("t5", {}, "encoder-decoder"),
     ("llama", {"num_hidden_layers": 2, "layer_types": ["full_attention", "linear_attention"]},
      "linear_attention layers"),

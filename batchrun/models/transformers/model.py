@@ -68,8 +68,10 @@ def logit_transforms(hf) -> list:
         ops.append(lambda x, s=hf.logit_scale: x * s)
     if getattr(hf, "logits_scaling", None) not in (None, 1, 1.0):  # Granite
         ops.append(lambda x, s=hf.logits_scaling: x / s)
-    if getattr(hf, "final_logit_softcapping", None):  # Gemma 2/3
-        ops.append(lambda x, c=hf.final_logit_softcapping: torch.tanh(x / c) * c)
+    cap = getattr(hf, "final_logit_softcapping", None) or \
+        getattr(hf, "logits_soft_cap", None)  # Gemma 2/3; RecurrentGemma
+    if cap:
+        ops.append(lambda x, c=cap: torch.tanh(x / c) * c)
     return ops
 
 

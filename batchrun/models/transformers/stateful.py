@@ -18,7 +18,8 @@ import torch
 
 from batchrun.engine.state_slots import StateSpec, StepState
 from batchrun.models.transformers import (attention, gated_delta, kimi_delta, lightning, mamba,
-                                          mamba2, shared_attention, short_conv, zamba_mamba)
+                                          mamba2, rglru, shared_attention, short_conv,
+                                          zamba_mamba)
 from batchrun.models.quant.methods import METHODS, Method
 from batchrun.models.transformers.model import (BackendConfig, TransformersModel,
                                                 from_pretrained_checked, pack)
@@ -30,13 +31,14 @@ from batchrun.models.transformers.support import STATE_MODEL_TYPES, UnsupportedM
 # are Mamba's with norms, Zamba's Mamba's split into heads (zamba_mamba.py);
 # LFM2's short convolutions keep a convolution state only; Qwen3-Next's, Qwen3.5's and
 # OLMo-Hybrid's Gated DeltaNets and Kimi Linear's delta attention a convolution and a
-# linear-attention state; MiniMax's lightning attention a decaying key-value state only.
+# linear-attention state; MiniMax's lightning attention a decaying key-value state only;
+# RecurrentGemma's recurrent blocks a convolution and an RG-LRU state.
 MIXERS = {mamba.MIXER: mamba, mamba2.MIXER: mamba2, "BambaMixer": mamba2,
           "GraniteMoeHybridMambaLayer": mamba2, "NemotronHMamba2Mixer": mamba2,
           "JambaMambaMixer": mamba, "FalconMambaMixer": mamba, "FalconH1Mixer": mamba2,
           "Zamba2MambaMixer": mamba2, zamba_mamba.MIXER: zamba_mamba,
           short_conv.MIXER: short_conv, "Lfm2MoeShortConv": short_conv,
-          kimi_delta.MIXER: kimi_delta, lightning.MIXER: lightning,
+          kimi_delta.MIXER: kimi_delta, lightning.MIXER: lightning, rglru.MIXER: rglru,
           **{name: gated_delta for name in gated_delta.MIXERS}}
 # The context a model without position embeddings (Mamba) is given: a nominal length, which
 # --max-model-len can only lower.

@@ -26,7 +26,7 @@ BOTH_WAYS = {"gemma3": "image", "shieldgemma2": "image", "paligemma": "prefix"}
 STATE_MODEL_TYPES = {"mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "granitemoehybrid",
                      "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe", "qwen3_next", "qwen3_5_text",
                      "qwen3_5_moe_text", "olmo_hybrid", "kimi_linear", "minimax", "zamba",
-                     "zamba2"}
+                     "zamba2", "recurrent_gemma"}
 
 # Families whose attention classes (named here, by model type) compute attention inline instead
 # of calling transformers' AttentionInterface: inline/ replaces those modules' forwards.
