@@ -220,6 +220,10 @@ STATE_ARCHS.update({
         "num_hidden_layers": 3, "head_dim": 32, "num_key_value_heads": 1, "lru_width": 128,
         "attention_window_size": 8, "conv1d_width": 4, "final_w_init_variance_scale": 1.0,
         "block_types": ["recurrent", "attention", "recurrent"]}),
+    # RWKV (v4): time and channel mixing, no attention; its eval forward halves the hidden
+    # state every 2 layers (rescale_every) and rescales two weights to match
+    "rwkv": ("RwkvConfig", "RwkvForCausalLM", {"num_hidden_layers": 4, "rescale_every": 2,
+                                               "context_length": 256}),
 })
 
 

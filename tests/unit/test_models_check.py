@@ -78,8 +78,7 @@ def test_each_family_of_the_matrix_gets_its_path(arch, tmp_path):
 
 
 @pytest.mark.parametrize("model_type,reason", [
-    ("rwkv", "rwkv keeps a recurrent (state-space / linear-attention) state"),
-    ("zamba2", "zamba2 keeps a recurrent (state-space / linear-attention) state"),
+    ("xlstm", "xlstm keeps a recurrent (state-space / linear-attention) state"),
     ("t5", "t5 is an encoder-decoder model"),
     ("bart", "bart is an encoder-decoder model"),
 ])

@@ -40,7 +40,7 @@ def fresh_generate(hf):
     """`hf` whose generate starts from no state: RecurrentGemma's blocks keep the last call's
     state on the module, and a one-token prompt's prefill (transformers' decode path) continues
     it where it should start afresh."""
-    if not hasattr(hf.model, "_setup_cache"):
+    if not hasattr(getattr(hf, "model", None), "_setup_cache"):
         return hf
     own = hf.generate
 
@@ -134,6 +134,10 @@ def state_elements(cfg) -> tuple[int, int, int]:
         return (cfg.layer_types.count("linear_attention"),
                 cfg.num_attention_heads * cfg.head_dim ** 2,
                 cfg.layer_types.count("full_attention"))
+    if t == "rwkv":  # two stateful layers a block: time mixing (last input, WKV numerator,
+        # denominator and maximum) and channel mixing (last input); one layer's on average
+        hidden, inner = cfg.hidden_size, cfg.attention_hidden_size or cfg.hidden_size
+        return 2 * cfg.num_hidden_layers, (2 * hidden + 3 * inner) // 2, 0
     if t == "recurrent_gemma":  # RG-LRU blocks: a convolution's last inputs and the LRU state
         kinds = cfg.layers_block_type
         return (kinds.count("linear_attention"), cfg.lru_width * cfg.conv1d_width,
@@ -189,6 +193,8 @@ def float32_elements(cfg) -> int:
     """One stateful layer's state elements kept in float32 whatever the model's dtype: a Gated
     DeltaNet's or Kimi delta attention's recurrent state (transformers' cache keeps the float32
     its kernels return)."""
+    if cfg.model_type == "rwkv":  # the WKV sums, averaged over a block's two layers
+        return 3 * (cfg.attention_hidden_size or cfg.hidden_size) // 2
     if cfg.model_type == "recurrent_gemma":
         return cfg.lru_width
     if cfg.model_type == "kimi_linear":

@@ -18,7 +18,7 @@ import torch
 
 from batchrun.engine.state_slots import StateSpec, StepState
 from batchrun.models.transformers import (attention, gated_delta, kimi_delta, lightning, mamba,
-                                          mamba2, rglru, shared_attention, short_conv,
+                                          mamba2, rglru, rwkv, shared_attention, short_conv,
                                           zamba_mamba)
 from batchrun.models.quant.methods import METHODS, Method
 from batchrun.models.transformers.model import (BackendConfig, TransformersModel,
@@ -32,14 +32,16 @@ from batchrun.models.transformers.support import STATE_MODEL_TYPES, UnsupportedM
 # LFM2's short convolutions keep a convolution state only; Qwen3-Next's, Qwen3.5's and
 # OLMo-Hybrid's Gated DeltaNets and Kimi Linear's delta attention a convolution and a
 # linear-attention state; MiniMax's lightning attention a decaying key-value state only;
-# RecurrentGemma's recurrent blocks a convolution and an RG-LRU state.
+# RecurrentGemma's recurrent blocks a convolution and an RG-LRU state; RWKV's time and channel
+# mixing their last input (and the WKV sums).
 MIXERS = {mamba.MIXER: mamba, mamba2.MIXER: mamba2, "BambaMixer": mamba2,
           "GraniteMoeHybridMambaLayer": mamba2, "NemotronHMamba2Mixer": mamba2,
           "JambaMambaMixer": mamba, "FalconMambaMixer": mamba, "FalconH1Mixer": mamba2,
           "Zamba2MambaMixer": mamba2, zamba_mamba.MIXER: zamba_mamba,
           short_conv.MIXER: short_conv, "Lfm2MoeShortConv": short_conv,
           kimi_delta.MIXER: kimi_delta, lightning.MIXER: lightning, rglru.MIXER: rglru,
-          **{name: gated_delta for name in gated_delta.MIXERS}}
+          **{name: gated_delta for name in gated_delta.MIXERS},
+          **{name: rwkv for name in rwkv.MIXERS}}
 # The context a model without position embeddings (Mamba) is given: a nominal length, which
 # --max-model-len can only lower.
 NOMINAL_CONTEXT = 32768
@@ -193,6 +195,9 @@ def wrap(hf) -> StateModel:
     head = hf.get_output_embeddings()
     model.plain_linears = model.plain_linears | frozenset(
         [f"{name}.dt_proj" for name, module in stateful_layers(hf) if hasattr(module, "dt_proj")]
+        + [f"{name}.{linear}" for name, module in stateful_layers(hf)
+           for linear in getattr(MIXERS[type(module).__name__], "plain_linears",
+                                 lambda _: ())(module)]
         + [n for n, m in hf.named_modules() if m is head])
     return model
 

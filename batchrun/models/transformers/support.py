@@ -26,7 +26,10 @@ BOTH_WAYS = {"gemma3": "image", "shieldgemma2": "image", "paligemma": "prefix"}
 STATE_MODEL_TYPES = {"mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "granitemoehybrid",
                      "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe", "qwen3_next", "qwen3_5_text",
                      "qwen3_5_moe_text", "olmo_hybrid", "kimi_linear", "minimax", "zamba",
-                     "zamba2", "recurrent_gemma"}
+                     "zamba2", "recurrent_gemma", "rwkv"}
+# Of those, the families without any attention layer, whose classes need not take an attention
+# function (RWKV's do not: they have none to take).
+NO_ATTENTION = {"rwkv"}
 
 # Families whose attention classes (named here, by model type) compute attention inline instead
 # of calling transformers' AttentionInterface: inline/ replaces those modules' forwards.
@@ -91,7 +94,7 @@ def transformers_reason(hf) -> str | None:
     cls = causal_lm_class(hf)
     if cls is None:
         return f"transformers has no causal-LM class for model type {model_type!r}"
-    if not takes_attention_function(cls, hf):
+    if not takes_attention_function(cls, hf) and model_type not in NO_ATTENTION:
         return (f"{cls.__name__} does not take a custom attention function (transformers' "
                 f"AttentionInterface)")
     return None
