@@ -4,8 +4,9 @@ tests/tiny_vlms.py's: LLaVA-NeXT (anyres grids), LLaVA on a SigLIP tower with th
 strategy, Mistral 3 (Pixtral tower), InternVL (tiles, pixel shuffle), PaliGemma (prefix-LM),
 Qwen3-VL (interleaved M-RoPE, deepstack features added inside the decoder's first layers),
 LLaVA-OneVision (anyres with a cap on the grid's features), Idefics2 (a perceiver
-resampler), Aya Vision (tiles, pixel shuffle, a Cohere 2 decoder) and Qwen3.5 (Qwen3-VL's
-processor, a decoder of Gated DeltaNet layers with recurrent state beside attention). Built offline from transformers' own config and processor classes and the bundled tokenizer."""
+resampler), Aya Vision (tiles, pixel shuffle, a Cohere 2 decoder) and Qwen3.5, dense and MoE
+(Qwen3-VL's processor, a decoder of Gated DeltaNet layers with recurrent state beside
+attention). Built offline from transformers' own config and processor classes and the bundled tokenizer."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ import torch
 from tests.tiny_vlms import CHAT_TEMPLATE, TEXT, save_processor
 
 FAMILIES = ("llava_next", "llava_siglip", "mistral3", "internvl", "paligemma", "qwen3_vl",
-            "llava_onevision", "idefics2", "aya_vision", "qwen3_5")
+            "llava_onevision", "idefics2", "aya_vision", "qwen3_5", "qwen3_5_moe")
 
 IMAGE_MARKER = {"aya_vision": "<image>", "llava_next": "<image>", "llava_onevision": "<image>", "idefics2": "<image>", "llava_siglip": "<image>", "mistral3": "[IMG]",
                 "internvl": "<IMG_CONTEXT>", "paligemma": "<image>",
                 "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>",
-                "qwen3_5": "<|vision_start|><|image_pad|><|vision_end|>"}
+                "qwen3_5": "<|vision_start|><|image_pad|><|vision_end|>",
+                "qwen3_5_moe": "<|vision_start|><|image_pad|><|vision_end|>"}
 EXTRA_TOKENS = {"aya_vision": ["<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>",
                                "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>"],
                 "llava_next": ["<image>"], "llava_onevision": ["<image>", "<video>"],
@@ -29,7 +31,7 @@ EXTRA_TOKENS = {"aya_vision": ["<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>",
                 "mistral3": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"], "paligemma": ["<image>"],
                 "qwen3_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>",
                              "<|video_pad|>"]}
-EXTRA_TOKENS["qwen3_5"] = EXTRA_TOKENS["qwen3_vl"]
+EXTRA_TOKENS["qwen3_5"] = EXTRA_TOKENS["qwen3_5_moe"] = EXTRA_TOKENS["qwen3_vl"]
 # InternVL's processor reads them as the tokenizer's named special tokens.
 INTERNVL_TOKENS = {"start_image_token": "<img>", "end_image_token": "</img>",
                    "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"}
@@ -104,7 +106,7 @@ def processor(family: str, tok):
         return images_only(t.InternVLProcessor)(image_processor=ip, tokenizer=tok,
                                                 video_processor=None, image_seq_length=4,
                                                 chat_template=template)
-    if family in ("qwen3_vl", "qwen3_5"):  # Qwen3.5 takes Qwen3-VL's processor
+    if family in ("qwen3_vl", "qwen3_5", "qwen3_5_moe"):  # Qwen3.5 takes Qwen3-VL's processor
         ip = t.Qwen2VLImageProcessorPil(min_pixels=16 * 32 * 32 // 4, max_pixels=64 * 32 * 32,
                                         patch_size=16, merge_size=2)
         return images_only(t.Qwen3VLProcessor)(image_processor=ip, tokenizer=tok,
@@ -178,9 +180,13 @@ def config(family: str, tok):
             image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
             vision_start_token_id=ids["<|vision_start|>"],
             vision_end_token_id=ids["<|vision_end|>"])
-    if family == "qwen3_5":  # Gated DeltaNet layers (state) beside gated attention, M-RoPE
-        return t.Qwen3_5Config(
-            text_config=dict(text, head_dim=16, layer_types=["linear_attention", "full_attention"],
+    if family in ("qwen3_5", "qwen3_5_moe"):  # Gated DeltaNets beside attention, M-RoPE
+        moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                   shared_expert_intermediate_size=64) if family == "qwen3_5_moe" else {}
+        cls = t.Qwen3_5MoeConfig if family == "qwen3_5_moe" else t.Qwen3_5Config
+        return cls(
+            text_config=dict(text, **moe, head_dim=16,
+                             layer_types=["linear_attention", "full_attention"],
                              linear_num_key_heads=2, linear_num_value_heads=4,
                              linear_key_head_dim=16, linear_value_head_dim=16,
                              linear_conv_kernel_dim=4, rope_parameters={
