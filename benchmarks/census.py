@@ -79,6 +79,10 @@ EXTRA = {
     "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
     # Zamba's shared attention block in its second layer
     "zamba": {"layer_types": ["linear_attention", "hybrid"], "num_key_value_heads": 4},
+    # xLSTM's kernels in float32, as the model (bfloat16 by default: its own reference would
+    # round where the engine does not), 128 wide in 4 heads (at the generic 64 its generate's
+    # cache and its layers disagree on the head sizes)
+    "xlstm": {"autocast_kernel_dtype": "float32", "hidden_size": 128, "num_heads": 4},
     # and Kimi's MLA expands K and V to every query head
     "kimi_linear": {"layer_types": ["linear_attention", "full_attention"],
                     "num_key_value_heads": 4, "time_step_min": 1e-9},
@@ -96,7 +100,8 @@ def shrunk_kwargs(cfg_cls, vocab_size: int | None = None) -> dict:
     """Keyword arguments that make `cfg_cls` tiny: SMALL's fields it has, head_dim from them, and
     its sub-configs (text_config, vision_config, ...) made tiny the same way."""
     default = cfg_cls()
-    kwargs = {k: v for k, v in SMALL.items() if hasattr(default, k)}
+    kwargs = {k: v for k, v in SMALL.items()  # a read-only property (xLSTM's v_head_dim) not
+              if hasattr(default, k) and not isinstance(getattr(cfg_cls, k, None), property)}
     if vocab_size and hasattr(default, "vocab_size"):
         kwargs["vocab_size"] = vocab_size
     heads = kwargs.get("num_attention_heads", getattr(default, "num_attention_heads", None))

@@ -224,6 +224,10 @@ STATE_ARCHS.update({
     # state every 2 layers (rescale_every) and rescales two weights to match
     "rwkv": ("RwkvConfig", "RwkvForCausalLM", {"num_hidden_layers": 4, "rescale_every": 2,
                                                "context_length": 256}),
+    # xLSTM (mLSTM blocks, no attention): its chunkwise kernel in float32 as the model (its
+    # default, bfloat16, would make transformers' own reference round where the engine does not)
+    "xlstm": ("xLSTMConfig", "xLSTMForCausalLM", {"num_heads": 4, "chunk_size": 8,
+                                                  "autocast_kernel_dtype": "float32"}),
 })
 
 

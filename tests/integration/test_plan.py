@@ -180,14 +180,15 @@ def test_plan_sizes_every_model_path_as_the_engine_holds_it(arch, tmp_path, smol
 
 
 def test_plan_on_a_refused_model_says_why(tmp_path, smol_tokenizer):
-    from transformers import MambaConfig, MambaForCausalLM, xLSTMConfig
+    from transformers import AutoConfig, MambaConfig, MambaForCausalLM
 
-    xLSTMConfig(vocab_size=len(smol_tokenizer), hidden_size=64, num_hidden_layers=2,
-               architectures=["xLSTMForCausalLM"]).save_pretrained(tmp_path)
+    AutoConfig.for_model("bailing_hybrid", vocab_size=len(smol_tokenizer), hidden_size=64,
+                         num_hidden_layers=2, architectures=["BailingHybridForCausalLM"]
+                         ).save_pretrained(tmp_path)
     smol_tokenizer.save_pretrained(tmp_path)
     result = CliRunner().invoke(plan, [str(SAMPLES / "chat.jsonl"), "--model", str(tmp_path)])
     assert result.exit_code == 2
-    assert "xlstm keeps a recurrent" in result.output and "models check" in result.output
+    assert "bailing_hybrid keeps a recurrent" in result.output and "models check" in result.output
     # a Mamba runs on the engine's state slots: plan sizes it (from its config: the weights are
     # only looked for)
     MambaForCausalLM(MambaConfig(vocab_size=len(smol_tokenizer), hidden_size=64,

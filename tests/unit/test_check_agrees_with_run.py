@@ -115,13 +115,15 @@ def test_a_vision_language_folder_without_a_processor_runs_as_a_text_model(tmp_p
 
 
 def test_refusals_are_the_ones_run_gives(tmp_path):
-    """A recurrent model the backend does not run (xLSTM, by its config), a bidirectional encoder and layers of two KV shapes
+    """A recurrent model the backend does not run (Bailing's hybrid, by its config), a
+    bidirectional encoder and layers of two KV shapes
     (Gemma 4's, at the load's probe): check refuses each with run's reason, exit code 2."""
     import transformers as t
 
     text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
-    t.xLSTMConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "m")
+    t.AutoConfig.for_model("bailing_hybrid", vocab_size=64, hidden_size=32,
+                           num_hidden_layers=1).save_pretrained(tmp_path / "m")
     torch.manual_seed(0)
     t.BertLMHeadModel(t.BertConfig(**{k: v for k, v in text.items() if k != "num_key_value_heads"})
                       ).save_pretrained(tmp_path / "bert")

@@ -78,7 +78,7 @@ def test_each_family_of_the_matrix_gets_its_path(arch, tmp_path):
 
 
 @pytest.mark.parametrize("model_type,reason", [
-    ("xlstm", "xlstm keeps a recurrent (state-space / linear-attention) state"),
+    ("bailing_hybrid", "bailing_hybrid keeps a recurrent (state-space / linear-attention) state"),
     ("t5", "t5 is an encoder-decoder model"),
     ("bart", "bart is an encoder-decoder model"),
 ])

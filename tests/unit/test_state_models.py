@@ -134,6 +134,11 @@ def state_elements(cfg) -> tuple[int, int, int]:
         return (cfg.layer_types.count("linear_attention"),
                 cfg.num_attention_heads * cfg.head_dim ** 2,
                 cfg.layer_types.count("full_attention"))
+    if t == "xlstm":  # the mLSTM's matrix memory C [H, dqk, dv], normaliser n [H, dqk], max m
+        heads = cfg.num_heads
+        dqk, dv = int(cfg.hidden_size * cfg.qk_dim_factor) // heads, \
+            int(cfg.hidden_size * cfg.v_dim_factor) // heads
+        return cfg.num_hidden_layers, heads * (dqk * dv + dqk + 1), 0
     if t == "rwkv":  # two stateful layers a block: time mixing (last input, WKV numerator,
         # denominator and maximum) and channel mixing (last input); one layer's on average
         hidden, inner = cfg.hidden_size, cfg.attention_hidden_size or cfg.hidden_size
@@ -193,6 +198,8 @@ def float32_elements(cfg) -> int:
     """One stateful layer's state elements kept in float32 whatever the model's dtype: a Gated
     DeltaNet's or Kimi delta attention's recurrent state (transformers' cache keeps the float32
     its kernels return)."""
+    if cfg.model_type == "xlstm":  # all of it
+        return state_elements(cfg)[1]
     if cfg.model_type == "rwkv":  # the WKV sums, averaged over a block's two layers
         return 3 * (cfg.attention_hidden_size or cfg.hidden_size) // 2
     if cfg.model_type == "recurrent_gemma":

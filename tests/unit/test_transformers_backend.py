@@ -359,7 +359,7 @@ def test_auto_picks_native_where_it_runs_the_model_exactly():
 
 
 @pytest.mark.parametrize("model_type,kw,reason", [
-    ("xlstm", {}, "recurrent"),
+    ("bailing_hybrid", {}, "recurrent"),
     ("t5", {}, "encoder-decoder"),
     ("llama", {"num_hidden_layers": 2, "layer_types": ["full_attention", "linear_attention"]},
      "linear_attention layers"),
@@ -396,7 +396,7 @@ def test_doge_with_a_learned_dynamic_mask_is_refused_at_load(tmp_path):
 def test_cli_refuses_with_exit_code_2_and_runs_json_mode(tmp_path, smol_tokenizer):
     import json
 
-    from transformers import xLSTMConfig
+    from transformers import AutoConfig
 
     from tests.helpers import batchrun
 
@@ -405,13 +405,14 @@ def test_cli_refuses_with_exit_code_2_and_runs_json_mode(tmp_path, smol_tokenize
                                  "body": {"messages": [{"role": "user", "content": "JSON?"}],
                                           "max_tokens": 6, "response_format": {
                                               "type": "json_object"}}}) + "\n")
-    xlstm = tmp_path / "xlstm"
-    xLSTMConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(xlstm)
-    smol_tokenizer.save_pretrained(xlstm)
-    refused = batchrun("run", lines, "-o", tmp_path / "o.jsonl", "--model", xlstm, real=True,
+    hybrid = tmp_path / "bailing_hybrid"
+    AutoConfig.for_model("bailing_hybrid", vocab_size=64, hidden_size=32,
+                         num_hidden_layers=1).save_pretrained(hybrid)
+    smol_tokenizer.save_pretrained(hybrid)
+    refused = batchrun("run", lines, "-o", tmp_path / "o.jsonl", "--model", hybrid, real=True,
                        text=True)
     assert refused.returncode == 2
-    assert "xlstm keeps a recurrent (state-space / linear-attention) state" in refused.stderr
+    assert "bailing_hybrid keeps a recurrent (state-space / linear-attention) state" in refused.stderr
     gemma2 = tmp_path / "gemma2"
     make_tiny("gemma2", gemma2, archs=BACKEND_ARCHS, vocab_size=len(smol_tokenizer))
     smol_tokenizer.save_pretrained(gemma2)
@@ -431,7 +432,7 @@ def _models_cli(*args):
 
 
 def test_models_check_reads_the_config_only(tmp_path):
-    from transformers import xLSTMConfig
+    from transformers import AutoConfig
 
     hf = make_tiny("gemma2", tmp_path / "gemma2", archs=BACKEND_ARCHS)
     (tmp_path / "gemma2" / "model.safetensors").unlink()  # no weights are read
@@ -463,9 +464,10 @@ def test_models_check_reads_the_config_only(tmp_path):
     assert "LoRA: yes: q_proj, k_proj, v_proj, o_proj (on the fused qkv_proj); not the " \
         "experts" in oss  # no dense layers to name
     # a recurrent family whose layers the backend does not run yet (Mamba's and others' run: test_state_models)
-    xLSTMConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "m")
+    AutoConfig.for_model("bailing_hybrid", vocab_size=64, hidden_size=32,
+                         num_hidden_layers=1).save_pretrained(tmp_path / "m")
     refused = _models_cli("check", tmp_path / "m")
-    assert refused.exit_code == 2 and "path: refused (unsupported model: xlstm" \
+    assert refused.exit_code == 2 and "path: refused (unsupported model: bailing_hybrid" \
         in refused.output
     assert "transformers backend" in _models_cli("list").output
 
@@ -474,7 +476,7 @@ def test_plan_sizes_backend_models_and_says_why_it_refuses_one(tmp_path):
     """footprint.model_config_for (what `batchrun plan` sizes) takes the backend's models with
     the KV shape the load's probe finds (GPT-NeoX ignores num_key_value_heads: 4 KV heads, not
     the config's 2), and refuses what models check refuses, saying why."""
-    from transformers import xLSTMConfig
+    from transformers import AutoConfig
 
     from batchrun.footprint import model_config_for
     from batchrun.models.transformers.model import load
@@ -485,7 +487,8 @@ def test_plan_sizes_backend_models_and_says_why_it_refuses_one(tmp_path):
     assert (cfg.num_kv_heads, cfg.head_dim, cfg.layer_windows) == \
         (loaded.num_kv_heads, loaded.head_dim, loaded.layer_windows) == (4, 32, (None, None))
     assert "2 layers x 4 KV heads" in _models_cli("check", tmp_path / "neox").output
-    xLSTMConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "m")
+    AutoConfig.for_model("bailing_hybrid", vocab_size=64, hidden_size=32,
+                         num_hidden_layers=1).save_pretrained(tmp_path / "m")
     with pytest.raises(UnsupportedModelError,
-                       match="xlstm keeps a recurrent .*`batchrun models check"):
+                       match="bailing_hybrid keeps a recurrent .*`batchrun models check"):
         model_config_for(str(tmp_path / "m"))

@@ -68,8 +68,8 @@ def logit_transforms(hf) -> list:
         ops.append(lambda x, s=hf.logit_scale: x * s)
     if getattr(hf, "logits_scaling", None) not in (None, 1, 1.0):  # Granite
         ops.append(lambda x, s=hf.logits_scaling: x / s)
-    cap = getattr(hf, "final_logit_softcapping", None) or \
-        getattr(hf, "logits_soft_cap", None)  # Gemma 2/3; RecurrentGemma
+    cap = getattr(hf, "final_logit_softcapping", None) or getattr(hf, "logits_soft_cap", None) \
+        or getattr(hf, "output_logit_soft_cap", None)  # Gemma 2/3; RecurrentGemma; xLSTM
     if cap:
         ops.append(lambda x, c=cap: torch.tanh(x / c) * c)
     return ops

@@ -19,7 +19,7 @@ import torch
 from batchrun.engine.state_slots import StateSpec, StepState
 from batchrun.models.transformers import (attention, gated_delta, kimi_delta, lightning, mamba,
                                           mamba2, rglru, rwkv, shared_attention, short_conv,
-                                          zamba_mamba)
+                                          xlstm, zamba_mamba)
 from batchrun.models.quant.methods import METHODS, Method
 from batchrun.models.transformers.model import (BackendConfig, TransformersModel,
                                                 from_pretrained_checked, pack)
@@ -33,7 +33,7 @@ from batchrun.models.transformers.support import STATE_MODEL_TYPES, UnsupportedM
 # OLMo-Hybrid's Gated DeltaNets and Kimi Linear's delta attention a convolution and a
 # linear-attention state; MiniMax's lightning attention a decaying key-value state only;
 # RecurrentGemma's recurrent blocks a convolution and an RG-LRU state; RWKV's time and channel
-# mixing their last input (and the WKV sums).
+# mixing their last input (and the WKV sums); xLSTM's mLSTM layers a matrix memory.
 MIXERS = {mamba.MIXER: mamba, mamba2.MIXER: mamba2, "BambaMixer": mamba2,
           "GraniteMoeHybridMambaLayer": mamba2, "NemotronHMamba2Mixer": mamba2,
           "JambaMambaMixer": mamba, "FalconMambaMixer": mamba, "FalconH1Mixer": mamba2,
@@ -41,7 +41,7 @@ MIXERS = {mamba.MIXER: mamba, mamba2.MIXER: mamba2, "BambaMixer": mamba2,
           short_conv.MIXER: short_conv, "Lfm2MoeShortConv": short_conv,
           kimi_delta.MIXER: kimi_delta, lightning.MIXER: lightning, rglru.MIXER: rglru,
           **{name: gated_delta for name in gated_delta.MIXERS},
-          **{name: rwkv for name in rwkv.MIXERS}}
+          xlstm.MIXER: xlstm, **{name: rwkv for name in rwkv.MIXERS}}
 # The context a model without position embeddings (Mamba) is given: a nominal length, which
 # --max-model-len can only lower.
 NOMINAL_CONTEXT = 32768

@@ -12,7 +12,7 @@ ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attenti
 RECURRENT_MODEL_TYPES = {
     "mamba", "mamba2", "falcon_mamba", "jamba", "zamba", "zamba2", "bamba", "falcon_h1",
     "nemotron_h", "granitemoehybrid", "lfm2", "lfm2_moe", "qwen3_next", "rwkv", "xlstm",
-    "recurrent_gemma", "minimax", "plamo2", "kimi_linear", "olmo_hybrid",
+    "recurrent_gemma", "minimax", "plamo2", "kimi_linear", "olmo_hybrid", "bailing_hybrid",
 }
 
 # Vision-language families whose language model attends both ways somewhere (transformers
@@ -26,10 +26,10 @@ BOTH_WAYS = {"gemma3": "image", "shieldgemma2": "image", "paligemma": "prefix"}
 STATE_MODEL_TYPES = {"mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "granitemoehybrid",
                      "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe", "qwen3_next", "qwen3_5_text",
                      "qwen3_5_moe_text", "olmo_hybrid", "kimi_linear", "minimax", "zamba",
-                     "zamba2", "recurrent_gemma", "rwkv"}
+                     "zamba2", "recurrent_gemma", "rwkv", "xlstm"}
 # Of those, the families without any attention layer, whose classes need not take an attention
-# function (RWKV's do not: they have none to take).
-NO_ATTENTION = {"rwkv"}
+# function (RWKV's and xLSTM's do not: they have none to take).
+NO_ATTENTION = {"rwkv", "xlstm"}
 
 # Families whose attention classes (named here, by model type) compute attention inline instead
 # of calling transformers' AttentionInterface: inline/ replaces those modules' forwards.
