@@ -96,12 +96,17 @@ def log(*args):
 # ----------------------------------------------------------------------------------------------
 # The worker: one architecture at a time, a JSON line per result on stdout.
 
+def read_only(cfg_cls, name: str) -> bool:
+    attr = getattr(cfg_cls, name, None)
+    return isinstance(attr, property) and attr.fset is None
+
+
 def shrunk_kwargs(cfg_cls, vocab_size: int | None = None) -> dict:
     """Keyword arguments that make `cfg_cls` tiny: SMALL's fields it has, head_dim from them, and
     its sub-configs (text_config, vision_config, ...) made tiny the same way."""
     default = cfg_cls()
     kwargs = {k: v for k, v in SMALL.items()  # a read-only property (xLSTM's v_head_dim) not
-              if hasattr(default, k) and not isinstance(getattr(cfg_cls, k, None), property)}
+              if hasattr(default, k) and not read_only(cfg_cls, k)}
     if vocab_size and hasattr(default, "vocab_size"):
         kwargs["vocab_size"] = vocab_size
     heads = kwargs.get("num_attention_heads", getattr(default, "num_attention_heads", None))

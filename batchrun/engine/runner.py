@@ -132,7 +132,7 @@ class ModelRunner:
         if batch.images:
             assert isinstance(self.model, TakesImages)  # add_request refuses images otherwise
             extra["images"] = batch.images
-        if isinstance(self.model, KeepsState):  # a vision-language one takes both (Qwen3.5)
+        if isinstance(self.model, KeepsState) and self.states:  # (a VLM's: both, Qwen3.5)
             extra["state"] = self.step_state(batch)
         if batch.adapter_slots:
             self.adapters.set_segments(batch.adapter_segments())
