@@ -64,8 +64,9 @@ EXTRA = {
     # chunks and temperature steps the prompts cross (the defaults, 8192 each, exceed them),
     # and a NoPE layer beside the chunked one
     "llama4_text": {"attention_chunk_size": 8, "floor_scale": 4, "no_rope_layer_interval": 2},
-    "megatron-bert": {"is_decoder": True},  # as MegatronBertForCausalLM asks
 }
+# Encoder families whose causal-LM class (BertLMHeadModel, RobertaForCausalLM, ...) is a decoder only
+# with is_decoder set, as those classes ask: built so (without it they are encoders, refused).
 
 
 def log(*args):
@@ -93,6 +94,8 @@ def shrunk_kwargs(cfg_cls, vocab_size: int | None = None) -> dict:
             if isinstance(value, list) and len(value) == layers and key not in kwargs:
                 kwargs[key] = value[:kwargs["num_hidden_layers"]]
     kwargs.update(EXTRA.get(getattr(cfg_cls, "model_type", ""), {}))
+    if getattr(default, "is_decoder", None) is False and not getattr(default, "is_encoder_decoder", False):
+        kwargs["is_decoder"] = True
     if isinstance(getattr(default, "num_key_value_heads", None), int) is False:
         kwargs.pop("num_key_value_heads", None)
     for key in getattr(cfg_cls, "sub_configs", None) or {}:

@@ -110,6 +110,25 @@ BACKEND_ARCHS = {
     "phimoe-window": ("PhimoeConfig", "PhimoeForCausalLM", {
         **_MOE, "router_jitter_noise": 0.0, "sliding_window": 8}),
     "doge": ("DogeConfig", "DogeForCausalLM", {"sliding_window": 8}),
+    # Layers of different KV shapes in one cache (attention.fit_cache): MiMo-V2-Flash's full
+    # layers with 2 KV heads beside sliding ones with 4; Gemma 4's full layers with 32-wide
+    # heads beside sliding ones of 16 (and K reused as V).
+    "mimo_v2_flash": ("MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", {
+        "head_dim": 32, "v_head_dim": 24, "sliding_window": 8,
+        "layer_types": ["full_attention", "sliding_attention"],
+        "mlp_layer_types": ["dense", "dense"]}),
+    "gemma4_text": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
+        "head_dim": 16, "global_head_dim": 32, "attention_k_eq_v": True,
+        "num_global_key_value_heads": 1, **_SWA}),
+    # Encoders as decoders (is_decoder, as their causal-LM classes ask): BERT's LM head
+    # transform, RoBERTa's positions after the padding index and its lm_head module, Electra's
+    # generator head before its output embeddings, ModernBERT-decoder's prediction head.
+    "bert": ("BertConfig", "BertLMHeadModel", {"is_decoder": True}),
+    "roberta": ("RobertaConfig", "RobertaForCausalLM", {"is_decoder": True, "pad_token_id": 1}),
+    "electra": ("ElectraConfig", "ElectraForCausalLM", {"is_decoder": True,
+                                                        "embedding_size": 64}),
+    "modernbert-decoder": ("ModernBertDecoderConfig", "ModernBertDecoderForCausalLM", {
+        "local_attention": 8, "global_attn_every_n_layers": 2}),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", {
         "partial_rotary_factor": 0.25, "qk_layernorm": True, "use_qkv_bias": True}),
     # StableLM's other shape (native: models/arch/stablelm.py): the parallel residual (no

@@ -220,3 +220,19 @@ def test_bfloat16_passes_the_load_check(arch, tmp_path):
     out = engine.generate(prompts_of((21,)), SamplingParams(temperature=0, max_tokens=4,
                                                             ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 4
+
+
+def test_a_family_of_state_models_whose_layers_all_attend_runs_without_state(tmp_path):
+    """An LFM2 whose layer_types are all attention (no short convolution) keeps no state: it
+    runs as any backend model does (it had been given a state model with no state, and no slots)."""
+    from batchrun.engine.model import KeepsState
+
+    hf = make_tiny("lfm2", tmp_path, archs=STATE_ARCHS, layer_types=["full_attention"] * 4)
+    config = EngineConfig.default(model_impl="transformers", block_size=4)
+    model = load_weights(tmp_path, config, CPU, torch.float32)
+    assert not isinstance(model, KeepsState)
+    engine = build_engine(model, IdTokenizer(), config, [2], CPU, torch.float32)
+    prompts = prompts_of((9, 4))
+    report = ParityReport()
+    check_against_transformers(hf, prompts, engine.generate(prompts, GREEDY), "lfm2", report)
+    assert report.compared == 2

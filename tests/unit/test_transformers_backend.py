@@ -41,10 +41,26 @@ def backend_engine(arch, path, impl="transformers", **overrides):
     return hf, build_engine(model, IdTokenizer(), config, [2], CPU, torch.float32)
 
 
+# Families whose generate disagrees with their own forward: RoBERTa's generate counts positions
+# from 0, its forward (and its training) from after the padding index; the forward is held.
+FORWARD_REFERENCE = {"roberta"}
+
+
+@torch.no_grad()
+def forward_greedy(hf, prompt, max_new_tokens):
+    """hf_greedy's tokens and logits from transformers' full forward at each step (no cache)."""
+    tokens, logits = list(prompt), []
+    for _ in range(max_new_tokens):
+        logits.append(hf(torch.tensor([tokens])).logits[0, -1])
+        tokens.append(int(logits[-1].argmax()))
+    return tokens[len(prompt):], logits
+
+
 def check_against_transformers(hf, prompts, outs, label, report):
     """Greedy tokens (tie-aware) and the logprob of each token up to any tie, against generate."""
+    greedy = forward_greedy if label in FORWARD_REFERENCE else hf_greedy
     for i, (prompt, out) in enumerate(zip(prompts, outs)):
-        ref, ref_logits = hf_greedy(hf, prompt, MAX_TOKENS)
+        ref, ref_logits = greedy(hf, prompt, MAX_TOKENS)
         ours = out.outputs[0]
         assert_greedy_match(ours.token_ids, ref, ref_logits, f"{label}[{i}]", report)
         for j, (token, lp) in enumerate(zip(ours.token_ids, ours.logprobs)):
@@ -59,14 +75,15 @@ def windowed(arch: str) -> bool:
     window_size) or an attention chunk (Llama 4)."""
     extra = BACKEND_ARCHS[arch][2]
     return bool(extra.get("sliding_window") or extra.get("window_size")
-                or extra.get("attention_chunk_size"))
+                or extra.get("attention_chunk_size") or extra.get("local_attention"))
 
 
 def pool_blocks(arch: str) -> int:
     """A KV pool small enough for the busy batch to preempt: a model whose every layer is
     windowed holds only its windows' blocks (engine/kv_groups.py), so it gets a smaller one."""
-    every_layer = windowed(arch) and not {
-        "layer_types", "attention_types", "no_rope_layer_interval"} & set(BACKEND_ARCHS[arch][2])
+    mixed = {"layer_types", "attention_types", "no_rope_layer_interval",
+             "global_attn_every_n_layers"}
+    every_layer = windowed(arch) and not mixed & set(BACKEND_ARCHS[arch][2])
     return 12 if every_layer else 24
 
 

@@ -48,6 +48,9 @@ class Step:
     # layer_idx -> its KV index where only some layers attend (a hybrid's: stateful.py); None:
     # the layer's own index
     layers: dict[int, int] | None = None
+    # (KV heads, head dim) of the engine's cache, which layers of fewer KV heads or narrower
+    # heads fit (MiMo-V2-Flash); None: each call's own (probing)
+    kv_shape: tuple[int, int] | None = None
 
     def cache_index(self, layer: int) -> int:
         """The KV cache of this call of `layer` (its first, second, ... of the step)."""
@@ -67,10 +70,10 @@ _current: Step | None = None
 @contextlib.contextmanager
 def step(kv_caches, meta, max_context: int, shapes: dict | None = None,
          windows: dict | None = None, calls_per_layer: int | None = 1,
-         layers: dict[int, int] | None = None):
+         layers: dict[int, int] | None = None, kv_shape: tuple[int, int] | None = None):
     global _current
     previous, _current = _current, Step(kv_caches, meta, max_context, shapes, windows,
-                                        calls_per_layer, layers=layers)
+                                        calls_per_layer, layers=layers, kv_shape=kv_shape)
     try:
         yield _current
     finally:
@@ -123,11 +126,7 @@ def attend_layer(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if current.kv_caches is None:  # a shape-only probe (check.shapes_from_config): no cache
         return q.new_zeros(q.shape[0], q.shape[1], dv)
     scale = scale if scale is not None else q.shape[-1] ** -0.5
-    width = max(k.shape[-1], dv)  # zeros added to q and k leave the scores as they are
-    if dv < width:
-        v = F.pad(v, (0, width - dv))
-    elif k.shape[-1] < width:
-        q, k = F.pad(q, (0, width - k.shape[-1])), F.pad(k, (0, width - k.shape[-1]))
+    q, k, v = fit_cache(q, k, v, current.kv_shape)
     k_cache, v_cache = current.kv_caches[index]
     assert current.meta is not None  # a step with caches has its metadata
     meta = layer_metadata(current.meta, index)
@@ -137,6 +136,22 @@ def attend_layer(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           window=window, softcap=softcap or None, sinks=sinks, alibi=alibi,
                           chunk=chunk)
     return out[..., :dv]
+
+
+def fit_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              kv_shape: tuple[int, int] | None) -> tuple[torch.Tensor, ...]:
+    """q, k, v shaped as the cache holds them: K and V heads zero-padded to the cache's head dim
+    (zeros added to q and k leave the scores as they are; V's are cut from the output), and
+    a layer's fewer KV heads each repeated as its query heads share it (a query head h reads KV
+    head h // (H / Hkv) either way)."""
+    heads, width = kv_shape or (k.shape[1], max(k.shape[-1], v.shape[-1]))
+    if v.shape[-1] < width:
+        v = F.pad(v, (0, width - v.shape[-1]))
+    if k.shape[-1] < width:
+        q, k = F.pad(q, (0, width - k.shape[-1])), F.pad(k, (0, width - k.shape[-1]))
+    if k.shape[1] < heads:
+        k, v = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (k, v))
+    return q, k, v
 
 
 def implementation(config, text_config, name: str = NAME) -> str | dict:
