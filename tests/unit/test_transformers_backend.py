@@ -27,7 +27,8 @@ MOE_ARCHS = ["gpt_oss", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe"]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # One representative per mechanism runs by default (pytest --matrix: all of them).
 BACKEND_KEEP = {"llama", "gemma2", "diffllama", "falcon", "bloom", "phimoe-window", "llama4_text",
-                "gpt_neox", "mixtral", "megatron-bert", "deepseek_v2", "trocr"}
+                "gpt_neox", "mixtral", "megatron-bert", "deepseek_v2", "trocr", "mimo_v2_flash",
+                "roberta"}
 NATIVE_KEEP = {"gemma2", "phi3-longrope", "stablelm", "bloom", "falcon-mqa", "gpt_neo"}
 MOE_KEEP = {"qwen3_moe", "gpt_oss"}
 
