@@ -120,6 +120,15 @@ BACKEND_ARCHS = {
     "gemma4_text": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
         "head_dim": 16, "global_head_dim": 32, "attention_k_eq_v": True,
         "num_global_key_value_heads": 1, **_SWA}),
+    # Gemma 3n's text model: per-layer MLP widths, its last two layers reusing the K/V of the
+    # last earlier layer of their kind, AltUp, Laurel and per-layer inputs, activation sparsity
+    # on the first layer.
+    "gemma3n_text": ("Gemma3nTextConfig", "Gemma3nForCausalLM", {
+        "num_hidden_layers": 4, "head_dim": 32, "intermediate_size": [256, 128, 256, 128],
+        "num_kv_shared_layers": 2, "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0], "vocab_size_per_layer_input": 512,
+        "hidden_size_per_layer_input": 8}),
     # Encoders as decoders (is_decoder, as their causal-LM classes ask): BERT's LM head
     # transform, RoBERTa's positions after the padding index and its lm_head module, Electra's
     # generator head before its output embeddings, ModernBERT-decoder's prediction head.
@@ -177,9 +186,10 @@ STATE_ARCHS = {
         "num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "conv"],
         "conv_L_cache": 3}),
     # Nemotron-H: one block kind a layer (Mamba-2, attention, MLP). Its time-step floor binds
-    # transformers' chunked scan but not its one-token decode update (nor mamba_ssm's): a
-    # recomputed (preempted) sequence would take the floor where generate did not, so the tiny
-    # model's floor is set where random weights never reach it.
+    # transformers' forward (its chunked scan) but not generate's one-token decode update; the
+    # engine applies it everywhere, as the forward does, so where it binds generate's text is
+    # not the reference (test_state_models holds that case to the forward). Here the floor is
+    # set where random weights never reach it, so generate is.
     "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", {
         "layers_block_type": ["mamba", "attention", "mlp", "mamba"], "head_dim": 32,
         "mamba_num_heads": 8, "mamba_head_dim": 32, "n_groups": 2, "ssm_state_size": 8,

@@ -42,9 +42,10 @@ def backend_engine(arch, path, impl="transformers", **overrides):
     return hf, build_engine(model, IdTokenizer(), config, [2], CPU, torch.float32)
 
 
-# Families whose generate disagrees with their own forward: RoBERTa's generate counts positions
-# from 0, its forward (and its training) from after the padding index; the forward is held.
-FORWARD_REFERENCE = {"roberta"}
+# Families whose generate disagrees with their own forward, where the forward is held: RoBERTa's
+# generate counts positions from 0, its forward (and its training) from after the padding index.
+# Nemotron-H with a time-step floor that binds: generate's decode update leaves it out.
+FORWARD_REFERENCE = {"roberta", "nemotron_h-floor"}
 
 
 @torch.no_grad()
