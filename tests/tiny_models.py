@@ -106,6 +106,9 @@ BACKEND_ARCHS = {
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                             "partial_rotary_factor": 0.5}}),
     "megatron-bert": ("MegatronBertConfig", "MegatronBertForCausalLM", {"is_decoder": True}),
+    # RoFormer as a decoder: rotary positions inside its attention, on the values too.
+    "roformer": ("RoFormerConfig", "RoFormerForCausalLM", {"is_decoder": True,
+                                                           "rotary_value": True}),
     # Windows their masks apply while their attention calls do not pass them (WINDOW_FROM_MASK).
     "phimoe-window": ("PhimoeConfig", "PhimoeForCausalLM", {
         **_MOE, "router_jitter_noise": 0.0, "sliding_window": 8}),

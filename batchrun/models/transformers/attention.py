@@ -80,6 +80,14 @@ def step(kv_caches, meta, max_context: int, shapes: dict | None = None,
         _current = previous
 
 
+def step_positions(rows: int, device: torch.device) -> torch.Tensor:
+    """The current step's positions of its `rows` flat rows (a family that computes its own
+    position encoding inside attention reads them); 0.. in a shape-only probe, which has none."""
+    if _current is not None and _current.meta is not None:
+        return _current.meta.positions
+    return torch.arange(rows, device=device)
+
+
 def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        attention_mask, scaling: float | None = None, dropout: float = 0.0,
                        sliding_window: int | None = None, softcap: float | None = None,

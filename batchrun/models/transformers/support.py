@@ -32,7 +32,8 @@ INLINE_ATTENTION = {"bloom": "BloomAttention", "falcon": "FalconAttention",
                     "gpt_neo": "GPTNeoSelfAttention", "openai-gpt": "Attention",
                     "mpt": "MptAttention", "xglm": "XGLMAttention", "trocr": "TrOCRAttention",
                     "gpt_neox_japanese": "GPTNeoXJapaneseAttention",
-                    "megatron-bert": "MegatronBertSelfAttention"}
+                    "megatron-bert": "MegatronBertSelfAttention",
+                    "roformer": "RoFormerSelfAttention"}
 # Families whose mask applies config.sliding_window to every layer while their attention
 # modules do not pass it to the attention function (the paged kernels see no mask):
 # the backend gives their attention modules the window (model.use_batchrun_attention).
@@ -44,7 +45,7 @@ REFUSED = {
               "cache serves causal attention",
 }
 # Families that are causal decoders only when their config says is_decoder.
-DECODER_IF_SET = {"megatron-bert"}
+DECODER_IF_SET = {"megatron-bert", "roformer"}
 
 
 class UnsupportedModelError(ValueError):
