@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from batchrun.models.transformers.indexed import INDEXED_LAYER_TYPES, indexed
+
 # Layer kinds the paged KV cache holds; anything else keeps recurrent or convolution state.
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
 # Models whose layers (some or all) keep a recurrent state instead of a KV cache, for configs that
@@ -74,7 +76,8 @@ def transformers_reason(hf) -> str | None:
         return (f"{model_type} keeps a recurrent (state-space / linear-attention) state, which the "
                 f"paged KV cache does not hold")
     text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf  # a VLM's decoder's
-    other = sorted(set(getattr(text, "layer_types", None) or ()) - ATTENTION_LAYER_TYPES)
+    other = sorted(set(getattr(text, "layer_types", None) or ()) - ATTENTION_LAYER_TYPES
+                   - (INDEXED_LAYER_TYPES if indexed(text) else set()))
     if other and model_type not in STATE_MODEL_TYPES:
         return (f"{model_type} has {', '.join(other)} layers; the paged KV cache holds only "
                 f"full, sliding-window and chunked attention layers")
