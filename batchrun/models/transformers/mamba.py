@@ -72,9 +72,10 @@ def causal_conv(x: torch.Tensor, conv, conv_cache: torch.Tensor, step: StepState
     conv_cache[step.slots] = joined.gather(-1, last.expand(-1, x.shape[1], -1)).to(conv_cache.dtype)
     if len(step.checkpoints):
         seq, rows, slots = step.checkpoints.tensors(x.device)
-        last = rows[:, None, None] + torch.arange(keep, device=x.device)
-        conv_cache[slots] = joined[seq].gather(-1, last.expand(-1, x.shape[1], -1)).to(
-            conv_cache.dtype)
+        before_row = rows[:, None] + torch.arange(keep, device=x.device)  # [K, keep]
+        # (indexing [S, L, I] gathers only the kept inputs, not each sequence's whole chunk)
+        kept = joined.transpose(1, 2)[seq[:, None], before_row]  # [K, keep, I]
+        conv_cache[slots] = kept.transpose(1, 2).to(conv_cache.dtype)
     joined = joined.to(conv.weight.dtype)
     if x.shape[-1] > 8:
         return F.conv1d(joined, conv.weight, conv.bias, groups=x.shape[1])
