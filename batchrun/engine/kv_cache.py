@@ -121,7 +121,9 @@ class KVCacheManager:
             m = next((i for i in range(m) if not accept(i, hashes[i])), m)
             m = self._longest_hit(req, hashes[:m])
         if self.states is not None:
-            m = self._longest_hit(req, hashes[:self._state_hit(req, hashes, m)])
+            m = self._state_hit(req, hashes, m)
+            if self._longest_hit(req, hashes[:m]) != m:  # a window group lacks a block there
+                m, req.state_source = 0, None
         tables = self._tables(req)
         for g, window in enumerate(self.windows):
             first = 0 if window is None else self.window_start(req, m * bs, window) // bs
