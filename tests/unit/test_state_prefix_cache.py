@@ -111,3 +111,37 @@ def test_pool_evicts_least_recently_used_and_never_a_pending_checkpoint():
     pool.cancel(b"c")
     pool.drop(b"a")
     assert sorted(pool.free) == [4, 5] and not pool.ready and not pool.pending
+
+
+def test_a_hit_ends_at_a_written_checkpoint_never_a_planned_one():
+    from batchrun.engine.kv_cache import KVCacheManager
+    from batchrun.engine.request import Request
+    from batchrun.engine.sampling_params import SamplingParams
+    from batchrun.engine.state_slots import StateSlots
+
+    def request(rid):  # 22 tokens: blocks of 4, checkpoints every 8 at 8 and 16
+        return Request(rid, list(range(3, 25)), SamplingParams(max_tokens=4), 4)
+
+    pool = CheckpointPool(first_slot=2, num_slots=4, interval=8)
+    kv = KVCacheManager(32, 4, True, states=StateSlots(2), checkpoints=pool)
+
+    def step(req):  # admit req, plan its whole prompt, run it
+        assert kv.allocate(req, 22)
+        kv.plan_checkpoints(req, 22 - req.num_computed_tokens)
+        return [position for position, _, _ in req.checkpoint_writes]
+
+    a = request("a")
+    assert kv.match_prefix(a) == 0 and step(a) == [8, 16]
+    a.num_computed_tokens = 22
+    kv.cache_full_blocks(a)  # the step ran: both checkpoints are hits
+    kv.free_request(a)
+    b = request("b")
+    assert kv.match_prefix(b) == 16 and b.state_source == pool.lookup(a.prompt_hashes[3])
+    kv.free_request(b)
+    pool.clear()  # the blocks stay cached, the states are gone
+    c, d = request("c"), request("d")
+    assert kv.match_prefix(c) == 0 and step(c) == [8, 16]
+    assert kv.match_prefix(d) == 0 and d.state_source is None  # c's step has not run yet
+    kv.free_request(d)
+    kv.free_request(c)  # preempted before its step ran: its checkpoints are never written
+    assert not pool.pending and len(pool.free) == 4
