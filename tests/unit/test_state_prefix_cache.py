@@ -145,3 +145,21 @@ def test_a_hit_ends_at_a_written_checkpoint_never_a_planned_one():
     kv.free_request(d)
     kv.free_request(c)  # preempted before its step ran: its checkpoints are never written
     assert not pool.pending and len(pool.free) == 4
+
+
+def test_plan_replays_hits_at_checkpoint_granularity():
+    from batchrun.batch.estimate.job_estimate import prefix_model
+    from batchrun.footprint import backend_config
+    from batchrun.options.engine import EngineConfig
+    from tests.tiny_models import tiny_config
+
+    sized = backend_config(tiny_config("bamba", STATE_ARCHS))
+    on = EngineConfig.default(max_num_seqs=8, kv_cache_memory=1 << 22)
+    (prefix,) = prompts_of((100,), seed=1)
+    sharing = prefix_model(on, sized, 64)
+    assert sharing.enabled and sharing.block_size == 64
+    sharing.add(prefix + [7, 8])
+    assert sharing.add(prefix + [9, 10]) == 64  # the hit ends at the checkpoint at 64
+    off = EngineConfig.default(max_num_seqs=8, kv_cache_memory=1 << 22,
+                               enable_prefix_caching=False)
+    assert not prefix_model(off, sized, 64).enabled
