@@ -6,7 +6,10 @@ runs a step as TransformersModel does, the step's StepState set for its duration
 stateful layer's forward is replaced by one that reads and writes the step's slots (mamba.py
 for transformers' MambaMixer), and runs transformers' own forward when no step is set (the load
 check's reference, transformers' generate on the same module). The layers are found by their
-class, not by the model's name: any model built of them runs.
+class, not by the model's name: any model built of them runs. A module whose forward also
+writes the step's state checkpoints (StepState.checkpoints: the state after given rows of a
+chunk) says so (`WRITES_CHECKPOINTS`); a model whose every stateful layer does takes prefix-cache
+hits (engine/state_checkpoints.py), any other keeps the prefix cache off.
 """
 
 from __future__ import annotations
