@@ -151,6 +151,15 @@ class KVCacheManager:
                 return end
         return 0
 
+    def next_hit_block(self, cached: int) -> int:
+        """The block whose caching would lengthen a hit of `cached` tokens: the next one, or
+        for a model with state the one ending at the next checkpoint (a running request
+        recomputing the blocks before it leaves no hit a waiting one could take)."""
+        if self.checkpoints is None:
+            return cached // self.block_size
+        interval = self.checkpoints.interval
+        return (cached // interval + 1) * interval // self.block_size - 1
+
     def plan_checkpoints(self, req: Request, n: int) -> None:
         """The state checkpoints req's next n tokens pass (prompt positions only), each
         given a slot unless it is kept already: req.checkpoint_writes."""

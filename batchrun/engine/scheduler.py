@@ -188,7 +188,7 @@ class Scheduler:
         if not in_flight:
             return False
         hashes = self.kv.prompt_hashes(req)
-        k = cached // self.kv.block_size
+        k = self.kv.next_hit_block(cached)
         return k < len(hashes) and hashes[k] in in_flight
 
     def _victim_index(self, first: int) -> int:

@@ -163,3 +163,15 @@ def test_plan_replays_hits_at_checkpoint_granularity():
     off = EngineConfig.default(max_num_seqs=8, kv_cache_memory=1 << 22,
                                enable_prefix_caching=False)
     assert not prefix_model(off, sized, 64).enabled
+
+
+def test_a_waiting_prompt_waits_only_for_a_block_that_ends_at_a_checkpoint():
+    # A running request recomputing blocks 4..5 of a shared prefix after its hit at 16 leaves
+    # no longer hit for the next one: only the block ending at the next checkpoint (24) would
+    from batchrun.engine.kv_cache import KVCacheManager
+    from batchrun.engine.state_slots import StateSlots
+
+    with_state = KVCacheManager(32, 4, True, states=StateSlots(2),
+                                checkpoints=CheckpointPool(2, 4, interval=8))
+    assert with_state.next_hit_block(16) == 5 and with_state.next_hit_block(0) == 1
+    assert KVCacheManager(32, 4).next_hit_block(16) == 4
