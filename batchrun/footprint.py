@@ -318,7 +318,7 @@ def backend_config(hf):
 
     full = as_transformers_config(hf)
     text = full.get_text_config()
-    layers, state = frozenset[int](), 0
+    layers, state, checkpoints = frozenset[int](), 0, False
     if stateful.runs(full):  # its state counted in float32 (the most it takes)
         meta = check.meta_model(full)
         if meta is None:
@@ -328,6 +328,7 @@ def backend_config(hf):
         if not stateful.has_attention(meta):
             return stateful.backend_config(meta, spec)
         layers, state = stateful.no_kv_layers(meta), spec.bytes_per_sequence
+        checkpoints = spec.checkpoints
     calls: dict = {}
     try:
         shapes, windows = check.shapes_from_config(full, calls=calls)
@@ -338,7 +339,7 @@ def backend_config(hf):
         shapes = {i: shape for i in range(text.num_hidden_layers) if i not in layers}
         windows = dict(enumerate(config_layer_windows(text)))
     config = dataclasses.replace(config_of(text, shapes, windows, calls, layers),
-                                 state_bytes_per_sequence=state)
+                                 state_bytes_per_sequence=state, state_checkpoints=checkpoints)
     if getattr(full, "vision_config", None) is not None:  # its weights: the whole model's
         config = dataclasses.replace(config, hf_config=full)
     return config

@@ -11,7 +11,8 @@ from batchrun.engine.client import EngineStats
 from batchrun.engine.errors import PromptTooLongError
 from batchrun.engine.kv_cache import KVCacheManager
 from batchrun.engine.kv_groups import kv_groups
-from batchrun.engine.kv_sizing import state_slot_count
+from batchrun.engine.kv_sizing import (checkpoint_interval, state_checkpoint_count,
+                                       state_slot_count)
 from batchrun.engine.lora import AdapterSlots
 from batchrun.engine.model import KeepsState, TakesImages
 from batchrun.engine.multimodal import MultiModalInputs
@@ -23,6 +24,7 @@ from batchrun.engine.sampler import Sampler
 from batchrun.engine.sampling_params import SamplingParams
 from batchrun.engine.scheduler import Scheduler, ScheduledStep
 from batchrun.engine.score_cache import ScoreCache
+from batchrun.engine.state_checkpoints import CheckpointPool
 from batchrun.engine.state_slots import StateSlots
 from batchrun.engine.sequences import Sequences
 from batchrun.engine.update import OutputProcessor
@@ -50,11 +52,14 @@ class Engine:
         model_cfg = model.config
         groups = kv_groups(model_cfg)
         # A model with recurrent state: a slot per running sequence (fewer where they would
-        # crowd out the KV blocks: kv_sizing.state_slot_count), no prefix cache
-        # (engine/state_slots.py).
-        slots = state_slot_count(config, model_cfg, device) if isinstance(model, KeepsState) else 0
-        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching and not slots,
-                                 groups, StateSlots(slots) if slots else None)
+        # crowd out the KV blocks: kv_sizing.state_slot_count); a prefix cache only through
+        # state checkpoints (engine/state_checkpoints.py), when its layers write them.
+        slots, checkpoints = state_counts(config, model, model_cfg, device)
+        self.kv = KVCacheManager(
+            num_blocks, bs, config.cache.enable_prefix_caching and (not slots or checkpoints > 0),
+            groups, StateSlots(slots) if slots else None,
+            CheckpointPool(slots, checkpoints, checkpoint_interval(config)) if checkpoints
+            else None)
         # LoRA adapters served on this model (engine/lora.py); None = none.
         self.adapters = adapters
         self.scores = ScoreCache(self.kv)
@@ -65,7 +70,8 @@ class Engine:
                                   cuda_graphs=config.device.cuda_graphs, adapters=adapters,
                                   attention_kernel="invariant" if config.batch_invariant
                                   else config.device.attention_kernel, groups=groups,
-                                  kv_scales=kv_scales, num_state_slots=slots)
+                                  kv_scales=kv_scales, num_state_slots=slots,
+                                  num_checkpoints=checkpoints)
         self.sampler = Sampler(device, tokenizer, self.eos_token_ids)
         self.stats = EngineStats(num_kv_blocks=num_blocks)
         self.sequences = Sequences(tokenizer, self.scheduler, self.sampler, self.stats)
@@ -211,3 +217,14 @@ class Engine:
                 if out.finished:
                     done[out.request_id] = out
         return [done[rid] for rid in ids]
+
+
+def state_counts(config: EngineConfig, model, model_cfg, device: torch.device
+                 ) -> tuple[int, int]:
+    """(state slots, state checkpoints) of `model`: (0, 0) without recurrent state; no
+    checkpoints unless every stateful layer writes them (StateSpec.checkpoints)."""
+    if not isinstance(model, KeepsState):
+        return 0, 0
+    checkpoints = state_checkpoint_count(config, model_cfg, device) \
+        if model.state_spec.checkpoints else 0
+    return state_slot_count(config, model_cfg, device), checkpoints

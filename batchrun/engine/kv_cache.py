@@ -17,8 +17,12 @@ holds, so no freed block is ever read.
 
 A model whose layers keep recurrent state (state_slots.py) also holds one state slot per
 running sequence, taken with its first blocks and handed back with them; the scheduler sees one
-`allocate` that succeeds only when both the blocks and a slot are there. Its prefix cache is
-off (the engine builds the manager so): a block's KV does not give back the state at its end.
+`allocate` that succeeds only when both the blocks and a slot are there. A block's KV does not
+give back the state at its end, so such a model's prefix hits end at a state checkpoint
+(state_checkpoints.py: `checkpoints`, the pool the engine builds when the model's layers write
+them; without one its prefix cache is off): `plan_checkpoints` picks the boundaries a step's
+chunk passes, `cache_full_blocks` makes them hits once the step has run, and a hit sets the
+request's `state_source`, the checkpoint the runner copies into its slot.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Callable, Literal
 
 from batchrun.engine.kv_groups import KVGroups
 from batchrun.engine.request import Request
+from batchrun.engine.state_checkpoints import CheckpointPool
 from batchrun.engine.state_slots import StateSlots
 
 FREED = -1  # a block-table entry a window group has handed back
@@ -51,9 +56,11 @@ def request_block_hash(req: Request, parent: bytes | None, i: int, bs: int) -> b
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 groups: KVGroups | None = None, states: StateSlots | None = None):
+                 groups: KVGroups | None = None, states: StateSlots | None = None,
+                 checkpoints: CheckpointPool | None = None):
         self.num_blocks = num_blocks
         self.states = states  # a stateful model's state slots; None for attention only
+        self.checkpoints = checkpoints  # its state checkpoints (prefix hits); None: no hits
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.groups = groups or KVGroups.single()
@@ -64,6 +71,8 @@ class KVCacheManager:
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         # Called with each hash group 0 forgets (engine/score_cache.py keeps data beside it).
         self._eviction_listeners: list[Callable[[bytes], None]] = []
+        if checkpoints is not None:  # a checkpoint without its blocks is never a hit
+            self._eviction_listeners.append(checkpoints.drop)
         self.peak_used = 0
 
     def add_eviction_listener(self, listener: Callable[[bytes], None]) -> None:
@@ -111,6 +120,10 @@ class KVCacheManager:
         if accept is not None:
             m = next((i for i in range(m) if not accept(i, hashes[i])), m)
             m = self._longest_hit(req, hashes[:m])
+        if self.states is not None:
+            m = self._state_hit(req, hashes, m)
+            if self._longest_hit(req, hashes[:m]) != m:  # a window group lacks a block there
+                m, req.state_source = 0, None
         tables = self._tables(req)
         for g, window in enumerate(self.windows):
             first = 0 if window is None else self.window_start(req, m * bs, window) // bs
@@ -122,6 +135,56 @@ class KVCacheManager:
         req.block_hashes = hashes[:m]
         self._note_usage()
         return m * bs
+
+    def _state_hit(self, req: Request, hashes: list[bytes], m: int) -> int:
+        """The most blocks <= m ending at a state checkpoint (0 without checkpoints, and for a
+        scoring request, whose recomputed position would advance the state twice); sets
+        req.state_source to that checkpoint."""
+        pool = self.checkpoints
+        req.state_source = None
+        if pool is None or req.scores is not None:
+            return 0
+        step = pool.interval // self.block_size
+        for end in range(m - m % step, 0, -step):
+            if pool.has(hashes[end - 1]):
+                req.state_source = pool.lookup(hashes[end - 1])
+                return end
+        return 0
+
+    def next_hit_block(self, cached: int) -> int:
+        """The block whose caching would lengthen a hit of `cached` tokens: the next one, or
+        for a model with state the one ending at the next checkpoint (a running request
+        recomputing the blocks before it leaves no hit a waiting one could take)."""
+        if self.checkpoints is None:
+            return cached // self.block_size
+        interval = self.checkpoints.interval
+        return (cached // interval + 1) * interval // self.block_size - 1
+
+    def plan_checkpoints(self, req: Request, n: int) -> None:
+        """The state checkpoints req's next n tokens pass (prompt positions only), each
+        given a slot unless it is kept already: req.checkpoint_writes."""
+        pool = self.checkpoints
+        if pool is None or req.rescore:
+            return
+        start, end = req.num_computed_tokens, min(req.num_computed_tokens + n,
+                                                  req.num_prompt_tokens)
+        hashes = self.prompt_hashes(req)
+        for position in range((start // pool.interval + 1) * pool.interval, end + 1,
+                              pool.interval):
+            block_hash = hashes[position // self.block_size - 1]
+            slot = pool.plan(block_hash)
+            if slot is not None:
+                req.checkpoint_writes.append((position, slot, block_hash))
+
+    def _settle_checkpoints(self, req: Request) -> None:
+        """req's step has run: its planned checkpoints are hits from now on."""
+        if self.checkpoints is not None:
+            for position, _, block_hash in req.checkpoint_writes:
+                if position <= req.num_computed_tokens:
+                    self.checkpoints.commit(block_hash)
+                else:
+                    self.checkpoints.cancel(block_hash)
+        req.checkpoint_writes = []
 
     def _chain(self, req: Request, n: int) -> list[bytes]:
         """The chained hashes of req's first n blocks, stopping at the first block a full
@@ -248,7 +311,9 @@ class KVCacheManager:
             self.hash_of[block] = None
 
     def cache_full_blocks(self, req: Request) -> None:
-        """Register the hashes of req's blocks that became full of computed tokens."""
+        """Register the hashes of req's blocks that became full of computed tokens (and its
+        state checkpoints the step wrote)."""
+        self._settle_checkpoints(req)
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
@@ -271,6 +336,11 @@ class KVCacheManager:
                     self._release(block)
         req.block_ids = []
         req.block_hashes = []
+        if self.checkpoints is not None:  # planned, but its step will not run
+            for _, _, block_hash in req.checkpoint_writes:
+                self.checkpoints.cancel(block_hash)
+        req.checkpoint_writes = []
+        req.state_source = None
         if req.state_slot is not None:
             assert self.states is not None
             self.states.release(req.state_slot)
@@ -284,6 +354,8 @@ class KVCacheManager:
                 listener(h)
         for cached in self.cached:
             cached.clear()
+        if self.checkpoints is not None:
+            self.checkpoints.clear()
         self.hash_of = [None] * self.num_blocks
 
     def _note_usage(self) -> None:

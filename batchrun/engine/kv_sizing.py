@@ -84,9 +84,36 @@ def state_slot_count(config: EngineConfig, model_cfg, device: torch.device) -> i
     return max(1, min(config.scheduler.max_num_seqs, fit))
 
 
+# The share of the KV budget state checkpoints (prefix caching of a model with state) may take,
+# and the most of them per state slot: enough for every running sequence's prompt to leave a
+# few behind, without allocating a tiny model's checkpoints by the gigabyte.
+CHECKPOINT_SHARE = 0.25
+CHECKPOINTS_PER_SLOT = 4
+
+
+def state_checkpoint_count(config: EngineConfig, model_cfg, device: torch.device) -> int:
+    """How many state checkpoints (engine/state_checkpoints.py) a model with recurrent state
+    keeps for prefix caching; 0 with the prefix cache off or layers that cannot write them."""
+    per_sequence = getattr(model_cfg, "state_bytes_per_sequence", 0)
+    if not (per_sequence and config.cache.enable_prefix_caching
+            and getattr(model_cfg, "state_checkpoints", False)):
+        return 0
+    fit = int(kv_budget(config, device) * CHECKPOINT_SHARE) // per_sequence
+    return min(fit, CHECKPOINTS_PER_SLOT * state_slot_count(config, model_cfg, device))
+
+
+def checkpoint_interval(config: EngineConfig) -> int:
+    """Tokens between state checkpoints: --state-checkpoint-tokens rounded down to whole KV
+    blocks (at least one)."""
+    bs = config.cache.block_size
+    return max(bs, config.cache.state_checkpoint_tokens // bs * bs)
+
+
 def state_bytes(config: EngineConfig, model_cfg, device: torch.device) -> int:
-    """The state slots' bytes the KV budget also pays for; 0 for a model without state."""
-    return state_slot_count(config, model_cfg, device) * \
+    """The state slots' and checkpoints' bytes the KV budget also pays for; 0 for a model
+    without state."""
+    return (state_slot_count(config, model_cfg, device)
+            + state_checkpoint_count(config, model_cfg, device)) * \
         getattr(model_cfg, "state_bytes_per_sequence", 0)
 
 

@@ -72,7 +72,8 @@ class TakesImages(Protocol):
 @runtime_checkable
 class KeepsState(Protocol):
     """A model whose layers keep recurrent state (engine/state_slots.py): it declares one
-    sequence's state, and each step reads and writes its sequences' slots."""
+    sequence's state, and each step reads and writes its sequences' slots (and, where
+    state_spec.checkpoints says it can, the step's state checkpoints: state_checkpoints.py)."""
 
     state_spec: StateSpec
 

@@ -48,6 +48,10 @@ class Request:
         self.num_cached_tokens = -1  # prefix-cache hits at first admission; -1 = not yet admitted
         self.block_ids: list[list[int]] = []  # one block table per KV group (kv_cache.py)
         self.state_slot: int | None = None  # a stateful model's state slot (state_slots.py)
+        # A prefix hit's state checkpoint, copied into state_slot before the next step runs, and
+        # the checkpoints (position, slot, block hash) this step writes (state_checkpoints.py).
+        self.state_source: int | None = None
+        self.checkpoint_writes: list[tuple[int, int, bytes]] = []
         self.block_hashes: list[bytes] = []  # chained hashes of this request's full blocks
         self.prompt_hashes: list[bytes] | None = None  # of the prompt's full blocks, when needed
         self.status = Status.WAITING

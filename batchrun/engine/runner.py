@@ -6,7 +6,9 @@ engine/attention/) -> the model -> the outputs wanted of its hidden states: each
 graph instead (cuda_graphs.py; models of one KV group only). A model whose layers are in several
 KV groups (kv_groups.py) gets one metadata per group, and its layers of different groups share
 the cache tensors. A model that keeps recurrent state (state_slots.py) gets the state tensors
-of `num_state_slots` slots here and each step's StepState beside the metadata (no CUDA graphs).
+of `num_state_slots` slots here (and `num_checkpoints` more, its state checkpoints:
+state_checkpoints.py) and each step's StepState beside the metadata (no CUDA graphs): a
+sequence starting from a prefix hit first gets its checkpoint copied into its slot.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from batchrun.engine.kv_groups import KVGroups, kv_groups
 from batchrun.engine.model import KeepsState, NativeModel, TakesImages
 from batchrun.engine.model_output import ModelOutput
 from batchrun.engine.request import Request
+from batchrun.engine.state_checkpoints import StepCheckpoints
 from batchrun.engine.state_slots import StepState, copy_slot, state_tensors
 from batchrun.engine.step_batch import StepBatch, prepare_batch
 from batchrun.engine.step_outputs import READERS
@@ -31,7 +34,8 @@ class ModelRunner:
                  dtype: torch.dtype, kv_dtype: torch.dtype | None = None, max_num_seqs: int = 64,
                  max_model_len: int = 2048, cuda_graphs: bool = True, adapters=None,
                  attention_kernel: str = "cascade", groups: KVGroups | None = None,
-                 kv_scales: torch.Tensor | None = None, num_state_slots: int = 0):
+                 kv_scales: torch.Tensor | None = None, num_state_slots: int = 0,
+                 num_checkpoints: int = 0):
         cfg = model.config
         self.groups = groups or kv_groups(cfg)
         self.model = model
@@ -43,7 +47,7 @@ class ModelRunner:
         lib = kernels.library(kernels.shape_flags(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)) \
             if device.type == "cpu" and str(kv_dtype) in kernels.KINDS and cfg.num_layers \
             else None  # a model without attention layers (Mamba) needs no attention kernels
-        self.states = state_tensors(model.state_spec, num_state_slots, device) \
+        self.states = state_tensors(model.state_spec, num_state_slots + num_checkpoints, device) \
             if isinstance(model, KeepsState) else []
         # --attention-kernel legacy keeps each decode sequence on its own and prefill chunks
         # on SDPA (attention/cpu_kernel.py).
@@ -145,8 +149,17 @@ class ModelRunner:
     def step_state(self, batch: StepBatch) -> StepState:
         slots = [r.state_slot for r in batch.requests]
         assert None not in slots  # the KV cache manager gave each a slot with its blocks
+        checkpoints = StepCheckpoints()
+        for i, (req, start) in enumerate(zip(batch.requests, batch.layout.starts)):
+            if req.state_source is not None:  # a prefix hit: the state where the hit ends
+                copy_slot(self.states, req.state_source, req.state_slot)  # type: ignore[arg-type]
+                req.state_source = None
+            for position, slot, _ in req.checkpoint_writes:
+                checkpoints.seq.append(i)
+                checkpoints.rows.append(position - start)
+                checkpoints.slots.append(slot)
         return StepState.of(self.states, slots, batch.layout.starts,  # type: ignore[arg-type]
-                            batch.layout.counts, self.device)
+                            batch.layout.counts, self.device, checkpoints)
 
     def logits(self, batch: StepBatch, hidden: torch.Tensor) -> torch.Tensor:
         if not batch.sample_rows:

@@ -61,6 +61,8 @@ class Scheduler:
         self.running.sort(key=lambda r: r.priority)  # stable: keeps arrival order within a level
         budget = self._continue_running(step, self.config.max_num_batched_tokens)
         self._admit_waiting(step, budget)
+        for req, n in step.work:  # a stateful model's state at the boundaries each chunk passes
+            self.kv.plan_checkpoints(req, n)
         return step
 
     def _continue_running(self, step: ScheduledStep, budget: int) -> int:
@@ -186,7 +188,7 @@ class Scheduler:
         if not in_flight:
             return False
         hashes = self.kv.prompt_hashes(req)
-        k = cached // self.kv.block_size
+        k = self.kv.next_hit_block(cached)
         return k < len(hashes) and hashes[k] in in_flight
 
     def _victim_index(self, first: int) -> int:

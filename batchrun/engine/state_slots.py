@@ -7,16 +7,20 @@ manager (kv_cache.py) hands a running sequence one slot from `StateSlots` when i
 allocates for it and takes it back with its blocks (finish, preemption: a preempted sequence
 recomputes its prompt into a fresh slot). The runner holds the state tensors ([slots, *shape]
 per declared tensor) and hands the model each step's `StepState`: which slot each sequence of
-the step owns, and which start from no state (their first chunk). Prefix caching is off for
-such models: a cached block's KV does not give back the state at its end.
+the step owns, and which start from no state (their first chunk). A model whose stateful
+layers can also save their state at offsets inside a chunk (`StateSpec.checkpoints`) gets
+prefix caching through state checkpoints (state_checkpoints.py); for any other it is off: a
+cached block's KV does not give back the state at its end.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 
 import torch
+
+from batchrun.engine.state_checkpoints import StepCheckpoints
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,9 @@ class StateTensor:
 class StateSpec:
     """Each stateful layer's state tensors (a Mamba mixer: its convolution and SSM state)."""
     layers: tuple[tuple[StateTensor, ...], ...]
+    # Every stateful layer writes a step's StepState.checkpoints (its state after given rows of
+    # a sequence's chunk, state_checkpoints.py): the model can take prefix-cache hits.
+    checkpoints: bool = False
 
     @property
     def bytes_per_sequence(self) -> int:
@@ -78,22 +85,25 @@ def copy_slot(tensors: list[tuple[torch.Tensor, ...]], src: int, dst: int) -> No
 class StepState:
     """What a stateful model reads of one step: sequence i (in row order) owns rows
     query_start[i]:query_start[i + 1] and state slot slots[i]; fresh[i]: it has no state yet
-    (its first chunk), so whatever its slot holds is not read."""
+    (its first chunk), so whatever its slot holds is not read. `checkpoints`: the states to save
+    after given rows of a sequence's chunk, into further slots of the same tensors."""
     tensors: list[tuple[torch.Tensor, ...]]  # per stateful layer: [slots, *shape] each
     slots: torch.Tensor  # [S] long
     fresh: torch.Tensor  # [S] bool
     query_start: torch.Tensor  # [S + 1]
     counts: torch.Tensor  # [S] rows of each sequence
     max_count: int
+    checkpoints: StepCheckpoints = field(default_factory=StepCheckpoints)
 
     @classmethod
     def of(cls, tensors: list[tuple[torch.Tensor, ...]], slots: list[int], starts: list[int],
-           counts: list[int], device: torch.device) -> StepState:
+           counts: list[int], device: torch.device,
+           checkpoints: StepCheckpoints | None = None) -> StepState:
         count_t = torch.tensor(counts, device=device)
         return cls(tensors, torch.tensor(slots, dtype=torch.long, device=device),
                    torch.tensor([s == 0 for s in starts], device=device),
                    torch.cat([count_t.new_zeros(1), torch.cumsum(count_t, 0)]), count_t,
-                   max(counts))
+                   max(counts), checkpoints or StepCheckpoints())
 
     def padded_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """([S, L] row index, [S, L] valid) of the step's rows laid out one sequence per row,

@@ -28,6 +28,10 @@ class CacheConfig(BaseModel):
         "kv_cache_memory.", cli=False, ge=1)
     enable_prefix_caching: bool = option(True, "Reuse the KV of prompt prefixes already "
                                          "computed.", name="prefix_cache")
+    state_checkpoint_tokens: int = option(
+        64, "Tokens between the state checkpoints a model with recurrent state keeps for prefix "
+        "caching (rounded down to whole KV blocks): a prefix hit resumes at the last one.",
+        cli=False, ge=1)
     kv_cache_dtype: KvDtype = option(
         "auto", "KV cache element type (auto: the model's; bfloat16 under int8). 16-bit halves the "
         "memory decode attention reads, and changes outputs slightly (under --quantization int8 "

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from batchrun.engine import SamplingParams
+from batchrun.engine.kv_sizing import state_checkpoint_count
 from batchrun.llm import build_engine, load_weights
 from batchrun.options.engine import EngineConfig
 from tests.helpers import matrix
@@ -64,14 +65,15 @@ GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, l
 @pytest.mark.parametrize("arch", matrix(sorted(STATE_ARCHS), STATE_KEEP))
 def test_matches_transformers_batched_and_chunked(arch, tmp_path):
     hf, engine = state_engine(arch, tmp_path)
-    assert not engine.kv.enable_prefix_caching  # a block's KV does not give back the state
+    # prefix hits through state checkpoints (test_state_prefix_cache.py); every 64 tokens
+    assert engine.kv.enable_prefix_caching and engine.kv.checkpoints.interval == 64
     prompts = prompts_of((37, 5, 20, 11, 1))
     report = ParityReport()
     check_against_transformers(hf, prompts, engine.generate(prompts, GREEDY), arch, report)
     assert report.compared == 5
     assert engine.kv.states.num_free == engine.kv.states.num_slots  # every slot back
     again = engine.generate(prompts[:1], GREEDY)[0]
-    assert again.num_cached_tokens == 0
+    assert again.num_cached_tokens == 0  # its 37 tokens pass no checkpoint
     check_against_transformers(hf, prompts[:1], [again], f"{arch} again", report)
 
 
@@ -232,7 +234,7 @@ def test_models_check_and_plan_name_the_state_per_request(arch):
     assert report.state_bytes_bf16 == per_request_bf16
     assert f"fp32 {per_request / 1024:.1f} KiB, bf16 {per_request_bf16 / 1024:.1f} KiB" in lines
     assert ("KV cache: none" in lines) == (not attention_layers)
-    assert "prefix caching: no" in lines
+    assert "prefix caching: yes (a hit resumes at the last state checkpoint" in lines
     sized = backend_config(cfg)  # what plan sizes
     assert sized.state_bytes_per_sequence == per_request
     assert sized.num_layers == attention_layers
@@ -240,7 +242,10 @@ def test_models_check_and_plan_name_the_state_per_request(arch):
 
     plain = EngineConfig.default(max_num_seqs=8, kv_cache_memory=2 ** 22)
     blocks, reserved = kv_reservation(plain, sized, "cpu", torch.float32)
-    kv_bytes = reserved - 8 * per_request  # the blocks' share of the one budget
+    assert sized.state_checkpoints  # the reservation also holds the prefix cache's checkpoints
+    kept = state_checkpoint_count(plain, sized, torch.device("cpu"))
+    assert 0 < kept <= 4 * 8 and kept * per_request <= 2 ** 22 // 4
+    kv_bytes = reserved - (8 + kept) * per_request  # the blocks' share of the one budget
     assert kv_bytes >= 0 and (kv_bytes == 0) == (not attention_layers)
 
 

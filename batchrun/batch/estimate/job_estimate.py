@@ -168,11 +168,7 @@ def estimate_plan(plan: JobPlan, calibration: str = "auto",
     model = tokenizer_model(spec, engine.max_model_len, engine.trust_remote_code)
     blocks, kv_bytes = footprint.kv_reservation(engine, cfg)
     groups = kv_groups(cfg)
-    # A cached block of prompt tokens takes one pool block in each KV group. A model with
-    # recurrent state runs without the prefix cache (engine/state_slots.py).
-    sharing = PrefixSharing(engine.cache.block_size, blocks // len(groups.groups),
-                            enabled=engine.cache.enable_prefix_caching
-                            and not getattr(cfg, "state_bytes_per_sequence", 0))
+    sharing = prefix_model(engine, cfg, blocks // len(groups.groups))
     key = run_key(model.name, engine)
     recorded = run_store.load_runs(key) if calibration in ("auto", "last-run") else []
     runs, passed_over = confidence.calibrating_runs(recorded)
@@ -358,3 +354,19 @@ def report_text(e: Estimate) -> str:
     ]
     lines += [f"assumes     {a}" for a in e.assumptions]
     return "\n".join(lines)
+
+
+def prefix_model(engine, cfg, capacity_blocks: int) -> PrefixSharing:
+    """The engine's prefix cache as the estimate replays it: blocks of prompt tokens (one pool
+    block in each KV group: capacity_blocks per group), or for a model with recurrent state
+    its state checkpoints (engine/state_checkpoints.py: a hit ends at one, so the unit is the
+    checkpoint interval and the capacity the checkpoints kept; none: no hits)."""
+    import torch
+
+    from batchrun.engine.kv_sizing import checkpoint_interval, state_checkpoint_count
+
+    if not getattr(cfg, "state_bytes_per_sequence", 0):
+        return PrefixSharing(engine.cache.block_size, capacity_blocks,
+                             enabled=engine.cache.enable_prefix_caching)
+    kept = state_checkpoint_count(engine, cfg, torch.device("cpu"))  # as kv_reservation sizes
+    return PrefixSharing(checkpoint_interval(engine), kept, enabled=kept > 0)

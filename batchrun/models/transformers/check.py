@@ -252,8 +252,10 @@ def check(hf, folder=None) -> CheckReport:
         spec = stateful.spec_of(model, torch.float32)
         report.state_layers, report.state_bytes_fp32 = len(spec.layers), spec.bytes_per_sequence
         report.state_bytes_bf16 = stateful.spec_of(model, torch.bfloat16).bytes_per_sequence
-        report.features[0] = ("prefix caching", "no (a cached block's KV does not give back a "
-                                                "recurrent state; each prompt is computed)")
+        report.features[0] = ("prefix caching", "yes (a hit resumes at the last state "
+                                                "checkpoint it passes)" if spec.checkpoints else
+                              "no (a cached block's KV does not give back a recurrent state; "
+                              "each prompt is computed)")
         report.features[1] = ("chunked prefill", "yes (the state carried across chunks)")
     from batchrun.models.transformers.vision import is_vision_language
 

@@ -8,6 +8,10 @@ the time steps are computed first (softplus(dt + dt_bias), clamped to the mixer'
 set to zero at padding positions, where a zero step neither decays the state nor adds to it,
 so the final state the scan returns is each sequence's after its last row.
 
+A step's state checkpoints (engine/state_checkpoints.py) inside a chunk are the SSM's closed
+form between consecutive checkpoints (`checkpoint_states`): the scan returns the final state
+only; one ending a sequence's chunk is that final state.
+
 Falcon-H1's mixer is this one with its input and per-channel (muP) multipliers and, where its
 config says, the gate without the norm.
 
@@ -24,6 +28,7 @@ from batchrun.engine.state_slots import StateTensor, StepState
 from batchrun.models.transformers.mamba import convolve
 
 MIXER = "Mamba2Mixer"
+WRITES_CHECKPOINTS = True  # it writes StepState.checkpoints (stateful.spec_of reads this)
 
 
 def state_tensors(mixer, dtype: torch.dtype) -> tuple[StateTensor, ...]:
@@ -66,6 +71,9 @@ def forward(mixer, hidden: torch.Tensor, tensors: tuple[torch.Tensor, ...],
         y, final = mamba2_chunk_scan(x, dt, A, B, C, chunk_size=mixer.chunk_size, D=mixer.D,
                                      initial_states=start, return_final_states=True)
     ssm_cache[step.slots] = final.to(ssm_cache.dtype)
+    if len(step.checkpoints):
+        _, _, slots = step.checkpoints.tensors(final.device)
+        ssm_cache[slots] = checkpoint_states(x, dt, A, B, start, final, step).to(ssm_cache.dtype)
     y = y.reshape(S, L, inner)
     if getattr(mixer, "mamba_rms_norm", True):
         y = mixer.norm(y, gate[rows])
@@ -86,3 +94,35 @@ def recurrent_step(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
         (dt[..., None] * x.float())[..., None] * B[:, :, None, :]
     y = (state @ C[..., None]).squeeze(-1) + D.float()[:, None] * x.float()
     return y, state
+
+
+def checkpoint_states(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                      start: torch.Tensor, final: torch.Tensor, step: StepState) -> torch.Tensor:
+    """The SSM state [K, H, P, N] (float32) of each of the step's checkpoints, from the scan's
+    inputs x [S, L, H, P], dt [S, L, H] (masked and clamped as the scan had them), A [H], B [S,
+    L, G, N], the start states and the final ones [S, H, P, N]. Between checkpoint j-1 (or the
+    chunk's start) and j: state_j = exp(sum dt A) state_{j-1} + sum_t exp(sum_{i>t} dt_i A)
+    dt_t x_t B_t, the sums over that segment; a checkpoint at the chunk's end is `final`."""
+    ck = step.checkpoints
+    seq, rows, _ = ck.tensors(x.device)
+    first = [j == 0 or ck.seq[j - 1] != ck.seq[j] for j in range(len(ck))]
+    prev = torch.tensor([0 if f else ck.rows[j - 1] for j, f in enumerate(first)],
+                        device=x.device)
+    cum = torch.cumsum(dt.float() * A, dim=1)  # [S, L, H]
+    pos = prev[:, None] + torch.arange(int((rows - prev).max()), device=x.device)  # [K, W]
+    inside = pos < rows[:, None]
+    pos = torch.where(inside, pos, 0)
+    end = cum[seq, rows - 1]  # [K, H]
+    weight = torch.where(inside[..., None], torch.exp(end[:, None] - cum[seq[:, None], pos]),
+                         0) * dt[seq[:, None], pos].float()
+    heads = x.shape[2]
+    Bh = B[seq[:, None], pos].float().repeat_interleave(heads // B.shape[2], dim=2)
+    added = torch.einsum("kwh,kwhp,kwhn->khpn", weight, x[seq[:, None], pos].float(), Bh)
+    decay = torch.exp(end - torch.where(prev[:, None] > 0, cum[seq, (prev - 1).clamp(min=0)], 0))
+    states: list[torch.Tensor] = []
+    for j in range(len(ck)):  # chained over each sequence's checkpoints in order
+        before = start[ck.seq[j]] if first[j] else states[-1]
+        states.append(decay[j][:, None, None] * before + added[j])
+    out = torch.stack(states)
+    at_end = rows == step.counts[seq]
+    return torch.where(at_end[:, None, None, None], final[seq].float(), out)

@@ -52,6 +52,9 @@ class BackendConfig:
     # One sequence's recurrent state (stateful.py; engine/state_slots.py), 0 for none: the KV
     # sizing pays for a slot per sequence out of the same budget.
     state_bytes_per_sequence: int = 0
+    # Its stateful layers save their state at block boundaries (StateSpec.checkpoints): the
+    # KV sizing also pays for the prefix cache's state checkpoints.
+    state_checkpoints: bool = False
     # The decoder layers that attend, where not all do (a hybrid's other layers keep state:
     # stateful.py); (): every layer. KV cache i belongs to the i-th of them.
     attention_layers: tuple[int, ...] = ()

@@ -11,6 +11,7 @@ from batchrun.engine.state_slots import StateTensor, StepState
 from batchrun.models.transformers.mamba import causal_conv
 
 MIXER = "Lfm2ShortConv"
+WRITES_CHECKPOINTS = True  # causal_conv writes the step's state checkpoints
 
 
 def state_tensors(mixer, dtype: torch.dtype) -> tuple[StateTensor, ...]:

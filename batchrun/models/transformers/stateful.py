@@ -6,7 +6,10 @@ runs a step as TransformersModel does, the step's StepState set for its duration
 stateful layer's forward is replaced by one that reads and writes the step's slots (mamba.py
 for transformers' MambaMixer), and runs transformers' own forward when no step is set (the load
 check's reference, transformers' generate on the same module). The layers are found by their
-class, not by the model's name: any model built of them runs.
+class, not by the model's name: any model built of them runs. A module whose forward also
+writes the step's state checkpoints (StepState.checkpoints: the state after given rows of a
+chunk) says so (`WRITES_CHECKPOINTS`); a model whose every stateful layer does takes prefix-cache
+hits (engine/state_checkpoints.py), any other keeps the prefix cache off.
 """
 
 from __future__ import annotations
@@ -113,9 +116,12 @@ def install(hf) -> None:
 
 
 def spec_of(hf, dtype: torch.dtype) -> StateSpec:
-    """One sequence's state of hf's stateful layers, kept in `dtype` (the model's)."""
-    return StateSpec(tuple(MIXERS[type(m).__name__].state_tensors(m, dtype)
-                           for _, m in stateful_layers(hf)))
+    """One sequence's state of hf's stateful layers, kept in `dtype` (the model's); they take
+    prefix-cache hits when every one's module writes state checkpoints (WRITES_CHECKPOINTS)."""
+    kinds = [MIXERS[type(m).__name__] for _, m in stateful_layers(hf)]
+    return StateSpec(tuple(kind.state_tensors(m, dtype)
+                           for kind, (_, m) in zip(kinds, stateful_layers(hf))),
+                     all(getattr(kind, "WRITES_CHECKPOINTS", False) for kind in kinds))
 
 
 def attention_layer_ids(hf) -> frozenset[int]:
@@ -148,7 +154,8 @@ def backend_config(hf, spec: StateSpec) -> BackendConfig:
         num_kv_heads=1, head_dim=1,
         max_position_embeddings=getattr(cfg, "max_position_embeddings", None) or NOMINAL_CONTEXT,
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), hf_config=cfg,
-        decoder_layers=cfg.num_hidden_layers, state_bytes_per_sequence=spec.bytes_per_sequence)
+        decoder_layers=cfg.num_hidden_layers, state_bytes_per_sequence=spec.bytes_per_sequence,
+        state_checkpoints=spec.checkpoints)
 
 
 def load(path, device: torch.device, dtype: torch.dtype, quantization: Method = METHODS["none"],
@@ -187,7 +194,8 @@ def wrap(hf) -> StateModel:
     if has_attention(hf):
         def state_model(hf_model, config: BackendConfig) -> StateModel:
             return StateModel(hf_model, replace(
-                config, state_bytes_per_sequence=spec.bytes_per_sequence), spec)
+                config, state_bytes_per_sequence=spec.bytes_per_sequence,
+                state_checkpoints=spec.checkpoints), spec)
 
         model = wrap_attention(hf, cls=state_model, no_kv=no_kv_layers(hf))
     else:
