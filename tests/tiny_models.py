@@ -179,6 +179,13 @@ NATIVE_STATE_ARCHS = {
         "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4, "num_experts": 4,
         "num_experts_per_tok": 2, "moe_intermediate_size": 64,
         "shared_expert_intermediate_size": 96, "mlp_only_layers": [1]}),
+    # Qwen3.5's text model: the same layers, the mixer's projections stored apart, dense MLPs
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {
+        "num_hidden_layers": 4, "head_dim": 32,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention",
+                        "linear_attention"],
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4}),
 }
 
 
@@ -201,7 +208,7 @@ def make_tiny(arch: str, path: Path, seed: int = 0, archs: dict = ARCHS, **overr
 # a LayerNorm to weight 1, bias 0, where a bias never loaded or a per-head weight loaded into
 # the wrong head would give the same output.
 RANDOM_NORMS = {"stablelm", "stablelm-parallel", "bloom", "falcon", "falcon-mqa", "falcon-seq",
-                "gpt_neo", "qwen3_next"}
+                "gpt_neo", "qwen3_next", "qwen3_5"}
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""Native Qwen3-Next (models/arch/qwen3_next.py) against transformers' generate on a tiny random
+"""Native Qwen3-Next and Qwen3.5 text (models/arch/qwen3_next.py) against transformers' generate on a tiny random
 checkpoint: continuous batching of mixed prompt lengths with prefill chunks of 16 tokens (the
 linear-attention state and the convolution's last inputs carried across chunks), on the C
 kernels and on PyTorch only, preemption (the state recomputed into a fresh slot), n = 2 (the
@@ -24,8 +24,8 @@ CHUNK = 16  # prompts of 37 and 20 tokens cross it
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
 
 
-def native_engine(path, dtype=torch.float32, **overrides):
-    hf = make_tiny("qwen3_next", path, archs=NATIVE_STATE_ARCHS)
+def native_engine(path, dtype=torch.float32, arch="qwen3_next", **overrides):
+    hf = make_tiny(arch, path, archs=NATIVE_STATE_ARCHS)
     overrides.setdefault("block_size", 4)
     config = EngineConfig.default(model_impl="native", max_num_batched_tokens=CHUNK, **overrides)
     model = load_weights(path, config, CPU, dtype)  # the load check: raises where it differs
@@ -44,11 +44,12 @@ def each_choice(hf, prompts, outs, label):
         check_against_transformers(hf, prompts, one, f"{label} {choice}", ParityReport())
 
 
-@pytest.mark.parametrize("path", ["cpu-kernels", "pytorch-only"])
-def test_matches_transformers_batched_and_chunked(path, tmp_path, monkeypatch):
+@pytest.mark.parametrize("arch,path", [("qwen3_next", "cpu-kernels"),
+                                       ("qwen3_next", "pytorch-only"), ("qwen3_5", "cpu-kernels")])
+def test_matches_transformers_batched_and_chunked(arch, path, tmp_path, monkeypatch):
     if path == "pytorch-only":
         monkeypatch.setenv("BATCHRUN_DISABLE_KERNELS", "1")
-    hf, engine = native_engine(tmp_path)
+    hf, engine = native_engine(tmp_path, arch=arch)
     assert (engine.runner.model.cpu_kernels is None) == (path == "pytorch-only")
     assert not engine.kv.enable_prefix_caching  # a block's KV does not give back the state
     assert len(engine.runner.kv_caches) == 1  # the one full-attention layer's

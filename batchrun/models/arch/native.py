@@ -34,6 +34,7 @@ NATIVE_MODULES = {
     "falcon": "batchrun.models.arch.falcon",
     "gpt_neo": "batchrun.models.arch.gpt_neo",
     "qwen3_next": "batchrun.models.arch.qwen3_next",
+    "qwen3_5_text": "batchrun.models.arch.qwen3_next",
 }
 
 

@@ -1,4 +1,4 @@
-"""Native Qwen3-Next (Qwen3NextForCausalLM): a hybrid of linear-attention layers (the gated
+"""Native Qwen3-Next (Qwen3NextForCausalLM) and Qwen3.5's text model (Qwen3_5ForCausalLM): a hybrid of linear-attention layers (the gated
 delta rule, models/layers/gated_delta_net.py, on the engine's state slots) and full-attention
 layers (one in four in the released checkpoints) on the paged KV cache, with moe.py's sparse
 MoE block (softmax top-k, a shared expert behind a sigmoid gate) as the feed-forward.
@@ -9,6 +9,8 @@ on the first partial_rotary_factor of each head; every RMSNorm but the mixer's g
 by (1 + w), folded into the weights at load as gemma.py does. The engine's KV layers are the
 full-attention ones only (config.num_layers counts them); the linear-attention layers each
 declare one state slot's tensors (`state_spec`), and the model takes each step's StepState.
+Qwen3.5 is the same decoder with its mixer's input projections stored apart (QWEN3_5) and a
+dense MLP; its multimodal RoPE is plain RoPE on text (the three position rows are equal).
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from batchrun.engine.attention import AttentionMetadata, layer_metadata, paged_a
 from batchrun.engine.state_slots import StateSpec, StepState
 from batchrun.models.arch import llama, moe
 from batchrun.models.config import model_config
-from batchrun.models.layers.gated_delta_net import DeltaShape, GatedDeltaNet
+from batchrun.models.layers.gated_delta_net import (DeltaShape, GatedDeltaNet,
+                                                    SplitGatedDeltaNet)
 from batchrun.models.layers.projections import LayerLayout, Projection
 from batchrun.models.layers.rope import RotaryEmbedding, StepRope, longrope_reason
 
-SUPPORTED_ARCHITECTURES = {"Qwen3NextForCausalLM"}
+SUPPORTED_ARCHITECTURES = {"Qwen3NextForCausalLM", "Qwen3_5ForCausalLM"}
 LINEAR, FULL = "linear_attention", "full_attention"
 
 # Llama's names; a full-attention layer's q_proj holds each head's query and gate (rows of 2 x
@@ -43,16 +46,23 @@ QWEN3_NEXT = LayerLayout((
     Projection("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj"), "post_attention_layernorm"),
     Projection("mlp.down_proj", ("mlp.down_proj",)),
 ))
+_SPLIT = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+QWEN3_5 = LayerLayout(QWEN3_NEXT.projections[:2] + tuple(
+    Projection(f"linear_attn.{n}", (f"linear_attn.{n}",)) for n in _SPLIT)
+    + QWEN3_NEXT.projections[4:])
 
 
 @dataclass(frozen=True)
 class ModelConfig(moe.ModelConfig):
     layer_types: tuple[str, ...] = ()  # every decoder layer's: LINEAR or FULL
     delta: DeltaShape | None = None  # the linear-attention layers' shape
+    split_projections: bool = False  # Qwen3.5's mixer (SplitGatedDeltaNet)
 
     @classmethod
     def from_hf(cls, hf) -> "ModelConfig":
         model_config.require_architecture(hf, SUPPORTED_ARCHITECTURES, "Qwen3NextForCausalLM")
+        if getattr(hf, "text_config", None) is not None:
+            raise ValueError("Qwen3.5's vision-language config (the text model's only)")
         fields = model_config.swiglu_fields(hf)
         types = tuple(hf.layer_types)
         if set(types) - {LINEAR, FULL}:
@@ -71,7 +81,7 @@ class ModelConfig(moe.ModelConfig):
             shared_expert_intermediate_size=getattr(hf, "shared_expert_intermediate_size", 0) or 0,
             sparse_layers=tuple(experts > 0 and i not in dense and (i + 1) % step == 0
                                 for i in range(len(types))),
-            layer_types=types,
+            layer_types=types, split_projections=hf.model_type == "qwen3_5_text",
             delta=DeltaShape(hf.hidden_size, hf.linear_num_key_heads, hf.linear_num_value_heads,
                              hf.linear_key_head_dim, hf.linear_value_head_dim,
                              hf.linear_conv_kernel_dim, hf.rms_norm_eps))
@@ -115,7 +125,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = llama.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if self.linear:
             assert cfg.delta is not None
-            self.linear_attn = GatedDeltaNet(cfg.delta)
+            mixer = SplitGatedDeltaNet if cfg.split_projections else GatedDeltaNet
+            self.linear_attn = mixer(cfg.delta)
         else:
             self.self_attn = Attention(cfg)
         self.post_attention_layernorm = llama.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -133,7 +144,7 @@ class Qwen3NextModel(moe.MoeModel):
         return len(cast(ModelConfig, cfg).layer_types)
 
     def make_layout(self, cfg: model_config.ModelConfig) -> LayerLayout:
-        return QWEN3_NEXT
+        return QWEN3_5 if cast(ModelConfig, cfg).split_projections else QWEN3_NEXT
 
     def _rows(self, projection: Projection, total: int) -> list[tuple[int, int]]:
         if projection.split != "qkv":

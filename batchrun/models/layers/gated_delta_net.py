@@ -136,3 +136,21 @@ class GatedDeltaNet(nn.Module):
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x / sqrt(sum x^2 + eps) along the last dimension (transformers' and FLA's l2norm)."""
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+class SplitGatedDeltaNet(GatedDeltaNet):
+    """Qwen3.5's mixer: the same maths, its input projections stored apart and in the
+    convolution's order (in_proj_qkv [q | k | v], in_proj_z, in_proj_b, in_proj_a)."""
+
+    def __init__(self, shape: DeltaShape):
+        super().__init__(shape)
+        s = shape
+        del self.in_proj_qkvz, self.in_proj_ba
+        self.in_proj_qkv = nn.Linear(s.hidden_size, s.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(s.hidden_size, s.v_heads * s.v_dim, bias=False)
+        self.in_proj_b = nn.Linear(s.hidden_size, s.v_heads, bias=False)
+        self.in_proj_a = nn.Linear(s.hidden_size, s.v_heads, bias=False)
+
+    def project(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        z = self.in_proj_z(h).view(h.shape[0], self.shape.v_heads, self.shape.v_dim)
+        return self.in_proj_qkv(h), z, self.in_proj_b(h), self.in_proj_a(h)
