@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from batchrun.engine import SamplingParams
+from batchrun.engine.model import KeepsState, NativeModel
 from batchrun.llm import build_engine, load_weights
 from batchrun.models.arch.qwen3_next import Qwen3NextModel
 from batchrun.options.engine import EngineConfig
@@ -30,6 +31,7 @@ def native_engine(path, dtype=torch.float32, arch="qwen3_next", **overrides):
     config = EngineConfig.default(model_impl="native", max_num_batched_tokens=CHUNK, **overrides)
     model = load_weights(path, config, CPU, dtype)  # the load check: raises where it differs
     assert isinstance(model, Qwen3NextModel)
+    assert isinstance(model, NativeModel) and isinstance(model, KeepsState)
     return hf, build_engine(model, IdTokenizer(), config, [2], CPU, dtype)
 
 
