@@ -64,7 +64,8 @@ def reference(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
         for t in range(int(p.query_start[i]), int(p.query_start[i + 1])):
             q, k = (x[t].double().repeat_interleave(groups, 0) for x in (p.q, p.k))
             S.mul_(p.g[t].double().exp()[:, None, None])
-            delta = p.beta[t].double()[:, None] * (p.v[t].double() - torch.einsum("hkv,hk->hv", S, k))
+            remembered = torch.einsum("hkv,hk->hv", S, k)
+            delta = p.beta[t].double()[:, None] * (p.v[t].double() - remembered)
             S.add_(k[:, :, None] * delta[:, None, :])
             out[t] = torch.einsum("hkv,hk->hv", S, q)
     return out, state

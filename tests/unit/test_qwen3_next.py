@@ -1,9 +1,9 @@
-"""Native Qwen3-Next and Qwen3.5 text (models/arch/qwen3_next.py) against transformers' generate on a tiny random
-checkpoint: continuous batching of mixed prompt lengths with prefill chunks of 16 tokens (the
-linear-attention state and the convolution's last inputs carried across chunks), on the C
-kernels and on PyTorch only, preemption (the state recomputed into a fresh slot), n = 2 (the
-state copied at the fork), fewer state slots than sequences, prompt logprobs across chunks, and
-bfloat16 through the load check."""
+"""Native Qwen3-Next and Qwen3.5 text (models/arch/qwen3_next.py) against transformers' generate on
+a tiny random checkpoint: continuous batching of mixed prompt lengths with prefill chunks of 16
+tokens (the linear-attention state and the convolution's last inputs carried across chunks), on
+the C kernels and on PyTorch only, preemption (the state recomputed into a fresh slot), n = 2
+(the state copied at the fork), fewer state slots than sequences, prompt logprobs across chunks,
+and bfloat16 through the load check."""
 
 from dataclasses import replace
 

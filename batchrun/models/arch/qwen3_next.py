@@ -1,7 +1,8 @@
-"""Native Qwen3-Next (Qwen3NextForCausalLM) and Qwen3.5's text model (Qwen3_5ForCausalLM): a hybrid of linear-attention layers (the gated
-delta rule, models/layers/gated_delta_net.py, on the engine's state slots) and full-attention
-layers (one in four in the released checkpoints) on the paged KV cache, with moe.py's sparse
-MoE block (softmax top-k, a shared expert behind a sigmoid gate) as the feed-forward.
+"""Native Qwen3-Next (Qwen3NextForCausalLM) and Qwen3.5's text model (Qwen3_5ForCausalLM): a hybrid
+of linear-attention layers (the gated delta rule, models/layers/gated_delta_net.py, on the
+engine's state slots) and full-attention layers (one in four in the released checkpoints) on the
+paged KV cache, with moe.py's sparse MoE block (softmax top-k, a shared expert behind a sigmoid
+gate) as the feed-forward.
 
 What differs from llama.py's pieces: the full-attention layers' q_proj gives each head its query
 and an output gate (attention * sigmoid(gate) before o_proj), per-head q/k RMS norms and rotary
@@ -114,7 +115,8 @@ class Attention(llama.Attention):
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
         q, k = RotaryEmbedding.rotate(q, *rope.cos_sin), RotaryEmbedding.rotate(k, *rope.cos_sin)
         out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale)
-        out = out.reshape(-1, self.q_size).to(x.dtype) * torch.sigmoid(gate.reshape(-1, self.q_size))
+        gate = torch.sigmoid(gate.reshape(-1, self.q_size))
+        out = out.reshape(-1, self.q_size).to(x.dtype) * gate
         return self.o_proj(out)
 
 
