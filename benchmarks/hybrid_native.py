@@ -12,8 +12,8 @@ MoE of 8 experts of 512 (top 2) with a 512 shared expert, tied embeddings; built
 $BATCHRUN_CACHE/bench-models/qwen3_next. The backend (`transformers`) runs Qwen3-Next only once
 its gated delta mixer lands (models/transformers/); until then it is reported as refused and
 the table compares native with the static batches. Decode cost: one sequence with a prompt of
-each length, the time of 16 decode steps (max_tokens 17 less max_tokens 1) per token: the linear
-layers' state is the same size at any length, so only the 3 attention layers' share grows.
+each length, the median of its 16 decode steps (the engine stepped by hand): the linear layers'
+state is the same size at any length, so only the 3 attention layers' share grows.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from benchmarks.bench import (load_workload, machine_line, report, run_batchrun,  # noqa: E402
-                              run_hf_static)
+from benchmarks.bench import load_workload, report, run_batchrun, run_hf_static  # noqa: E402
 from benchmarks.workloads import workload_path  # noqa: E402
 
 SHAPE = dict(
@@ -61,7 +60,7 @@ def build_checkpoint():
     return path
 
 
-def load(system: str, path):
+def load(system: str, path, threads: int | None = None):
     from transformers import AutoModelForCausalLM
 
     from batchrun import llm
@@ -69,14 +68,16 @@ def load(system: str, path):
 
     if system == "hf-static":
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return llm.load(str(path), EngineConfig.default(model_impl=system))
+    return llm.load(str(path), EngineConfig.default(
+        model_impl=system, **({"threads": threads} if threads else {})))
 
 
-def throughput(path, systems: list[str], limit: int, max_tokens: int) -> None:
+def throughput(path, systems: list[str], limit: int, max_tokens: int,
+               threads: int | None) -> None:
     loaded, results = {}, []
     for system in systems:
         try:
-            loaded[system] = load(system, path)
+            loaded[system] = load(system, path, threads)
         except Exception as exc:  # the backend before its Qwen3-Next mixer lands
             print(f"{system}: not run ({type(exc).__name__}: {str(exc)[:160]})")
     engine_system = next(s for s in loaded if s != "hf-static")
@@ -98,22 +99,28 @@ def throughput(path, systems: list[str], limit: int, max_tokens: int) -> None:
     print(report(results, baseline=results[-1].system))
 
 
-def decode_cost(path, contexts: list[int]) -> None:
-    """Seconds per decode token of one sequence after a prompt of each length."""
+def decode_cost(path, contexts: list[int], threads: int | None, steps: int = 16) -> None:
+    """Milliseconds per decode step of one sequence after a prompt of each length: the engine
+    stepped by hand, the steps after the prompt's last chunk timed alone (a long prompt's
+    prefill time varies by more than the decode steps take)."""
+    import statistics
+
     from batchrun.engine import SamplingParams
 
-    engine = load("native", path).engine
+    engine = load("native", path, threads).engine
     gen = torch.Generator().manual_seed(0)
-    print(f"{'context':>8}{'ms / decode token':>20}")
+    print(f"{'context':>8}{'ms / decode step (median)':>28}")
     for n in contexts:
         prompt = torch.randint(3, 40000, (n,), generator=gen).tolist()
+        engine.add_request(f"ctx{n}", prompt, SamplingParams(
+            temperature=0, max_tokens=steps + 1, ignore_eos=True))
         times = []
-        for steps in (1, 17):
+        while engine.has_unfinished_requests():
             start = time.perf_counter()
-            engine.generate([prompt], SamplingParams(temperature=0, max_tokens=steps,
-                                                     ignore_eos=True))
+            engine.step()
             times.append(time.perf_counter() - start)
-        print(f"{n:>8}{(times[1] - times[0]) / 16 * 1e3:>20.1f}")
+        decodes = times[-steps:]  # the last `steps` steps are decodes (one token each)
+        print(f"{n:>8}{statistics.median(decodes) * 1e3:>28.1f}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,16 +131,33 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--systems", default="native,transformers,hf-static")
     ap.add_argument("--contexts", default="64,512,2048", help="decode cost at these prompt "
                     "lengths (empty: skip)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (and hf-static's)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(cpu_line())
     path = build_checkpoint()
     from benchmarks.native_vs_backend import parameter_count
 
     print(f"Qwen3-Next-shaped, {parameter_count(path) / 1e6:.0f}M parameters")
-    throughput(path, args.systems.split(","), args.limit, args.max_tokens)
+    if args.systems:
+        throughput(path, args.systems.split(","), args.limit, args.max_tokens, args.threads)
     if args.contexts:
-        decode_cost(path, [int(c) for c in args.contexts.split(",")])
+        decode_cost(path, [int(c) for c in args.contexts.split(",")], args.threads)
     print(f"torch threads {torch.get_num_threads()}")
-    print(machine_line())
+
+
+def cpu_line() -> str:
+    """The CPU model and its vector flags (the kernels' paths: AVX-512, AVX2+FMA, portable)."""
+    model, flags = "unknown CPU", set()
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name") and model == "unknown CPU":
+            model = line.split(":", 1)[1].strip()
+        elif line.startswith("flags") and not flags:
+            flags = set(line.split(":", 1)[1].split())
+    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_bf16")
+    return (f"CPU: {model}, {os.cpu_count()} cores; flags: "
+            f"{' '.join(f for f in wanted if f in flags) or 'none of ' + ', '.join(wanted)}")
 
 
 if __name__ == "__main__":

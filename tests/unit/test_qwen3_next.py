@@ -60,6 +60,8 @@ def test_matches_transformers_batched_and_chunked(arch, path, tmp_path, monkeypa
     check_against_transformers(hf, prompts, engine.generate(prompts, GREEDY), path, report)
     assert report.compared == 5
     assert engine.kv.states.num_free == engine.kv.states.num_slots  # every slot back
+    with pytest.raises(ValueError, match="recurrent state"):
+        engine.runner.model.lora_targets()
 
 
 def test_preempted_sequences_recompute_their_state(tmp_path):

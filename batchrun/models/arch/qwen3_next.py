@@ -181,6 +181,9 @@ class Qwen3NextModel(moe.MoeModel):
             h = norm.add_forward(layer.mlp(h, kernels), x, kernels)
         return h
 
+    def lora_targets(self):
+        raise ValueError("LoRA adapters do not run on models with recurrent state yet")
+
     @torch.no_grad()
     def load_weights(self, weights) -> None:
         super().load_weights(weights)
