@@ -1,8 +1,9 @@
-"""The gated delta rule kernels (engine/kernels/triton_gated_delta.py) against the plain
-recurrence in float64, on a step of packed sequences of mixed lengths (a decode's one token, a
-prefill across several 16-token chunks, one shorter than a chunk) with grouped heads (2 query/key
-heads for 4 value heads) and states carried in from scattered slots. tests/unit/test_gated_delta.py
-holds the C kernel and the PyTorch path to the same problem and reference."""
+"""The gated delta rule kernels (engine/kernels/triton_gated_delta.py) against the plain recurrence
+in float64, on a step of packed sequences of mixed lengths (a decode's one token, a prefill
+across several 16-token chunks, one shorter than a chunk) with grouped heads (2 query/key heads
+for 4 value heads), 72 value columns (the Triton kernels' two column blocks, one partial) and
+states carried in from scattered slots. tests/unit/test_gated_delta.py holds the C kernel and
+the PyTorch path to the same problem and reference."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class Problem:
         return Problem(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
 
 
-def make_problem(counts=(1, 40, 9, 1), hk: int = 2, hv: int = 4, dk: int = 16, dv: int = 24,
+def make_problem(counts=(1, 40, 9, 1), hk: int = 2, hv: int = 4, dk: int = 16, dv: int = 72,
                  seed: int = 0) -> Problem:
     gen = torch.Generator().manual_seed(seed)
     t = sum(counts)

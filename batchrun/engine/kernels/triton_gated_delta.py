@@ -1,14 +1,15 @@
 """The gated delta rule on CUDA in Triton (gated_delta.py has the maths and the layout of the
 inputs and the state slots).
 
-Both kernels run one program per (sequence, value head), its state [DK, DV] held in registers
-from its slot to the end of the sequence's rows. `recurrent` steps token by token (a decode's
-one token, the cheapest launch). `chunked` takes the sequence CHUNK tokens at a time: the
-chunk's keys interact through the strictly lower L = (beta k k^T) * D, inverted at once as
-(I + L)^-1 = (I - L)(I + L^2)(I + L^4)... (L is nilpotent: log2(CHUNK) products of
-CHUNK x CHUNK matrices), so each chunk is a handful of matrix products on the tensor cores
-(float32, IEEE products: the state feeds back every chunk). Rows past a sequence's end load as
-zeros (k = v = g = beta = 0), which leave the state as it is.
+Both kernels run one program per (sequence, value head, block of up to 64 value columns): the
+rule never mixes a state's columns (column j reads v's j-th entries only), so each program holds
+its [DK, BV] share of the state in registers from its slot to the end of the sequence's rows.
+`recurrent` steps token by token (a decode's one token, the cheapest launch). `chunked` takes
+the sequence CHUNK tokens at a time: the chunk's keys interact through the strictly lower L =
+(beta k k^T) * D, inverted at once as (I + L)^-1 = (I - L)(I + L^2)(I + L^4)... (L is nilpotent:
+log2(CHUNK) products of CHUNK x CHUNK matrices), so each chunk is a handful of matrix products
+on the tensor cores (float32, IEEE products: the state feeds back every chunk). Rows past a
+sequence's end load as zeros (k = v = g = beta = 0), which leave the state as it is.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr
     start = tl.load(start_ptr + seq)
     end = tl.load(start_ptr + seq + 1)
     i = tl.arange(0, BK)
-    j = tl.arange(0, BV)
+    j = tl.program_id(2) * BV + tl.arange(0, BV)  # this program's value columns
     at = (tl.load(slots_ptr + seq).to(tl.int64) * HV + h) * DK * DV + i[:, None] * DV + j[None, :]
     ok = (i[:, None] < DK) & (j[None, :] < DV)
     S = tl.load(state_ptr + at, mask=ok, other=0.0)
@@ -57,7 +58,7 @@ def _chunk_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, st
     start = tl.load(start_ptr + seq)
     end = tl.load(start_ptr + seq + 1)
     i = tl.arange(0, BK)
-    j = tl.arange(0, BV)
+    j = tl.program_id(2) * BV + tl.arange(0, BV)  # this program's value columns
     r = tl.arange(0, BT)
     at = (tl.load(slots_ptr + seq).to(tl.int64) * HV + h) * DK * DV + i[:, None] * DV + j[None, :]
     ok = (i[:, None] < DK) & (j[None, :] < DV)
@@ -105,10 +106,10 @@ def _launch(kernel, q, k, v, g, beta, state, slots, query_start, **extra) -> tor
         raise ValueError("the gated delta state must be float32 and contiguous")
     out = torch.empty_like(v)
     hk, dk, hv, dv = k.shape[1], k.shape[2], v.shape[1], v.shape[2]
-    kernel[(len(slots), hv)](q, k, v, g, beta, state, slots, query_start.long().contiguous(),
-                             out, HK=hk, HV=hv, DK=dk, DV=dv,
-                             BK=max(16, triton.next_power_of_2(dk)),
-                             BV=max(16, triton.next_power_of_2(dv)), **extra)
+    bv = min(64, max(16, triton.next_power_of_2(dv)))
+    kernel[(len(slots), hv, triton.cdiv(dv, bv))](
+        q, k, v, g, beta, state, slots, query_start.long().contiguous(), out, HK=hk, HV=hv,
+        DK=dk, DV=dv, BK=max(16, triton.next_power_of_2(dk)), BV=bv, **extra)
     return out
 
 
