@@ -3,8 +3,8 @@ transformers' own generate on static batches of 32, on a random-weight Qwen3-Nex
 of about 300M parameters (SmolLM2's tokenizer and chat template), on a slice of the HumanEval
 chat workload; then the native path's decode cost per token against the context length.
 
-    python benchmarks/hybrid_native.py --limit 8 --max-tokens 32     # about 3 minutes, 2 cores
-    python benchmarks/hybrid_native.py --systems native --contexts 64,512,2048
+    python benchmarks/hybrid_native.py --limit 4 --max-tokens 16 --contexts ""   # ~3 min, 2 cores
+    python benchmarks/hybrid_native.py --systems "" --contexts 64,512,2048 --threads 1
 
 The model: 12 layers, 9 gated delta rule layers (4 key heads for 8 value heads of 128) and 3
 gated full-attention layers (8 heads over 2 KV heads of 128, a quarter rotary), hidden 1024,
