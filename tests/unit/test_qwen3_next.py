@@ -100,3 +100,25 @@ def test_bfloat16_passes_the_load_check(tmp_path):
     out = engine.generate(prompts_of((21,)), SamplingParams(temperature=0, max_tokens=4,
                                                             ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 4
+
+
+def test_greedy_through_the_triton_kernels(tmp_path, monkeypatch):
+    """The model's calls into the Triton kernels (CUDA's path; Triton's interpreter here):
+    prefill chunks through the chunked kernel, a decode's one token through the recurrent one."""
+    from batchrun.engine.kernels import triton_gated_delta
+    from batchrun.models.layers import gated_delta_net
+
+    def triton_rule(q, k, v, g, beta, state, slots, query_start, max_count, kernels=None):
+        if max_count == 1:
+            return triton_gated_delta.recurrent(q, k, v, g, beta, state, slots, query_start)
+        return triton_gated_delta.chunked(q, k, v, g, beta, state, slots, query_start, chunk=16)
+
+    hf, engine = native_engine(tmp_path)
+    monkeypatch.setattr(gated_delta_net, "gated_delta_rule", triton_rule)
+    prompts = prompts_of((20, 3), seed=13)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=1)
+    outs = engine.generate(prompts, params)
+    for prompt, out in zip(prompts, outs):
+        ids = torch.tensor([prompt])
+        ref = hf.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)[0, len(prompt):]
+        assert out.outputs[0].token_ids == ref.tolist()
