@@ -122,3 +122,25 @@ def test_greedy_through_the_triton_kernels(tmp_path, monkeypatch):
         ids = torch.tensor([prompt])
         ref = hf.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)[0, len(prompt):]
         assert out.outputs[0].token_ids == ref.tolist()
+
+
+def test_plan_sizes_the_state_slots_and_the_attention_layers(tmp_path):
+    """What `plan` reads without the weights (footprint.model_config_for): the KV layers are the
+    full-attention ones, and each request's state is, per linear layer, the convolution's last
+    kernel - 1 inputs of q|k|v and the [value heads, dk, dv] delta rule state, in float32."""
+    from batchrun.footprint import kv_reservation, model_config_for
+    from tests.tiny_models import tiny_config
+
+    hf = tiny_config("qwen3_next", NATIVE_STATE_ARCHS)
+    hf.architectures = ["Qwen3NextForCausalLM"]
+    hf.save_pretrained(tmp_path)
+    cfg = model_config_for(str(tmp_path))
+    conv_dim = 2 * hf.linear_num_key_heads * hf.linear_key_head_dim + \
+        hf.linear_num_value_heads * hf.linear_value_head_dim
+    per_layer = (hf.linear_conv_kernel_dim - 1) * conv_dim + hf.linear_num_value_heads * \
+        hf.linear_key_head_dim * hf.linear_value_head_dim
+    assert cfg.num_layers == hf.layer_types.count("full_attention") == 1
+    assert cfg.state_bytes_per_sequence == 3 * per_layer * 4
+    plain = EngineConfig.default(max_num_seqs=8, kv_cache_memory=2 ** 22)
+    _, reserved = kv_reservation(plain, cfg, "cpu", torch.float32)
+    assert reserved >= 8 * cfg.state_bytes_per_sequence
