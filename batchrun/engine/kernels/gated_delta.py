@@ -36,7 +36,9 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         return run(q, k, v, g, beta, state, slots, query_start, max_count)
     if kernels is not None:
         return kernels.gated_delta_rule(q, k, v, g, beta, state, slots, query_start)
-    return chunked(q, k, v, g, beta, state, slots, query_start, max_count)
+    # a step of short rows (decodes) in chunks of its longest: no padding to 64 positions
+    return chunked(q, k, v, g, beta, state, slots, query_start, max_count,
+                   chunk=min(CHUNK, max_count))
 
 
 def padded(x: torch.Tensor, query_start: torch.Tensor, length: int) -> torch.Tensor:
