@@ -64,8 +64,19 @@ EXTRA = {
     # chunks and temperature steps the prompts cross (the defaults, 8192 each, exceed them),
     # and a NoPE layer beside the chunked one
     "llama4_text": {"attention_chunk_size": 8, "floor_scale": 4, "no_rope_layer_interval": 2},
-    "megatron-bert": {"is_decoder": True},  # as MegatronBertForCausalLM asks
+    # Gemma 3n's last layers reuse the K/V of the last earlier layer of their kind
+    "gemma3n_text": {"num_hidden_layers": 4, "num_kv_shared_layers": 2,
+                     "layer_types": ["sliding_attention", "full_attention"] * 2,
+                     "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0],
+                     "vocab_size_per_layer_input": 49152, "hidden_size_per_layer_input": 8},
+    # hybrids whose attention layers the first two would miss
+    "bamba": {"attn_layer_indices": [1]},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
+    "mamba2": {"num_heads": 8, "head_dim": 16, "n_groups": 2},  # heads x head_dim = 2 x hidden
 }
+# Encoder families whose causal-LM class (BertLMHeadModel, RobertaForCausalLM, ...) is a decoder only
+# with is_decoder set, as those classes ask: built so (without it they are encoders, refused).
 
 
 def log(*args):
@@ -85,14 +96,26 @@ def shrunk_kwargs(cfg_cls, vocab_size: int | None = None) -> dict:
     heads = kwargs.get("num_attention_heads", getattr(default, "num_attention_heads", None))
     hidden = kwargs.get("hidden_size", getattr(default, "hidden_size", None))
     settable = not isinstance(getattr(cfg_cls, "head_dim", None), property)
-    if getattr(default, "head_dim", None) is not None and heads and hidden and settable:
+    if hasattr(default, "head_dim") and heads and hidden and settable:
         kwargs["head_dim"] = hidden // heads
+    if heads and hidden:
+        kwargs.update(rotary_sizes(default, hidden // heads))
     layers = getattr(default, "num_hidden_layers", None)
     if "num_hidden_layers" in kwargs and isinstance(layers, int):
-        for key, value in vars(default).items():  # per-layer lists: the first two layers'
+        kept = kept_layers(default, layers, kwargs["num_hidden_layers"])
+        kwargs["num_hidden_layers"] = len(kept)
+        for key, value in vars(default).items():  # per-layer lists: the kept layers' entries
             if isinstance(value, list) and len(value) == layers and key not in kwargs:
-                kwargs[key] = value[:kwargs["num_hidden_layers"]]
+                kwargs[key] = [value[i] for i in kept]
+    if hasattr(default, "attn_layer_period"):  # Jamba, Zamba: attention at layer 1 of 2
+        kwargs.update(attn_layer_period=2, attn_layer_offset=1)
+    if hasattr(default, "expert_layer_period"):
+        kwargs.update(expert_layer_period=2, expert_layer_offset=1)
+    if getattr(default, "kv_lora_rank", None) and "num_attention_heads" in kwargs:
+        kwargs["num_key_value_heads"] = kwargs["num_attention_heads"]  # MLA: one K/V per head
     kwargs.update(EXTRA.get(getattr(cfg_cls, "model_type", ""), {}))
+    if getattr(default, "is_decoder", None) is False and not getattr(default, "is_encoder_decoder", False):
+        kwargs["is_decoder"] = True
     if isinstance(getattr(default, "num_key_value_heads", None), int) is False:
         kwargs.pop("num_key_value_heads", None)
     for key in getattr(cfg_cls, "sub_configs", None) or {}:
@@ -104,6 +127,44 @@ def shrunk_kwargs(cfg_cls, vocab_size: int | None = None) -> dict:
             except Exception as exc:  # a sub-config that will not build alone: left default
                 log(f"{cfg_cls.__name__}.{key}: not shrunk ({first_line(exc)})")
     return kwargs
+
+
+def rotary_sizes(default, head_dim: int) -> dict:
+    """Rotary sizes that fit a head of `head_dim`: GPT-J's rotary_dim, and multimodal RoPE's
+    sections (Qwen2-VL's, which must sum to half a head) scaled down in proportion."""
+    out: dict = {}
+    if getattr(default, "rotary_dim", None):
+        out["rotary_dim"] = min(default.rotary_dim, head_dim)
+    rope = getattr(default, "rope_parameters", None)
+    # a vision-language text model's multimodal RoPE, whose sections its rotary code defaults
+    mrope = isinstance(rope, dict) and any(k in str(getattr(default, "model_type", ""))
+                                           for k in ("vl", "ocr", "glm4v"))
+    if isinstance(rope, dict) and (rope.get("mrope_section") or mrope):
+        partial = rope.get("partial_rotary_factor", getattr(default, "partial_rotary_factor", 1))
+        sections = rope.get("mrope_section") or [16, 24, 24]
+        half = int(head_dim * (partial or 1)) // 2
+        scaled = [max(1, s * half // sum(sections)) for s in sections]
+        scaled[0] += half - sum(scaled)
+        out["rope_parameters"] = {**rope, "mrope_section": scaled}
+    return out
+
+
+# The per-layer lists whose kinds the kept layers must cover (a hybrid's attention and its
+# recurrent layers: transformers' generate needs an attention layer to count its cache).
+KIND_LISTS = ("layer_types", "layers_block_type", "block_types")
+
+
+def kept_layers(default, layers: int, wanted: int) -> list[int]:
+    """Which of the default config's layers the tiny one keeps: the first `wanted`, or more to
+    keep the first layer of each kind its per-layer kinds name."""
+    kinds = next((getattr(default, k) for k in KIND_LISTS
+                  if isinstance(getattr(default, k, None), list)
+                  and len(getattr(default, k)) == layers), None)
+    if kinds is None:
+        return list(range(min(wanted, layers)))
+    first = sorted({kind: i for i, kind in reversed(list(enumerate(kinds)))}.values())
+    rest = [i for i in range(layers) if i not in first]
+    return sorted(first + rest[:max(0, wanted - len(first))])
 
 
 def build(model_type: str, class_name: str, folder: Path, vocab_size: int):
@@ -143,6 +204,19 @@ def hf_greedy(model, prompt):
                              eos_token_id=None, pad_token_id=0)
     margins = [float(l[0].float().topk(2).values.diff().abs()) for l in out.logits]
     return out.sequences[0, len(prompt):].tolist(), margins
+
+
+def loop_greedy(model, prompt):
+    """hf_greedy's tokens and margins from the full forward at each step (no cache)."""
+    import torch
+
+    tokens, margins = list(prompt), []
+    with torch.no_grad():
+        for _ in range(MAX_TOKENS):
+            logits = model(torch.tensor([tokens])).logits[0, -1].float()
+            margins.append(float(logits.topk(2).values.diff().abs()))
+            tokens.append(int(logits.argmax()))
+    return tokens[len(prompt):], margins
 
 
 def forward_greedy(model, prompt, ref) -> list | None:
@@ -194,8 +268,12 @@ def census_one(model_type: str, class_name: str, tokenizer, root: Path) -> dict:
                for n in PROMPT_LENGTHS]
     try:
         refs = [hf_greedy(hf, p) for p in prompts]
-    except Exception as exc:
-        return {**row, "status": "SKIP", "reason": "generate: " + first_line(exc)}
+    except Exception as exc:  # generate fails (Llama 4's VLM on text): its forward, step by step
+        try:
+            refs = [loop_greedy(hf, p) for p in prompts]
+        except Exception:
+            return {**row, "status": "SKIP", "reason": "generate: " + first_line(exc)}
+        row["reference"] = "forward (generate: " + first_line(exc) + ")"
     config = EngineConfig.default(device="cpu", dtype="float32", kv_cache_memory=16 << 20)
     try:
         loaded = llm.load_from_path(folder, config)
@@ -267,8 +345,24 @@ def arch_names(image_text: bool) -> dict:
     names = dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     if image_text:
         for k, v in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.items():
-            names.setdefault(k, v)
-    return {k: v if isinstance(v, str) else v[0] for k, v in names.items()}
+            if k not in names or not takes_its_config(k, first(names[k])):
+                names[k] = v  # Llama 4: its causal LM takes the text config, not the model's
+    return {k: first(v) for k, v in names.items()}
+
+
+def first(name) -> str:
+    return name if isinstance(name, str) else name[0]
+
+
+def takes_its_config(model_type: str, class_name: str) -> bool:
+    """Whether `class_name` is built from `model_type`'s own config class."""
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    try:
+        return getattr(transformers, class_name).config_class is CONFIG_MAPPING[model_type]
+    except Exception:  # a class transformers cannot import here: left to the build to say
+        return True
 
 
 def run_workers(archs: list[str], image_text: bool, timeout: float, jobs: int) -> list[dict]:

@@ -106,10 +106,49 @@ BACKEND_ARCHS = {
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                             "partial_rotary_factor": 0.5}}),
     "megatron-bert": ("MegatronBertConfig", "MegatronBertForCausalLM", {"is_decoder": True}),
+    # RoFormer as a decoder: rotary positions inside its attention, on the values too.
+    "roformer": ("RoFormerConfig", "RoFormerForCausalLM", {"is_decoder": True,
+                                                           "rotary_value": True}),
     # Windows their masks apply while their attention calls do not pass them (WINDOW_FROM_MASK).
     "phimoe-window": ("PhimoeConfig", "PhimoeForCausalLM", {
         **_MOE, "router_jitter_noise": 0.0, "sliding_window": 8}),
     "doge": ("DogeConfig", "DogeForCausalLM", {"sliding_window": 8}),
+    # Layers of different KV shapes in one cache (attention.fit_cache): MiMo-V2-Flash's full
+    # layers with 2 KV heads beside sliding ones with 4; Gemma 4's full layers with 32-wide
+    # heads beside sliding ones of 16 (and K reused as V).
+    "mimo_v2_flash": ("MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", {
+        "head_dim": 32, "v_head_dim": 24, "sliding_window": 8,
+        "layer_types": ["full_attention", "sliding_attention"],
+        "mlp_layer_types": ["dense", "dense"]}),
+    "gemma4_text": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
+        "head_dim": 16, "global_head_dim": 32, "attention_k_eq_v": True,
+        "num_global_key_value_heads": 1, **_SWA}),
+    # DeepSeek-V3.2's indexed (DSA) attention, run dense: its indexer's top-k (64) covers the
+    # context, which the backend caps there.
+    "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM", {
+        "num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": 32, "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 16, "v_head_dim": 24, "n_routed_experts": 4, "num_experts_per_tok": 2,
+        "n_shared_experts": 1, "moe_intermediate_size": 64, "first_k_dense_replace": 1,
+        "n_group": 1, "topk_group": 1, "index_topk": 64, "index_n_heads": 2,
+        "index_head_dim": 32}),
+    # Gemma 3n's text model: per-layer MLP widths, its last two layers reusing the K/V of the
+    # last earlier layer of their kind, AltUp, Laurel and per-layer inputs, activation sparsity
+    # on the first layer.
+    "gemma3n_text": ("Gemma3nTextConfig", "Gemma3nForCausalLM", {
+        "num_hidden_layers": 4, "head_dim": 32, "intermediate_size": [256, 128, 256, 128],
+        "num_kv_shared_layers": 2, "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0], "vocab_size_per_layer_input": 512,
+        "hidden_size_per_layer_input": 8}),
+    # Encoders as decoders (is_decoder, as their causal-LM classes ask): BERT's LM head
+    # transform, RoBERTa's positions after the padding index and its lm_head module, Electra's
+    # generator head before its output embeddings, ModernBERT-decoder's prediction head.
+    "bert": ("BertConfig", "BertLMHeadModel", {"is_decoder": True}),
+    "roberta": ("RobertaConfig", "RobertaForCausalLM", {"is_decoder": True, "pad_token_id": 1}),
+    "electra": ("ElectraConfig", "ElectraForCausalLM", {"is_decoder": True,
+                                                        "embedding_size": 64}),
+    "modernbert-decoder": ("ModernBertDecoderConfig", "ModernBertDecoderForCausalLM", {
+        "local_attention": 8, "global_attn_every_n_layers": 2}),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", {
         "partial_rotary_factor": 0.25, "qk_layernorm": True, "use_qkv_bias": True}),
     # StableLM's other shape (native: models/arch/stablelm.py): the parallel residual (no
@@ -158,9 +197,10 @@ STATE_ARCHS = {
         "num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "conv"],
         "conv_L_cache": 3}),
     # Nemotron-H: one block kind a layer (Mamba-2, attention, MLP). Its time-step floor binds
-    # transformers' chunked scan but not its one-token decode update (nor mamba_ssm's): a
-    # recomputed (preempted) sequence would take the floor where generate did not, so the tiny
-    # model's floor is set where random weights never reach it.
+    # transformers' forward (its chunked scan) but not generate's one-token decode update; the
+    # engine applies it everywhere, as the forward does, so where it binds generate's text is
+    # not the reference (test_state_models holds that case to the forward). Here the floor is
+    # set where random weights never reach it, so generate is.
     "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", {
         "layers_block_type": ["mamba", "attention", "mlp", "mamba"], "head_dim": 32,
         "mamba_num_heads": 8, "mamba_head_dim": 32, "n_groups": 2, "ssm_state_size": 8,

@@ -14,6 +14,7 @@ from batchrun.options.engine import EngineConfig
 from tests.helpers import matrix
 from tests.parity import ParityReport
 from tests.tiny_models import STATE_ARCHS, IdTokenizer, make_tiny
+from tests.unit.test_native_model import hf_greedy
 from tests.unit.test_transformers_backend import MAX_TOKENS, check_against_transformers
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -220,3 +221,40 @@ def test_bfloat16_passes_the_load_check(arch, tmp_path):
     out = engine.generate(prompts_of((21,)), SamplingParams(temperature=0, max_tokens=4,
                                                             ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 4
+
+
+def test_a_family_of_state_models_whose_layers_all_attend_runs_without_state(tmp_path):
+    """An LFM2 whose layer_types are all attention (no short convolution) keeps no state: it
+    runs as any backend model does (it had been given a state model with no state, and no slots)."""
+    from batchrun.engine.model import KeepsState
+
+    hf = make_tiny("lfm2", tmp_path, archs=STATE_ARCHS, layer_types=["full_attention"] * 4)
+    config = EngineConfig.default(model_impl="transformers", block_size=4)
+    model = load_weights(tmp_path, config, CPU, torch.float32)
+    assert not isinstance(model, KeepsState)
+    engine = build_engine(model, IdTokenizer(), config, [2], CPU, torch.float32)
+    prompts = prompts_of((9, 4))
+    report = ParityReport()
+    check_against_transformers(hf, prompts, engine.generate(prompts, GREEDY), "lfm2", report)
+    assert report.compared == 2
+
+
+def test_a_binding_time_step_floor_applies_at_every_position(tmp_path):
+    """Nemotron-H's time-step floor (time_step_min) binds transformers' forward but not its
+    one-token decode update: the engine applies it at every position, so a token's output does
+    not depend on whether a step took it alone or in a chunk, and the text is the forward's."""
+    from tests.unit.test_transformers_backend import forward_greedy
+
+    hf = make_tiny("nemotron_h", tmp_path, archs=STATE_ARCHS, time_step_min=0.5)
+    config = EngineConfig.default(model_impl="transformers", max_num_batched_tokens=CHUNK,
+                                  block_size=4)
+    model = load_weights(tmp_path, config, CPU, torch.float32)
+    engine = build_engine(model, IdTokenizer(), config, [2], CPU, torch.float32)
+    prompts = prompts_of((19, 6))
+    report = ParityReport()
+    outs = engine.generate(prompts, GREEDY)
+    check_against_transformers(hf, prompts, outs, "nemotron_h-floor", report)
+    assert report.compared == 2
+    # generate's own text differs here (the floor binds): the case is not vacuous
+    assert any(forward_greedy(hf, p, MAX_TOKENS)[0] != hf_greedy(hf, p, MAX_TOKENS)[0]
+               for p in prompts)

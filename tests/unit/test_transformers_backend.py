@@ -27,7 +27,8 @@ MOE_ARCHS = ["gpt_oss", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe"]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # One representative per mechanism runs by default (pytest --matrix: all of them).
 BACKEND_KEEP = {"llama", "gemma2", "diffllama", "falcon", "bloom", "phimoe-window", "llama4_text",
-                "gpt_neox", "mixtral", "megatron-bert", "deepseek_v2", "trocr"}
+                "gpt_neox", "mixtral", "megatron-bert", "deepseek_v2", "trocr", "mimo_v2_flash",
+                "roberta"}
 NATIVE_KEEP = {"gemma2", "phi3-longrope", "stablelm", "bloom", "falcon-mqa", "gpt_neo"}
 MOE_KEEP = {"qwen3_moe", "gpt_oss"}
 
@@ -41,10 +42,27 @@ def backend_engine(arch, path, impl="transformers", **overrides):
     return hf, build_engine(model, IdTokenizer(), config, [2], CPU, torch.float32)
 
 
+# Families whose generate disagrees with their own forward, where the forward is held: RoBERTa's
+# generate counts positions from 0, its forward (and its training) from after the padding index.
+# Nemotron-H with a time-step floor that binds: generate's decode update leaves it out.
+FORWARD_REFERENCE = {"roberta", "nemotron_h-floor"}
+
+
+@torch.no_grad()
+def forward_greedy(hf, prompt, max_new_tokens):
+    """hf_greedy's tokens and logits from transformers' full forward at each step (no cache)."""
+    tokens, logits = list(prompt), []
+    for _ in range(max_new_tokens):
+        logits.append(hf(torch.tensor([tokens])).logits[0, -1])
+        tokens.append(int(logits[-1].argmax()))
+    return tokens[len(prompt):], logits
+
+
 def check_against_transformers(hf, prompts, outs, label, report):
     """Greedy tokens (tie-aware) and the logprob of each token up to any tie, against generate."""
+    greedy = forward_greedy if label in FORWARD_REFERENCE else hf_greedy
     for i, (prompt, out) in enumerate(zip(prompts, outs)):
-        ref, ref_logits = hf_greedy(hf, prompt, MAX_TOKENS)
+        ref, ref_logits = greedy(hf, prompt, MAX_TOKENS)
         ours = out.outputs[0]
         assert_greedy_match(ours.token_ids, ref, ref_logits, f"{label}[{i}]", report)
         for j, (token, lp) in enumerate(zip(ours.token_ids, ours.logprobs)):
@@ -59,14 +77,15 @@ def windowed(arch: str) -> bool:
     window_size) or an attention chunk (Llama 4)."""
     extra = BACKEND_ARCHS[arch][2]
     return bool(extra.get("sliding_window") or extra.get("window_size")
-                or extra.get("attention_chunk_size"))
+                or extra.get("attention_chunk_size") or extra.get("local_attention"))
 
 
 def pool_blocks(arch: str) -> int:
     """A KV pool small enough for the busy batch to preempt: a model whose every layer is
     windowed holds only its windows' blocks (engine/kv_groups.py), so it gets a smaller one."""
-    every_layer = windowed(arch) and not {
-        "layer_types", "attention_types", "no_rope_layer_interval"} & set(BACKEND_ARCHS[arch][2])
+    mixed = {"layer_types", "attention_types", "no_rope_layer_interval",
+             "global_attn_every_n_layers"}
+    every_layer = windowed(arch) and not mixed & set(BACKEND_ARCHS[arch][2])
     return 12 if every_layer else 24
 
 
@@ -492,3 +511,18 @@ def test_plan_sizes_backend_models_and_says_why_it_refuses_one(tmp_path):
     with pytest.raises(UnsupportedModelError,
                        match="rwkv keeps a recurrent .*`batchrun models check"):
         model_config_for(str(tmp_path / "m"))
+
+
+def test_indexed_attention_runs_dense_within_the_indexers_top_k(tmp_path):
+    """DeepSeek-V3.2's indexed attention keeps every key while the context is at most its
+    indexer's top-k, so it runs dense there (the parity matrix holds its text to transformers');
+    the context is capped at the top-k, and models check says so."""
+    hf, engine = backend_engine("deepseek_v32", tmp_path)
+    assert engine.runner.model.config.max_position_embeddings == 64  # index_topk
+    check = _models_cli("check", tmp_path).output
+    assert "indexed (sparse) attention: run dense, which is exact up to the indexer's top-k " \
+        "(64 tokens)" in check
+    from batchrun.engine.errors import PromptTooLongError
+
+    with pytest.raises(PromptTooLongError, match="context length is 64"):
+        engine.generate([list(range(3, 73))], SamplingParams(temperature=0, max_tokens=2))

@@ -57,6 +57,9 @@ SHAPES = {"quantization_config": (dict, type(None)), "rope_scaling": (dict, type
           "architectures": (list, type(None)), "model_type": (str,),
           "layer_types": (list, type(None)), "tie_word_embeddings": (bool,)}
 PAIRS = ("image_size", "patch_size")  # a whole number, or a [height, width] pair of them
+# field -> the model types whose configs may hold it per layer (Gemma 3n's MLP widths), a list of
+# num_hidden_layers whole numbers; elsewhere the modelling code reads one number.
+PER_LAYER = {"intermediate_size": ("gemma3n_text",)}
 NESTED = ("text_config", "vision_config", "audio_config")
 
 
@@ -100,6 +103,13 @@ def _check(raw: dict, source, prefix: str) -> None:
         if key in PAIRS and isinstance(value, list) and len(value) == 2:
             for side in value:  # InternVL's vision tower: [height, width]
                 _check_size(source, prefix + key, side, low, high)
+            continue
+        if raw.get("model_type") in PER_LAYER.get(key, ()) and isinstance(value, list) and value:
+            layers = raw.get("num_hidden_layers")
+            if isinstance(layers, int) and len(value) != layers:
+                _refuse(source, prefix + key, value, f"must hold one size per layer ({layers})")
+            for size in value:
+                _check_size(source, prefix + key, size, low, high)
             continue
         _check_size(source, prefix + key, value, low, high)
     _check_floats(raw, source, prefix)

@@ -29,6 +29,9 @@ from batchrun.models.transformers import temperature
 from batchrun.models.transformers.support import UnsupportedModelError
 
 NAME = "batchrun"
+# The same attention with a mask of no effect that can be sliced (indexed.py: DeepSeek-V3.2's
+# attention slices its mask for its indexer before calling attention)
+INDEXED_NAME = "batchrun_indexed"
 
 
 @dataclass
@@ -48,6 +51,9 @@ class Step:
     # layer_idx -> its KV index where only some layers attend (a hybrid's: stateful.py); None:
     # the layer's own index
     layers: dict[int, int] | None = None
+    # (KV heads, head dim) of the engine's cache, which layers of fewer KV heads or narrower
+    # heads fit (MiMo-V2-Flash); None: each call's own (probing)
+    kv_shape: tuple[int, int] | None = None
 
     def cache_index(self, layer: int) -> int:
         """The KV cache of this call of `layer` (its first, second, ... of the step)."""
@@ -67,14 +73,22 @@ _current: Step | None = None
 @contextlib.contextmanager
 def step(kv_caches, meta, max_context: int, shapes: dict | None = None,
          windows: dict | None = None, calls_per_layer: int | None = 1,
-         layers: dict[int, int] | None = None):
+         layers: dict[int, int] | None = None, kv_shape: tuple[int, int] | None = None):
     global _current
     previous, _current = _current, Step(kv_caches, meta, max_context, shapes, windows,
-                                        calls_per_layer, layers=layers)
+                                        calls_per_layer, layers=layers, kv_shape=kv_shape)
     try:
         yield _current
     finally:
         _current = previous
+
+
+def step_positions(rows: int, device: torch.device) -> torch.Tensor:
+    """The current step's positions of its `rows` flat rows (a family that computes its own
+    position encoding inside attention reads them); 0.. in a shape-only probe, which has none."""
+    if _current is not None and _current.meta is not None:
+        return _current.meta.positions
+    return torch.arange(rows, device=device)
 
 
 def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -123,11 +137,7 @@ def attend_layer(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if current.kv_caches is None:  # a shape-only probe (check.shapes_from_config): no cache
         return q.new_zeros(q.shape[0], q.shape[1], dv)
     scale = scale if scale is not None else q.shape[-1] ** -0.5
-    width = max(k.shape[-1], dv)  # zeros added to q and k leave the scores as they are
-    if dv < width:
-        v = F.pad(v, (0, width - dv))
-    elif k.shape[-1] < width:
-        q, k = F.pad(q, (0, width - k.shape[-1])), F.pad(k, (0, width - k.shape[-1]))
+    q, k, v = fit_cache(q, k, v, current.kv_shape)
     k_cache, v_cache = current.kv_caches[index]
     assert current.meta is not None  # a step with caches has its metadata
     meta = layer_metadata(current.meta, index)
@@ -139,10 +149,31 @@ def attend_layer(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out[..., :dv]
 
 
+def fit_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              kv_shape: tuple[int, int] | None) -> tuple[torch.Tensor, ...]:
+    """q, k, v shaped as the cache holds them: K and V heads zero-padded to the cache's head dim
+    (zeros added to q and k leave the scores as they are; V's are cut from the output), and
+    a layer's fewer KV heads each repeated as its query heads share it (a query head h reads KV
+    head h // (H / Hkv) either way)."""
+    heads, width = kv_shape or (k.shape[1], max(k.shape[-1], v.shape[-1]))
+    if v.shape[-1] < width:
+        v = F.pad(v, (0, width - v.shape[-1]))
+    if k.shape[-1] < width:
+        q, k = F.pad(q, (0, width - k.shape[-1])), F.pad(k, (0, width - k.shape[-1]))
+    if k.shape[1] < heads:
+        k, v = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (k, v))
+    return q, k, v
+
+
 def implementation(config, text_config, name: str = NAME) -> str | dict:
-    """What set_attn_implementation gets: `name` ("batchrun") for a text model; for a
-    vision-language model, `name` on its decoder's sub-config only, so the vision tower keeps
-    its own (SDPA: its attention is per image, outside the KV cache)."""
+    """What set_attn_implementation gets: `name` ("batchrun"; INDEXED_NAME for indexed
+    attention) for a text model; for a vision-language model, `name` on its decoder's
+    sub-config only, so the vision tower keeps its own (SDPA: its attention is per image,
+    outside the KV cache)."""
+    from batchrun.models.transformers.indexed import indexed
+
+    if name == NAME and indexed(text_config):
+        name = INDEXED_NAME
     if text_config is config:
         return name
     for key in config.sub_configs:
@@ -160,5 +191,14 @@ def register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
+    from batchrun.models.transformers.indexed import dense_mask
+
     AttentionInterface.register(NAME, batchrun_attention)
     AttentionMaskInterface.register(NAME, no_mask)
+    AttentionInterface.register(INDEXED_NAME, batchrun_attention)
+    AttentionMaskInterface.register(INDEXED_NAME, dense_mask)
+
+
+def in_step() -> bool:
+    """Whether a batchrun step (or probe) is running."""
+    return _current is not None

@@ -49,10 +49,11 @@ def forward(mixer, hidden: torch.Tensor, tensors: tuple[torch.Tensor, ...],
     x, B, C = u.transpose(1, 2).split([inner, groups * n, groups * n], dim=-1)
     low, high = mixer.time_step_limit
     dt = F.softplus(dt[rows] + mixer.dt_bias.to(dt.dtype))
-    # The time-step limit binds the chunked scan only: a one-token step continuing a sequence
-    # runs the recurrent update, which takes none (transformers', and mamba_ssm's kernels)
-    chunked = (step.counts > 1) | step.fresh
-    dt = torch.where(chunked[:, None, None], dt.clamp(low, high), dt)
+    # The time-step limit binds every position, as transformers' forward and mamba_ssm's chunked
+    # scan apply it: transformers' one-token cached update leaves it out, so a position's
+    # output would depend on whether a step took it alone or in a chunk (Nemotron-H's limit,
+    # time_step_min, binds; generate then differs from its own forward where it does)
+    dt = dt.clamp(low, high)
     dt = dt.masked_fill(~valid[..., None], 0)
     start = ssm_cache[step.slots].float().masked_fill(step.fresh[:, None, None, None], 0)
     x, B, C = (x.reshape(S, L, mixer.num_heads, mixer.head_dim), B.reshape(S, L, groups, n),

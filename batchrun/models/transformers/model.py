@@ -10,7 +10,7 @@ and no transformers cache; attention runs through the "batchrun" attention funct
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
@@ -18,7 +18,7 @@ from torch import nn
 from batchrun.models.layers import packed_linear
 from batchrun.models.config.classifier import classifier_labels
 from batchrun.models.config.windows import config_layer_chunks, layer_chunk
-from batchrun.models.transformers import (attention, inline, own_forward, plain_linears, probe,
+from batchrun.models.transformers import (attention, indexed, inline, own_forward, plain_linears, probe,
                                           temperature)
 from batchrun.models.transformers.support import (WINDOW_FROM_MASK, UnsupportedModelError,
                                                   base_decoder)
@@ -68,16 +68,44 @@ def logit_transforms(hf) -> list:
         ops.append(lambda x, s=hf.logit_scale: x * s)
     if getattr(hf, "logits_scaling", None) not in (None, 1, 1.0):  # Granite
         ops.append(lambda x, s=hf.logits_scaling: x / s)
+    if getattr(hf, "output_multiplier", None) not in (None, 1, 1.0):  # MuseGlimmer, before its cap
+        ops.append(lambda x, s=hf.output_multiplier: x * s)
     if getattr(hf, "final_logit_softcapping", None):  # Gemma 2/3
         ops.append(lambda x, c=hf.final_logit_softcapping: torch.tanh(x / c) * c)
     return ops
 
 
-def head_transform(hf) -> nn.Module | None:
-    """What a BERT-style LM head applies before its output embeddings (Megatron-BERT's
-    cls.predictions.transform: dense, activation, norm), or None."""
-    predictions = getattr(getattr(hf, "cls", None), "predictions", None)
-    return getattr(predictions, "transform", None)
+# Causal-LM heads that put modules before the output embeddings as siblings of them, by the
+# attribute that holds them (Electra's generator_predictions, ModernBERT-decoder's lm_head:
+# dense, activation, norm); where that attribute is the output embeddings, it is not one.
+HEAD_BEFORE_EMBEDDINGS = ("generator_predictions", "lm_head")
+
+
+def head(hf) -> nn.Module | Callable[[torch.Tensor], torch.Tensor]:
+    """What maps final hidden states to the head's logits (before logit_transforms): the output
+    embeddings, or the module that holds them where the head transforms first (BERT's cls:
+    predictions.transform then the decoder; RoBERTa's lm_head: dense, activation, norm, decoder),
+    or the modules HEAD_BEFORE_EMBEDDINGS names before them."""
+    out = hf.get_output_embeddings()
+    for name in HEAD_BEFORE_EMBEDDINGS:
+        before = getattr(hf, name, None)
+        if isinstance(before, nn.Module) and not any(m is out for m in before.modules()):
+            return lambda hidden: out(before(hidden))
+    base = base_decoder(hf)
+    for child in hf.children():
+        if child is not out and child is not base and any(m is out for m in child.modules()):
+            return child
+    return out
+
+
+def first_position(hf) -> int:
+    """The position a sequence's first token has: RoBERTa's family counts absolute positions from
+    after its padding index (its embeddings' create_position_ids_from_input_ids); 0 elsewhere."""
+    embeddings = getattr(base_decoder(hf), "embeddings", None)
+    padding = getattr(embeddings, "padding_idx", None)
+    if hasattr(embeddings, "create_position_ids_from_input_ids") and padding is not None:
+        return int(padding) + 1
+    return 0
 
 
 class TransformersModel(nn.Module):
@@ -87,7 +115,8 @@ class TransformersModel(nn.Module):
         self.config = config
         # what compute_logits does to lm_head's output (the load's probe checks it)
         self.transforms = logit_transforms(hf_model.config.get_text_config())
-        self._head_transform = head_transform(hf_model)
+        self._head = head(hf_model)
+        self.position_offset = first_position(hf_model)
         # A *ForSequenceClassification model: its `score` head's outputs; 0 for a causal LM.
         self.num_labels = len(classifier_labels(hf_model.config) or ())
         # Qualified names of the linears its modelling code uses directly (wrap finds them).
@@ -103,9 +132,10 @@ class TransformersModel(nn.Module):
                 meta) -> torch.Tensor:
         """Hidden states [T, hidden] for the flat row of tokens of one step."""
         with attention.step(kv_caches, meta, max_context(meta, positions),
-                            calls_per_layer=self.config.calls_per_layer, layers=self._kv_index):
-            out = self.decoder(input_ids=input_ids[None], position_ids=positions[None],
-                               use_cache=False)
+                            calls_per_layer=self.config.calls_per_layer, layers=self._kv_index,
+                            kv_shape=(self.config.num_kv_heads, self.config.head_dim)):
+            out = self.decoder(input_ids=input_ids[None],
+                               position_ids=positions[None] + self.position_offset, use_cache=False)
         return out[0][0]
 
     def lora_targets(self):
@@ -117,9 +147,7 @@ class TransformersModel(nn.Module):
                               self.config.decoder_layers or self.config.num_layers)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self._head_transform is not None:
-            hidden = self._head_transform(hidden)
-        logits = self.hf.get_output_embeddings()(hidden)
+        logits = self._head(hidden)
         for op in self.transforms:
             logits = op(logits)
         return logits.float()
@@ -206,6 +234,7 @@ def use_batchrun_attention(hf) -> None:
         inline.install(hf, attention.NAME)
     else:
         hf.set_attn_implementation(attention.implementation(hf.config, cfg))
+    indexed.install(hf, attention.in_step)
     if cfg.model_type in WINDOW_FROM_MASK and getattr(cfg, "sliding_window", None):
         for module in hf.modules():  # the attention modules (those that know their layer)
             if hasattr(module, "layer_idx"):
@@ -213,12 +242,12 @@ def use_batchrun_attention(hf) -> None:
 
 
 def config_of(cfg, shapes: dict, windows: dict, calls: dict | None = None,
-              no_kv: frozenset[int] = frozenset()) -> BackendConfig:
+              no_kv: frozenset[int] = frozenset(), first: int = 0) -> BackendConfig:
     """The engine's config of a model whose text config is `cfg`, from what the probe saw its
     layers attend (probe.run, or check.shapes_from_config without weights): one KV shape, and
     as many attention calls per step in every layer (`calls`, layer_idx -> count; each call
     gets a KV cache of its own). A hybrid's `no_kv` layers (stateful.py: those that keep state,
-    or are only an MLP) do not attend."""
+    or are only an MLP) do not attend; positions start at `first` (first_position)."""
     layers = cfg.num_hidden_layers
     attending = sorted(shapes)
     if set(range(layers)) - set(attending) - no_kv or not attending:
@@ -230,12 +259,9 @@ def config_of(cfg, shapes: dict, windows: dict, calls: dict | None = None,
         raise UnsupportedModelError(f"{cfg.model_type}: its layers call attention different "
                                     f"numbers of times per step ({sorted(per_layer)})")
     repeat = per_layer.pop()
-    distinct = set(shapes.values())
-    if len(distinct) > 1:
-        raise UnsupportedModelError(f"{cfg.model_type}: attention shapes differ between layers "
-                                    f"({sorted(distinct)}); the KV cache has one shape")
-    heads, kv_heads, dk, dv = distinct.pop()
-    longest = getattr(cfg, "max_position_embeddings", None) or 2048
+    heads, kv_heads, dk, dv = one_kv_shape(cfg.model_type, set(shapes.values()))
+    longest = (getattr(cfg, "max_position_embeddings", None) or 2048) - first
+    longest = min(longest, indexed.dense_context(cfg) or longest)  # indexed.py: dense up to it
     return BackendConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
         num_layers=len(attending) * repeat, num_heads=heads, num_kv_heads=kv_heads,
@@ -247,6 +273,18 @@ def config_of(cfg, shapes: dict, windows: dict, calls: dict | None = None,
         if config_layer_chunks(cfg) else (),
         decoder_layers=layers, calls_per_layer=repeat,
         attention_layers=tuple(attending) if len(attending) < layers else ())
+
+
+def one_kv_shape(model_type: str, distinct: set) -> tuple[int, int, int, int]:
+    """The (heads, KV heads, K dim, V dim) one KV cache holds for layers of these shapes: layers
+    of the same query heads but fewer KV heads (a multiple of them) or narrower heads fit it
+    (attention.fit_cache); other differences are refused."""
+    heads = {s[0] for s in distinct}
+    kv_heads = max(s[1] for s in distinct)
+    if len(heads) > 1 or any(kv_heads % s[1] or s[0] % kv_heads for s in distinct):
+        raise UnsupportedModelError(f"{model_type}: attention shapes differ between layers "
+                                    f"({sorted(distinct)}); the KV cache has one shape")
+    return heads.pop(), kv_heads, max(s[2] for s in distinct), max(s[3] for s in distinct)
 
 
 def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: Method = METHODS["none"],
@@ -270,7 +308,7 @@ def wrap(hf: PreTrainedModel, cls=TransformersModel, quantization: Method = METH
     calls: dict = {}
     with plain_linears.traced(hf) as used:
         hidden, shapes = _probe(hf, cfg, windows=windows, calls=calls)
-        config = config_of(cfg, shapes, windows, calls, no_kv)
+        config = config_of(cfg, shapes, windows, calls, no_kv, first_position(hf))
         model = cls(hf, config)
         probe.check_logits(model, hidden)
     model.plain_linears = frozenset(plain | used | plain_linears.static(hf))
@@ -289,10 +327,14 @@ def _probe(hf: PreTrainedModel, cfg, full: bool = False, windows: dict | None = 
            calls: dict | None = None):
     """probe.run over the decoder (with `full`, the whole causal LM); UnsupportedModelError
     where the modelling code fails on the flat step."""
+    first = first_position(hf)
+
     def decoder(ids, pos):
+        pos = pos + first
         return base_decoder(hf)(input_ids=ids, position_ids=pos, use_cache=False)[0][0]
 
     def causal_lm(ids, pos):
+        pos = pos + first
         return hf(input_ids=ids, position_ids=pos, use_cache=False).logits
 
     try:

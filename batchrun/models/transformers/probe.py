@@ -70,7 +70,7 @@ def check_logits(model, hidden: torch.Tensor) -> None:
     causal-LM forward (final soft-capping, logit scaling, ...); a sequence classifier's
     model.classify of the last position must equal its pooled logits."""
     hf = model.hf
-    ref, _ = run(hf, lambda ids, pos: hf(input_ids=ids, position_ids=pos,
+    ref, _ = run(hf, lambda ids, pos: hf(input_ids=ids, position_ids=pos + model.position_offset,
                                          use_cache=False).logits[0].float())
     def agrees(ours):
         return torch.allclose(ours, ref, rtol=1e-3, atol=1e-3 * (1 + float(ref.abs().max())))

@@ -21,7 +21,8 @@ from batchrun.models.transformers import attention, mamba, mamba2, short_conv
 from batchrun.models.quant.methods import METHODS, Method
 from batchrun.models.transformers.model import (BackendConfig, TransformersModel,
                                                 from_pretrained_checked, pack)
-from batchrun.models.transformers.support import STATE_MODEL_TYPES, UnsupportedModelError
+from batchrun.models.transformers.support import (ATTENTION_LAYER_TYPES, STATE_MODEL_TYPES,
+                                                  UnsupportedModelError)
 
 # transformers' stateful layer classes this backend runs -> the module that runs them
 # Bamba's, Granite-4's and Nemotron-H's mixers are Mamba-2's (its maths under their own
@@ -52,6 +53,9 @@ def runs(config) -> bool:
     """Whether the backend runs `config`'s model through this module (its family's layers are
     all of a class in MIXERS)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kinds = set(getattr(text, "layer_types", None) or ())
+    if kinds and kinds <= ATTENTION_LAYER_TYPES:  # an LFM2 whose layers all attend
+        return False
     return getattr(text, "model_type", None) in STATE_MODEL_TYPES
 
 

@@ -173,7 +173,8 @@ class VisionLanguageModel(TransformersModel):
         if self.bidirectional and images:
             meta = with_image_rows(meta, images, len(input_ids))
         with attention.step(kv_caches, meta, max_context(meta, positions),
-                            calls_per_layer=self.config.calls_per_layer):
+                            calls_per_layer=self.config.calls_per_layer,
+                            kv_shape=(self.config.num_kv_heads, self.config.head_dim)):
             out = self.decoder(inputs_embeds=embeds[None], position_ids=position_ids,
                                use_cache=False, **deepstack_inputs(deep, self.deepstack))
         return out[0][0]
