@@ -207,6 +207,27 @@ STATE_ARCHS = {
         "chunk_size": 8, "time_step_min": 1e-9}),
 }
 
+# Hybrids whose stateful layers run natively (models/arch/), with their tiny shapes.
+NATIVE_STATE_ARCHS = {
+    # Qwen3-Next: gated delta rule layers (2 key heads of 32 for 4 value heads of 32) around one
+    # gated full-attention layer (partial rotary), MoE with a shared expert but on layer 1
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {
+        "num_hidden_layers": 4, "head_dim": 32,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention",
+                        "linear_attention"],
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4, "num_experts": 4,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 96, "mlp_only_layers": [1]}),
+    # Qwen3.5's text model: the same layers, the mixer's projections stored apart, dense MLPs
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {
+        "num_hidden_layers": 4, "head_dim": 32,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention",
+                        "linear_attention"],
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4}),
+}
+
 
 _GATED_DELTA = {"num_hidden_layers": 4, "head_dim": 32,
                 "layer_types": ["linear_attention", "full_attention", "linear_attention",
@@ -290,7 +311,7 @@ def make_tiny(arch: str, path: Path, seed: int = 0, archs: dict = ARCHS, **overr
 # a LayerNorm to weight 1, bias 0, where a bias never loaded or a per-head weight loaded into
 # the wrong head would give the same output.
 RANDOM_NORMS = {"stablelm", "stablelm-parallel", "bloom", "falcon", "falcon-mqa", "falcon-seq",
-                "gpt_neo"}
+                "gpt_neo", "qwen3_next", "qwen3_5"}
 
 
 @torch.no_grad()
@@ -300,6 +321,8 @@ def randomise_norms(model) -> None:
             module.weight.uniform_(0.5, 1.5)
             if module.bias is not None:
                 module.bias.uniform_(-0.5, 0.5)
+        elif "RMSNorm" in type(module).__name__:  # (1 + w) norms start at w = 0: move off it
+            module.weight.add_(torch.rand_like(module.weight) - 0.5)
 
 
 def tiny_config(arch: str, archs: dict = ARCHS, **overrides):

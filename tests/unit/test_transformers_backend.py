@@ -358,7 +358,8 @@ def test_auto_picks_native_where_it_runs_the_model_exactly():
     assert choose(llama, "transformers").impl == "transformers"
     for model_type, arch in [("gemma", "GemmaForCausalLM"), ("gemma2", "Gemma2ForCausalLM"),
                              ("gemma3_text", "Gemma3ForCausalLM"), ("phi3", "Phi3ForCausalLM"),
-                             ("gpt_oss", "GptOssForCausalLM")]:
+                             ("gpt_oss", "GptOssForCausalLM"),
+                             ("qwen3_next", "Qwen3NextForCausalLM")]:
         assert choose(_config(model_type, architectures=[arch])).impl == "native", model_type
     windowed = _config("mistral", architectures=["MistralForCausalLM"], sliding_window=64,
                        max_position_embeddings=4096)

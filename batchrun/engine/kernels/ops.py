@@ -229,6 +229,25 @@ class CpuKernels:
                           rows.shape[1], _threads())
         return out
 
+    @c_signature("gated_delta_rule", I, [P] * 8 + [I64] + [I] * 4 + [P, I])
+    def gated_delta_rule(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
+                         slots: torch.Tensor, query_start: torch.Tensor) -> torch.Tensor:
+        """The gated delta rule (gated_delta.c) over packed sequences: q, k [T, Hk, dk]
+        (normalised, q scaled), v [T, Hv, dv], g (log decay) and beta [T, Hv]; sequence i owns
+        rows query_start[i]:query_start[i + 1] and continues state[slots[i]] ([slots, Hv, dk,
+        dv] float32, updated in place). float32 [T, Hv, dv]."""
+        q, k, v, g, beta = (x.float().contiguous() for x in (q, k, v, g, beta))
+        slots, query_start = slots.long().contiguous(), query_start.long().contiguous()
+        out = torch.empty_like(v)
+        rc = self._c.gated_delta_rule(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(),
+            state.data_ptr(), slots.data_ptr(), query_start.data_ptr(), len(slots), k.shape[1],
+            v.shape[1], k.shape[2], v.shape[2], out.data_ptr(), _threads())
+        if rc != 0:
+            raise RuntimeError(f"gated_delta_rule cannot run value heads of {v.shape[2]}")
+        return out
+
     @c_signature("fp8_from_floats", None, [P, P, I64])
     def fp8_from_floats(self, x: torch.Tensor) -> torch.Tensor:
         """float32 x (contiguous) as e4m3 bytes (uint8)."""

@@ -131,7 +131,7 @@ class LlamaModel(nn.Module):
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(self.layer_class(cfg, i, self.make_mlp(cfg, i))
-                                    for i in range(cfg.num_layers))
+                                    for i in range(self.decoder_layer_count(cfg)))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = self.rope_class(cfg)
         # A sequence classifier has a `score` head in place of the LM head (it generates nothing).
@@ -144,6 +144,11 @@ class LlamaModel(nn.Module):
         # loader when the model runs on the CPU in float32/bfloat16; None = PyTorch ops.
         self.cpu_kernels = None
         self.layout = self.make_layout(cfg)
+
+    def decoder_layer_count(self, cfg: ModelConfig) -> int:
+        """The decoder's layers: the KV layers (cfg.num_layers) unless some keep no KV (a
+        hybrid's linear-attention layers: models/arch/qwen3_next.py)."""
+        return cfg.num_layers
 
     def make_layout(self, cfg: ModelConfig) -> LayerLayout:
         """How the layers' linears are named (models/layers/projections.py)."""

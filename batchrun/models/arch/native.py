@@ -33,6 +33,8 @@ NATIVE_MODULES = {
     "bloom": "batchrun.models.arch.bloom",
     "falcon": "batchrun.models.arch.falcon",
     "gpt_neo": "batchrun.models.arch.gpt_neo",
+    "qwen3_next": "batchrun.models.arch.qwen3_next",
+    "qwen3_5_text": "batchrun.models.arch.qwen3_next",
 }
 
 
