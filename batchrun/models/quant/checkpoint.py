@@ -127,7 +127,9 @@ def load_linears(model: nn.Module, folder: Path, read: Callable[[Tensors, str], 
             raise QuantizationError(f"{own}: only some of {prefixes} have a bias")
         bias = None if biases[0] is None else torch.cat(present).float()
         layers = [read(tensors, p) for p in prefixes]
-        module = _fuse(layers, bias, own)
+        # read on the CPU; to the replaced linear's device (CUDA: the Triton path) before any
+        # requantizing, which then builds its layer there
+        module = _fuse(layers, bias, own).to(getattr(parent, attr).weight.device)
         setattr(parent, attr, module if convert is None else convert(module))
         covered.update(name for name in tensors.where
                        if any(name.rsplit(".", 1)[0] == p for p in prefixes))

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from batchrun.models.quant.int8_linear import WEIGHT_ONLY_KERNEL_ROWS
+from batchrun.models.quant.on_device import runs_triton
 
 GROUP = 32
 KERNEL_GROUPS = (32, 64, 128, 256)  # the group sizes torch's CPU int4 kernel takes
@@ -101,7 +102,7 @@ class Int4WeightLinear(nn.Module):
         return super()._apply(fn, recurse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed.is_cuda:
+        if runs_triton(self.packed.device):
             return self._forward_cuda(x)
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
