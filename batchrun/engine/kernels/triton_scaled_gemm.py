@@ -4,8 +4,9 @@ Two operand kinds, both one byte an element, scaled per row of a (a token: dynam
 scales) and per row of b (an output channel: the weights' scales):
 - int8 x int8 (W8A8): int32 accumulation, exact; the float rescale happens once, in the epilogue;
 - float8 e4m3 x float8 e4m3: float32 accumulation. Hopper and Ada (sm_89+) multiply float8 in
-  the tensor cores; older GPUs widen each tile to float32 in-kernel (every e4m3 value is exact
-  in TF32, what their float32 dots multiply) before the dot. Triton 3.9's interpreter runs the float8 dot itself, exactly.
+  the tensor cores; older GPUs, whose Triton has no e4m3 type, widen each tile's bytes to float32
+  with integer ops in-kernel (triton_fp8_bits.py; every e4m3 value is exact in TF32, what
+  their float32 dots multiply) before the dot. Triton 3.9's interpreter runs the float8 dot itself, exactly.
 
 float8 operands are passed as their bytes (uint8 views) and reinterpreted in-kernel, so the same
 call runs on a GPU and under the interpreter. `quantize_rows_int8` / `quantize_rows_fp8` make the
@@ -14,11 +15,11 @@ dynamic per-token activations with torch ops on the activations' device.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from batchrun.engine.kernels.triton_fp8_bits import e4m3_native, e4m3_to_float32
 
 FP8_MAX = 448.0  # the largest finite float8 e4m3fn
 _TINY = 1e-12
@@ -46,13 +47,11 @@ def _scaled_gemm_kernel(a_ptr, b_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, y_ptr,
                     mask=m_ok[:, None] & k_ok[None, :], other=0)
         b = tl.load(b_ptr + n[None, :] * stride_bn + k[:, None],
                     mask=k_ok[:, None] & n_ok[None, :], other=0)  # [BLOCK_K, BLOCK_N]
-        if FP8:  # the bytes as float8 e4m3 (byte 0 is +0.0, what the masks fill)
-            a = a.to(tl.float8e4nv, bitcast=True)
-            b = b.to(tl.float8e4nv, bitcast=True)
-            if WIDEN:  # exact: an e4m3 value fits TF32's (and float32's) mantissa
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, out_dtype=tl.float32)
+        if FP8 and WIDEN:  # exact: an e4m3 value fits TF32's (and float32's) mantissa
+            acc = tl.dot(e4m3_to_float32(a), e4m3_to_float32(b), acc, out_dtype=tl.float32)
+        elif FP8:  # the bytes as float8 e4m3 (byte 0 is +0.0, what the masks fill)
+            acc = tl.dot(a.to(tl.float8e4nv, bitcast=True), b.to(tl.float8e4nv, bitcast=True),
+                         acc, out_dtype=tl.float32)
         else:
             acc = tl.dot(a, b, acc, out_dtype=tl.int32)
     a_scale = tl.load(a_scale_ptr + m, mask=m_ok, other=0.0)
@@ -62,13 +61,6 @@ def _scaled_gemm_kernel(a_ptr, b_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, y_ptr,
         y += tl.load(bias_ptr + n, mask=n_ok, other=0.0)[None, :]
     tl.store(y_ptr + m[:, None] * stride_ym + n[None, :], y.to(y_ptr.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
-
-
-def _fp8_dot_native(device: torch.device) -> bool:
-    """Whether float8 operands go to tl.dot as they are: the interpreter, or a GPU of sm_89+."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
-        return True
-    return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def scaled_gemm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
@@ -92,7 +84,7 @@ def scaled_gemm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     block_n, block_k = 64, 64
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    widen = (not _fp8_dot_native(a.device)) if widen is None else widen
+    widen = (not e4m3_native(a.device)) if widen is None else widen
     _scaled_gemm_kernel[grid](
         a, b, a_scale.float().reshape(-1).contiguous(), b_scale.float().reshape(-1).contiguous(),
         y if bias is None else bias.float().contiguous(), y, m, n, k, a.stride(0), b.stride(0),
