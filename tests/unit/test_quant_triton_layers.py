@@ -135,6 +135,9 @@ def test_cuda_takes_the_wired_methods_and_formats_and_refuses_the_rest():
             method(name).check_device(cuda)
     with pytest.raises(QuantizationError, match="'fp8' runs on the CPU only"):
         method("fp8").check_device(torch.device("mps"))
+    with pytest.raises(QuantizationError, match="int8 on the transformers backend runs on the CPU"):
+        method("int8").check_device(cuda, backend=True)
+    method("int8").check_device(CPU, backend=True)
     cfg = type("Cfg", (), {"quantization_config": {"quant_method": "awq", "bits": 4,
                                                    "group_size": 32, "version": "gemm"}})
     assert check_checkpoint(cfg, cuda).method == "awq"

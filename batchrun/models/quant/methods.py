@@ -68,8 +68,15 @@ class Method:
         return self.kept_gguf == "all" or (self.kept_gguf == "int4" and
                                            all(k in gguf_blocks.INT4 for k in kinds))
 
-    def check_device(self, device: torch.device) -> None:
-        if not self.quantizes or device.type == "cpu" or (self.on_cuda and device.type == "cuda"):
+    def check_device(self, device: torch.device, backend: bool = False) -> None:
+        """QuantizationError where the method has no kernels on `device` (the transformers
+        backend's quantized linears, calibrated on CPU tensors there: the CPU only)."""
+        if not self.quantizes or device.type == "cpu":
+            return
+        if backend:
+            raise QuantizationError(f"--quantization {self.name} on the transformers backend runs "
+                                    f"on the CPU only; on {device.type} the native models take it")
+        if self.on_cuda and device.type == "cuda":
             return
         cuda = ", ".join(m.name for m in METHODS.values() if m.on_cuda)
         raise QuantizationError(f"quantization {self.name!r} runs on the CPU only (it has no "
