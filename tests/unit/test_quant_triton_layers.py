@@ -195,3 +195,26 @@ def test_a_stored_checkpoint_on_the_triton_path_decodes_as_transformers(case, tm
         if cls is Int8Linear:
             linear.register_forward_pre_hook(lambda m, args: (stored._fake_quant_rows(args[0]),))
     stored._assert_decodes_as(engine, hf, case)
+
+
+def test_a_checkpoint_with_quantized_experts_is_refused_off_the_cpu(tmp_path):
+    """Its dense projections follow the model to its device; its routed experts (one layer call
+    per expert, a host sync per step) are refused there by name. (The meta device stands in for
+    CUDA: the check is by device, and nothing computes.)"""
+    from batchrun.models.arch import native
+    from batchrun.models.quant import CheckpointFormat
+    from tests.tiny_models import BACKEND_ARCHS
+    from tests.unit.test_quant_checkpoints import CASES
+
+    config, pack, _ = CASES["fp8-block"]
+    make_tiny("qwen3_moe", tmp_path, archs=BACKEND_ARCHS)
+    qc.quantize_checkpoint(tmp_path, pack, config)
+    hf_cfg = AutoConfig.from_pretrained(tmp_path)
+    module = native.module_for(hf_cfg)
+    with torch.device("meta"):
+        model = module.Model(module.ModelConfig.from_hf(hf_cfg))
+    with pytest.raises(QuantizationError, match="routed experts are kept quantized on the CPU "
+                                                "only .*on meta"):
+        CheckpointFormat("fp8", config).load_linears(model, tmp_path)
+    assert type(model.layers[0].self_attn.qkv_proj) is Fp8WeightLinear
+    assert model.layers[0].self_attn.qkv_proj.fp8.device.type == "meta"

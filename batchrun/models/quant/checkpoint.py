@@ -145,6 +145,11 @@ def load_linears(model: nn.Module, folder: Path, read: Callable[[Tensors, str], 
             found = None if blocks is None else (*blocks, [base])
         if found is None:
             continue
+        device = next(experts.parameters()).device
+        if device.type != "cpu":  # one layer call per expert, with a host sync for the runs
+            raise QuantizationError(f"{base}: the {method} checkpoint's routed experts are kept "
+                                    f"quantized on the CPU only (no grouped quantized-expert "
+                                    f"kernel on {device.type} yet); use --device cpu")
         gate_up, down, prefixes = found
         if convert is not None:
             gate_up, down = [convert(m) for m in gate_up], [convert(m) for m in down]
