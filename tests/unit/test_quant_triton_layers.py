@@ -170,11 +170,10 @@ def test_a_tiny_model_quantized_on_the_triton_path_computes_as_its_cpu_path(
     _close(got, want, rel=1e-4)
 
 
-@pytest.mark.parametrize("case", ["awq-g32", "ct-w8a8", "fp8-block"])
-def test_a_stored_checkpoint_on_the_triton_path_decodes_as_transformers(case, tmp_path, monkeypatch):
-    """A GPTQ/AWQ-style int4, a W8A8 int8 and a block-scaled FP8 checkpoint, their layers forced
-    through the Triton GEMMs, decode greedily as transformers on the format's dequantised weights
-    (the CPU path's test: tests/unit/test_quant_checkpoints.py)."""
+def _stored_decodes_as_transformers(case: str, tmp_path, device: torch.device) -> None:
+    from batchrun.llm import build_engine
+    from batchrun.options.engine import EngineConfig
+    from tests.tiny_models import IdTokenizer
     from tests.unit import test_quant_checkpoints as stored
 
     config, pack, cls = stored.CASES[case]
@@ -185,16 +184,50 @@ def test_a_stored_checkpoint_on_the_triton_path_decodes_as_transformers(case, tm
                 proj.bias.data.normal_(0, 0.5)
         hf.save_pretrained(tmp_path)
     reference = qc.quantize_checkpoint(tmp_path, pack, config)
-    monkeypatch.setattr(on_device, "FORCED", True)
-    engine = stored._engine(tmp_path)
-    layer = engine.runner.model.layers[0].mlp.down_proj
+    model = build_model(LlamaModel, ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path)),
+                        tmp_path, device, torch.float32)
+    engine = build_engine(model, IdTokenizer(), EngineConfig.default(block_size=4), [2], device,
+                          torch.float32)
+    layer = model.layers[0].mlp.down_proj
     assert type(layer) is cls and getattr(layer, "onednn", False) is False
     for prefix, weight in reference.items():
         linear = hf.get_submodule(prefix)
         linear.weight.data = torch.from_numpy(weight)
         if cls is Int8Linear:
             linear.register_forward_pre_hook(lambda m, args: (stored._fake_quant_rows(args[0]),))
-    stored._assert_decodes_as(engine, hf, case)
+    stored._assert_decodes_as(engine, hf, f"{case} on {device}")
+
+
+@pytest.mark.parametrize("case", ["awq-g32", "ct-w8a8", "fp8-block"])
+def test_a_stored_checkpoint_on_the_triton_path_decodes_as_transformers(case, tmp_path, monkeypatch):
+    """A GPTQ/AWQ-style int4, a W8A8 int8 and a block-scaled FP8 checkpoint, their layers forced
+    through the Triton GEMMs, decode greedily as transformers on the format's dequantised weights
+    (the CPU path's test: tests/unit/test_quant_checkpoints.py)."""
+    monkeypatch.setattr(on_device, "FORCED", True)
+    _stored_decodes_as_transformers(case, tmp_path, CPU)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", ["gptq-act-order-g32", "awq-g32", "ct-w8a8", "fp8-block"])
+def test_a_stored_checkpoint_on_cuda_decodes_as_transformers(case, tmp_path):
+    """The same on a GPU: the layers read on the CPU, moved to CUDA, the kernels compiled."""
+    _stored_decodes_as_transformers(case, tmp_path, torch.device("cuda"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("quantization", ["int8", "int8-weight", "int4-weight", "fp8"])
+def test_a_model_quantized_on_cuda_computes_as_on_the_cpu(quantization, tmp_path, monkeypatch):
+    from tests.tiny_models import calibrate_int8_on_random_tokens
+
+    calibrate_int8_on_random_tokens(monkeypatch)
+    make_tiny("llama", tmp_path)
+    cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
+    from batchrun.models.quant.calibration import window_forward
+
+    ids = [5, 9, 200, 31, 7, 44, 3]
+    want = window_forward(build_model(LlamaModel, cfg, tmp_path, CPU, torch.float32, quantization), ids)[0]
+    model = build_model(LlamaModel, cfg, tmp_path, torch.device("cuda"), torch.float32, quantization)
+    _close(window_forward(model, ids)[0].cpu(), want, rel=1e-3)
 
 
 def test_a_checkpoint_with_quantized_experts_is_refused_off_the_cpu(tmp_path):
