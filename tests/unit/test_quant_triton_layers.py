@@ -251,3 +251,11 @@ def test_a_checkpoint_with_quantized_experts_is_refused_off_the_cpu(tmp_path):
         CheckpointFormat("fp8", config).load_linears(model, tmp_path)
     assert type(model.layers[0].self_attn.qkv_proj) is Fp8WeightLinear
     assert model.layers[0].self_attn.qkv_proj.fp8.device.type == "meta"
+
+
+def test_int4_weights_quantized_off_the_cpu_keep_the_plain_nibble_layout():
+    """torch's CPU int4 packing is CPU-only: a layer quantized on another device (CUDA; meta
+    here) packs two inputs a byte, which the Triton int4 GEMM reads as well."""
+    layer = Int4WeightLinear(torch.randn(128, 64, device="meta"), None)
+    assert not layer.kernel_layout and layer.packed.device.type == "meta"
+    assert tuple(layer.packed.shape) == (128, 32)

@@ -38,7 +38,8 @@ def quantize_groups(weight: torch.Tensor, group: int = GROUP):
 def pack(q: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """(packed nibbles [N, K/2] uint8, whether they are in the CPU kernel's layout)."""
     n, k = q.shape
-    if n % _BLOCK_N == 0 and hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu"):
+    if n % _BLOCK_N == 0 and q.device.type == "cpu" and hasattr(
+            torch.ops.aten, "_convert_weight_to_int4pack_for_cpu"):  # elsewhere: plain
         try:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
             if packed.shape == (n, k // 2) and torch.equal(unpack(packed, True), q):
