@@ -76,6 +76,16 @@ def _targets(model: nn.Module) -> Iterator[tuple[nn.Module, str, str, list[str]]
             yield module, child_name, prefix, [f"{base}.{p}" for p in FUSED.get(child_name, ())]
 
 
+def _check_experts_device(experts: nn.Module, base: str, method: str) -> None:
+    """Quantized routed experts run on the CPU only: one layer call per expert, with a host sync
+    for the runs of pairs (QuantizedExperts), no grouped quantized-expert kernel on CUDA yet."""
+    device = next(experts.parameters()).device
+    if device.type != "cpu":
+        raise QuantizationError(f"{base}: the {method} checkpoint's routed experts are kept "
+                                f"quantized on the CPU only (no grouped quantized-expert "
+                                f"kernel on {device.type} yet); use --device cpu")
+
+
 def _quantized(tensors: Tensors, prefix: str) -> bool:
     return any(f"{prefix}.{s}" in tensors for s in QUANTIZED_SUFFIXES)
 
@@ -145,11 +155,7 @@ def load_linears(model: nn.Module, folder: Path, read: Callable[[Tensors, str], 
             found = None if blocks is None else (*blocks, [base])
         if found is None:
             continue
-        device = next(experts.parameters()).device
-        if device.type != "cpu":  # one layer call per expert, with a host sync for the runs
-            raise QuantizationError(f"{base}: the {method} checkpoint's routed experts are kept "
-                                    f"quantized on the CPU only (no grouped quantized-expert "
-                                    f"kernel on {device.type} yet); use --device cpu")
+        _check_experts_device(experts, base, method)
         gate_up, down, prefixes = found
         if convert is not None:
             gate_up, down = [convert(m) for m in gate_up], [convert(m) for m in down]
