@@ -208,6 +208,8 @@ CHECKS: dict[str, Callable[[torch.device], tuple[float, float]]] = {
     "int4_fp32": _int4_check(awq_layer, 96, 3, torch.float32),
     "w8a8_int8_gemm": _scaled_check(False, 37),
     "fp8_gemm": _scaled_check(True, 37),
+    "w8a8_int8_gemm_prefill": _scaled_check(False, 130),  # 128 x 128 tiles
+    "fp8_gemm_prefill": _scaled_check(True, 130),
     "fp8_gemm_widened": _scaled_check(True, 5, widen=True),  # GPUs before sm_89: bytes decoded
     "weight_int8_gemm": _weight_check(False, 9, torch.bfloat16, 200),  # int8-weight: per channel
     "weight_fp8_gemm": _weight_check(True, 9, torch.float32, 64),  # FP8 checkpoint: 1x64 blocks

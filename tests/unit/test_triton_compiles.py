@@ -43,7 +43,8 @@ def test_attention_kernels_compile_for_hopper():
 
 @NEEDS_PTXAS
 @pytest.mark.parametrize("arch, only", [
-    ("90", "w8a8_int8_gemm,fp8_gemm,weight_int8_gemm,weight_fp8_gemm"),
+    ("90", "w8a8_int8_gemm,fp8_gemm,w8a8_int8_gemm_prefill,fp8_gemm_prefill,weight_int8_gemm,"
+           "weight_fp8_gemm"),
     ("80", "w8a8_int8_gemm,fp8_gemm_widened,weight_fp8_gemm_bits"),
 ])
 def test_quantized_gemm_kernels_compile(arch, only):

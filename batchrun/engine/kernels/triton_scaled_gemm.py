@@ -81,16 +81,24 @@ def scaled_gemm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale
     y = torch.empty(m, n, dtype=out_dtype, device=a.device)
     if m == 0:
         return y
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    block_n, block_k = 64, 64
+    block_m, block_n, warps = _tiles(m)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     widen = (not e4m3_native(a.device)) if widen is None else widen
     _scaled_gemm_kernel[grid](
         a, b, a_scale.float().reshape(-1).contiguous(), b_scale.float().reshape(-1).contiguous(),
         y if bias is None else bias.float().contiguous(), y, m, n, k, a.stride(0), b.stride(0),
         y.stride(0), FP8=fp8, WIDEN=fp8 and widen, HAS_BIAS=bias is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, num_warps=warps)
     return y
+
+
+def _tiles(m: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, warps) for m rows: decode-sized steps in thin tiles (the weights'
+    bytes dominate), prefill chunks in 128 x 128 tiles with 8 warps (not yet timed on a GPU;
+    a 128 x 128 int32 or float32 accumulator is 64 registers a thread there)."""
+    if m <= 64:
+        return (16 if m <= 16 else 32 if m <= 32 else 64), 64, 4
+    return 128, 128, 8
 
 
 def quantize_rows_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
