@@ -106,6 +106,9 @@ BACKEND_ARCHS = {
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                             "partial_rotary_factor": 0.5}}),
     "megatron-bert": ("MegatronBertConfig", "MegatronBertForCausalLM", {"is_decoder": True}),
+    # RoFormer as a decoder: rotary positions inside its attention, on the values too.
+    "roformer": ("RoFormerConfig", "RoFormerForCausalLM", {"is_decoder": True,
+                                                           "rotary_value": True}),
     # Windows their masks apply while their attention calls do not pass them (WINDOW_FROM_MASK).
     "phimoe-window": ("PhimoeConfig", "PhimoeForCausalLM", {
         **_MOE, "router_jitter_noise": 0.0, "sliding_window": 8}),
@@ -120,6 +123,14 @@ BACKEND_ARCHS = {
     "gemma4_text": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
         "head_dim": 16, "global_head_dim": 32, "attention_k_eq_v": True,
         "num_global_key_value_heads": 1, **_SWA}),
+    # DeepSeek-V3.2's indexed (DSA) attention, run dense: its indexer's top-k (64) covers the
+    # context, which the backend caps there.
+    "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM", {
+        "num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": 32, "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 16, "v_head_dim": 24, "n_routed_experts": 4, "num_experts_per_tok": 2,
+        "n_shared_experts": 1, "moe_intermediate_size": 64, "first_k_dense_replace": 1,
+        "n_group": 1, "topk_group": 1, "index_topk": 64, "index_n_heads": 2,
+        "index_head_dim": 32}),
     # Gemma 3n's text model: per-layer MLP widths, its last two layers reusing the K/V of the
     # last earlier layer of their kind, AltUp, Laurel and per-layer inputs, activation sparsity
     # on the first layer.

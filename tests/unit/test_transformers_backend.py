@@ -511,3 +511,18 @@ def test_plan_sizes_backend_models_and_says_why_it_refuses_one(tmp_path):
     with pytest.raises(UnsupportedModelError,
                        match="rwkv keeps a recurrent .*`batchrun models check"):
         model_config_for(str(tmp_path / "m"))
+
+
+def test_indexed_attention_runs_dense_within_the_indexers_top_k(tmp_path):
+    """DeepSeek-V3.2's indexed attention keeps every key while the context is at most its
+    indexer's top-k, so it runs dense there (the parity matrix holds its text to transformers');
+    the context is capped at the top-k, and models check says so."""
+    hf, engine = backend_engine("deepseek_v32", tmp_path)
+    assert engine.runner.model.config.max_position_embeddings == 64  # index_topk
+    check = _models_cli("check", tmp_path).output
+    assert "indexed (sparse) attention: run dense, which is exact up to the indexer's top-k " \
+        "(64 tokens)" in check
+    from batchrun.engine.errors import PromptTooLongError
+
+    with pytest.raises(PromptTooLongError, match="context length is 64"):
+        engine.generate([list(range(3, 73))], SamplingParams(temperature=0, max_tokens=2))

@@ -29,6 +29,9 @@ from batchrun.models.transformers import temperature
 from batchrun.models.transformers.support import UnsupportedModelError
 
 NAME = "batchrun"
+# The same attention with a mask of no effect that can be sliced (indexed.py: DeepSeek-V3.2's
+# attention slices its mask for its indexer before calling attention)
+INDEXED_NAME = "batchrun_indexed"
 
 
 @dataclass
@@ -78,6 +81,14 @@ def step(kv_caches, meta, max_context: int, shapes: dict | None = None,
         yield _current
     finally:
         _current = previous
+
+
+def step_positions(rows: int, device: torch.device) -> torch.Tensor:
+    """The current step's positions of its `rows` flat rows (a family that computes its own
+    position encoding inside attention reads them); 0.. in a shape-only probe, which has none."""
+    if _current is not None and _current.meta is not None:
+        return _current.meta.positions
+    return torch.arange(rows, device=device)
 
 
 def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -155,9 +166,14 @@ def fit_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def implementation(config, text_config, name: str = NAME) -> str | dict:
-    """What set_attn_implementation gets: `name` ("batchrun") for a text model; for a
-    vision-language model, `name` on its decoder's sub-config only, so the vision tower keeps
-    its own (SDPA: its attention is per image, outside the KV cache)."""
+    """What set_attn_implementation gets: `name` ("batchrun"; INDEXED_NAME for indexed
+    attention) for a text model; for a vision-language model, `name` on its decoder's
+    sub-config only, so the vision tower keeps its own (SDPA: its attention is per image,
+    outside the KV cache)."""
+    from batchrun.models.transformers.indexed import indexed
+
+    if name == NAME and indexed(text_config):
+        name = INDEXED_NAME
     if text_config is config:
         return name
     for key in config.sub_configs:
@@ -175,5 +191,14 @@ def register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
+    from batchrun.models.transformers.indexed import dense_mask
+
     AttentionInterface.register(NAME, batchrun_attention)
     AttentionMaskInterface.register(NAME, no_mask)
+    AttentionInterface.register(INDEXED_NAME, batchrun_attention)
+    AttentionMaskInterface.register(INDEXED_NAME, dense_mask)
+
+
+def in_step() -> bool:
+    """Whether a batchrun step (or probe) is running."""
+    return _current is not None

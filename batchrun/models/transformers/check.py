@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from batchrun.models.config.windows import config_layer_chunks, effective_window
+from batchrun.models.transformers.indexed import dense_context
 from batchrun.models.transformers.support import (UnsupportedModelError, as_transformers_config,
                                                   base_decoder, choose)
 
@@ -362,6 +363,10 @@ def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
         out.append(("MLA", "K/V expanded per head, the narrower zero-padded in the cache"))
     if getattr(hf, "model_type", "") == "gpt_oss":
         out.append(("attention sinks", "yes (in the engine's attention kernels)"))
+    if dense_context(hf):
+        out.append(("indexed (sparse) attention", f"run dense, which is exact up to the "
+                    f"indexer's top-k ({dense_context(hf)} tokens): the context is capped there "
+                    f"(the indexer's selection over longer contexts is not run yet)"))
     return out
 
 

@@ -18,7 +18,7 @@ from torch import nn
 from batchrun.models.layers import packed_linear
 from batchrun.models.config.classifier import classifier_labels
 from batchrun.models.config.windows import config_layer_chunks, layer_chunk
-from batchrun.models.transformers import (attention, inline, own_forward, plain_linears, probe,
+from batchrun.models.transformers import (attention, indexed, inline, own_forward, plain_linears, probe,
                                           temperature)
 from batchrun.models.transformers.support import (WINDOW_FROM_MASK, UnsupportedModelError,
                                                   base_decoder)
@@ -234,6 +234,7 @@ def use_batchrun_attention(hf) -> None:
         inline.install(hf, attention.NAME)
     else:
         hf.set_attn_implementation(attention.implementation(hf.config, cfg))
+    indexed.install(hf, attention.in_step)
     if cfg.model_type in WINDOW_FROM_MASK and getattr(cfg, "sliding_window", None):
         for module in hf.modules():  # the attention modules (those that know their layer)
             if hasattr(module, "layer_idx"):
@@ -260,6 +261,7 @@ def config_of(cfg, shapes: dict, windows: dict, calls: dict | None = None,
     repeat = per_layer.pop()
     heads, kv_heads, dk, dv = one_kv_shape(cfg.model_type, set(shapes.values()))
     longest = (getattr(cfg, "max_position_embeddings", None) or 2048) - first
+    longest = min(longest, indexed.dense_context(cfg) or longest)  # indexed.py: dense up to it
     return BackendConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
         num_layers=len(attending) * repeat, num_heads=heads, num_kv_heads=kv_heads,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from batchrun.models.transformers.indexed import INDEXED_LAYER_TYPES, indexed
+
 # Layer kinds the paged KV cache holds; anything else keeps recurrent or convolution state.
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
 # Models whose layers (some or all) keep a recurrent state instead of a KV cache, for configs that
@@ -32,7 +34,8 @@ INLINE_ATTENTION = {"bloom": "BloomAttention", "falcon": "FalconAttention",
                     "gpt_neo": "GPTNeoSelfAttention", "openai-gpt": "Attention",
                     "mpt": "MptAttention", "xglm": "XGLMAttention", "trocr": "TrOCRAttention",
                     "gpt_neox_japanese": "GPTNeoXJapaneseAttention",
-                    "megatron-bert": "MegatronBertSelfAttention"}
+                    "megatron-bert": "MegatronBertSelfAttention",
+                    "roformer": "RoFormerSelfAttention"}
 # Families whose mask applies config.sliding_window to every layer while their attention
 # modules do not pass it to the attention function (the paged kernels see no mask):
 # the backend gives their attention modules the window (model.use_batchrun_attention).
@@ -44,7 +47,7 @@ REFUSED = {
               "cache serves causal attention",
 }
 # Families that are causal decoders only when their config says is_decoder.
-DECODER_IF_SET = {"megatron-bert"}
+DECODER_IF_SET = {"megatron-bert", "roformer"}
 
 
 class UnsupportedModelError(ValueError):
@@ -73,7 +76,8 @@ def transformers_reason(hf) -> str | None:
         return (f"{model_type} keeps a recurrent (state-space / linear-attention) state, which the "
                 f"paged KV cache does not hold")
     text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf  # a VLM's decoder's
-    other = sorted(set(getattr(text, "layer_types", None) or ()) - ATTENTION_LAYER_TYPES)
+    other = sorted(set(getattr(text, "layer_types", None) or ()) - ATTENTION_LAYER_TYPES
+                   - (INDEXED_LAYER_TYPES if indexed(text) else set()))
     if other and model_type not in STATE_MODEL_TYPES:
         return (f"{model_type} has {', '.join(other)} layers; the paged KV cache holds only "
                 f"full, sliding-window and chunked attention layers")

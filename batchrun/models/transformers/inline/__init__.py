@@ -1,6 +1,6 @@
 """Families whose attention classes compute attention inline instead of calling transformers'
 AttentionInterface (BLOOM, Falcon, GPT-Neo, OpenAI-GPT, MPT, XGLM, TrOCR's decoder,
-GPT-NeoX-Japanese, Megatron-BERT as a decoder): the backend replaces each attention
+GPT-NeoX-Japanese, Megatron-BERT and RoFormer as decoders): the backend replaces each attention
 module's forward, on the loaded model's own instances, with one that computes q/k/v with the
 module's own projections, applies the family's positional scheme (its RoPE, ALiBi's slopes,
 GPT-Neo's local windows) and attends on the engine's paged cache (attention.attend_layer).
@@ -22,6 +22,7 @@ from typing import Any, Callable
 from batchrun.models.transformers.inline import families, fairseq
 from batchrun.models.transformers.inline.gpt_neox_japanese import gpt_neox_japanese_forward
 from batchrun.models.transformers.inline.megatron_bert import megatron_bert_forward
+from batchrun.models.transformers.inline.roformer import install_roformer_positions, roformer_forward
 from batchrun.models.transformers.support import INLINE_ATTENTION
 
 # model_type -> our forward for the attention class support.INLINE_ATTENTION names
@@ -35,6 +36,7 @@ FORWARDS: dict[str, Callable[..., Any]] = {
     "trocr": fairseq.fairseq_forward,
     "gpt_neox_japanese": gpt_neox_japanese_forward,
     "megatron-bert": megatron_bert_forward,
+    "roformer": roformer_forward,
 }
 assert set(FORWARDS) == set(INLINE_ATTENTION)
 # Families whose decoder uses the mask it builds (MPT casts it): they keep transformers' eager
@@ -71,6 +73,8 @@ def install(hf, name: str) -> None:
             layer += 1
     if model_type == "trocr":
         fairseq.install_trocr_positions(hf)
+    if model_type == "roformer":
+        install_roformer_positions(hf)
     if model_type not in KEEPS_MASK:
         hf.config._attn_implementation = name
 
