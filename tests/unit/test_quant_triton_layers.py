@@ -57,7 +57,8 @@ def test_w8a8_int8_layer_on_the_triton_path_matches_its_reference_and_cpu_path(f
     _close(layer(x), want, rel=1e-5)  # the CPU path's emulation of the same weights
 
 
-def test_smoothed_int8_layer_with_outlier_channels_matches_its_cpu_path(forced):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bfloat16: CUDA's default
+def test_smoothed_int8_layer_with_outlier_channels_matches_its_cpu_path(forced, dtype):
     x, w, bias = _inputs(1)
     x[:, 5] *= 40  # an outlier channel
     smooth = torch.rand(192, generator=torch.Generator().manual_seed(2)) + 0.5
@@ -65,9 +66,12 @@ def test_smoothed_int8_layer_with_outlier_channels_matches_its_cpu_path(forced):
     triton_layer = Int8Linear(w, bias, smooth=smooth, outliers=outliers)
     on_device.FORCED = False
     cpu_layer = Int8Linear(w, bias, smooth=smooth, outliers=outliers)
+    x = x.to(dtype)
     want = cpu_layer(x)
     on_device.FORCED = True
-    _close(triton_layer(x), want, rel=1e-5)
+    got = triton_layer(x)
+    assert got.dtype == dtype
+    _close(got, want, rel=1e-5 if dtype == torch.float32 else 2.0 ** -7)
 
 
 def test_a_w8a8_layer_packed_for_onednn_unpacks_its_weights_when_it_leaves_the_cpu():
