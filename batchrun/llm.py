@@ -167,7 +167,7 @@ def load_weights(path: Path, config: EngineConfig, device: torch.device, dtype: 
     from batchrun.models.quant import checkpoint_method, method
 
     how = method(config.device.quantization)
-    how.check_device(device)
+    how.check_device(device, backend=True)
 
     stored = checkpoint_method(hf)
     if stored is not None:

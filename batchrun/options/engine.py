@@ -62,15 +62,16 @@ class DeviceConfig(BaseModel):
     device: str = option("auto", "auto | cpu | cuda | cuda:N.", cli=False)
     dtype: Dtype = option("auto", "Weights and activations; auto = float32 on CPU, bfloat16 on "
                           "CUDA.")
-    quantization: Literal["none", "int8", "int8-weight", "int4-weight", "gguf", "bf16"] = option(
-        "none", "Run the CPU linear layers at reduced precision, quantized at load. The logits "
+    quantization: Literal["none", "int8", "int8-weight", "int4-weight", "fp8", "gguf", "bf16"] = option(
+        "none", "Run the linear layers at reduced precision, quantized at load. The logits "
         "layer stays in --dtype, except int8's. int8: int8 weights per output channel and int8 "
         "activations per token (int8 GEMMs, calibrated at load, the logits layer too); int8-weight "
         "/ int4-weight: weights only (int4 in groups of 32; a GGUF's Q4_0/Q4_1/Q4_K blocks as "
-        "they are), float activations; gguf: a GGUF's projections in their own formats, exactly "
+        "they are), float activations; fp8: float8 e4m3 weights per channel and activations per "
+        "token (scaled GEMMs; emulated on the CPU); gguf: a GGUF's projections in their own formats, exactly "
         "(Q4_0/Q4_1/Q4_K as int4, Q8_0/Q5_K/Q6_K as grouped int8; other block types refused); "
-        "bf16: bfloat16 GEMMs in a float32 model. benchmarks/quality.py measures each against "
-        "float32.")
+        "bf16: bfloat16 GEMMs in a float32 model. On CUDA: int8, int8-weight, int4-weight and fp8 "
+        "(Triton kernels). benchmarks/quality.py measures each against float32.")
     threads: int | None = option(None, "CPU threads [default: all cores].", ge=1,
                                  section="engine")
     cuda_graphs: bool = option(True, "Capture decode steps in CUDA graphs (CUDA only).",

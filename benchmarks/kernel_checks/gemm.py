@@ -1,4 +1,5 @@
-"""The Triton GEMM kernels (engine/kernels/triton_int4_gemm.py, triton_moe.py, triton_lora.py)
+"""The Triton GEMM kernels (engine/kernels/triton_int4_gemm.py, triton_scaled_gemm.py,
+triton_weight_gemm.py, triton_moe.py, triton_lora.py)
 on small random shapes against torch reference math, on any device (the CPU runs them under
 Triton's interpreter, TRITON_INTERPRET=1, which must be set before triton is imported).
 
@@ -17,6 +18,9 @@ import torch
 
 from batchrun.engine.kernels.triton_int4_gemm import int4_gemm
 from batchrun.engine.kernels.triton_lora import lora_update
+from batchrun.engine.kernels.triton_weight_gemm import weight_gemm
+from batchrun.engine.kernels.triton_scaled_gemm import (quantize_channels_fp8, quantize_rows_fp8,
+                                                        quantize_rows_int8, scaled_gemm)
 from batchrun.engine.kernels.triton_moe import grouped_gemm
 from batchrun.models.layers.grouped_gemm import sort_by_expert
 from batchrun.models.lora.updates import ProjectionUpdate, SliceUpdate
@@ -156,11 +160,60 @@ def check_lora(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> tup
     return _err(got, ref), _tolerance(ref, dtype)
 
 
+def _scaled_check(fp8: bool, rows: int, widen: bool | None = None
+                  ) -> Callable[[torch.device], tuple[float, float]]:
+    """W8A8 int8 (or float8 e4m3) 200 -> 80 with a bias: the weights quantized per channel, the
+    activations per token; the reference multiplies the quantized values in float64."""
+    def check(device: torch.device) -> tuple[float, float]:
+        gen = torch.Generator().manual_seed(rows)
+        x, w = torch.randn(rows, 200, generator=gen), torch.randn(80, 200, generator=gen) * 0.05
+        bias = torch.randn(80, generator=gen)
+        quantize = quantize_rows_fp8 if fp8 else quantize_rows_int8
+        (qx, sx), (qw, sw) = quantize(x), (quantize_channels_fp8(w) if fp8 else quantize_rows_int8(w))
+        ref = (qx.double() @ qw.double().T) * sx.double()[:, None] * sw.double() + bias.double()
+        got = scaled_gemm(qx.to(device), qw.to(device), sx.to(device), sw.to(device),
+                          bias.to(device), torch.float32, widen)
+        return _err(got, ref), _tolerance(ref, torch.float32)
+    return check
+
+
+def _weight_check(fp8: bool, rows: int, dtype: torch.dtype, group: int,
+                  fp8_bits: bool | None = None) -> Callable[[torch.device], tuple[float, float]]:
+    """Weight-only 200 -> 80: int8 or float8 bytes with float32 scales in groups of `group`
+    inputs (the last one short where it does not divide 200), the reference's weights
+    dequantised and rounded to the activations' dtype as the kernel multiplies them."""
+    def check(device: torch.device) -> tuple[float, float]:
+        gen = torch.Generator().manual_seed(rows)
+        x = torch.randn(rows, 200, generator=gen).to(dtype)
+        groups = -(-200 // group)
+        scale = torch.rand(80, groups, generator=gen) * 0.01 + 0.001
+        if fp8:
+            # every finite e4m3 value (subnormals, both signs) and random ones
+            q = (torch.randn(80, 200, generator=gen) * 100).to(torch.float8_e4m3fn)
+            q.view(torch.uint8)[:2].view(-1)[:254] = torch.tensor(
+                [b for b in range(256) if b & 0x7f != 0x7f], dtype=torch.uint8)
+        else:
+            q = torch.randint(-127, 128, (80, 200), generator=gen, dtype=torch.int8)
+        w = q.double() * scale.double().repeat_interleave(group, dim=1)[:, :200]
+        ref = x.double() @ w.to(dtype).double().T
+        got = weight_gemm(x.to(device), q.to(device), scale.to(device), group, fp8_bits)
+        return _err(got, ref), _tolerance(ref, dtype)
+    return check
+
+
 CHECKS: dict[str, Callable[[torch.device], tuple[float, float]]] = {
     "int4": _int4_check(gptq_layer, 96, 5, torch.bfloat16),  # GPTQ act-order, plain nibbles
     "int4_kernel_layout": _int4_check(gptq_layer, 128, 5, torch.float16),  # torch's CPU layout
     "int4_awq": _int4_check(awq_layer, 64, 20, torch.bfloat16),
     "int4_fp32": _int4_check(awq_layer, 96, 3, torch.float32),
+    "w8a8_int8_gemm": _scaled_check(False, 37),
+    "fp8_gemm": _scaled_check(True, 37),
+    "w8a8_int8_gemm_prefill": _scaled_check(False, 130),  # 128 x 128 tiles
+    "fp8_gemm_prefill": _scaled_check(True, 130),
+    "fp8_gemm_widened": _scaled_check(True, 5, widen=True),  # GPUs before sm_89: bytes decoded
+    "weight_int8_gemm": _weight_check(False, 9, torch.bfloat16, 200),  # int8-weight: per channel
+    "weight_fp8_gemm": _weight_check(True, 9, torch.float32, 64),  # FP8 checkpoint: 1x64 blocks
+    "weight_fp8_gemm_bits": _weight_check(True, 9, torch.float32, 64, fp8_bits=True),  # pre-sm_89
     "moe": check_moe,
     "lora": check_lora,
 }

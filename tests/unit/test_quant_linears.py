@@ -121,8 +121,8 @@ def test_quantize_linears_keeps_the_logits_layer_in_float():
 def test_unknown_method_and_non_cpu_devices_are_refused():
     with pytest.raises(QuantizationError, match="unknown quantization 'int3'"):
         method("int3")
-    with pytest.raises(QuantizationError, match="'int8' runs on the CPU only"):
-        method("int8").check_device(torch.device("cuda"))
+    with pytest.raises(QuantizationError, match="'bf16' runs on the CPU only"):
+        method("bf16").check_device(torch.device("cuda"))
     method("none").check_device(torch.device("cuda"))
     with pytest.raises(QuantizationError, match="no linear layer of its own"):
         method("gguf").linear_class()

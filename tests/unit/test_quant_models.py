@@ -115,7 +115,7 @@ def test_quality_gate_figures_are_computed_and_finite(tmp_path):
 
 @pytest.mark.parametrize("fast_bf16", [True, False])
 @pytest.mark.parametrize("arch", ["tied", "llama"])
-@pytest.mark.parametrize("quantization", ["none", "int8", "int8-weight", "int4-weight", "bf16"])
+@pytest.mark.parametrize("quantization", ["none", "int8", "int8-weight", "int4-weight", "fp8", "bf16"])
 def test_footprint_counts_the_quantized_weights(quantization, arch, fast_bf16, tmp_path, monkeypatch):
     from batchrun.footprint import weights_bytes
     from batchrun.models.quant.bf16_linear import Bf16Linear

@@ -8,6 +8,8 @@
 - gguf: a GGUF checkpoint's projections in their own block formats, exactly (quant/gguf.py:
   Q4_0/Q4_1/Q4_K as int4-weight's groups, Q8_0/Q5_K/Q6_K as grouped int8); every other
   linear stays float.
+- fp8: float8 e4m3 weights per output channel and float8 activations per token (dynamic),
+  scaled GEMMs (fp8_linear.Fp8Linear; emulated with the same values on the CPU).
 - bf16: bfloat16 weights and GEMMs (AMX / AVX512-BF16) in a float32 model: unlike
   --dtype bfloat16, the residual stream, norms, attention and KV cache stay float32.
 
@@ -17,7 +19,9 @@ channels (smoothquant.py LOGITS); uncalibrated (a stored checkpoint requantized)
 fast bfloat16 it is a bfloat16 GEMM (Method.logits_in_bf16). benchmarks/quality.py measured plain int8
 logits at +0.85% perplexity for int8, and bfloat16 logits at 98.6% top-1 instead of 99.7% for
 bf16. Each method is one object (methods.py: what loading, footprint and KV sizing ask of it);
-`quantize_linears` is the one place a model's nn.Linear layers become quantized modules
+On CUDA, int8, int8-weight, int4-weight and fp8 (and GPTQ / AWQ / compressed-tensors / FP8
+checkpoints) run through Triton GEMMs (on_device.py); gguf, bf16, MXFP4 and GGUF sources are
+refused there. `quantize_linears` is the one place a model's nn.Linear layers become quantized modules
 (replace_linears calls it).
 """
 
@@ -48,6 +52,9 @@ def kept_float(name: str, keep: tuple[str, ...] = KEEP_FLOAT) -> bool:
 CHECKPOINT_FORMATS = {"gptq": "batchrun.models.quant.gptq", "awq": "batchrun.models.quant.awq",
                       "compressed-tensors": "batchrun.models.quant.compressed_tensors",
                       "fp8": "batchrun.models.quant.fp8", "mxfp4": "batchrun.models.quant.mxfp4"}
+# the formats whose layers run on CUDA (Triton: int4 GEMM for GPTQ / AWQ / compressed-tensors
+# W4A16, the W8A8 and weight-only GEMMs for int8 and FP8 weights)
+CUDA_FORMATS = ("gptq", "awq", "compressed-tensors", "fp8")
 
 
 class CheckpointFormat:
@@ -104,7 +111,7 @@ def checkpoint_method(hf_config) -> tuple[str, dict] | None:
 def check_checkpoint(hf_config, device: torch.device | None = None) -> CheckpointFormat | None:
     """The format of a checkpoint stored quantized (None for a float one); a QuantizationError
     naming the method and why where batchrun cannot run it (a format it does not read, a
-    variant of one it does, or a device other than the CPU)."""
+    variant of one it does, or a device it has no kernels for)."""
     found = checkpoint_method(hf_config)
     if found is None:
         return None
@@ -117,9 +124,11 @@ def check_checkpoint(hf_config, device: torch.device | None = None) -> Checkpoin
             "--quantization gguf (Q4_0, Q4_1, Q4_K, Q5_K, Q6_K and Q8_0 load as they are)")
     fmt = CheckpointFormat(method, config)
     _check_values(fmt)
-    if device is not None and device.type != "cpu":
+    if device is not None and device.type != "cpu" and not (
+            device.type == "cuda" and method in CUDA_FORMATS):
         raise QuantizationError(f"the {method} checkpoint's quantized layers run on the CPU only "
-                                f"(batchrun has no {device.type} kernels for them); use --device cpu")
+                                f"(batchrun has no {device.type} kernels for them; CUDA runs "
+                                f"{', '.join(CUDA_FORMATS)} checkpoints); use --device cpu")
     return fmt
 
 
@@ -164,15 +173,16 @@ def quantize_linears(model: nn.Module, how: Method, keep: tuple[str, ...] = KEEP
     `keep` by float_linear(weight, bias) when given); returns how many were quantized. Under
     `gguf` the quantized layers are in place already (quant/gguf.py): the rest stay float."""
     make = how.linear_class() if how.linear else None
-    # the logits layer only: routers and a classifier's head stay in the model's dtype
-    logits_linear = METHODS["bf16"].linear_class() if how.logits_in_bf16() else float_linear
+    # the logits layer only (on the CPU): routers and a classifier's head stay in the model's dtype
+    bf16_logits = METHODS["bf16"].linear_class() if how.logits_in_bf16() else float_linear
     count = 0
     for path, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if not isinstance(child, nn.Linear):
                 continue
             if kept_float(f"{path}.{child_name}", keep) or make is None:
-                kept = logits_linear if child_name == "lm_head" else float_linear
+                on_cpu = child.weight.device.type == "cpu"
+                kept = bf16_logits if child_name == "lm_head" and on_cpu else float_linear
                 if kept is not None:
                     setattr(module, child_name, kept(child.weight, child.bias))
                 continue

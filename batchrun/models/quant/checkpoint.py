@@ -76,6 +76,16 @@ def _targets(model: nn.Module) -> Iterator[tuple[nn.Module, str, str, list[str]]
             yield module, child_name, prefix, [f"{base}.{p}" for p in FUSED.get(child_name, ())]
 
 
+def _check_experts_device(experts: nn.Module, base: str, method: str) -> None:
+    """Quantized routed experts run on the CPU only: one layer call per expert, with a host sync
+    for the runs of pairs (QuantizedExperts), no grouped quantized-expert kernel on CUDA yet."""
+    device = next(experts.parameters()).device
+    if device.type != "cpu":
+        raise QuantizationError(f"{base}: the {method} checkpoint's routed experts are kept "
+                                f"quantized on the CPU only (no grouped quantized-expert "
+                                f"kernel on {device.type} yet); use --device cpu")
+
+
 def _quantized(tensors: Tensors, prefix: str) -> bool:
     return any(f"{prefix}.{s}" in tensors for s in QUANTIZED_SUFFIXES)
 
@@ -127,7 +137,9 @@ def load_linears(model: nn.Module, folder: Path, read: Callable[[Tensors, str], 
             raise QuantizationError(f"{own}: only some of {prefixes} have a bias")
         bias = None if biases[0] is None else torch.cat(present).float()
         layers = [read(tensors, p) for p in prefixes]
-        module = _fuse(layers, bias, own)
+        # read on the CPU; to the replaced linear's device (CUDA: the Triton path) before any
+        # requantizing, which then builds its layer there
+        module = _fuse(layers, bias, own).to(getattr(parent, attr).weight.device)
         setattr(parent, attr, module if convert is None else convert(module))
         covered.update(name for name in tensors.where
                        if any(name.rsplit(".", 1)[0] == p for p in prefixes))
@@ -143,6 +155,7 @@ def load_linears(model: nn.Module, folder: Path, read: Callable[[Tensors, str], 
             found = None if blocks is None else (*blocks, [base])
         if found is None:
             continue
+        _check_experts_device(experts, base, method)
         gate_up, down, prefixes = found
         if convert is not None:
             gate_up, down = [convert(m) for m in gate_up], [convert(m) for m in down]

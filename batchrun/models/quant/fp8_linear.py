@@ -1,9 +1,16 @@
-"""float8 (e4m3) weights with float activations, as an FP8 checkpoint stores them.
+"""float8 (e4m3) linear layers.
 
-The CPU has no float8 arithmetic: the weights stay float8 bytes (1 byte a weight, as in the
+Fp8WeightLinear: float8 weights with float activations, as an FP8 checkpoint stores them. The
+CPU has no float8 arithmetic: the weights stay float8 bytes (1 byte a weight, as in the
 checkpoint) with their scales, and each step dequantises this layer's weights for one dense
-GEMM in the activations' dtype, as int4-weight's larger steps do. In float32 the dequantised weights are the checkpoint's reference
-dequantisation exactly (a float8 value times a float32 scale)."""
+GEMM in the activations' dtype, as int4-weight's larger steps do. In float32 the dequantised
+weights are the checkpoint's reference dequantisation exactly (a float8 value times a float32
+scale). On CUDA the Triton weight-only GEMM dequantises them in-kernel, the same way.
+
+Fp8Linear (--quantization fp8): float8 weights per output channel and float8 activations per
+token (dynamic), y = (q_x @ q_w^T) * s_x * s_w (+ bias). On CUDA the Triton scaled GEMM
+(float8 tensor-core dots on sm_89+); on the CPU an emulation with the same values (the float8
+products are exact in float32, the sums float32's)."""
 
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from batchrun.models.quant.on_device import DeviceTensors, runs_triton
 
 
 def row_scales(scale: torch.Tensor, out_features: int, in_features: int,
@@ -30,7 +38,9 @@ def row_scales(scale: torch.Tensor, out_features: int, in_features: int,
                      f"{out_features}x{in_features} weight (block {block})")
 
 
-class Fp8WeightLinear(nn.Module):
+class Fp8WeightLinear(DeviceTensors):
+    DEVICE_TENSORS = ("fp8", "scale", "bias")
+
     def __init__(self, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
                  fp8: torch.Tensor, scale: torch.Tensor, block: int):
         super().__init__()
@@ -47,7 +57,13 @@ class Fp8WeightLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         dtype = x.dtype
-        y = F.linear(x.reshape(-1, self.in_features).to(dtype), self.dequantized_weight(dtype))
+        x2 = x.reshape(-1, self.in_features)
+        if runs_triton(x2.device):
+            from batchrun.engine.kernels.triton_weight_gemm import weight_gemm
+
+            y = weight_gemm(x2, self.fp8, self.scale, self.block)
+        else:
+            y = F.linear(x2, self.dequantized_weight(dtype))
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
@@ -70,3 +86,38 @@ def fp8_layer(fp8: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | N
         raise ValueError(f"FP8 weights of dtype {fp8.dtype}: batchrun reads float8_e4m3fn")
     rows, width = row_scales(scale, fp8.shape[0], fp8.shape[1], block)
     return Layer(Fp8WeightLinear, {"fp8": fp8, "scale": rows}, {"block": width})
+
+
+class Fp8Linear(DeviceTensors):
+    """W8A8 float8: per-channel float8 weights, per-token dynamic float8 activations."""
+
+    DEVICE_TENSORS = ("fp8", "w_scale", "bias")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        from batchrun.engine.kernels.triton_scaled_gemm import quantize_channels_fp8
+
+        self.out_features, self.in_features = weight.shape
+        self.fp8, self.w_scale = quantize_channels_fp8(weight.detach())
+        self.bias = None if bias is None else bias.detach().float().to(weight.device)
+
+    @staticmethod
+    def nbytes(out_features: int, in_features: int) -> int:
+        return out_features * in_features + out_features * 4  # float8 weights, float32 scales
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from batchrun.engine.kernels.triton_scaled_gemm import quantize_rows_fp8, scaled_gemm
+
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
+        qx, x_scale = quantize_rows_fp8(x2)
+        if runs_triton(x2.device):
+            y = scaled_gemm(qx, self.fp8, x_scale, self.w_scale, self.bias)
+        else:
+            y = (qx.float() @ self.fp8.float().T) * x_scale[:, None] * self.w_scale
+            if self.bias is not None:
+                y = y + self.bias
+        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return self.fp8.float() * self.w_scale[:, None]

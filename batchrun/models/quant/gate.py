@@ -73,13 +73,14 @@ class Gate:
 
 
 def next_tokens(model: nn.Module, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(top token, its lead over the runner-up in logprob) at every position of `ids`."""
+    """(top token, its lead over the runner-up in logprob) at every position of `ids`, on the
+    CPU (a cached reference compares with a model on any device)."""
     from batchrun.models.quant.calibration import window_forward
 
     with torch.no_grad():
         logits = as_decoder(model).compute_logits(window_forward(model, ids)[0])
     top2 = torch.log_softmax(logits.float(), dim=-1).topk(2, dim=-1)
-    return top2.indices[:, 0], top2.values[:, 0] - top2.values[:, 1]
+    return top2.indices[:, 0].cpu(), (top2.values[:, 0] - top2.values[:, 1]).cpu()
 
 
 def reference(model: nn.Module, ids: list[int], cache: Path) -> dict[str, torch.Tensor]:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from batchrun.models.quant.int8_linear import WEIGHT_ONLY_KERNEL_ROWS
+from batchrun.models.quant.on_device import runs_triton
 
 GROUP = 32
 KERNEL_GROUPS = (32, 64, 128, 256)  # the group sizes torch's CPU int4 kernel takes
@@ -37,7 +38,8 @@ def quantize_groups(weight: torch.Tensor, group: int = GROUP):
 def pack(q: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """(packed nibbles [N, K/2] uint8, whether they are in the CPU kernel's layout)."""
     n, k = q.shape
-    if n % _BLOCK_N == 0 and hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu"):
+    if n % _BLOCK_N == 0 and q.device.type == "cpu" and hasattr(
+            torch.ops.aten, "_convert_weight_to_int4pack_for_cpu"):  # elsewhere: plain
         try:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
             if packed.shape == (n, k // 2) and torch.equal(unpack(packed, True), q):
@@ -101,7 +103,7 @@ class Int4WeightLinear(nn.Module):
         return super()._apply(fn, recurse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed.is_cuda:
+        if runs_triton(self.packed.device):
             return self._forward_cuda(x)
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)

@@ -12,6 +12,7 @@ from torch import nn
 
 from batchrun.engine.kernels.ops import (CpuKernels, outlier_columns, outlier_pairs, pairs_matrix, quantize_rows,
                                          quantize_rows_split, rescale_rows)
+from batchrun.models.quant.on_device import DeviceTensors, runs_triton
 
 log = logging.getLogger(__name__)
 # Up to this many rows of bfloat16 activations the weight-only kernel wins; above it (and for
@@ -83,8 +84,10 @@ def onednn_qlinear_u8(ux: torch.Tensor, packed, w_scale: torch.Tensor,
                                               torch.float32, "none", [], "")
 
 
-class Int8Linear(nn.Module):
-    """W8A8: y = (q_x @ q_w.T) * s_x * s_w (+ bias), q_x the per-token int8 activations.
+class Int8Linear(DeviceTensors):
+    """W8A8: y = (q_x @ q_w.T) * s_x * s_w (+ bias), q_x the per-token int8 activations. On CUDA
+    (on_device.runs_triton) the int8 GEMM is the Triton scaled GEMM (int32 sums, rescaled and
+    biased in its epilogue), the outlier channels a float32 GEMM beside it.
 
     smooth (per input channel, quant/smoothing.py): the GEMM runs on x / smooth against
     weight * smooth. outliers (input channel indices): those channels skip the int8 GEMM (their
@@ -94,14 +97,18 @@ class Int8Linear(nn.Module):
     the factors the layer's input already arrives divided by (folded into the preceding norm;
     `weight` is then already the smoothed one): LoRA adapters on this layer multiply them back."""
 
+    DEVICE_TENSORS = ("qweight", "w_scale", "bias", "inv_smooth", "input_divided_by", "outliers",
+                      "outlier_pairs", "channel_mult")
+
     def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None,
                  smooth: torch.Tensor | None = None, outliers: torch.Tensor | None = None,
                  input_divided_by: torch.Tensor | None = None, *,
                  qweight: torch.Tensor | None = None, scale: torch.Tensor | None = None):
         super().__init__()
-        self.inv_smooth = None if smooth is None else smooth.float().reciprocal()
+        device = (weight if qweight is None else qweight).device  # type: ignore[union-attr]
+        self.inv_smooth = None if smooth is None else smooth.float().reciprocal().to(device)
         self.input_divided_by = input_divided_by
-        self.outliers = None if outliers is None or not len(outliers) else outliers.long()
+        self.outliers = None if outliers is None or not len(outliers) else outliers.long().to(device)
         # bfloat16 [ceil(outliers / 2), N, 2] (ops.outlier_pairs)
         self.outlier_pairs: torch.Tensor | None = None
         if qweight is None:  # quantized here, else a checkpoint's int8 weights and scales as they are
@@ -109,19 +116,19 @@ class Int8Linear(nn.Module):
             weight = weight.float()
             if self.outliers is not None:
                 # one pass over the activations does both: 1/smooth, and zero on the outlier channels
-                self.channel_mult = (torch.ones(weight.shape[1]) if self.inv_smooth is None
+                self.channel_mult = (torch.ones(weight.shape[1], device=device) if self.inv_smooth is None
                                      else self.inv_smooth.clone()).index_fill_(0, self.outliers, 0.0)
                 self.outlier_pairs = outlier_pairs(weight[:, self.outliers].T)
                 weight = weight.index_fill(1, self.outliers, 0.0)
             if smooth is not None:
-                weight = weight * smooth.float()
+                weight = weight * smooth.float().to(device)
             qweight, scale = quantize_per_channel(weight)
         assert scale is not None  # a checkpoint's qweight comes with its scales
         self.out_features, self.in_features = qweight.shape
         self.qweight: torch.Tensor | None  # None once oneDNN holds the packed copy
         self.qweight, self.w_scale = qweight.contiguous(), scale.float().reshape(-1).contiguous()
-        self.bias = None if bias is None else bias.detach().float()
-        self.onednn = onednn_int8_available()
+        self.bias = None if bias is None else bias.detach().float().to(device)
+        self.onednn = not runs_triton(device) and onednn_int8_available()
         self.kernels = None  # the CPU kernel library, once built (attach_kernels)
         if self.onednn:  # the weights in oneDNN's blocked int8 layout, replacing the plain copy
             self.packed = torch.ops.onednn.qlinear_prepack(self.qweight, None)
@@ -139,6 +146,8 @@ class Int8Linear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         if x2.shape[0] == 0:
             return x.new_empty(*shape[:-1], self.out_features)
+        if self.qweight is not None and runs_triton(x2.device):
+            return self._forward_triton(x2).to(x.dtype).reshape(*shape[:-1], self.out_features)
         x_out = None
         if self.outliers is not None and self.onednn:  # one pass: gather, multiply, quantize
             qx, x_scale, x_out = quantize_rows_split(x2, self.channel_mult, self.outliers, self.kernels)
@@ -158,6 +167,31 @@ class Int8Linear(nn.Module):
         if x.dtype != torch.float32:
             y = y.to(x.dtype)
         return y.reshape(*shape[:-1], self.out_features)
+
+    def _forward_triton(self, x2: torch.Tensor) -> torch.Tensor:
+        """float32 [M, N] through the Triton W8A8 GEMM (the CPU path's math, on the device)."""
+        from batchrun.engine.kernels.triton_scaled_gemm import quantize_rows_int8, scaled_gemm
+
+        x_out = None
+        if self.outliers is not None:
+            x_out = outlier_columns(x2, self.outliers)
+            x2 = x2 * self.channel_mult.to(x2.dtype)
+        elif self.inv_smooth is not None:
+            x2 = x2 * self.inv_smooth.to(x2.dtype)
+        assert self.qweight is not None
+        qx, x_scale = quantize_rows_int8(x2)
+        y = scaled_gemm(qx, self.qweight, x_scale, self.w_scale, self.bias)
+        if x_out is not None:
+            assert self.outlier_pairs is not None  # made with the outliers
+            y.addmm_(x_out.float(), pairs_matrix(self.outlier_pairs))
+        return y
+
+    def _apply(self, fn, recurse=True):
+        """Off the CPU, the int8 weights come back out of oneDNN's layout (the Triton GEMM's)."""
+        if self.onednn and fn(torch.empty(0)).device.type != "cpu":
+            self.qweight, self.onednn = _unpack_onednn(self), False
+            del self.packed, self.w_zero
+        return super()._apply(fn, recurse)
 
     def dequantized_weight(self) -> torch.Tensor:
         """The weights this layer's GEMMs compute with, in the input's own scale."""
@@ -188,11 +222,14 @@ def _unpack_onednn(layer: Int8Linear) -> torch.Tensor:
     return y.T.round().to(torch.int8)
 
 
-class Int8WeightLinear(nn.Module):
+class Int8WeightLinear(DeviceTensors):
     """int8 weights, float activations, computed in the activations' dtype (float32: exact to
     the dequantised weights): decode rows by a weight-only kernel (torch's for a few bfloat16
     rows; the C grouped kernel, one group a row, for float32), memory-bound, reading a byte a
-    weight; larger steps dequantize the layer for one dense GEMM."""
+    weight; larger steps dequantize the layer for one dense GEMM. On CUDA every step is the
+    Triton weight-only GEMM (engine/kernels/triton_weight_gemm.py), dequantising in-kernel."""
+
+    DEVICE_TENSORS = ("qweight", "w_scale", "bias")
 
     def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None,
                  qweight: torch.Tensor | None = None, scale: torch.Tensor | None = None):
@@ -215,7 +252,11 @@ class Int8WeightLinear(nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
         dtype = x.dtype
-        if dtype == torch.bfloat16 and 0 < x2.shape[0] <= WEIGHT_ONLY_KERNEL_ROWS:
+        if runs_triton(x2.device):
+            from batchrun.engine.kernels.triton_weight_gemm import weight_gemm
+
+            y = weight_gemm(x2, self.qweight, self.w_scale[:, None], self.in_features)
+        elif dtype == torch.bfloat16 and 0 < x2.shape[0] <= WEIGHT_ONLY_KERNEL_ROWS:
             y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.qweight, self._scale(dtype))
         elif (self.kernels is not None and dtype == torch.float32
               and 0 < x2.shape[0] <= GROUPED_KERNEL_ROWS and self.in_features % 16 == 0):
@@ -226,6 +267,9 @@ class Int8WeightLinear(nn.Module):
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+    def moved(self) -> None:
+        self._scales = {}
 
     def _scale(self, dtype: torch.dtype) -> torch.Tensor:
         if dtype not in self._scales:

@@ -36,7 +36,9 @@ class Method:
       int8's are exact int32 sums of per-row int8 activations, rescaled and given their outlier
       channels row by row);
     on_backend: the transformers backend can quantize with it;
-    bf16_gemms: its GEMMs are bfloat16 ones in a float32 model (slow without AVX512-BF16 / AMX).
+    bf16_gemms: its GEMMs are bfloat16 ones in a float32 model (slow without AVX512-BF16 / AMX);
+    on_cuda: its layers run on CUDA through the Triton GEMMs (engine/kernels/triton_*_gemm.py;
+      a GGUF source's blocks still load on the CPU only: precision.py).
     """
 
     name: str
@@ -47,6 +49,7 @@ class Method:
     batch_invariant: bool = False
     on_backend: bool = True
     bf16_gemms: bool = False
+    on_cuda: bool = False
 
     @property
     def quantizes(self) -> bool:
@@ -65,10 +68,20 @@ class Method:
         return self.kept_gguf == "all" or (self.kept_gguf == "int4" and
                                            all(k in gguf_blocks.INT4 for k in kinds))
 
-    def check_device(self, device: torch.device) -> None:
-        if self.quantizes and device.type != "cpu":
-            raise QuantizationError(f"quantization {self.name!r} runs on the CPU only; on "
-                                    f"{device.type} use --dtype bfloat16 (or --quantization none)")
+    def check_device(self, device: torch.device, backend: bool = False) -> None:
+        """QuantizationError where the method has no kernels on `device` (the transformers
+        backend's quantized linears, calibrated on CPU tensors there: the CPU only)."""
+        if not self.quantizes or device.type == "cpu":
+            return
+        if backend:
+            raise QuantizationError(f"--quantization {self.name} on the transformers backend runs "
+                                    f"on the CPU only; on {device.type} the native models take it")
+        if self.on_cuda and device.type == "cuda":
+            return
+        cuda = ", ".join(m.name for m in METHODS.values() if m.on_cuda)
+        raise QuantizationError(f"quantization {self.name!r} runs on the CPU only (it has no "
+                                f"Triton kernels); on {device.type} use --dtype bfloat16, or on "
+                                f"CUDA one of --quantization {cuda}")
 
     def linear_class(self) -> LinearClass:
         """The quantized linear's class; QuantizationError for a method without one (none, and
@@ -109,9 +122,12 @@ class Method:
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("none", batch_invariant=True),
     # int8 calibrates on the float model: a GGUF source is read as floats
-    Method("int8", "int8_linear.Int8Linear", calibrates=True, batch_invariant=True),
-    Method("int8-weight", "int8_linear.Int8WeightLinear", from_gguf=True),
-    Method("int4-weight", "int4_linear.Int4WeightLinear", from_gguf=True, kept_gguf="int4"),
+    Method("int8", "int8_linear.Int8Linear", calibrates=True, batch_invariant=True, on_cuda=True),
+    Method("int8-weight", "int8_linear.Int8WeightLinear", from_gguf=True, on_cuda=True),
+    Method("int4-weight", "int4_linear.Int4WeightLinear", from_gguf=True, kept_gguf="int4",
+           on_cuda=True),
+    # W8A8 float8: per-channel weights, per-token activations (emulated exactly on the CPU)
+    Method("fp8", "fp8_linear.Fp8Linear", on_cuda=True),
     Method("gguf", from_gguf=True, kept_gguf="all", on_backend=False),
     Method("bf16", "bf16_linear.Bf16Linear", from_gguf=True, bf16_gemms=True),
 )}

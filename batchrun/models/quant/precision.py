@@ -81,6 +81,10 @@ class Precision:
         from batchrun.models.quant import gguf
 
         source = gguf.source_of(folder)
+        if source is not None and next(model.parameters()).device.type != "cpu":
+            raise QuantizationError(f"--quantization {self.method.name} of a GGUF file reads "
+                                    "its blocks on the CPU only; on CUDA use --quantization int8 or "
+                                    "fp8 (which quantize its dequantised weights) or none")
         if source is not None:
             return gguf.load_linears(model, source, self.method)
         if self.method.needs_gguf:

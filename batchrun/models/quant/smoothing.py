@@ -19,21 +19,21 @@ _FLOOR = 1e-5  # a channel that never fired (or a zero weight column) is left ne
 def smoothing_factors(input_max: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
     """float32 [K] factors s for a weight [N, K] whose input channels reached input_max [K]."""
     w_max = weight.detach().float().abs().amax(dim=0).clamp(min=_FLOOR)
-    s = input_max.float().clamp(min=_FLOOR).pow(alpha) / w_max.pow(1 - alpha)
+    s = input_max.float().to(w_max.device).clamp(min=_FLOOR).pow(alpha) / w_max.pow(1 - alpha)
     return s.clamp(min=_FLOOR)
 
 
 @contextlib.contextmanager
 def record_input_max(modules: dict[str, nn.Linear]):
     """While open, {name: float32 [in_features]}: the largest |input| each module's input
-    channels have seen (over every row of every call)."""
+    channels have seen (over every row of every call), on the CPU whatever the model's device."""
     stats = {name: torch.zeros(m.in_features) for name, m in modules.items()}
 
     def hook(name):
         def record(_module, args):
             x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
             if x.shape[0]:
-                torch.maximum(stats[name], x.abs().amax(dim=0), out=stats[name])
+                torch.maximum(stats[name], x.abs().amax(dim=0).cpu(), out=stats[name])
             # returns None: a forward pre-hook's return value would replace the input
         return record
 
@@ -54,7 +54,7 @@ def record_output_max(module: nn.Module, size: int):
     def record(_module, _args, out):
         y = out.detach().reshape(-1, size).float()
         if y.shape[0]:
-            torch.maximum(stats, y.abs().amax(dim=0), out=stats)
+            torch.maximum(stats, y.abs().amax(dim=0).cpu(), out=stats)
 
     handle = module.register_forward_hook(record)
     try:
