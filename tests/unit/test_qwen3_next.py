@@ -144,3 +144,19 @@ def test_plan_sizes_the_state_slots_and_the_attention_layers(tmp_path):
     plain = EngineConfig.default(max_num_seqs=8, kv_cache_memory=2 ** 22)
     _, reserved = kv_reservation(plain, cfg, "cpu", torch.float32)
     assert reserved >= 8 * cfg.state_bytes_per_sequence
+
+
+def test_models_check_names_the_native_models_state(tmp_path):
+    """models check on a native hybrid says what the native path holds: the state per request
+    (the native model's own state_spec), KV caches for the attention layers only, no prefix
+    caching (its mixers write no state checkpoints) and no LoRA."""
+    from tests.unit.test_transformers_backend import _models_cli
+
+    make_tiny("qwen3_next", tmp_path, archs=NATIVE_STATE_ARCHS)
+    model = load_weights(tmp_path, EngineConfig.default(), CPU, torch.float32)
+    out = _models_cli("check", tmp_path).output
+    assert "path: native (models/arch/qwen3_next.py)" in out
+    kib = model.state_spec.bytes_per_sequence / 1024
+    assert f"recurrent state: 3 layers (convolution / SSM / linear-attention state): fp32 " \
+        f"{kib:.1f} KiB" in out, out
+    assert "KV cache: 1 layers" in out and "prefix caching: no" in out and "LoRA: no" in out

@@ -221,7 +221,8 @@ def check(hf, folder=None) -> CheckReport:
     from batchrun.models.transformers import stateful
 
     shape = None
-    keeps_state = impl == "transformers" and stateful.runs(full) and model is not None
+    # native or backend: the state is the layers' (a native Qwen3-Next keeps the backend's)
+    keeps_state = impl != "refused" and stateful.runs(full) and model is not None
     if keeps_state and not stateful.has_attention(model):
         shape = (0, 0, 0, 1)  # no attention layers: no KV cache
     elif impl == "transformers":
