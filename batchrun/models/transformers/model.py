@@ -121,7 +121,6 @@ class TransformersModel(nn.Module):
         self.config = config
         # what compute_logits does to lm_head's output (the load's probe checks it)
         self.transforms = logit_transforms(hf_model.config.get_text_config())
-        self._head = head(hf_model)
         self.position_offset = first_position(hf_model)
         # A *ForSequenceClassification model: its `score` head's outputs; 0 for a causal LM.
         self.num_labels = len(classifier_labels(hf_model.config) or ())
@@ -153,7 +152,7 @@ class TransformersModel(nn.Module):
                               self.config.decoder_layers or self.config.num_layers)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self._head(hidden)
+        logits = head(self.hf)(hidden)  # looked up each call: pack() swaps the linears in it
         for op in self.transforms:
             logits = op(logits)
         return logits.float()
