@@ -385,6 +385,7 @@ def test_auto_picks_native_where_it_runs_the_model_exactly():
      "linear_attention layers"),
     ("cpmant", {}, "CPM-Ant attends bidirectionally"),
     ("megatron-bert", {"is_decoder": False}, "without is_decoder in its config attends both ways"),
+    ("minicpmv4_6", {}, "names no image placeholder token"),
 ])
 def test_refused_with_the_reason(model_type, kw, reason):
     with pytest.raises(UnsupportedModelError, match=reason):

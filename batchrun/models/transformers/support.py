@@ -118,6 +118,10 @@ def vision_reason(hf) -> str | None:
     if "create_masks_for_generate" in vars(cls) and model_type not in BOTH_WAYS:
         return (f"{model_type} builds its own attention masks from token types, which the "
                 f"engine's attention does not reproduce")
+    if getattr(hf, "image_token_id", None) is None and \
+            getattr(hf, "image_token_index", None) is None:
+        return (f"{model_type}'s config names no image placeholder token (image_token_id), "
+                f"which the vision path places image features at")
     return None
 
 

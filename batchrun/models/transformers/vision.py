@@ -55,7 +55,10 @@ class EncoderCache:
 def image_token_id(cfg) -> int:
     """The placeholder token id of vision-language config `cfg` (some name it ..._index)."""
     known = getattr(cfg, "image_token_id", None)
-    return int(known if known is not None else cfg.image_token_index)
+    known = known if known is not None else getattr(cfg, "image_token_index", None)
+    if known is None:  # (support.vision_reason refuses such a config first)
+        raise UnsupportedModelError(f"{cfg.model_type}'s config names no image placeholder token")
+    return int(known)
 
 
 def place_spans(cfg, prompt: list[int], mm: MultiModalInputs) -> None:
