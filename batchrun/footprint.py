@@ -89,7 +89,7 @@ def compute(cfg) -> Compute:
     """Parameters, active parameters and FLOPs per token of `cfg`'s model. A routed expert
     counts top_k / experts of its weights (the router, a shared expert and attention whole);
     embeddings are a lookup, the logits layer runs for sampled tokens only."""
-    from batchrun.models.transformers.check import expert_counts
+    from batchrun.models.transformers.config_features import expert_counts
 
     total = parameter_count(cfg)
     experts, top_k = expert_counts(cfg.hf_config)

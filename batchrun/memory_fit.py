@@ -78,7 +78,7 @@ def native_bytes_bound(cfg) -> int:
     seconds of imports a load of one that plainly fits need not wait for): every projection,
     embedding, expert and norm counted in float32, with half as much again for what this
     leaves out (biases, routers, a packed copy of tied embeddings, quantization scales)."""
-    from batchrun.models.transformers.check import expert_counts
+    from batchrun.models.transformers.config_features import expert_counts
 
     hf = cfg.hf_config
     h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim

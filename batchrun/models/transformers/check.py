@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from batchrun.models.config.windows import config_layer_chunks, effective_window
-from batchrun.models.transformers.indexed import dense_context
+from batchrun.models.transformers.config_features import expert_counts, features
 from batchrun.models.transformers.support import (UnsupportedModelError, as_transformers_config,
                                                   base_decoder, choose)
 
@@ -118,13 +117,6 @@ def shapes_from_config(hf, hf_model=None, calls: dict | None = None) -> tuple[di
 def count_parameters(model) -> int | None:
     """Parameters of the model, tied ones once."""
     return None if model is None else sum(p.numel() for p in model.parameters())
-
-
-def expert_counts(hf) -> tuple[int, int]:
-    """(routed experts, experts per token) the config names; (0, 0) for a dense model."""
-    experts = next((getattr(hf, n) for n in ("num_local_experts", "num_experts", "n_routed_experts")
-                    if getattr(hf, n, None)), 0)
-    return experts, (getattr(hf, "num_experts_per_tok", None) or 0) if experts else 0
 
 
 def routed_expert_parameters(model, hf) -> int:
@@ -342,38 +334,6 @@ def _stored_size(stored, model, hf) -> str:
     what = " and ".join(part for part in (f"{linears} linears" if linears else "", routed) if part)
     return (f"{stored.describe()}; its {what} hold {_size(held)} (float32: {_size(dense)}), the "
             "rest float32; CPU only")
-
-
-def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
-    out = [("prefix caching", "yes"), ("chunked prefill", "yes"), ("LoRA", lora)]
-    window = effective_window(hf)
-    types = list(getattr(hf, "layer_types", None) or [])
-    if window and window < getattr(hf, "max_position_embeddings", window + 1):
-        sliding = types.count("sliding_attention") if types else hf.num_hidden_layers
-        out.append(("sliding window", f"{window} tokens on {sliding} of {hf.num_hidden_layers} "
-                                      f"layers (their KV kept over the window only)"))
-    else:
-        out.append(("sliding window", "no"))
-    chunks = [c for c in config_layer_chunks(hf) if c]
-    if chunks:
-        out.append(("chunked attention", f"{chunks[0]} tokens on {len(chunks)} of "
-                                         f"{hf.num_hidden_layers} layers (a query sees its own "
-                                         f"chunk; their KV kept as over a window of as many)"))
-    experts, per_token = expert_counts(hf)
-    out.append(("MoE", f"{experts} experts, {per_token} per token" if experts else "no"))
-    caps = [n for n in ("attn_logit_softcapping", "final_logit_softcapping")
-            if getattr(hf, n, None)]
-    if caps:
-        out.append(("logit soft-capping", ", ".join(caps)))
-    if getattr(hf, "qk_nope_head_dim", None) is not None:
-        out.append(("MLA", "K/V expanded per head, the narrower zero-padded in the cache"))
-    if getattr(hf, "model_type", "") == "gpt_oss":
-        out.append(("attention sinks", "yes (in the engine's attention kernels)"))
-    if dense_context(hf):
-        out.append(("indexed (sparse) attention", f"run dense, which is exact up to the "
-                    f"indexer's top-k ({dense_context(hf)} tokens): the context is capped there "
-                    f"(the indexer's selection over longer contexts is not run yet)"))
-    return out
 
 
 def describe(name: str, report: CheckReport) -> list[str]:
