@@ -22,9 +22,10 @@ CHUNK = 64
 
 
 @triton.jit
-def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, start_ptr,
-                      out_ptr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                      DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+def _program(slots_ptr, start_ptr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+             DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """This program's sequence rows [start, end), value head h (key head kh), key rows i, value
+    columns j, and where its [DK, DV] tile of the sequence's state lies (at, ok)."""
     seq = tl.program_id(0)
     h = tl.program_id(1)
     kh = h // (HV // HK)
@@ -34,6 +35,14 @@ def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr
     j = tl.program_id(2) * BV + tl.arange(0, BV)  # this program's value columns
     at = (tl.load(slots_ptr + seq).to(tl.int64) * HV + h) * DK * DV + i[:, None] * DV + j[None, :]
     ok = (i[:, None] < DK) & (j[None, :] < DV)
+    return h, kh, start, end, i, j, at, ok
+
+
+@triton.jit
+def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, start_ptr,
+                      out_ptr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                      DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    h, kh, start, end, i, j, at, ok = _program(slots_ptr, start_ptr, HK, HV, DK, DV, BK, BV)
     S = tl.load(state_ptr + at, mask=ok, other=0.0)
     for t in range(start, end):
         qk_at = (t * HK + kh) * DK + i
@@ -52,16 +61,8 @@ def _chunk_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, st
                   out_ptr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
                   DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
                   LOG2_BT: tl.constexpr):
-    seq = tl.program_id(0)
-    h = tl.program_id(1)
-    kh = h // (HV // HK)
-    start = tl.load(start_ptr + seq)
-    end = tl.load(start_ptr + seq + 1)
-    i = tl.arange(0, BK)
-    j = tl.program_id(2) * BV + tl.arange(0, BV)  # this program's value columns
+    h, kh, start, end, i, j, at, ok = _program(slots_ptr, start_ptr, HK, HV, DK, DV, BK, BV)
     r = tl.arange(0, BT)
-    at = (tl.load(slots_ptr + seq).to(tl.int64) * HV + h) * DK * DV + i[:, None] * DV + j[None, :]
-    ok = (i[:, None] < DK) & (j[None, :] < DV)
     S = tl.load(state_ptr + at, mask=ok, other=0.0)
     lower = r[:, None] >= r[None, :]
     eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
