@@ -534,6 +534,9 @@ def test_indexed_attention_selects_the_indexers_top_k_on_the_cache(arch, tmp_pat
     check = _models_cli("check", tmp_path).output
     assert "indexed (sparse) attention: each query attends to its indexer's top-k (8 tokens)" \
         in check
+    if arch == "glm_moe_dsa":  # V as wide as K: 32 / 4 heads more columns for the keys
+        assert "3 layers x 4 KV heads x head dim 32 (held 40 wide: the indexer's keys beside " \
+            "V): fp32 3.8 KiB" in check
 
 
 def test_an_indexer_not_run_on_the_cache_caps_the_context():

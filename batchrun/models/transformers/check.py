@@ -367,6 +367,9 @@ def describe(name: str, report: CheckReport) -> list[str]:
         return lines
     dims = (f"head dim {report.k_head_dim}" if report.k_head_dim == report.v_head_dim
             else f"K/V head dims {report.k_head_dim}/{report.v_head_dim}")
+    width = widened(report.kv_heads, report.k_head_dim, report.v_head_dim, report.index_key_dim)
+    if width > max(report.k_head_dim, report.v_head_dim):
+        dims += f" (held {width} wide: the indexer's keys beside V)"
     lines.append(f"KV cache: {report.layers} layers x {report.kv_heads} KV heads x {dims}: "
                  f"{kv} per token")
     lines += [f"  {k}: {v}" for k, v in report.features]
