@@ -217,8 +217,3 @@ def register() -> None:
     AttentionMaskInterface.register(NAME, no_mask)
     AttentionInterface.register(INDEXED_NAME, batchrun_attention)
     AttentionMaskInterface.register(INDEXED_NAME, dense_mask)
-
-
-def in_step() -> bool:
-    """Whether a batchrun step (or probe) is running."""
-    return _current is not None

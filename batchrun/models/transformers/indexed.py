@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 from types import MethodType
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -105,10 +105,10 @@ def dense_mask(batch_size: int, q_length: int, kv_length: int, *args, device="cp
     return torch.zeros((), device=device).expand(batch_size, 1, q_length, kv_length)
 
 
-def install(hf, in_step: Callable[[], bool]) -> None:
-    """Every indexer of `hf`, while a batchrun step runs (`in_step`; its own forward otherwise:
-    transformers' reference), selects on the engine's cache (SELECTING) or returns no
-    indices (dense)."""
+def install(hf, current_step: Callable[[], Any]) -> None:
+    """Every indexer of `hf`, while a batchrun step runs (`current_step()`, attention.py's Step;
+    its own forward otherwise: transformers' reference), selects on the engine's cache
+    (SELECTING) or returns no indices (dense)."""
     for module in hf.modules():
         name = type(module).__name__
         if name.endswith("Indexer") and not hasattr(module, "batchrun_own"):
@@ -117,10 +117,12 @@ def install(hf, in_step: Callable[[], bool]) -> None:
 
             def forward(self, hidden_states, q_resid=None, position_embeddings=None, *args,
                         _own=own, _rope=rope, **kwargs):
-                if not in_step():
+                current = current_step()
+                if current is None:
                     return _own(hidden_states, q_resid, position_embeddings, *args, **kwargs)
                 if _rope is not None:
-                    return select(self, _rope, hidden_states, q_resid, position_embeddings)
+                    return select(self, _rope, current, hidden_states, q_resid,
+                                  position_embeddings)
                 return torch.empty((*hidden_states.shape[:2], 0), dtype=torch.long,
                                    device=hidden_states.device)
 
@@ -129,14 +131,12 @@ def install(hf, in_step: Callable[[], bool]) -> None:
 
 
 @torch.no_grad()
-def select(module, rope, hidden_states: torch.Tensor, q_resid: torch.Tensor,
+def select(module, rope, current, hidden_states: torch.Tensor, q_resid: torch.Tensor,
            position_embeddings) -> torch.Tensor:
-    """The indexer `module`'s top-k key positions [1, T, K] for the step's T rows (-1: none),
-    as its own forward scores them; [1, T, 0] (attend densely) while every context of the step
-    is within the top-k. The rows' indexer keys go to the step, for the layer's V cache."""
-    from batchrun.models.transformers import attention
-
-    current = attention.current_step()
+    """The indexer `module`'s top-k key positions [1, T, K] for the T rows of the step
+    `current` (-1: none), as its own forward scores them; [1, T, 0] (attend densely) while
+    every context of the step is within the top-k. The rows' indexer keys go to the step, for
+    the layer's V cache."""
     rows = hidden_states.shape[1]
     cos, sin = position_embeddings
     q = module.wq_b(q_resid).view(1, rows, module.n_heads, module.head_dim)
@@ -146,7 +146,7 @@ def select(module, rope, hidden_states: torch.Tensor, q_resid: torch.Tensor,
     q = torch.cat([q_rot, q[..., rot:]], dim=-1)[0].float()  # [T, H, D]
     k = torch.cat([k_rot, k[..., rot:]], dim=-1)[0, :, 0]  # [T, D]
     none = torch.empty((1, rows, 0), dtype=torch.long, device=hidden_states.device)
-    if current is None or current.kv_caches is None:  # a shape-only probe
+    if current.kv_caches is None:  # a shape-only probe
         return none
     current.index_keys[module.layer_idx] = k
     if current.meta is None or current.max_context <= module.index_topk:

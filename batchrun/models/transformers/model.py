@@ -240,7 +240,7 @@ def use_batchrun_attention(hf) -> None:
         inline.install(hf, attention.NAME)
     else:
         hf.set_attn_implementation(attention.implementation(hf.config, cfg))
-    indexed.install(hf, attention.in_step)
+    indexed.install(hf, attention.current_step)
     if cfg.model_type in WINDOW_FROM_MASK and getattr(cfg, "sliding_window", None):
         for module in hf.modules():  # the attention modules (those that know their layer)
             if hasattr(module, "layer_idx"):
