@@ -519,8 +519,8 @@ def test_plan_sizes_backend_models_and_says_why_it_refuses_one(tmp_path):
 def test_indexed_attention_selects_the_indexers_top_k_on_the_cache(arch, tmp_path, monkeypatch):
     """DeepSeek-V3.2's and GLM-MoE-DSA's indexers pick each query's top-k keys (8 here) from
     the indexer keys our V cache keeps, past the top-k, through mixed prompt lengths, chunked
-    prefill, preemption and prefix hits, as transformers' generate (its own indexer) does;
-    models check says so, with no cap on the context."""
+    prefill, preemption, prefix hits and n = 2, as transformers' generate (its own indexer)
+    does; models check says so, with no cap on the context."""
     from batchrun.models.transformers import attention
 
     selected = []
@@ -531,6 +531,12 @@ def test_indexed_attention_selects_the_indexers_top_k_on_the_cache(arch, tmp_pat
     assert engine.runner.model.config.max_position_embeddings == 256  # not index_topk
     check_a_busy_engine(hf, engine, arch)
     assert selected  # the sparse path ran (the dense one alone differs: the load check says)
+    # n = 2 forks a sequence past the top-k (its blocks, indexer keys included, shared)
+    prompt = torch.randint(3, 512, (20,), generator=torch.Generator().manual_seed(4)).tolist()
+    forked = engine.generate([prompt], SamplingParams(n=2, temperature=0, max_tokens=MAX_TOKENS,
+                                                      ignore_eos=True))[0]
+    ref, _ = hf_greedy(hf, prompt, MAX_TOKENS)
+    assert [o.token_ids for o in forked.outputs] == [ref, ref]
     check = _models_cli("check", tmp_path).output
     assert "indexed (sparse) attention: each query attends to its indexer's top-k (8 tokens)" \
         in check
