@@ -115,19 +115,24 @@ def install(hf, current_step: Callable[[], Any]) -> None:
             own = module.forward
             rope = getattr(sys.modules[type(module).__module__], SELECTING.get(name, ""), None)
 
-            def forward(self, hidden_states, q_resid=None, position_embeddings=None, *args,
-                        _own=own, _rope=rope, **kwargs):
+            def forward(self, *args, _own=own, _rope=rope, **kwargs):
                 current = current_step()
                 if current is None:
-                    return _own(hidden_states, q_resid, position_embeddings, *args, **kwargs)
-                if _rope is not None:
-                    return select(self, _rope, current, hidden_states, q_resid,
-                                  position_embeddings)
+                    return _own(*args, **kwargs)
+                hidden_states = _argument(args, kwargs, 0, "hidden_states")
+                if _rope is not None:  # (SELECTING's forwards take these three first)
+                    return select(self, _rope, current, hidden_states,
+                                  _argument(args, kwargs, 1, "q_resid"),
+                                  _argument(args, kwargs, 2, "position_embeddings"))
                 return torch.empty((*hidden_states.shape[:2], 0), dtype=torch.long,
                                    device=hidden_states.device)
 
             module.batchrun_own = own
             module.forward = MethodType(forward, module)
+
+
+def _argument(args: tuple, kwargs: dict, position: int, name: str):
+    return args[position] if len(args) > position else kwargs[name]
 
 
 @torch.no_grad()
