@@ -154,7 +154,8 @@ def select(module, rope, current, hidden_states: torch.Tensor, q_resid: torch.Te
     if current.kv_caches is None:  # a shape-only probe
         return none
     current.index_keys[module.layer_idx] = k
-    if current.meta is None or current.max_context <= module.index_topk:
+    # the load's probe (no kv_shape: caches without room for the keys) attends densely
+    if current.kv_shape is None or current.max_context <= module.index_topk:
         return none
     weights = module.weights_proj(hidden_states.to(module.weights_proj.weight.dtype))
     weights = weights[0].float() * module.n_heads ** -0.5  # [T, H]
