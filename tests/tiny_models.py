@@ -123,14 +123,25 @@ BACKEND_ARCHS = {
     "gemma4_text": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
         "head_dim": 16, "global_head_dim": 32, "attention_k_eq_v": True,
         "num_global_key_value_heads": 1, **_SWA}),
-    # DeepSeek-V3.2's indexed (DSA) attention, run dense: its indexer's top-k (64) covers the
-    # context, which the backend caps there.
+    # DeepSeek-V3.2's indexed (DSA) attention: its indexer's top-k (8) selects on the cache
+    # past 8 tokens (dense within them); 16 indexer heads keep exact ties of its ReLU'd scores
+    # (which transformers' topk and ours may break apart) unlikely.
     "deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM", {
         "num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": 32, "qk_nope_head_dim": 16,
         "qk_rope_head_dim": 16, "v_head_dim": 24, "n_routed_experts": 4, "num_experts_per_tok": 2,
         "n_shared_experts": 1, "moe_intermediate_size": 64, "first_k_dense_replace": 1,
-        "n_group": 1, "topk_group": 1, "index_topk": 64, "index_n_heads": 2,
+        "n_group": 1, "topk_group": 1, "index_topk": 8, "index_n_heads": 16,
         "index_head_dim": 32}),
+    # GLM-MoE-DSA: the same selection with interleaved RoPE in its indexer, and layers that
+    # reuse the previous layer's top-k ("shared"); a V head as wide as K, so the cache widens
+    # for the indexer's keys.
+    "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM", {
+        "num_hidden_layers": 3, "num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": 32,
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 32,
+        "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+        "moe_intermediate_size": 64, "mlp_layer_types": ["dense", "sparse", "sparse"],
+        "n_group": 1, "topk_group": 1, "index_topk": 8, "index_n_heads": 16,
+        "index_head_dim": 32, "indexer_types": ["full", "shared", "full"]}),
     # Gemma 3n's text model: per-layer MLP widths, its last two layers reusing the K/V of the
     # last earlier layer of their kind, AltUp, Laurel and per-layer inputs, activation sparsity
     # on the first layer.

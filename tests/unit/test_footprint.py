@@ -126,11 +126,12 @@ def backend_folder(tmp_path, smol_tokenizer):
 # A native MoE with a shared expert and a dense layer, a windowed native model (gemma2: one
 # window layer, one full), one without RMSNorm/SwiGLU (gpt_neox), MLA (deepseek_v2), and a native
 # MoE with sinks, biases and windows (gpt_oss), a native model with LayerNorms and per-head q/k
-# norms (stablelm), chunked attention beside full layers and a shared-expert MoE (llama4_text).
+# norms (stablelm), chunked attention beside full layers and a shared-expert MoE (llama4_text),
+# indexed attention whose cache widens for the indexer's keys (glm_moe_dsa).
 @pytest.mark.parametrize("arch,impl", [
     ("qwen2_moe", "native"), ("mixtral", "native"), ("gemma2", "native"), ("stablelm", "native"),
     ("gpt_neox", "transformers"), ("deepseek_v2", "transformers"), ("gpt_oss", "native"),
-    ("llama4_text", "transformers")])
+    ("llama4_text", "transformers"), ("glm_moe_dsa", "transformers")])
 def test_every_path_is_sized_as_the_engine_holds_it(arch, impl, backend_folder):
     """Parameters equal transformers' model's, weight bytes what the loaded model holds, and
     the KV pool (its groups, blocks and bytes) what the engine allocates."""

@@ -515,16 +515,45 @@ def test_plan_sizes_backend_models_and_says_why_it_refuses_one(tmp_path):
         model_config_for(str(tmp_path / "m"))
 
 
-def test_indexed_attention_runs_dense_within_the_indexers_top_k(tmp_path):
-    """DeepSeek-V3.2's indexed attention keeps every key while the context is at most its
-    indexer's top-k, so it runs dense there (the parity matrix holds its text to transformers');
-    the context is capped at the top-k, and models check says so."""
-    hf, engine = backend_engine("deepseek_v32", tmp_path)
-    assert engine.runner.model.config.max_position_embeddings == 64  # index_topk
-    check = _models_cli("check", tmp_path).output
-    assert "indexed (sparse) attention: run dense, which is exact up to the indexer's top-k " \
-        "(64 tokens)" in check
-    from batchrun.engine.errors import PromptTooLongError
+@pytest.mark.parametrize("arch", ["deepseek_v32", "glm_moe_dsa"])
+def test_indexed_attention_selects_the_indexers_top_k_on_the_cache(arch, tmp_path, monkeypatch):
+    """DeepSeek-V3.2's and GLM-MoE-DSA's indexers pick each query's top-k keys (8 here) from
+    the indexer keys our V cache keeps, past the top-k, through mixed prompt lengths, chunked
+    prefill, preemption, prefix hits and n = 2, as transformers' generate (its own indexer)
+    does; models check says so, with no cap on the context."""
+    from batchrun.models.transformers import attention
 
-    with pytest.raises(PromptTooLongError, match="context length is 64"):
-        engine.generate([list(range(3, 73))], SamplingParams(temperature=0, max_tokens=2))
+    selected = []
+    real = attention.selected_attention
+    monkeypatch.setattr(attention, "selected_attention",
+                        lambda *a: selected.append(1) or real(*a))
+    hf, engine = backend_engine(arch, tmp_path, max_num_batched_tokens=16, num_blocks=24)
+    assert engine.runner.model.config.max_position_embeddings == 256  # not index_topk
+    check_a_busy_engine(hf, engine, arch)
+    assert selected  # the sparse path ran (the dense one alone differs: the load check says)
+    # n = 2 forks a sequence past the top-k (its blocks, indexer keys included, shared)
+    prompt = torch.randint(3, 512, (20,), generator=torch.Generator().manual_seed(4)).tolist()
+    forked = engine.generate([prompt], SamplingParams(n=2, temperature=0, max_tokens=MAX_TOKENS,
+                                                      ignore_eos=True))[0]
+    ref, _ = hf_greedy(hf, prompt, MAX_TOKENS)
+    assert [o.token_ids for o in forked.outputs] == [ref, ref]
+    check = _models_cli("check", tmp_path).output
+    assert "indexed (sparse) attention: each query attends to its indexer's top-k (8 tokens)" \
+        in check
+    if arch == "glm_moe_dsa":  # V as wide as K: 32 / 4 heads more columns for the keys
+        assert "3 layers x 4 KV heads x head dim 32 (held 40 wide: the indexer's keys beside " \
+            "V): fp32 3.8 KiB" in check
+
+
+def test_an_indexer_not_run_on_the_cache_caps_the_context():
+    """HY-V4's indexer does not select on the cache: its model runs dense, exact within the
+    top-k, with the context capped there, and models check names the family."""
+    from batchrun.models.transformers.config_features import features
+    from batchrun.models.transformers.indexed import dense_context, key_dim
+    from transformers import HYV4Config
+
+    config = HYV4Config(index_topk=64)
+    assert dense_context(config) == 64 and key_dim(config) == 0
+    wording = dict(features(config, "transformers", "no"))["indexed (sparse) attention"]
+    assert wording.startswith("run dense, which is exact up to the indexer's top-k (64 tokens)")
+    assert "hy_v4" in wording

@@ -24,8 +24,10 @@ import torch.nn.functional as F
 
 from batchrun.engine.attention import (AttentionMetadata, GroupedMetadata, layer_metadata,
                                        paged_attention)
+from batchrun.engine.attention.selected import selected_attention
 from batchrun.models.config.windows import layer_chunk
 from batchrun.models.transformers import temperature
+from batchrun.models.transformers.indexed import dense_mask, indexed, spread
 from batchrun.models.transformers.support import UnsupportedModelError
 
 NAME = "batchrun"
@@ -54,6 +56,14 @@ class Step:
     # (KV heads, head dim) of the engine's cache, which layers of fewer KV heads or narrower
     # heads fit (MiMo-V2-Flash); None: each call's own (probing)
     kv_shape: tuple[int, int] | None = None
+    # layer_idx -> the step's indexer keys [T, D] (indexed.py), which its V cache keeps
+    index_keys: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def peek_index(self, layer: int) -> int:
+        """The KV cache of `layer`'s first attention call of the step (none made yet)."""
+        if self.calls_per_layer is None:
+            return layer
+        return (layer if self.layers is None else self.layers[layer]) * self.calls_per_layer
 
     def cache_index(self, layer: int) -> int:
         """The KV cache of this call of `layer` (its first, second, ... of the step)."""
@@ -83,6 +93,11 @@ def step(kv_caches, meta, max_context: int, shapes: dict | None = None,
         _current = previous
 
 
+def current_step() -> Step | None:
+    """The batchrun step (or probe) running now, if any."""
+    return _current
+
+
 def step_positions(rows: int, device: torch.device) -> torch.Tensor:
     """The current step's positions of its `rows` flat rows (a family that computes its own
     position encoding inside attention reads them); 0.. in a shape-only probe, which has none."""
@@ -107,7 +122,8 @@ def batchrun_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
         q = temperature.tune(module, q, _current.meta.positions)
     out = attend_layer(layer, q, k, v, scaling, sliding_window, softcap, s_aux,
                        causal=getattr(module, "is_causal", True) is not False,
-                       chunk=layer_chunk(getattr(module, "config", None), layer))
+                       chunk=layer_chunk(getattr(module, "config", None), layer),
+                       selected=kwargs.get("indices"))
     return out.unsqueeze(0), None
 
 
@@ -115,11 +131,14 @@ def attend_layer(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  scale: float | None = None, window: int | None = None,
                  softcap: float | None = None, sinks: torch.Tensor | None = None,
                  alibi: torch.Tensor | None = None, causal: bool = True,
-                 chunk: int | None = None) -> torch.Tensor:
+                 chunk: int | None = None, selected: torch.Tensor | None = None
+                 ) -> torch.Tensor:
     """Layer `layer`'s attention on the step's paged cache (this call's KV cache: a layer that
     calls attention twice has two): q [T, H, D], k/v [T, Hkv, D(v)] -> [T, H, Dv]. alibi:
     ALiBi's per-head slopes [H] (a score gains slope * key position); chunk: the layer's
-    attention chunk (a row at p sees p - p % chunk <= j <= p)."""
+    attention chunk (a row at p sees p - p % chunk <= j <= p); selected [1, T, K]: the key
+    positions each row attends to alone (an indexer's top-k: indexed.py; -1 none; K = 0:
+    all)."""
     current = _current
     if current is None:
         raise RuntimeError("the batchrun attention function runs only inside a batchrun step")
@@ -138,9 +157,14 @@ def attend_layer(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return q.new_zeros(q.shape[0], q.shape[1], dv)
     scale = scale if scale is not None else q.shape[-1] ** -0.5
     q, k, v = fit_cache(q, k, v, current.kv_shape)
+    if layer in current.index_keys and current.kv_shape is not None:
+        v = spread(v, current.index_keys[layer], dv)  # the indexer's keys beside V
     k_cache, v_cache = current.kv_caches[index]
     assert current.meta is not None  # a step with caches has its metadata
     meta = layer_metadata(current.meta, index)
+    if selected is not None and selected.shape[-1]:
+        return selected_attention(q.contiguous(), k, v, k_cache, v_cache, meta, scale,
+                                  selected[0])[..., :dv]
     window = window if window and window < current.max_context else None
     chunk = chunk if chunk and chunk < current.max_context else None
     out = paged_attention(q.contiguous(), k, v, k_cache, v_cache, meta, scale,
@@ -170,8 +194,6 @@ def implementation(config, text_config, name: str = NAME) -> str | dict:
     attention) for a text model; for a vision-language model, `name` on its decoder's
     sub-config only, so the vision tower keeps its own (SDPA: its attention is per image,
     outside the KV cache)."""
-    from batchrun.models.transformers.indexed import indexed
-
     if name == NAME and indexed(text_config):
         name = INDEXED_NAME
     if text_config is config:
@@ -191,14 +213,7 @@ def register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    from batchrun.models.transformers.indexed import dense_mask
-
     AttentionInterface.register(NAME, batchrun_attention)
     AttentionMaskInterface.register(NAME, no_mask)
     AttentionInterface.register(INDEXED_NAME, batchrun_attention)
     AttentionMaskInterface.register(INDEXED_NAME, dense_mask)
-
-
-def in_step() -> bool:
-    """Whether a batchrun step (or probe) is running."""
-    return _current is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from batchrun.models.transformers.config_features import expert_counts, features
+from batchrun.models.transformers.indexed import key_dim, widened
 from batchrun.models.transformers.support import (UnsupportedModelError, as_transformers_config,
                                                   base_decoder, choose)
 
@@ -33,11 +34,14 @@ class CheckReport:
     state_layers: int = 0
     state_bytes_fp32: int = 0
     state_bytes_bf16: int = 0
+    index_key_dim: int = 0  # an indexer's key the V cache keeps beside V (indexed.py)
 
     @property
     def kv_elements_per_token(self) -> int:
-        """The cache stores K and V at the wider of their head dims (MLA: the other padded)."""
-        return 2 * self.layers * self.kv_heads * max(self.k_head_dim, self.v_head_dim)
+        """The cache stores K and V at the wider of their head dims (MLA: the other padded),
+        widened where an indexer's key does not fit beside V."""
+        return 2 * self.layers * self.kv_heads * widened(
+            self.kv_heads, self.k_head_dim, self.v_head_dim, self.index_key_dim)
 
 
 def attention_shape(hf) -> tuple[int, int, int]:
@@ -234,6 +238,7 @@ def check(hf, folder=None) -> CheckReport:
     report.parameters = count_parameters(model)
     report.kv_heads, report.k_head_dim, report.v_head_dim, per_layer = shape or kv_shape(full)
     report.layers = text.num_hidden_layers * per_layer  # KV caches, as the load sizes them
+    report.index_key_dim = key_dim(text)
     report.features = features(text, impl, lora_support(model, full, impl))
     if shape == (0, 0, 0, 1):
         report.layers = 0
@@ -362,6 +367,9 @@ def describe(name: str, report: CheckReport) -> list[str]:
         return lines
     dims = (f"head dim {report.k_head_dim}" if report.k_head_dim == report.v_head_dim
             else f"K/V head dims {report.k_head_dim}/{report.v_head_dim}")
+    width = widened(report.kv_heads, report.k_head_dim, report.v_head_dim, report.index_key_dim)
+    if width > max(report.k_head_dim, report.v_head_dim):
+        dims += f" (held {width} wide: the indexer's keys beside V)"
     lines.append(f"KV cache: {report.layers} layers x {report.kv_heads} KV heads x {dims}: "
                  f"{kv} per token")
     lines += [f"  {k}: {v}" for k, v in report.features]

@@ -5,7 +5,7 @@ them (check.py decides the path; this module words the features of the one it de
 from __future__ import annotations
 
 from batchrun.models.config.windows import config_layer_chunks, effective_window
-from batchrun.models.transformers.indexed import dense_context
+from batchrun.models.transformers.indexed import dense_context, selects
 
 
 def expert_counts(hf) -> tuple[int, int]:
@@ -43,5 +43,11 @@ def features(hf, impl: str, lora: str) -> list[tuple[str, str]]:
     if dense_context(hf):
         out.append(("indexed (sparse) attention", f"run dense, which is exact up to the "
                     f"indexer's top-k ({dense_context(hf)} tokens): the context is capped there "
-                    f"(the indexer's selection over longer contexts is not run yet)"))
+                    f"(the selection of {hf.model_type}'s indexer over longer contexts is not "
+                    f"run yet)"))
+    elif selects(hf):
+        out.append(("indexed (sparse) attention", f"each query attends to its indexer's top-k "
+                    f"({hf.index_topk} tokens) of the cache; the indexer's keys "
+                    f"({hf.index_head_dim} wide) kept beside V; dense while every context is "
+                    f"within the top-k"))
     return out

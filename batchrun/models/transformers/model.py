@@ -240,7 +240,7 @@ def use_batchrun_attention(hf) -> None:
         inline.install(hf, attention.NAME)
     else:
         hf.set_attn_implementation(attention.implementation(hf.config, cfg))
-    indexed.install(hf, attention.in_step)
+    indexed.install(hf, attention.current_step)
     if cfg.model_type in WINDOW_FROM_MASK and getattr(cfg, "sliding_window", None):
         for module in hf.modules():  # the attention modules (those that know their layer)
             if hasattr(module, "layer_idx"):
@@ -267,11 +267,12 @@ def config_of(cfg, shapes: dict, windows: dict, calls: dict | None = None,
     repeat = per_layer.pop()
     heads, kv_heads, dk, dv = one_kv_shape(cfg.model_type, set(shapes.values()))
     longest = (getattr(cfg, "max_position_embeddings", None) or 2048) - first
-    longest = min(longest, indexed.dense_context(cfg) or longest)  # indexed.py: dense up to it
+    # indexed.py: capped where the indexer's selection does not run on the cache
+    longest = min(longest, indexed.dense_context(cfg) or longest)
     return BackendConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
         num_layers=len(attending) * repeat, num_heads=heads, num_kv_heads=kv_heads,
-        head_dim=max(dk, dv), max_position_embeddings=longest,
+        head_dim=indexed.cache_head_dim(cfg, kv_heads, dk, dv), max_position_embeddings=longest,
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), hf_config=cfg,
         layer_windows=tuple(w if w and w < longest else None
                             for w in (windows.get(i) for i in attending for _ in range(repeat))),
