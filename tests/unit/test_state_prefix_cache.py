@@ -14,6 +14,7 @@ import torch
 from batchrun.engine import SamplingParams
 from batchrun.engine.state_checkpoints import CheckpointPool, StepCheckpoints
 from batchrun.engine.state_slots import StateSpec, StepState, state_tensors
+from batchrun.options.engine import EngineConfig
 from batchrun.models.transformers import stateful
 from tests.helpers import matrix
 from tests.parity import ParityReport
@@ -241,3 +242,36 @@ def test_a_waiting_prompt_waits_only_for_a_block_that_ends_at_a_checkpoint():
                                 checkpoints=CheckpointPool(2, 4, interval=8))
     assert with_state.next_hit_block(16) == 5 and with_state.next_hit_block(0) == 1
     assert KVCacheManager(32, 4).next_hit_block(16) == 4
+
+
+def test_an_image_prompt_of_a_stateful_vision_model_hits_its_checkpoints(tmp_path,
+                                                                          smol_tokenizer):
+    """Qwen3.5's image-text model (stateful_vision.py): the same image prompt again resumes at
+    its last checkpoint, past the image, with the tokens and logprobs of the cache off."""
+    from batchrun.llm import load_from_path
+    from batchrun.models.transformers.processor import render
+    from tests.tiny_vlm_families import make_tiny_vlm
+    from tests.tiny_vlms import image
+    from tests.unit.test_vision_families import chat
+
+    make_tiny_vlm("qwen3_5", tmp_path, smol_tokenizer)
+    outs = {}
+    for on in (True, False):
+        loaded = load_from_path(tmp_path, EngineConfig.default(
+            model_impl="auto", block_size=4, max_num_batched_tokens=16, num_blocks=256,
+            threads=1, enable_prefix_caching=on, state_checkpoint_tokens=EVERY))
+        prompt, mm = render(loaded.processor, chat(1), [image(120, 90, 1)])
+        image_id = loaded.engine.runner.model.image_token_id
+        assert len(prompt) == 26 and prompt.index(image_id) < 24  # its image placeholders
+        assert max(i for i, t in enumerate(prompt) if t == image_id) < 24  # are before the hit
+        outs[on] = [run_one(loaded.engine, f"again-{i}", prompt, mm) for i in range(2)]
+    assert [o.num_cached_tokens for o in outs[True]] == [0, 24]
+    assert_same_outputs(outs[True], outs[False], "qwen3_5 image")
+
+
+def run_one(engine, rid, prompt, mm):
+    engine.add_request(rid, prompt, GREEDY, multimodal=mm)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                return out
