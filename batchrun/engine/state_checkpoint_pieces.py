@@ -27,7 +27,7 @@ def pieces(step: StepState) -> list[tuple[torch.Tensor, StepState, list[int], li
     ck = step.checkpoints
     ends = [sorted({r for s, r in zip(ck.seq, ck.rows) if s == i} | {n})
             for i, n in enumerate(counts)]
-    slots = step.slots.tolist()
+    slots, fresh = step.slots.tolist(), step.fresh.tolist()
     device = step.slots.device
     out = []
     for p in range(max(len(e) for e in ends)):
@@ -36,11 +36,10 @@ def pieces(step: StepState) -> list[tuple[torch.Tensor, StepState, list[int], li
         hi = [ends[i][p] for i in seqs]
         rows = torch.tensor([starts[i] + r for i, a, b in zip(seqs, lo, hi) for r in range(a, b)],
                             dtype=torch.long, device=device)
-        index = torch.tensor(seqs, dtype=torch.long, device=device)
-        fresh = step.fresh[index] if p == 0 else torch.zeros_like(step.fresh[index])
-        piece = StepState.of(step.tensors, [slots[i] for i in seqs], [0] * len(seqs),
+        # (StepState.of reads a start of 0 as fresh: only a fresh sequence's first piece is)
+        piece = StepState.of(step.tensors, [slots[i] for i in seqs],
+                             [0 if fresh[i] and not p else 1 for i in seqs],
                              [b - a for a, b in zip(lo, hi)], device)
-        piece.fresh = fresh
         end = dict(zip(seqs, hi))
         done = [j for j, (s, r) in enumerate(zip(ck.seq, ck.rows)) if end.get(s) == r]
         out.append((rows, piece, [slots[ck.seq[j]] for j in done], [ck.slots[j] for j in done]))
