@@ -53,7 +53,8 @@ def test_matches_transformers_batched_and_chunked(arch, path, tmp_path, monkeypa
         monkeypatch.setenv("BATCHRUN_DISABLE_KERNELS", "1")
     hf, engine = native_engine(tmp_path, arch=arch)
     assert (engine.runner.model.cpu_kernels is None) == (path == "pytorch-only")
-    assert not engine.kv.enable_prefix_caching  # a block's KV does not give back the state
+    # hits resume at state checkpoints (test_state_prefix_cache.py)
+    assert engine.kv.enable_prefix_caching and engine.kv.checkpoints is not None
     assert len(engine.runner.kv_caches) == 1  # the one full-attention layer's
     prompts = prompts_of((37, 5, 20, 11, 1))
     report = ParityReport()
@@ -148,8 +149,8 @@ def test_plan_sizes_the_state_slots_and_the_attention_layers(tmp_path):
 
 def test_models_check_names_the_native_models_state(tmp_path):
     """models check on a native hybrid says what the native path holds: the state per request
-    (the native model's own state_spec), KV caches for the attention layers only, no prefix
-    caching (its mixers write no state checkpoints) and no LoRA."""
+    (the native model's own state_spec), KV caches for the attention layers only, prefix
+    caching through state checkpoints and no LoRA."""
     from tests.unit.test_transformers_backend import _models_cli
 
     make_tiny("qwen3_next", tmp_path, archs=NATIVE_STATE_ARCHS)
@@ -159,4 +160,4 @@ def test_models_check_names_the_native_models_state(tmp_path):
     kib = model.state_spec.bytes_per_sequence / 1024
     assert f"recurrent state: 3 layers (convolution / SSM / linear-attention state): fp32 " \
         f"{kib:.1f} KiB" in out, out
-    assert "KV cache: 1 layers" in out and "prefix caching: no" in out and "LoRA: no" in out
+    assert "KV cache: 1 layers" in out and "prefix caching: yes" in out and "LoRA: no" in out

@@ -23,10 +23,11 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 STATE_KEEP = {"mamba", "mamba2", "jamba", "lfm2", "qwen3_next"}
 
 CPU = torch.device("cpu")
-# The families whose mixers write state checkpoints (Mamba's, Mamba-2's, the short convolutions:
-# WRITES_CHECKPOINTS), so take prefix-cache hits; the others keep the prefix cache off.
-CHECKPOINTED = {"mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "granitemoehybrid",
-                "nemotron_h", "falcon_h1", "lfm2", "zamba2"}
+# The families whose mixers write state checkpoints themselves (Mamba's, Mamba-2's, the short
+# convolutions: WRITES_CHECKPOINTS); the others' are run in pieces ending at the checkpoints
+# (engine/state_checkpoint_pieces.py). Every family takes prefix-cache hits.
+WRITES_OWN = {"mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "granitemoehybrid",
+              "nemotron_h", "falcon_h1", "lfm2", "zamba2"}
 CHUNK = 16  # prompts of 37 and 20 tokens cross it
 
 
@@ -69,11 +70,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, l
 @pytest.mark.parametrize("arch", matrix(sorted(STATE_ARCHS), STATE_KEEP))
 def test_matches_transformers_batched_and_chunked(arch, tmp_path):
     hf, engine = state_engine(arch, tmp_path)
-    # prefix hits through state checkpoints (test_state_prefix_cache.py), every 64 tokens, for
-    # the families whose mixers write them; the others keep the prefix cache off
-    writes = arch in CHECKPOINTED
-    assert engine.kv.enable_prefix_caching == writes
-    assert not writes or engine.kv.checkpoints.interval == 64
+    # prefix hits through state checkpoints (test_state_prefix_cache.py), every 64 tokens
+    assert engine.kv.enable_prefix_caching and engine.kv.checkpoints.interval == 64
     prompts = prompts_of((37, 5, 20, 11, 1))
     report = ParityReport()
     check_against_transformers(hf, prompts, engine.generate(prompts, GREEDY), arch, report)
@@ -243,9 +241,7 @@ def test_models_check_and_plan_name_the_state_per_request(arch):
     assert report.state_bytes_bf16 == per_request_bf16
     assert f"fp32 {per_request / 1024:.1f} KiB, bf16 {per_request_bf16 / 1024:.1f} KiB" in lines
     assert ("KV cache: none" in lines) == (not attention_layers)
-    said = "yes (a hit resumes at the last state checkpoint" if arch in CHECKPOINTED and \
-        not native else "no (a cached block's KV does not give back a recurrent state"
-    assert f"prefix caching: {said}" in lines
+    assert "prefix caching: yes (a hit resumes at the last state checkpoint" in lines
     sized = backend_config(cfg)  # what plan sizes
     assert sized.state_bytes_per_sequence == per_request
     assert sized.num_layers == attention_layers
@@ -253,10 +249,10 @@ def test_models_check_and_plan_name_the_state_per_request(arch):
 
     plain = EngineConfig.default(max_num_seqs=8, kv_cache_memory=2 ** 22)
     blocks, reserved = kv_reservation(plain, sized, "cpu", torch.float32)
-    # the reservation also holds the prefix cache's checkpoints, where the mixers write them
-    assert sized.state_checkpoints == (arch in CHECKPOINTED)
+    # the reservation also holds the prefix cache's checkpoints
+    assert sized.state_checkpoints
     kept = state_checkpoint_count(plain, sized, torch.device("cpu"))
-    assert (kept > 0) == (arch in CHECKPOINTED)
+    assert kept > 0
     assert kept <= 4 * 8 and kept * per_request <= 2 ** 22 // 4
     kv_bytes = reserved - (8 + kept) * per_request  # the blocks' share of the one budget
     assert kv_bytes >= 0 and (kv_bytes == 0) == (not attention_layers)

@@ -2,7 +2,9 @@
 a prefix of several blocks start from the state checkpoint where their hit ends. Greedy tokens
 and logprobs with the cache on equal those with it off and transformers' generate, through
 chunked prefill (checkpoints inside a chunk and at its end), preemption and n = 2; the hits
-are reported in num_cached_tokens."""
+are reported in num_cached_tokens. Mixers that keep only final states write their checkpoints
+by running the step in pieces ending at them (engine/state_checkpoint_pieces.py): the same
+states and outputs as a mixer that writes its own."""
 
 from dataclasses import replace
 
@@ -10,20 +12,25 @@ import pytest
 import torch
 
 from batchrun.engine import SamplingParams
-from batchrun.engine.state_checkpoints import CheckpointPool
-from batchrun.models.transformers import short_conv
+from batchrun.engine.state_checkpoints import CheckpointPool, StepCheckpoints
+from batchrun.engine.state_slots import StateSpec, StepState, state_tensors
+from batchrun.models.transformers import stateful
+from batchrun.options.engine import EngineConfig
 from tests.helpers import matrix
 from tests.parity import ParityReport
-from tests.tiny_models import STATE_ARCHS
-from tests.unit.test_state_models import CHECKPOINTED, GREEDY, prompts_of, state_engine
+from tests.tiny_models import STATE_ARCHS, make_tiny
+from tests.unit.test_qwen3_next import native_engine
+from tests.unit.test_state_models import GREEDY, WRITES_OWN, prompts_of, state_engine
 from tests.unit.test_transformers_backend import MAX_TOKENS, check_against_transformers
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-# Mamba, a Mamba-2 hybrid with attention, LFM2's short convolutions (pytest --matrix: all)
-KEEP = {"mamba", "bamba", "lfm2"}
+# Mamba, a Mamba-2 hybrid with attention, LFM2's short convolutions (their own checkpoints), and
+# Qwen3-Next's Gated DeltaNet on the backend (in pieces); pytest --matrix: every family
+KEEP = {"mamba", "bamba", "lfm2", "qwen3_next"}
 # Blocks of 4 tokens, chunks of 16 (state_engine): a checkpoint every 8 tokens is one inside
 # each chunk and one at its end.
 EVERY = 8
+BLOCKS = {"recurrent_gemma": 16}  # KV blocks that preempt (an 8-token window frees the rest)
 
 
 def shared_prefix_prompts(tails=(5, 9, 3, 12)):
@@ -43,18 +50,18 @@ def assert_same_outputs(on, off, label):
                 assert lp_a.logprob == pytest.approx(lp_b.logprob, abs=3e-4), f"{label}[{i}]"
 
 
-def run_both(arch, tmp_path, prompts, params, **overrides):
-    """(hf, outputs with the prefix cache on, outputs with it off), the first prompt run alone
-    first on the cached engine so the rest hit its checkpoints."""
-    hf, on = state_engine(arch, tmp_path, state_checkpoint_tokens=EVERY, **overrides)
-    _, off = state_engine(arch, tmp_path, enable_prefix_caching=False, **overrides)
+def run_both(arch, tmp_path, prompts, params, engine=state_engine, **overrides):
+    """(hf, the cached engine, outputs with the prefix cache on, outputs with it off), the first
+    prompt run alone first on the cached engine so the rest hit its checkpoints."""
+    hf, on = engine(arch, tmp_path, state_checkpoint_tokens=EVERY, **overrides)
+    _, off = engine(arch, tmp_path, enable_prefix_caching=False, **overrides)
     assert on.kv.checkpoints is not None and off.kv.checkpoints is None
     first = on.generate(prompts[:1], params)
     assert first[0].num_cached_tokens == 0
     return hf, on, on.generate(prompts, params), off.generate(prompts, params)
 
 
-@pytest.mark.parametrize("arch", matrix(sorted(CHECKPOINTED), KEEP))
+@pytest.mark.parametrize("arch", matrix(sorted(STATE_ARCHS), KEEP))
 def test_hits_start_from_checkpoints_and_match_cache_off(arch, tmp_path):
     prompts = shared_prefix_prompts()
     hf, engine, on, off = run_both(arch, tmp_path, prompts, GREEDY)
@@ -66,13 +73,15 @@ def test_hits_start_from_checkpoints_and_match_cache_off(arch, tmp_path):
     assert not pool.pending and engine.kv.states.num_free == engine.kv.states.num_slots
 
 
-@pytest.mark.parametrize("arch", matrix(sorted(CHECKPOINTED), KEEP))
+@pytest.mark.parametrize("arch", matrix(sorted(STATE_ARCHS), KEEP))
 def test_hits_under_preemption_and_n2(arch, tmp_path):
-    # 24 blocks of 4 tokens: four sequences of two choices cannot all grow together
+    # 24 blocks of 4 tokens: four sequences of two choices cannot all grow together (fewer for
+    # RecurrentGemma, whose attention keeps an 8-token window; 11 evict the prefix's blocks)
     prompts = shared_prefix_prompts((9, 3, 14))
     params = SamplingParams(n=2, temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True,
                             logprobs=1)
-    hf, engine, on, off = run_both(arch, tmp_path, prompts, params, num_blocks=24)
+    hf, engine, on, off = run_both(arch, tmp_path, prompts, params,
+                                   num_blocks=BLOCKS.get(arch, 24))
     assert engine.stats.num_preemptions > 0
     assert all(o.num_cached_tokens > 0 for o in on)
     assert_same_outputs(on, off, f"{arch} preempted")
@@ -81,8 +90,65 @@ def test_hits_under_preemption_and_n2(arch, tmp_path):
         check_against_transformers(hf, prompts, one, f"{arch} choice {choice}", ParityReport())
 
 
-def test_mixers_without_checkpoints_keep_the_prefix_cache_off(tmp_path, monkeypatch):
-    monkeypatch.setattr(short_conv, "WRITES_CHECKPOINTS", False)
+def native(arch, path, **overrides):
+    return native_engine(path, arch=arch, **overrides)
+
+
+@pytest.mark.parametrize("arch,kernels", matrix(
+    [("qwen3_next", "cpu-kernels"), ("qwen3_next", "pytorch-only"), ("qwen3_5", "cpu-kernels")],
+    {("qwen3_next", "cpu-kernels")}, key=lambda v: v))
+def test_native_gated_delta_hits_match_cache_off(arch, kernels, tmp_path, monkeypatch):
+    if kernels == "pytorch-only":
+        monkeypatch.setenv("BATCHRUN_DISABLE_KERNELS", "1")
+    prompts = shared_prefix_prompts()
+    hf, engine, on, off = run_both(arch, tmp_path, prompts, GREEDY, engine=native)
+    assert (engine.runner.model.cpu_kernels is None) == (kernels == "pytorch-only")
+    assert [o.num_cached_tokens for o in on] == [32, 24, 24, 24]
+    assert_same_outputs(on, off, arch)
+    check_against_transformers(hf, prompts, on, f"{arch} cached", ParityReport())
+    # preempted and forked (n = 2) sequences hit the same checkpoints
+    params = SamplingParams(n=2, temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                            logprobs=1)
+    prompts = shared_prefix_prompts((9, 3, 14))
+    _, small, on, off = run_both(arch, tmp_path, prompts, params, engine=native, num_blocks=24)
+    assert small.stats.num_preemptions > 0 and all(o.num_cached_tokens > 0 for o in on)
+    assert_same_outputs(on, off, f"{arch} preempted")
+
+
+@pytest.mark.parametrize("arch", matrix(sorted(WRITES_OWN), {"mamba"}))
+def test_pieces_write_what_a_mixers_own_checkpoints_hold(arch, tmp_path):
+    """A mixer that writes its checkpoints itself, and the same mixer run in pieces ending at
+    them: the same outputs and the same states in every slot, for fresh and continued
+    sequences, checkpoints inside a chunk and at its end, and a sequence without any."""
+    hf = make_tiny(arch, tmp_path, archs=STATE_ARCHS)
+    _, mixer = stateful.stateful_layers(hf)[0]
+    kind = stateful.MIXERS[type(mixer).__name__]
+    spec = StateSpec(stateful.spec_of(hf, torch.float32).layers[:1])
+    gen = torch.Generator().manual_seed(0)
+    start = [tuple(torch.randn(t.shape, generator=gen) for t in layer)
+             for layer in state_tensors(spec, 8, torch.device("cpu"))]
+    hidden = torch.randn(1, 20 + 5 + 12 + 9, hf.config.hidden_size, generator=gen)
+    # sequence 0 fresh, checkpoints after 8 and 16 of its 20 rows; 1 continued, none; 2
+    # continued, one at its end (12); 3 fresh, one after its first row
+    checkpoints = StepCheckpoints([0, 0, 2, 3], [8, 16, 12, 1], [4, 5, 6, 7])
+    outs, states = [], []
+    with torch.no_grad():
+        for run in (kind.forward, lambda *a: stateful.in_pieces(kind, *a)):
+            tensors = [tuple(t.clone() for t in layer) for layer in start]
+            step = StepState.of(tensors, [0, 1, 2, 3], [0, 8, 4, 0], [20, 5, 12, 9],
+                                torch.device("cpu"), checkpoints)
+            out = run(mixer, hidden, tensors[0], step)
+            outs.append(out[0] if isinstance(out, tuple) else out)
+            states.append(tensors[0])
+    torch.testing.assert_close(outs[1], outs[0], atol=2e-5, rtol=1e-4)
+    for own, pieces in zip(*states):
+        torch.testing.assert_close(pieces, own, atol=2e-5, rtol=1e-4)
+
+
+def test_without_checkpoints_the_prefix_cache_stays_off(tmp_path, monkeypatch):
+    own = stateful.spec_of
+    monkeypatch.setattr(stateful, "spec_of", lambda hf, dtype: replace(own(hf, dtype),
+                                                                       checkpoints=False))
     _, engine = state_engine("lfm2", tmp_path, state_checkpoint_tokens=EVERY,
                              kv_cache_memory=1 << 22)
     assert not engine.runner.model.state_spec.checkpoints
@@ -176,3 +242,36 @@ def test_a_waiting_prompt_waits_only_for_a_block_that_ends_at_a_checkpoint():
                                 checkpoints=CheckpointPool(2, 4, interval=8))
     assert with_state.next_hit_block(16) == 5 and with_state.next_hit_block(0) == 1
     assert KVCacheManager(32, 4).next_hit_block(16) == 4
+
+
+def test_an_image_prompt_of_a_stateful_vision_model_hits_its_checkpoints(tmp_path,
+                                                                          smol_tokenizer):
+    """Qwen3.5's image-text model (stateful_vision.py): the same image prompt again resumes at
+    its last checkpoint, past the image, with the tokens and logprobs of the cache off."""
+    from batchrun.llm import load_from_path
+    from batchrun.models.transformers.processor import render
+    from tests.tiny_vlm_families import make_tiny_vlm
+    from tests.tiny_vlms import image
+    from tests.unit.test_vision_families import chat
+
+    make_tiny_vlm("qwen3_5", tmp_path, smol_tokenizer)
+    outs = {}
+    for on in (True, False):
+        loaded = load_from_path(tmp_path, EngineConfig.default(
+            model_impl="auto", block_size=4, max_num_batched_tokens=16, num_blocks=256,
+            threads=1, enable_prefix_caching=on, state_checkpoint_tokens=EVERY))
+        prompt, mm = render(loaded.processor, chat(1), [image(120, 90, 1)])
+        image_id = loaded.engine.runner.model.image_token_id
+        assert len(prompt) == 26 and image_id in prompt
+        assert max(i for i, t in enumerate(prompt) if t == image_id) < 24  # before the hit
+        outs[on] = [run_one(loaded.engine, f"again-{i}", prompt, mm) for i in range(2)]
+    assert [o.num_cached_tokens for o in outs[True]] == [0, 24]
+    assert_same_outputs(outs[True], outs[False], "qwen3_5 image")
+
+
+def run_one(engine, rid, prompt, mm):
+    engine.add_request(rid, prompt, GREEDY, multimodal=mm)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                return out

@@ -90,7 +90,12 @@ class ModelConfig(moe.ModelConfig):
     @property
     def state_spec(self) -> StateSpec:
         assert self.delta is not None  # from_hf sets it
-        return StateSpec((self.delta.state_tensors(),) * self.layer_types.count(LINEAR))
+        return StateSpec((self.delta.state_tensors(),) * self.layer_types.count(LINEAR),
+                         checkpoints=True)  # GatedDeltaNet writes them (in pieces)
+
+    @property
+    def state_checkpoints(self) -> bool:
+        return True
 
     @property
     def state_bytes_per_sequence(self) -> int:

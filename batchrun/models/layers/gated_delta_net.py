@@ -6,7 +6,9 @@ convolution over q|k|v reads each sequence's last kernel - 1 inputs from its slo
 rows (`causal_conv`, on the packed rows: no padding to the longest), the gated delta rule
 (engine/kernels/gated_delta.py: C on the CPU, Triton on CUDA, else PyTorch's chunked form)
 continues each sequence's [heads, dk, dv] state, and a gated RMS norm and the output projection
-follow. A fresh sequence (its first chunk) reads zeros whatever its slot holds.
+follow. A fresh sequence (its first chunk) reads zeros whatever its slot holds. A step with
+state checkpoints (prefix caching) runs in pieces ending at them
+(engine/state_checkpoint_pieces.py), each piece's final states copied into its checkpoints.
 
 One sequence's state, both float32 (the convolution's inputs are the model's dtype's values, so
 float32 holds them exactly; the delta rule's state accumulates over the whole sequence): the
@@ -21,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from batchrun.engine import state_checkpoint_pieces
 from batchrun.engine.kernels.gated_delta import gated_delta_rule
 from batchrun.engine.state_slots import StateTensor, StepState
 
@@ -116,6 +119,9 @@ class GatedDeltaNet(nn.Module):
                 kernels=None) -> torch.Tensor:
         """The mixer's output [T, hidden] of the step's rows h [T, hidden], continuing (and
         updating) the slots of `tensors` (conv state, recurrent state)."""
+        if len(step.checkpoints):  # the kernels keep final states only: pieces ending at them
+            return state_checkpoint_pieces.run(
+                step, tensors, lambda rows, piece: self.forward(h[rows], piece, tensors, kernels))
         s, t = self.shape, h.shape[0]
         conv_state, recurrent = tensors
         mixed, z, b, a = self.project(h)

@@ -8,8 +8,9 @@ for transformers' MambaMixer), and runs transformers' own forward when no step i
 check's reference, transformers' generate on the same module). The layers are found by their
 class, not by the model's name: any model built of them runs. A module whose forward also
 writes the step's state checkpoints (StepState.checkpoints: the state after given rows of a
-chunk) says so (`WRITES_CHECKPOINTS`); a model whose every stateful layer does takes prefix-cache
-hits (engine/state_checkpoints.py), any other keeps the prefix cache off.
+chunk) says so (`WRITES_CHECKPOINTS`); any other runs a step with checkpoints in pieces that end
+at them (engine/state_checkpoint_pieces.py), so every model takes prefix-cache hits
+(engine/state_checkpoints.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import types
 from dataclasses import replace
 import torch
 
+from batchrun.engine import state_checkpoint_pieces
 from batchrun.engine.state_slots import StateSpec, StepState
 from batchrun.models.transformers import (attention, gated_delta, kimi_delta, lightning, mamba,
                                           mamba2, rglru, rwkv, shared_attention, short_conv,
@@ -110,18 +112,39 @@ def install(hf) -> None:
         def forward(self, hidden_states, *args, _own=own, _kind=kind, _index=index, **kwargs):
             if _current is None:
                 return _own(hidden_states, *args, **kwargs)
-            return _kind.forward(self, hidden_states, _current.tensors[_index], _current)
+            tensors = _current.tensors[_index]
+            if len(_current.checkpoints) and not getattr(_kind, "WRITES_CHECKPOINTS", False):
+                return in_pieces(_kind, self, hidden_states, tensors, _current)
+            return _kind.forward(self, hidden_states, tensors, _current)
 
         module.forward = types.MethodType(forward, module)
 
 
+def in_pieces(kind, module, hidden: torch.Tensor, tensors: tuple[torch.Tensor, ...],
+              state: StepState):
+    """`kind`'s forward of a step with state checkpoints, for a mixer that saves only final
+    states: run in pieces ending at the checkpoints (engine/state_checkpoint_pieces.py). Its
+    output as the mixer's forward gives it ([1, T, hidden], or that and None)."""
+    tupled = False
+
+    def piece(rows: torch.Tensor, part: StepState) -> torch.Tensor:
+        nonlocal tupled
+        out = kind.forward(module, hidden[:, rows], tensors, part)
+        tupled = isinstance(out, tuple)
+        return (out[0] if tupled else out)[0]
+
+    out = state_checkpoint_pieces.run(state, tensors, piece)[None]
+    return (out, None) if tupled else out
+
+
 def spec_of(hf, dtype: torch.dtype) -> StateSpec:
     """One sequence's state of hf's stateful layers, kept in `dtype` (the model's); they take
-    prefix-cache hits when every one's module writes state checkpoints (WRITES_CHECKPOINTS)."""
+    prefix-cache hits: every mixer writes state checkpoints, itself (WRITES_CHECKPOINTS) or
+    run in pieces (`in_pieces`)."""
     kinds = [MIXERS[type(m).__name__] for _, m in stateful_layers(hf)]
     return StateSpec(tuple(kind.state_tensors(m, dtype)
                            for kind, (_, m) in zip(kinds, stateful_layers(hf))),
-                     all(getattr(kind, "WRITES_CHECKPOINTS", False) for kind in kinds))
+                     checkpoints=bool(kinds))
 
 
 def attention_layer_ids(hf) -> frozenset[int]:

@@ -41,7 +41,8 @@ def wrap(hf, quantization: Method = METHODS["none"], path=None) -> StateVisionMo
 
     def state_model(hf_model, config: BackendConfig) -> StateVisionModel:
         return StateVisionModel(hf_model, replace(
-            config, state_bytes_per_sequence=spec.bytes_per_sequence), spec)
+            config, state_bytes_per_sequence=spec.bytes_per_sequence,
+            state_checkpoints=spec.checkpoints), spec)
 
     model = wrap_attention(hf, cls=state_model, no_kv=stateful.no_kv_layers(hf))
     assert isinstance(model, StateVisionModel)
