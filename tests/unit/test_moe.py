@@ -25,7 +25,7 @@ ROUTES = ["C kernel", "C kernel (portable)", "torch._grouped_mm", "gather-bmm"]
 @pytest.mark.parametrize("tokens", [1, 7, 40])
 def test_experts_match_transformers_experts(route, tokens, monkeypatch):
     """Some of the 16 experts get no token (1 token x top-2), some several; the C kernel takes
-    up to 8 rows per active expert, so 40 tokens go through it only when forced to."""
+    up to 16 rows per active expert, so 40 tokens go through it only when forced to."""
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
@@ -87,6 +87,26 @@ def test_gpt_oss_experts_match_transformers(route, monkeypatch):
         assert (gate_up[:, ::2] > 2).any() and (gate_up[:, 1::2].abs() > 2).any()
         torch.testing.assert_close(ours(x, chosen, weights, cpu_kernels), hf(x, chosen, weights),
                                    rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("path", ["native", "portable"])
+def test_expert_kernel_against_float64(path):
+    """The C kernel alone: runs of 1 to 19 rows per expert (its blocks of 8 rows and the
+    remainders), an odd output width (its pairs of weight rows and the last one alone) and an
+    input width off the vector lanes, against a float64 product per expert."""
+    lib = kernel_library(path)
+    if lib is None:
+        pytest.skip("no C compiler here")
+    gen = torch.Generator().manual_seed(2)
+    w = torch.randn(6, 33, 40, generator=gen)
+    counts = torch.tensor([3, 0, 19, 1, 8, 9])
+    x = torch.randn(int(counts.sum()), 40, generator=gen)
+    active = counts.nonzero().squeeze(1)
+    bounds = torch.cat([torch.zeros(1, dtype=torch.int64), counts[active].cumsum(0)])
+    got = lib.expert_gemm(x, w, active, bounds)
+    want = torch.cat([x[int(bounds[i]):int(bounds[i + 1])].double() @ w[e].double().T
+                      for i, e in enumerate(active.tolist())])
+    assert float((got.double() - want).abs().max()) < 1e-4
 
 
 def test_expert_kernel_in_bfloat16():

@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c",
                                                           "quantize.c", "expert_gemm.c",
                                                           "grouped_int8.c", "fp8.c",
-                                                          "bf16_gemm.c", "gated_delta.c")]
+                                                          "bf16_gemm.c", "gated_delta.c",
+                                                          "causal_conv.c")]
 HEADERS = [Path(__file__).with_name(n) for n in ("dtypes.h", "parallel.h", "simd.h")]
 # -ffast-math's parts, not the flag: with it (or -funsafe-math-optimizations) GCC before 13 links
 # crtfastmath.o into the library, whose constructor turns on flush-to-zero for the whole process

@@ -248,6 +248,23 @@ class CpuKernels:
             raise RuntimeError(f"gated_delta_rule cannot run value heads of {v.shape[2]}")
         return out
 
+    @c_signature("causal_conv_silu", None, [P] * 6 + [I64] * 2 + [I, P, I])
+    def causal_conv_silu(self, x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
+                         slots: torch.Tensor, query_start: torch.Tensor,
+                         fresh: torch.Tensor) -> torch.Tensor:
+        """silu of the depthwise causal convolution (causal_conv.c) of packed rows x [T, C]
+        float32, weight [C, K] (tap j reads K - 1 - j rows back), each sequence i (rows
+        query_start[i]:query_start[i + 1]) after state[slots[i]] ([slots, K - 1, C] float32, its
+        last inputs; zeros where fresh[i]), which then keeps its last K - 1 inputs. [T, C]."""
+        x, w = x.contiguous(), weight.float().t().contiguous()
+        slots, query_start = slots.long().contiguous(), query_start.long().contiguous()
+        fresh = fresh.to(torch.uint8).contiguous()
+        out = torch.empty_like(x)
+        self._c.causal_conv_silu(x.data_ptr(), w.data_ptr(), state.data_ptr(), slots.data_ptr(),
+                                 query_start.data_ptr(), fresh.data_ptr(), len(slots), x.shape[1],
+                                 w.shape[0], out.data_ptr(), _threads())
+        return out
+
     @c_signature("fp8_from_floats", None, [P, P, I64])
     def fp8_from_floats(self, x: torch.Tensor) -> torch.Tensor:
         """float32 x (contiguous) as e4m3 bytes (uint8)."""

@@ -22,7 +22,7 @@ import torch
 
 
 log = logging.getLogger(__name__)
-KERNEL_ROWS_PER_EXPERT = 8  # up to this many rows per active expert on average: the C kernel
+KERNEL_ROWS_PER_EXPERT = 16  # up to this many rows per active expert on average: the C kernel
 
 
 @dataclass(frozen=True)
