@@ -64,18 +64,11 @@ def kv_bytes_per_token(cfg, element_bytes: int) -> int:
 
 
 def held_weight_bytes(model) -> int:
-    """Every distinct tensor the model holds (parameters and the tensors quantized layers keep)."""
-    seen, total = set(), 0
-    tensors = list(model.parameters()) + list(model.buffers())
-    for module in model.modules():
-        tensors += [v for k, v in vars(module).items() if isinstance(v, torch.Tensor)
-                    and not k.startswith("_")]
-    for t in tensors:
-        key = id(t) if t.is_mkldnn else t.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            total += t.numel() * t.element_size()
-    return total
+    """Every distinct tensor the model holds (parameters and the tensors quantized layers keep):
+    what a decode step streams."""
+    from tests.helpers import held_bytes
+
+    return held_bytes(model)
 
 
 def decode_bytes(cfg, weight_bytes: int, embed_bytes: int, contexts: list[float],
