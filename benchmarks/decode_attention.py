@@ -77,7 +77,7 @@ def main() -> None:
             k, v = pools[layer[0] % args.layers]
             layer[0] += 1
             ks, vs = (getattr(c, "row_scales", None) for c in (k, v))
-            lib.paged_attention(q, k, v, groups, bs, scale, k_scales=ks, v_scales=vs)
+            return lib.paged_attention(q, k, v, groups, bs, scale, k_scales=ks, v_scales=vs)
 
         grid = torch.arange(int(lens.max()))[None, :]
         valid = grid < lens[:, None]
@@ -97,7 +97,7 @@ def main() -> None:
         # reference check: kernel against SDPA on the first pool
         k, v = pools[0]
         layer[0] = 0
-        kernel()
+        out = kernel()
         kd = read_rows(k, gslots, torch.float32).transpose(1, 2)
         vd = read_rows(v, gslots, torch.float32).transpose(1, 2)
         qr = round_trip(q) if dtype == INT8 else q  # an int8 cache scores a rounded query
@@ -110,7 +110,7 @@ def main() -> None:
     big = torch.randn(64 * 1024 * 1024)
     sec = timed(lambda: big.sum(), args.repeat)
     print(f"{B} seqs, mean context {lens.float().mean():.0f}, {H} heads / {Hkv} kv heads x {D}, "
-          f"{threads} threads; KV read per layer {kv_bytes[torch.float32] / 1e6:.1f} MB fp32")
+          f"{torch.get_num_threads()} threads; KV read per layer {kv_bytes[torch.float32] / 1e6:.1f} MB fp32")
     print(f"{'path':28} {'ms/layer':>9} {'GB/s':>7} {'max err':>9}")
     for name, ms, gbs, err in rows:
         print(f"{name:28} {ms:9.2f} {gbs:7.1f} {err:9.1e}")
