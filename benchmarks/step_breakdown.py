@@ -103,9 +103,10 @@ def main() -> None:
     print(f"{len(work.prompts)} requests, {generated} output tokens in {total:.1f} s "
           f"({generated / total:.1f} output tok/s), dtype {args.dtype}, quantization {args.quantization}, KV {args.kv_cache_dtype}, attention "
           f"{args.attention_kernel}")
-    print(f"{'call':32}{'calls':>8}{'seconds':>10}{'share':>8}")
+    print(f"{'call':32}{'calls':>8}{'seconds':>10}{'share':>8}{'page faults':>13}")
     for name, sec in step_timers.SECONDS.most_common():
-        print(f"{name:32}{step_timers.CALLS[name]:>8}{sec:>10.2f}{sec / total:>8.1%}")
+        print(f"{name:32}{step_timers.CALLS[name]:>8}{sec:>10.2f}{sec / total:>8.1%}"
+              f"{step_timers.FAULTS[name]:>13}")
     rest = total - step_timers.SECONDS[step_timers.MODEL_STEP]
     print(f"{'engine outside the model step':32}{'':>8}{rest:>10.2f}{rest / total:>8.1%}")
     steps = step_timers.CALLS[step_timers.MODEL_STEP]

@@ -7,14 +7,18 @@ itself). Each timer adds a few microseconds per call, so shares are approximate.
 from __future__ import annotations
 
 import collections
+import resource
 import time
 
 SECONDS: collections.Counter = collections.Counter()
 CALLS: collections.Counter = collections.Counter()
+# Minor page faults each call took: a first touch of fresh memory (a new activation buffer from
+# mmap, a KV block never written before) costs microseconds a page, which is time in no kernel.
+FAULTS: collections.Counter = collections.Counter()
 MODEL_STEP = "model step (runner.execute)"
 # Share groups: the calls each is made of (kernel ops by their names in engine/kernels/ops.py).
 GROUPS = {
-    "linear": ("linear (packed)", "linear (quantized)"),
+    "linear": ("linear (packed)", "linear (quantized)", "linear (bf16 logits)"),
     "attention": ("paged_decode_attention", "paged_attention", "cascade_groups", "kv_write",
                   "int8_kv_store", "prefill attention (SDPA)"),
     "sampling": ("sampler",),
@@ -23,12 +27,14 @@ GROUPS = {
 
 def timed(name, fn):
     def wrapper(*args, **kwargs):
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
             SECONDS[name] += time.perf_counter() - start
             CALLS[name] += 1
+            FAULTS[name] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     return wrapper
 
 
@@ -63,7 +69,11 @@ def install(engine) -> None:
     if not _patched:
         _patched = True
         packed_linear.PackedLinear.forward = timed("linear (packed)", packed_linear.PackedLinear.forward)
+        from batchrun.models.layers import bf16_logits
         from batchrun.models.quant import bf16_linear, int4_linear, int8_linear
+
+        bf16_logits.Bf16LogitsLinear.forward = timed("linear (bf16 logits)",
+                                                     bf16_logits.Bf16LogitsLinear.forward)
 
         for cls in (int8_linear.Int8Linear, int8_linear.Int8WeightLinear,
                     int4_linear.Int4WeightLinear, bf16_linear.Bf16Linear):
@@ -91,6 +101,7 @@ class _TimedSampler:
 def reset() -> None:
     SECONDS.clear()
     CALLS.clear()
+    FAULTS.clear()
 
 
 def shares(total: float) -> dict[str, float]:
