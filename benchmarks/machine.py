@@ -15,8 +15,10 @@ import torch
 
 # Environment that makes PyTorch's own kernels, oneDNN, MKL and batchrun's C kernels use no more
 # than an instruction set (read when each library loads): an AVX2-only (or pre-AVX2) CPU's code
-# paths on this one. The memory system and the core stay this machine's.
+# paths on this one (avx512: an AVX-512 CPU with bfloat16 and VNNI dot products but no AMX
+# tiles). The memory system and the core stay this machine's.
 ISA_CAPS = {
+    "avx512": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "BATCHRUN_SIMD": "avx512"},
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
              "MKL_ENABLE_INSTRUCTIONS": "AVX2", "BATCHRUN_SIMD": "avx2"},
     "portable": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",

@@ -181,6 +181,19 @@ def held_bytes(model) -> int:
 KERNEL_TEST_SHAPES = ((1, 64), (1, 128), (3, 64), (4, 64), (4, 128))
 
 
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (/proc/cpuinfo; none where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next(line for line in f if line.startswith("flags")).split())
+    except (OSError, StopIteration):
+        return set()
+
+
+def cpu_has(flag: str) -> bool:
+    return flag in cpu_flags()
+
+
 def kernel_library(variant: str = "native", *flags: str):
     """The CPU kernels the unit tests load: `variant`'s vector path (kernels.VARIANTS) with the
     attention kernel specialised for KERNEL_TEST_SHAPES only (others take its generic loop)."""

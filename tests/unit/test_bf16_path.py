@@ -9,13 +9,21 @@ import torch
 
 from batchrun.engine import SamplingParams
 from batchrun.models.layers.bf16_logits import Bf16LogitsLinear
-from tests.helpers import kernel_library
+from tests.helpers import cpu_has, kernel_library
 
 pytestmark = pytest.mark.skipif(kernel_library() is None, reason="no C compiler here")
 
 
-@pytest.mark.parametrize("path", ["native", "avx2", "portable"])  # simd.h's vector paths
-@pytest.mark.parametrize("rows,n,k", [(1, 37, 9), (6, 100, 64), (33, 64, 130)])  # 33x64x130: threaded
+# simd.h's vector paths, and on an AMX CPU its AVX-512 path without the tiles
+PATHS = ["native", *(["avx512"] if cpu_has("amx_bf16") else []), "avx2", "portable"]
+# The tiles take k % 32 == 0 with 8 rows or more: partial row strips and tiles, an odd number
+# of column blocks (a lone last one), n past the last whole block; 33 x 64 x 130 and 45 x 300 x
+# 96 are split across threads.
+SHAPES = [(1, 37, 9), (6, 100, 64), (33, 64, 130), (8, 37, 32), (17, 250, 64), (45, 300, 96)]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("rows,n,k", SHAPES)
 def test_gemm_sums_in_float32(path, rows, n, k):
     """Every output a float32 sum of the bfloat16 products (bfloat16 output, as oneDNN's GEMM
     gives through torch, is off by up to 2**-9 of the value)."""
@@ -29,6 +37,14 @@ def test_gemm_sums_in_float32(path, rows, n, k):
     assert got.dtype == torch.float32
     ref = x.double() @ w.double().T
     torch.testing.assert_close(got.double(), ref, rtol=0, atol=2e-6 * float(ref.abs().max()))
+
+
+def test_gemm_takes_amx_tiles_where_the_cpu_has_them():
+    """On an AMX CPU (Linux 5.16+ hands the tiles out on request) the native build multiplies
+    with them and the avx512 build does not; elsewhere no build does."""
+    assert kernel_library().bf16_gemm_amx() == cpu_has("amx_bf16")
+    if cpu_has("amx_bf16"):
+        assert not kernel_library("avx512").bf16_gemm_amx()
 
 
 def bf16_engine(arch, tmp_path):

@@ -10,7 +10,7 @@ from batchrun.engine import kernels
 from batchrun.engine.attention import cascade, int8_kv
 from batchrun.engine.attention.kv_write import read_rows
 from batchrun.engine.attention.cpu_kernel import kernel_attention
-from tests.helpers import kernel_library
+from tests.helpers import cpu_has, kernel_library
 
 pytestmark = pytest.mark.skipif(kernel_library() is None, reason="no C compiler here")
 PATHS = {"avx512": 2, "avx2": 1, "portable": 0}
@@ -24,13 +24,6 @@ BF16_PRODUCTS = 5e-3
 def tolerance(lib, kv_dtype):
     return BF16_PRODUCTS if kv_dtype == torch.bfloat16 and lib.bf16_products() else \
         TOLERANCE[kv_dtype]
-
-
-def cpu_has(flag: str) -> bool:
-    try:
-        return flag in next(x for x in open("/proc/cpuinfo") if x.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return False
 
 
 def variants():

@@ -17,16 +17,10 @@ from pathlib import Path
 import pytest
 
 from tests import int8_paths
+from tests.helpers import cpu_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 VNNI_CAP, AVX2_CAP = "AVX512_CORE_VNNI", "AVX2"
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        return set(next(l for l in open("/proc/cpuinfo") if l.startswith("flags")).split())
-    except (OSError, StopIteration):
-        return set()
 
 
 def _capped_run(cap: str) -> dict:
@@ -42,7 +36,7 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     if os.environ.get("ONEDNN_MAX_CPU_ISA"):
         pytest.skip("oneDNN is capped for the whole run: the native path is not this CPU's")
     out = {"native": int8_paths.probe(tmp_path_factory.mktemp("int8"))}
-    if "amx_int8" in _cpu_flags():  # below AMX, VNNI is the native path already
+    if "amx_int8" in cpu_flags():  # below AMX, VNNI is the native path already
         out["vnni"] = _capped_run(VNNI_CAP)
     out["avx2"] = _capped_run(AVX2_CAP)
     return out
@@ -59,5 +53,5 @@ def test_every_isa_path_computes_the_same_int8_bits(runs):
 
 def test_the_load_check_catches_avx2s_saturating_products(runs):
     assert runs["avx2"]["exact"] is False  # vpmaddubsw saturates: emulated instead
-    if {"avx512_vnni", "avx_vnni", "amx_int8"} & _cpu_flags():
+    if {"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags():
         assert all(run["exact"] for name, run in runs.items() if name != "avx2")

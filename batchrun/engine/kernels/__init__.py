@@ -10,7 +10,8 @@ for every shape it has constants for (about two minutes to build on a 2-core AMD
 `library(shape_flags(...))`, what the engine loads, only for its model's (seconds), and
 `shapes_flags` for a few (the tests'). `library(VARIANTS["avx2"])` and
 `library(VARIANTS["portable"])` add flags that turn off AVX-512 (and AVX2/FMA), so the vector
-paths of simd.h other than this CPU's own are built and tested here too; `simd_path()` in a
+paths of simd.h other than this CPU's own are built and tested here too (`VARIANTS["avx512"]`
+turns off AMX alone); `simd_path()` in a
 library says which one it took (2 AVX-512, 1 AVX2+FMA, 0 portable).
 """
 
@@ -43,7 +44,8 @@ FAST_MATH = ["-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fas
              "-freciprocal-math", "-ffinite-math-only"]
 FLAGS = ["-O3", "-march=native", *FAST_MATH, "-fopenmp-simd", "-shared", "-fPIC"]
 # Extra flags that force simd.h's other paths on a CPU that has more.
-VARIANTS = {"native": (), "avx2": ("-mno-avx512f",),
+VARIANTS = {"native": (), "avx512": ("-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8"),
+            "avx2": ("-mno-avx512f",),
             "portable": ("-mno-avx2", "-mno-avx512f", "-mno-fma")}
 SIMD_PATHS = {2: "avx512", 1: "avx2", 0: "portable"}
 

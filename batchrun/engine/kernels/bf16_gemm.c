@@ -11,6 +11,7 @@
 // is the top half of a float32) and multiplied with FMAs.
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dtypes.h"
 #include "parallel.h"
@@ -22,6 +23,7 @@ typedef struct {
     float *out;
     int64_t rows, n, k2, blocks;
     int parts;
+    int amx;  // multiplied by AMX tiles (amx_blocks), else by vector FMAs (gemm_blocks)
 } Bf16Gemm;
 
 // The pair (x[2j], x[2j + 1]) of row r as one 32-bit lane.
@@ -132,9 +134,120 @@ static void gemm_blocks(const Bf16Gemm *a, int64_t b0, int64_t b1) {
     }
 }
 
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__)
+// ---- AMX-BF16 tiles (TDPBF16PS: a 16 x 32 by 32 x 16 bfloat16 product into 16 x 16 float32) ---
+//
+// The packed layout is already AMX's B operand: for a block of 16 columns and 16 input pairs,
+// 16 rows of 64 bytes (the pairs) of 16 columns' two weights, contiguous. x (rows of k2 pairs,
+// padded to a multiple of 32 rows) is the A operand straight from memory. Each call computes
+// 32 rows x 32 columns in four accumulator tiles (tmm0-3) from two A tiles (tmm4-5) and two B
+// tiles (tmm6-7): eight tiles, all the registers there are. Used where k is a multiple of 32 and there are 8 rows or more
+// (fewer: the padding to 16 costs more than the tiles give). kernels.VARIANTS["avx512"] builds
+// without them.
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define AMX_PATH 1
+
+// Linux hands out the tile registers' 8 KB of state only to a process that asks (5.16 and later).
+static int amx_permitted(void) {
+    static int permitted = -1;
+    if (permitted < 0)  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+        permitted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    return permitted;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+static void amx_configure(void) {
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.colsb[t] = 64;
+        c.rows[t] = 16;
+    }
+    _tile_loadconfig(&c);
+}
+
+// Accumulator tile t (rows r, columns of block b) to out: straight when it lies inside, else
+// through a buffer cut to the rows and columns there are.
+#define AMX_STORE(t, r, b)                                                                      \
+    do {                                                                                        \
+        const int64_t c = (b) * CB;                                                             \
+        if ((b) < a->blocks && (r) < a->rows) {                                                 \
+            if ((r) + 16 <= a->rows && c + CB <= a->n) {                                        \
+                _tile_stored(t, a->out + (r) * a->n + c, a->n * 4);                             \
+            } else {                                                                            \
+                float buf[16 * 16];                                                             \
+                _tile_stored(t, buf, 64);                                                       \
+                for (int64_t i = 0; i < 16 && (r) + i < a->rows; i++)                           \
+                    for (int64_t jj = 0; jj < CB && c + jj < a->n; jj++)                        \
+                        a->out[((r) + i) * a->n + c + jj] = buf[i * 16 + jj];                  \
+            }                                                                                   \
+        }                                                                                       \
+    } while (0)
+
+// Rows [r, r + 32) (the second 16 only if two_rows) by blocks b and b + 1 (b + 1 may be past the
+// last block: its tiles then repeat block b's and are not stored).
+static void amx_tile(const Bf16Gemm *a, int64_t r, int two_rows, int64_t b) {
+    const int64_t xs = a->k2 * 4;  // bytes a row of x
+    const char *x0 = (const char *)a->x + r * xs, *x1 = x0 + 16 * xs;
+    const uint32_t *w0 = a->w + b * a->k2 * CB;
+    const uint32_t *w1 = b + 1 < a->blocks ? w0 + a->k2 * CB : w0;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t j = 0; j < a->k2; j += 16) {
+        _tile_loadd(4, x0 + j * 4, xs);
+        _tile_loadd(6, w0 + j * CB, 64);
+        _tile_loadd(7, w1 + j * CB, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (two_rows) {
+            _tile_loadd(5, x1 + j * 4, xs);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    AMX_STORE(0, r, b);
+    AMX_STORE(1, r, b + 1);
+    if (two_rows) {
+        AMX_STORE(2, r + 16, b);
+        AMX_STORE(3, r + 16, b + 1);
+    }
+}
+
+// Blocks [b0, b1) of every row: a pair of blocks at a time, all rows over it (x's rows padded
+// to 16, read in strips of 32).
+static void amx_blocks(const Bf16Gemm *a, int64_t b0, int64_t b1) {
+    amx_configure();
+    for (int64_t b = b0; b < b1; b += 2)
+        for (int64_t r = 0; r < a->rows; r += 32) amx_tile(a, r, r + 16 < a->rows, b);
+    _tile_release();
+}
+#else
+#define AMX_PATH 0
+static int amx_permitted(void) { return 0; }
+static void amx_blocks(const Bf16Gemm *a, int64_t b0, int64_t b1) { (void)a; (void)b0; (void)b1; }
+#endif
+
+// Whether bf16_gemm multiplies with AMX tiles here (built in, and allowed by the OS).
+int bf16_gemm_amx(void) { return AMX_PATH && amx_permitted(); }
+
 static void gemm_part(const void *arg, int i) {
     const Bf16Gemm *a = (const Bf16Gemm *)arg;
-    gemm_blocks(a, a->blocks * i / a->parts, a->blocks * (i + 1) / a->parts);
+    if (a->amx) {  // parts split pairs of blocks, so each pair is one thread's
+        const int64_t pairs = (a->blocks + 1) / 2;
+        amx_blocks(a, 2 * (pairs * i / a->parts), 2 * (pairs * (i + 1) / a->parts));
+    } else {
+        gemm_blocks(a, a->blocks * i / a->parts, a->blocks * (i + 1) / a->parts);
+    }
 }
 
 int bf16_gemm_dot(void) { return BF16_DOT; }
@@ -143,14 +256,18 @@ int bf16_gemm_dot(void) { return BF16_DOT; }
 void bf16_gemm(const uint16_t *x, const uint32_t *packed, float *out, int64_t rows, int64_t n,
                int64_t k, int threads) {
     const int64_t k2 = (k + 1) / 2;
+    // AMX reads x in strips of 16 rows and 32 inputs: rows padded to 16, k a multiple of 32.
+    const int amx = k % 32 == 0 && rows >= 8 && bf16_gemm_amx();  // fewer rows: padding wastes it
+    const int64_t padded_rows = amx ? (rows + 15) / 16 * 16 : rows;
     uint16_t *padded = NULL;
-    if (k % 2) {  // rows of an odd k, copied with a zero after each (the weights' padding)
-        padded = (uint16_t *)calloc((size_t)(rows * 2 * k2), sizeof(uint16_t));
+    if (k % 2 || padded_rows > rows) {  // rows copied with a zero after an odd k, zero rows after
+        padded = (uint16_t *)calloc((size_t)(padded_rows * 2 * k2), sizeof(uint16_t));
         for (int64_t r = 0; r < rows; r++) memcpy(padded + r * 2 * k2, x + r * k, k * sizeof(uint16_t));
         x = padded;
     }
-    Bf16Gemm a = {x, packed, out, rows, n, k2, (n + CB - 1) / CB, threads};
-    if (a.parts > a.blocks) a.parts = (int)a.blocks;
+    Bf16Gemm a = {x, packed, out, rows, n, k2, (n + CB - 1) / CB, threads, amx};
+    const int64_t units = amx ? (a.blocks + 1) / 2 : a.blocks;
+    if (a.parts > units) a.parts = (int)units;
     if (rows * n * k < (1 << 18) || a.parts < 1) a.parts = 1;
     if (a.parts == 1) gemm_part(&a, 0);
     else parallel_tasks(gemm_part, &a, a.parts);

@@ -84,6 +84,12 @@ class CpuKernels:
     def bf16_gemm_dot(self) -> int:
         return self._c.bf16_gemm_dot()
 
+    @c_signature("bf16_gemm_amx", I, [])
+    def bf16_gemm_amx(self) -> bool:
+        """Whether bf16_gemm multiplies with AMX-BF16 tiles (built for them, and the OS lets
+        this process use them)."""
+        return bool(self._c.bf16_gemm_amx())
+
     @c_signature("add_rms_norm", None, [P] * 4 + [I64] * 2 + [FLOAT, I, I, I])
     def add_rms_norm(self, x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor,
                      eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
