@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from batchrun.engine.penalties import apply_penalties
-from batchrun.engine.sampler import Sampler
+from batchrun.engine.sampler import Sampler, row_argmax
 from batchrun.engine.sampling_params import GrammarSpec, SamplingParams
 
 V = 64
@@ -69,6 +69,15 @@ def test_greedy_takes_the_penalised_argmax_and_logit_bias():
             Row(SamplingParams(temperature=0, logit_bias={7: -100.0}))]
     tokens = sampler()(logits, rows).token_ids
     assert tokens[0] != 7 and tokens[1] == 9 and tokens[2] != 7
+
+
+def test_row_argmax_takes_the_first_of_tied_maxima_as_argmax():
+    x = torch.randn(37, 1000, generator=torch.Generator().manual_seed(3))
+    x[0, [5, 700]] = 50.0  # a tie: the first index wins
+    x[1, :] = 0.0  # a row all tied
+    x[2, [999, 998]] = float("inf")
+    assert torch.equal(row_argmax(x), x.argmax(dim=-1))
+    assert row_argmax(x)[:3].tolist() == [5, 0, 998]
 
 
 def test_min_tokens_masks_eos_and_stop_token_ids_until_reached():
