@@ -185,9 +185,34 @@ typedef struct {
     int heads, head_dim, kind;  // heads = q heads + k heads, stored first in each row
 } Rope;
 
+// Heads whose half is whole vectors: VW pairs at a time, widened and narrowed in registers (a
+// literal kind, so the conversions are inlined). Products rounded before they are added, no
+// FMAs: the same float32 bits as the reference's x * cos + rotate_half(x) * sin.
+__attribute__((optimize("fp-contract=off")))
+static void rope_rows_of(const Rope *a, int64_t first, int64_t last, const int kind) {
+    const int D = a->head_dim, half = D / 2;
+    for (int64_t r = first; r < last; r++) {
+        const float *c = a->cos + a->positions[r] * D, *s = a->sin + a->positions[r] * D;
+        for (int h = 0; h < a->heads; h++) {
+            const int64_t base = r * a->row_stride + (int64_t)h * D;
+            for (int i = 0; i < half; i += VW) {
+                const vf x1 = vload_kv(kind, a->qkv, base + i), x2 = vload_kv(kind, a->qkv, base + half + i);
+                vstore_kind(kind, a->qkv, base + i, vsub(vmul(x1, vload(c + i)), vmul(x2, vload(s + i))));
+                vstore_kind(kind, a->qkv, base + half + i,
+                            vadd(vmul(x2, vload(c + half + i)), vmul(x1, vload(s + half + i))));
+            }
+        }
+    }
+}
+
+__attribute__((optimize("fp-contract=off")))
 static void rope_rows(const void *arg, int64_t first, int64_t last) {
     const Rope *a = (const Rope *)arg;
     const int D = a->head_dim, half = D / 2;
+    if (half % VW == 0) {
+        if (a->kind == F32) { rope_rows_of(a, first, last, F32); return; }
+        if (a->kind == BF16) { rope_rows_of(a, first, last, BF16); return; }
+    }
     for (int64_t r = first; r < last; r++) {
         const float *c = a->cos + a->positions[r] * D, *s = a->sin + a->positions[r] * D;
         for (int h = 0; h < a->heads; h++) {
