@@ -42,11 +42,12 @@ def kv_rows_read(meta) -> tuple[int, int]:
     """(rows this layer's attention read from the paged cache, rows the legacy path reads)."""
     decode_lens = getattr(meta, "decode_lens", None)  # the kernel backends' metadata
     legacy = int(decode_lens.sum()) if decode_lens is not None else 0
-    legacy += sum(c.ctx_len for c in meta.prefills if c.ctx_len > c.q_len)
+    prefills = getattr(meta, "prefills", ())  # the batch-invariant backend's has none
+    legacy += sum(c.ctx_len for c in prefills if c.ctx_len > c.q_len)
     if getattr(meta, "rows", None) is None:
         return legacy, legacy
     r, bs = meta.rows, meta.block_size
-    read = sum(c.ctx_len for c in meta.prefills if not c.in_kernel and c.ctx_len > c.q_len)
+    read = sum(c.ctx_len for c in prefills if not c.in_kernel and c.ctx_len > c.q_len)
     lens = r.row_len[r.order.long()]
     group = torch.repeat_interleave(torch.arange(r.groups), (r.group_start[1:] - r.group_start[:-1]).long())
     shared = r.group_shared.long() * bs

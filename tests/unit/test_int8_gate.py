@@ -44,14 +44,14 @@ def test_a_sound_int8_model_loads_judged_well_above_the_refusal_line(peaked, cap
 
 
 def test_an_int8_gemm_with_wrong_sums_is_refused(peaked, monkeypatch):
-    exact = int8_linear.onednn_qlinear_u8 if int8_linear.onednn_int8_available() else None
-    if exact is None:
-        pytest.skip("oneDNN's int8 GEMM does not run here (the float emulation does)")
+    if not int8_linear.onednn_int8_available():
+        pytest.skip("no int8 GEMM runs here (the float emulation does)")
+    exact = int8_linear.Int8Linear.kernel_gemm  # the AMX kernel or oneDNN's, as this CPU has
 
-    def off_by_some(ux, packed, w_scale, w_zero):  # sums off by ~3%, as a broken kernel's
-        y = exact(ux, packed, w_scale, w_zero)
+    def off_by_some(layer, ux):  # sums off by ~3%, as a broken kernel's
+        y = exact(layer, ux)
         return y + 0.5 * y.abs().mean() * torch.randn_like(y)
 
-    monkeypatch.setattr(int8_linear, "onednn_qlinear_u8", off_by_some)
+    monkeypatch.setattr(int8_linear.Int8Linear, "kernel_gemm", off_by_some)
     with pytest.raises(QuantizationError, match="computes wrong answers on this CPU"):
         _load(peaked)

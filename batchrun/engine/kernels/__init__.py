@@ -35,8 +35,8 @@ SOURCES = [Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwi
                                                           "quantize.c", "expert_gemm.c",
                                                           "grouped_int8.c", "fp8.c",
                                                           "bf16_gemm.c", "gated_delta.c",
-                                                          "causal_conv.c")]
-HEADERS = [Path(__file__).with_name(n) for n in ("dtypes.h", "parallel.h", "simd.h")]
+                                                          "causal_conv.c", "int8_amx.c")]
+HEADERS = [Path(__file__).with_name(n) for n in ("amx.h", "dtypes.h", "parallel.h", "simd.h")]
 # -ffast-math's parts, not the flag: with it (or -funsafe-math-optimizations) GCC before 13 links
 # crtfastmath.o into the library, whose constructor turns on flush-to-zero for the whole process
 # once it is loaded (every denormal in numpy, torch and Python then reads as 0).

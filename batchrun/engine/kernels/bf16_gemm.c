@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amx.h"
 #include "dtypes.h"
 #include "parallel.h"
 #include "simd.h"
@@ -134,45 +135,15 @@ static void gemm_blocks(const Bf16Gemm *a, int64_t b0, int64_t b1) {
     }
 }
 
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__)
+#if HAS_AMX
 // ---- AMX-BF16 tiles (TDPBF16PS: a 16 x 32 by 32 x 16 bfloat16 product into 16 x 16 float32) ---
 //
 // The packed layout is already AMX's B operand: for a block of 16 columns and 16 input pairs,
 // 16 rows of 64 bytes (the pairs) of 16 columns' two weights, contiguous. x (rows of k2 pairs,
-// padded to a multiple of 32 rows) is the A operand straight from memory. Each call computes
+// padded to a multiple of 16 rows) is the A operand straight from memory. Each call computes
 // 32 rows x 32 columns in four accumulator tiles (tmm0-3) from two A tiles (tmm4-5) and two B
-// tiles (tmm6-7): eight tiles, all the registers there are. Used where k is a multiple of 32 and there are 8 rows or more
-// (fewer: the padding to 16 costs more than the tiles give). kernels.VARIANTS["avx512"] builds
-// without them.
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#define AMX_PATH 1
-
-// Linux hands out the tile registers' 8 KB of state only to a process that asks (5.16 and later).
-static int amx_permitted(void) {
-    static int permitted = -1;
-    if (permitted < 0)  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
-        permitted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-    return permitted;
-}
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} TileConfig;
-
-static void amx_configure(void) {
-    TileConfig c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        c.colsb[t] = 64;
-        c.rows[t] = 16;
-    }
-    _tile_loadconfig(&c);
-}
+// tiles (tmm6-7): eight tiles, all the registers there are. Used where k is a multiple of 32 and
+// there are 8 rows or more (fewer: the padding to 16 costs more than the tiles give).
 
 // Accumulator tile t (rows r, columns of block b) to out: straight when it lies inside, else
 // through a buffer cut to the rows and columns there are.
@@ -232,13 +203,11 @@ static void amx_blocks(const Bf16Gemm *a, int64_t b0, int64_t b1) {
     _tile_release();
 }
 #else
-#define AMX_PATH 0
-static int amx_permitted(void) { return 0; }
 static void amx_blocks(const Bf16Gemm *a, int64_t b0, int64_t b1) { (void)a; (void)b0; (void)b1; }
 #endif
 
 // Whether bf16_gemm multiplies with AMX tiles here (built in, and allowed by the OS).
-int bf16_gemm_amx(void) { return AMX_PATH && amx_permitted(); }
+int bf16_gemm_amx(void) { return HAS_AMX && amx_permitted(); }
 
 static void gemm_part(const void *arg, int i) {
     const Bf16Gemm *a = (const Bf16Gemm *)arg;

@@ -226,6 +226,24 @@ class CpuKernels:
                                     kind(x.dtype), _threads())
         return y
 
+    @c_signature("int8_amx", I, [])
+    def int8_amx(self) -> bool:
+        """Whether int8_amx_gemm runs here (AMX-INT8 built in, and allowed by the OS)."""
+        return bool(self._c.int8_amx())
+
+    @c_signature("int8_amx_gemm", I, [P] * 5 + [I64] * 3 + [I])
+    def int8_amx_gemm(self, ux: torch.Tensor, packed: torch.Tensor, wsum: torch.Tensor,
+                      w_scale: torch.Tensor, n: int) -> torch.Tensor:
+        """float32 [M, n] = (ux [M, k] uint8 (q + 128) . w^T - 128 * wsum) * w_scale, w packed
+        by models/quant/int8_amx.pack (k % 64 == 0), wsum int32 [n], w_scale float32 [n]."""
+        out = torch.empty(ux.shape[0], n)
+        rc = self._c.int8_amx_gemm(ux.data_ptr(), packed.data_ptr(), wsum.data_ptr(),
+                                   w_scale.data_ptr(), out.data_ptr(), ux.shape[0], n,
+                                   ux.shape[1], _threads())
+        if rc != 0:
+            raise RuntimeError("int8_amx_gemm: no AMX-INT8 here, or k not a multiple of 64")
+        return out
+
     @c_signature("bf16_gemm", None, [P] * 3 + [I64] * 3 + [I])
     def bf16_gemm(self, rows: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
         """float32 [M, n] = bfloat16 rows [M, k] (contiguous) times the weight bf16_logits.pack

@@ -22,12 +22,18 @@ def has_fast_bf16() -> bool:
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     if cap and cap not in ONEDNN_BF16_ISAS:
         return False
+    flags = cpu_flags()
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as /proc/cpuinfo lists them (none where it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
+            return frozenset(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+        return frozenset()
 
 
 def slow_bf16_note(dtype: torch.dtype, device: torch.device,

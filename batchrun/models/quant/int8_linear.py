@@ -12,6 +12,7 @@ from torch import nn
 
 from batchrun.engine.kernels.ops import (CpuKernels, outlier_columns, outlier_pairs, pairs_matrix, quantize_rows,
                                          quantize_rows_split, rescale_rows)
+from batchrun.models.quant import int8_amx
 from batchrun.models.quant.on_device import DeviceTensors, runs_triton
 
 log = logging.getLogger(__name__)
@@ -144,16 +145,31 @@ class Int8Linear(DeviceTensors):
         self.bias = None if bias is None else bias.detach().float().to(device)
         self.onednn = not runs_triton(device) and onednn_int8_available()
         self.kernels = None  # the CPU kernel library, once built (attach_kernels)
-        if self.onednn:  # the weights in oneDNN's blocked int8 layout, replacing the plain copy
-            self.packed = torch.ops.onednn.qlinear_prepack(self.qweight, None)
-            self.w_zero = torch.zeros(self.out_features, dtype=torch.int64)
+        # The weights in the AMX kernel's layout (int8_amx.py) with their sums, or in oneDNN's
+        # blocked int8 layout; either replaces the plain copy.
+        self.amx_packed: torch.Tensor | None = None
+        if self.onednn and int8_amx.expected(self.in_features):
+            self.amx_packed = int8_amx.pack(self.qweight)
+            self.wsum = self.qweight.sum(dim=1, dtype=torch.int32)
             self.qweight = None
+        elif self.onednn:
+            self._pack_onednn(self.qweight)
+
+    def _pack_onednn(self, q: torch.Tensor) -> None:
+        self.packed = torch.ops.onednn.qlinear_prepack(q, None)
+        self.w_zero = torch.zeros(self.out_features, dtype=torch.int64)
+        self.qweight = None
 
     @staticmethod
     def nbytes(out_features: int, in_features: int) -> int:
-        """Bytes one plain layer holds: int8 weights, float32 scales (and oneDNN's int64 zero
-        points); a smoothed one's outlier channels: smoothquant.smoothed_bytes."""
-        return out_features * in_features + out_features * (4 + (8 if onednn_int8_available() else 0))
+        """Bytes one plain layer holds: int8 weights, float32 scales, and oneDNN's int64 zero
+        points or the AMX layout's int32 weight sums (its rows padded to 16); a smoothed one's
+        outlier channels: smoothquant.smoothed_bytes."""
+        if not onednn_int8_available():
+            return out_features * in_features + out_features * 4
+        if int8_amx.expected(in_features):
+            return -(-out_features // 16) * 16 * in_features + out_features * 8
+        return out_features * in_features + out_features * 12
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -173,7 +189,7 @@ class Int8Linear(DeviceTensors):
                 x2 = x2 * self.inv_smooth.to(x2.dtype)
             qx, x_scale = quantize_rows(x2, self.kernels, unsigned=self.onednn)
         if self.onednn:
-            y = onednn_qlinear_u8(qx, self.packed, self.w_scale, self.w_zero)
+            y = self.kernel_gemm(qx)
         else:  # exact while the int32 sums stay below 2**24 (float32's integers); relative 6e-8 above
             assert self.qweight is not None  # kept without oneDNN
             y = (qx.float() @ self.qweight.float().T) * self.w_scale
@@ -181,6 +197,26 @@ class Int8Linear(DeviceTensors):
         if x.dtype != torch.float32:
             y = y.to(x.dtype)
         return y.reshape(*shape[:-1], self.out_features)
+
+    def kernel_gemm(self, qx: torch.Tensor) -> torch.Tensor:
+        """float32 (qx - 128) . q^T * w_scale for uint8 activations qx: the AMX kernel where the
+        layer holds its layout (repacked for oneDNN the first time the library turns out to
+        have no tiles), else oneDNN's int8 linear."""
+        if self.amx_packed is not None:
+            if self.kernels is not None and self.kernels.int8_amx():
+                return self.kernels.int8_amx_gemm(qx, self.amx_packed, self.wsum, self.w_scale,
+                                                  self.out_features)
+            self._pack_onednn(int8_amx.unpack(self.amx_packed, self.out_features, self.in_features))
+            self.amx_packed = None
+        return onednn_qlinear_u8(qx, self.packed, self.w_scale, self.w_zero)
+
+    def plain_weight(self) -> torch.Tensor:
+        """The int8 weights [N, K] from whichever layout holds them."""
+        if self.qweight is not None:
+            return self.qweight
+        if self.amx_packed is not None:
+            return int8_amx.unpack(self.amx_packed, self.out_features, self.in_features)
+        return _unpack_onednn(self)
 
     def _forward_triton(self, x2: torch.Tensor) -> torch.Tensor:
         """float32 [M, N] through the Triton W8A8 GEMM (the CPU path's math, on the device)."""
@@ -203,13 +239,13 @@ class Int8Linear(DeviceTensors):
     def _apply(self, fn, recurse=True):
         """Off the CPU, the int8 weights come back out of oneDNN's layout (the Triton GEMM's)."""
         if self.onednn and fn(torch.empty(0)).device.type != "cpu":
-            self.qweight, self.onednn = _unpack_onednn(self), False
-            del self.packed, self.w_zero
+            self.qweight, self.onednn = self.plain_weight(), False
+            self.amx_packed = self.packed = self.w_zero = None
         return super()._apply(fn, recurse)
 
     def dequantized_weight(self) -> torch.Tensor:
         """The weights this layer's GEMMs compute with, in the input's own scale."""
-        q = self.qweight if self.qweight is not None else _unpack_onednn(self)
+        q = self.plain_weight()
         w = q.float() * self.w_scale[:, None]
         if self.inv_smooth is not None:
             w = w * self.inv_smooth

@@ -1,0 +1,43 @@
+// AMX tile registers (Intel Sapphire Rapids and later): what the tile kernels share.
+//
+// Linux hands out the tiles' 8 KB of state only to a process that asks for it (5.16 and later);
+// each thread loads the one configuration the kernels use (eight tiles of 16 rows x 64 bytes)
+// before its first tile instruction and releases it after. HAS_AMX says whether the build has
+// the instructions (BATCHRUN_SIMD=avx512 builds without: kernels.VARIANTS).
+#pragma once
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__) && defined(__AVX512BF16__)
+#define HAS_AMX 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static inline int amx_permitted(void) {
+    static int permitted = -1;
+    if (permitted < 0)  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+        permitted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    return permitted;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+static inline void amx_configure(void) {
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.colsb[t] = 64;
+        c.rows[t] = 16;
+    }
+    _tile_loadconfig(&c);
+}
+#else
+#define HAS_AMX 0
+static inline int amx_permitted(void) { return 0; }
+#endif
