@@ -43,17 +43,20 @@ def test_layer_gives_onednns_bits_and_falls_back_to_it():
     w, x = torch.randn(200, 576, generator=gen), torch.randn(40, 576, generator=gen)
     layer = Int8Linear(w, torch.randn(200, generator=gen))
     assert layer.amx_packed is not None, "AMX-INT8 here: the layer holds the kernel's layout"
+    from batchrun.engine.kernels.ops import quantize_rows
+    ux, _ = quantize_rows(x, kernel_library(), unsigned=True)
+    before = layer.kernel_gemm(ux)  # no library attached yet (a load-time check): exact sums
+    assert layer.amx_packed is not None
     layer.kernels = kernel_library()
-    got = layer(x)
     q = layer.plain_weight()
     packed = torch.ops.onednn.qlinear_prepack(q, None)
-    from batchrun.engine.kernels.ops import quantize_rows
-    ux, _ = quantize_rows(x, layer.kernels, unsigned=True)
-    assert torch.equal(layer.kernel_gemm(ux),
-                       onednn_qlinear_u8(ux, packed, layer.w_scale, torch.zeros(200, dtype=torch.int64)))
+    onednn = onednn_qlinear_u8(ux, packed, layer.w_scale, torch.zeros(200, dtype=torch.int64))
+    assert torch.equal(layer.kernel_gemm(ux), onednn)
+    assert torch.equal(before, onednn)
+    got = layer(x)
     layer.kernels = kernel_library("avx512")  # a library without the tiles: repacked for oneDNN
     assert torch.equal(layer(x), got)
-    assert layer.amx_packed is None and torch.equal(layer.plain_weight(), q)
+    assert layer.amx_packed is None and layer.wsum is None and torch.equal(layer.plain_weight(), q)
 
 
 def test_caps_below_amx_keep_onednn(monkeypatch):

@@ -27,6 +27,11 @@ typedef struct {
     uint8_t rows[16];
 } TileConfig;
 
+// Rows a tile GEMM takes at a time, all its weights streaming past them: their activations stay
+// in L1/L2 (all rows under each pair of weight blocks in turn made a 1,024-row int8 GEMM re-read
+// every activation for each pair, half oneDNN's speed).
+#define AMX_CHUNK_ROWS 128
+
 static inline void amx_configure(void) {
     TileConfig c;
     memset(&c, 0, sizeof c);

@@ -194,12 +194,15 @@ static void amx_tile(const Bf16Gemm *a, int64_t r, int two_rows, int64_t b) {
     }
 }
 
-// Blocks [b0, b1) of every row: a pair of blocks at a time, all rows over it (x's rows padded
-// to 16, read in strips of 32).
+// Blocks [b0, b1) of every row: AMX_CHUNK_ROWS rows at a time (amx.h), and over them a pair of
+// blocks at a time, in strips of 32 rows (x's rows padded to 16).
 static void amx_blocks(const Bf16Gemm *a, int64_t b0, int64_t b1) {
     amx_configure();
-    for (int64_t b = b0; b < b1; b += 2)
-        for (int64_t r = 0; r < a->rows; r += 32) amx_tile(a, r, r + 16 < a->rows, b);
+    for (int64_t r0 = 0; r0 < a->rows; r0 += AMX_CHUNK_ROWS) {
+        const int64_t r1 = r0 + AMX_CHUNK_ROWS < a->rows ? r0 + AMX_CHUNK_ROWS : a->rows;
+        for (int64_t b = b0; b < b1; b += 2)
+            for (int64_t r = r0; r < r1; r += 32) amx_tile(a, r, r + 16 < r1, b);
+    }
     _tile_release();
 }
 #else

@@ -75,19 +75,16 @@ static void int8_tile(const Int8Gemm *a, int64_t r, int two_rows, int64_t b) {
     }
 }
 
-// A thread's pairs of blocks, over the rows CHUNK_ROWS at a time: the chunk's activations stay
-// in L1/L2 while the pairs' weights stream past them (all rows under each pair in turn made a
-// 1,024-row GEMM re-read every activation for each pair: half oneDNN's speed).
-#define CHUNK_ROWS 128
+// A thread's pairs of blocks, over the rows AMX_CHUNK_ROWS at a time (amx.h).
 static void int8_part(const void *arg, int i) {
     const Int8Gemm *a = (const Int8Gemm *)arg;
     const int64_t pairs = (a->blocks + 1) / 2;
     const int64_t b0 = 2 * (pairs * i / a->parts), b1 = 2 * (pairs * (i + 1) / a->parts);
     amx_configure();
-    for (int64_t r0 = 0; r0 < a->rows; r0 += CHUNK_ROWS) {
-        const int64_t r1 = r0 + CHUNK_ROWS < a->rows ? r0 + CHUNK_ROWS : a->rows;
+    for (int64_t r0 = 0; r0 < a->rows; r0 += AMX_CHUNK_ROWS) {
+        const int64_t r1 = r0 + AMX_CHUNK_ROWS < a->rows ? r0 + AMX_CHUNK_ROWS : a->rows;
         for (int64_t b = b0; b < b1; b += 2)
-            for (int64_t r = r0; r < r1; r += 32) int8_tile(a, r, r + 16 < a->rows && r + 16 < r1, b);
+            for (int64_t r = r0; r < r1; r += 32) int8_tile(a, r, r + 16 < r1, b);
     }
     _tile_release();
 }

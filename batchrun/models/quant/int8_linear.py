@@ -148,6 +148,7 @@ class Int8Linear(DeviceTensors):
         # The weights in the AMX kernel's layout (int8_amx.py) with their sums, or in oneDNN's
         # blocked int8 layout; either replaces the plain copy.
         self.amx_packed: torch.Tensor | None = None
+        self.wsum: torch.Tensor | None = None  # int32 [N]: each output's sum of its weights
         if self.onednn and int8_amx.expected(self.in_features):
             self.amx_packed = int8_amx.pack(self.qweight)
             self.wsum = self.qweight.sum(dim=1, dtype=torch.int32)
@@ -203,11 +204,14 @@ class Int8Linear(DeviceTensors):
         layer holds its layout (repacked for oneDNN the first time the library turns out to
         have no tiles), else oneDNN's int8 linear."""
         if self.amx_packed is not None:
-            if self.kernels is not None and self.kernels.int8_amx():
+            if self.kernels is None:  # a load-time check before the library is attached
+                sums = (qx.double() - 128) @ self.plain_weight().double().T  # exact
+                return sums.float() * self.w_scale  # the kernel's one rounding
+            if self.kernels.int8_amx():
                 return self.kernels.int8_amx_gemm(qx, self.amx_packed, self.wsum, self.w_scale,
                                                   self.out_features)
-            self._pack_onednn(int8_amx.unpack(self.amx_packed, self.out_features, self.in_features))
-            self.amx_packed = None
+            self._pack_onednn(self.plain_weight())
+            self.amx_packed = self.wsum = None
         return onednn_qlinear_u8(qx, self.packed, self.w_scale, self.w_zero)
 
     def plain_weight(self) -> torch.Tensor:
