@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from unittest import mock
 from pathlib import Path
 
 import torch
@@ -55,9 +56,14 @@ def main(argv=None) -> int:
     ap.add_argument("--quantization", default="none", help="--quantization of both modes")
     args = ap.parse_args(argv)
     both = dict(threads=args.threads, quantization=args.quantization)
-    modes = {"default": llm.load(None, EngineConfig.default(**both)),
+    # W8A8 int8 runs batch-invariant unasked (models/invariance.py): the comparison turns that
+    # default off for its "default" mode, or it would time the invariant path twice.
+    with mock.patch.object(llm, "with_default_invariance", lambda path, config, device: config):
+        default = llm.load(None, EngineConfig.default(**both))
+    modes = {"default": default,
              "--batch-invariant": llm.load(None, EngineConfig.default(batch_invariant=True,
                                                                       **both))}
+    assert not default.engine.config.batch_invariant, "the default mode ran invariant"
     work = prompts(modes["default"].tokenizer, args.workload, args.lines)
     totals = {name: [0.0, 0, 0] for name in modes}
     for _ in range(args.repeats):
