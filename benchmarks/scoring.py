@@ -118,8 +118,10 @@ def cpu_name() -> str:
                      if line.startswith("Model name"))
         flags = out.split("Flags:", 1)[1] if "Flags:" in out else ""
         isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
-        bf16 = " + AVX512-BF16" if "avx512_bf16" in flags else ""
-        return f"{model} ({isa}{bf16}), {os.cpu_count()} CPUs"
+        extras = [name for flag, name in (("avx512_vnni", "VNNI"), ("avx512_bf16", "AVX512-BF16"),
+                                          ("amx_bf16", "AMX-BF16"), ("amx_int8", "AMX-INT8"))
+                  if flag in flags.split()]
+        return f"{model} ({' + '.join([isa, *extras])}), {os.cpu_count()} CPUs"
     except (OSError, StopIteration):
         return platform.processor() or "unknown CPU"
 
