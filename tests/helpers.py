@@ -181,16 +181,10 @@ def held_bytes(model) -> int:
 KERNEL_TEST_SHAPES = ((1, 64), (1, 128), (3, 64), (4, 64), (4, 128))
 
 
-def cpu_flags() -> set[str]:
-    """This CPU's feature flags (/proc/cpuinfo; none where it cannot be read)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return set(next(line for line in f if line.startswith("flags")).split())
-    except (OSError, StopIteration):
-        return set()
-
-
 def cpu_has(flag: str) -> bool:
+    """Whether /proc/cpuinfo lists `flag` for this CPU."""
+    from batchrun.models.quant.cpu import cpu_flags
+
     return flag in cpu_flags()
 
 

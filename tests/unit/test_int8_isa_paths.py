@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from batchrun.models.quant.cpu import cpu_flags
 from tests import int8_paths
-from tests.helpers import cpu_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 VNNI_CAP, AVX2_CAP = "AVX512_CORE_VNNI", "AVX2"

@@ -29,8 +29,12 @@ def expected(in_features: int) -> bool:
 
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     return (in_features % DEPTH == 0 and "amx_int8" in cpu_flags() and kernels.enabled()
-            and (not cap or "AMX" in cap or cap == "ALL")
-            and (os.environ.get("BATCHRUN_SIMD") or "native") == "native")
+            and (not cap or "AMX" in cap or cap == "ALL") and not kernels.simd_cap())
+
+
+def held_bytes(out_features: int, in_features: int) -> int:
+    """Bytes the layout holds: the weights with their rows padded to 16, their int32 sums."""
+    return -(-out_features // 16) * 16 * in_features + out_features * 4
 
 
 def pack(q: torch.Tensor) -> torch.Tensor:

@@ -169,7 +169,7 @@ class Int8Linear(DeviceTensors):
         if not onednn_int8_available():
             return out_features * in_features + out_features * 4
         if int8_amx.expected(in_features):
-            return -(-out_features // 16) * 16 * in_features + out_features * 8
+            return int8_amx.held_bytes(out_features, in_features) + out_features * 4
         return out_features * in_features + out_features * 12
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -244,7 +244,7 @@ class Int8Linear(DeviceTensors):
         """Off the CPU, the int8 weights come back out of oneDNN's layout (the Triton GEMM's)."""
         if self.onednn and fn(torch.empty(0)).device.type != "cpu":
             self.qweight, self.onednn = self.plain_weight(), False
-            self.amx_packed = self.packed = self.w_zero = None
+            self.amx_packed = self.wsum = self.packed = self.w_zero = None
         return super()._apply(fn, recurse)
 
     def dequantized_weight(self) -> torch.Tensor:
