@@ -26,7 +26,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from batchrun.engine import kernels  # noqa: E402
 from batchrun.models.layers.packed_linear import PackedLinear  # noqa: E402
-from batchrun.engine.kernels.ops import quantize_rows, rescale_rows  # noqa: E402
+from batchrun.engine.kernels.fallback_ops import quantize_rows, rescale_rows  # noqa: E402
 from batchrun.models.quant.bf16_linear import Bf16Linear  # noqa: E402
 from batchrun.models.quant.int8_linear import Int8Linear, onednn_qlinear_u8  # noqa: E402
 

@@ -43,7 +43,7 @@ def test_layer_gives_onednns_bits_and_falls_back_to_it():
     w, x = torch.randn(200, 576, generator=gen), torch.randn(40, 576, generator=gen)
     layer = Int8Linear(w, torch.randn(200, generator=gen))
     assert layer.amx_packed is not None, "AMX-INT8 here: the layer holds the kernel's layout"
-    from batchrun.engine.kernels.ops import quantize_rows
+    from batchrun.engine.kernels.fallback_ops import quantize_rows
     ux, _ = quantize_rows(x, kernel_library(), unsigned=True)
     before = layer.kernel_gemm(ux)  # no library attached yet (a load-time check): exact sums
     assert layer.amx_packed is not None

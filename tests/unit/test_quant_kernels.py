@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from batchrun.engine import kernels
-from batchrun.engine.kernels.ops import (outlier_columns, outlier_pairs, pairs_matrix, quantize_rows,
-                                         quantize_rows_split, rescale_rows)
+from batchrun.engine.kernels.fallback_ops import (outlier_columns, outlier_pairs, pairs_matrix, quantize_rows,
+                                                  quantize_rows_split, rescale_rows)
 
 pytestmark = pytest.mark.skipif(kernels.library(("-DNO_SPECIALISED",)) is None,
                                 reason="no C compiler here")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from batchrun.models.quant import METHODS, QuantizationError, check_checkpoint, cpu, method, quantize_linears
-from batchrun.engine.kernels.ops import quantize_rows
+from batchrun.engine.kernels.fallback_ops import quantize_rows
 from batchrun.models.quant.int4_linear import Int4WeightLinear, pack, quantize_groups, unpack
 from batchrun.models.quant.int8_linear import Int8Linear, Int8WeightLinear, quantize_per_channel
 

@@ -5,7 +5,7 @@ and on inputs with outlier channels it is closer to the float layer than unsmoot
 import pytest
 import torch
 
-from batchrun.engine.kernels.ops import quantize_rows
+from batchrun.engine.kernels.fallback_ops import quantize_rows
 from batchrun.models.quant.int8_linear import Int8Linear
 from batchrun.models.quant.smoothing import record_input_max, smoothing_factors
 

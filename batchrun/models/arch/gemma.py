@@ -16,7 +16,7 @@ from typing import Iterable, cast
 import torch
 from torch import nn
 
-from batchrun.engine.kernels import ops
+from batchrun.engine.kernels import fallback_ops
 from batchrun.models.arch import llama
 
 from batchrun.models.config import model_config
@@ -117,7 +117,7 @@ class GemmaModel(llama.LlamaModel):
         cap = cast(ModelConfig, self.config).final_softcap
         if cap is None:
             return logits
-        return ops.softcap_(logits, cap, self.cpu_kernels)
+        return fallback_ops.softcap_(logits, cap, self.cpu_kernels)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from batchrun.engine.attention import AttentionMetadata, layer_metadata, paged_attention
-from batchrun.engine.kernels import ops
+from batchrun.engine.kernels import fallback_ops
 from batchrun.models.config.model_config import ModelConfig
 from batchrun.models.config.model_config import SUPPORTED_ARCHITECTURES  # noqa: F401 (native.py reads it here)
 from batchrun.models.layers.projections import LLAMA, PHI3, LayerLayout
@@ -32,12 +32,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, cpu_kernels=None) -> torch.Tensor:
         """The norm of x; by the CPU kernels when given (in place, in the norm's dtype)."""
-        return ops.rms_norm(x, self.weight, self.eps, cpu_kernels)
+        return fallback_ops.rms_norm(x, self.weight, self.eps, cpu_kernels)
 
     def add_forward(self, x: torch.Tensor | None, residual: torch.Tensor, cpu_kernels) -> torch.Tensor:
         """residual += x in place (x None: nothing added), and the norm of the sum, in the norm's
         dtype (with the CPU kernels one pass, the residual stream float32 either way)."""
-        return ops.add_rms_norm(x, residual, self.weight, self.eps, cpu_kernels)
+        return fallback_ops.add_rms_norm(x, residual, self.weight, self.eps, cpu_kernels)
 
 
 class Attention(nn.Module):
@@ -91,7 +91,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """down(act(gate) * up) (ops.gated_mul)."""
+    """down(act(gate) * up) (fallback_ops.gated_mul)."""
 
     def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None,
                  activation: str = "silu"):
@@ -102,7 +102,7 @@ class MLP(nn.Module):
         self.activation = activation
 
     def forward(self, x: torch.Tensor, cpu_kernels=None) -> torch.Tensor:
-        return self.down_proj(ops.gated_mul(self.gate_up_proj(x), self.activation, cpu_kernels))
+        return self.down_proj(fallback_ops.gated_mul(self.gate_up_proj(x), self.activation, cpu_kernels))
 
 
 class DecoderLayer(nn.Module):

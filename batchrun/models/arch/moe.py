@@ -16,7 +16,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from batchrun.engine.kernels import ops
+from batchrun.engine.kernels import fallback_ops
 from batchrun.models.arch import llama
 
 from batchrun.models.config import model_config
@@ -98,7 +98,7 @@ class Experts(nn.Module):
         """The gated activation of rows [gate | up] (SwiGLU; models/arch/gpt_oss.py clamps it)."""
         if self.activation is not None:
             return self.activation(gate_up, cpu_kernels)
-        return ops.gated_mul(gate_up, "silu", cpu_kernels)
+        return fallback_ops.gated_mul(gate_up, "silu", cpu_kernels)
 
     def project(self, rows: torch.Tensor, which: str, pairs: ExpertPairs, cpu_kernels=None) -> torch.Tensor:
         """rows [pairs, in] sorted by expert through each one's `which` projection ("gate_up_proj"

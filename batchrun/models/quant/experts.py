@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from batchrun.engine.kernels import ops
+from batchrun.engine.kernels import fallback_ops
 from batchrun.models.layers.grouped_gemm import ExpertPairs, route
 
 
@@ -30,7 +30,7 @@ class QuantizedExperts(nn.Module):
     def activate(self, gate_up: torch.Tensor, cpu_kernels=None) -> torch.Tensor:
         if self.activation is not None:
             return self.activation(gate_up, cpu_kernels)
-        return ops.gated_mul(gate_up, "silu", cpu_kernels)
+        return fallback_ops.gated_mul(gate_up, "silu", cpu_kernels)
 
     def project(self, rows: torch.Tensor, which: str, pairs: ExpertPairs, cpu_kernels=None) -> torch.Tensor:
         layers = getattr(self, which)

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from batchrun.engine.kernels.ops import (CpuKernels, outlier_columns, outlier_pairs, pairs_matrix, quantize_rows,
-                                         quantize_rows_split, rescale_rows)
+from batchrun.engine.kernels.fallback_ops import (outlier_columns, outlier_pairs, pairs_matrix,
+                                                  quantize_rows, quantize_rows_split, rescale_rows)
+from batchrun.engine.kernels.ops import CpuKernels
 from batchrun.models.quant import int8_amx
 from batchrun.models.quant.on_device import DeviceTensors, runs_triton
 
@@ -124,7 +125,7 @@ class Int8Linear(DeviceTensors):
         self.inv_smooth = None if smooth is None else smooth.float().reciprocal().to(device)
         self.input_divided_by = input_divided_by
         self.outliers = None if outliers is None or not len(outliers) else outliers.long().to(device)
-        # bfloat16 [ceil(outliers / 2), N, 2] (ops.outlier_pairs)
+        # bfloat16 [ceil(outliers / 2), N, 2] (fallback_ops.outlier_pairs)
         self.outlier_pairs: torch.Tensor | None = None
         if qweight is None:  # quantized here, else a checkpoint's int8 weights and scales as they are
             assert weight is not None
