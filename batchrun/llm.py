@@ -307,7 +307,7 @@ def build_model(cls, model_cfg, path: Path, device: torch.device, dtype: torch.d
                   batch_invariant=batch_invariant)
     phases.mark("weights (load, pack)")
     if kernels is not None:
-        attach_cpu_kernels(model, kernels.result(), precision.has_quantized_layers)
+        attach_cpu_kernels(model, kernels.result(), precision.has_quantized_layers, batch_invariant)
         phases.mark("CPU kernels (built once, beside the weights)")
     if gate is not None:
         gate.judge(model.eval())

@@ -232,8 +232,8 @@ def parse_overrides(system: str) -> dict:
     """'batchrun[max_num_seqs=64;kv_cache_dtype=float16]' -> engine option overrides."""
     out = {}
     for item in system[system.index("[") + 1:system.rindex("]")].split(";"):
-        key, value = item.split("=")
-        out[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
+        key, value = (part.strip() for part in item.split("="))
+        out[key] = int(value) if value.isdigit() else {"true": True, "false": False}.get(value, value)
     return out
 
 

@@ -1,4 +1,4 @@
-"""Wall-clock timers on the hot calls of an engine (packed linears, the C kernels, prefill SDPA,
+"""Wall-clock timers on the hot calls of an engine (packed and bfloat16 GEMM linears, the C kernels, prefill SDPA,
 RMSNorm, the sampler, the model step), and the shares they add up to: what step_breakdown.py
 prints call by call and bench.py per system (linear layers, attention, sampling, the engine
 itself). Each timer adds a few microseconds per call, so shares are approximate.
@@ -18,7 +18,7 @@ FAULTS: collections.Counter = collections.Counter()
 MODEL_STEP = "model step (runner.execute)"
 # Share groups: the calls each is made of (kernel ops by their names in engine/kernels/ops.py).
 GROUPS = {
-    "linear": ("linear (packed)", "linear (quantized)", "linear (bf16 logits)"),
+    "linear": ("linear (packed)", "linear (bf16 GEMM)", "linear (quantized)", "linear (bf16 logits)"),
     "attention": ("paged_decode_attention", "paged_attention", "cascade_groups", "kv_write",
                   "int8_kv_store", "prefill attention (SDPA)"),
     "sampling": ("sampler",),
@@ -69,11 +69,12 @@ def install(engine) -> None:
     if not _patched:
         _patched = True
         packed_linear.PackedLinear.forward = timed("linear (packed)", packed_linear.PackedLinear.forward)
-        from batchrun.models.layers import bf16_logits
+        from batchrun.models.layers import bf16_gemm_linear, bf16_logits
         from batchrun.models.quant import bf16_linear, int4_linear, int8_linear
 
-        bf16_logits.Bf16LogitsLinear.forward = timed("linear (bf16 logits)",
-                                                     bf16_logits.Bf16LogitsLinear.forward)
+        gemm_forward = bf16_gemm_linear.Bf16GemmLinear.forward  # the logits layer's too
+        bf16_gemm_linear.Bf16GemmLinear.forward = timed("linear (bf16 GEMM)", gemm_forward)
+        bf16_logits.Bf16LogitsLinear.forward = timed("linear (bf16 logits)", gemm_forward)
 
         for cls in (int8_linear.Int8Linear, int8_linear.Int8WeightLinear,
                     int4_linear.Int4WeightLinear, bf16_linear.Bf16Linear):

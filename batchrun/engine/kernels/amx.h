@@ -32,6 +32,13 @@ typedef struct {
 // every activation for each pair, half oneDNN's speed).
 #define AMX_CHUNK_ROWS 128
 
+// The rows of one chunk when `rows` are split into equal chunks of at most `most` (a multiple of
+// 16): 131 rows as 128 + 3 streamed all the weights a second time for 3 rows.
+static inline int64_t amx_chunk(int64_t rows, int64_t most) {
+    const int64_t chunks = (rows + most - 1) / most;
+    return ((rows + chunks - 1) / chunks + 15) / 16 * 16;
+}
+
 static inline void amx_configure(void) {
     TileConfig c;
     memset(&c, 0, sizeof c);

@@ -1,14 +1,21 @@
-// bfloat16 GEMM with float32 output: out[r, c] = sum_i x[r, i] * w[c, i], x and w bfloat16, the
-// sums and the result float32. oneDNN's bfloat16 GEMM (through torch) rounds its result to
-// bfloat16, 8 significant bits; the logits layer of a bfloat16 model runs here instead, so
-// near-tied logits keep their order (float32 output, as llama.cpp's matmuls give).
+// bfloat16 GEMM: out[r, c] = sum_i x[r, i] * w[c, i] (+ bias[c]), x and w bfloat16, the sums
+// float32, the result float32 or rounded to bfloat16 (to nearest even) once at the end.
+// oneDNN's bfloat16 GEMM (through torch) rounds its output to bfloat16, 8 significant bits; the
+// logits layer of a bfloat16 model runs here with float32 output instead, so near-tied logits
+// keep their order (float32 output, as llama.cpp's matmuls give). On a CPU with AMX-BF16 every
+// linear of a bfloat16 model runs here (models/layers/bf16_gemm_linear.py).
 //
-// w is packed once (models/bf16_logits.py pack) in AVX512-BF16's VDPBF16PS layout: blocks of 16
-// output columns, and in each block, for every pair of inputs (2i, 2i + 1), the 16 columns' two weights
-// side by side in one 32-bit lane (lower input in the low half). k is padded to even and n to a
-// multiple of 16 with zeros. Each block (16 x k weights) serves every row while it is in cache;
-// threads split the blocks. Without AVX512-BF16 the same layout is widened to float32 (a bfloat16
-// is the top half of a float32) and multiplied with FMAs.
+// Each row's sums come out of the same instructions in the same order whatever the row count:
+// the path (AMX tiles or vector FMAs) depends on the CPU and k, never on the rows, and threads
+// split output columns. So a row's result is the same bits in a GEMM of any size, and
+// --batch-invariant needs no fixed-size slices for these layers.
+//
+// w is packed once (models/layers/bf16_gemm_linear.py pack) in AVX512-BF16's VDPBF16PS layout:
+// blocks of 16 output columns, and in each block, for every pair of inputs (2i, 2i + 1), the 16
+// columns' two weights side by side in one 32-bit lane (lower input in the low half). k is padded
+// to even and n to a multiple of 16 with zeros. Each block (16 x k weights) serves every row while
+// it is in cache; threads split the blocks. Without AVX512-BF16 the same layout is widened to
+// float32 (a bfloat16 is the top half of a float32) and multiplied with FMAs.
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,10 +27,13 @@
 
 typedef struct {
     const uint16_t *x;  // [rows][2 * k2]: k padded to even
+    const uint16_t *tail;  // AMX: rows [tail_row, rows) padded with zero rows to 16 (or NULL)
+    int64_t tail_row;
     const uint32_t *w;  // packed: [ceil(n / 16)][k2][16]
-    float *out;
+    const float *bias;  // [n] or NULL
+    void *out;          // [rows][n] float32, or bfloat16 with out_bf16
     int64_t rows, n, k2, blocks;
-    int parts;
+    int parts, out_bf16;
     int amx;  // multiplied by AMX tiles (amx_blocks), else by vector FMAs (gemm_blocks)
 } Bf16Gemm;
 
@@ -34,11 +44,30 @@ SIMD_INLINE uint32_t x_pair(const Bf16Gemm *a, int64_t r, int64_t j) {
     return pair;
 }
 
+// Row r's sums for columns [c, c + count) (count <= 16): the bias added, stored as the output's type.
+static void store_sums(const Bf16Gemm *a, int64_t r, int64_t c, const float *sums, int64_t count) {
+    for (int64_t i = 0; i < count; i++) {
+        const float v = sums[i] + (a->bias ? a->bias[c + i] : 0.f);
+        if (a->out_bf16) ((uint16_t *)a->out)[r * a->n + c + i] = bf16_bits(v);
+        else ((float *)a->out)[r * a->n + c + i] = v;
+    }
+}
+
 // Columns a block; rows and blocks a micro-tile (its accumulators fit the vector registers:
 // 24 of 32 zmm with AVX512-BF16, 16 with AVX-512's FMAs, 8 of 16 ymm with AVX2).
 #if defined(__AVX512BF16__)
 #define TILE_ROWS 6
 enum { BF16_DOT = 1, CB = 16, RB = TILE_ROWS, BB = 4 };
+
+// Row r's 16 sums for columns [c, c + 16) (fewer past n): store_sums in vector registers.
+SIMD_INLINE void store16(const Bf16Gemm *a, int64_t r, int64_t c, __m512 v) {
+    const __mmask16 m = c + CB <= a->n ? (__mmask16)0xffff : (__mmask16)((1u << (a->n - c)) - 1);
+    if (a->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, a->bias + c));
+    if (a->out_bf16)  // VCVTNEPS2BF16: to nearest even, as bf16_bits (denormals flushed)
+        _mm256_mask_storeu_epi16((uint16_t *)a->out + r * a->n + c, m, (__m256i)_mm512_cvtneps_pbh(v));
+    else
+        _mm512_mask_storeu_ps((float *)a->out + r * a->n + c, m, v);
+}
 // R rows x B blocks of 16 columns: R * B accumulators of VDPBF16PS.
 SIMD_INLINE void tile(const Bf16Gemm *a, int64_t r0, int R, int64_t b0, int B) {
     __m512 acc[RB][BB];
@@ -55,16 +84,7 @@ SIMD_INLINE void tile(const Bf16Gemm *a, int64_t r0, int R, int64_t b0, int B) {
         }
     }
     for (int r = 0; r < R; r++)
-        for (int b = 0; b < B; b++) {
-            const int64_t c = (b0 + b) * CB;
-            float *o = a->out + (r0 + r) * a->n + c;
-            if (c + CB <= a->n) {
-                _mm512_storeu_ps(o, acc[r][b]);
-            } else {
-                const __mmask16 m = (__mmask16)((1u << (a->n - c)) - 1);
-                _mm512_mask_storeu_ps(o, m, acc[r][b]);
-            }
-        }
+        for (int b = 0; b < B; b++) store16(a, r0 + r, (b0 + b) * CB, acc[r][b]);
 }
 #else
 #define TILE_ROWS 4
@@ -97,14 +117,10 @@ SIMD_INLINE void tile(const Bf16Gemm *a, int64_t r0, int R, int64_t b0, int B) {
         for (int b = 0; b < B; b++)
             for (int v = 0; v < VB; v++) {
                 const int64_t c = (b0 + b) * CB + v * VW;
-                float *o = a->out + (r0 + r) * a->n + c;
-                if (c + VW <= a->n) {
-                    vstore(o, acc[r][b][v]);
-                } else {
-                    float tmp[VW];
-                    vstore(tmp, acc[r][b][v]);
-                    for (int64_t i = 0; c + i < a->n; i++) o[i] = tmp[i];
-                }
+                if (c >= a->n) continue;
+                float tmp[VW];
+                vstore(tmp, acc[r][b][v]);
+                store_sums(a, r0 + r, c, tmp, c + VW <= a->n ? VW : a->n - c);
             }
 }
 #endif
@@ -140,10 +156,13 @@ static void gemm_blocks(const Bf16Gemm *a, int64_t b0, int64_t b1) {
 //
 // The packed layout is already AMX's B operand: for a block of 16 columns and 16 input pairs,
 // 16 rows of 64 bytes (the pairs) of 16 columns' two weights, contiguous. x (rows of k2 pairs,
-// padded to a multiple of 16 rows) is the A operand straight from memory. Each call computes
+// the last rows past a multiple of 16 copied into 16 zero-padded ones) is the A operand straight
+// from memory. Each call computes
 // 32 rows x 32 columns in four accumulator tiles (tmm0-3) from two A tiles (tmm4-5) and two B
-// tiles (tmm6-7): eight tiles, all the registers there are. Used where k is a multiple of 32 and
-// there are 8 rows or more (fewer: the padding to 16 costs more than the tiles give).
+// tiles (tmm6-7): eight tiles, all the registers there are. Used wherever k is a multiple of 32,
+// at any row count (a decode step's few rows are padded to 16: the weights' bandwidth, not the
+// tiles, bounds it). Only the tail is copied: padding all of x (calloc of a few hundred KB, so
+// fresh pages from mmap each call) made a 131-row step 0.78x oneDNN.
 
 // Accumulator tile t (rows r, columns of block b) to out: straight when it lies inside, else
 // through a buffer cut to the rows and columns there are.
@@ -151,14 +170,13 @@ static void gemm_blocks(const Bf16Gemm *a, int64_t b0, int64_t b1) {
     do {                                                                                        \
         const int64_t c = (b) * CB;                                                             \
         if ((b) < a->blocks && (r) < a->rows) {                                                 \
-            if ((r) + 16 <= a->rows && c + CB <= a->n) {                                        \
-                _tile_stored(t, a->out + (r) * a->n + c, a->n * 4);                             \
+            if ((r) + 16 <= a->rows && c + CB <= a->n && !a->bias && !a->out_bf16) {            \
+                _tile_stored(t, (float *)a->out + (r) * a->n + c, a->n * 4);                    \
             } else {                                                                            \
                 float buf[16 * 16];                                                             \
                 _tile_stored(t, buf, 64);                                                       \
                 for (int64_t i = 0; i < 16 && (r) + i < a->rows; i++)                           \
-                    for (int64_t jj = 0; jj < CB && c + jj < a->n; jj++)                        \
-                        a->out[((r) + i) * a->n + c + jj] = buf[i * 16 + jj];                  \
+                    store16(a, (r) + i, c, _mm512_loadu_ps(buf + i * 16));                      \
             }                                                                                   \
         }                                                                                       \
     } while (0)
@@ -167,7 +185,8 @@ static void gemm_blocks(const Bf16Gemm *a, int64_t b0, int64_t b1) {
 // last block: its tiles then repeat block b's and are not stored).
 static void amx_tile(const Bf16Gemm *a, int64_t r, int two_rows, int64_t b) {
     const int64_t xs = a->k2 * 4;  // bytes a row of x
-    const char *x0 = (const char *)a->x + r * xs, *x1 = x0 + 16 * xs;
+    const char *x0 = r >= a->tail_row ? (const char *)a->tail : (const char *)a->x + r * xs;
+    const char *x1 = r + 16 >= a->tail_row ? (const char *)a->tail : x0 + 16 * xs;
     const uint32_t *w0 = a->w + b * a->k2 * CB;
     const uint32_t *w1 = b + 1 < a->blocks ? w0 + a->k2 * CB : w0;
     _tile_zero(0);
@@ -194,12 +213,14 @@ static void amx_tile(const Bf16Gemm *a, int64_t r, int two_rows, int64_t b) {
     }
 }
 
-// Blocks [b0, b1) of every row: AMX_CHUNK_ROWS rows at a time (amx.h), and over them a pair of
-// blocks at a time, in strips of 32 rows (x's rows padded to 16).
+// Blocks [b0, b1) of every row: the rows in equal chunks of at most 2 * AMX_CHUNK_ROWS (amx.h;
+// bfloat16 rows are twice int8's bytes), and over a chunk a pair of blocks at a time, in strips of
+// 32 rows.
 static void amx_blocks(const Bf16Gemm *a, int64_t b0, int64_t b1) {
     amx_configure();
-    for (int64_t r0 = 0; r0 < a->rows; r0 += AMX_CHUNK_ROWS) {
-        const int64_t r1 = r0 + AMX_CHUNK_ROWS < a->rows ? r0 + AMX_CHUNK_ROWS : a->rows;
+    const int64_t chunk = amx_chunk(a->rows, 2 * AMX_CHUNK_ROWS);
+    for (int64_t r0 = 0; r0 < a->rows; r0 += chunk) {
+        const int64_t r1 = r0 + chunk < a->rows ? r0 + chunk : a->rows;
         for (int64_t b = b0; b < b1; b += 2)
             for (int64_t r = r0; r < r1; r += 32) amx_tile(a, r, r + 16 < r1, b);
     }
@@ -224,24 +245,32 @@ static void gemm_part(const void *arg, int i) {
 
 int bf16_gemm_dot(void) { return BF16_DOT; }
 
-// out [rows, n] float32 = x [rows, k] bfloat16 . w [n, k]^T, w packed by bf16_logits.pack.
-void bf16_gemm(const uint16_t *x, const uint32_t *packed, float *out, int64_t rows, int64_t n,
-               int64_t k, int threads) {
+// out [rows, n] (float32, or bfloat16 with out_bf16) = x [rows, k] bfloat16 . w [n, k]^T + bias
+// (float32 [n] or NULL), w packed by bf16_gemm_linear.pack.
+void bf16_gemm(const uint16_t *x, const uint32_t *packed, const float *bias, void *out,
+               int64_t rows, int64_t n, int64_t k, int out_bf16, int threads) {
     const int64_t k2 = (k + 1) / 2;
-    // AMX reads x in strips of 16 rows and 32 inputs: rows padded to 16, k a multiple of 32.
-    const int amx = k % 32 == 0 && rows >= 8 && bf16_gemm_amx();  // fewer rows: padding wastes it
-    const int64_t padded_rows = amx ? (rows + 15) / 16 * 16 : rows;
-    uint16_t *padded = NULL;
-    if (k % 2 || padded_rows > rows) {  // rows copied with a zero after an odd k, zero rows after
-        padded = (uint16_t *)calloc((size_t)(padded_rows * 2 * k2), sizeof(uint16_t));
+    // AMX reads x in strips of 16 rows and 32 inputs: rows padded to 16, k a multiple of 32. The
+    // choice must not depend on the rows (the row-invariance above).
+    const int amx = k % 32 == 0 && bf16_gemm_amx();
+    const int64_t tail_row = amx ? rows / 16 * 16 : rows;
+    uint16_t *padded = NULL, *tail = NULL;
+    if (k % 2) {  // the vector path's rows with a zero after an odd k
+        padded = (uint16_t *)calloc((size_t)(rows * 2 * k2), sizeof(uint16_t));
         for (int64_t r = 0; r < rows; r++) memcpy(padded + r * 2 * k2, x + r * k, k * sizeof(uint16_t));
         x = padded;
     }
-    Bf16Gemm a = {x, packed, out, rows, n, k2, (n + CB - 1) / CB, threads, amx};
+    if (tail_row < rows) {  // AMX's last rows past a multiple of 16, zero rows after them
+        tail = (uint16_t *)calloc((size_t)(16 * 2 * k2), sizeof(uint16_t));
+        memcpy(tail, x + tail_row * k, (size_t)((rows - tail_row) * k) * sizeof(uint16_t));
+    }
+    Bf16Gemm a = {x, tail, tail_row, packed, bias, out, rows, n, k2, (n + CB - 1) / CB, threads,
+                  out_bf16, amx};
     const int64_t units = amx ? (a.blocks + 1) / 2 : a.blocks;
     if (a.parts > units) a.parts = (int)units;
     if (rows * n * k < (1 << 18) || a.parts < 1) a.parts = 1;
     if (a.parts == 1) gemm_part(&a, 0);
     else parallel_tasks(gemm_part, &a, a.parts);
     free(padded);
+    free(tail);
 }

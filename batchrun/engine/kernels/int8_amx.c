@@ -16,7 +16,9 @@
 #include "parallel.h"
 
 typedef struct {
-    const uint8_t *x;     // [rows padded to 16][k]
+    const uint8_t *x;     // [rows][k]
+    const uint8_t *tail;  // rows [tail_row, rows) padded with zero rows to 16 (or NULL)
+    int64_t tail_row;
     const int8_t *w;      // packed [blocks][k / 4][16][4]
     const int32_t *wsum;  // [n]
     const float *ws;      // [n]
@@ -48,7 +50,8 @@ static void int8_epilogue(const Int8Gemm *a, const int32_t *buf, int64_t r, int6
 
 static void int8_tile(const Int8Gemm *a, int64_t r, int two_rows, int64_t b) {
     const int64_t k = a->k;
-    const uint8_t *x0 = a->x + r * k, *x1 = x0 + 16 * k;
+    const uint8_t *x0 = r >= a->tail_row ? a->tail : a->x + r * k;
+    const uint8_t *x1 = r + 16 >= a->tail_row ? a->tail : x0 + 16 * k;
     const int8_t *w0 = a->w + b * k * 16;
     const int8_t *w1 = b + 1 < a->blocks ? w0 + k * 16 : w0;
     _tile_zero(0);
@@ -75,14 +78,15 @@ static void int8_tile(const Int8Gemm *a, int64_t r, int two_rows, int64_t b) {
     }
 }
 
-// A thread's pairs of blocks, over the rows AMX_CHUNK_ROWS at a time (amx.h).
+// A thread's pairs of blocks, over the rows in equal chunks of at most AMX_CHUNK_ROWS (amx.h).
 static void int8_part(const void *arg, int i) {
     const Int8Gemm *a = (const Int8Gemm *)arg;
     const int64_t pairs = (a->blocks + 1) / 2;
     const int64_t b0 = 2 * (pairs * i / a->parts), b1 = 2 * (pairs * (i + 1) / a->parts);
     amx_configure();
-    for (int64_t r0 = 0; r0 < a->rows; r0 += AMX_CHUNK_ROWS) {
-        const int64_t r1 = r0 + AMX_CHUNK_ROWS < a->rows ? r0 + AMX_CHUNK_ROWS : a->rows;
+    const int64_t chunk = amx_chunk(a->rows, AMX_CHUNK_ROWS);
+    for (int64_t r0 = 0; r0 < a->rows; r0 += chunk) {
+        const int64_t r1 = r0 + chunk < a->rows ? r0 + chunk : a->rows;
         for (int64_t b = b0; b < b1; b += 2)
             for (int64_t r = r0; r < r1; r += 32) int8_tile(a, r, r + 16 < r1, b);
     }
@@ -98,20 +102,22 @@ int int8_amx_gemm(const uint8_t *ux, const int8_t *packed, const int32_t *wsum, 
                   float *out, int64_t rows, int64_t n, int64_t k, int threads) {
 #if HAS_AMX
     if (!int8_amx() || k % 64) return -1;
-    const int64_t padded_rows = (rows + 15) / 16 * 16;
-    uint8_t *padded = NULL;
-    if (padded_rows > rows) {  // the tiles read whole strips of 16 rows: zero rows after
-        padded = (uint8_t *)calloc((size_t)(padded_rows * k), 1);
-        memcpy(padded, ux, (size_t)(rows * k));
-        ux = padded;
+    // The tiles read whole strips of 16 rows: the last rows past a multiple of 16 are copied with
+    // zero rows after them (only those: a padded copy of every row, from mmap at a few hundred
+    // KB, faulted its pages in on every call).
+    const int64_t tail_row = rows / 16 * 16;
+    uint8_t *tail = NULL;
+    if (tail_row < rows) {
+        tail = (uint8_t *)calloc((size_t)(16 * k), 1);
+        memcpy(tail, ux + tail_row * k, (size_t)((rows - tail_row) * k));
     }
-    Int8Gemm a = {ux, packed, wsum, ws, out, rows, n, k, (n + 15) / 16, threads};
+    Int8Gemm a = {ux, tail, tail_row, packed, wsum, ws, out, rows, n, k, (n + 15) / 16, threads};
     const int64_t pairs = (a.blocks + 1) / 2;
     if (a.parts > pairs) a.parts = (int)pairs;
     if (rows * n * k < (1 << 18) || a.parts < 1) a.parts = 1;
     if (a.parts == 1) int8_part(&a, 0);
     else parallel_tasks(int8_part, &a, a.parts);
-    free(padded);
+    free(tail);
     return 0;
 #else
     (void)ux; (void)packed; (void)wsum; (void)ws; (void)out; (void)rows; (void)n; (void)k; (void)threads;

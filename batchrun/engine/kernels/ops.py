@@ -242,13 +242,16 @@ class CpuKernels:
             raise RuntimeError("int8_amx_gemm: no AMX-INT8 here, or k not a multiple of 64")
         return out
 
-    @c_signature("bf16_gemm", None, [P] * 3 + [I64] * 3 + [I])
-    def bf16_gemm(self, rows: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
-        """float32 [M, n] = bfloat16 rows [M, k] (contiguous) times the weight bf16_logits.pack
-        laid out."""
-        out = torch.empty(rows.shape[0], n)
-        self._c.bf16_gemm(rows.data_ptr(), packed.data_ptr(), out.data_ptr(), rows.shape[0], n,
-                          rows.shape[1], _threads())
+    @c_signature("bf16_gemm", None, [P] * 4 + [I64] * 3 + [I, I])
+    def bf16_gemm(self, rows: torch.Tensor, packed: torch.Tensor, n: int,
+                  bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """[M, n] of out_dtype (float32 or bfloat16: float32 sums rounded once) = bfloat16 rows
+        [M, k] (contiguous) times the weight bf16_gemm_linear.pack laid out, plus bias (float32
+        [n]). A row's result does not depend on M."""
+        out = torch.empty(rows.shape[0], n, dtype=out_dtype)
+        self._c.bf16_gemm(rows.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                          out.data_ptr(), rows.shape[0], n, rows.shape[1],
+                          int(out_dtype == torch.bfloat16), _threads())
         return out
 
     @c_signature("gated_delta_rule", I, [P] * 8 + [I64] + [I] * 4 + [P, I])

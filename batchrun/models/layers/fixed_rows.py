@@ -43,7 +43,8 @@ class FixedRows(nn.Module):
 
 @torch.no_grad()
 def fix_rows(model: nn.Module) -> int:
-    """Wrap every linear of `model` (packed or not) in FixedRows; returns how many."""
+    """Wrap every oneDNN / MKL linear of `model` (packed or not) in FixedRows; returns how many.
+    batchrun's own GEMM layers (bf16_gemm_linear.py, int8's) are row-invariant as they are."""
     count = 0
     for module in list(model.modules()):
         if isinstance(module, FixedRows):

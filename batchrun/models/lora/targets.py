@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from batchrun.models.layers.bf16_gemm_linear import Bf16GemmLinear
 from batchrun.models.layers.packed_linear import PackedLinear
 
-LINEARS = (nn.Linear, PackedLinear)
+LINEARS = (nn.Linear, PackedLinear, Bf16GemmLinear)
 # Names of the decoder-layer list, most likely first, when a model holds several lists as long.
 LAYER_LIST_NAMES = ("layers", "h", "blocks", "layer", "decoder_layers")
 

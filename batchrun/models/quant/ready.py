@@ -12,10 +12,13 @@ from batchrun.models.quant.methods import Method
 
 def ready_linears(model: nn.Module, how: Method, pack_float: bool, float32_logits: bool,
                   batch_invariant: bool = False) -> None:
-    """Pack (pack_float: oneDNN's float layout) or quantize the model's linears by `how`, the
-    logits in float32 where the model runs in bfloat16 (models/layers/bf16_logits.py), and with
-    batch_invariant every linear on fixed-size row slices (models/layers/fixed_rows.py)."""
-    from batchrun.models.layers import bf16_logits
+    """Pack (pack_float: oneDNN's float layout) or quantize the model's linears by `how`. Where
+    the model runs in bfloat16 on the CPU kernels (float32_logits) the logits come out in float32
+    (models/layers/bf16_logits.py) and an unquantized model's linears are made for batchrun's
+    bfloat16 GEMM (models/layers/bf16_gemm_linear.py; attach_cpu_kernels hands them to oneDNN
+    where the CPU has no AMX). With batch_invariant every other linear runs on fixed-size row
+    slices (models/layers/fixed_rows.py)."""
+    from batchrun.models.layers import bf16_gemm_linear, bf16_logits
     from batchrun.models.quant import replace_linears
 
     if pack_float or how.quantizes or batch_invariant or float32_logits:
@@ -26,6 +29,8 @@ def ready_linears(model: nn.Module, how: Method, pack_float: bool, float32_logit
             model.lm_head.weight = model.embed_tokens.weight
         if float32_logits:
             bf16_logits.use_float32_logits(model)
+            if not how.quantizes:
+                bf16_gemm_linear.use_for_linears(model)
         replace_linears(model, how, pack_float)
     if batch_invariant:
         from batchrun.models.layers.fixed_rows import fix_rows
@@ -33,13 +38,13 @@ def ready_linears(model: nn.Module, how: Method, pack_float: bool, float32_logit
         fix_rows(model)
 
 
-def attach_cpu_kernels(model: nn.Module, kernels, quantized: bool) -> None:
-    """The CPU kernel library on the model, its float32 logits layer and (quantized: some linears
-    are models/quant/ modules) its quantized layers."""
-    from batchrun.models.layers import bf16_logits, packed_linear
+def attach_cpu_kernels(model: nn.Module, kernels, quantized: bool, batch_invariant: bool = False) -> None:
+    """The CPU kernel library on the model, its bfloat16 GEMM layers (the float32 logits layer
+    among them) and (quantized: some linears are models/quant/ modules) its quantized layers."""
+    from batchrun.models.layers import bf16_gemm_linear, packed_linear
 
     model.cpu_kernels = kernels
-    bf16_logits.attach(model, kernels, packed_linear.PackedLinear)
+    bf16_gemm_linear.attach_all(model, kernels, packed_linear.PackedLinear, keep_without_amx=batch_invariant)
     if quantized:
         from batchrun.models.quant.int8_linear import attach_kernels
 
