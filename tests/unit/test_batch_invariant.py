@@ -100,6 +100,23 @@ def test_a_prefix_cache_hit_gives_the_same_bits_as_a_miss(loaded, alone):
     assert [result(o) for o in outs] == alone
 
 
+def test_rows_on_a_long_shared_prefix_give_the_same_bits_as_alone(loaded):
+    """Requests on one 150-token prefix (many of the kernel's tiles: its blocks read once for a
+    group, each row scored as alone) give each the bits it gets alone, decoding side by side
+    and after the prefix's prefill, chunked or not."""
+    shared = prompt(7, 150)
+    work = [(shared + prompt(200 + i, 3 + 5 * i), SamplingParams(
+        temperature=0.0, max_tokens=MAX_TOKENS, logprobs=3, ignore_eos=True)) for i in range(6)]
+    alone_runs = [run(engine(loaded), [w])[0] for w in work]
+    assert run(engine(loaded), work) == alone_runs
+    assert run(engine(loaded, max_num_batched_tokens=37), work) == alone_runs
+    eng = engine(loaded)
+    eng.generate([shared], SamplingParams(max_tokens=1))  # the prefix cached first
+    outs = eng.generate([p for p, _ in work], [s for _, s in work])
+    assert all(o.num_cached_tokens >= 148 for o in outs)
+    assert [result(o) for o in outs] == alone_runs
+
+
 @pytest.mark.parametrize("budget", [5, 13])
 def test_chunked_prefill_gives_the_same_bits_at_any_split(loaded, alone, budget):
     eng = engine(loaded, max_num_batched_tokens=budget)

@@ -32,6 +32,9 @@ class KernelRows:
     # [T] int64 or None (= row_len): where each row's causal context ends, which a sliding window
     # is measured from when row_len reaches past it (rows that see ahead: plan_seeing_ahead)
     causal_len: torch.Tensor | None = None
+    # Each row scored as it is alone, the shared blocks still read once for its group (cut to a
+    # whole number of the kernel's tiles): --batch-invariant's grouping (attention/invariant.py).
+    per_row: bool = False
 
     @property
     def groups(self) -> int:

@@ -1,6 +1,8 @@
 """--batch-invariant attention: every token of a step, decode or prefill, is attended on its
-own by the C kernel over the paged cache (a group of one row, no shared blocks), after its K/V
-is written there.
+own by the C kernel over the paged cache, after its K/V is written there. Rows that share
+leading blocks (decode sequences on one cached prefix, the tokens of a prefill chunk) still
+read those blocks from memory once for their group, but each row is scored as it would be alone
+(KernelRows.per_row): the few-shot workload keeps most of what shared-prefix decoding saves.
 
 A token's numbers then depend only on its own query and the KV of its context: not on the
 other rows of the step, on whether its context came from a prefix-cache hit, an earlier chunk
@@ -18,7 +20,7 @@ from typing import ClassVar
 import torch
 
 from batchrun.engine.attention.base import AttentionMetadata, BackendEnv, StepLayout
-from batchrun.engine.attention.cascade import KernelRows, supported
+from batchrun.engine.attention.cascade import KernelRows, plan_rows, supported
 from batchrun.engine.attention.cpu_kernel import kernel_attention
 from batchrun.engine.attention.kv_write import write_kv
 
@@ -53,7 +55,13 @@ class InvariantBackend:
         return cls(env.lib)
 
     def build(self, layout: StepLayout) -> InvariantMetadata:
-        rows = len(layout.positions)
+        kernel_rows, _ = plan_rows(self.lib, layout.block_tables.contiguous(), layout.starts,
+                                   layout.counts, layout.num_decode, layout.block_size,
+                                   every_chunk=True)
+        if kernel_rows is not None:
+            kernel_rows.per_row = True
+            return InvariantMetadata(**layout.metadata_fields(), lib=self.lib, rows=kernel_rows)
+        rows = len(layout.positions)  # decodes only, nothing shared: groups of one
         seq = torch.repeat_interleave(torch.arange(len(layout.counts)),
                                       torch.tensor(layout.counts))
         every = torch.arange(rows + 1, dtype=torch.int32)

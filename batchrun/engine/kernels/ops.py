@@ -57,6 +57,7 @@ class AttentionRows(Protocol):
     order: torch.Tensor
     group_start: torch.Tensor
     group_shared: torch.Tensor
+    per_row: bool  # each row scored as alone, over shared blocks too (--batch-invariant)
 
 
 class CpuKernels:
@@ -305,7 +306,7 @@ class CpuKernels:
         return out
 
     @c_signature("paged_attention_scaled", I, [P] * 4 + [I] + [P] * 3 + [I] * 4 + [FLOAT]
-                 + [I] * 3 + [P] * 4 + [FLOAT, P, P, P, P])
+                 + [I] * 3 + [P] * 4 + [FLOAT, P, P, P, P, I])
     def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         rows: AttentionRows, block_size: int, scale: float,
                         first: torch.Tensor | None = None, softcap: float | None = None,
@@ -324,7 +325,8 @@ class CpuKernels:
             of.data_ptr(), q.shape[1], k_cache.shape[1], q.shape[2], block_size, scale,
             kind(k_cache.dtype), _threads(), rows.groups, rows.order.data_ptr(),
             rows.group_start.data_ptr(), rows.group_shared.data_ptr(), _ptr(first),
-            softcap or 0.0, _ptr(sinks), _ptr(k_scales), _ptr(v_scales), _ptr(alibi))
+            softcap or 0.0, _ptr(sinks), _ptr(k_scales), _ptr(v_scales), _ptr(alibi),
+            int(rows.per_row))
         if rc != 0:
             raise RuntimeError("paged_attention failed")
         return of

@@ -69,6 +69,7 @@ typedef struct {
     const float *ks, *vs;      // [slots, Hkv] int8 KV's scales (NULL: none)
     const float *alibi;        // [H] ALiBi slopes: head h's score of the key at position p gains
                                // alibi[h] * (p - (row_len - 1)) (NULL: none)
+    int per_row;               // score each row on its own over the shared blocks too (see run_group)
     int first, last;           // range of (group, first head) work items
 } Job;
 
@@ -510,7 +511,12 @@ SIMD_INLINE void run_group(const Job *j, int item, int next, float *buf, State *
     const int tile = TILE_KEYS / bs > 1 ? TILE_KEYS / bs : 1;  // blocks per tile
     const int count = j->group_start[grp + 1] - first;
     // A row with a window starts its walk where its window does: no blocks are shared then.
-    const int64_t shared = j->group_shared && !j->row_first ? j->group_shared[grp] : 0;
+    int64_t shared = j->group_shared && !j->row_first ? j->group_shared[grp] : 0;
+    // per_row (--batch-invariant): the shared blocks are still read from memory once for the
+    // group, but each row is scored by attend_tile, as it would be alone, and the shared walk ends
+    // on a tile boundary, so a row's tiles (and online-softmax updates) fall where they fall
+    // alone: the same bits in a group or not.
+    if (j->per_row) shared -= shared % tile;
     float p[MAX_G * MAX_TILE + 16];
     int64_t row0[MAX_TILE];
     for (int s = 0; s < count; s++) {  // state s * per + h: row s, head h0 + h
@@ -535,7 +541,8 @@ SIMD_INLINE void run_group(const Job *j, int item, int next, float *buf, State *
     const int64_t *table0 = TABLE(0);
     // Rows sharing blocks: their query vectors scored together (group_tile), per head h with
     // m, l and the transposed queries at gbuf + h * (D + 2) * RP and scores at sc.
-    const int R = count * G, RP = (R + VW - 1) / VW * VW, grouped = VW > 1 && count > 1 && shared > 0;
+    const int R = count * G, RP = (R + VW - 1) / VW * VW;
+    const int grouped = VW > 1 && count > 1 && shared > 0 && !j->per_row;
     float *const sc = gbuf + (int64_t)per * (D + 2) * RP;
     float *acc[MAX_GROUP * MAX_G];
     if (grouped)
@@ -650,6 +657,7 @@ static void run_range(const void *arg, int i) {
 // ks / vs: an int8 cache's scales per (slot, KV head) (NULL: none); alibi[h] (NULL: none): head
 // h's score of the key at position p gains alibi[h] * (p - (row_len[r] - 1)), ALiBi measured from
 // the row's last visible key (a constant per row, which the softmax ignores: BLOOM's slope * p).
+// per_row: every row's numbers as it would get them alone (Job.per_row).
 // Returns 0, or -1 for shapes the kernel does not take (the caller then uses PyTorch).
 int paged_attention_scaled(const float *q, const void *k, const void *v, const int64_t *tables,
                            int max_blocks, const int64_t *row_table, const int64_t *row_len,
@@ -657,7 +665,7 @@ int paged_attention_scaled(const float *q, const void *k, const void *v, const i
                            int threads, int groups, const int32_t *order,
                            const int32_t *group_start, const int32_t *group_shared,
                            const int64_t *row_first, float softcap, const float *sinks,
-                           const float *ks, const float *vs, const float *alibi) {
+                           const float *ks, const float *vs, const float *alibi, int per_row) {
     if (D > MAX_D || D % VW || H % Hkv || H / Hkv > MAX_G || block_size > MAX_BS) return -1;
     for (int g = 0; g < groups; g++)
         if (group_start[g + 1] - group_start[g] > MAX_GROUP) return -1;
@@ -686,7 +694,7 @@ int paged_attention_scaled(const float *q, const void *k, const void *v, const i
         const int64_t goal = total * (i + 1) / threads;
         jobs[i] = (Job){q, k, v, tables, row_table, row_len, out, order, group_start, group_shared,
                         row_first, H, Hkv, D, block_size, max_blocks, kind, per, scale, softcap,
-                        sinks, ks, vs, alibi, item, item};
+                        sinks, ks, vs, alibi, per_row, item, item};
         while (item < items && (acc < goal || i == threads - 1)) acc += cost[item++ / (Hkv / per)];
         jobs[i].last = item;
     }
@@ -704,7 +712,7 @@ int paged_attention_masked(const float *q, const void *k, const void *v, const i
                            const int64_t *row_first, float softcap, const float *sinks) {
     return paged_attention_scaled(q, k, v, tables, max_blocks, row_table, row_len, out, H, Hkv, D,
                                   block_size, scale, kind, threads, groups, order, group_start,
-                                  group_shared, row_first, softcap, sinks, NULL, NULL, NULL);
+                                  group_shared, row_first, softcap, sinks, NULL, NULL, NULL, 0);
 }
 
 // paged_attention_masked with every row seeing its whole context, scores as they are.
