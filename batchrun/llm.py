@@ -110,7 +110,7 @@ def load_from_path(path: str | Path, config: EngineConfig | None = None, name: s
     dtype = pick_dtype(config.device.dtype, device)
     if device.type == "cpu":
         set_cpu_threads(config)
-    config = with_default_invariance(path, config, device)
+    config = with_default_invariance(path, config, device, dtype)
 
     model = load_weights(path, config, device, dtype)
     trusted = config.trust_remote_code

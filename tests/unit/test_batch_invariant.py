@@ -197,6 +197,36 @@ def test_mixture_of_experts_models_are_refused(arch, tmp_path):
         llm.load_from_path(tmp_path, EngineConfig.default(batch_invariant=True))
 
 
+def test_hybrid_linear_attention_models_are_refused(tmp_path):
+    from tests.tiny_models import NATIVE_STATE_ARCHS
+
+    make_tiny("qwen3_next", tmp_path, archs=NATIVE_STATE_ARCHS)
+    with pytest.raises(UnsupportedModelError, match="does not cover hybrid linear-attention"):
+        llm.load_from_path(tmp_path, EngineConfig.default(batch_invariant=True))
+
+
+def test_bfloat16_on_amx_runs_invariant_unasked(folder):
+    """On a CPU with AMX every bfloat16 linear is batchrun's row-invariant GEMM, so bfloat16
+    takes the invariant path unasked (the same bits after a prefix-cache hit); elsewhere it is
+    the default path unless asked."""
+    from tests.helpers import cpu_has
+
+    loaded = llm.load_from_path(folder, EngineConfig.default(dtype="bfloat16"))
+    amx = cpu_has("amx_bf16")
+    assert loaded.engine.config.batch_invariant == amx
+    if not amx:
+        return
+    eng = lambda: llm.build_engine(loaded.engine.runner.model, loaded.tokenizer,  # noqa: E731
+                                   EngineConfig.default(batch_invariant=True, block_size=4),
+                                   loaded.eos_token_ids, torch.device("cpu"), torch.bfloat16)
+    alone = [run(eng(), [t])[0] for t in TARGETS]
+    cached = eng()
+    cached.generate([p[:-3] for p, _ in TARGETS], SamplingParams(max_tokens=1))
+    outs = cached.generate([p for p, _ in TARGETS], [s for _, s in TARGETS])
+    assert all(o.num_cached_tokens > 0 for o in outs)
+    assert [result(o) for o in outs] == alone
+
+
 @pytest.fixture(scope="module")
 def loaded_int8(folder):
     return llm.load_from_path(folder, EngineConfig.default(quantization="int8"))
