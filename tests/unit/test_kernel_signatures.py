@@ -69,7 +69,7 @@ def test_the_parser_reads_the_prototypes():
                                       + ["float", "int", "int", "int"])
     assert protos["simd_path"] == ("int", [])
     assert protos["cascade_groups"] == ("int", ["pointer"] * 2 + ["int"] * 4 + ["pointer"] * 3)
-    assert len(protos["paged_attention_scaled"][1]) == 25
+    assert len(protos["paged_attention_scaled"][1]) == 26  # per_row the last
     assert not any(name.startswith(("score_", "attend_", "run_group")) for name in protos)
 
 
