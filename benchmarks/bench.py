@@ -269,8 +269,9 @@ class SystemRunner:
             return run_batchrun(variant, work, system)
         if system == "batchrun-run" or system.startswith(("batchrun-run@", "batchrun-run[")):
             revision = system.partition("@")[2].partition("[")[0] or None
-            extra = [] if "[" not in system else [
-                x for k, v in parse_overrides(system).items() for x in (f"--{k.replace('_', '-')}", str(v))]
+            extra = [] if "[" not in system else [  # true: a flag alone (--batch-invariant)
+                x for k, v in parse_overrides(system).items()
+                for x in ((f"--{k.replace('_', '-')}",) if v is True else (f"--{k.replace('_', '-')}", str(v)))]
             return run_cli(self.lines, cli_options(args) + extra, system, revision)
         if system == "batchrun-no-prefix-cache":
             kv = self.loaded.engine.kv
