@@ -4,7 +4,8 @@ Decode sequences are grouped by the C function cascade_groups (sorted block tabl
 that share the most leading physical blocks): a group reads its shared blocks once per step and
 layer for all its sequences. A prefill chunk over a cached context becomes groups of up to
 TILE consecutive tokens that read the blocks every token of the tile sees once. A step where
-nothing is shared and no chunk has a cached context returns None: the plain decode kernel runs.
+nothing is shared and no chunk has a cached context returns None (unless every chunk and row is
+asked for): the plain decode kernel runs.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def plan_rows(kernel, table: torch.Tensor, starts: list[int], counts: list[int],
     """The kernel's rows for a step laid out as the runner does (decodes first, then chunks;
     request i has `table[i]`, starts[i] computed tokens and counts[i] scheduled), and for each
     prefill chunk whether the kernel attends it: a chunk over a cached context, or with
-    every_chunk any chunk (a soft-capped layer's, which SDPA cannot attend)."""
+    every_chunk any chunk (a soft-capped layer's, which SDPA cannot attend; --batch-invariant's
+    every row), and then rows even where nothing is shared."""
     bs = block_size
     orders, group_starts, shareds = [], [], []
     total = sum(counts)
@@ -92,7 +94,7 @@ def plan_rows(kernel, table: torch.Tensor, starts: list[int], counts: list[int],
             ordered += n
             shareds.append(((c + tiles + 1) // bs).astype(np.int32))
         row += n
-    if not shared_any and not any(in_kernel):
+    if not shared_any and not any(in_kernel) and not every_chunk:
         return None, in_kernel
     order = np.concatenate(orders)
     group_start = np.concatenate(group_starts + [np.array([len(order)], np.int32)])

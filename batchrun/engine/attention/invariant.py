@@ -58,17 +58,8 @@ class InvariantBackend:
         kernel_rows, _ = plan_rows(self.lib, layout.block_tables.contiguous(), layout.starts,
                                    layout.counts, layout.num_decode, layout.block_size,
                                    every_chunk=True)
-        if kernel_rows is not None:
-            kernel_rows.per_row = True
-            return InvariantMetadata(**layout.metadata_fields(), lib=self.lib, rows=kernel_rows)
-        rows = len(layout.positions)  # decodes only, nothing shared: groups of one
-        seq = torch.repeat_interleave(torch.arange(len(layout.counts)),
-                                      torch.tensor(layout.counts))
-        every = torch.arange(rows + 1, dtype=torch.int32)
-        kernel_rows = KernelRows(tables=layout.block_tables.contiguous(), row_table=seq,
-                                 row_len=layout.positions.to(torch.long) + 1, order=every[:-1],
-                                 group_start=every,
-                                 group_shared=torch.zeros(rows, dtype=torch.int32))
+        assert kernel_rows is not None  # every_chunk: every row of the step
+        kernel_rows.per_row = True
         return InvariantMetadata(**layout.metadata_fields(), lib=self.lib, rows=kernel_rows)
 
     @staticmethod
